@@ -1,0 +1,153 @@
+"""The run directory: the only state the two het groups share and the only thing
+that survives a requeue. This module knows its layout and its permissions."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import time
+from pathlib import Path
+
+from rlslurm.buffer.atomic import (
+    exists_fresh,
+    listdir_fresh,
+    publish_exclusive,
+    read_bytes,
+    read_json,
+    write_json_atomic,
+)
+from rlslurm.errors import ConfigError
+
+MARKER = ".rlslurm-run"
+FORMAT_VERSION = 1
+PRIVATE_DIR_MODE = 0o700
+# setgid so files created later inherit the group, not the creator's primary group
+GROUP_DIR_MODE = 0o750 | stat.S_ISGID
+SUBDIRS = ("control", "buffer", "weights", "checkpoints", "logs", "tb")
+
+
+class RunDir:
+    """Paths inside one run directory. The constructor does no I/O."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, path: str | Path, *, group_shared: bool = False) -> "RunDir":
+        """Create (or re-open) a run directory, private to the user (0700), or readable by
+        the group (2750) when `group_shared`. Modes are set with chmod, so the umask
+        does not matter. A non-empty directory that is not a run directory is refused."""
+        rd = cls(path)
+        mode = GROUP_DIR_MODE if group_shared else PRIVATE_DIR_MODE
+        if rd.path.exists() and not rd.path.is_dir():
+            raise ConfigError(f"run directory {rd.path}: exists and is not a directory")
+        entries = listdir_fresh(rd.path) if rd.path.is_dir() else []
+        if entries and MARKER not in entries:
+            raise ConfigError(
+                f"run directory {rd.path}: exists, is not empty and is not an rlslurm run directory "
+                f"(no {MARKER}); pick a new path or empty it"
+            )
+        rd.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(rd.path, mode)
+        for sub in SUBDIRS:
+            d = rd.path / sub
+            d.mkdir(exist_ok=True)
+            os.chmod(d, mode)
+        if MARKER not in entries:
+            write_json_atomic(
+                rd.path / MARKER,
+                {"format": FORMAT_VERSION, "created_at": time.time(), "group_shared": group_shared},
+            )
+        return rd
+
+    def is_run_dir(self) -> bool:
+        return exists_fresh(self.path / MARKER)
+
+    # --- layout -------------------------------------------------------------------------
+    @property
+    def run_yaml(self) -> Path:
+        return self.path / "run.yaml"
+
+    @property
+    def job_sbatch(self) -> Path:
+        return self.path / "job.sbatch"
+
+    @property
+    def ledger(self) -> Path:
+        return self.path / "ledger.jsonl"
+
+    @property
+    def control_dir(self) -> Path:
+        return self.path / "control"
+
+    @property
+    def buffer_dir(self) -> Path:
+        return self.path / "buffer"
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.path / "weights"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def tb_dir(self) -> Path:
+        return self.path / "tb"
+
+    @property
+    def finished(self) -> Path:
+        return self.path / "FINISHED"
+
+    @property
+    def api_key_file(self) -> Path:
+        return self.control_dir / "api_key"
+
+    def attempt_log_dir(self, restart_count: int) -> Path:
+        """logs/attempt-<n>, n = SLURM_RESTART_COUNT (0 for the first attempt)."""
+        if restart_count < 0:
+            raise ConfigError(f"restart count must be >= 0, got {restart_count}")
+        return self.logs_dir / f"attempt-{restart_count}"
+
+    # --- api key ------------------------------------------------------------------------
+    def ensure_api_key(self) -> str:
+        """Create control/api_key (0600) once, exclusively; every caller gets the same key."""
+        key = secrets.token_urlsafe(32)
+        self.control_dir.mkdir(parents=True, exist_ok=True)
+        publish_exclusive(self.api_key_file, (key + "\n").encode(), mode=0o600)
+        return self.api_key()
+
+    def api_key(self) -> str:
+        data = read_bytes(self.api_key_file)
+        if data is None:
+            raise ConfigError(f"{self.api_key_file}: api key file is missing (was the run directory created by rlslurm?)")
+        key = data.decode().strip()
+        if not key:
+            raise ConfigError(f"{self.api_key_file}: api key file is empty")
+        return key
+
+    # --- completion -----------------------------------------------------------------------
+    def is_finished(self) -> bool:
+        return exists_fresh(self.finished)
+
+    def mark_finished(self, info: dict) -> None:
+        write_json_atomic(self.finished, {"finished_at": time.time(), **info})
+
+    def finished_info(self) -> dict | None:
+        return read_json(self.finished)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)

@@ -1,0 +1,167 @@
+"""Model configs: `model_configs/<name>.yaml`.
+
+A model config carries the architecture (the numbers that change the math, checked against the HF
+checkpoint's `config.json` at start-up) and sensible defaults per node count, so that
+`--model glm4-9B --nodes 4` alone renders a sane job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rlslurm.errors import ConfigError
+
+MODEL_CONFIG_DIR = Path(__file__).resolve().parent.parent / "model_configs"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MoEArch(_Strict):
+    num_experts: int
+    router_topk: int
+    moe_ffn_hidden_size: int
+    shared_expert_ffn_hidden_size: int = 0  # 0: no shared expert
+    first_k_dense: int = 0                  # leading dense layers (DeepSeek-V3: 3)
+    router_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    router_topk_norm: bool = True           # renormalise top-k probabilities (HF norm_topk_prob)
+    router_scaling_factor: float = 1.0
+    router_num_groups: int = 1              # group-limited routing (DeepSeek n_group)
+    router_group_topk: int = 1
+    router_expert_bias: bool = False        # DeepSeek-V3 e_score_correction_bias
+
+
+class MLAArch(_Strict):
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_head_dim: int        # "nope" part
+    qk_pos_emb_head_dim: int
+    v_head_dim: int
+
+
+class RopeScaling(_Strict):
+    type: Literal["yarn", "llama3"]
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+
+
+class Arch(_Strict):
+    """Architecture in Megatron's terms; every field changes the math."""
+
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    ffn_hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_query_groups: int = Field(gt=0)
+    kv_channels: int = Field(gt=0)  # head dim
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    norm_epsilon: float
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    rotary_interleaved: bool = False
+    rope_scaling: RopeScaling | None = None
+    qk_layernorm: bool = False
+    add_qkv_bias: bool = False
+    add_bias_linear: bool = False
+    tie_word_embeddings: bool = False
+    post_self_attn_layernorm: bool = False  # GLM-4 (0414) sandwich norms
+    post_mlp_layernorm: bool = False
+    moe: MoEArch | None = None
+    mla: MLAArch | None = None
+
+    @model_validator(mode="after")
+    def _heads(self) -> "Arch":
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_query_groups={self.num_query_groups}"
+            )
+        return self
+
+
+class NodeDefaults(_Strict):
+    """Defaults for one node count; any run flag may appear (flag name with underscores)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class ModelConfig(_Strict):
+    name: str
+    hf_architecture: str           # e.g. Qwen3ForCausalLM
+    hf_model_type: str             # config.json "model_type"
+    hf_repo: str | None = None     # where the public weights live (informational)
+    tiny: bool = False             # random-init test model, runs on CPU in seconds
+    arch: Arch
+    # node count -> run-flag defaults; the largest key <= --nodes applies.
+    defaults: dict[int, dict[str, Any]] = Field(default_factory=dict)
+
+    @property
+    def num_params(self) -> int:
+        return estimate_params(self.arch)
+
+    def defaults_for(self, nodes: int) -> dict[str, Any]:
+        keys = sorted(k for k in self.defaults if k <= nodes)
+        return dict(self.defaults[keys[-1]]) if keys else {}
+
+
+def estimate_params(a: Arch) -> int:
+    """Parameter count (embeddings included) — for the `models` table and memory sanity checks."""
+    h = a.hidden_size
+    if a.mla:
+        m = a.mla
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        q = (h * m.q_lora_rank + m.q_lora_rank * a.num_attention_heads * qk) if m.q_lora_rank else h * a.num_attention_heads * qk
+        kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * a.num_attention_heads * (m.qk_head_dim + m.v_head_dim)
+        attn = q + kv + a.num_attention_heads * m.v_head_dim * h
+    else:
+        qkv = h * a.kv_channels * (a.num_attention_heads + 2 * a.num_query_groups)
+        attn = qkv + a.num_attention_heads * a.kv_channels * h
+    dense_mlp = 3 * h * a.ffn_hidden_size if a.activation == "swiglu" else 2 * h * a.ffn_hidden_size
+    if a.moe:
+        moe = a.moe
+        moe_mlp = moe.num_experts * 3 * h * moe.moe_ffn_hidden_size + 3 * h * moe.shared_expert_ffn_hidden_size + h * moe.num_experts
+        mlp_total = moe.first_k_dense * dense_mlp + (a.num_layers - moe.first_k_dense) * moe_mlp
+    else:
+        mlp_total = a.num_layers * dense_mlp
+    emb = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
+    return a.num_layers * attn + mlp_total + emb
+
+
+def available_models(config_dir: Path = MODEL_CONFIG_DIR) -> list[str]:
+    return sorted(p.stem for p in config_dir.glob("*.yaml"))
+
+
+def load_model_config(name_or_path: str, config_dir: Path = MODEL_CONFIG_DIR) -> ModelConfig:
+    """Load by name (`glm4-9B`) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = config_dir / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ConfigError(
+                f"--model: unknown model {name_or_path!r}; available: {', '.join(available_models(config_dir))}"
+                f" (or pass a path to a model config YAML)"
+            )
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    try:
+        return ModelConfig.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"{path}: {loc}: {first['msg']}") from None

@@ -1,0 +1,106 @@
+"""Tiny random-init HF checkpoints for CPU tests and the demo.
+
+`make_tiny_checkpoint(model_config, out_dir)` writes a real HF model directory (config.json,
+model.safetensors, tokenizer.json + tokenizer_config.json) built with transformers from the
+model config's architecture, so every component (Megatron load, SGLang server, router, weight
+sync) runs on genuine files, with no hub download. The tokenizer is word-level over a fixed
+64-token vocabulary: whitespace-separated letters, digits and a few task words.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlslurm.model_config import ModelConfig
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+WORDS = (
+    SPECIAL_TOKENS
+    + list("abcdefghijklmnopqrstuvwxyz")
+    + list("0123456789")
+    + ["say", "copy", "count", "add", "reverse", "digits", "letters", "answer", ":", "=", "+", "-",
+       "?", ".", ",", "(", ")", "the", "is", "user", "assistant", "tool", "call", "result"]
+)
+assert len(WORDS) == 64, len(WORDS)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+
+
+def tokenizer_json() -> dict:
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+            for i, t in enumerate(SPECIAL_TOKENS)
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
+    }
+
+
+def hf_config_dict(mc: ModelConfig) -> dict:
+    """The HF config.json for a model config's architecture (dense families used by tiny models)."""
+    a = mc.arch
+    cfg = {
+        "architectures": [mc.hf_architecture],
+        "model_type": mc.hf_model_type,
+        "vocab_size": a.vocab_size,
+        "hidden_size": a.hidden_size,
+        "intermediate_size": a.ffn_hidden_size,
+        "num_hidden_layers": a.num_layers,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_query_groups,
+        "head_dim": a.kv_channels,
+        "max_position_embeddings": a.max_position_embeddings,
+        "rms_norm_eps": a.norm_epsilon,
+        "rope_theta": a.rotary_base,
+        "tie_word_embeddings": a.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": a.add_qkv_bias,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "torch_dtype": "float32",
+    }
+    if a.rotary_percent != 1.0:
+        cfg["partial_rotary_factor"] = a.rotary_percent
+    if mc.hf_model_type == "qwen3_moe" and a.moe:
+        cfg.update(num_experts=a.moe.num_experts, num_experts_per_tok=a.moe.router_topk,
+                   moe_intermediate_size=a.moe.moe_ffn_hidden_size, norm_topk_prob=a.moe.router_topk_norm,
+                   decoder_sparse_step=1, mlp_only_layers=[])
+    return cfg
+
+
+def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_dict = hf_config_dict(mc)
+    model_type = cfg_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg_dict)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # non-trivial norms so a norm mapped to the wrong tensor shows in logits
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+        "model_max_length": mc.arch.max_position_embeddings,
+        "chat_template": "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}assistant : {% endif %}",
+    }))
+    return out
