@@ -1,0 +1,228 @@
+"""Control plane: small JSON records in RUN/control/ shared by the two het groups.
+
+Every record has exactly one writer (named below) and is replaced atomically, so a
+reader sees the old or the new version, never a mix. Records:
+
+    engines.json                 rollout driver   EnginesRecord
+    router.json                  rollout driver   RouterRecord
+    rendezvous-<attempt>.json    trainer rank 0   RendezvousRecord (created once per attempt, O_EXCL)
+    weight_version.json          trainer rank 0   WeightVersionRecord
+    heartbeats/<role>-<rank>.json  that process   Heartbeat
+    preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
+    preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
+    stop.json                    anyone (CLI)     StopRequest
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rlslurm.buffer.atomic import (
+    Cancel,
+    dumps_json,
+    listdir_fresh,
+    publish_exclusive,
+    read_json,
+    sleep_or_cancel,
+    unlink_durable,
+    write_json_atomic,
+)
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.buffer.store import as_rundir
+from rlslurm.errors import DataError, UserError
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineRecord(_Record):
+    url: str
+    node: str
+    gpu_ids: list[int] = Field(default_factory=list)
+    pid: int | None = None
+    healthy: bool = False
+    restarts: int = 0
+
+
+class EnginesRecord(_Record):
+    engines: list[EngineRecord]
+    updated_at: float = Field(default_factory=time.time)
+
+
+class RouterRecord(_Record):
+    url: str
+    updated_at: float = Field(default_factory=time.time)
+
+
+class RendezvousRecord(_Record):
+    master_addr: str
+    master_port: int
+    world_size: int
+    group_name: str
+    attempt: int
+
+
+class WeightVersionRecord(_Record):
+    version: int
+    updated_at: float = Field(default_factory=time.time)
+
+
+class Heartbeat(_Record):
+    role: str
+    rank: int
+    host: str = Field(default_factory=socket.gethostname)
+    pid: int = Field(default_factory=os.getpid)
+    time: float = Field(default_factory=time.time)
+
+
+class PreemptAck(_Record):
+    checkpoint_iteration: int
+    acked_at: float = Field(default_factory=time.time)
+    pid: int = Field(default_factory=os.getpid)
+
+
+class StopRequest(_Record):
+    reason: str
+    requested_at: float = Field(default_factory=time.time)
+
+
+R = TypeVar("R", bound=_Record)
+
+
+class RendezvousTaken(UserError):
+    """The weight-sync rendezvous of this attempt was already published."""
+
+
+class Control:
+    def __init__(self, run: RunDir | str | Path):
+        self.run = as_rundir(run)
+        self.dir = self.run.control_dir
+        self.heartbeat_dir = self.dir / "heartbeats"
+
+    # --- generic ----------------------------------------------------------------------
+    def _write(self, name: str, rec: _Record) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.dir / name, rec.model_dump(mode="json"))
+
+    def _read(self, path: Path, model: type[R]) -> R | None:
+        obj = read_json(path)
+        if obj is None:
+            return None
+        try:
+            return model.model_validate(obj)
+        except ValidationError as e:
+            raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from e
+
+    # --- engines / router ---------------------------------------------------------------
+    def write_engines(self, engines: list[EngineRecord]) -> None:
+        self._write("engines.json", EnginesRecord(engines=engines))
+
+    def engines(self) -> list[EngineRecord]:
+        rec = self._read(self.dir / "engines.json", EnginesRecord)
+        return [] if rec is None else rec.engines
+
+    def write_router(self, url: str) -> None:
+        self._write("router.json", RouterRecord(url=url))
+
+    def router(self) -> RouterRecord | None:
+        return self._read(self.dir / "router.json", RouterRecord)
+
+    # --- weight sync ------------------------------------------------------------------
+    def rendezvous_path(self, attempt: int) -> Path:
+        return self.dir / f"rendezvous-{attempt}.json"
+
+    def publish_rendezvous(self, rec: RendezvousRecord) -> None:
+        """Publish this attempt's rendezvous exactly once: a second publisher (a stale
+        process of the same attempt) gets RendezvousTaken instead of silently
+        pointing engines at another port."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not publish_exclusive(self.rendezvous_path(rec.attempt), dumps_json(rec.model_dump(mode="json"))):
+            raise RendezvousTaken(f"{self.rendezvous_path(rec.attempt)}: rendezvous of attempt {rec.attempt} already published")
+
+    def rendezvous(self, attempt: int) -> RendezvousRecord | None:
+        return self._read(self.rendezvous_path(attempt), RendezvousRecord)
+
+    def wait_for_rendezvous(self, attempt: int, timeout: float, poll_interval: float = 0.2, cancel: Cancel = None) -> RendezvousRecord:
+        deadline = time.monotonic() + timeout
+        while True:
+            rec = self.rendezvous(attempt)
+            if rec is not None:
+                return rec
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self.rendezvous_path(attempt)}: no weight-sync rendezvous within {timeout:g} s")
+            sleep_or_cancel(poll_interval, cancel)
+
+    def set_weight_version(self, version: int) -> None:
+        self._write("weight_version.json", WeightVersionRecord(version=version))
+
+    def weight_version(self) -> WeightVersionRecord | None:
+        return self._read(self.dir / "weight_version.json", WeightVersionRecord)
+
+    # --- heartbeats -------------------------------------------------------------------
+    def heartbeat(self, role: str, rank: int = 0) -> Heartbeat:
+        hb = Heartbeat(role=role, rank=rank)
+        self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"))
+        return hb
+
+    def heartbeats(self) -> list[Heartbeat]:
+        out = []
+        for name in sorted(listdir_fresh(self.heartbeat_dir)):
+            if name.endswith(".json") and not name.startswith("."):
+                hb = self._read(self.heartbeat_dir / name, Heartbeat)
+                if hb is not None:
+                    out.append(hb)
+        return out
+
+    def stale_heartbeats(self, max_age_s: float) -> list[Heartbeat]:
+        now = time.time()
+        return [hb for hb in self.heartbeats() if now - hb.time > max_age_s]
+
+    # --- preempt / stop ---------------------------------------------------------------
+    @property
+    def preempt_file(self) -> Path:
+        return self.dir / "preempt.json"
+
+    @property
+    def preempt_ack_file(self) -> Path:
+        return self.dir / "preempt_ack.json"
+
+    @property
+    def stop_file(self) -> Path:
+        return self.dir / "stop.json"
+
+    def preempt_requested(self) -> dict | None:
+        """The batch script's preempt request (written on USR1), or None."""
+        return read_json(self.preempt_file)
+
+    def ack_preempt(self, checkpoint_iteration: int) -> None:
+        """Tell the batch trap the preempt checkpoint is saved; it then requeues."""
+        self._write("preempt_ack.json", PreemptAck(checkpoint_iteration=checkpoint_iteration))
+
+    def preempt_ack(self) -> PreemptAck | None:
+        return self._read(self.preempt_ack_file, PreemptAck)
+
+    def request_stop(self, reason: str) -> None:
+        self._write("stop.json", StopRequest(reason=reason))
+
+    def stop_requested(self) -> StopRequest | None:
+        return self._read(self.stop_file, StopRequest)
+
+    def new_attempt(self, restart_count: int) -> None:
+        """At the start of attempt `restart_count`: forget the previous attempt's preempt
+        request and ack (a stop request stays: the user asked to stop the run)."""
+        for f in (self.preempt_file, self.preempt_ack_file):
+            unlink_durable(f)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.dir / "attempt.json", {"restart_count": restart_count, "started_at": time.time()})
+
+    def attempt(self) -> int | None:
+        rec = read_json(self.dir / "attempt.json")
+        return None if rec is None else int(rec["restart_count"])

@@ -1,0 +1,130 @@
+"""Trainer side: wait for rollout N, read it verified, quarantine it if corrupt.
+
+A corrupt rollout (bad manifest, missing/short/long data, checksum mismatch) is never
+handed to the trainer: `wait_for` logs the error (with the path), moves the rollout
+into buffer/quarantine/ - which un-commits it, so the driver sees it must regenerate it
+(`RolloutWriter.resume_point().to_regenerate`) - and keeps waiting for the new commit.
+
+Replay (slime's --load-debug-rollout-data): `RolloutReader.replay(other_run)` reads
+another run's buffer strictly read-only; corruption is then an error, not a quarantine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+
+from rlslurm.buffer.atomic import (
+    Cancel,
+    Cancelled,
+    StorageError,
+    fsync_dir,
+    listdir_fresh,
+    sleep_or_cancel,
+    is_cancelled,
+    write_json_atomic,
+)
+from rlslurm.buffer.manifest import CorruptRollout, manifest_name
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.buffer.sample import Rollout
+from rlslurm.buffer.store import BufferStore
+from rlslurm.errors import ConfigError, UserError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_POLL_INTERVAL = 0.2
+
+
+class BufferTimeout(UserError, TimeoutError):
+    """No commit of the awaited rollout within the timeout."""
+
+
+class ReadOnlyBuffer(UserError):
+    """A write (quarantine, trained mark) was attempted on a replay buffer."""
+
+
+class RolloutReader(BufferStore):
+    def __init__(self, run: RunDir | str | Path, *, kind: str = "train", readonly: bool = False):
+        super().__init__(run, kind=kind)
+        self._require_dir()
+        self.readonly = readonly
+
+    @classmethod
+    def replay(cls, run: RunDir | str | Path, *, kind: str = "train") -> "RolloutReader":
+        """Open another run's buffer to train from it without any engine."""
+        reader = cls(run, kind=kind, readonly=True)
+        if not reader.committed_ids():
+            raise ConfigError(f"{reader.dir}: replay buffer has no committed {kind} rollouts")
+        return reader
+
+    def wait_for(
+        self,
+        rollout_id: int,
+        timeout: float | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        cancel: Cancel = None,
+    ) -> Rollout:
+        """Block until rollout `rollout_id` is committed and verified, then return it.
+
+        Raises BufferTimeout after `timeout` seconds (None: wait forever) and Cancelled
+        when `cancel` (an Event or a callable returning True) fires. Every poll re-lists
+        the directory, so a commit is seen within one poll interval even on NFS."""
+        if poll_interval <= 0:
+            raise ConfigError(f"buffer poll interval must be > 0, got {poll_interval}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        name = manifest_name(rollout_id)
+        while True:
+            if is_cancelled(cancel):
+                raise Cancelled()
+            if name in listdir_fresh(self.dir):
+                try:
+                    return self.read(rollout_id)
+                except KeyError:
+                    pass  # retired or quarantined by someone else between list and read
+                except CorruptRollout as e:
+                    if self.readonly:
+                        raise
+                    log.error("%s; quarantining it, the driver will regenerate it", e)
+                    self.quarantine(rollout_id, str(e))
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BufferTimeout(f"{self.dir}: rollout {rollout_id} was not committed within {timeout:g} s")
+                sleep_or_cancel(min(poll_interval, left), cancel)
+            else:
+                sleep_or_cancel(poll_interval, cancel)
+
+    def quarantine(self, rollout_id: int, reason: str) -> Path | None:
+        """Move rollout `rollout_id` (manifest first: that un-commits it) and its data
+        files into buffer/quarantine/<kind>-<id>-<stamp>/ with a reason.json. Returns
+        that directory, or None if another process quarantined or retired it first."""
+        if self.readonly:
+            raise ReadOnlyBuffer(f"{self.dir}: cannot quarantine rollout {rollout_id} in a read-only (replay) buffer")
+        qdir = self.quarantine_dir / f"{self.kind}-{rollout_id:08d}-{int(time.time())}-{secrets.token_hex(3)}"
+        try:
+            qdir.mkdir(parents=True, mode=0o700)
+            try:
+                os.rename(self.manifest_path(rollout_id), qdir / "manifest.json")
+            except FileNotFoundError:
+                os.rmdir(qdir)
+                return None
+            fsync_dir(self.dir)
+            prefix = f"{rollout_id:08d}."
+            for n in listdir_fresh(self.dir):
+                if n.startswith(prefix) and n.endswith(".data"):
+                    try:
+                        os.rename(self.dir / n, qdir / n)
+                    except FileNotFoundError:
+                        pass
+            fsync_dir(self.dir)
+            write_json_atomic(
+                qdir / "reason.json",
+                {"rollout_id": rollout_id, "kind": self.kind, "reason": reason, "quarantined_at": time.time(), "pid": os.getpid()},
+            )
+        except OSError as e:
+            raise StorageError(f"{qdir}: cannot quarantine rollout {rollout_id}: {e.strerror or e}") from e
+        log.warning("quarantined rollout %d into %s: %s", rollout_id, qdir, reason)
+        return qdir

@@ -1,0 +1,180 @@
+"""Rollout driver side: commit rollout N, all or nothing.
+
+Commit protocol (DESIGN.md shared-filesystem rules):
+1. validate the samples (a bad sample is a DataError naming rollout and sample);
+2. write the data file under a temp name, fsync, rename onto a name unique to this
+   commit (`<id>.<nonce>.data`) - a crashed or zombie writer never collides with us;
+3. write the manifest (data file name, size, checksum, metadata, stats) and publish it
+   exclusively (hard link, see atomic.publish_exclusive). This is the commit point:
+   before it readers see nothing, after it they see everything. If another writer
+   published the same id first we lose cleanly and remove our data file.
+A crash anywhere leaves at worst an unreferenced data or temp file, removed by
+`cleanup()`; the previously committed state is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlslurm.buffer import codec
+from rlslurm.buffer.atomic import (
+    StorageError,
+    fsync_dir,
+    is_tmp_name,
+    listdir_fresh,
+    publish_exclusive,
+    write_tmp,
+)
+from rlslurm.buffer.manifest import Manifest, data_name, parse_data_name
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.buffer.sample import RolloutMeta, RolloutStats, Sample
+from rlslurm.buffer.store import BufferStore
+from rlslurm.errors import DataError, UserError
+
+log = logging.getLogger(__name__)
+
+
+class AlreadyCommitted(UserError):
+    """Rollout N has a manifest already: it is immutable until trained and retired or
+    quarantined."""
+
+
+@dataclass
+class ResumePoint:
+    """Where a (re)started driver continues."""
+
+    next_rollout_id: int
+    data_cursor: dict[str, Any]  # cursor after the last committed rollout ({} at start)
+    to_regenerate: list[int] = field(default_factory=list)  # quarantined, not re-committed
+
+
+@dataclass
+class CommitInfo:
+    rollout_id: int
+    manifest_path: Path
+    data_path: Path
+    data_size: int
+    committed_at: float
+
+
+class RolloutWriter(BufferStore):
+    """The single writer of one run's rollouts (the rollout driver)."""
+
+    def __init__(self, run: RunDir | str | Path, *, kind: str = "train", attempt: int | None = None):
+        super().__init__(run, kind=kind)
+        self._require_dir()
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        self.attempt = attempt if attempt is not None else int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+    def commit(self, rollout_id: int, samples: list[Sample], meta: RolloutMeta | None = None) -> CommitInfo:
+        meta = meta or RolloutMeta(kind=self.kind)  # type: ignore[arg-type]
+        if meta.kind != self.kind:
+            raise DataError(f"rollout {rollout_id}", f"meta.kind is {meta.kind!r} but this writer commits {self.kind!r}")
+        if rollout_id < 0:
+            raise DataError(f"rollout {rollout_id}", "rollout id must be >= 0")
+        if not samples:
+            raise DataError(f"rollout {rollout_id}", "a rollout needs at least one sample")
+        for i, s in enumerate(samples):
+            s.validate(f"rollout {rollout_id} sample {i}")
+        if self.is_committed(rollout_id):
+            raise AlreadyCommitted(f"{self.manifest_path(rollout_id)}: rollout {rollout_id} is already committed")
+
+        enc = codec.encode(samples)
+        crc = codec.checksum(enc.chunks)
+        data_path = self.dir / data_name(rollout_id, secrets.token_hex(6))
+        tmp = write_tmp(data_path, enc.chunks)
+        try:
+            os.replace(tmp, data_path)
+            fsync_dir(self.dir)
+        except OSError as e:
+            _unlink_quiet(tmp)
+            raise StorageError(f"{data_path}: cannot commit: {e.strerror or e}") from e
+
+        stats = RolloutStats.of(samples)
+        if not meta.weight_versions:
+            meta.weight_versions = list(stats.weight_versions)
+        committed_at = time.time()
+        manifest = Manifest(
+            rollout_id=rollout_id,
+            kind=self.kind,
+            committed_at=committed_at,
+            data_file=data_path.name,
+            data_size=enc.size,
+            data_checksum=crc,
+            checksum_alg=codec.CHECKSUM,
+            meta=meta,
+            stats=stats,
+            writer={"host": socket.gethostname(), "pid": os.getpid(), "attempt": self.attempt},
+        )
+        try:
+            won = publish_exclusive(self.manifest_path(rollout_id), manifest.to_bytes())
+        except BaseException:
+            _unlink_quiet(data_path)
+            raise
+        if not won:
+            _unlink_quiet(data_path)
+            raise AlreadyCommitted(
+                f"{self.manifest_path(rollout_id)}: another writer committed rollout {rollout_id} first"
+            )
+        return CommitInfo(rollout_id, self.manifest_path(rollout_id), data_path, enc.size, committed_at)
+
+    def resume_point(self) -> ResumePoint:
+        """Next id and data cursor for a (re)started driver, from what is on disk."""
+        ids = self.committed_ids()
+        last_trained = self.last_trained()
+        if ids:
+            last = ids[-1]
+            m = self.manifest(last)
+            cursor = m.meta.data_cursor if m is not None else {}
+            nxt = last + 1
+        else:
+            cursor, nxt = {}, 0 if last_trained is None else last_trained + 1
+        committed = set(ids)
+        regen = sorted(
+            {q["rollout_id"] for q in self.quarantined() if q["rollout_id"] not in committed and q["rollout_id"] < nxt}
+        )
+        return ResumePoint(next_rollout_id=nxt, data_cursor=cursor, to_regenerate=regen)
+
+    def cleanup(self, *, min_age_s: float = 600.0) -> list[Path]:
+        """Remove temp files and data files no manifest references, older than
+        `min_age_s` (a live writer's files are seconds old). Returns what was removed."""
+        names = listdir_fresh(self.dir)
+        referenced = set()
+        for rid in self.committed_ids():
+            try:
+                m = self.manifest(rid)
+            except DataError:
+                continue  # the reader will quarantine it; keep its data for the post-mortem
+            if m is not None:
+                referenced.add(m.data_file)
+        now = time.time()
+        removed = []
+        for name in names:
+            if not (is_tmp_name(name) or (parse_data_name(name) is not None and name not in referenced)):
+                continue
+            path = self.dir / name
+            try:
+                if now - path.stat().st_mtime < min_age_s:
+                    continue
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                continue
+        if removed:
+            fsync_dir(self.dir)
+            log.info("buffer cleanup removed %d orphan files in %s", len(removed), self.dir)
+        return removed
+
+
+def _unlink_quiet(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
