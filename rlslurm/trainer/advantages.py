@@ -1,0 +1,349 @@
+"""Advantage estimators: GRPO (and Dr.GRPO), GSPO, REINFORCE++ (+baseline), PPO with GAE.
+
+Semantics follow slime (``slime/ray/rollout.py::_post_process_rewards`` for the group
+normalisation, ``slime/utils/ppo_utils.py`` and ``backends/megatron_utils/loss.py`` for the
+rest); the code is our own. Differences from slime, on purpose:
+
+- the group normalisation happens here (slime does it in the rollout driver), from
+  ``group_index``, so groups may be of unequal size and samples in any order;
+- the sequence reward sits on the last *loss-masked* token for PPO too (slime: the last
+  token), and KL shaping ignores masked tokens for every estimator: tool output was not
+  sampled by the policy, so neither a reward nor a KL penalty belongs to it;
+- advantages are zero on masked tokens, so a consumer that forgets the mask still cannot
+  train on tool tokens;
+- ``--kl-coef`` with grpo/gspo is an error (slime silently ignores it there).
+
+Every per-sample tensor is 1-D over that sample's response tokens; math is fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, kl_estimate
+
+Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
+ESTIMATORS: tuple[str, ...] = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+# Estimators whose scalar reward is centred on its prompt group before use.
+GROUP_BASELINE_ESTIMATORS: tuple[str, ...] = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+# Estimators with per-token rewards, where a KL penalty can shape the reward.
+KL_SHAPED_ESTIMATORS: tuple[str, ...] = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+GROUP_STD_EPS = 1e-6
+WHITEN_EPS = 1e-8
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """How rewards become per-token advantages.
+
+    ``grpo_std_normalization=False`` is Dr.GRPO (centre on the group mean, no division by
+    the group std). ``rewards_normalization=False`` turns the group baseline off entirely.
+    ``kl_coef`` shapes the per-token reward with -kl_coef * KL(pi || ref) estimated by
+    ``kl_estimator`` (PPO, REINFORCE++ only). ``normalize_advantages`` whitens advantages
+    over all loss-masked tokens of the batch (required by REINFORCE++ as in slime).
+    ``num_critic_only_steps`` (PPO): the first rollouts train only the critic.
+    """
+
+    estimator: Estimator = "grpo"
+    rewards_normalization: bool = True
+    grpo_std_normalization: bool = True
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    gamma: float = 1.0
+    lam: float = 1.0
+    normalize_advantages: bool = False
+    num_critic_only_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ConfigError(f"--advantage-estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        if self.kl_coef < 0.0:
+            raise ConfigError(f"--kl-coef must be >= 0, got {self.kl_coef}")
+        if self.kl_coef > 0.0 and self.estimator not in KL_SHAPED_ESTIMATORS:
+            raise ConfigError(
+                f"--kl-coef shapes per-token rewards, which --advantage-estimator {self.estimator} "
+                f"does not have; use --use-kl-loss --kl-loss-coef instead"
+            )
+        if self.kl_estimator not in KL_KINDS:
+            raise ConfigError(f"--kl-loss-type must be one of {KL_KINDS}, got {self.kl_estimator!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"--gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ConfigError(f"--lambd must be in [0, 1], got {self.lam}")
+        if self.estimator.startswith("reinforce_plus_plus") and not self.normalize_advantages:
+            # REINFORCE++ has no learned or group baseline for the token returns; without
+            # whitening the advantages' scale follows the raw reward scale.
+            raise ConfigError(
+                f"--advantage-estimator {self.estimator} needs --normalize-advantages"
+            )
+        if self.num_critic_only_steps < 0:
+            raise ConfigError(f"--num-critic-only-steps must be >= 0, got {self.num_critic_only_steps}")
+        if self.num_critic_only_steps > 0 and self.estimator != "ppo":
+            raise ConfigError("--num-critic-only-steps needs --advantage-estimator ppo (only PPO has a critic)")
+
+
+def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
+    """Cross-checks between the advantage and the loss settings (call once at startup)."""
+    if adv.kl_coef > 0.0 and loss.kl_loss_coef > 0.0:
+        raise ConfigError(
+            f"--kl-coef ({adv.kl_coef}) and --use-kl-loss/--kl-loss-coef ({loss.kl_loss_coef}) are both set; "
+            f"penalise the KL either in the reward or in the loss, not both"
+        )
+    if (adv.estimator == "gspo") != (loss.estimator == "gspo"):
+        raise ConfigError(
+            f"the policy loss was built for estimator {loss.estimator!r} but --advantage-estimator is "
+            f"{adv.estimator!r}; GSPO needs its sequence-level ratio in both"
+        )
+
+
+def actor_trains(cfg: AdvantageConfig, rollout_id: int) -> bool:
+    """False during PPO's critic-only warm-up: the critic learns values before the actor uses them."""
+    return cfg.estimator != "ppo" or rollout_id >= cfg.num_critic_only_steps
+
+
+def reward_from(sample_reward: float | Mapping[str, object], key: str | None, where: str = "reward") -> float:
+    """The scalar reward of one sample; ``key`` (``--reward-key``) picks it from a dict reward.
+
+    ``where`` names the sample for errors (e.g. ``buffer/rollout_000003/samples.jsonl:17``).
+    """
+    if isinstance(sample_reward, Mapping):
+        if key is None:
+            raise DataError(
+                where, f"reward is a dict with keys {sorted(sample_reward)}; choose one with --reward-key"
+            )
+        if key not in sample_reward:
+            raise DataError(where, f"--reward-key {key!r} is not in the reward dict (keys: {sorted(sample_reward)})")
+        value = sample_reward[key]
+    else:
+        value = sample_reward
+    if isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, (int, float)):
+        raise DataError(where, f"reward must be a number, got {type(value).__name__}: {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise DataError(where, f"reward is {value}; a non-finite reward would poison the whole batch")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def group_normalize(rewards: Tensor, group_index: Tensor, divide_by_std: bool) -> Tensor:
+    """reward - mean(group) [/ (std(group) + 1e-6)], groups given by ``group_index``.
+
+    std is the unbiased (n-1) one as in slime. A group whose rewards are all equal gives 0
+    (no signal, no NaN); a group of one sample gives 0 too.
+    """
+    rewards = rewards.float()
+    _, inverse = torch.unique(group_index, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    count = torch.zeros(n_groups, device=rewards.device).index_add(0, inverse, torch.ones_like(rewards))
+    total = torch.zeros(n_groups, device=rewards.device).index_add(0, inverse, rewards)
+    centred = rewards - (total / count)[inverse]
+    if not divide_by_std:
+        return centred
+    sq = torch.zeros(n_groups, device=rewards.device).index_add(0, inverse, centred.square())
+    std = torch.sqrt(sq / (count - 1).clamp_min(1.0))
+    return centred / (std[inverse] + GROUP_STD_EPS)
+
+
+def last_masked_index(mask: Tensor) -> int:
+    """Where the sequence reward lands: the last loss-masked token (last token if none is)."""
+    idx = torch.nonzero(mask, as_tuple=False)
+    return int(idx[-1].item()) if idx.numel() else mask.numel() - 1
+
+
+def discounted_cumsum(x: Tensor, discount: float, chunk: int = 128) -> Tensor:
+    """y_t = x_t + discount * y_{t+1} along the last dim of [B, T] (y past the end = 0).
+
+    A plain reverse loop launches O(T) tiny kernels, slow on a GPU for 16k-token answers.
+    Instead each chunk of C steps is solved by one [C, C] matmul with the discount powers,
+    and only the chunk boundaries are chained: O(T / C) sequential steps.
+    """
+    b, t = x.shape
+    if t == 0:
+        return x.clone()
+    n_chunks = -(-t // chunk)
+    padded = torch.nn.functional.pad(x.float(), (0, n_chunks * chunk - t))  # zeros extend nothing
+    steps = torch.arange(chunk, device=x.device, dtype=torch.float32)
+    lag = steps[:, None] - steps[None, :]  # lag[k, j] = k - j: how far token k lies after j
+    d = torch.tensor(discount, device=x.device, dtype=torch.float32)
+    weights = torch.where(lag >= 0, d.pow(lag.clamp_min(0)), torch.zeros((), device=x.device))
+    local = padded.view(b, n_chunks, chunk) @ weights  # sum within the chunk
+    carry_decay = d.pow(chunk - steps)  # discount from position j to the next chunk's start
+    out = torch.empty_like(local)
+    carry = torch.zeros(b, device=x.device)
+    for c in range(n_chunks - 1, -1, -1):
+        out[:, c] = local[:, c] + carry[:, None] * carry_decay
+        carry = out[:, c, 0]
+    return out.reshape(b, -1)[:, :t]
+
+
+def discounted_returns(token_rewards: list[Tensor], gamma: float) -> list[Tensor]:
+    """G_t = r_t + gamma * G_{t+1}, per sample, G past the end = 0."""
+    padded, lengths = _pad(token_rewards)
+    g = discounted_cumsum(padded, gamma)
+    return [g[i, :n] for i, n in enumerate(lengths)]
+
+
+def gae(token_rewards: list[Tensor], values: list[Tensor], gamma: float, lam: float) -> tuple[list[Tensor], list[Tensor]]:
+    """Generalised advantage estimation per sample; every response ends the episode.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t (V past the end = 0; a truncated response is
+    treated as terminal, as in slime), A_t = delta_t + gamma * lam * A_{t+1}, R_t = A_t + V_t.
+    Samples are padded with zeros, which leaves the recurrence of shorter ones untouched.
+    """
+    r, lengths = _pad(token_rewards)
+    v, _ = _pad(values)
+    next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)
+    adv = discounted_cumsum(r + gamma * next_v - v, gamma * lam)
+    ret = adv + v
+    return [adv[i, :n] for i, n in enumerate(lengths)], [ret[i, :n] for i, n in enumerate(lengths)]
+
+
+def masked_whiten(
+    values: list[Tensor], masks: list[Tensor], process_group: dist.ProcessGroup | None = None
+) -> list[Tensor]:
+    """(x - mean) / sqrt(var + 1e-8) with mean/var over all masked tokens of all samples.
+
+    With ``process_group`` the statistics are all-reduced over it, so every data-parallel
+    rank whitens with the global-batch mean/var (pass the DP group *with* context
+    parallelism). var is unbiased (n-1). No masked token at all: returned unchanged.
+    """
+    x = torch.cat([t.float().reshape(-1) for t in values])
+    m = torch.cat([t.float().reshape(-1) for t in masks]).to(x.device)
+    # float64 sums: a million tokens of fp32 squares lose digits that the variance needs.
+    stats = torch.stack([(x * m).sum(), (x.square() * m).sum(), m.sum()]).double()
+    if process_group is not None:
+        dist.all_reduce(stats, group=process_group)
+    total, total_sq, n = stats.tolist()
+    if n == 0:
+        return list(values)
+    mean = total / n
+    var = max(total_sq / n - mean * mean, 0.0)
+    if n >= 2:
+        var *= n / (n - 1)
+    out = (x - mean) / math.sqrt(var + WHITEN_EPS)
+    return list(out.split([t.numel() for t in values]))
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point
+# ---------------------------------------------------------------------------------------------
+
+
+def compute_advantages_and_returns(
+    cfg: AdvantageConfig,
+    *,
+    rewards: Tensor,
+    group_index: Tensor,
+    loss_masks: list[Tensor],
+    log_probs: list[Tensor] | None = None,
+    ref_log_probs: list[Tensor] | None = None,
+    values: list[Tensor] | None = None,
+    whiten_group: dist.ProcessGroup | None = None,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Per-token advantages and returns of a batch of samples (no gradient).
+
+    rewards[i] is sample i's scalar reward, group_index[i] its prompt group. Every sample of a
+    group must be in this call (the group baseline needs them all): call it on the whole
+    rollout, or partition data-parallel ranks by group. ``log_probs``/``ref_log_probs`` are
+    needed when ``kl_coef > 0``, ``values`` (the critic's, per token) for PPO.
+    ``whiten_group``: the process group to take whitening statistics over (see
+    ``masked_whiten``). Returns (advantages, returns), lists aligned with ``loss_masks``;
+    ``returns`` are the critic's targets for PPO and equal the unwhitened advantages otherwise.
+    """
+    n = len(loss_masks)
+    rewards = torch.as_tensor(rewards).float().reshape(-1)
+    group_index = torch.as_tensor(group_index).reshape(-1)
+    if rewards.numel() != n or group_index.numel() != n:
+        raise ValueError(f"{n} loss masks but {rewards.numel()} rewards and {group_index.numel()} group ids")
+    bad = torch.nonzero(~torch.isfinite(rewards)).reshape(-1)
+    if bad.numel():
+        raise ValueError(f"reward of sample {int(bad[0])} is {float(rewards[bad[0]])}; rewards must be finite")
+    if n == 0:
+        return [], []
+    device = loss_masks[0].device
+    rewards = rewards.to(device)
+    masks = [m.float() for m in loss_masks]
+
+    if cfg.rewards_normalization and cfg.estimator in GROUP_BASELINE_ESTIMATORS:
+        divide = cfg.grpo_std_normalization and cfg.estimator in ("grpo", "gspo")
+        rewards = group_normalize(rewards, group_index.to(device), divide_by_std=divide)
+
+    kl = _shaping_kl(cfg, masks, log_probs, ref_log_probs)
+
+    if cfg.estimator in ("grpo", "gspo"):
+        advantages = [torch.full_like(m, float(r)) for m, r in zip(masks, rewards.tolist())]
+        returns = advantages
+    elif cfg.estimator == "reinforce_plus_plus_baseline":
+        advantages = [float(r) - cfg.kl_coef * k for r, k in zip(rewards.tolist(), kl)]
+        returns = advantages
+    elif cfg.estimator == "reinforce_plus_plus":
+        returns = discounted_returns(_token_rewards(cfg, rewards, masks, kl), cfg.gamma)
+        advantages = returns
+    else:  # ppo
+        if values is None:
+            raise ValueError("the ppo estimator needs the critic's values")
+        _check_aligned(masks, values=values)
+        advantages, returns = gae(
+            _token_rewards(cfg, rewards, masks, kl), [v.detach().float() for v in values], cfg.gamma, cfg.lam
+        )
+
+    if cfg.normalize_advantages:
+        advantages = masked_whiten(advantages, masks, whiten_group)
+    advantages = [a * m for a, m in zip(advantages, masks)]
+    return advantages, [r.clone() for r in returns]
+
+
+def _shaping_kl(
+    cfg: AdvantageConfig,
+    masks: list[Tensor],
+    log_probs: list[Tensor] | None,
+    ref_log_probs: list[Tensor] | None,
+) -> list[Tensor]:
+    if cfg.kl_coef == 0.0:
+        return [torch.zeros_like(m) for m in masks]
+    if log_probs is None or ref_log_probs is None:
+        raise ValueError("--kl-coef > 0 needs log_probs and ref_log_probs")
+    _check_aligned(masks, log_probs=log_probs, ref_log_probs=ref_log_probs)
+    return [kl_estimate(lp.detach(), ref.detach(), cfg.kl_estimator) * m for lp, ref, m in zip(log_probs, ref_log_probs, masks)]
+
+
+def _token_rewards(cfg: AdvantageConfig, rewards: Tensor, masks: list[Tensor], kl: list[Tensor]) -> list[Tensor]:
+    """-kl_coef * KL on every masked token, plus the sequence reward on the last masked one."""
+    out = []
+    for r, m, k in zip(rewards.tolist(), masks, kl):
+        tr = -cfg.kl_coef * k
+        if tr.numel():
+            tr[last_masked_index(m)] += r
+        out.append(tr)
+    return out
+
+
+def _pad(xs: list[Tensor]) -> tuple[Tensor, list[int]]:
+    lengths = [x.numel() for x in xs]
+    padded = torch.zeros(len(xs), max(lengths, default=0), device=xs[0].device if xs else None)
+    for i, x in enumerate(xs):
+        padded[i, : x.numel()] = x.float()
+    return padded, lengths
+
+
+def _check_aligned(masks: list[Tensor], **others: list[Tensor]) -> None:
+    for name, other in others.items():
+        if len(other) != len(masks):
+            raise ValueError(f"{name} has {len(other)} samples, expected {len(masks)}")
+        for i, (m, o) in enumerate(zip(masks, other)):
+            if m.shape != o.shape:
+                raise ValueError(f"{name}[{i}] has shape {tuple(o.shape)}, expected {tuple(m.shape)}")
