@@ -1,0 +1,238 @@
+"""The one typed config of a run.
+
+Sources, lowest priority first: the model config's defaults for the node count
+(`model_configs/<model>.yaml`), a user YAML file (`--config run.yaml`), then CLI flags.
+Every leaf field is a flag: `--<field-name>` (field names are unique across sections and
+follow slime/Megatron naming, so `--rollout-batch-size` is `rollout.rollout_batch_size`).
+Two passthrough families: `--sglang-<flag>` (to every SGLang server) and `--megatron-<field>`
+(a megatron-core TransformerConfig/OptimizerConfig field). The resolved config is written to
+`RUN/run.yaml` at submit and is immutable afterwards; both het groups read it from there.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# SLURM names (partition, account, qos, ...): what sbatch accepts without quoting.
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,:@+=-]+$")
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    run_name: str = "rlslurm"
+    run_dir: Path | None = None          # default: ./runs/<run_name>
+    seed: int = 1234
+    device: Literal["cuda", "cpu"] = "cuda"
+    group_shared: bool = False           # run dir 0750 + setgid instead of 0700
+
+
+class SlurmSection(Section):
+    nodes: int = Field(2, ge=2)
+    trainer_nodes: int | None = Field(None, ge=1)
+    rollout_nodes: int | None = Field(None, ge=1)
+    gpus_per_node: int = Field(8, ge=0)
+    trainer_procs_per_node: int | None = Field(None, ge=1)  # default: gpus_per_node (CPU: set explicitly)
+    cpus_per_node: int | None = Field(None, ge=1)
+    mem: str | None = None
+    partition: str | None = None
+    trainer_partition: str | None = None
+    rollout_partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "24:00:00"
+    exclusive: bool = True
+    container_image: str | None = None     # pyxis/enroot --container-image
+    container_mounts: str | None = None    # pyxis/enroot --container-mounts
+    apptainer_image: str | None = None     # runs every step as `apptainer exec --nv IMAGE ...`
+    signal_grace_s: int = Field(300, ge=30)    # USR1 this long before the time limit
+    max_failures: int = Field(3, ge=0)         # requeues after failures (preemptions do not count)
+    python: str | None = None                  # interpreter on the nodes; default: the submitting one
+    setup_script: Path | None = None           # sourced by every step before python (module load, venv)
+    env: dict[str, str] = Field(default_factory=dict)
+    sbatch_extra: list[str] = Field(default_factory=list)  # extra `--key=value` sbatch options
+
+    @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
+    @classmethod
+    def _slurm_name(cls, v: str | None) -> str | None:
+        if v is not None and not _SLURM_NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits and _.,:@+=- only)")
+        return v
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        if not _SLURM_TIME.match(v):
+            raise ValueError(f"{v!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                raise ValueError(f"{k!r} is not a valid environment variable name")
+        return v
+
+    @field_validator("sbatch_extra")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for opt in v:
+            if not re.match(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@+=/%-]*)?$", opt):
+                raise ValueError(f"{opt!r}: extra sbatch options must look like --key=value with a plain value")
+        return v
+
+
+class ModelSection(Section):
+    model: str = "tiny-qwen3"
+    hf_checkpoint: Path | None = None   # HF directory: initial actor/ref weights + tokenizer
+    ref_load: Path | None = None        # reference model (default: hf_checkpoint)
+    load: Path | None = None            # Megatron dist checkpoint to start from (default: RUN/checkpoints)
+
+
+class DataSection(Section):
+    prompt_data: Path | None = None
+    input_key: str = "prompt"
+    label_key: str | None = "label"
+    metadata_key: str | None = None
+    tool_key: str | None = None
+    apply_chat_template: bool = False
+    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    rollout_shuffle: bool = True
+    rollout_seed: int = 42
+    num_epoch: int = Field(1, ge=1)
+    max_prompt_len: int | None = Field(None, ge=1)
+    data_strict: bool = True
+    data_source_path: str | None = None   # module:Class of a custom prompt source
+    eval_prompt_data: list[str] = Field(default_factory=list)  # NAME PATH [NAME PATH ...]
+
+    @field_validator("eval_prompt_data")
+    @classmethod
+    def _pairs(cls, v: list[str]) -> list[str]:
+        if len(v) % 2:
+            raise ValueError("expects NAME PATH pairs")
+        return v
+
+
+class RolloutSection(Section):
+    num_rollout: int = Field(100, ge=0)
+    rollout_batch_size: int = Field(32, ge=1)      # prompts per rollout
+    n_samples_per_prompt: int = Field(8, ge=1)
+    over_sampling_batch_size: int | None = Field(None, ge=1)
+    rollout_max_response_len: int = Field(1024, ge=1)
+    rollout_temperature: float = Field(1.0, ge=0)
+    rollout_top_p: float = Field(1.0, gt=0, le=1)
+    rollout_top_k: int = -1
+    rollout_stop: list[str] = Field(default_factory=list)
+    rollout_stop_token_ids: list[int] = Field(default_factory=list)
+    rollout_num_gpus_per_engine: int = Field(1, ge=1)
+    engines_per_node: int | None = Field(None, ge=1)  # CPU: how many servers per rollout node
+    sglang_dtype: str | None = None                   # e.g. float32 for exact CPU tests
+    rm_type: str = "math"                              # exact | math | remote
+    rm_url: str | None = None
+    custom_rm_path: str | None = None
+    custom_generate_function_path: str | None = None
+    dynamic_sampling_filter_path: str | None = None
+    buffer_filter_path: str | None = None
+    reward_key: str | None = None
+    rollout_max_concurrency: int = Field(256, ge=1)
+    async_buffer_size: int = Field(0, ge=0)           # 0: synchronous (generate N, train N, sync)
+    update_weights_interval: int = Field(1, ge=1)
+    max_staleness: int = Field(1, ge=0)
+    engine_health_interval_s: float = Field(10.0, gt=0)
+    eval_interval: int | None = Field(None, ge=1)
+    n_samples_per_eval_prompt: int = Field(1, ge=1)
+    eval_temperature: float = Field(0.0, ge=0)
+    eval_max_response_len: int | None = Field(None, ge=1)
+    keep_trained_rollouts: int = Field(4, ge=0)
+
+
+class TrainSection(Section):
+    # Megatron names, so users can paste slime/Megatron flags.
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+    micro_batch_size: int = Field(1, ge=1)
+    global_batch_size: int | None = Field(None, ge=1)   # default: from the batch identity
+    num_steps_per_rollout: int = Field(1, ge=1)
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int | None = Field(None, ge=1)
+    lr: float = Field(1e-6, gt=0)
+    min_lr: float = Field(0.0, ge=0)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_warmup_iters: int = Field(0, ge=0)
+    weight_decay: float = Field(0.1, ge=0)
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = Field(1.0, ge=0)
+    bf16: bool = True
+    use_distributed_optimizer: bool = True
+    save_interval: int | None = Field(None, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    # RL
+    advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"] = "grpo"
+    grpo_std_normalization: bool = True
+    normalize_advantages: bool = False
+    eps_clip: float = Field(0.2, gt=0)
+    eps_clip_high: float | None = Field(None, gt=0)
+    eps_clip_c: float | None = Field(None, gt=1)
+    use_kl_loss: bool = False
+    kl_loss_coef: float = Field(0.0, ge=0)
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    kl_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0)
+    calculate_per_token_loss: bool = False
+    gamma: float = Field(1.0, ge=0, le=1)
+    lambd: float = Field(1.0, ge=0, le=1)
+    value_clip: float = Field(0.2, gt=0)
+    num_critic_only_steps: int = Field(0, ge=0)
+    critic_lr: float | None = None
+    use_tis: bool = False
+    tis_clip_low: float = Field(0.0, ge=0)
+    tis_clip: float = Field(2.0, gt=0)
+    use_rollout_logprobs: bool = False
+    # weight sync
+    weight_sync: Literal["distributed", "disk"] = "distributed"
+    update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
+    weight_sync_timeout_s: float = Field(300.0, gt=0)
+    load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
+
+
+class RunConfig(Section):
+    run: RunSection = Field(default_factory=RunSection)
+    slurm: SlurmSection = Field(default_factory=SlurmSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    megatron: dict[str, Any] = Field(default_factory=dict)   # --megatron-<field> passthrough
+    sglang_args: list[str] = Field(default_factory=list)     # --sglang-<flag> passthrough, argv form
+
+    # Derived, filled by `resolve` (see rlslurm/validate.py).
+    @property
+    def trainer_gpus(self) -> int:
+        return self.slurm.trainer_nodes * self.trainer_procs_per_node  # type: ignore[operator]
+
+    @property
+    def trainer_procs_per_node(self) -> int:
+        return self.slurm.trainer_procs_per_node or max(self.slurm.gpus_per_node, 1)
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.slurm.rollout_nodes * self.slurm.gpus_per_node  # type: ignore[operator]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir or Path("runs") / self.run.run_name
+
+
+SECTIONS: tuple[str, ...] = ("run", "slurm", "model", "data", "rollout", "train")

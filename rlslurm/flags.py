@@ -1,0 +1,247 @@
+"""Command-line flags and YAML files -> a validated `RunConfig`.
+
+Every leaf field of `RunConfig` is a flag `--<field-name>`. Values are coerced by pydantic;
+errors name where the bad value came from: the flag, `file.yaml:line`, or the model config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rlslurm.config import SECTIONS, RunConfig
+from rlslurm.errors import ConfigError
+
+SGLANG_PREFIX = "--sglang-"
+MEGATRON_PREFIX = "--megatron-"
+
+
+def _fields() -> dict[str, tuple[str, Any]]:
+    """field name -> (section, annotation) for every leaf field."""
+    out: dict[str, tuple[str, Any]] = {}
+    for section in SECTIONS:
+        model: type[BaseModel] = RunConfig.model_fields[section].default_factory  # type: ignore[assignment]
+        for name, f in model.model_fields.items():
+            assert name not in out, f"field {name} defined twice"
+            out[name] = (section, f.annotation)
+    return out
+
+
+FIELDS = _fields()
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _kind(annotation: Any) -> str:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    base = typing.get_origin(annotation)
+    if annotation is bool or (args and all(a is bool for a in args)):
+        return "bool"
+    if base is list or any(typing.get_origin(a) is list for a in args):
+        return "list"
+    if base is dict or any(typing.get_origin(a) is dict for a in args):
+        return "dict"
+    return "scalar"
+
+
+@dataclass
+class Layer:
+    """One source of settings: values by (section, field) and where each came from."""
+
+    values: dict[tuple[str, str], Any] = field(default_factory=dict)
+    origin: dict[tuple[str, str], str] = field(default_factory=dict)
+    megatron: dict[str, Any] = field(default_factory=dict)
+    sglang_args: list[str] = field(default_factory=list)
+
+    def set(self, name: str, value: Any, origin: str) -> None:
+        if name not in FIELDS:
+            raise ConfigError(f"{origin}: unknown setting {name!r}{_suggest(name)}")
+        key = (FIELDS[name][0], name)
+        self.values[key] = value
+        self.origin[key] = origin
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name, list(FIELDS), n=1)
+    return f" (did you mean {flag_name(close[0])}?)" if close else ""
+
+
+def parse_flags(argv: list[str]) -> Layer:
+    """Parse `--field value` flags plus the sglang/megatron passthrough families."""
+    layer = Layer()
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--"):
+            raise ConfigError(f"unexpected argument {tok!r} (flags look like --name value)")
+        name, eq, inline = tok[2:].partition("=")
+        has_next = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if tok.startswith(SGLANG_PREFIX):
+            layer.sglang_args.append("--" + name[len("sglang-"):])
+            if eq:
+                layer.sglang_args.append(inline)
+            elif has_next:
+                layer.sglang_args.append(argv[i + 1])
+                i += 1
+            i += 1
+            continue
+        if tok.startswith(MEGATRON_PREFIX):
+            key = name[len("megatron-"):].replace("-", "_")
+            if eq or has_next:
+                raw = inline if eq else argv[i + 1]
+                i += 0 if eq else 1
+                layer.megatron[key] = yaml.safe_load(raw) if raw else raw
+            else:
+                layer.megatron[key] = True
+            i += 1
+            continue
+        field_name = name.replace("-", "_")
+        negated = False
+        if field_name not in FIELDS and field_name.startswith("no_") and field_name[3:] in FIELDS:
+            field_name, negated = field_name[3:], True
+        if field_name not in FIELDS:
+            raise ConfigError(f"unknown flag --{name}{_suggest(field_name)}")
+        kind = _kind(FIELDS[field_name][1])
+        origin = flag_name(field_name)
+        if kind == "bool":
+            if negated:
+                value: Any = False
+            elif eq:
+                value = inline
+            elif has_next and argv[i + 1].lower() in ("true", "false", "1", "0", "yes", "no"):
+                value = argv[i + 1]
+                i += 1
+            else:
+                value = True
+        elif kind == "list":
+            value = [inline] if eq else []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value.append(argv[i + 1])
+                i += 1
+        elif kind == "dict":
+            items = [inline] if eq else []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                items.append(argv[i + 1])
+                i += 1
+            value = _parse_dict(items, origin)
+        else:
+            if eq:
+                value = inline
+            elif has_next or (i + 1 < len(argv) and _is_number(argv[i + 1])):
+                value = argv[i + 1]
+                i += 1
+            else:
+                raise ConfigError(f"{origin} needs a value")
+        layer.set(field_name, value, origin)
+        i += 1
+    return layer
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _parse_dict(items: list[str], origin: str) -> dict[str, Any]:
+    if len(items) == 1 and items[0].lstrip().startswith("{"):
+        try:
+            return json.loads(items[0])
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{origin}: invalid JSON: {e}") from None
+    out: dict[str, Any] = {}
+    for it in items:
+        k, sep, v = it.partition("=")
+        if not sep:
+            raise ConfigError(f"{origin}: expected KEY=VALUE or a JSON object, got {it!r}")
+        out[k] = v
+    return out
+
+
+def _yaml_lines(text: str, path: Path) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """Load YAML and remember the line of every mapping key (for error messages)."""
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(n: Any, prefix: tuple[str, ...]) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = prefix + (str(k.value),)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key)
+
+    walk(node, ())
+    return data, lines
+
+
+def load_yaml_layer(path: Path) -> Layer:
+    """A run YAML: sections (`rollout: {...}`) and/or flat field names; `megatron:`, `sglang_args:`."""
+    if not path.exists():
+        raise ConfigError(f"--config: {path} does not exist")
+    data, lines = _yaml_lines(path.read_text(), path)
+    if data is None:
+        return Layer()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    layer = Layer()
+    for key, value in data.items():
+        where = f"{path}:{lines.get((str(key),), '?')}"
+        if key == "megatron":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: megatron must be a mapping of TransformerConfig fields")
+            layer.megatron.update(value)
+        elif key == "sglang_args":
+            if not isinstance(value, list):
+                raise ConfigError(f"{where}: sglang_args must be a list of argv strings")
+            layer.sglang_args.extend(str(v) for v in value)
+        elif key in SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: section {key!r} must be a mapping")
+            for name, v in value.items():
+                sub = f"{path}:{lines.get((str(key), str(name)), '?')}"
+                if name not in FIELDS or FIELDS[name][0] != key:
+                    raise ConfigError(f"{sub}: unknown setting {key}.{name}{_suggest(str(name))}")
+                layer.set(name, v, sub)
+        else:
+            layer.set(str(key), value, where)
+    return layer
+
+
+def build_config(layers: list[Layer]) -> RunConfig:
+    """Merge layers (later wins) and validate field types, naming the source of a bad value."""
+    nested: dict[str, Any] = {s: {} for s in SECTIONS}
+    origin: dict[tuple[str, str], str] = {}
+    megatron: dict[str, Any] = {}
+    sglang: list[str] = []
+    for layer in layers:
+        for (section, name), v in layer.values.items():
+            nested[section][name] = v
+        origin.update(layer.origin)
+        megatron.update(layer.megatron)
+        sglang.extend(layer.sglang_args)
+    try:
+        return RunConfig.model_validate({**nested, "megatron": megatron, "sglang_args": sglang})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(str(x) for x in err["loc"])
+        key = (loc[0], loc[1]) if len(loc) >= 2 else None
+        where = origin.get(key, flag_name(loc[1]) if key else "config") if key else "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"{where}: {msg} (got {err.get('input')!r})") from None

@@ -1,0 +1,208 @@
+"""Turn flags + YAML + model defaults into one validated `RunConfig`.
+
+`resolve()` is the only place a config is assembled; the CLI (`submit`, `render`, `run`) calls
+it and nothing is submitted unless it passes. Cross-field checks name the flags involved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlslurm.config import RunConfig
+from rlslurm.errors import ConfigError
+from rlslurm.flags import FIELDS, Layer, build_config, load_yaml_layer, parse_flags
+from rlslurm.model_config import ModelConfig, load_model_config
+
+# Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
+_TRAIN_BYTES_PER_PARAM = 18
+
+
+@dataclass
+class Resolved:
+    cfg: RunConfig
+    model: ModelConfig
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: bool = True) -> Resolved:
+    """`strict_inputs=False` (dry runs) turns missing prompt data / checkpoint into warnings."""
+    user_layers = ([load_yaml_layer(config_file)] if config_file else []) + [parse_flags(argv)]
+    # The model and node count pick the defaults layer, so read them from the user layers first.
+    probe = build_config(user_layers)
+    mc = load_model_config(probe.model.model)
+    defaults = Layer()
+    where = f"model_configs/{mc.name}.yaml (defaults for {probe.slurm.nodes} nodes)"
+    for name, value in mc.defaults_for(probe.slurm.nodes).items():
+        if name not in FIELDS:
+            raise ConfigError(f"{where}: unknown setting {name!r}")
+        defaults.set(name, value, where)
+    cfg = build_config([defaults, *user_layers])
+    res = Resolved(cfg, mc)
+    _derive(res)
+    _check(res, strict_inputs)
+    return res
+
+
+def _derive(res: Resolved) -> None:
+    cfg = res.cfg
+    s = cfg.slurm
+    if s.trainer_nodes is None and s.rollout_nodes is None:
+        s.trainer_nodes = max(1, s.nodes // 2)
+    if s.trainer_nodes is None:
+        s.trainer_nodes = s.nodes - (s.rollout_nodes or 0)
+    if s.rollout_nodes is None:
+        s.rollout_nodes = s.nodes - s.trainer_nodes
+    r, t = cfg.rollout, cfg.train
+    if t.global_batch_size is None:
+        samples = r.rollout_batch_size * r.n_samples_per_prompt
+        if samples % t.num_steps_per_rollout:
+            raise ConfigError(
+                f"--rollout-batch-size {r.rollout_batch_size} x --n-samples-per-prompt {r.n_samples_per_prompt} = {samples} "
+                f"samples cannot be split into --num-steps-per-rollout {t.num_steps_per_rollout} equal steps"
+            )
+        t.global_batch_size = samples // t.num_steps_per_rollout
+    if s.python is None:
+        import sys
+
+        s.python = sys.executable
+
+
+def _check(res: Resolved, strict_inputs: bool) -> None:
+    cfg, mc = res.cfg, res.model
+    s, r, t, d = cfg.slurm, cfg.rollout, cfg.train, cfg.data
+    assert s.trainer_nodes is not None and s.rollout_nodes is not None and t.global_batch_size is not None
+
+    samples = r.rollout_batch_size * r.n_samples_per_prompt
+    if samples != t.global_batch_size * t.num_steps_per_rollout:
+        raise ConfigError(
+            "batch identity violated: --rollout-batch-size x --n-samples-per-prompt "
+            f"({r.rollout_batch_size} x {r.n_samples_per_prompt} = {samples}) must equal "
+            f"--global-batch-size x --num-steps-per-rollout ({t.global_batch_size} x {t.num_steps_per_rollout} "
+            f"= {t.global_batch_size * t.num_steps_per_rollout})"
+        )
+    if s.trainer_nodes + s.rollout_nodes != s.nodes:
+        raise ConfigError(
+            f"--trainer-nodes {s.trainer_nodes} + --rollout-nodes {s.rollout_nodes} = "
+            f"{s.trainer_nodes + s.rollout_nodes}, but --nodes is {s.nodes}"
+        )
+    if s.trainer_nodes < 1 or s.rollout_nodes < 1:
+        raise ConfigError(f"--nodes {s.nodes}: the trainer and the rollout group need at least one node each")
+
+    world = cfg.trainer_gpus
+    mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
+    if world % mp:
+        raise ConfigError(
+            f"--tensor-model-parallel-size {t.tensor_model_parallel_size} x --pipeline-model-parallel-size "
+            f"{t.pipeline_model_parallel_size} x --context-parallel-size {t.context_parallel_size} = {mp} does not "
+            f"divide the {world} trainer GPUs (--trainer-nodes {s.trainer_nodes} x {cfg.trainer_procs_per_node} per node)"
+        )
+    dp = world // mp
+    if t.expert_model_parallel_size > 1:
+        if mc.arch.moe is None:
+            raise ConfigError(f"--expert-model-parallel-size {t.expert_model_parallel_size}: {mc.name} has no experts")
+        if mc.arch.moe.num_experts % t.expert_model_parallel_size:
+            raise ConfigError(
+                f"--expert-model-parallel-size {t.expert_model_parallel_size} does not divide "
+                f"{mc.name}'s {mc.arch.moe.num_experts} experts"
+            )
+        if (world // t.pipeline_model_parallel_size) % t.expert_model_parallel_size:
+            raise ConfigError(
+                f"--expert-model-parallel-size {t.expert_model_parallel_size} does not divide the "
+                f"{world // t.pipeline_model_parallel_size} GPUs of a pipeline stage"
+            )
+    if mc.arch.num_attention_heads % t.tensor_model_parallel_size or mc.arch.num_query_groups % t.tensor_model_parallel_size:
+        if not (mc.arch.mla and mc.arch.num_attention_heads % t.tensor_model_parallel_size == 0):
+            raise ConfigError(
+                f"--tensor-model-parallel-size {t.tensor_model_parallel_size} must divide {mc.name}'s "
+                f"{mc.arch.num_attention_heads} heads and {mc.arch.num_query_groups} query groups"
+            )
+    if mc.arch.num_layers % t.pipeline_model_parallel_size:
+        raise ConfigError(
+            f"--pipeline-model-parallel-size {t.pipeline_model_parallel_size} does not divide {mc.name}'s "
+            f"{mc.arch.num_layers} layers"
+        )
+    if t.global_batch_size % dp:
+        raise ConfigError(f"--global-batch-size {t.global_batch_size} is not divisible by the data-parallel size {dp}")
+    if not t.use_dynamic_batch_size and (t.global_batch_size // dp) % t.micro_batch_size:
+        raise ConfigError(
+            f"--global-batch-size {t.global_batch_size} / data-parallel size {dp} = {t.global_batch_size // dp} "
+            f"samples per rank is not a multiple of --micro-batch-size {t.micro_batch_size}"
+        )
+    if t.use_dynamic_batch_size and not t.max_tokens_per_gpu:
+        raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
+
+    if cfg.run.device == "cuda":
+        if s.gpus_per_node < 1:
+            raise ConfigError("--gpus-per-node must be >= 1 with --device cuda")
+        if cfg.rollout_gpus % r.rollout_num_gpus_per_engine:
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide the "
+                f"{cfg.rollout_gpus} rollout GPUs (--rollout-nodes {s.rollout_nodes} x --gpus-per-node {s.gpus_per_node})"
+            )
+        if r.rollout_num_gpus_per_engine < s.gpus_per_node and s.gpus_per_node % r.rollout_num_gpus_per_engine:
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide --gpus-per-node {s.gpus_per_node}"
+            )
+    elif not r.engines_per_node:
+        raise ConfigError("--device cpu needs --engines-per-node (how many SGLang servers each rollout node runs)")
+
+    if t.use_kl_loss and t.kl_coef > 0:
+        raise ConfigError("--use-kl-loss (with --kl-loss-coef) and --kl-coef (KL-shaped rewards) are exclusive: pick one")
+    if t.eps_clip >= 1:
+        raise ConfigError(f"--eps-clip {t.eps_clip} must be < 1")
+    if r.rm_type == "remote" and not r.rm_url and not r.custom_rm_path:
+        raise ConfigError("--rm-type remote needs --rm-url")
+    if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
+        raise ConfigError(
+            f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size {r.rollout_batch_size}"
+        )
+
+    _check_inputs(res, strict_inputs)
+    _check_memory(res)
+
+
+def _need(res: Resolved, strict: bool, msg: str) -> None:
+    if strict:
+        raise ConfigError(msg)
+    res.warnings.append(msg)
+
+
+def _check_inputs(res: Resolved, strict: bool) -> None:
+    cfg, mc = res.cfg, res.model
+    d, m = cfg.data, cfg.model
+    if d.data_source_path is None:
+        if d.prompt_data is None:
+            _need(res, strict, "--prompt-data is required (a .jsonl or .parquet file of prompts)")
+        else:
+            from rlslurm.rollout.data import validate_prompt_file
+
+            if d.prompt_data.exists() or strict:
+                validate_prompt_file(d.prompt_data, d.input_key, d.label_key)
+            else:
+                res.warnings.append(f"--prompt-data {d.prompt_data} does not exist (here)")
+    pairs = d.eval_prompt_data
+    for name, path in zip(pairs[::2], pairs[1::2]):
+        from rlslurm.rollout.data import validate_prompt_file
+
+        if Path(path).exists() or strict:
+            validate_prompt_file(Path(path), d.input_key, d.label_key)
+    if m.hf_checkpoint is None and m.load is None and not mc.tiny:
+        _need(res, strict, f"--hf-checkpoint is required for {mc.name} (the HF directory with the initial weights)")
+    for flag, p in (("--hf-checkpoint", m.hf_checkpoint), ("--ref-load", m.ref_load), ("--load", m.load)):
+        if p is not None and not p.exists():
+            _need(res, strict, f"{flag} {p} does not exist")
+    if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():
+        _need(res, strict, f"--setup-script {cfg.slurm.setup_script} is not a file")
+
+
+def _check_memory(res: Resolved) -> None:
+    cfg, mc = res.cfg, res.model
+    if cfg.run.device != "cuda":
+        return
+    per_gpu = mc.num_params * _TRAIN_BYTES_PER_PARAM / cfg.trainer_gpus / 2**30
+    if per_gpu > 80:
+        res.warnings.append(
+            f"{mc.name} ({mc.num_params / 1e9:.0f} B params) needs ~{per_gpu:.0f} GiB per trainer GPU for weights, "
+            f"grads and Adam state on {cfg.trainer_gpus} GPUs: use more --trainer-nodes"
+        )
