@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rlslurm.buffer import Control, EngineRecord, RendezvousRecord, RendezvousTaken, read_ledger
+from rlslurm.buffer.ledger import LedgerProblem
+from rlslurm.errors import DataError
+
+
+def test_engines_router_weight_version(run):
+    c = Control(run)
+    assert c.engines() == [] and c.router() is None and c.weight_version() is None
+    c.write_engines([EngineRecord(url="http://n1:30000", node="n1", gpu_ids=[0, 1], pid=42, healthy=True)])
+    c.write_router("http://n1:30010")
+    c.set_weight_version(7)
+    assert c.engines()[0].gpu_ids == [0, 1] and c.engines()[0].healthy
+    assert c.router().url == "http://n1:30010"
+    assert c.weight_version().version == 7
+
+
+def test_bad_record_names_file(run):
+    c = Control(run)
+    (run.control_dir / "router.json").write_text(json.dumps({"uri": "x"}))
+    with pytest.raises(DataError, match="router.json"):
+        c.router()
+
+
+def test_rendezvous_once_per_attempt(run):
+    c = Control(run)
+    rec = RendezvousRecord(master_addr="n0", master_port=29600, world_size=3, group_name="ws-0", attempt=0)
+    c.publish_rendezvous(rec)
+    with pytest.raises(RendezvousTaken, match="rendezvous-0.json"):
+        c.publish_rendezvous(rec.model_copy(update={"master_port": 29601}))
+    assert c.rendezvous(0).master_port == 29600
+    assert c.rendezvous(1) is None
+    c.publish_rendezvous(rec.model_copy(update={"attempt": 1, "master_port": 29700, "group_name": "ws-1"}))
+    assert c.wait_for_rendezvous(1, timeout=1).master_port == 29700
+    with pytest.raises(TimeoutError, match="rendezvous-2"):
+        c.wait_for_rendezvous(2, timeout=0.2, poll_interval=0.05)
+
+
+def test_heartbeats(run):
+    c = Control(run)
+    c.heartbeat("trainer", 0)
+    c.heartbeat("driver", 0)
+    hbs = c.heartbeats()
+    assert {(h.role, h.rank) for h in hbs} == {("trainer", 0), ("driver", 0)}
+    assert all(h.pid == os.getpid() for h in hbs)
+    assert c.stale_heartbeats(max_age_s=3600) == []
+    assert len(c.stale_heartbeats(max_age_s=-1)) == 2
+
+
+def test_preempt_ack_stop_and_new_attempt(run):
+    c = Control(run)
+    assert c.preempt_requested() is None and c.stop_requested() is None
+    # written by the batch script (tmp + mv), shape fixed by the lead
+    req = {"reason": "USR1", "requested_at": 1.5, "job_id": "12", "restart_count": 0}
+    (run.control_dir / "preempt.tmp").write_text(json.dumps(req))
+    os.rename(run.control_dir / "preempt.tmp", run.control_dir / "preempt.json")
+    assert c.preempt_requested() == req
+    c.ack_preempt(checkpoint_iteration=40)
+    assert json.loads((run.control_dir / "preempt_ack.json").read_text())["checkpoint_iteration"] == 40
+    c.request_stop("user asked")
+    c.new_attempt(1)
+    assert c.preempt_requested() is None and c.preempt_ack() is None
+    assert c.stop_requested().reason == "user asked"  # a stop outlives the attempt
+    assert c.attempt() == 1
+
+
+def test_ledger_skips_and_reports_torn_lines(run):
+    assert read_ledger(run) == []
+    lines = [
+        json.dumps({"job_id": "1", "restart_count": 0, "start": 1.0, "end": 2.0, "reason": "preempt"}),
+        '{"job_id": "1", "restart_co',  # torn by a crash mid-append
+        "[1, 2]",
+        "",
+        json.dumps({"job_id": "1", "restart_count": 1, "start": 3.0}),
+    ]
+    run.ledger.write_text("\n".join(lines))  # last line has no newline: still read
+    problems: list[LedgerProblem] = []
+    got = read_ledger(run, problems)
+    assert [r["restart_count"] for r in got] == [0, 1]
+    assert [p.where for p in problems] == [f"{run.ledger}:2", f"{run.ledger}:3"]
