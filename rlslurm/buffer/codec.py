@@ -136,6 +136,7 @@ def decode(buf: bytes | bytearray | memoryview, where: str) -> list[Sample]:
                 raise ValueError(f"tensor {name} lies outside the file")
             dtype = np.dtype(_DTYPES[info["dtype"]])
             a = np.frombuffer(data[begin:end], dtype=dtype)
+            a.flags.writeable = False  # samples share one buffer; a stray in-place edit must not leak
             arrays[name] = a.reshape(info["shape"])
         n = len(scalars)
         p_off, r_off = arrays["prompt_offsets"], arrays["response_offsets"]

@@ -94,6 +94,8 @@ def retire(reader: RolloutReader, last_trained: int, retention: Retention) -> li
         return []
     cutoff = last_trained - retention.keep_trained  # ids <= cutoff go
     doomed = [i for i in ids if i <= cutoff and i != ids[-1]]
+    if doomed and retention.export_dir is not None:
+        Path(retention.export_dir).mkdir(parents=True, exist_ok=True)
     for rid in doomed:
         if retention.export_dir is not None:
             out = Path(retention.export_dir) / f"{reader.kind}-{rid:08d}.jsonl"

@@ -72,13 +72,14 @@ class Sample:
     @property
     def scalar_reward(self) -> float:
         """The reward that is trained on."""
+        return self._scalar_reward(f"sample {self.index}")
+
+    def _scalar_reward(self, where: str) -> float:
         if isinstance(self.reward, dict):
             if self.reward_key is None:
-                raise DataError(f"sample {self.index}", f"reward is a dict {sorted(self.reward)} but reward_key is not set")
+                raise DataError(where, f"reward is a dict {sorted(self.reward)} but reward_key is not set")
             if self.reward_key not in self.reward:
-                raise DataError(
-                    f"sample {self.index}", f"reward_key {self.reward_key!r} not in reward keys {sorted(self.reward)}"
-                )
+                raise DataError(where, f"reward_key {self.reward_key!r} not in reward keys {sorted(self.reward)}")
             return float(self.reward[self.reward_key])
         return float(self.reward)
 
@@ -102,11 +103,11 @@ class Sample:
             for k, v in self.reward.items():
                 if not isinstance(k, str) or not isinstance(v, (int, float)) or isinstance(v, bool):
                     raise DataError(where, f"reward dict entries must be str -> number, got {k!r}: {v!r}")
-            self.scalar_reward  # noqa: B018 -- raises if reward_key is wrong
+            self._scalar_reward(where)  # raises if reward_key is wrong
         elif not isinstance(self.reward, (int, float)) or isinstance(self.reward, bool):
             raise DataError(where, f"reward must be a number or a dict of numbers, got {type(self.reward).__name__}")
-        if not math.isfinite(self.scalar_reward):
-            raise DataError(where, f"reward is {self.scalar_reward}")
+        if not math.isfinite(self._scalar_reward(where)):
+            raise DataError(where, f"reward is {self._scalar_reward(where)}")
         if not isinstance(self.metadata, dict):
             raise DataError(where, f"metadata must be a dict, got {type(self.metadata).__name__}")
 
