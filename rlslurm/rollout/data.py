@@ -1,0 +1,686 @@
+"""Prompt data for the rollout driver: streamed records, a shuffled cursor, resumable state.
+
+A prompt file can be far larger than memory, so records are never loaded whole:
+
+- JSON Lines: one pass builds a compact index (the byte offset and line number of
+  every non-empty line, two int64 numpy arrays); a record is read by seeking to its
+  offset when it is served.
+- Parquet: the row-group sizes come from the footer; a served record decodes its row
+  group (only the columns we need), and the last decoded row groups are cached.
+
+Shuffling permutes record numbers with a generator seeded by (seed, epoch), so the
+order of any epoch can be recomputed from three integers. For parquet the permutation
+is two-level (row groups in random order, rows shuffled inside each group) so that
+consecutive prompts come from one decoded row group instead of one row group each.
+
+The cursor (`state_dict`) is the epoch, the position in that epoch's permutation,
+counters, and the prompts that were handed back unfinished (`push_back`, partial
+rollouts). Restoring it serves exactly the prompts not consumed yet: pending ones
+first, then the permutation from the saved position.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.plugins import load_object
+
+log = logging.getLogger(__name__)
+
+CURSOR_VERSION = 1
+JSONL_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+_INDEX_CHUNK = 16 << 20
+_FINGERPRINT_BYTES = 64 << 10
+_MAX_LENIENT_WARNINGS = 10
+
+PromptText = str | list[dict[str, Any]]
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class PartialSample:
+    """What one sample of an unfinished group had generated when it was aborted.
+
+    Re-served with its prompt so generation continues where it stopped (partial
+    rollout). `weight_version` is the oldest weights that produced any of its tokens.
+    """
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    loss_mask: list[int]
+    weight_version: int
+    status: str = "aborted"
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        if len(self.output_logprobs) != n or len(self.loss_mask) != n:
+            raise DataError(
+                "partial sample",
+                f"{n} output ids but {len(self.output_logprobs)} logprobs and {len(self.loss_mask)} mask entries",
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output_ids": [int(t) for t in self.output_ids],
+            "output_logprobs": [float(x) for x in self.output_logprobs],
+            "loss_mask": [int(m) for m in self.loss_mask],
+            "weight_version": int(self.weight_version),
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "PartialSample":
+        return cls(
+            output_ids=list(obj["output_ids"]),
+            output_logprobs=list(obj["output_logprobs"]),
+            loss_mask=list(obj["loss_mask"]),
+            weight_version=int(obj["weight_version"]),
+            status=str(obj.get("status", "aborted")),
+        )
+
+
+@dataclass
+class Prompt:
+    """One prompt as the driver generates from it.
+
+    `index` is the record number in the file (stable across epochs and restarts),
+    `where` is 'path:line' (or 'path:row N') for messages. With the chat template on,
+    `prompt` is the templated text and `messages` the conversation it came from.
+    `partial` is set when an unfinished group was handed back: one entry per sample.
+    """
+
+    index: int
+    epoch: int
+    prompt: PromptText
+    prompt_ids: list[int] | None
+    label: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tools: list[Any] | None = None
+    messages: list[dict[str, Any]] | None = None
+    where: str = ""
+    partial: list[PartialSample] | None = None
+
+    @property
+    def uid(self) -> tuple[int, int]:
+        """Identity of a served prompt: the same record in another epoch is another prompt."""
+        return (self.epoch, self.index)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "epoch": self.epoch,
+            "prompt": self.prompt,
+            "prompt_ids": self.prompt_ids,
+            "label": self.label,
+            "metadata": self.metadata,
+            "tools": self.tools,
+            "messages": self.messages,
+            "where": self.where,
+            "partial": None if self.partial is None else [p.to_json() for p in self.partial],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Prompt":
+        partial = obj.get("partial")
+        return cls(
+            index=int(obj["index"]),
+            epoch=int(obj["epoch"]),
+            prompt=obj["prompt"],
+            prompt_ids=None if obj.get("prompt_ids") is None else [int(t) for t in obj["prompt_ids"]],
+            label=obj.get("label"),
+            metadata=dict(obj.get("metadata") or {}),
+            tools=obj.get("tools"),
+            messages=obj.get("messages"),
+            where=str(obj.get("where", "")),
+            partial=None if partial is None else [PartialSample.from_json(p) for p in partial],
+        )
+
+
+BufferFilter = Callable[[list[Prompt], int], list[Prompt]]
+
+
+def pop_first(pending: list[Prompt], n: int) -> list[Prompt]:
+    """Default buffer filter: re-serve handed-back prompts oldest first."""
+    return pending[:n]
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """What the driver needs from a prompt source (PromptSource or a --data-source-path class)."""
+
+    def take(self, n: int) -> list[Prompt]: ...
+
+    def push_back(self, prompt: Prompt, partial: list[PartialSample] | None = None) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+# --------------------------------------------------------------------------- records
+
+
+class _BadRecord(Exception):
+    """A record that cannot be parsed (strict: DataError; lenient: counted and skipped)."""
+
+    def __init__(self, where: str, message: str):
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}")
+
+
+def _file_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    raise DataError(str(path), f"unsupported prompt file type {suffix or '(no suffix)'!r}; use .jsonl or .parquet")
+
+
+def _check_exists(path: Path) -> None:
+    if not path.exists():
+        raise DataError(str(path), "prompt file does not exist")
+    if not path.is_file():
+        raise DataError(str(path), "prompt data path is not a file")
+
+
+def _fingerprint(path: Path, n_records: int) -> dict[str, Any]:
+    """Cheap identity of a data file: a cursor into another file is meaningless."""
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        h.update(f.read(_FINGERPRINT_BYTES))
+    return {"size": path.stat().st_size, "records": int(n_records), "head_sha1": h.hexdigest()}
+
+
+class _JsonlRecords:
+    """Random access to the non-empty lines of a JSON Lines file through an offset index."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offsets, self.line_numbers = self._build_index(path)
+        self._fh = open(path, "rb")
+
+    @staticmethod
+    def _build_index(path: Path) -> tuple[np.ndarray, np.ndarray]:
+        offsets: list[np.ndarray] = []
+        lines: list[np.ndarray] = []
+        start = 0  # byte offset where the current (unterminated) line starts
+        line_no = 1  # its 1-based line number
+        pos = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(_INDEX_CHUNK):
+                nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10).astype(np.int64) + pos
+                if nl.size:
+                    starts = np.empty_like(nl)
+                    starts[0] = start
+                    starts[1:] = nl[:-1] + 1
+                    keep = nl > starts  # drop empty lines here; whitespace-only ones at read time
+                    offsets.append(starts[keep])
+                    lines.append(np.arange(line_no, line_no + nl.size, dtype=np.int64)[keep])
+                    start = int(nl[-1]) + 1
+                    line_no += int(nl.size)
+                pos += len(chunk)
+        if pos > start:  # last line without a trailing newline
+            offsets.append(np.array([start], dtype=np.int64))
+            lines.append(np.array([line_no], dtype=np.int64))
+        if not offsets:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(offsets), np.concatenate(lines)
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0])
+
+    def where(self, i: int) -> str:
+        return f"{self.path}:{int(self.line_numbers[i])}"
+
+    def read(self, i: int) -> dict[str, Any] | None:
+        """The record's object, None for a whitespace-only line; _BadRecord if unparseable."""
+        self._fh.seek(int(self.offsets[i]))
+        raw = self._fh.readline()
+        where = self.where(i)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _BadRecord(where, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        if not text.strip():
+            return None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise _BadRecord(where, f"invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(obj, dict):
+            hint = " (a JSON array file is not JSON Lines: write one object per line)" if text.lstrip()[:1] == "[" else ""
+            raise _BadRecord(where, f"expected a JSON object, got {type(obj).__name__}{hint}")
+        return obj
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class _ParquetRecords:
+    """Random access to parquet rows, decoding one row group at a time."""
+
+    _CACHE = 2
+
+    def __init__(self, path: Path, columns: Sequence[str], required: Sequence[tuple[str, str]]):
+        import pyarrow.parquet as pq
+
+        self.path = path
+        try:
+            self._pf = pq.ParquetFile(path)
+        except Exception as e:
+            raise DataError(str(path), f"cannot read parquet file: {e}") from None
+        names = self._pf.schema_arrow.names
+        for key, flag in required:
+            if key not in names:
+                raise DataError(str(path), f"no column {key!r} for {flag} (columns: {', '.join(names)})")
+        self.columns = [c for c in dict.fromkeys(columns) if c in names]
+        md = self._pf.metadata
+        sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
+        self.group_sizes = sizes
+        self.group_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._cache: collections.OrderedDict[int, list[dict[str, Any]]] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.group_starts[-1])
+
+    def where(self, i: int) -> str:
+        return f"{self.path}:row {i + 1}"
+
+    def _group(self, g: int) -> list[dict[str, Any]]:
+        rows = self._cache.get(g)
+        if rows is None:
+            try:
+                rows = self._pf.read_row_group(g, columns=self.columns).to_pylist()
+            except Exception as e:
+                raise DataError(f"{self.path}:row group {g}", f"cannot decode: {e}") from None
+            self._cache[g] = rows
+            while len(self._cache) > self._CACHE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(g)
+        return rows
+
+    def read(self, i: int) -> dict[str, Any] | None:
+        g = int(np.searchsorted(self.group_starts, i, side="right") - 1)
+        return self._group(g)[i - int(self.group_starts[g])]
+
+    def close(self) -> None:
+        self._cache.clear()
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _as_messages(value: Any, where: str, key: str) -> PromptText:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        for k, m in enumerate(value):
+            if "role" not in m or "content" not in m:
+                raise DataError(where, f"{key!r} message {k} needs 'role' and 'content', has {sorted(m)}")
+        return value
+    raise DataError(where, f"{key!r} must be a string or a non-empty list of {{role, content}} messages, "
+                           f"got {type(value).__name__}")
+
+
+def _as_json_value(value: Any, where: str, key: str, kind: type) -> Any:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(where, f"{key!r} is a string but not valid JSON: {e.msg}") from None
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, kind):
+        raise DataError(where, f"{key!r} must be a {kind.__name__} (or its JSON text), got {type(value).__name__}")
+    return value
+
+
+def _load_tokenizer(tokenizer: Any) -> Any:
+    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(tokenizer))
+    except Exception as e:
+        raise ConfigError(f"--hf-checkpoint {tokenizer}: cannot load its tokenizer: {e}") from None
+
+
+# --------------------------------------------------------------------------- the source
+
+
+class PromptSource:
+    """Streams prompts from a .jsonl or .parquet file in a resumable, seeded order.
+
+    `take(n)` serves up to n prompts (fewer only once every epoch is used up);
+    `push_back` returns an unfinished prompt so it is served again before new ones;
+    `state_dict`/`load_state_dict` save and restore the cursor.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        input_key: str = "prompt",
+        label_key: str | None = "label",
+        metadata_key: str | None = None,
+        tool_key: str | None = None,
+        tokenizer: Any = None,
+        apply_chat_template: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_prompt_len: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_epochs: int = 1,
+        strict: bool = True,
+        buffer_filter: BufferFilter | str | None = None,
+    ):
+        self.path = Path(path)
+        _check_exists(self.path)
+        self.format = _file_format(self.path)
+        if num_epochs < 1:
+            raise ConfigError(f"--num-epochs must be >= 1, got {num_epochs}")
+        if max_prompt_len is not None and max_prompt_len < 1:
+            raise ConfigError(f"--rollout-max-prompt-len must be >= 1, got {max_prompt_len}")
+        self.tokenizer = _load_tokenizer(tokenizer)
+        if apply_chat_template and self.tokenizer is None:
+            raise ConfigError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
+        if max_prompt_len is not None and self.tokenizer is None:
+            raise ConfigError("--rollout-max-prompt-len needs a tokenizer (--hf-checkpoint) to count prompt tokens")
+        self.input_key = input_key
+        self.label_key = label_key
+        self.metadata_key = metadata_key
+        self.tool_key = tool_key
+        self.apply_chat_template = apply_chat_template
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.max_prompt_len = max_prompt_len
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.num_epochs = int(num_epochs)
+        self.strict = strict
+        if isinstance(buffer_filter, str):
+            buffer_filter = load_object(buffer_filter, what="--buffer-filter-path")
+        self.buffer_filter: BufferFilter = buffer_filter or pop_first
+
+        if self.format == "jsonl":
+            self._records: _JsonlRecords | _ParquetRecords = _JsonlRecords(self.path)
+        else:
+            wanted = [input_key, label_key, metadata_key, tool_key]
+            required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
+            self._records = _ParquetRecords(self.path, [c for c in wanted if c], required)
+        self.num_records = len(self._records)
+        if self.num_records == 0:
+            raise DataError(str(self.path), "prompt file has no records")
+        self._fingerprint = _fingerprint(self.path, self.num_records)
+
+        self.epoch = 0
+        self.position = 0
+        self.counters: dict[str, int] = collections.Counter()
+        self._pending: list[Prompt] = []
+        self._order_cache: tuple[int, np.ndarray] | None = None
+
+    # ---- order
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Record numbers in the order epoch `epoch` serves them."""
+        if self._order_cache is not None and self._order_cache[0] == epoch:
+            return self._order_cache[1]
+        n = self.num_records
+        if not self.shuffle:
+            order = np.arange(n, dtype=np.int64)
+        else:
+            rng = np.random.default_rng([self.seed, epoch])
+            if isinstance(self._records, _ParquetRecords) and len(self._records.group_sizes) > 1:
+                starts, sizes = self._records.group_starts, self._records.group_sizes
+                order = np.concatenate(
+                    [starts[g] + rng.permutation(int(sizes[g])) for g in rng.permutation(len(sizes))]
+                ).astype(np.int64)
+            else:
+                order = rng.permutation(n).astype(np.int64)
+        self._order_cache = (epoch, order)
+        return order
+
+    # ---- serving
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._pending and self.epoch >= self.num_epochs
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    def take(self, n: int) -> list[Prompt]:
+        out = self._take_pending(n)
+        while len(out) < n:
+            p = self._next_new()
+            if p is None:
+                break
+            out.append(p)
+        return out
+
+    def __iter__(self) -> Iterator[Prompt]:
+        while batch := self.take(1):
+            yield batch[0]
+
+    def push_back(self, prompt: Prompt, partial: list[PartialSample] | None = None) -> None:
+        """Hand an unfinished prompt back; it is served again before any new prompt."""
+        if partial is not None:
+            prompt.partial = list(partial)
+        self._pending.append(prompt)
+        self.counters["pushed_back"] += 1
+
+    def _take_pending(self, n: int) -> list[Prompt]:
+        if not self._pending or n <= 0:
+            return []
+        chosen = list(self.buffer_filter(list(self._pending), n))
+        if len(chosen) > n:
+            raise ConfigError(f"--buffer-filter-path returned {len(chosen)} prompts when asked for {n}")
+        ids = {id(p) for p in self._pending}
+        if any(id(p) not in ids for p in chosen) or len({id(p) for p in chosen}) != len(chosen):
+            raise ConfigError("--buffer-filter-path must return distinct prompts taken from the pending list")
+        taken = {id(p) for p in chosen}
+        self._pending = [p for p in self._pending if id(p) not in taken]
+        return chosen
+
+    def _next_new(self) -> Prompt | None:
+        while self.epoch < self.num_epochs:
+            if self.position >= self.num_records:
+                self.epoch += 1
+                self.position = 0
+                continue
+            record = int(self.epoch_order(self.epoch)[self.position])
+            prompt = self._build(record, self.epoch)
+            # Advance only after the record was handled: a strict error leaves the
+            # cursor on the bad record, so a fixed file resumes exactly there.
+            self.position += 1
+            if prompt is not None:
+                self.counters["served"] += 1
+                return prompt
+        return None
+
+    def _build(self, record: int, epoch: int) -> Prompt | None:
+        where = self._records.where(record)
+        try:
+            obj = self._records.read(record)
+        except _BadRecord as e:
+            if self.strict:
+                raise DataError(e.where, f"{e.message} (pass --lenient-data to skip bad lines)") from None
+            self.counters["malformed"] += 1
+            if self.counters["malformed"] <= _MAX_LENIENT_WARNINGS:
+                log.warning("skipping malformed record %s: %s", e.where, e.message)
+            return None
+        if obj is None:
+            self.counters["blank"] += 1
+            return None
+        # Missing keys are errors even in lenient mode: they mean a wrong --input-key or
+        # --label-key far more often than a torn line, and skipping would drop everything.
+        value = obj.get(self.input_key)
+        if value is None:
+            raise DataError(where, f"missing input key {self.input_key!r} (--input-key); record has {sorted(obj)}")
+        prompt = _as_messages(value, where, self.input_key)
+        label = None
+        if self.label_key is not None:
+            label = obj.get(self.label_key)
+            if label is None:
+                raise DataError(where, f"missing label key {self.label_key!r} (--label-key); record has {sorted(obj)}")
+        metadata: dict[str, Any] = {}
+        if self.metadata_key is not None and obj.get(self.metadata_key) is not None:
+            metadata = _as_json_value(obj[self.metadata_key], where, self.metadata_key, dict)
+        tools = None
+        if self.tool_key is not None and obj.get(self.tool_key) is not None:
+            tools = _as_json_value(obj[self.tool_key], where, self.tool_key, list)
+
+        messages = None
+        prompt_ids = None
+        if self.apply_chat_template:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            try:
+                prompt = self.tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+                )
+            except Exception as e:
+                raise DataError(where, f"chat template failed: {type(e).__name__}: {e}") from None
+        if isinstance(prompt, str) and self.tokenizer is not None:
+            prompt_ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if self.max_prompt_len is not None:
+            if prompt_ids is None:
+                raise DataError(where, "prompt is a message list: its length cannot be checked against "
+                                       "--rollout-max-prompt-len without --apply-chat-template")
+            if len(prompt_ids) > self.max_prompt_len:
+                self.counters["filtered_long"] += 1
+                return None
+        return Prompt(index=record, epoch=epoch, prompt=prompt, prompt_ids=prompt_ids, label=label,
+                      metadata=metadata, tools=tools, messages=messages, where=where)
+
+    # ---- cursor
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor, JSON-able: stored with each committed rollout."""
+        return {
+            "version": CURSOR_VERSION,
+            "path": str(self.path),
+            "fingerprint": dict(self._fingerprint),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "position": self.position,
+            "counters": dict(self.counters),
+            "pending": [p.to_json() for p in self._pending],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        where = f"data cursor for {self.path}"
+        if state.get("version") != CURSOR_VERSION:
+            raise DataError(where, f"cursor version {state.get('version')!r}, this code reads {CURSOR_VERSION}")
+        if state.get("fingerprint") != self._fingerprint:
+            raise DataError(
+                str(self.path),
+                f"the prompt file is not the one the run started with (saved {state.get('fingerprint')}, "
+                f"now {self._fingerprint}); resuming would skip or repeat prompts",
+            )
+        if bool(state.get("shuffle")) != self.shuffle or int(state.get("seed", -1)) != self.seed:
+            raise ConfigError(
+                f"--rollout-shuffle/--rollout-seed changed since the cursor was saved (saved shuffle="
+                f"{state.get('shuffle')} seed={state.get('seed')}, now shuffle={self.shuffle} seed={self.seed}); "
+                "the data order would change and prompts would be skipped or repeated"
+            )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if position < 0 or position > self.num_records or epoch < 0:
+            raise DataError(where, f"epoch {epoch} position {position} out of range ({self.num_records} records)")
+        self.epoch, self.position = epoch, position
+        self.counters = collections.Counter({k: int(v) for k, v in state.get("counters", {}).items()})
+        self._pending = [Prompt.from_json(p) for p in state.get("pending", [])]
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"data/{k}": float(v) for k, v in sorted(self.counters.items())}
+        out["data/epoch"] = float(self.epoch)
+        out["data/pending"] = float(len(self._pending))
+        return out
+
+    def close(self) -> None:
+        self._records.close()
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt", label_key: str | None = "label",
+                         n_lines: int = 20) -> int:
+    """Pre-submit check: the file exists, its suffix is known, and the first `n_lines`
+    records parse and carry the keys. Returns how many records were checked."""
+    p = Path(path)
+    _check_exists(p)
+    fmt = _file_format(p)
+    checked = 0
+    if fmt == "jsonl":
+        with open(p, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                if checked >= n_lines:
+                    break
+                if not raw.strip():
+                    continue
+                where = f"{p}:{line_no}"
+                try:
+                    obj = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise DataError(where, f"invalid JSON line: {e}") from None
+                if not isinstance(obj, dict):
+                    raise DataError(where, f"expected a JSON object, got {type(obj).__name__}")
+                _check_keys(obj, where, input_key, label_key)
+                checked += 1
+    else:
+        records = _ParquetRecords(p, [k for k in (input_key, label_key) if k],
+                                  [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else []))
+        for i in range(min(n_lines, len(records))):
+            _check_keys(records.read(i) or {}, records.where(i), input_key, label_key)
+            checked += 1
+    if checked == 0:
+        raise DataError(str(p), "prompt file has no records")
+    return checked
+
+
+def _check_keys(obj: Mapping[str, Any], where: str, input_key: str, label_key: str | None) -> None:
+    if obj.get(input_key) is None:
+        raise DataError(where, f"missing input key {input_key!r} (--input-key); record has {sorted(obj)}")
+    _as_messages(obj[input_key], where, input_key)
+    if label_key is not None and obj.get(label_key) is None:
+        raise DataError(where, f"missing label key {label_key!r} (--label-key); record has {sorted(obj)}")
+
+
+_SOURCE_METHODS = ("take", "push_back", "state_dict", "load_state_dict")
+
+
+def load_custom_source(spec: str, **kwargs: Any) -> DataSource:
+    """Build the --data-source-path object: a class (called with kwargs) or a factory function."""
+    factory = load_object(spec, what="--data-source-path")
+    if not callable(factory):
+        raise ConfigError(f"--data-source-path {spec!r}: {type(factory).__name__} is not a class or factory")
+    try:
+        source = factory(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"--data-source-path {spec!r}: cannot construct it: {e}") from None
+    missing = [m for m in _SOURCE_METHODS if not callable(getattr(source, m, None))]
+    if missing:
+        raise ConfigError(f"--data-source-path {spec!r}: {type(source).__name__} lacks {', '.join(missing)} "
+                          f"(a data source needs {', '.join(_SOURCE_METHODS)})")
+    return source
