@@ -13,13 +13,16 @@ import os
 import sys
 from pathlib import Path
 
+from submitit.slurm.slurm import SlurmJobEnvironment
+
 from rlslurm.runfile import load_run_config
 
 
-def trainer_argv(run_dir: Path, master_addr: str, master_port: int, env: dict[str, str]) -> list[str]:
+def trainer_argv(run_dir: Path, master_addr: str, master_port: int) -> list[str]:
     cfg = load_run_config(run_dir)
-    nnodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    node_rank = int(env.get("SLURM_PROCID", "0"))  # one task per node: task id == node index
+    # One srun task per node, so the task's rank is the node rank (submitit parses the step's env).
+    step = SlurmJobEnvironment()
+    nnodes, node_rank = step.num_tasks, step.global_rank
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}",
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--master-port", type=int, required=True)
     a = p.parse_args(argv)
     if a.role == "trainer":
-        cmd = trainer_argv(a.run_dir, a.master_addr, a.master_port, dict(os.environ))
+        cmd = trainer_argv(a.run_dir, a.master_addr, a.master_port)
     else:
         cmd = rollout_argv(a.run_dir, a.master_addr, a.master_port)
     sys.stdout.flush()

@@ -1,0 +1,298 @@
+"""`rlslurm` command line (Typer + Rich).
+
+Run settings are flags named after config fields (`--rollout-batch-size 64`, see
+`rlslurm flags`), plus `--sglang-*` and `--megatron-*` passthrough; `--config run.yaml` loads a
+YAML file first. Every user error prints one line and exits 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlslurm.errors import UserError
+
+app = typer.Typer(
+    help="SLURM-native RL post-training (Megatron-core + SGLang) with torchrun and no Ray.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _collect(ctx: typer.Context, **named: object) -> list[str]:
+    """Named Typer options back into flag form, followed by every other flag as typed."""
+    argv: list[str] = []
+    for name, value in named.items():
+        if value is not None:
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv + list(ctx.args)
+
+
+def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: object):
+    from rlslurm.resolve import resolve
+
+    res = resolve(_collect(ctx, **named), config, strict_inputs=strict)
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/] {w}")
+    return res
+
+
+ConfigOpt = typer.Option(None, "--config", help="run YAML (sections or flat field names); flags override it")
+ModelOpt = typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a YAML path")
+NodesOpt = typer.Option(None, "--nodes", help="total nodes: trainer + rollout")
+DataOpt = typer.Option(None, "--prompt-data", help="prompts, .jsonl or .parquet")
+NameOpt = typer.Option(None, "--run-name", help="run name (default: rlslurm)")
+DirOpt = typer.Option(None, "--run-dir", help="run directory on shared storage (default: ./runs/<run-name>)")
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def submit(
+    ctx: typer.Context,
+    model: Optional[str] = ModelOpt,
+    nodes: Optional[int] = NodesOpt,
+    prompt_data: Optional[Path] = DataOpt,
+    run_name: Optional[str] = NameOpt,
+    run_dir: Optional[Path] = DirOpt,
+    config: Optional[Path] = ConfigOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the rendered sbatch script; create and submit nothing"),
+) -> None:
+    """Validate, create the run directory and submit the heterogeneous job.
+
+    Examples:\n
+      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl --hf-checkpoint /ckpt/GLM-4-9B-0414\n
+      rlslurm submit --model qwen3-4B --nodes 2 --prompt-data dapo.jsonl --partition gpu --time 2-00:00:00 \\\n
+          --rollout-batch-size 64 --sglang-mem-fraction-static 0.7 --megatron-recompute-granularity full\n
+      rlslurm submit --model glm4-9B --nodes 4 --dry-run
+    """
+    res = _resolve(ctx, config, not dry_run, model=model, nodes=nodes, prompt_data=prompt_data,
+                   run_name=run_name, run_dir=run_dir)
+    if dry_run:
+        from rlslurm.slurm.render import render
+
+        sys.stdout.write(render(res.cfg, res.cfg.run_dir.resolve()))
+        return
+    from rlslurm.slurm.submit import submit as do_submit
+
+    sub = do_submit(res)
+    out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
+    out.print(f"  follow: rlslurm status {sub.run_dir}   logs: rlslurm logs {sub.run_dir}")
+
+
+@app.command()
+def resubmit(run_dir: Path = typer.Argument(..., help="an existing run directory")) -> None:
+    """Submit an existing run again (after its failure budget ran out or it was cancelled).
+
+    It resumes from the run directory: checkpoints, buffer and data cursor. run.yaml is reused as is.
+    """
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.model_config import load_model_config
+    from rlslurm.resolve import Resolved
+    from rlslurm.runfile import load_run_config
+    from rlslurm.slurm.submit import submit as do_submit
+
+    if RunDir(run_dir).is_finished():
+        raise UserError(f"{run_dir}: the run is FINISHED; nothing to resubmit")
+    cfg = load_run_config(run_dir)
+    sub = do_submit(Resolved(cfg, load_model_config(cfg.model.model)), resume=True)
+    out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def render(
+    ctx: typer.Context,
+    model: Optional[str] = ModelOpt,
+    nodes: Optional[int] = NodesOpt,
+    prompt_data: Optional[Path] = DataOpt,
+    run_name: Optional[str] = NameOpt,
+    run_dir: Optional[Path] = DirOpt,
+    config: Optional[Path] = ConfigOpt,
+    resolved: bool = typer.Option(False, "--resolved", help="print the resolved run.yaml instead of the script"),
+) -> None:
+    """Print the sbatch script (or the resolved config) without validating input files.
+
+    Example: rlslurm render --model qwen3-8B --nodes 4 --resolved
+    """
+    res = _resolve(ctx, config, False, model=model, nodes=nodes, prompt_data=prompt_data,
+                   run_name=run_name, run_dir=run_dir)
+    if resolved:
+        from rlslurm.runfile import dump_run_config
+
+        sys.stdout.write(dump_run_config(res.cfg))
+    else:
+        from rlslurm.slurm.render import render as do_render
+
+        sys.stdout.write(do_render(res.cfg, res.cfg.run_dir.resolve()))
+
+
+def _run_dir_arg(run_dir: Path) -> Path:
+    from rlslurm.buffer.rundir import RunDir
+
+    if not RunDir(run_dir).is_run_dir():
+        raise UserError(f"{run_dir}: not an rlslurm run directory")
+    return run_dir
+
+
+@app.command()
+def status(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Job state (scontrol/squeue/sacct), attempts from the ledger, progress from the run dir.
+
+    Example: rlslurm status runs/glm4-grpo --json
+    """
+    from rlslurm.slurm.status import run_status
+
+    st = run_status(_run_dir_arg(run_dir))
+    if as_json:
+        print(json.dumps(st.as_dict(), indent=2, default=str))
+        return
+    head = Table(show_header=False, box=None)
+    head.add_row("run dir", st.run_dir)
+    head.add_row("job", f"{st.job_id or '-'}  {st.slurm.get('state')}  (from {st.slurm.get('source') or 'nowhere'})")
+    for c in st.slurm.get("components", []):
+        head.add_row(f"  het group {c.get('offset')}", f"{c.get('id')} {c.get('state')} on {c.get('nodes')}")
+    head.add_row("finished", "yes" if st.finished else "no")
+    head.add_row("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}")
+    head.add_row("weight version", str(st.weight_version))
+    if st.engines:
+        healthy = sum(1 for e in st.engines if e.get("healthy"))
+        head.add_row("engines", f"{healthy}/{len(st.engines)} healthy, "
+                     f"{sum(e.get('restarts', 0) for e in st.engines)} restarts")
+    out.print(head)
+    t = Table(title=f"attempts ({len(st.attempts) + (1 if st.current_attempt else 0)})")
+    for col in ("attempt", "job", "start", "end", "exit", "reason"):
+        t.add_column(col)
+    fmt = lambda ts: time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if ts and ts > 0 else "-"  # noqa: E731
+    for a in sorted(st.attempts, key=lambda a: a.get("attempt", 0)):
+        t.add_row(str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), fmt(a.get("end")),
+                  str(a.get("exit_code")), str(a.get("reason")))
+    if st.current_attempt:
+        a = st.current_attempt
+        t.add_row(str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), "-", "-", "[green]running[/]")
+    out.print(t)
+
+
+@app.command()
+def cancel(run_dir: Path = typer.Argument(..., help="run directory")) -> None:
+    """Cancel the run's current job (`scancel`). The run dir stays; `rlslurm resubmit` continues it."""
+    from rlslurm.slurm.submit import current_job_id
+
+    job = current_job_id(_run_dir_arg(run_dir))
+    if not job:
+        raise UserError(f"{run_dir}: no job was submitted for this run")
+    rc = subprocess.run(["scancel", job], capture_output=True, text=True, timeout=30)
+    if rc.returncode != 0:
+        raise UserError(f"scancel {job}: {rc.stderr.strip()}")
+    out.print(f"cancelled job {job}")
+
+
+@app.command()
+def logs(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="attempt number (default: the latest)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines (Ctrl-C to stop)"),
+    lines: int = typer.Option(40, "--lines", "-n", help="lines of each log to show first"),
+) -> None:
+    """Show the logs of an attempt: the batch script's, every trainer and rollout node's.
+
+    Example: rlslurm logs runs/glm4-grpo -f
+    """
+    from rlslurm.buffer.rundir import RunDir
+
+    rd = RunDir(_run_dir_arg(run_dir))
+    attempts = sorted(int(p.name.split("-")[-1]) for p in rd.logs_dir.glob("attempt-*"))
+    if not attempts:
+        raise UserError(f"{run_dir}: no attempt has started yet")
+    n = attempts[-1] if attempt is None else attempt
+    if n not in attempts:
+        raise UserError(f"--attempt {n}: no such attempt (have {attempts})")
+    files = sorted(rd.attempt_log_dir(n).glob("*.log")) + sorted(rd.logs_dir.glob("slurm-*.out"))
+    cmd = ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files]
+    if not files:
+        raise UserError(f"attempt {n}: no log files yet")
+    os.execvp("tail", cmd)
+
+
+@app.command()
+def models(as_json: bool = typer.Option(False, "--json")) -> None:
+    """List the model configs (architecture, size, default layout for 2 and 4 nodes)."""
+    from rlslurm.model_config import available_models, load_model_config
+
+    rows = [load_model_config(n) for n in available_models()]
+    if as_json:
+        print(json.dumps([{"name": m.name, "hf_architecture": m.hf_architecture, "params": m.num_params,
+                           "tiny": m.tiny} for m in rows], indent=2))
+        return
+    t = Table(title="model configs (model_configs/*.yaml)")
+    for col in ("name", "HF architecture", "params", "layers", "hidden", "heads/kv", "MoE", "defaults @2 / @4 nodes"):
+        t.add_column(col)
+    for m in rows:
+        a = m.arch
+        size = f"{m.num_params / 1e9:.1f} B" if m.num_params > 1e8 else f"{m.num_params / 1e3:.0f} k"
+        moe = f"{a.moe.num_experts}e top{a.moe.router_topk}" if a.moe else "-"
+
+        def layout(n: int) -> str:
+            d = m.defaults_for(n)
+            return f"TP{d.get('tensor_model_parallel_size', 1)} eng{d.get('rollout_num_gpus_per_engine', 1)}" if d else "-"
+
+        t.add_row(m.name, m.hf_architecture, size, str(a.num_layers), str(a.hidden_size),
+                  f"{a.num_attention_heads}/{a.num_query_groups}", moe, f"{layout(2)} / {layout(4)}")
+    out.print(t)
+
+
+@app.command()
+def flags() -> None:
+    """List every run flag, its config section, type and default."""
+    from rlslurm.config import RunConfig
+    from rlslurm.flags import FIELDS, flag_name
+
+    defaults = RunConfig()
+    t = Table(title="run flags (also settable in --config YAML); plus --sglang-* and --megatron-* passthrough")
+    for col in ("flag", "section", "default"):
+        t.add_column(col)
+    for name, (section, _) in FIELDS.items():
+        t.add_row(flag_name(name), section, repr(getattr(getattr(defaults, section), name)))
+    out.print(t)
+
+
+def _mount_subapps() -> None:
+    from rlslurm.buffer.cli import app as buffer_app
+
+    app.add_typer(buffer_app, name="buffer", help="Inspect a run's rollout buffer (ls, show, export).")
+    try:
+        from tools.ckpt_convert.cli import app as convert_app
+    except ImportError:
+        return
+    app.add_typer(convert_app, name="convert", help="HF <-> Megatron checkpoint conversion.")
+
+
+_mount_subapps()
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as e:
+        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Job state from SLURM plus the run's own record (ledger, buffer, control files)."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.ledger import read_ledger
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.slurm.submit import current_job_id
+
+_TIMEOUT_S = 20
+
+
+def _run(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def parse_scontrol_records(text: str) -> list[dict[str, str]]:
+    """`scontrol show job -o` prints one line per record (one per het component)."""
+    records = []
+    for line in text.splitlines():
+        rec: dict[str, str] = {}
+        for tok in line.split():
+            k, sep, v = tok.partition("=")
+            if sep:
+                rec[k] = v
+        if rec:
+            records.append(rec)
+    return records
+
+
+def slurm_state(job_id: str) -> dict[str, Any]:
+    """State of the job and its het components: scontrol (live, and MinJobAge after the end),
+    then squeue, then sacct (needs slurmdbd) — whichever answers."""
+    text = _run(["scontrol", "show", "job", "-o", job_id])
+    if text:
+        recs = parse_scontrol_records(text)
+        return {
+            "source": "scontrol",
+            "state": recs[0].get("JobState", "UNKNOWN"),
+            "restarts": int(recs[0].get("Restarts", "0")),
+            "reason": recs[0].get("Reason"),
+            "components": [
+                {"id": r.get("JobId"), "offset": r.get("HetJobOffset"), "state": r.get("JobState"),
+                 "nodes": r.get("NodeList")}
+                for r in recs
+            ],
+        }
+    text = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    if text and text.strip():
+        return {"source": "squeue", "state": text.split()[0], "components": []}
+    text = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    if text and text.strip():
+        return {"source": "sacct", "state": text.split()[0], "components": []}
+    return {"source": None, "state": "UNKNOWN", "components": []}
+
+
+@dataclass
+class RunStatus:
+    run_dir: str
+    job_id: str | None
+    slurm: dict[str, Any]
+    attempts: list[dict[str, Any]]
+    current_attempt: dict[str, Any] | None
+    finished: bool
+    rollouts_committed: int = 0
+    last_trained_rollout: int | None = None
+    weight_version: int | None = None
+    engines: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
+    rd = RunDir(run_dir)
+    job_id = current_job_id(rd.path)
+    slurm = slurm_state(job_id) if (job_id and query_slurm) else {"source": None, "state": "UNKNOWN", "components": []}
+    attempts = read_ledger(rd)
+    current = _current_attempt(rd, attempts)
+    control = Control(rd)
+    wv = control.weight_version()
+    try:
+        from rlslurm.buffer.reader import RolloutReader
+
+        reader = RolloutReader(rd, readonly=True)
+        committed, last_trained = len(reader.committed_ids()), reader.last_trained()
+    except Exception:  # a run dir from before the first commit must not break status
+        committed, last_trained = 0, None
+    return RunStatus(
+        run_dir=str(rd.path),
+        job_id=job_id,
+        slurm=slurm,
+        attempts=attempts,
+        current_attempt=current,
+        finished=rd.is_finished(),
+        rollouts_committed=committed,
+        last_trained_rollout=last_trained,
+        weight_version=wv.version if wv else None,
+        engines=[e.model_dump() for e in control.engines()],
+    )
+
+
+def _current_attempt(rd: RunDir, ended: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest attempt directory that has no ledger line yet (the one running now)."""
+    import json
+
+    done = {a.get("attempt") for a in ended}
+    dirs = sorted(
+        (p for p in rd.logs_dir.glob("attempt-*") if p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    for d in reversed(dirs):
+        n = int(d.name.split("-")[-1])
+        if n in done:
+            return None
+        info = d / "attempt.json"
+        if info.exists():
+            try:
+                return json.loads(info.read_text())
+            except ValueError:
+                return {"attempt": n}
+        return {"attempt": n}
+    return None

@@ -1,0 +1,81 @@
+"""Create the run directory and submit the het job with `sbatch --parsable`."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlslurm.buffer.atomic import read_json, write_bytes_atomic, write_json_atomic
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.errors import ConfigError, UserError
+from rlslurm.resolve import Resolved
+from rlslurm.runfile import dump_run_config
+from rlslurm.slurm.render import render
+
+SBATCH_TIMEOUT_S = 60
+
+
+@dataclass
+class Submission:
+    job_id: str
+    run_dir: Path
+    script: str
+
+
+def prepare_run_dir(res: Resolved, *, resume: bool = False) -> RunDir:
+    """Create RUN (0700), write run.yaml (immutable once written), the api key, and, for tiny
+    models without a checkpoint, a random-init HF checkpoint in RUN/hf_init."""
+    cfg = res.cfg
+    run_dir = cfg.run_dir.resolve()
+    rd = RunDir(run_dir)
+    if rd.run_yaml.exists() and not resume:
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds a run (run.yaml exists); resubmit it with "
+            f"`rlslurm resubmit {run_dir}` or pick another --run-name/--run-dir"
+        )
+    rd = RunDir.create(run_dir, group_shared=cfg.run.group_shared)
+    if not resume:
+        if cfg.model.hf_checkpoint is None and cfg.model.load is None and res.model.tiny:
+            from rlslurm.tiny import make_tiny_checkpoint
+
+            cfg.model.hf_checkpoint = make_tiny_checkpoint(res.model, run_dir / "hf_init", seed=cfg.run.seed)
+        cfg.run.run_dir = run_dir
+        write_bytes_atomic(rd.run_yaml, dump_run_config(cfg).encode())
+    rd.ensure_api_key()
+    return rd
+
+
+def sbatch(script_path: Path, cwd: Path, *extra: str) -> str:
+    """Submit; returns the job id. The job's working directory is `cwd` (the run dir)."""
+    cmd = ["sbatch", "--parsable", *extra, str(script_path)]
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S)
+    except FileNotFoundError:
+        raise UserError("sbatch not found: run `rlslurm submit` on a SLURM login node (or use `rlslurm run`)") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"sbatch did not answer within {SBATCH_TIMEOUT_S}s (is slurmctld up?)") from None
+    if out.returncode != 0:
+        msg = (out.stderr or out.stdout).strip().splitlines()
+        raise UserError(f"sbatch refused {script_path}: {msg[-1] if msg else 'rc=' + str(out.returncode)}")
+    return out.stdout.strip().split(";")[0]
+
+
+def submit(res: Resolved, *, resume: bool = False) -> Submission:
+    rd = prepare_run_dir(res, resume=resume)
+    from rlslurm.runfile import load_run_config
+
+    cfg = load_run_config(rd.path)  # submit exactly what the processes will read
+    script = render(cfg, rd.path)
+    write_bytes_atomic(rd.job_sbatch, script.encode(), mode=0o700)
+    job_id = sbatch(rd.job_sbatch, rd.path)
+    jobs = (read_json(rd.path / "jobs.json") or {"jobs": []})["jobs"]
+    jobs.append({"job_id": job_id, "submitted_at": time.time()})
+    write_json_atomic(rd.path / "jobs.json", {"jobs": jobs})
+    return Submission(job_id=job_id, run_dir=rd.path, script=script)
+
+
+def current_job_id(run_dir: Path) -> str | None:
+    data = read_json(Path(run_dir) / "jobs.json")
+    return data["jobs"][-1]["job_id"] if data and data.get("jobs") else None
