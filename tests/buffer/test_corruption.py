@@ -1,0 +1,138 @@
+"""A truncated or bit-flipped file is detected by its checksum: the rollout is reported
+corrupt (with the path), quarantined, never handed to the trainer, and regenerated."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from rlslurm.buffer import CorruptRollout, RolloutReader, RolloutWriter
+from rlslurm.buffer.cli import app
+
+from .helpers import assert_same, make_meta, make_samples
+
+
+def _data_file(w: RolloutWriter, rid: int):
+    return w.dir / w.manifest(rid).data_file
+
+
+def truncate(w, rid):
+    p = _data_file(w, rid)
+    os.truncate(p, p.stat().st_size - 100)
+    return p
+
+
+def flip_data_middle(w, rid):
+    p = _data_file(w, rid)
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0x10
+    p.write_bytes(bytes(b))
+    return p
+
+
+def flip_data_header(w, rid):
+    p = _data_file(w, rid)
+    b = bytearray(p.read_bytes())
+    b[20] ^= 0x01
+    p.write_bytes(bytes(b))
+    return p
+
+
+def append_garbage(w, rid):
+    p = _data_file(w, rid)
+    with open(p, "ab") as f:
+        f.write(b"\0")
+    return p
+
+
+def delete_data(w, rid):
+    p = _data_file(w, rid)
+    p.unlink()
+    return p
+
+
+def flip_manifest(w, rid):
+    p = w.manifest_path(rid)
+    b = bytearray(p.read_bytes())
+    i = b.index(b'"reward_mean":') + len(b'"reward_mean":') + 2
+    b[i] = ord("7") if b[i] != ord("7") else ord("3")  # still valid JSON, wrong number
+    p.write_bytes(bytes(b))
+    return p
+
+
+def tear_manifest(w, rid):
+    p = w.manifest_path(rid)
+    os.truncate(p, 40)
+    return p
+
+
+@pytest.mark.parametrize(
+    "damage", [truncate, flip_data_middle, flip_data_header, append_garbage, delete_data, flip_manifest, tear_manifest]
+)
+def test_corrupt_rollout_quarantined_and_regenerated(run, damage, caplog):
+    w = RolloutWriter(run)
+    for rid in range(3):
+        w.commit(rid, make_samples(rid), make_meta(rid))
+    bad_path = damage(w, 1)
+    r = RolloutReader(run)
+    with pytest.raises(CorruptRollout, match=str(bad_path)):
+        r.read(1)
+    assert_same(r.read(0), make_samples(0))  # neighbours unaffected
+
+    got = {}
+
+    def trainer():
+        got["rollout"] = r.wait_for(1, timeout=20, poll_interval=0.02)
+
+    with caplog.at_level(logging.ERROR, logger="rlslurm.buffer.reader"):
+        t = threading.Thread(target=trainer)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not r.quarantined() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "rollout" not in got  # never handed over while corrupt
+        q = r.quarantined()
+        assert [x["rollout_id"] for x in q] == [1] and str(bad_path) in q[0]["reason"]
+        assert "manifest.json" in os.listdir(q[0]["path"])
+        assert not r.is_committed(1)
+
+        # the driver notices and regenerates it
+        rp = RolloutWriter(run).resume_point()
+        assert rp.to_regenerate == [1] and rp.next_rollout_id == 3
+        w.commit(1, make_samples(1, seed=7), make_meta(1))
+        t.join(10)
+    assert_same(got["rollout"], make_samples(1, seed=7))
+    assert any(str(bad_path) in rec.getMessage() for rec in caplog.records)
+    assert RolloutWriter(run).resume_point().to_regenerate == []
+
+
+def test_replay_reports_corruption_without_quarantine(run):
+    w = RolloutWriter(run)
+    w.commit(0, make_samples(0))
+    p = flip_data_middle(w, 0)
+    r = RolloutReader.replay(run)
+    with pytest.raises(CorruptRollout, match=str(p)):
+        r.wait_for(0, timeout=1)
+    assert r.is_committed(0) and r.quarantined() == []
+
+
+def test_cli_reports_corrupt_and_quarantined(run):
+    w = RolloutWriter(run)
+    for rid in range(3):
+        w.commit(rid, make_samples(rid))
+    p = truncate(w, 1)
+    res = CliRunner().invoke(app, ["show", str(run.path), "1"])
+    assert res.exit_code == 1 and str(p) in res.output and "corrupt" in res.output
+    tear_manifest(w, 2)
+    RolloutReader(run).quarantine(1, "test")
+    res = CliRunner().invoke(app, ["ls", str(run.path), "--json"])
+    rows = [json.loads(x) for x in res.stdout.splitlines()]
+    assert rows[0]["rollout_id"] == 0 and rows[0]["samples"] == 8
+    assert rows[1]["rollout_id"] == 2 and "corrupt" in rows[1]["error"]
+    assert rows[2]["rollout_id"] == 1 and rows[2]["reason"] == "test"
