@@ -1,0 +1,327 @@
+"""Reward functions: built-ins (`exact`, `math`, `remote`) and user plugins.
+
+A reward is a float, or a dict of named floats of which `reward_key` is trained on.
+Per-sample functions take one `RewardInput`; per-group functions (GRPO-style
+comparisons, pairwise judges) take the whole group and return one reward per sample.
+Either kind may be sync or async. `score_group` is the one entry the driver calls.
+
+The built-in rule rewards never raise on model output: garbage scores 0.0. A user
+plugin that raises or returns a non-number is an error naming the plugin, because
+that is a bug to fix, not a sample to score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import random
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from rlslurm.errors import ConfigError, UserError
+from rlslurm.plugins import load_callable
+
+log = logging.getLogger(__name__)
+
+Reward = float | dict[str, float]
+BUILTIN_REWARDS = ("exact", "math", "remote")
+
+
+class RewardError(UserError):
+    """A reward function failed or returned something that is not a reward; names it."""
+
+
+@dataclass
+class RewardInput:
+    """What a reward function sees of one sample."""
+
+    prompt: str | list[dict[str, Any]]
+    response: str
+    label: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+    response_ids: list[int] | None = None
+    status: str = "completed"
+    where: str = ""  # 'path:line' of the prompt, for messages
+
+
+# --------------------------------------------------------------------------- rule rewards
+
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, `\\boxed 5`), braces matched."""
+    matches = list(_BOXED.finditer(text))
+    for m in reversed(matches):
+        i = m.end()
+        if i < len(text) and text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[i + 1 : j]
+            continue  # unbalanced: try an earlier one
+        if m.group(0)[-1:].isspace():  # `\\boxed 5`
+            token = re.match(r"[^\s$.,;]+", text[i:])
+            if token:
+                return token.group(0)
+    return None
+
+
+def _normalize_exact(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+def exact_reward(response: str, label: Any) -> float:
+    """1.0 when the answer equals the label after whitespace normalisation.
+
+    The answer is the last `\\boxed{}` if the response has one, else the whole response.
+    """
+    if not isinstance(response, str) or label is None:
+        return 0.0
+    boxed = last_boxed(response)
+    answer = boxed if boxed is not None else response
+    return 1.0 if _normalize_exact(answer) == _normalize_exact(label) else 0.0
+
+
+# Long chains of thought without a box: only the tail can hold the final answer, and
+# sympy time grows with the text math-verify has to scan.
+_MATH_TAIL_CHARS = 2000
+
+
+def _mv_timeout() -> int | None:
+    # math-verify times out with signal.alarm, which only works on the main thread.
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def math_reward(response: str, label: Any) -> float:
+    """1.0 when the response's final answer is mathematically equal to the label.
+
+    The final answer is the last `\\boxed{}`; without one, math-verify looks for an
+    answer in the tail of the response. Equality is math-verify's: fractions, decimals,
+    LaTeX forms, units and percent signs, sets and intervals compare by value.
+    """
+    try:
+        from math_verify import parse, verify
+
+        if not isinstance(response, str) or label is None or not response.strip():
+            return 0.0
+        timeout = _mv_timeout()
+        gold_text = str(label).strip()
+        if not gold_text:
+            return 0.0
+        # A bare label ("1/2", "\\frac{1}{2}") parses most reliably as LaTeX in a box.
+        if "\\boxed" not in gold_text and "$" not in gold_text:
+            gold_text = f"\\boxed{{{gold_text}}}"
+        gold = parse(gold_text, parsing_timeout=timeout)
+        if not gold:
+            gold = parse(str(label), parsing_timeout=timeout)
+        if not gold:
+            return 0.0
+        boxed = last_boxed(response)
+        pred_text = f"\\boxed{{{boxed}}}" if boxed is not None else response[-_MATH_TAIL_CHARS:]
+        pred = parse(pred_text, parsing_timeout=timeout)
+        if not pred:
+            return 0.0
+        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+    except Exception as e:  # model garbage must never stop a rollout
+        log.debug("math_reward: %s: %s", type(e).__name__, e)
+        return 0.0
+
+
+# --------------------------------------------------------------------------- remote RM
+
+
+class RemoteRM:
+    """An HTTP reward model: POST {prompt, response, label, metadata} -> a reward.
+
+    The server answers a number, `{"reward": x}`, or a dict of named numbers.
+    Connection errors, timeouts, 429 and 5xx are retried with exponential backoff;
+    other 4xx are the request's fault and fail at once.
+    """
+
+    def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, api_key: str | None = None, *,
+                 backoff_s: float = 0.5, max_backoff_s: float = 10.0, max_connections: int = 64):
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--rm-url {url!r}: must be an http:// or https:// URL")
+        if retries < 0:
+            raise ConfigError(f"--rm-retries must be >= 0, got {retries}")
+        if timeout <= 0:
+            raise ConfigError(f"--rm-timeout must be > 0, got {timeout}")
+        self.url = url
+        self.timeout = timeout
+        self.retries = retries
+        self.api_key = api_key
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._limits = httpx.Limits(max_connections=max_connections)
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        # One pooled client per event loop: a client must not outlive the loop it was made on.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop or self._client.is_closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self._limits, headers=headers)
+            self._loop = loop
+        return self._client
+
+    async def __call__(self, item: RewardInput) -> Reward:
+        payload = {"prompt": item.prompt, "response": item.response, "label": item.label, "metadata": item.metadata}
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+                await asyncio.sleep(delay * (0.5 + random.random()))  # jitter: don't stampede a recovering RM
+            try:
+                resp = await self._http().post(self.url, json=payload)
+            except httpx.TransportError as e:  # connect/read errors and timeouts
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if resp.status_code == 429 or resp.status_code >= 500:
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                continue
+            if resp.status_code >= 400:
+                raise RewardError(f"--rm-url {self.url}: HTTP {resp.status_code} (not retried): {resp.text[:200]}")
+            try:
+                body = resp.json()
+            except ValueError:
+                raise RewardError(f"--rm-url {self.url}: response is not JSON: {resp.text[:200]!r}") from None
+            return _parse_remote(body, self.url)
+        raise RewardError(f"--rm-url {self.url}: failed after {self.retries + 1} attempts; last error: {last}")
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _parse_remote(body: Any, url: str) -> Reward:
+    if isinstance(body, dict) and set(body) == {"reward"}:
+        body = body["reward"]
+    if isinstance(body, (int, float)) and not isinstance(body, bool):
+        return float(body)
+    if isinstance(body, dict) and body and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in body.values()
+    ):
+        return {str(k): float(v) for k, v in body.items()}
+    raise RewardError(f"--rm-url {url}: expected a number, {{'reward': x}} or a dict of numbers, got {str(body)[:200]}")
+
+
+# --------------------------------------------------------------------------- plugin plumbing
+
+
+def group_reward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a custom reward function as per-group: called with the group's list of inputs."""
+    fn.group_reward = True  # type: ignore[attr-defined]
+    return fn
+
+
+@dataclass
+class RewardFn:
+    """A reward function ready to score: per-sample `fn(item)` or per-group `fn(items)`."""
+
+    fn: Callable[..., Any]
+    group: bool = False
+    name: str = ""
+
+
+def _builtin(name: str, rule: Callable[[str, Any], float]) -> RewardFn:
+    def per_sample(item: RewardInput) -> float:
+        return rule(item.response, item.label)
+
+    return RewardFn(per_sample, group=False, name=name)
+
+
+def load_reward_fn(spec: str, *, group: bool | None = None) -> RewardFn:
+    """--custom-rm-path `module:function` or `file.py:function`.
+
+    Per-group when `group` (the --group-rm flag) is true or the function is decorated
+    with `@group_reward`; per-sample otherwise.
+    """
+    fn = load_callable(spec, what="--custom-rm-path", min_args=1)
+    is_group = bool(getattr(fn, "group_reward", False)) if group is None else group
+    return RewardFn(fn, group=is_group, name=f"--custom-rm-path {spec}")
+
+
+def build_reward_fn(rm_type: str | None = None, *, custom_rm_path: str | None = None, group_rm: bool | None = None,
+                    rm_url: str | None = None, rm_timeout: float = 30.0, rm_retries: int = 3,
+                    rm_api_key: str | None = None) -> RewardFn:
+    """The reward function the flags ask for (a custom path wins over --rm-type)."""
+    if custom_rm_path:
+        return load_reward_fn(custom_rm_path, group=group_rm)
+    if rm_type == "exact":
+        return _builtin("exact", exact_reward)
+    if rm_type == "math":
+        return _builtin("math", math_reward)
+    if rm_type == "remote":
+        if not rm_url:
+            raise ConfigError("--rm-type remote needs --rm-url")
+        return RewardFn(RemoteRM(rm_url, rm_timeout, rm_retries, rm_api_key), group=False, name=f"--rm-url {rm_url}")
+    raise ConfigError(f"--rm-type {rm_type!r}: choose one of {', '.join(BUILTIN_REWARDS)} or set --custom-rm-path")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def check_reward(value: Any, *, reward_key: str | None, name: str, where: str) -> Reward:
+    """Validate one reward: a finite number, or a dict of finite numbers holding reward_key."""
+    ctx = f"{name} (sample {where})" if where else name
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise RewardError(f"{ctx}: returned {value}")
+        return float(value)
+    if isinstance(value, Mapping) and value:
+        out: dict[str, float] = {}
+        for k, v in value.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise RewardError(f"{ctx}: reward dict entry {k!r} is {v!r}, not a finite number")
+            out[str(k)] = float(v)
+        if reward_key is None:
+            raise RewardError(f"{ctx}: returned a dict {sorted(out)}; set --reward-key to pick the trained one")
+        if reward_key not in out:
+            raise RewardError(f"{ctx}: --reward-key {reward_key!r} not in the returned keys {sorted(out)}")
+        return out
+    raise RewardError(f"{ctx}: returned {type(value).__name__} {str(value)[:80]!r}, expected a number or dict")
+
+
+async def score_group(items: Sequence[RewardInput], reward_fn: RewardFn | Callable[..., Any], *,
+                      reward_key: str | None = None) -> list[Reward]:
+    """Score one group's samples; returns one validated reward per item, in order."""
+    rf = reward_fn if isinstance(reward_fn, RewardFn) else RewardFn(
+        reward_fn, group=bool(getattr(reward_fn, "group_reward", False)),
+        name=getattr(reward_fn, "__name__", "reward function"))
+    items = list(items)
+    if not items:
+        return []
+    try:
+        if rf.group:
+            raw = await _maybe_await(rf.fn(items))
+            if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)) or len(raw) != len(items):
+                got = f"{len(raw)} rewards" if isinstance(raw, Sequence) else type(raw).__name__
+                raise RewardError(f"{rf.name}: per-group reward must return one reward per sample "
+                                  f"({len(items)}), got {got}")
+        else:
+            raw = await asyncio.gather(*(_maybe_await(rf.fn(it)) for it in items))
+    except RewardError:
+        raise
+    except Exception as e:
+        where = items[0].where
+        raise RewardError(f"{rf.name}: raised {type(e).__name__}: {e}" + (f" (prompt {where})" if where else "")) \
+            from e
+    return [check_reward(v, reward_key=reward_key, name=rf.name, where=it.where) for v, it in zip(raw, items)]
+
+
