@@ -202,6 +202,18 @@ def cancel(run_dir: Path = typer.Argument(..., help="run directory")) -> None:
 
 
 @app.command()
+def stop(
+    run_dir: Path = typer.Argument(..., help="run directory"),
+    reason: str = typer.Option("user request", "--reason"),
+) -> None:
+    """Ask the run to stop cleanly: processes exit at their next check and the job ends without requeue."""
+    from rlslurm.buffer.control import Control
+
+    Control(_run_dir_arg(run_dir)).request_stop(reason)
+    out.print(f"stop requested for {run_dir}")
+
+
+@app.command()
 def logs(
     run_dir: Path = typer.Argument(..., help="run directory"),
     attempt: Optional[int] = typer.Option(None, "--attempt", help="attempt number (default: the latest)"),

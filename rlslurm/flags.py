@@ -209,7 +209,8 @@ def load_yaml_layer(path: Path) -> Layer:
             if not isinstance(value, list):
                 raise ConfigError(f"{where}: sglang_args must be a list of argv strings")
             layer.sglang_args.extend(str(v) for v in value)
-        elif key in SECTIONS:
+        elif key in SECTIONS and (isinstance(value, dict) or key not in FIELDS):
+            # `model:` is both a section and a field (the model name): a mapping means the section.
             if value is None:
                 continue
             if not isinstance(value, dict):

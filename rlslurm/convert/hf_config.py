@@ -1,0 +1,199 @@
+"""Check an HF checkpoint's `config.json` against the model config.
+
+Every field that changes the math is compared; the first mismatch is a ConfigError naming the
+model-config field, the HF field and both values. HF defaults (a field absent from config.json)
+come from transformers' own config class, so a checkpoint that relies on a default is judged by
+the value transformers would really use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.model_config import ModelConfig
+
+# Per family: what the architecture implies that config.json does not spell out.
+# (field of Arch, value the HF modeling code hard-codes)
+FAMILY_FIXED: dict[str, dict[str, Any]] = {
+    "llama": {"qk_layernorm": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+              "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    "qwen3": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
+              "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    "qwen3_moe": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
+                  "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    "glm4": {"qk_layernorm": False, "rotary_interleaved": True, "post_self_attn_layernorm": True,
+             "post_mlp_layernorm": True, "normalization": "RMSNorm"},
+    # MLA: megatron's MLA rope de-interleaves the rope dims itself, which is what HF's
+    # rope_interleave=True does, so the model config says rotary_interleaved: false.
+    "deepseek_v3": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
+                    "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+}
+
+SUPPORTED = tuple(FAMILY_FIXED)
+
+
+def _rope(cfg: Any) -> dict[str, Any]:
+    """transformers 5 keeps rope settings in `rope_parameters`; 4.x in rope_theta/rope_scaling."""
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    if "rope_theta" not in params and getattr(cfg, "rope_theta", None) is not None:
+        params["rope_theta"] = cfg.rope_theta
+    scaling = getattr(cfg, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        for k, v in scaling.items():
+            params.setdefault(k, v)
+    if "partial_rotary_factor" not in params and getattr(cfg, "partial_rotary_factor", None) is not None:
+        params["partial_rotary_factor"] = cfg.partial_rotary_factor
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params["type"]
+    return params
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def load_hf_config(hf_dir: str | Path):
+    """The transformers config object of a checkpoint directory (offline; defaults filled in)."""
+    from transformers import AutoConfig
+
+    path = Path(hf_dir) / "config.json"
+    if not path.exists():
+        raise ConfigError(f"{hf_dir}: no config.json (not an HF checkpoint directory)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(str(path), f"invalid JSON: {e}") from None
+    if "model_type" not in raw:
+        raise DataError(str(path), "no model_type")
+    try:
+        return AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(str(path), f"transformers cannot read it: {e}") from None
+
+
+def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]:
+    """(model-config field, its value, HF field, HF value) for every math-changing field."""
+    a = mc.arch
+    mt = cfg.model_type
+    rope = _rope(cfg)
+    g: Callable[[str, Any], Any] = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
+    heads = g("num_attention_heads")
+    pairs: list[tuple[str, Any, str, Any]] = [
+        ("hf_model_type", mc.hf_model_type, "model_type", mt),
+        ("arch.num_layers", a.num_layers, "num_hidden_layers", g("num_hidden_layers")),
+        ("arch.hidden_size", a.hidden_size, "hidden_size", g("hidden_size")),
+        ("arch.ffn_hidden_size", a.ffn_hidden_size, "intermediate_size", g("intermediate_size")),
+        ("arch.num_attention_heads", a.num_attention_heads, "num_attention_heads", heads),
+        ("arch.num_query_groups", a.num_query_groups, "num_key_value_heads", g("num_key_value_heads", heads)),
+        ("arch.vocab_size", a.vocab_size, "vocab_size", g("vocab_size")),
+        ("arch.norm_epsilon", a.norm_epsilon, "rms_norm_eps", g("rms_norm_eps")),
+        ("arch.rotary_base", a.rotary_base, "rope_parameters.rope_theta", rope.get("rope_theta")),
+        ("arch.rotary_percent", a.rotary_percent, "partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)),
+        ("arch.tie_word_embeddings", a.tie_word_embeddings, "tie_word_embeddings", g("tie_word_embeddings")),
+        ("arch.activation", a.activation, "hidden_act",
+         {"silu": "swiglu", "gelu": "gelu"}.get(g("hidden_act"), g("hidden_act"))),
+    ]
+    if mc.hf_architecture not in (g("architectures") or [mc.hf_architecture]):
+        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", g("architectures")))
+    if not a.mla:
+        head_dim = g("head_dim") or g("hidden_size") // heads
+        pairs.append(("arch.kv_channels", a.kv_channels, "head_dim", head_dim))
+    if mt in ("llama", "glm4", "qwen3", "qwen3_moe"):
+        pairs.append(("arch.add_qkv_bias", a.add_qkv_bias, "attention_bias", bool(g("attention_bias", False))))
+        pairs.append(("arch.add_bias_linear", a.add_bias_linear, "mlp_bias", bool(g("mlp_bias", False))))
+    rtype = rope.get("rope_type", "default")
+    if rtype in (None, "default"):
+        pairs.append(("arch.rope_scaling", a.rope_scaling, "rope_parameters.rope_type", None))
+    else:
+        rs = a.rope_scaling
+        pairs.append(("arch.rope_scaling.type", rs.type if rs else None, "rope_parameters.rope_type", rtype))
+        if rs is not None:
+            pairs.append(("arch.rope_scaling.factor", rs.factor, "rope_parameters.factor", rope.get("factor")))
+            pairs.append(("arch.rope_scaling.original_max_position_embeddings", rs.original_max_position_embeddings,
+                          "rope_parameters.original_max_position_embeddings",
+                          rope.get("original_max_position_embeddings")))
+            for f in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
+                if rope.get(f) is not None:
+                    pairs.append((f"arch.rope_scaling.{f}", getattr(rs, f), f"rope_parameters.{f}", rope.get(f)))
+    if mt == "qwen3_moe":
+        m = a.moe
+        if g("mlp_only_layers") or g("decoder_sparse_step", 1) != 1:
+            raise ConfigError(f"{mc.name}: HF config uses mlp_only_layers/decoder_sparse_step != 1, "
+                              "which the qwen3_moe mapping does not support")
+        pairs += [
+            ("arch.moe", "set" if m else None, "num_experts", "set"),
+        ]
+        if m:
+            pairs += [
+                ("arch.moe.num_experts", m.num_experts, "num_experts", g("num_experts")),
+                ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
+                ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "moe_intermediate_size",
+                 g("moe_intermediate_size")),
+                ("arch.moe.router_topk_norm", m.router_topk_norm, "norm_topk_prob", g("norm_topk_prob")),
+                ("arch.moe.router_score_function", m.router_score_function, "(qwen3_moe router)", "softmax"),
+                ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size, "(qwen3_moe)", 0),
+                ("arch.moe.first_k_dense", m.first_k_dense, "mlp_only_layers", 0),
+            ]
+    elif mt == "deepseek_v3":
+        m, l = a.moe, a.mla
+        pairs += [("arch.moe", "set" if m else None, "n_routed_experts", "set"),
+                  ("arch.mla", "set" if l else None, "kv_lora_rank", "set")]
+        if m:
+            pairs += [
+                ("arch.moe.num_experts", m.num_experts, "n_routed_experts", g("n_routed_experts")),
+                ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
+                ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "moe_intermediate_size",
+                 g("moe_intermediate_size")),
+                ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size,
+                 "n_shared_experts*moe_intermediate_size", (g("n_shared_experts") or 0) * g("moe_intermediate_size")),
+                ("arch.moe.first_k_dense", m.first_k_dense, "first_k_dense_replace", g("first_k_dense_replace")),
+                ("arch.moe.router_score_function", m.router_score_function, "scoring_func",
+                 g("scoring_func", "sigmoid")),
+                ("arch.moe.router_topk_norm", m.router_topk_norm, "norm_topk_prob", g("norm_topk_prob")),
+                ("arch.moe.router_scaling_factor", m.router_scaling_factor, "routed_scaling_factor",
+                 g("routed_scaling_factor")),
+                ("arch.moe.router_num_groups", m.router_num_groups, "n_group", g("n_group")),
+                ("arch.moe.router_group_topk", m.router_group_topk, "topk_group", g("topk_group")),
+                ("arch.moe.router_expert_bias", m.router_expert_bias, "(deepseek_v3 e_score_correction_bias)", True),
+            ]
+        if l:
+            pairs += [
+                ("arch.mla.q_lora_rank", l.q_lora_rank, "q_lora_rank", g("q_lora_rank")),
+                ("arch.mla.kv_lora_rank", l.kv_lora_rank, "kv_lora_rank", g("kv_lora_rank")),
+                ("arch.mla.qk_head_dim", l.qk_head_dim, "qk_nope_head_dim", g("qk_nope_head_dim")),
+                ("arch.mla.qk_pos_emb_head_dim", l.qk_pos_emb_head_dim, "qk_rope_head_dim", g("qk_rope_head_dim")),
+                ("arch.mla.v_head_dim", l.v_head_dim, "v_head_dim", g("v_head_dim")),
+            ]
+        if not g("rope_interleave", True):
+            raise ConfigError(f"{mc.name}: HF deepseek_v3 config has rope_interleave=false, which the mapping "
+                              "does not support")
+    elif a.moe is not None:
+        pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
+    if mt != "deepseek_v3" and a.mla is not None:
+        pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
+    for field, value in FAMILY_FIXED.get(mt, {}).items():
+        pairs.append((f"arch.{field}", getattr(a, field), f"({mt} architecture)", value))
+    return pairs
+
+
+def check_hf_config(mc: ModelConfig, hf_dir: str | Path) -> None:
+    """Raise ConfigError naming the first field where `mc` and `hf_dir/config.json` disagree."""
+    cfg = load_hf_config(hf_dir)
+    if cfg.model_type not in SUPPORTED:
+        raise ConfigError(f"{hf_dir}/config.json: model_type={cfg.model_type!r} has no mapping; "
+                          f"supported: {', '.join(SUPPORTED)}")
+    for field, ours, hf_field, theirs in expected_pairs(mc, cfg):
+        if not _same(ours, theirs):
+            raise ConfigError(
+                f"model config {mc.name!r} does not match {hf_dir}/config.json: "
+                f"{field}={ours!r} but HF {hf_field}={theirs!r}"
+            )

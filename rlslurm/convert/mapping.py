@@ -1,0 +1,373 @@
+"""The one HF <-> Megatron mapping: a small explicit table per family, and the re-layouts.
+
+Three users share it: the trainer's HF load (`hf_to_mcore`, sharded for this rank), the weight
+sync's export (`rlslurm.convert.export.mcore_to_hf`, gathered to full HF tensors), and the
+checkpoint converter (tools/ckpt_convert).
+
+A `Rule` ties one Megatron tensor (named as in megatron's *local* layer spec, with `{E}` for an
+expert index) to the HF tensor(s) it is made of, and says how they are laid out:
+
+- `plain`: same tensor. Whether and along which dim it is split over TP is read from the
+  Megatron parameter itself (`tensor_model_parallel`, `partition_dim`), so a layer that is
+  duplicated under transformer-engine and column-parallel under the local spec (MLA's down
+  projections) needs no second table.
+- `vocab`: embedding / output layer: padded with zero rows to the TP-padded vocabulary on import,
+  trimmed on export; split over TP along dim 0.
+- `qkv`: HF q/k/v (weights or biases) fused into Megatron's `linear_qkv`, grouped by query group
+  (`[q heads of group g, k_g, v_g]` for every g); the TP split is contiguous over groups.
+- `gate_up`: HF gate and up (two tensors, or GLM-4's one fused `gate_up_proj`) concatenated into
+  `linear_fc1`; for TP every rank holds `[gate_r; up_r]`, not a contiguous chunk.
+
+Layer indices in the yielded Megatron names are global (0-based), like HF's; the loader maps them
+to a pipeline stage's local layers. Expert indices are local to this EP rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Iterable, Iterator, Literal
+
+import torch
+
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.model_config import ModelConfig
+
+Kind = Literal["plain", "vocab", "qkv", "gate_up"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    mcore: str               # suffix after `decoder.layers.{L}.`, or a full name for global tensors
+    hf: tuple[str, ...]      # full HF names, `{L}` = layer, `{E}` = global expert index
+    kind: Kind = "plain"
+    expert: bool = False     # a routed expert's tensor (`{E}` in both names)
+
+
+P = "model.layers.{L}."
+
+
+def _global_rules(mc: ModelConfig) -> list[Rule]:
+    rules = [
+        Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),
+        Rule("decoder.final_layernorm.weight", ("model.norm.weight",)),
+    ]
+    # Tied: a last pipeline stage still holds an `output_layer.weight` (megatron keeps it in sync
+    # with the embedding); it loads from the embedding and is never exported (`lm_head` is absent).
+    head = "model.embed_tokens.weight" if mc.arch.tie_word_embeddings else "lm_head.weight"
+    rules.append(Rule("output_layer.weight", (head,), "vocab"))
+    return rules
+
+
+def _gqa_attention(mc: ModelConfig) -> list[Rule]:
+    a = mc.arch
+    rules = [
+        Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
+        Rule("self_attention.linear_qkv.weight",
+             tuple(P + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv"),
+        Rule("self_attention.linear_proj.weight", (P + "self_attn.o_proj.weight",)),
+    ]
+    if a.add_qkv_bias:
+        rules.append(Rule("self_attention.linear_qkv.bias", tuple(P + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv"))
+    if a.qk_layernorm:
+        rules += [Rule("self_attention.q_layernorm.weight", (P + "self_attn.q_norm.weight",)),
+                  Rule("self_attention.k_layernorm.weight", (P + "self_attn.k_norm.weight",))]
+    return rules
+
+
+def _mla_attention(mc: ModelConfig) -> list[Rule]:
+    s = "self_attention."
+    rules = [
+        Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
+        Rule(s + "linear_kv_down_proj.weight", (P + "self_attn.kv_a_proj_with_mqa.weight",)),
+        Rule(s + "kv_layernorm.weight", (P + "self_attn.kv_a_layernorm.weight",)),
+        Rule(s + "linear_kv_up_proj.weight", (P + "self_attn.kv_b_proj.weight",)),
+        Rule(s + "linear_proj.weight", (P + "self_attn.o_proj.weight",)),
+    ]
+    if mc.arch.mla.q_lora_rank:
+        rules += [Rule(s + "linear_q_down_proj.weight", (P + "self_attn.q_a_proj.weight",)),
+                  Rule(s + "q_layernorm.weight", (P + "self_attn.q_a_layernorm.weight",)),
+                  Rule(s + "linear_q_up_proj.weight", (P + "self_attn.q_b_proj.weight",))]
+    else:
+        rules.append(Rule(s + "linear_q_proj.weight", (P + "self_attn.q_proj.weight",)))
+    return rules
+
+
+def _dense_mlp(hf_prefix: str, mc_prefix: str = "mlp.", fused_gate_up: bool = False) -> list[Rule]:
+    gate_up = (hf_prefix + "gate_up_proj.weight",) if fused_gate_up else (
+        hf_prefix + "gate_proj.weight", hf_prefix + "up_proj.weight")
+    return [Rule(mc_prefix + "linear_fc1.weight", gate_up, "gate_up"),
+            Rule(mc_prefix + "linear_fc2.weight", (hf_prefix + "down_proj.weight",))]
+
+
+def _moe_mlp(mc: ModelConfig) -> list[Rule]:
+    m = mc.arch.moe
+    rules = [Rule("mlp.router.weight", (P + "mlp.gate.weight",))]
+    if m.router_expert_bias:
+        rules.append(Rule("mlp.router.expert_bias", (P + "mlp.gate.e_score_correction_bias",)))
+    rules += [dataclasses.replace(r, expert=True)
+              for r in _dense_mlp(P + "mlp.experts.{E}.", "mlp.experts.local_experts.{E}.")]
+    if m.shared_expert_ffn_hidden_size:
+        rules += _dense_mlp(P + "mlp.shared_experts.", "mlp.shared_experts.")
+    return rules
+
+
+def layer_rules(mc: ModelConfig, layer: int) -> list[Rule]:
+    """The rules of decoder layer `layer` (0-based, global) for mc's family."""
+    a, fam = mc.arch, mc.hf_model_type
+    if fam not in FAMILIES:
+        raise ConfigError(f"model config {mc.name}: hf_model_type={fam!r} has no HF<->Megatron mapping; "
+                          f"supported: {', '.join(FAMILIES)}")
+    rules = _mla_attention(mc) if a.mla else _gqa_attention(mc)
+    rules.append(Rule("pre_mlp_layernorm.weight", (P + "post_attention_layernorm.weight",)))
+    if a.moe and layer >= a.moe.first_k_dense:
+        rules += _moe_mlp(mc)
+    else:
+        rules += _dense_mlp(P + "mlp.", fused_gate_up=(fam == "glm4"))
+    if a.post_self_attn_layernorm:
+        rules.append(Rule("self_attention.post_self_attn_layernorm.weight", (P + "post_self_attn_layernorm.weight",)))
+    if a.post_mlp_layernorm:
+        rules.append(Rule("mlp.post_mlp_layernorm.weight", (P + "post_mlp_layernorm.weight",)))
+    return rules
+
+
+# One table per family. Today every family is expressed by the same rule builders above with
+# family switches (qk-norm, qkv bias, sandwich norms, fused gate_up, MoE, MLA); a family whose
+# tensors do not fit gets its own builder here.
+FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
+    "llama": layer_rules,
+    "qwen3": layer_rules,
+    "glm4": layer_rules,
+    "qwen3_moe": layer_rules,
+    "deepseek_v3": layer_rules,
+}
+
+# Megatron's transformer-engine spec fuses the pre-attention/pre-MLP norms into the following
+# linear; its parameter names differ from the local spec's (shared/mbridge-cpu-notes.md §3).
+TE_ALIASES = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+    "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
+    "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
+}
+
+_LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT_RE = re.compile(r"local_experts\.(\d+)\.")
+
+
+def fmt(pattern: str, layer: int | None = None, expert: int | None = None) -> str:
+    return pattern.replace("{L}", str(layer)).replace("{E}", str(expert))
+
+
+# ------------------------------------------------------------------ re-layouts (pure functions)
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
+    """HF q/k/v (weights [n*d, h] or biases [n*d]) -> Megatron linear_qkv, grouped by query group."""
+    tail = q.shape[1:]
+    qg = q.reshape(groups, -1, *tail)
+    kg = k.reshape(groups, -1, *tail)
+    vg = v.reshape(groups, -1, *tail)
+    return torch.cat([qg, kg, vg], dim=1).reshape(-1, *tail)
+
+
+def split_qkv(fused: torch.Tensor, groups: int, heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+    tail = fused.shape[1:]
+    per_group = heads // groups * head_dim
+    g = fused.reshape(groups, per_group + 2 * head_dim, *tail)
+    q, k, v = torch.split(g, [per_group, head_dim, head_dim], dim=1)
+    return tuple(x.reshape(-1, *tail).contiguous() for x in (q, k, v))
+
+
+def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n = t.shape[0] // 2
+    return t[:n], t[n:]
+
+
+def shard(kind: Kind, full: torch.Tensor, rank: int, size: int, *, partition_dim: int | None) -> torch.Tensor:
+    """This TP rank's slice of a full Megatron-layout tensor. partition_dim None = replicated."""
+    if size == 1 or partition_dim is None:
+        return full
+    if kind == "gate_up":
+        gate, up = _halves(full)
+        return torch.cat([gate.chunk(size, 0)[rank], up.chunk(size, 0)[rank]], 0)
+    if full.shape[partition_dim] % size:
+        raise ConfigError(f"cannot split a tensor of shape {tuple(full.shape)} along dim {partition_dim} "
+                          f"into {size} TP shards")
+    return full.chunk(size, partition_dim)[rank]
+
+
+def unshard(kind: Kind, parts: list[torch.Tensor], *, partition_dim: int | None) -> torch.Tensor:
+    """Inverse of `shard` given every TP rank's slice in rank order."""
+    if len(parts) == 1 or partition_dim is None:
+        return parts[0]
+    if kind == "gate_up":
+        halves = [_halves(p) for p in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0)
+    return torch.cat(parts, partition_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The numbers the re-layouts need."""
+
+    heads: int
+    groups: int
+    head_dim: int
+    vocab: int
+    vocab_padded: int
+
+    @classmethod
+    def of(cls, mc: ModelConfig, vocab_padded: int | None = None) -> "Layout":
+        a = mc.arch
+        return cls(a.num_attention_heads, a.num_query_groups, a.kv_channels, a.vocab_size,
+                   vocab_padded or a.vocab_size)
+
+
+def to_mcore(rule: Rule, hf: list[torch.Tensor], lay: Layout) -> torch.Tensor:
+    """HF tensor(s) of `rule` -> the full (unsharded) Megatron tensor."""
+    if rule.kind == "plain":
+        return hf[0]
+    if rule.kind == "vocab":
+        t = hf[0]
+        if t.shape[0] != lay.vocab:
+            raise DataError(rule.hf[0], f"has {t.shape[0]} rows, model config vocab_size={lay.vocab}")
+        if lay.vocab_padded > lay.vocab:
+            t = torch.cat([t, t.new_zeros(lay.vocab_padded - lay.vocab, *t.shape[1:])], 0)
+        return t
+    if rule.kind == "qkv":
+        return fuse_qkv(*hf, groups=lay.groups)
+    if rule.kind == "gate_up":
+        return hf[0] if len(hf) == 1 else torch.cat(hf, 0)
+    raise AssertionError(rule.kind)
+
+
+def to_hf(rule: Rule, full: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
+    """The full Megatron tensor of `rule` -> its HF tensor(s), in `rule.hf` order."""
+    if rule.kind == "plain":
+        return [full]
+    if rule.kind == "vocab":
+        return [full[: lay.vocab]]
+    if rule.kind == "qkv":
+        return list(split_qkv(full, lay.groups, lay.heads, lay.head_dim))
+    if rule.kind == "gate_up":
+        return [full] if len(rule.hf) == 1 else [x.contiguous() for x in _halves(full)]
+    raise AssertionError(rule.kind)
+
+
+# ------------------------------------------------------------------ name resolution
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    rule: Rule
+    layer: int | None       # global layer index
+    expert: int | None      # global expert index
+    hf_names: tuple[str, ...]
+
+
+def resolve(mc: ModelConfig, mcore_name: str, *, layer_map: Callable[[int], int] = lambda i: i,
+            expert_offset: int = 0) -> Resolved | None:
+    """The rule for a Megatron parameter name (local spec or TE names); None if unmapped.
+
+    `layer_map` turns the name's (stage-local) layer index into the global one; `expert_offset`
+    is this EP rank's first global expert.
+    """
+    for r in _global_rules(mc):
+        if r.mcore == mcore_name:
+            return Resolved(r, None, None, r.hf)
+    m = _LAYER_RE.match(mcore_name)
+    if not m:
+        return None
+    layer = layer_map(int(m.group(1)))
+    suffix = m.group(2)
+    expert = None
+    em = _EXPERT_RE.search(suffix)
+    if em:
+        expert = expert_offset + int(em.group(1))
+        suffix = _EXPERT_RE.sub("local_experts.{E}.", suffix, count=1)
+    te_reverse = {v: k for k, v in TE_ALIASES.items()}
+    suffix = te_reverse.get(suffix, suffix)
+    for r in layer_rules(mc, layer):
+        if r.mcore == suffix:
+            return Resolved(r, layer, expert, tuple(fmt(h, layer, expert) for h in r.hf))
+    return None
+
+
+def expected_hf_names(mc: ModelConfig) -> list[str]:
+    """Every HF tensor name the mapping reads for `mc` (for completeness checks)."""
+    names = list(dict.fromkeys(h for r in _global_rules(mc) for h in r.hf))
+    for layer in range(mc.arch.num_layers):
+        for r in layer_rules(mc, layer):
+            experts = range(mc.arch.moe.num_experts) if r.expert else [None]
+            names += [fmt(h, layer, e) for e in experts for h in r.hf]
+    return names
+
+
+# ------------------------------------------------------------------ streaming import
+
+
+def hf_to_mcore(
+    mc: ModelConfig,
+    hf_state: Iterable[tuple[str, torch.Tensor]] | Callable[[str], torch.Tensor],
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    *,
+    targets: dict[str, int | None],
+    vocab_size_padded: int | None = None,
+    layer_map: Callable[[int], int] = lambda i: i,
+    expert_offset: int = 0,
+    tp_override: dict[str, tuple[int, int]] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(megatron_name, local_shard)` for every name in `targets`.
+
+    `targets` maps this rank's Megatron parameter names (as in `model.state_dict()`) to their TP
+    partition dim (None: replicated), which `load.targets_of(model)` reads off the model.
+    `hf_state` is either a getter `name -> tensor` (random access: each tensor read once, when
+    needed) or an iterator of `(hf_name, tensor)` pairs (streaming: tensors are held only until
+    every input of a rule has arrived). `tp_override` gives (rank, size) per name where the TP group
+    differs (routed experts under expert tensor parallelism).
+    """
+    lay = Layout.of(mc, vocab_size_padded)
+    plan: dict[str, Resolved] = {}
+    for name in targets:
+        res = resolve(mc, name, layer_map=layer_map, expert_offset=expert_offset)
+        if res is None:
+            raise ConfigError(f"model config {mc.name}: Megatron parameter {name!r} has no HF mapping "
+                              f"for family {mc.hf_model_type!r} (model built for another architecture?)")
+        plan[name] = res
+
+    def emit(name: str, tensors: list[torch.Tensor]) -> tuple[str, torch.Tensor]:
+        res = plan[name]
+        full = to_mcore(res.rule, tensors, lay)
+        rank, size = (tp_override or {}).get(name, (tp_rank, tp_size))
+        return name, shard(res.rule.kind, full, rank, size, partition_dim=targets[name])
+
+    if callable(hf_state):
+        for name, res in plan.items():
+            yield emit(name, [hf_state(h) for h in res.hf_names])
+        return
+
+    waiting: dict[str, list[str]] = {}  # hf name -> megatron names that need it
+    for name, res in plan.items():
+        for h in res.hf_names:
+            waiting.setdefault(h, []).append(name)
+    have: dict[str, torch.Tensor] = {}
+    remaining = {name: set(res.hf_names) for name, res in plan.items()}
+    for hf_name, tensor in hf_state:
+        users = waiting.get(hf_name)
+        if not users:
+            continue  # another stage's / EP rank's tensor, or one the model does not use (MTP)
+        have[hf_name] = tensor
+        for name in users:
+            remaining[name].discard(hf_name)
+            if not remaining[name]:
+                yield emit(name, [have[h] for h in plan[name].hf_names])
+                del remaining[name]
+                for h in plan[name].hf_names:
+                    waiting[h].remove(name)
+                    if not waiting[h]:
+                        have.pop(h, None)
+    if remaining:
+        missing = sorted({h for hs in remaining.values() for h in hs})
+        raise DataError("HF checkpoint", f"{len(missing)} tensor(s) missing, e.g. {missing[:5]}")

@@ -1,0 +1,141 @@
+"""Addresses and ports of the processes one node runs.
+
+`node_ip()` is the node's cluster address as an IP *literal*: servers bind to it and it is
+written into the run directory's control files for other nodes to dial. A hostname is never
+used, because on clusters the short hostname often resolves to 127.0.1.1 (Debian's /etc/hosts)
+or to a management interface that the other nodes cannot reach.
+
+How it is chosen, first match wins:
+1. `RLSLURM_NODE_IP` (must be an IP literal; set it when the default pick is the wrong network);
+2. with `RLSLURM_ROUTE_PROBE=<IP>` (e.g. the slurmctld's address): the source address the
+   kernel would use to reach it, i.e. the interface the cluster network really uses;
+3. the first non-loopback IPv4 that `getaddrinfo(gethostname())` returns;
+4. `127.0.0.1`, only meaningful for a single-node run.
+
+Ports: `free_port` and `allocate_ports` pick ports below the kernel's ephemeral range
+(outbound connections then never steal them between the pick and the server's bind) and hold
+every probe socket open until the whole block is chosen, so one allocation never hands out
+the same port twice. Another process can still take a port before our server binds it; the
+servers then fail at start with EADDRINUSE and the supervisor reports it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import socket
+from dataclasses import dataclass
+
+from rlslurm.errors import ConfigError
+
+ENV_NODE_IP = "RLSLURM_NODE_IP"
+ENV_ROUTE_PROBE = "RLSLURM_ROUTE_PROBE"
+_LOW_PORT = 20000
+
+
+def check_ip_literal(value: str, *, where: str) -> str:
+    """Return `value` normalised if it is an IPv4/IPv6 literal, else raise ConfigError naming `where`."""
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ConfigError(f"{where}: {value!r} is not an IP address literal (a hostname is not accepted: "
+                          f"it may resolve differently on other nodes)") from None
+
+
+def _route_source(target: str) -> str | None:
+    """The local address the kernel would use to reach `target` (UDP connect sends nothing)."""
+    try:
+        family = socket.AF_INET6 if ":" in target else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def _hostname_ipv4() -> str | None:
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return None
+    for *_, sockaddr in infos:
+        if not ipaddress.ip_address(sockaddr[0]).is_loopback:
+            return sockaddr[0]
+    return None
+
+
+def node_ip() -> str:
+    """This node's cluster IP literal (see the module docstring for how it is chosen)."""
+    if (v := os.environ.get(ENV_NODE_IP)):
+        return check_ip_literal(v, where=f"${ENV_NODE_IP}")
+    if (probe := os.environ.get(ENV_ROUTE_PROBE)):
+        target = check_ip_literal(probe, where=f"${ENV_ROUTE_PROBE}")
+        if (src := _route_source(target)):
+            return src
+    return _hostname_ipv4() or "127.0.0.1"
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _try_bind(host: str, port: int) -> socket.socket | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # Wildcard bind: SGLang's TCPStore (the nccl port) listens on all interfaces, so a port
+        # taken on any address would fail it.
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def allocate_ports(host: str, count: int, *, rng: random.Random | None = None) -> list[int]:
+    """`count` distinct ports that are free on `host` right now, below the ephemeral range."""
+    if count < 1:
+        raise ConfigError(f"port count must be >= 1, got {count}")
+    host = check_ip_literal(host, where="port allocation host")
+    lo, hi = _LOW_PORT, ephemeral_range()[0]
+    if hi - lo < count:
+        lo, hi = 1024, 65536
+    rng = rng or random.Random()
+    # Random start: two allocators on one node (two jobs, two test sessions) rarely probe the same ports.
+    start = rng.randrange(lo, hi)
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for i in range(hi - lo):
+            port = lo + (start - lo + i) % (hi - lo)
+            if (s := _try_bind(host, port)) is not None:
+                held.append(s)
+                ports.append(port)
+                if len(ports) == count:
+                    return ports
+        raise ConfigError(f"could not find {count} free ports on {host} in {lo}-{hi}")
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    return allocate_ports(host, 1)[0]
+
+
+@dataclass(frozen=True)
+class EnginePorts:
+    port: int        # HTTP (--port)
+    nccl_port: int   # torch.distributed store of the engine's own TP group (--nccl-port)
+
+
+def engine_port_block(host: str, n_engines: int) -> list[EnginePorts]:
+    """Collision-free (port, nccl_port) pairs for `n_engines` engines on this node."""
+    ports = allocate_ports(host, 2 * n_engines)
+    return [EnginePorts(ports[2 * i], ports[2 * i + 1]) for i in range(n_engines)]

@@ -1,0 +1,346 @@
+"""One SGLang server process: how to launch it, wait for it, and kill it completely.
+
+`EngineSpec` is everything that distinguishes one server from another; `EngineProcess` owns
+the OS process. The server is started from an argv list (never a shell string) in its own
+process group, so one SIGKILL to the group ends the HTTP process, the scheduler(s) and the
+detokenizer together even when the main process is already gone.
+
+The api key does not go on the command line (any user on the node can read
+/proc/<pid>/cmdline): the server is launched as `python -m rlslurm.rollout.engine
+sglang.launch_server ARGS`, and this module's `__main__` appends `--api-key` from the
+environment (readable only by the owner) before handing over to SGLang in-process.
+
+SGLang leaves files behind when killed (shared/sglang-notes.md): `/dev/shm/sglang_loads_*`,
+`/dev/shm/sem.mp-*` and its ZMQ IPC sockets in the temp dir. They are identified by what the
+server's processes have open or mapped (so another server's files are never touched) and
+removed after the kill.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rlslurm.errors import ConfigError
+from rlslurm.net import check_ip_literal
+from rlslurm.rollout import sglang_cpu
+from rlslurm.rollout.sglang_client import health_sync
+
+ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
+SGLANG_MODULE = "sglang.launch_server"
+DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")
+# Flags rlslurm sets itself; a passthrough of one of them would silently fight the supervisor.
+OWNED_FLAGS = ("--model-path", "--host", "--port", "--nccl-port", "--base-gpu-id", "--tp-size",
+               "--tensor-parallel-size", "--api-key", "--device", "--dtype")
+_SHM_PATTERNS = (re.compile(r"^/dev/shm/sglang_loads_.*\.shm$"), re.compile(r"^/dev/shm/sem\.mp-[^/]+$"))
+
+
+class EngineStartError(RuntimeError):
+    """An SGLang server exited or did not become healthy; the message ends with its log tail."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str                       # "engine-3": used in logs, metrics and control files
+    model_path: str
+    host: str                       # IP literal the server binds and is dialled on
+    port: int
+    nccl_port: int
+    log_path: Path
+    base_gpu_id: int = 0
+    tp_size: int = 1
+    api_key: str | None = None
+    dtype: str = "auto"
+    device: Literal["cuda", "cpu"] = "cuda"
+    extra_args: tuple[str, ...] = ()    # every --sglang-* passthrough, already stripped of the prefix
+    cpu_core: int | None = None         # pin the whole server to this core (taskset)
+    skip_warmup: bool = True
+    max_total_tokens: int | None = None  # None: SGLang's own sizing (cpu: sglang_cpu default)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "host", check_ip_literal(self.host, where=f"{self.name} host"))
+        object.__setattr__(self, "log_path", Path(self.log_path))
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+        for what, port in (("port", self.port), ("nccl_port", self.nccl_port)):
+            if not 0 < port < 65536:
+                raise ConfigError(f"{self.name}: {what} {port} is not a valid TCP port")
+        if self.port == self.nccl_port:
+            raise ConfigError(f"{self.name}: port and nccl_port must differ (both {self.port})")
+        if self.tp_size < 1 or self.base_gpu_id < 0:
+            raise ConfigError(f"{self.name}: tp_size must be >= 1 and base_gpu_id >= 0 "
+                              f"(got {self.tp_size}, {self.base_gpu_id})")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"{self.name}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.device not in ("cuda", "cpu"):
+            raise ConfigError(f"{self.name}: device {self.device!r} must be cuda or cpu")
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in OWNED_FLAGS:
+                raise ConfigError(f"--sglang-{flag[2:]}: rlslurm sets {flag} for every engine itself; "
+                                  f"remove it from the passthrough flags")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def server_args(self) -> list[str]:
+        """The flags for `sglang.launch_server`, without the api key (see module docstring)."""
+        args = ["--model-path", self.model_path, "--host", self.host, "--port", str(self.port),
+                "--nccl-port", str(self.nccl_port), "--base-gpu-id", str(self.base_gpu_id),
+                "--tp-size", str(self.tp_size), "--dtype", self.dtype]
+        if self.skip_warmup:
+            args.append("--skip-server-warmup")
+        if self.device == "cpu":
+            args += sglang_cpu.cpu_server_args(
+                max_total_tokens=self.max_total_tokens or sglang_cpu.DEFAULT_MAX_TOTAL_TOKENS)
+        else:
+            args += ["--device", "cuda"]
+            if self.max_total_tokens:
+                args += ["--max-total-tokens", str(self.max_total_tokens)]
+        return args + list(self.extra_args)
+
+    def argv(self) -> list[str]:
+        cmd = [sys.executable, "-m", "rlslurm.rollout.engine", SGLANG_MODULE, *self.server_args()]
+        if self.cpu_core is not None:
+            cmd = ["taskset", "-c", str(self.cpu_core), *cmd]
+        return cmd
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        if self.device == "cpu":
+            env = sglang_cpu.cpu_env(env, threads=1)
+        env.pop(ENV_API_KEY, None)
+        if self.api_key:
+            env[ENV_API_KEY] = self.api_key
+        return env
+
+
+@dataclass
+class EngineProcess:
+    """The OS side of one engine. Not thread-safe: one owner (the supervisor) drives it."""
+
+    spec: EngineSpec
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+    started_at: float = 0.0
+    _owned_files: set[str] = field(default_factory=set)
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        if self.is_alive():
+            raise RuntimeError(f"{self.spec.name}: already running (pid {self.pid})")
+        if self.spec.device == "cpu":
+            sglang_cpu.check_sglang_version()
+        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.spec.log_path, "ab") as log:
+            log.write(f"\n==== rlslurm: start #{self.starts + 1} of {self.spec.name} at {time.ctime()}: "
+                      f"{' '.join(self.spec.argv())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.spec.argv(), env=self.spec.env(), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+        self.started_at = time.monotonic()
+        self._owned_files = set()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout: float, *, poll_s: float = 0.5) -> float:
+        """Block until GET /health answers 200; returns seconds since start. Raises
+        EngineStartError if the process exits first or `timeout` passes."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.spec.name}: wait_healthy before start")
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.is_alive():
+                raise EngineStartError(f"{self.spec.name} ({self.url}) exited with code {self.proc.returncode} "
+                                       f"before it became healthy; log {self.spec.log_path}:\n{self.log_tail()}")
+            if health_sync(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
+                self.record_owned_files()
+                return time.monotonic() - self.started_at
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"{self.spec.name} ({self.url}) not healthy after {timeout:g} s; "
+                                       f"log {self.spec.log_path}:\n{self.log_tail()}")
+            time.sleep(poll_s)
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            lines = self.spec.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    # --- ending ---------------------------------------------------------------------------
+    def tree_pids(self) -> list[int]:
+        """The server's processes: its process group, plus descendants that left it."""
+        if self.proc is None:
+            return []
+        pgid = self.proc.pid
+        pids = {p for p in _all_pids() if _pgid(p) == pgid}
+        if self.is_alive():
+            pids.add(self.proc.pid)
+        pids |= _descendants(self.proc.pid)
+        return sorted(pids)
+
+    def record_owned_files(self) -> None:
+        """Remember the /dev/shm files and IPC sockets the server's processes hold, so that
+        kill_tree can remove exactly those (and nothing of another server's)."""
+        self._owned_files |= _files_held_by(self.tree_pids())
+
+    def kill_tree(self, *, timeout: float = 30.0) -> None:
+        """SIGKILL the whole tree, reap it, and remove its leftover files. Idempotent."""
+        if self.proc is None:
+            return
+        pids = self.tree_pids()
+        self._owned_files |= _files_held_by(pids)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in pids:  # descendants that called setsid are not in the group
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{self.spec.name}: pid {self.proc.pid} survived SIGKILL for {timeout:g} s") from None
+        deadline = time.monotonic() + timeout
+        while any(_exists(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)  # grandchildren are reaped by init; wait until they are really gone
+        for path in self._owned_files:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass  # not ours to fight over (permissions); the file is harmless
+        self._owned_files = set()
+
+    def restart(self) -> None:
+        self.kill_tree()
+        self.start()
+
+
+# --- /proc helpers (Linux only, like SLURM) -------------------------------------------------
+def _all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid in _all_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    out: set[int] = set()
+    stack = [root]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            if c not in out:
+                out.add(c)
+                stack.append(c)
+    return out
+
+
+def _unix_socket_paths() -> dict[str, str]:
+    """inode -> bound path, from /proc/net/unix."""
+    out: dict[str, str] = {}
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 8:
+                    out[parts[6]] = parts[7]
+    except OSError:
+        pass
+    return out
+
+
+def _files_held_by(pids: list[int]) -> set[str]:
+    tmp = tempfile.gettempdir().rstrip("/") + "/tmp"
+    sockets = None
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    parts = line.rstrip("\n").split(maxsplit=5)
+                    path = parts[5] if len(parts) == 6 else ""
+                    if any(p.match(path) for p in _SHM_PATTERNS):
+                        found.add(path)
+        except OSError:
+            pass
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if any(p.match(target) for p in _SHM_PATTERNS):
+                found.add(target)
+            elif target.startswith("socket:["):
+                if sockets is None:
+                    sockets = _unix_socket_paths()
+                path = sockets.get(target[8:-1], "")
+                if path.startswith(tmp):  # SGLang's ZMQ ipc://<tempdir>/tmpXXXXXXXX endpoints
+                    found.add(path)
+    return found
+
+
+def _main(argv: list[str]) -> None:
+    """`python -m rlslurm.rollout.engine MODULE ARGS...`: run MODULE as __main__ with
+    `--api-key $RLSLURM_SGLANG_API_KEY` appended, so the key never appears in argv."""
+    import runpy
+
+    if not argv:
+        raise SystemExit("usage: python -m rlslurm.rollout.engine MODULE [ARGS...]")
+    module, args = argv[0], argv[1:]
+    key = os.environ.pop(ENV_API_KEY, None)
+    if key:
+        args = [*args, "--api-key", key]
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

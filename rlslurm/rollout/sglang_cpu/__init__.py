@@ -1,0 +1,81 @@
+"""rlslurm's CPU device path for SGLang: the one place that knows how to run it without a GPU.
+
+SGLang has no official CPU path that installs from PyPI (its CPU engine needs a source build
+of sgl-kernel). What works, measured with SGLang 0.5.23 on torch 2.13.0+cpu
+(shared/sglang-notes.md), and what this module reproduces:
+
+1. install `sglang==0.5.23 --no-deps` plus tools/sglang-cpu-requirements.txt, never
+   torchvision (tools/install.sh does this);
+2. put `stubs/` on the server's PYTHONPATH: an import-only `torchvision` and a pure-torch
+   `vllm._custom_ops.rotary_embedding` (`cpu_env`);
+3. launch with `--device cpu --attention-backend torch_native --sampling-backend pytorch`
+   (`cpu_server_args`), plus `--sleep-on-idle` (an idle server otherwise busy-polls a core)
+   and a fixed small KV pool (`--mem-fraction-static` on CPU is computed against system-wide
+   free memory, so two servers get different pools);
+4. one intra-op thread per server (or a pinned core): two servers with torch's default
+   threads on the same cores slow down ~30x.
+
+It is an unofficial path pinned to SGLANG_VERSION; `check_sglang_version` refuses anything
+else with a clear message rather than failing somewhere inside a server's start-up.
+Used only when the rollout device is cpu.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+
+from rlslurm.errors import ConfigError
+
+SGLANG_VERSION = "0.5.23"
+STUBS_DIR = Path(__file__).resolve().parent / "stubs"
+# Small and fixed: deterministic, and leaves room for several servers on a 24 GiB box.
+DEFAULT_MAX_TOTAL_TOKENS = 16384
+
+
+def installed_sglang_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_sglang_version() -> None:
+    """Raise ConfigError unless the installed SGLang is the one this CPU path is known to work with."""
+    found = installed_sglang_version()
+    if found != SGLANG_VERSION:
+        what = "is not installed" if found is None else f"is {found}"
+        raise ConfigError(
+            f"rollout device cpu: SGLang {what}, but the CPU path (rlslurm/rollout/sglang_cpu) is "
+            f"pinned to sglang=={SGLANG_VERSION}; run tools/install.sh (it installs "
+            f"sglang=={SGLANG_VERSION} --no-deps with its CPU dependency set)"
+        )
+
+
+def cpu_env(base_env: dict[str, str], *, threads: int = 1) -> dict[str, str]:
+    """A copy of `base_env` for one CPU SGLang server: stubs first on PYTHONPATH, `threads`
+    intra-op threads (OMP/MKL/torch all read OMP_NUM_THREADS)."""
+    if threads < 1:
+        raise ConfigError(f"sglang cpu threads must be >= 1, got {threads}")
+    env = dict(base_env)
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(STUBS_DIR) + (os.pathsep + old if old else "")
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["MKL_NUM_THREADS"] = str(threads)
+    return env
+
+
+def cpu_server_args(*, max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS) -> list[str]:
+    """The `sglang.launch_server` flags the CPU path needs; user flags placed after these win
+    (argparse keeps the last occurrence)."""
+    if max_total_tokens < 1:
+        raise ConfigError(f"sglang --max-total-tokens must be >= 1, got {max_total_tokens}")
+    return [
+        "--device", "cpu",
+        "--attention-backend", "torch_native",
+        "--sampling-backend", "pytorch",
+        "--sleep-on-idle",
+        "--mem-fraction-static", "0.05",
+        "--max-total-tokens", str(max_total_tokens),
+    ]

@@ -1,0 +1,355 @@
+"""Build the actor's megatron-core `GPTModel` from a model config.
+
+- `transformer_config(mc, ...)` turns the architecture numbers of `rlslurm.model_config.Arch`
+  into a `TransformerConfig` (an `MLATransformerConfig` for MLA models) plus the user's
+  `--megatron-<field>` overrides.
+- `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
+  transformer-engine imports and megatron's local spec otherwise, plus two small spec extensions:
+  GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`) and, for MLA without
+  transformer-engine, an SDPA core attention (megatron's local one does not take MLA's
+  `k_channels`/`v_channels`).
+- `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
+  padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
+
+Works with megatron-core 0.16.x (CPU, Python 3.11) and 0.19.x (GPU): keyword arguments that one
+version lacks are dropped by checking the dataclass fields / signatures rather than the version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import ModelConfig
+
+HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
+
+# Settings that the CPU/local path cannot do (megatron-cpu-notes.md "Config flags") and that do
+# not change the math; the user may still override them when TE is present.
+_SAFE_DEFAULTS: dict[str, Any] = {
+    "hidden_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "apply_rope_fusion": False,
+    "persist_layer_norm": False,
+    "gradient_accumulation_fusion": False,
+    "bias_activation_fusion": False,
+    "masked_softmax_fusion": False,
+    "bias_dropout_fusion": False,
+    "sequence_parallel": False,
+    "use_cpu_initialization": True,
+}
+
+
+def padded_vocab_size(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """Vocabulary size rounded up so that every TP rank holds an equal, aligned slice."""
+    if vocab <= 0 or tp <= 0 or divisible_by <= 0:
+        raise ConfigError(f"padded_vocab_size: vocab={vocab}, tp={tp}, divisible_by={divisible_by} must be > 0")
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def _config_classes() -> tuple[type, type]:
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    return TransformerConfig, MLATransformerConfig
+
+
+def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
+    """TransformerConfig fields that follow from the architecture (the numbers that change the math)."""
+    a = mc.arch
+    kw: dict[str, Any] = dict(
+        num_layers=a.num_layers,
+        hidden_size=a.hidden_size,
+        ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads,
+        num_query_groups=a.num_query_groups,
+        kv_channels=a.kv_channels,
+        layernorm_epsilon=a.norm_epsilon,
+        normalization=a.normalization,
+        add_bias_linear=a.add_bias_linear,
+        add_qkv_bias=a.add_qkv_bias,
+        qk_layernorm=a.qk_layernorm,
+        rotary_interleaved=a.rotary_interleaved,
+        # Megatron's attention softmax runs in the input dtype unless told otherwise; HF runs it in
+        # fp32 too, so keep it fp32 for bf16 parity.
+        attention_softmax_in_fp32=True,
+    )
+    if a.activation == "swiglu":
+        kw.update(gated_linear_unit=True, activation_func=F.silu)
+    else:
+        kw.update(gated_linear_unit=False, activation_func=F.gelu)
+    if a.moe:
+        m = a.moe
+        kw.update(
+            num_moe_experts=m.num_experts,
+            moe_router_topk=m.router_topk,
+            moe_ffn_hidden_size=m.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
+            moe_layer_freq=[0] * m.first_k_dense + [1] * (a.num_layers - m.first_k_dense),
+            moe_router_score_function=m.router_score_function,
+            # softmax: renormalising the top-k probabilities (HF norm_topk_prob) equals a softmax
+            # over the top-k logits, which is Megatron's pre_softmax=False. Sigmoid always renormalises.
+            moe_router_pre_softmax=(m.router_score_function == "softmax" and not m.router_topk_norm),
+            moe_router_topk_scaling_factor=(m.router_scaling_factor if m.router_scaling_factor != 1.0 else None),
+            moe_router_enable_expert_bias=m.router_expert_bias,
+            moe_router_num_groups=(m.router_num_groups if m.router_num_groups > 1 else None),
+            moe_router_group_topk=(m.router_group_topk if m.router_num_groups > 1 else None),
+            moe_router_load_balancing_type="none",
+            moe_aux_loss_coeff=0.0,
+            moe_grouped_gemm=False,  # the legacy GroupedMLP needs the CUDA grouped_gemm package
+            moe_token_dispatcher_type="alltoall" if HAVE_TE else "allgather",
+            moe_router_dtype="fp32",
+            moe_shared_expert_overlap=False,
+        )
+        if m.router_score_function == "sigmoid" and not m.router_topk_norm:
+            raise ConfigError(
+                f"model config {mc.name}: arch.moe.router_topk_norm=false with sigmoid scores is not "
+                "supported by megatron-core (it always renormalises sigmoid top-k)"
+            )
+    if a.mla:
+        m2 = a.mla
+        kw.update(
+            multi_latent_attention=True,
+            q_lora_rank=m2.q_lora_rank,
+            kv_lora_rank=m2.kv_lora_rank,
+            qk_head_dim=m2.qk_head_dim,
+            qk_pos_emb_head_dim=m2.qk_pos_emb_head_dim,
+            v_head_dim=m2.v_head_dim,
+            rotary_base=a.rotary_base,
+            rotary_percent=a.rotary_percent,
+        )
+        rs = a.rope_scaling
+        if rs is None:
+            kw.update(rope_type="rope", rotary_scaling_factor=1.0, mscale=1.0, mscale_all_dim=0.0)
+        elif rs.type == "yarn":
+            kw.update(
+                rope_type="yarn",
+                rotary_scaling_factor=rs.factor,
+                original_max_position_embeddings=rs.original_max_position_embeddings,
+                beta_fast=rs.beta_fast if rs.beta_fast is not None else 32.0,
+                beta_slow=rs.beta_slow if rs.beta_slow is not None else 1.0,
+                mscale=rs.mscale if rs.mscale is not None else 1.0,
+                mscale_all_dim=rs.mscale_all_dim if rs.mscale_all_dim is not None else 0.0,
+            )
+        else:
+            raise ConfigError(f"model config {mc.name}: arch.rope_scaling.type={rs.type!r} is not supported with MLA")
+    elif a.rope_scaling is not None:
+        rs = a.rope_scaling
+        # Megatron's llama3 rope scaling hard-codes low/high freq factors 1/4 and original 8192.
+        if rs.type != "llama3" or (rs.low_freq_factor, rs.high_freq_factor, rs.original_max_position_embeddings) not in (
+            (1.0, 4.0, 8192), (None, None, 8192)
+        ):
+            raise ConfigError(
+                f"model config {mc.name}: arch.rope_scaling {rs.model_dump(exclude_none=True)} is not supported "
+                "for non-MLA models (only llama3 with low_freq_factor=1, high_freq_factor=4, "
+                "original_max_position_embeddings=8192)"
+            )
+    return kw
+
+
+def transformer_config(
+    mc: ModelConfig,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    overrides: dict[str, Any] | None = None,
+):
+    """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
+
+    `overrides` are the user's `--megatron-<field>` values by TransformerConfig field name; they
+    win over everything computed here. An unknown field is a ConfigError naming the flag.
+    """
+    TransformerConfig, MLATransformerConfig = _config_classes()
+    cls = MLATransformerConfig if mc.arch.mla else TransformerConfig
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in overrides or {}:
+        if key not in fields:
+            raise ConfigError(
+                f"--megatron-{key.replace('_', '-')}: {key!r} is not a megatron-core {cls.__name__} field"
+            )
+    if params_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
+    kw: dict[str, Any] = dict(_SAFE_DEFAULTS)
+    kw.update(_arch_kwargs(mc))
+    kw.update(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        context_parallel_size=cp,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        pipeline_dtype=params_dtype,
+    )
+    if not HAVE_TE:
+        kw["use_cpu_initialization"] = not torch.cuda.is_available()
+    # 0.16 calls it original_max_position_embeddings, later versions may rename: keep what exists.
+    if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:
+        if "max_position_embeddings" in fields:
+            kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
+    kw.update(overrides or {})
+    kw = {k: v for k, v in kw.items() if k in fields}
+    try:
+        return cls(**kw)
+    except (AssertionError, ValueError, TypeError) as e:
+        raise ConfigError(f"model config {mc.name}: megatron-core rejected the TransformerConfig: {e}") from None
+
+
+# ---------------------------------------------------------------- layer-spec extensions
+
+
+def _norm_module(config) -> torch.nn.Module:
+    from megatron.core.models.gpt.gpt_layer_specs import LNImpl
+
+    if HAVE_TE:
+        from megatron.core.extensions.transformer_engine import TENorm
+
+        return TENorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+    return LNImpl(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+
+
+def _self_attention_with_post_norm(base: type) -> type:
+    class SelfAttentionWithPostNorm(base):  # type: ignore[misc,valid-type]
+        """GLM-4: a norm on the attention output before the residual add.
+
+        The output of `linear_proj` (row-parallel, reduced over TP) is the full hidden state on
+        every TP rank, so the norm is replicated like every other norm.
+        """
+
+        def __init__(self, config, *args: Any, **kwargs: Any):
+            super().__init__(config, *args, **kwargs)
+            self.post_self_attn_layernorm = _norm_module(config)
+
+        def forward(self, *args: Any, **kwargs: Any):
+            out, bias = super().forward(*args, **kwargs)
+            if bias is not None:
+                out, bias = out + bias, None  # norm applies to the biased output
+            return self.post_self_attn_layernorm(out), bias
+
+    return SelfAttentionWithPostNorm
+
+
+def _mlp_with_post_norm(base: type) -> type:
+    class MLPWithPostNorm(base):  # type: ignore[misc,valid-type]
+        """GLM-4: a norm on the MLP output before the residual add (see SelfAttentionWithPostNorm)."""
+
+        def __init__(self, config, *args: Any, **kwargs: Any):
+            super().__init__(config, *args, **kwargs)
+            self.post_mlp_layernorm = _norm_module(config)
+
+        def forward(self, *args: Any, **kwargs: Any):
+            out, bias = super().forward(*args, **kwargs)
+            if bias is not None:
+                out, bias = out + bias, None
+            return self.post_mlp_layernorm(out), bias
+
+    return MLPWithPostNorm
+
+
+class SDPACoreAttention(torch.nn.Module):
+    """Causal core attention for MLA without transformer-engine (query/key head dim != value's).
+
+    Megatron's local `DotProductAttention` (0.16) takes no `k_channels`/`v_channels`. Causal masks
+    only: no packed sequences, no arbitrary masks (the trainer pads on the right).
+    """
+
+    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                 softmax_scale: float | None = None, **_: Any):
+        super().__init__()
+        self.config = config
+        self.softmax_scale = softmax_scale
+        self.attn_mask_type = attn_mask_type
+
+    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
+                attention_bias=None, packed_seq_params=None, **_: Any):
+        if packed_seq_params is not None:
+            raise NotImplementedError("SDPACoreAttention: packed sequences need transformer-engine")
+        # [s, b, h, d] -> [b, h, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if self.config.attention_softmax_in_fp32 and q.dtype != torch.float32:
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                                 scale=self.softmax_scale).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
+    """The decoder block spec for `mc`: stock megatron specs plus the two extensions above."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    kw: dict[str, Any] = {"use_transformer_engine": HAVE_TE}
+    params = inspect.signature(get_gpt_decoder_block_spec).parameters
+    if "normalization" in params:
+        kw["normalization"] = tcfg.normalization
+    if "vp_stage" in params:
+        kw["vp_stage"] = vp_stage
+    block = get_gpt_decoder_block_spec(tcfg, **kw)
+    a = mc.arch
+    seen: set[int] = set()
+    for spec in block.layer_specs:
+        # Several layers share one spec object: extend each object once.
+        if id(spec) in seen:
+            continue
+        seen.add(id(spec))
+        sub = spec.submodules
+        if a.post_self_attn_layernorm:
+            sub.self_attention = dataclasses.replace(
+                sub.self_attention, module=_self_attention_with_post_norm(sub.self_attention.module))
+        if a.post_mlp_layernorm:
+            if a.moe:
+                raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
+            sub.mlp = dataclasses.replace(sub.mlp, module=_mlp_with_post_norm(sub.mlp.module))
+        if a.mla and not HAVE_TE:
+            core = sub.self_attention.submodules.core_attention
+            takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
+            if not takes_k:
+                sub.self_attention.submodules.core_attention = SDPACoreAttention
+    return block
+
+
+def build_gpt_model(
+    mc: ModelConfig,
+    tcfg,
+    *,
+    pre_process: bool = True,
+    post_process: bool = True,
+    vocab_size_padded: int,
+    vp_stage: int | None = None,
+):
+    """Build the GPTModel for `mc` (parallel state must be initialised for tcfg's sizes)."""
+    from megatron.core.models.gpt import GPTModel
+
+    a = mc.arch
+    if vocab_size_padded < a.vocab_size:
+        raise ConfigError(f"vocab_size_padded={vocab_size_padded} < model vocab_size={a.vocab_size}")
+    kw: dict[str, Any] = dict(
+        config=tcfg,
+        transformer_layer_spec=layer_specs(mc, tcfg, vp_stage=vp_stage),
+        vocab_size=vocab_size_padded,
+        max_sequence_length=a.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=a.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=a.rotary_percent,
+        rotary_base=int(a.rotary_base) if float(a.rotary_base).is_integer() else a.rotary_base,
+    )
+    if a.rope_scaling is not None and not a.mla:
+        kw.update(rope_scaling=True, rope_scaling_factor=a.rope_scaling.factor)
+    if vp_stage is not None:
+        kw["vp_stage"] = vp_stage
+    params = inspect.signature(GPTModel.__init__).parameters
+    kw = {k: v for k, v in kw.items() if k in params}
+    return GPTModel(**kw)

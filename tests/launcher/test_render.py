@@ -1,0 +1,74 @@
+"""The rendered het-job script: valid bash, directives as SLURM expects, user values quoted."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import available_models
+from rlslurm.resolve import resolve
+from rlslurm.slurm.render import job_name, render
+
+
+def _render(*argv: str) -> str:
+    res = resolve(list(argv), strict_inputs=False)
+    return render(res.cfg, res.cfg.run_dir.resolve())
+
+
+@pytest.mark.parametrize("model", available_models())
+def test_every_model_renders_valid_bash(model: str) -> None:
+    script = _render("--model", model, "--nodes", "2")
+    r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    assert script.count("#SBATCH hetjob") == 1
+    assert "--signal=B:USR1@" in script and "#SBATCH --requeue" in script and "--open-mode=append" in script
+
+
+def test_groups_get_their_nodes_partitions_and_gpus() -> None:
+    script = _render("--model", "glm4-9B", "--nodes", "6", "--trainer-nodes", "4", "--gpus-per-node", "4",
+                     "--rollout-num-gpus-per-engine", "2", "--trainer-partition", "train", "--rollout-partition",
+                     "infer", "--account", "proj1", "--qos", "high", "--time", "2-00:00:00", "--tensor-model-parallel-size", "2")
+    g0, g1 = script.split("#SBATCH hetjob")
+    assert "--nodes=4" in g0 and "--partition=train" in g0 and "--gpus-per-node=4" in g0
+    assert "--nodes=2" in g1 and "--partition=infer" in g1 and "--gpus-per-node=4" in g1
+    assert "#SBATCH --account=proj1" in g0 and "#SBATCH --qos=high" in g0 and "#SBATCH --time=2-00:00:00" in g0
+
+
+def test_container_and_setup_are_quoted(tmp_path: Path) -> None:
+    setup = tmp_path / "my env.sh"
+    setup.write_text("true\n")
+    script = _render("--model", "tiny-qwen3", "--container-image", "nvcr.io/x/y:1 $(id)", "--container-mounts",
+                     "/a:/a,/b:/b", "--setup-script", str(setup))
+    assert "--container-image='nvcr.io/x/y:1 $(id)'" in script
+    assert f"'{setup}'" in script
+
+
+def test_hostile_run_name_and_dir_never_reach_the_shell_unquoted(tmp_path: Path) -> None:
+    name = "x$(touch pwned)`touch pwned2`'\"\n y"
+    rd = tmp_path / "dir with 'quotes' $(touch pwned3)"
+    script = _render("--model", "tiny-qwen3", "--run-name", name, "--run-dir", str(rd), "--env", "MY_VAR=$(touch pwned4)")
+    assert f"#SBATCH --job-name={job_name(name)}\n" in script
+    assert re.fullmatch(r"[A-Za-z0-9_.-]+", job_name(name))
+    r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert r.returncode == 0, r.stderr
+    # Evaluate only the variable assignments and check the values come out intact.
+    assigns = [l for l in script.splitlines() if l.startswith(("RUN_DIR=", "export MY_VAR="))]
+    out = subprocess.run(["bash", "-c", "\n".join(assigns) + '\nprintf "%s\\n%s" "$RUN_DIR" "$MY_VAR"'],
+                         text=True, capture_output=True, cwd=tmp_path)
+    assert out.stdout == f"{rd}\n$(touch pwned4)"
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def test_percent_in_run_dir_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'%' is not allowed"):
+        _render("--model", "tiny-qwen3", "--run-dir", str(tmp_path / "a%jb"))
+
+
+def test_extra_sbatch_options_must_be_plain() -> None:
+    assert "#SBATCH --constraint=h100" in _render("--model", "tiny-qwen3", "--sbatch-extra=--constraint=h100")
+    with pytest.raises(ConfigError, match="--sbatch-extra"):
+        _render("--model", "tiny-qwen3", "--sbatch-extra=--constraint=$(id)")
