@@ -113,9 +113,12 @@ class RMServer:
                 if len(outer.calls) <= fail_first:
                     if delay_s:
                         time.sleep(delay_s)
-                    self.send_response(fail_status)
-                    self.end_headers()
-                    self.wfile.write(b"busy")
+                    try:
+                        self.send_response(fail_status)
+                        self.end_headers()
+                        self.wfile.write(b"busy")
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the client timed out and hung up, as the timeout test wants
                     return
                 reply_obj = reply if reply is not None else {"reward": 1.0 if body["response"] == body["label"] else 0.0}
                 data = json.dumps(reply_obj).encode()
