@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Protocol
 
 import torch
 import torch.distributed as dist
@@ -102,6 +102,69 @@ def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
             f"the policy loss was built for estimator {loss.estimator!r} but --advantage-estimator is "
             f"{adv.estimator!r}; GSPO needs its sequence-level ratio in both"
         )
+
+
+class TrainKnobs(Protocol):
+    """The RL fields of ``rlslurm.config.TrainSection`` that the two configs are built from."""
+
+    advantage_estimator: str
+    grpo_std_normalization: bool
+    normalize_advantages: bool
+    eps_clip: float
+    eps_clip_high: float | None
+    eps_clip_c: float | None
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    kl_coef: float
+    entropy_coef: float
+    calculate_per_token_loss: bool
+    gamma: float
+    lambd: float
+    num_critic_only_steps: int
+    use_tis: bool
+    tis_clip_low: float
+    tis_clip: float
+
+
+def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLossConfig]:
+    """Both configs from the run config's train section (``rlslurm.config.TrainSection``).
+
+    Maps slime's flag semantics in one place: ``--use-kl-loss`` gates ``--kl-loss-coef``,
+    ``--calculate-per-token-loss`` picks the reduction, ``--tis-clip`` is the upper TIS bound,
+    and the KL of ``--kl-coef`` reward shaping uses ``--kl-loss-type`` as slime does.
+    Typed by a Protocol so this module does not import the CLI's config.
+    """
+    t = train
+    if getattr(t, "use_rollout_logprobs", False) and getattr(t, "use_tis", False):
+        raise ConfigError("--use-rollout-logprobs and --use-tis are exclusive: TIS corrects the trainer's "
+                          "old log-probs towards the engine's, which --use-rollout-logprobs already uses")
+    adv = AdvantageConfig(
+        estimator=t.advantage_estimator,  # type: ignore[arg-type]  # validated in __post_init__
+        rewards_normalization=getattr(t, "rewards_normalization", True),
+        grpo_std_normalization=t.grpo_std_normalization,
+        kl_coef=t.kl_coef,
+        kl_estimator=t.kl_loss_type,
+        gamma=t.gamma,
+        lam=t.lambd,
+        normalize_advantages=t.normalize_advantages,
+        num_critic_only_steps=t.num_critic_only_steps,
+    )
+    loss = PolicyLossConfig(
+        eps_clip=t.eps_clip,
+        eps_clip_high=t.eps_clip_high,
+        eps_clip_c=t.eps_clip_c,
+        use_tis=t.use_tis,
+        tis_clip_low=t.tis_clip_low,
+        tis_clip_high=t.tis_clip,
+        kl_loss_coef=t.kl_loss_coef if t.use_kl_loss else 0.0,
+        kl_loss_type=t.kl_loss_type,  # type: ignore[arg-type]  # validated in __post_init__
+        entropy_coef=t.entropy_coef,
+        loss_reduction="per_token" if t.calculate_per_token_loss else "per_sample_mean",
+        estimator=t.advantage_estimator,
+    )
+    check_rl_configs(adv, loss)
+    return adv, loss
 
 
 def actor_trains(cfg: AdvantageConfig, rollout_id: int) -> bool:

@@ -90,7 +90,8 @@ class PolicyLossConfig:
             raise ConfigError(f"--entropy-coef must be >= 0, got {self.entropy_coef}")
         if self.loss_reduction not in LOSS_REDUCTIONS:
             raise ConfigError(
-                f"--loss-reduction must be one of {LOSS_REDUCTIONS}, got {self.loss_reduction!r}"
+                f"loss_reduction (--calculate-per-token-loss) must be one of {LOSS_REDUCTIONS}, "
+                f"got {self.loss_reduction!r}"
             )
 
     @property

@@ -22,6 +22,7 @@ from rlslurm.trainer.advantages import (
     discounted_cumsum,
     masked_whiten,
     reward_from,
+    rl_configs_from_train,
 )
 from rlslurm.trainer.losses import PolicyLossConfig
 
@@ -356,3 +357,23 @@ def test_bad_batches_are_refused() -> None:
             AdvantageConfig(estimator="ppo"), rewards=torch.tensor([0.0]), group_index=torch.tensor([0]),
             loss_masks=[torch.ones(2)], values=[torch.ones(3)],
         )
+
+
+def test_configs_from_the_run_config_train_section() -> None:
+    from rlslurm.config import TrainSection
+
+    adv, loss = rl_configs_from_train(TrainSection())
+    assert adv.estimator == "grpo" and adv.grpo_std_normalization and loss.loss_reduction == "per_sample_mean"
+    assert loss.clip_high == loss.eps_clip and loss.kl_loss_coef == 0.0
+
+    t = TrainSection(advantage_estimator="ppo", lambd=0.9, gamma=0.99, calculate_per_token_loss=True,
+                     kl_loss_coef=0.5, use_kl_loss=False, tis_clip=1.5, use_tis=True, eps_clip_high=0.28)
+    adv, loss = rl_configs_from_train(t)
+    assert (adv.lam, adv.gamma, loss.loss_reduction) == (0.9, 0.99, "per_token")
+    assert loss.kl_loss_coef == 0.0  # --kl-loss-coef only counts with --use-kl-loss
+    assert (loss.tis_clip_high, loss.clip_high, loss.estimator) == (1.5, 0.28, "ppo")
+
+    with pytest.raises(ConfigError, match="--kl-coef.*--use-kl-loss"):
+        rl_configs_from_train(TrainSection(advantage_estimator="ppo", kl_coef=0.1, use_kl_loss=True, kl_loss_coef=0.1))
+    with pytest.raises(ConfigError, match="--use-rollout-logprobs and --use-tis"):
+        rl_configs_from_train(TrainSection(use_rollout_logprobs=True, use_tis=True))

@@ -391,7 +391,7 @@ def test_compute_value_loss() -> None:
         ({"kl_loss_coef": -1.0}, "--kl-loss-coef"),
         ({"kl_loss_type": "k4"}, "--kl-loss-type"),
         ({"entropy_coef": -0.1}, "--entropy-coef"),
-        ({"loss_reduction": "mean"}, "--loss-reduction"),
+        ({"loss_reduction": "mean"}, "--calculate-per-token-loss"),
     ],
 )
 def test_bad_loss_config_names_the_flag(kwargs: dict, flag: str) -> None:
