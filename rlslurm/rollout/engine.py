@@ -11,15 +11,16 @@ sglang.launch_server ARGS`, and this module's `__main__` appends `--api-key` fro
 environment (readable only by the owner) before handing over to SGLang in-process.
 
 SGLang leaves files behind when killed (shared/sglang-notes.md): `/dev/shm/sglang_loads_*`,
-`/dev/shm/sem.mp-*` and its ZMQ IPC sockets in the temp dir. They are identified by what the
-server's processes have open or mapped (so another server's files are never touched) and
-removed after the kill.
+`/dev/shm/sem.mp-*` and its ZMQ IPC names in the temp dir. Each server gets a private TMPDIR
+(removed with it), and the /dev/shm files are identified by inode from what the server's
+processes have mapped or open, so another server's files are never touched.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -114,8 +115,10 @@ class EngineSpec:
             cmd = ["taskset", "-c", str(self.cpu_core), *cmd]
         return cmd
 
-    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+    def env(self, base: dict[str, str] | None = None, *, tmpdir: str | None = None) -> dict[str, str]:
         env = dict(os.environ if base is None else base)
+        if tmpdir is not None:
+            env["TMPDIR"] = tmpdir
         if self.device == "cpu":
             env = sglang_cpu.cpu_env(env, threads=1)
         env.pop(ENV_API_KEY, None)
@@ -133,6 +136,7 @@ class EngineProcess:
     starts: int = 0
     started_at: float = 0.0
     _owned_files: set[str] = field(default_factory=set)
+    _tmpdir: str | None = None
 
     @property
     def url(self) -> str:
@@ -148,11 +152,13 @@ class EngineProcess:
         if self.spec.device == "cpu":
             sglang_cpu.check_sglang_version()
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Short on purpose: ZMQ ipc paths must fit in a unix socket address (108 bytes).
+        self._tmpdir = tempfile.mkdtemp(prefix=f"rlsl-{self.spec.port}-")
         with open(self.spec.log_path, "ab") as log:
             log.write(f"\n==== rlslurm: start #{self.starts + 1} of {self.spec.name} at {time.ctime()}: "
                       f"{' '.join(self.spec.argv())}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.spec.argv(), env=self.spec.env(), stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.spec.argv(), env=self.spec.env(tmpdir=self._tmpdir), stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
         self.started_at = time.monotonic()
@@ -192,10 +198,10 @@ class EngineProcess:
         if self.proc is None:
             return []
         pgid = self.proc.pid
-        pids = {p for p in _all_pids() if _pgid(p) == pgid}
+        pids = {p for p in _all_pids() if _pgid(p) == pgid and _exists(p)}
         if self.is_alive():
             pids.add(self.proc.pid)
-        pids |= _descendants(self.proc.pid)
+        pids |= {p for p in _descendants(self.proc.pid) if _exists(p)}
         return sorted(pids)
 
     def record_owned_files(self) -> None:
@@ -233,6 +239,9 @@ class EngineProcess:
             except OSError:
                 pass  # not ours to fight over (permissions); the file is harmless
         self._owned_files = set()
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
 
     def restart(self) -> None:
         self.kill_tree()
@@ -278,34 +287,19 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
-def _unix_socket_paths() -> dict[str, str]:
-    """inode -> bound path, from /proc/net/unix."""
-    out: dict[str, str] = {}
-    try:
-        with open("/proc/net/unix") as f:
-            next(f)
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 8:
-                    out[parts[6]] = parts[7]
-    except OSError:
-        pass
-    return out
-
-
 def _files_held_by(pids: list[int]) -> set[str]:
-    tmp = tempfile.gettempdir().rstrip("/") + "/tmp"
-    sockets = None
-    found: set[str] = set()
+    """The /dev/shm files (sglang_loads_*, sem.mp-*) that `pids` have mapped or open. Matched
+    by inode: glibc creates a named semaphore under a temp name and links it, so the mapping
+    shows /dev/shm/sem.XXXXXX while the leftover is /dev/shm/sem.mp-*."""
+    inodes: set[int] = set()
     for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
                     parts = line.rstrip("\n").split(maxsplit=5)
-                    path = parts[5] if len(parts) == 6 else ""
-                    if any(p.match(path) for p in _SHM_PATTERNS):
-                        found.add(path)
-        except OSError:
+                    if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                        inodes.add(int(parts[4]))
+        except (OSError, ValueError):
             pass
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
@@ -313,17 +307,24 @@ def _files_held_by(pids: list[int]) -> set[str]:
             continue
         for fd in fds:
             try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                    inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
             except OSError:
                 continue
-            if any(p.match(target) for p in _SHM_PATTERNS):
-                found.add(target)
-            elif target.startswith("socket:["):
-                if sockets is None:
-                    sockets = _unix_socket_paths()
-                path = sockets.get(target[8:-1], "")
-                if path.startswith(tmp):  # SGLang's ZMQ ipc://<tempdir>/tmpXXXXXXXX endpoints
-                    found.add(path)
+    found: set[str] = set()
+    if not inodes:
+        return found
+    try:
+        entries = list(os.scandir("/dev/shm"))
+    except OSError:
+        return found
+    for entry in entries:
+        path = entry.path
+        try:
+            if any(p.match(path) for p in _SHM_PATTERNS) and entry.inode() in inodes:
+                found.add(path)
+        except OSError:
+            continue
     return found
 
 
