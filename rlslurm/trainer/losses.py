@@ -252,11 +252,11 @@ def local_denominator(loss_masks: list[Tensor], mode: str) -> Tensor:
     result as ``global_denominator`` to every micro-batch of the step.
     """
     _check_mode(mode)
+    # On the masks' device, so that it can go straight into an NCCL all_reduce.
+    device = loss_masks[0].device if loss_masks else None
     if mode == "per_sample_mean":
-        return torch.tensor(float(len(loss_masks)))
-    if not loss_masks:
-        return torch.tensor(0.0)
-    return torch.stack([m.float().sum() for m in loss_masks]).sum().cpu()
+        return torch.tensor(float(len(loss_masks)), device=device)
+    return _cat(loss_masks).float().sum()
 
 
 def reduce_masked(
@@ -332,8 +332,9 @@ def compute_rl_loss(
     gradient) is needed when ``entropy_coef > 0`` and reported when given. ``ref_log_probs``
     are needed when ``kl_loss_coef > 0``.
 
-    Returns (loss, metrics): loss, pg_loss, pg_clipfrac, ppo_kl, and when applicable
-    entropy, kl_loss, tis, tis_clipfrac, tis_abs, ois, train_rollout_logprob_abs_diff.
+    Returns (loss, metrics): loss, pg_loss, pg_clipfrac, ppo_kl, and when their inputs are
+    given entropy, kl (to the reference, with ``kl_loss_type``), tis, tis_clipfrac, tis_abs,
+    ois (the new/old ratio), train_rollout_logprob_abs_diff.
     All are this micro-batch's share of the global-batch mean (see ``reduce_masked``);
     metrics are detached.
     """
@@ -386,13 +387,16 @@ def compute_rl_loss(
     elif cfg.entropy_coef > 0.0:
         raise ValueError("entropy_coef > 0 needs the per-token entropy of the current policy")
 
-    if cfg.kl_loss_coef > 0.0:
-        if ref_log_probs is None:
-            raise ValueError("kl_loss_coef > 0 needs ref_log_probs (the reference model's log-probs)")
+    if cfg.kl_loss_coef > 0.0 and ref_log_probs is None:
+        raise ValueError("kl_loss_coef > 0 needs ref_log_probs (the reference model's log-probs)")
+    if ref_log_probs is not None:
+        # Reported whenever the reference is at hand: the drift from it is worth watching
+        # even when it is penalised in the reward (--kl-coef) or not at all.
         _check_same_lengths(log_probs, ref_log_probs=ref_log_probs)
-        kl_loss = reduce([kl_estimate(lp, ref, cfg.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs)])
-        metrics["kl_loss"] = kl_loss
-        loss = loss + cfg.kl_loss_coef * kl_loss
+        kl = reduce([kl_estimate(lp, ref, cfg.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs)])
+        metrics["kl"] = kl
+        if cfg.kl_loss_coef > 0.0:
+            loss = loss + cfg.kl_loss_coef * kl
 
     if rollout_log_probs is not None:
         _check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)

@@ -298,7 +298,7 @@ def test_compute_rl_loss_matches_reference(reduction: str, use_tis: bool) -> Non
     assert metrics["loss"].item() == pytest.approx(want, rel=1e-5)
     assert metrics["pg_clipfrac"].item() == pytest.approx(red["clip"], rel=1e-5)
     assert metrics["entropy"].item() == pytest.approx(red["ent"], rel=1e-5)
-    assert metrics["kl_loss"].item() == pytest.approx(red["kl"], rel=1e-5)
+    assert metrics["kl"].item() == pytest.approx(red["kl"], rel=1e-5)
     assert 0 < red["clip"]  # the batch exercises clipping, or the comparison would be weak
     assert ("tis" in metrics) == use_tis
     if use_tis:
@@ -349,6 +349,18 @@ def test_gspo_estimator_in_compute_rl_loss_uses_sequence_ratio() -> None:
     want = sum(float(((b["old_log_probs"][i] - b["log_probs"][i]) * b["loss_masks"][i]).sum() / b["loss_masks"][i].sum())
                for i in range(4)) / 4
     assert m_gspo["ppo_kl"].item() == pytest.approx(want, rel=1e-5)
+
+
+def test_kl_to_reference_is_reported_without_entering_the_loss_when_coef_is_zero() -> None:
+    b = _batch(3)
+    b.pop("entropy")
+    cfg = PolicyLossConfig(kl_loss_type="k2")
+    loss_with_ref, m = compute_rl_loss(cfg, global_denominator=None, **b)
+    loss_without, m2 = compute_rl_loss(cfg, global_denominator=None, **{**b, "ref_log_probs": None})
+    assert loss_with_ref.item() == loss_without.item() and "kl" not in m2
+    want = np.mean([np.mean([(a - r) ** 2 / 2 for a, r, k in zip(lp.tolist(), ref.tolist(), msk.tolist()) if k])
+                    for lp, ref, msk in zip(b["log_probs"], b["ref_log_probs"], b["loss_masks"])])
+    assert m["kl"].item() == pytest.approx(want, rel=1e-5)
 
 
 def test_first_step_on_fresh_data_is_plain_policy_gradient() -> None:
