@@ -71,10 +71,26 @@ def hf_config_dict(mc: ModelConfig) -> dict:
     }
     if a.rotary_percent != 1.0:
         cfg["partial_rotary_factor"] = a.rotary_percent
+    if a.rope_scaling is not None:
+        rs = a.rope_scaling.model_dump(exclude_none=True)
+        cfg["rope_scaling"] = {"rope_type": rs.pop("type"), **rs}
     if mc.hf_model_type == "qwen3_moe" and a.moe:
         cfg.update(num_experts=a.moe.num_experts, num_experts_per_tok=a.moe.router_topk,
                    moe_intermediate_size=a.moe.moe_ffn_hidden_size, norm_topk_prob=a.moe.router_topk_norm,
                    decoder_sparse_step=1, mlp_only_layers=[])
+    if mc.hf_model_type == "deepseek_v3" and a.moe and a.mla:
+        m, l = a.moe, a.mla
+        del cfg["head_dim"], cfg["attention_bias"]  # DeepSeek derives head_dim from the rope dim
+        cfg.update(
+            n_routed_experts=m.num_experts, num_experts_per_tok=m.router_topk,
+            moe_intermediate_size=m.moe_ffn_hidden_size,
+            n_shared_experts=m.shared_expert_ffn_hidden_size // m.moe_ffn_hidden_size,
+            first_k_dense_replace=m.first_k_dense, norm_topk_prob=m.router_topk_norm,
+            routed_scaling_factor=m.router_scaling_factor, n_group=m.router_num_groups,
+            topk_group=m.router_group_topk, q_lora_rank=l.q_lora_rank, kv_lora_rank=l.kv_lora_rank,
+            qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
+            num_nextn_predict_layers=0, rope_interleave=True,
+        )
     return cfg
 
 
@@ -94,6 +110,9 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0)
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+        for name, b in model.named_buffers():  # DeepSeek's router correction bias is a buffer
+            if name.endswith("e_score_correction_bias"):
+                b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(out, safe_serialization=True)
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (out / "tokenizer_config.json").write_text(json.dumps({

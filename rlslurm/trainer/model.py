@@ -309,7 +309,15 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
         if a.post_mlp_layernorm:
             if a.moe:
                 raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
-            sub.mlp = dataclasses.replace(sub.mlp, module=_mlp_with_post_norm(sub.mlp.module))
+            mlp_cls = _mlp_with_post_norm(sub.mlp.module)
+            params = dict(sub.mlp.params or {})
+            # TransformerLayer hands tp_group only to classes it knows; pass it through the spec.
+            if "tp_group" in inspect.signature(sub.mlp.module.__init__).parameters and "tp_group" not in params:
+                from megatron.core import parallel_state as ps
+
+                if ps.model_parallel_is_initialized():
+                    params["tp_group"] = ps.get_tensor_model_parallel_group()
+            sub.mlp = dataclasses.replace(sub.mlp, module=mlp_cls, params=params)
         if a.mla and not HAVE_TE:
             core = sub.self_attention.submodules.core_attention
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
