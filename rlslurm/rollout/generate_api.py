@@ -1,0 +1,215 @@
+"""The contract between the rollout driver and a generate function.
+
+The driver owns the engines (router client, retries, weight versions) and hands a
+generate function a `GenerateContext`: one async `generate(input_ids, sampling_params)`
+call that returns the new tokens with their logprobs. A generate function turns one
+prompt into one `Generation`: the response tokens, which of them are trained
+(`loss_mask`), their engine logprobs, and how it ended.
+
+`default_generate` is the single-turn function. `--custom-generate-function-path`
+names another one, e.g. a multi-turn tool-calling loop (examples/tool_calling/) that
+appends tool output tokens with loss_mask 0 between model turns.
+
+A function that accepts a `partial` keyword continues an aborted sample (partial
+rollout) from its tokens so far; one that does not is restarted from scratch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+from rlslurm.buffer.sample import Sample, SampleStatus
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.plugins import load_callable
+from rlslurm.rollout.data import PartialSample, Prompt
+
+
+class GenerateOutput(TypedDict):
+    """One engine call's result (SGLang /generate, reduced to what training needs)."""
+
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: int
+
+
+@runtime_checkable
+class GenerateContext(Protocol):
+    """What a generate function may use: the engine call and the tokenizer."""
+
+    tokenizer: Any  # an HF tokenizer (encode/decode); the driver's, so ids match the engine's
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> GenerateOutput: ...
+
+
+_FINISH_STATUS = {
+    "stop": SampleStatus.COMPLETED,
+    "eos": SampleStatus.COMPLETED,
+    "length": SampleStatus.TRUNCATED,
+    "abort": SampleStatus.ABORTED,
+}
+
+
+def status_of(finish_reason: str) -> SampleStatus:
+    try:
+        return _FINISH_STATUS[finish_reason]
+    except KeyError:
+        raise DataError("engine reply", f"unknown finish_reason {finish_reason!r}") from None
+
+
+@dataclass
+class Generation:
+    """One sample's response as it grows turn by turn.
+
+    `weight_version` is the oldest weights that produced a trained token (staleness is
+    measured from it). `reward` may be set by a generate function whose environment
+    scores the episode itself; the driver's reward function then is not called.
+    """
+
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    status: SampleStatus = SampleStatus.COMPLETED
+    weight_version: int | None = None
+    response_text: str | None = None
+    reward: float | dict[str, float] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    def append_model(self, out: GenerateOutput) -> None:
+        """Append an engine turn; its tokens are trained."""
+        ids, lps = list(out["output_ids"]), list(out["output_logprobs"])
+        if len(ids) != len(lps):
+            raise DataError("engine reply", f"{len(ids)} output ids but {len(lps)} logprobs")
+        self.response_ids += ids
+        self.response_logprobs += [float(x) for x in lps]
+        self.loss_mask += [1] * len(ids)
+        self.status = status_of(out["finish_reason"])
+        if ids:
+            v = int(out["weight_version"])
+            self.weight_version = v if self.weight_version is None else min(self.weight_version, v)
+
+    def append_env(self, ids: Sequence[int]) -> None:
+        """Append tokens the model did not generate (tool output, user turn): not trained.
+
+        Their logprob is 0.0 by convention; the mask keeps them out of every loss.
+        """
+        self.response_ids += [int(t) for t in ids]
+        self.response_logprobs += [0.0] * len(ids)
+        self.loss_mask += [0] * len(ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+
+    @classmethod
+    def from_partial(cls, partial: PartialSample, *, mask_offpolicy: bool = False) -> "Generation":
+        """Continue from an aborted sample. `mask_offpolicy` stops training on tokens
+        that older weights generated (slime's --mask-offpolicy-in-partial-rollout)."""
+        return cls(
+            response_ids=list(partial.output_ids),
+            response_logprobs=list(partial.output_logprobs),
+            loss_mask=[0] * len(partial.loss_mask) if mask_offpolicy else list(partial.loss_mask),
+            status=SampleStatus(partial.status),
+            weight_version=partial.weight_version if partial.output_ids else None,
+        )
+
+    def to_partial(self) -> PartialSample:
+        return PartialSample(output_ids=list(self.response_ids), output_logprobs=list(self.response_logprobs),
+                             loss_mask=list(self.loss_mask), weight_version=self.weight_version or 0,
+                             status=self.status.value)
+
+    def to_sample(self, prompt_ids: Sequence[int], *, group_index: int = 0, index: int = 0,
+                  label: Any = None, metadata: dict[str, Any] | None = None,
+                  default_weight_version: int = 0) -> Sample:
+        return Sample(
+            prompt_tokens=list(prompt_ids),
+            response_tokens=list(self.response_ids),
+            reward=0.0 if self.reward is None else self.reward,
+            loss_mask=list(self.loss_mask),
+            rollout_logprobs=list(self.response_logprobs),
+            status=self.status,
+            group_index=group_index,
+            index=index,
+            weight_version=default_weight_version if self.weight_version is None else self.weight_version,
+            label=None if label is None else str(label),
+            metadata={**(metadata or {}), **self.metadata},
+        )
+
+
+GenerateFn = Callable[..., Awaitable[Generation]]
+
+
+def prompt_token_ids(ctx: GenerateContext, prompt: Prompt) -> list[int]:
+    """The prompt's ids: from the data source, or tokenized here for a text prompt."""
+    if prompt.prompt_ids is not None:
+        return list(prompt.prompt_ids)
+    if isinstance(prompt.prompt, str):
+        return list(ctx.tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"])
+    raise DataError(prompt.where or f"prompt {prompt.index}",
+                    "prompt is a message list: turn on --apply-chat-template or use a custom generate function")
+
+
+def remaining_budget(gen: Generation, sampling_params: dict[str, Any]) -> int:
+    """New tokens still allowed: max_new_tokens bounds the whole response, tool tokens included."""
+    if "max_new_tokens" not in sampling_params:
+        raise ConfigError("sampling_params needs max_new_tokens (--rollout-max-response-len)")
+    return int(sampling_params["max_new_tokens"]) - len(gen)
+
+
+async def default_generate(ctx: GenerateContext, prompt: Prompt, sampling_params: dict[str, Any], *,
+                           partial: PartialSample | None = None) -> Generation:
+    """One engine call; continues `partial` when given (partial rollout)."""
+    gen = Generation.from_partial(partial) if partial is not None else Generation()
+    if partial is not None and gen.finished:
+        return gen  # finished before the abort: nothing left to generate
+    budget = remaining_budget(gen, sampling_params)
+    if budget <= 0:
+        gen.status = SampleStatus.TRUNCATED
+        return gen
+    out = await ctx.generate(prompt_token_ids(ctx, prompt) + gen.response_ids,
+                             {**sampling_params, "max_new_tokens": budget})
+    gen.append_model(out)
+    return gen
+
+
+def accepts_partial(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "partial" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def load_generate_fn(spec: str | None) -> GenerateFn:
+    """--custom-generate-function-path, or the default single-turn function."""
+    if spec is None:
+        return default_generate
+    fn = load_callable(spec, what="--custom-generate-function-path", min_args=3)
+    if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise ConfigError(f"--custom-generate-function-path {spec!r}: must be an async function "
+                          f"(async def f(ctx, prompt, sampling_params))")
+    return fn
+
+
+async def run_generate(fn: GenerateFn, ctx: GenerateContext, prompt: Prompt, sampling_params: dict[str, Any],
+                       partial: PartialSample | None = None) -> Generation:
+    """Call a generate function, passing `partial` only to functions that take it."""
+    if partial is not None and accepts_partial(fn):
+        gen = await fn(ctx, prompt, dict(sampling_params), partial=partial)
+    else:
+        gen = await fn(ctx, prompt, dict(sampling_params))
+    if not isinstance(gen, Generation):
+        raise ConfigError(f"generate function {getattr(fn, '__name__', fn)} returned {type(gen).__name__}, "
+                          "expected rlslurm.rollout.generate_api.Generation")
+    n = len(gen.response_ids)
+    if len(gen.loss_mask) != n or len(gen.response_logprobs) != n:
+        raise DataError(prompt.where or f"prompt {prompt.index}",
+                        f"generate function {getattr(fn, '__name__', fn)} returned {n} tokens but "
+                        f"{len(gen.loss_mask)} mask entries and {len(gen.response_logprobs)} logprobs")
+    return gen
