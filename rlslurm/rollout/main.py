@@ -9,6 +9,7 @@ The process ends when the run is FINISHED or a stop is requested.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_name": cfg.run.run_name,
         "sglang_args": cfg.sglang_args,
         "prompt_data": str(cfg.data.prompt_data) if cfg.data.prompt_data else None,
+        "user_env": {k: os.environ.get(k) for k in cfg.slurm.env},
     })
     control = Control(rd)
     while not rd.is_finished():

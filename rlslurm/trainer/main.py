@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_name": cfg.run.run_name,
         "sglang_args": cfg.sglang_args,
         "prompt_data": str(cfg.data.prompt_data) if cfg.data.prompt_data else None,
+        "user_env": {k: os.environ.get(k) for k in cfg.slurm.env},
     })
     expected = (cfg.slurm.trainer_nodes or 1) * cfg.trainer_procs_per_node
     if world != expected:

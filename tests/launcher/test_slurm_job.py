@@ -1,0 +1,177 @@
+"""`rlslurm submit` against the real SLURM test cluster: sbatch --test-only for every model,
+a real het job (tiny model) that completes, scontrol requeue and USR1 self-requeue, and hostile
+values that must arrive intact without executing anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.model_config import available_models
+
+pytestmark = pytest.mark.slurm
+
+JOB_TIMEOUT = 120
+
+
+def rlslurm(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True, cwd=cwd,
+                       timeout=180)
+    if check and p.returncode != 0:
+        raise AssertionError(f"rlslurm {' '.join(args)} failed rc={p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"say {c}", "label": c}) + "\n" for c in "abcdefgh"))
+    return p
+
+
+def tiny_args(run_dir: Path, prompts: Path, *extra: str) -> list[str]:
+    return ["--model", "tiny-qwen3", "--nodes", "2", "--prompt-data", str(prompts), "--run-dir", str(run_dir),
+            "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "10",
+            "--signal-grace-s", "60", *extra]
+
+
+def submit_tiny(run_dir: Path, prompts: Path, *extra: str) -> int:
+    out = rlslurm("submit", *tiny_args(run_dir, prompts, *extra))
+    job = json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"]
+    assert f"submitted job {job}" in out.stdout
+    return int(job)
+
+
+def env_reports(run_dir: Path, attempt: int) -> dict[str, dict]:
+    d = run_dir / "logs" / f"attempt-{attempt}"
+    return {p.stem.removeprefix("env-"): json.loads(p.read_text()) for p in d.glob("env-*.json")}
+
+
+def wait_reports(run_dir: Path, attempt: int, want: set[str], timeout: float = 90) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reps = env_reports(run_dir, attempt)
+        if want <= set(reps):
+            return reps
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(run_dir.glob("logs/**/*.*")) if p.is_file())
+    raise AssertionError(f"attempt {attempt}: reports {sorted(env_reports(run_dir, attempt))}, want {sorted(want)}\n{logs}")
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    p = run_dir / "ledger.jsonl"
+    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+
+
+ALL = {"trainer-0", "trainer-1", "rollout-0"}
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+@pytest.mark.parametrize("model", available_models())
+def test_dry_run_script_passes_sbatch_test_only(slurm_cluster, tmp_path: Path, model: str, nodes: int) -> None:
+    script = rlslurm("submit", "--model", model, "--nodes", str(nodes), "--dry-run", cwd=tmp_path).stdout
+    assert script.startswith("#!/bin/bash")
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    p = slurm_cluster.run("sbatch", "--test-only", str(path), cwd=tmp_path, check=False)
+    assert p.returncode == 0, f"{model} @ {nodes} nodes: {p.stderr}"
+    assert "to start at" in p.stderr
+
+
+def test_het_job_runs_both_groups_and_completes(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = submit_tiny(run_dir, prompts, "--num-rollout", "0")
+    info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
+    reps = env_reports(run_dir, 0)
+    assert info["JobState"] == "COMPLETED", (info, (run_dir / f"logs/slurm-{job}.out").read_text())
+    assert ALL <= set(reps), sorted(reps)
+    t0, t1, r0 = reps["trainer-0"], reps["trainer-1"], reps["rollout-0"]
+    # each group on its own node, seeing its own het-group node list
+    g0, g1 = t0["nodelist_het"]["0"], t0["nodelist_het"]["1"]
+    assert g0 != g1 and t0["node"] == g0 and t1["node"] == g0 and r0["node"] == g1
+    # GPUs from the (fake) gres, per group
+    assert t0["cuda_visible_devices"] == "0,1" and r0["cuda_visible_devices"] == "0,1"
+    # one torch.distributed world of 2 ranks, rendezvous at the trainer head's address, which the rollout knows
+    assert t0["world_size"] == 2 and t0["master_addr"] == r0["trainer_addr"] == "127.0.0.1"
+    # both steps ran at the same time: the rollout report was written before the trainer finished
+    assert (run_dir / "FINISHED").exists()
+    lines = ledger(run_dir)
+    assert [(l["attempt"], l["reason"], l["exit_code"]) for l in lines] == [(0, "finished", 0)]
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert st["job_id"] == str(job) and st["finished"] is True and st["slurm"]["state"] == "COMPLETED"
+    assert len(st["slurm"]["components"]) == 2 and len(st["attempts"]) == 1
+    assert (run_dir / "logs/attempt-0/trainer-0.log").exists() and (run_dir / "logs/attempt-0/rollout-0.log").exists()
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((run_dir / "control/api_key").stat().st_mode & 0o777) == "0o600"
+
+
+def _stop_and_finish(slurm_cluster, run_dir: Path, job: int) -> dict:
+    rlslurm("stop", str(run_dir))
+    return slurm_cluster.wait_finished(job, JOB_TIMEOUT)
+
+
+def test_scontrol_requeue_starts_a_second_attempt(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
+    wait_reports(run_dir, 0, ALL)
+    slurm_cluster.requeue(job)
+    reps = wait_reports(run_dir, 1, ALL)
+    assert all(r["restart_count"] == 1 for r in reps.values())
+    assert [l["attempt"] for l in ledger(run_dir)] == [0]
+    assert ledger(run_dir)[0]["reason"].startswith("terminated")
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert len(st["attempts"]) == 1 and st["current_attempt"]["attempt"] == 1
+    human = rlslurm("status", str(run_dir)).stdout
+    assert "attempts (2)" in human and "running" in human
+    info = _stop_and_finish(slurm_cluster, run_dir, job)
+    assert info["JobState"] == "COMPLETED"
+    assert [(l["attempt"], l["reason"]) for l in ledger(run_dir)] == [
+        (0, ledger(run_dir)[0]["reason"]), (1, "stopped by request")]
+    for a in (0, 1):  # separate attempt logs
+        assert (run_dir / f"logs/attempt-{a}/trainer-0.log").exists()
+
+
+def test_usr1_checkpoint_request_then_self_requeue(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
+    wait_reports(run_dir, 0, ALL)
+    slurm_cluster.signal_batch(job, "USR1")
+    reps = wait_reports(run_dir, 1, ALL)
+    assert all(r["restart_count"] == 1 for r in reps.values())
+    first = ledger(run_dir)[0]
+    assert (first["attempt"], first["reason"], first["exit_code"]) == (0, "preempted (USR1)", 0)
+    batch_log = (run_dir / f"logs/slurm-{job}.out").read_text()
+    assert "trainer checkpoint acknowledged" in batch_log
+    assert not (run_dir / "control/preempt.json").exists()  # a new attempt starts without the old request
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert len(st["attempts"]) + 1 == 2
+    assert _stop_and_finish(slurm_cluster, run_dir, job)["JobState"] == "COMPLETED"
+
+
+HOSTILE = "$(touch pwned)`touch pwned2` it's \"q\"\nline2 $HOME"
+
+
+def test_hostile_values_arrive_intact_and_nothing_executes(slurm_cluster, tmp_path: Path) -> None:
+    base = tmp_path / "a b'c"
+    base.mkdir()
+    prompts = base / "p $(touch pwned3) `x`.jsonl"
+    prompts.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    run_dir = base / "run $(touch pwned4) 'q' `y`"
+    job = submit_tiny(run_dir, prompts, "--num-rollout", "0", "--run-name", HOSTILE,
+                      f"--sglang-chat-template={HOSTILE}", "--env", f"RL_TEST_VAR={HOSTILE}")
+    info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
+    assert info["JobState"] == "COMPLETED", (run_dir / f"logs/slurm-{job}.out").read_text()
+    reps = env_reports(run_dir, 0)
+    for r in (reps["trainer-0"], reps["rollout-0"]):
+        assert r["run_name"] == HOSTILE
+        assert r["sglang_args"] == ["--chat-template", HOSTILE]
+        assert r["prompt_data"] == str(prompts)
+        assert r["user_env"] == {"RL_TEST_VAR": HOSTILE}
+    leaked = [p for d in (tmp_path, base, run_dir, Path.cwd(), Path.home()) for p in d.glob("pwned*")]
+    assert not leaked, leaked
