@@ -260,7 +260,9 @@ def discounted_returns(token_rewards: list[Tensor], gamma: float) -> list[Tensor
     return [g[i, :n] for i, n in enumerate(lengths)]
 
 
-def gae(token_rewards: list[Tensor], values: list[Tensor], gamma: float, lam: float) -> tuple[list[Tensor], list[Tensor]]:
+def gae(
+    token_rewards: list[Tensor], values: list[Tensor], gamma: float, lam: float
+) -> tuple[list[Tensor], list[Tensor]]:
     """Generalised advantage estimation per sample; every response ends the episode.
 
     delta_t = r_t + gamma * V_{t+1} - V_t (V past the end = 0; a truncated response is
@@ -381,7 +383,10 @@ def _shaping_kl(
     if log_probs is None or ref_log_probs is None:
         raise ValueError("--kl-coef > 0 needs log_probs and ref_log_probs")
     _check_aligned(masks, log_probs=log_probs, ref_log_probs=ref_log_probs)
-    return [kl_estimate(lp.detach(), ref.detach(), cfg.kl_estimator) * m for lp, ref, m in zip(log_probs, ref_log_probs, masks)]
+    return [
+        kl_estimate(lp.detach(), ref.detach(), cfg.kl_estimator) * m
+        for lp, ref, m in zip(log_probs, ref_log_probs, masks)
+    ]
 
 
 def _token_rewards(cfg: AdvantageConfig, rewards: Tensor, masks: list[Tensor], kl: list[Tensor]) -> list[Tensor]:

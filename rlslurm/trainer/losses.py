@@ -353,7 +353,9 @@ def compute_rl_loss(
     else:
         # One fused elementwise pass over the micro-batch instead of a few kernels per sample.
         lengths = [lp.numel() for lp in log_probs]
-        flat = policy_loss(_cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c)
+        flat = policy_loss(
+            _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
+        )
         pg, clipfrac, ppo_kl = (list(t.split(lengths)) for t in flat)
 
     metrics: dict[str, Tensor] = {}

@@ -252,7 +252,8 @@ def _ref_rl_loss(b, cfg: PolicyLossConfig, denom_samples: int, denom_tokens: flo
     per_sample_sums = {k: [] for k in ("pg", "clip", "ent", "kl", "tis")}
     counts = []
     for i in range(len(b["log_probs"])):
-        lp, old, roll, ref = (b[k][i].double().tolist() for k in ("log_probs", "old_log_probs", "rollout_log_probs", "ref_log_probs"))
+        keys = ("log_probs", "old_log_probs", "rollout_log_probs", "ref_log_probs")
+        lp, old, roll, ref = (b[k][i].double().tolist() for k in keys)
         adv, ent, m = b["advantages"][i].tolist(), b["entropy"][i].tolist(), b["loss_masks"][i].tolist()
         sums = dict.fromkeys(per_sample_sums, 0.0)
         for t in range(len(lp)):
@@ -346,8 +347,11 @@ def test_gspo_estimator_in_compute_rl_loss_uses_sequence_ratio() -> None:
         assert abs(seq) > 4e-4  # every sequence is outside the tiny GSPO trust region
     assert m_gspo["pg_clipfrac"].item() > 0
     # ppo_kl is the per-sequence masked mean, so its per-sample mean equals the mean of those
-    want = sum(float(((b["old_log_probs"][i] - b["log_probs"][i]) * b["loss_masks"][i]).sum() / b["loss_masks"][i].sum())
-               for i in range(4)) / 4
+    seq_kls = [
+        float(((b["old_log_probs"][i] - b["log_probs"][i]) * b["loss_masks"][i]).sum() / b["loss_masks"][i].sum())
+        for i in range(4)
+    ]
+    want = sum(seq_kls) / 4
     assert m_gspo["ppo_kl"].item() == pytest.approx(want, rel=1e-5)
 
 
@@ -378,7 +382,8 @@ def test_first_step_on_fresh_data_is_plain_policy_gradient() -> None:
 def test_compute_value_loss() -> None:
     loss, m = compute_value_loss(
         values=[torch.tensor([0.5, 0.1]), torch.tensor([0.5, 9.0])], old_values=[torch.zeros(2), torch.zeros(2)],
-        returns=[torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.0])], loss_masks=[torch.ones(2), torch.tensor([1.0, 0.0])],
+        returns=[torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.0])],
+        loss_masks=[torch.ones(2), torch.tensor([1.0, 0.0])],
         value_clip=0.2, loss_reduction="per_sample_mean", global_denominator=2,
     )
     assert loss.item() == pytest.approx(((0.64 + 0.81) / 2 + 0.25) / 2)
