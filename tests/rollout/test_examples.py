@@ -1,0 +1,179 @@
+"""examples/tool_calling: the multi-turn generate function against the GenerateContext contract.
+
+`Scripted` is a deterministic in-process GenerateContext: its "policy" is a rule over
+the context (call the tool named in the prompt, then answer with the tool's result),
+and it honours max_new_tokens, stop_token_ids and aborts the way the engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.sample import SampleStatus
+from rlslurm.rollout.data import Prompt, PromptSource
+from rlslurm.rollout.filters import GroupCollector, zero_std_filter
+from rlslurm.rollout.generate_api import GenerateOutput, load_generate_fn, run_generate
+from rlslurm.rollout.rewards import RewardInput, load_reward_fn, score_group
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tool_calling"
+GENERATE = f"{EXAMPLE / 'generate.py'}:generate"
+REWARD = f"{EXAMPLE / 'reward.py'}:answer_reward"
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from rlslurm.tiny import tokenizer_json
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(tokenizer_json())),
+                                   bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
+
+
+TOK = tiny_tokenizer()
+
+
+class Scripted:
+    """Policy: prompt `NAME d d ... ?` -> `call NAME ( d d ... )`; after `result = X` ->
+    `answer X <eos>`. With sampling_seed odd it skips the tool and answers `answer 5`.
+    `abort_at=(call_no, n)`: that engine call is aborted after n tokens."""
+
+    def __init__(self, abort_at: tuple[int, int] | None = None):
+        self.tokenizer = TOK
+        self.abort_at = abort_at
+        self.calls: list[dict] = []
+
+    def _continuation(self, words: list[str], seed: int) -> list[str]:
+        # The rest of the current turn: what the policy wants minus what the context
+        # already holds of it (a resumed partial turn continues, it does not restart).
+        q = words.index("?")
+        name, args, after = words[0], words[1:q], words[q + 1 :]
+        if "result" in after:
+            j = len(after) - after[::-1].index("result") + 1  # past "result ="
+            digits = []
+            while j < len(after) and (after[j].isdigit() or after[j] == "?"):
+                digits.append(after[j])
+                j += 1
+            turn, full = after[j:], ["answer", *digits, "<eos>"]
+        elif seed % 2:
+            turn, full = after, ["answer", "5", "<eos>"]
+        else:  # what follows ")" is cut by the stop token
+            turn, full = after, ["call", name, "(", *args, ")", "answer", "9", "<eos>"]
+        assert full[: len(turn)] == turn, (turn, full)
+        return full[len(turn) :]
+
+    async def generate(self, input_ids, sampling_params) -> GenerateOutput:
+        self.calls.append(dict(sampling_params))
+        await asyncio.sleep(0)
+        words = TOK.convert_ids_to_tokens(input_ids)
+        want = TOK.convert_tokens_to_ids(self._continuation(words, sampling_params.get("sampling_seed", 0)))
+        stop = set(sampling_params.get("stop_token_ids", [])) | {TOK.eos_token_id}
+        out: list[int] = []
+        reason = "length"
+        for t in want:
+            if len(out) >= sampling_params["max_new_tokens"]:
+                break
+            out.append(t)
+            if self.abort_at and self.abort_at[0] == len(self.calls) and len(out) == self.abort_at[1]:
+                reason = "abort"
+                break
+            if t in stop:
+                reason = "stop"
+                break
+        return GenerateOutput(output_ids=out, output_logprobs=[-0.5] * len(out), finish_reason=reason,
+                              weight_version=len(self.calls))
+
+
+def prompt_for(text: str, label: str = "7") -> Prompt:
+    return Prompt(index=0, epoch=0, prompt=text, prompt_ids=TOK(text, add_special_tokens=False)["input_ids"],
+                  label=label, where="inline:1")
+
+
+def words(ids) -> list[str]:
+    return TOK.convert_ids_to_tokens(list(ids))
+
+
+def run(ctx, prompt, max_new=32, partial=None, seed=0):
+    fn = load_generate_fn(GENERATE)
+    return asyncio.run(run_generate(fn, ctx, prompt, {"max_new_tokens": max_new, "sampling_seed": seed}, partial))
+
+
+def test_tool_output_is_in_the_response_but_masked_out():
+    ctx = Scripted()
+    gen = run(ctx, prompt_for("add 3 4 ?"))
+    assert words(gen.response_ids) == ["call", "add", "(", "3", "4", ")", "result", "=", "7", "answer", "7", "<eos>"]
+    assert gen.loss_mask == [1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1]
+    assert gen.response_logprobs == [-0.5] * 6 + [0.0] * 3 + [-0.5] * 3
+    assert gen.status == SampleStatus.COMPLETED and gen.metadata["tool_calls"] == 1
+    assert gen.weight_version == 1  # oldest weights that wrote a trained token
+    # the second turn saw the tool result in its context, and the call ended on the stop token
+    assert len(ctx.calls) == 2 and TOK.convert_tokens_to_ids(")") in ctx.calls[0]["stop_token_ids"]
+    assert ctx.calls[1]["max_new_tokens"] == 32 - 9
+    text = TOK.decode(gen.response_ids, skip_special_tokens=True)
+    reward = load_reward_fn(REWARD)
+    assert asyncio.run(score_group([RewardInput("add 3 4 ?", text, "7")], reward)) == [1.0]
+    # copying the tool line is not an answer
+    assert asyncio.run(score_group([RewardInput("q", "result = 7", "7")], reward)) == [0.0]
+
+
+def test_multi_digit_results_and_unknown_tools():
+    gen = run(Scripted(), prompt_for("add 9 8 ?"))
+    assert words(gen.response_ids)[6:] == ["result", "=", "1", "7", "answer", "1", "7", "<eos>"]
+    gen = run(Scripted(), prompt_for("mul 2 3 ?"))
+    assert words(gen.response_ids)[6:9] == ["result", "=", "?"] and gen.loss_mask[6:9] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("max_new,expect_len", [(8, 6), (4, 4), (11, 11)])
+def test_max_new_tokens_bounds_the_whole_response(max_new, expect_len):
+    gen = run(Scripted(), prompt_for("add 3 4 ?"), max_new=max_new)
+    assert gen.status == SampleStatus.TRUNCATED and len(gen.response_ids) == expect_len <= max_new
+    # a tool result is appended whole or not at all
+    assert gen.loss_mask[6:] in ([], [0, 0, 0], [0, 0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("abort_at", [(1, 3), (1, 6), (2, 1)])
+def test_aborted_episode_resumes_from_its_tokens(abort_at):
+    full = run(Scripted(), prompt_for("add 3 4 ?"))
+    cut = run(Scripted(abort_at=abort_at), prompt_for("add 3 4 ?"))
+    assert cut.status == SampleStatus.ABORTED and 0 < len(cut.response_ids) < len(full.response_ids)
+    assert cut.response_ids == full.response_ids[: len(cut.response_ids)]
+    resumed_ctx = Scripted()
+    resumed = run(resumed_ctx, prompt_for("add 3 4 ?"), partial=cut.to_partial())
+    assert resumed.response_ids == full.response_ids and resumed.loss_mask == full.loss_mask
+    assert resumed.status == SampleStatus.COMPLETED
+    if abort_at == (1, 6):  # cut right after the call: the tool is answered before the next engine call
+        assert words(cut.response_ids)[-1] == ")" and len(resumed_ctx.calls) == 1
+
+
+def test_example_through_source_collector_and_reward(tmp_path):
+    src = PromptSource(EXAMPLE / "data.jsonl", tokenizer=TOK, shuffle=True, seed=3)
+    fn = load_generate_fn(GENERATE)
+    reward = load_reward_fn(REWARD)
+    ctx = Scripted()
+
+    async def run_group(prompt):
+        gens = await asyncio.gather(*(run_generate(fn, ctx, prompt, {"max_new_tokens": 24, "sampling_seed": k})
+                                      for k in range(4)))
+        items = [RewardInput(prompt.prompt, TOK.decode(g.response_ids, skip_special_tokens=True), prompt.label,
+                             where=prompt.where) for g in gens]
+        rewards = await score_group(items, reward)
+        samples = []
+        for k, (g, r) in enumerate(zip(gens, rewards)):
+            s = g.to_sample(prompt.prompt_ids, group_index=prompt.index, index=k, label=prompt.label)
+            s.reward = r
+            s.validate(f"{prompt.where} sample {k}")
+            samples.append(s)
+        return samples
+
+    out = asyncio.run(GroupCollector(src, run_group, rollout_batch_size=4, filters=[zero_std_filter]).collect())
+    assert len(out.groups) == 4
+    for prompt, group in zip(out.prompts, out.groups):
+        # even seeds use the tool and are right; odd seeds guess 5 (right only when the label is 5)
+        assert [s.scalar_reward for s in group] == [1.0, 0.0, 1.0, 0.0]
+        tool_sample = group[0]
+        assert tool_sample.metadata["tool_calls"] == 1 and 0 in tool_sample.loss_mask
+        assert list(group[1].loss_mask) == [1] * group[1].response_length
