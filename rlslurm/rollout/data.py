@@ -398,14 +398,14 @@ class PromptSource:
         _check_exists(self.path)
         self.format = _file_format(self.path)
         if num_epochs < 1:
-            raise ConfigError(f"--num-epochs must be >= 1, got {num_epochs}")
+            raise ConfigError(f"--num-epoch must be >= 1, got {num_epochs}")
         if max_prompt_len is not None and max_prompt_len < 1:
-            raise ConfigError(f"--rollout-max-prompt-len must be >= 1, got {max_prompt_len}")
+            raise ConfigError(f"--max-prompt-len must be >= 1, got {max_prompt_len}")
         self.tokenizer = _load_tokenizer(tokenizer)
         if apply_chat_template and self.tokenizer is None:
             raise ConfigError("--apply-chat-template needs a tokenizer (--hf-checkpoint)")
         if max_prompt_len is not None and self.tokenizer is None:
-            raise ConfigError("--rollout-max-prompt-len needs a tokenizer (--hf-checkpoint) to count prompt tokens")
+            raise ConfigError("--max-prompt-len needs a tokenizer (--hf-checkpoint) to count prompt tokens")
         self.input_key = input_key
         self.label_key = label_key
         self.metadata_key = metadata_key
@@ -524,7 +524,7 @@ class PromptSource:
             obj = self._records.read(record)
         except _BadRecord as e:
             if self.strict:
-                raise DataError(e.where, f"{e.message} (pass --lenient-data to skip bad lines)") from None
+                raise DataError(e.where, f"{e.message} (--no-data-strict counts and skips bad lines)") from None
             self.counters["malformed"] += 1
             if self.counters["malformed"] <= _MAX_LENIENT_WARNINGS:
                 log.warning("skipping malformed record %s: %s", e.where, e.message)
@@ -565,7 +565,7 @@ class PromptSource:
         if self.max_prompt_len is not None:
             if prompt_ids is None:
                 raise DataError(where, "prompt is a message list: its length cannot be checked against "
-                                       "--rollout-max-prompt-len without --apply-chat-template")
+                                       "--max-prompt-len without --apply-chat-template")
             if len(prompt_ids) > self.max_prompt_len:
                 self.counters["filtered_long"] += 1
                 return None

@@ -166,7 +166,7 @@ class GroupCollector:
                         drops[verdict.reason or "filtered"] += 1
             if len(kept) < target and not exhausted and self.max_groups is not None:
                 raise DynamicSamplingStalled(
-                    f"dynamic sampling drew {counts['drawn']} groups (--max-groups-per-rollout) and kept only "
+                    f"dynamic sampling drew {counts['drawn']} groups (the limit for one rollout) and kept only "
                     f"{len(kept)} of {target}; drops: {dict(drops)}. The rewards of most groups do not vary: check "
                     "the reward function, or the task is too easy or too hard for the model"
                 )

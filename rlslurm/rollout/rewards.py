@@ -238,11 +238,20 @@ class RewardFn:
     name: str = ""
 
 
-def _builtin(name: str, rule: Callable[[str, Any], float]) -> RewardFn:
+RULES: dict[str, Callable[[str, Any], float]] = {"exact": exact_reward, "math": math_reward}
+
+
+def _builtin(name: str) -> RewardFn:
+    # A record's metadata may pick another rule (`{"rm_type": "exact"}`), so one prompt
+    # file can mix math problems with short-answer questions.
     def per_sample(item: RewardInput) -> float:
+        rm_type = item.metadata.get("rm_type", name) if isinstance(item.metadata, dict) else name
+        rule = RULES.get(rm_type)
+        if rule is None:
+            raise RewardError(f"{item.where or 'prompt'}: metadata rm_type {rm_type!r} is not one of {sorted(RULES)}")
         return rule(item.response, item.label)
 
-    return RewardFn(per_sample, group=False, name=name)
+    return RewardFn(per_sample, group=False, name=f"--rm-type {name}")
 
 
 def load_reward_fn(spec: str, *, group: bool | None = None) -> RewardFn:
@@ -262,10 +271,8 @@ def build_reward_fn(rm_type: str | None = None, *, custom_rm_path: str | None = 
     """The reward function the flags ask for (a custom path wins over --rm-type)."""
     if custom_rm_path:
         return load_reward_fn(custom_rm_path, group=group_rm)
-    if rm_type == "exact":
-        return _builtin("exact", exact_reward)
-    if rm_type == "math":
-        return _builtin("math", math_reward)
+    if rm_type in RULES:
+        return _builtin(rm_type)
     if rm_type == "remote":
         if not rm_url:
             raise ConfigError("--rm-type remote needs --rm-url")

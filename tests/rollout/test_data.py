@@ -105,7 +105,7 @@ def test_malformed_line_strict_names_file_and_line(tmp_path):
     assert labels(src.take(3)) == ["0", "1", "2"]
     with pytest.raises(DataError) as e:
         src.take(1)
-    assert e.value.where == f"{path}:4" and "invalid JSON" in str(e.value)
+    assert e.value.where == f"{path}:4" and "invalid JSON" in str(e.value) and "--no-data-strict" in str(e.value)
 
 
 def test_malformed_line_lenient_is_counted_and_skipped(tmp_path):
@@ -158,7 +158,7 @@ def test_bad_paths_and_flags(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", qa(2))
     with pytest.raises(ConfigError, match="--apply-chat-template needs a tokenizer"):
         PromptSource(path, apply_chat_template=True)
-    with pytest.raises(ConfigError, match="--rollout-max-prompt-len needs a tokenizer"):
+    with pytest.raises(ConfigError, match="--max-prompt-len needs a tokenizer"):
         PromptSource(path, max_prompt_len=4)
 
 

@@ -333,3 +333,13 @@ def test_builtin_reward_dispatch():
     assert asyncio.run(score_group([item(r"\boxed{0.5}", "1/2"), item("nope", "1/2")], fn)) == [1.0, 0.0]
     fn = build_reward_fn("exact")
     assert asyncio.run(score_group([item("yes"), item("no")], fn)) == [1.0, 0.0]
+
+
+def test_metadata_can_pick_the_rule_per_record():
+    fn = build_reward_fn("math")
+    items = [RewardInput("q", r"\boxed{0.5}", "1/2"), RewardInput("q", r"\boxed{0.5}", "1/2", {"rm_type": "exact"}),
+             RewardInput("q", "Paris", "Paris", {"rm_type": "exact"})]
+    assert asyncio.run(score_group(items, fn)) == [1.0, 0.0, 1.0]
+    bad = RewardInput("q", "x", "y", {"rm_type": "llm_judge"}, where="d.jsonl:9")
+    with pytest.raises(RewardError, match=r"d.jsonl:9: metadata rm_type 'llm_judge' is not one of"):
+        asyncio.run(score_group([bad], fn))
