@@ -1,0 +1,39 @@
+"""Suite-wide fixtures. Only the SLURM cluster lives here; area-specific fixtures belong in
+conftest.py files of their own test subdirectories."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+try:
+    from slurm_cluster import SlurmCluster
+except ImportError:  # tests/ became a package: rootdir-relative import
+    from tests.slurm_cluster import SlurmCluster
+
+
+def _slurm_required() -> bool:
+    """In CI (or when asked) SLURM tests must run: a cluster that cannot boot is an ERROR."""
+    ci = os.environ.get("CI", "").strip().lower()
+    return ci not in ("", "0", "false", "no") or os.environ.get("RLSLURM_REQUIRE_SLURM") == "1"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """A real SLURM cluster on this host (tests/slurm_cluster/boot.sh), booted once per
+    session and stopped (by pid) at the end. Jobs run as root on this machine."""
+    if os.geteuid() != 0:
+        reason = "the SLURM test cluster needs root (it starts munged/slurmctld/slurmd and writes /etc/slurm)"
+        if _slurm_required():
+            pytest.fail(f"{reason}; CI/RLSLURM_REQUIRE_SLURM=1 forbids skipping", pytrace=False)
+        pytest.skip(f"{reason}; run as root or set CI=1 to make this an error")
+    cluster = SlurmCluster()
+    # A boot failure raises here, which pytest reports as an ERROR of every SLURM test:
+    # with root available the cluster is expected to come up, CI or not.
+    cluster.boot()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
