@@ -8,7 +8,7 @@ and no rank holds a full model.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,11 +40,13 @@ def _plan(model: torch.nn.Module, mc: ModelConfig):
 
 
 def load_hf_checkpoint(model: torch.nn.Module, mc: ModelConfig, hf_dir: str | Path, *,
-                       check_config: bool = True) -> dict[str, Any]:
+                       check_config: bool = True,
+                       progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """Copy the HF checkpoint in `hf_dir` into `model` (this rank's shards); returns a summary.
 
     `config.json` is checked against `mc` first (ConfigError naming the field). Every parameter
     of the model must be covered and every shape must agree (errors name the tensor).
+    `progress(name, total)` is called after each tensor (progress bars).
     """
     if check_config:
         check_hf_config(mc, hf_dir)
@@ -65,4 +67,6 @@ def load_hf_checkpoint(model: torch.nn.Module, mc: ModelConfig, hf_dir: str | Pa
             dst.data.copy_(local.to(dst.dtype))
             n += 1
             nbytes += dst.numel() * dst.element_size()
+            if progress is not None:
+                progress(name, len(targets))
     return {"tensors": n, "bytes": nbytes, "tp_rank": ranks.tp_rank, "ep_rank": ranks.ep_rank}

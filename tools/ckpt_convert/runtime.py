@@ -1,0 +1,117 @@
+"""Process setup shared by both conversion directions: torch.distributed (gloo on CPU, NCCL on
+GPU), megatron's parallel state, the model, and the converter's metadata file.
+
+The converter runs one process per model-parallel rank: world size = TP x PP x EP (data
+parallelism is only the EP dimension, experts being spread over it). Started without torchrun it
+is a single process (TP=PP=EP=1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.model_config import ModelConfig
+
+META_NAME = "rlslurm_model.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class Runtime:
+    rank: int
+    world: int
+    tp: int
+    pp: int
+    ep: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+def init(tp: int, pp: int, ep: int) -> Runtime:
+    """Start torch.distributed + megatron parallel state for the requested sizes."""
+    for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        if v < 1:
+            raise ConfigError(f"{flag}={v}: must be >= 1")
+    if "RANK" not in os.environ:  # plain `python -m tools.ckpt_convert`: one process
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    world = int(os.environ["WORLD_SIZE"])
+    if world != tp * pp * ep:
+        raise ConfigError(
+            f"--tp {tp} --pp {pp} --ep {ep} needs {tp * pp * ep} processes "
+            f"(torchrun --nproc_per_node {tp * pp * ep}), got WORLD_SIZE={world}"
+        )
+    from rlslurm.trainer import cpu_shim
+
+    cpu_shim.apply()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 expert_model_parallel_size=ep)
+    model_parallel_cuda_manual_seed(1234)
+    return Runtime(dist.get_rank(), world, tp, pp, ep)
+
+
+def shutdown() -> None:
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def build(mc: ModelConfig, rt: Runtime, dtype: torch.dtype, vocab_size_padded: int | None = None):
+    """This rank's GPTModel chunk (first/last pipeline stages carry embedding/output)."""
+    from megatron.core import parallel_state as ps
+
+    from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
+
+    tcfg = transformer_config(mc, params_dtype=dtype, tp=rt.tp, pp=rt.pp, ep=rt.ep, cp=1, overrides={})
+    vpad = vocab_size_padded or padded_vocab_size(mc.arch.vocab_size, rt.tp)
+    if vpad % rt.tp:
+        raise ConfigError(f"--tp {rt.tp}: the checkpoint's padded vocabulary {vpad} is not divisible by it")
+    model = build_gpt_model(mc, tcfg, vocab_size_padded=vpad,
+                            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+    model.eval()
+    return model, vpad
+
+
+def write_meta(ckpt_dir: Path, meta: dict[str, Any]) -> None:
+    tmp = ckpt_dir / f".{META_NAME}.tmp"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, ckpt_dir / META_NAME)
+
+
+def read_meta(ckpt_dir: Path) -> dict[str, Any]:
+    path = ckpt_dir / META_NAME
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(str(path), f"invalid JSON: {e}") from None
