@@ -250,11 +250,13 @@ class _JsonlRecords:
 
     def read(self, i: int) -> dict[str, Any] | None:
         """The record's object, None for a whitespace-only line; _BadRecord if unparseable."""
-        self._fh.seek(int(self.offsets[i]))
+        offset = int(self.offsets[i])
+        self._fh.seek(offset)
         raw = self._fh.readline()
         where = self.where(i)
         try:
-            text = raw.decode("utf-8")
+            # editors on Windows start files with a byte-order mark; json.loads rejects it
+            text = raw.decode("utf-8-sig" if offset == 0 else "utf-8")
         except UnicodeDecodeError as e:
             raise _BadRecord(where, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
         if not text.strip():

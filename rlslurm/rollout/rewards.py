@@ -13,6 +13,8 @@ that is a bug to fix, not a sample to score.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import inspect
 import logging
 import math
@@ -105,6 +107,15 @@ def _mv_timeout() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str, timeout: int | None) -> tuple[Any, ...]:
+    # LaTeX parsing costs milliseconds and dominates; the n samples of a group share a
+    # label and often an answer, so most parses repeat. Parsed sympy objects are immutable.
+    from math_verify import parse
+
+    return tuple(parse(text, parsing_timeout=timeout))
+
+
 def math_reward(response: str, label: Any) -> float:
     """1.0 when the response's final answer is mathematically equal to the label.
 
@@ -113,7 +124,7 @@ def math_reward(response: str, label: Any) -> float:
     LaTeX forms, units and percent signs, sets and intervals compare by value.
     """
     try:
-        from math_verify import parse, verify
+        from math_verify import verify
 
         if not isinstance(response, str) or label is None or not response.strip():
             return 0.0
@@ -121,20 +132,20 @@ def math_reward(response: str, label: Any) -> float:
         gold_text = str(label).strip()
         if not gold_text:
             return 0.0
+        boxed = last_boxed(response)
+        if boxed is not None and _normalize_exact(boxed) == _normalize_exact(gold_text):
+            return 1.0  # the same text is the same value: skip parsing
         # A bare label ("1/2", "\\frac{1}{2}") parses most reliably as LaTeX in a box.
         if "\\boxed" not in gold_text and "$" not in gold_text:
             gold_text = f"\\boxed{{{gold_text}}}"
-        gold = parse(gold_text, parsing_timeout=timeout)
-        if not gold:
-            gold = parse(str(label), parsing_timeout=timeout)
+        gold = _parse(gold_text, timeout) or _parse(str(label), timeout)
         if not gold:
             return 0.0
-        boxed = last_boxed(response)
         pred_text = f"\\boxed{{{boxed}}}" if boxed is not None else response[-_MATH_TAIL_CHARS:]
-        pred = parse(pred_text, parsing_timeout=timeout)
+        pred = _parse(pred_text, timeout)
         if not pred:
             return 0.0
-        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+        return 1.0 if verify(list(gold), list(pred), timeout_seconds=timeout) else 0.0
     except Exception as e:  # model garbage must never stop a rollout
         log.debug("math_reward: %s: %s", type(e).__name__, e)
         return 0.0
@@ -241,17 +252,37 @@ class RewardFn:
 RULES: dict[str, Callable[[str, Any], float]] = {"exact": exact_reward, "math": math_reward}
 
 
-def _builtin(name: str) -> RewardFn:
-    # A record's metadata may pick another rule (`{"rm_type": "exact"}`), so one prompt
-    # file can mix math problems with short-answer questions.
-    def per_sample(item: RewardInput) -> float:
-        rm_type = item.metadata.get("rm_type", name) if isinstance(item.metadata, dict) else name
+@dataclass(frozen=True)
+class RuleReward:
+    """A built-in rule as a per-sample function. A module-level class (not a closure) so
+    that it pickles into a process pool (see `reward_executor`).
+
+    A record's metadata may pick another rule (`{"rm_type": "exact"}`), so one prompt
+    file can mix math problems with short-answer questions.
+    """
+
+    name: str
+
+    def __call__(self, item: RewardInput) -> float:
+        rm_type = item.metadata.get("rm_type", self.name) if isinstance(item.metadata, dict) else self.name
         rule = RULES.get(rm_type)
         if rule is None:
             raise RewardError(f"{item.where or 'prompt'}: metadata rm_type {rm_type!r} is not one of {sorted(RULES)}")
         return rule(item.response, item.label)
 
-    return RewardFn(per_sample, group=False, name=f"--rm-type {name}")
+
+def _builtin(name: str) -> RewardFn:
+    return RewardFn(RuleReward(name), group=False, name=f"--rm-type {name}")
+
+
+def reward_executor(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A process pool for CPU-bound per-sample rewards (math-verify parses LaTeX with
+    sympy at a few ms a sample): pass it to `score_group` to keep the driver's event loop
+    free and use the rollout node's cores. Workers are spawned, not forked, because the
+    driver has threads (HTTP clients) that a fork would copy mid-operation."""
+    import multiprocessing
+
+    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def load_reward_fn(spec: str, *, group: bool | None = None) -> RewardFn:
@@ -280,6 +311,11 @@ def build_reward_fn(rm_type: str | None = None, *, custom_rm_path: str | None = 
     raise ConfigError(f"--rm-type {rm_type!r}: choose one of {', '.join(BUILTIN_REWARDS)} or set --custom-rm-path")
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)) \
+        or isinstance(fn, RemoteRM)
+
+
 async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
@@ -306,8 +342,13 @@ def check_reward(value: Any, *, reward_key: str | None, name: str, where: str) -
 
 
 async def score_group(items: Sequence[RewardInput], reward_fn: RewardFn | Callable[..., Any], *,
-                      reward_key: str | None = None) -> list[Reward]:
-    """Score one group's samples; returns one validated reward per item, in order."""
+                      reward_key: str | None = None,
+                      executor: concurrent.futures.Executor | None = None) -> list[Reward]:
+    """Score one group's samples; returns one validated reward per item, in order.
+
+    With `executor`, a sync per-sample function runs there (it must pickle for a
+    process pool: a module-level function or `RuleReward`); async ones stay on the loop.
+    """
     rf = reward_fn if isinstance(reward_fn, RewardFn) else RewardFn(
         reward_fn, group=bool(getattr(reward_fn, "group_reward", False)),
         name=getattr(reward_fn, "__name__", "reward function"))
@@ -321,6 +362,9 @@ async def score_group(items: Sequence[RewardInput], reward_fn: RewardFn | Callab
                 got = f"{len(raw)} rewards" if isinstance(raw, Sequence) else type(raw).__name__
                 raise RewardError(f"{rf.name}: per-group reward must return one reward per sample "
                                   f"({len(items)}), got {got}")
+        elif executor is not None and not _is_async(rf.fn):
+            loop = asyncio.get_running_loop()
+            raw = await asyncio.gather(*(loop.run_in_executor(executor, rf.fn, it) for it in items))
         else:
             raw = await asyncio.gather(*(_maybe_await(rf.fn(it)) for it in items))
     except RewardError:

@@ -83,6 +83,15 @@ def test_no_shuffle_keeps_file_order_and_skips_blank_lines(tmp_path):
     assert src.counters["blank"] == 1  # the whitespace-only line; the empty one is not indexed
 
 
+def test_byte_order_mark_and_bad_utf8(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a", "label": 1}\n{"prompt": "\xff", "label": 2}\n')
+    src = PromptSource(path, shuffle=False)
+    assert src.take(1)[0].prompt == "a"
+    with pytest.raises(DataError, match=r"d.jsonl:2: not valid UTF-8"):
+        src.take(1)
+
+
 def test_large_file_is_indexed_not_loaded(tmp_path):
     n = 20000
     path = tmp_path / "big.jsonl"

@@ -343,3 +343,16 @@ def test_metadata_can_pick_the_rule_per_record():
     bad = RewardInput("q", "x", "y", {"rm_type": "llm_judge"}, where="d.jsonl:9")
     with pytest.raises(RewardError, match=r"d.jsonl:9: metadata rm_type 'llm_judge' is not one of"):
         asyncio.run(score_group([bad], fn))
+
+
+def test_rewards_in_a_process_pool_match_inline():
+    from rlslurm.rollout.rewards import reward_executor
+
+    items = [RewardInput("q", resp, label, where=f"d.jsonl:{i}") for i, (resp, label, _) in enumerate(MATH_CASES)]
+    expected = [e for _, _, e in MATH_CASES]
+    fn = build_reward_fn("math")
+    with reward_executor(2) as pool:
+        assert asyncio.run(score_group(items, fn, executor=pool)) == expected
+        bad = RewardInput("q", "x", "y", {"rm_type": "nope"}, where="d.jsonl:3")
+        with pytest.raises(RewardError, match="d.jsonl:3: metadata rm_type 'nope'"):
+            asyncio.run(score_group([bad], fn, executor=pool))
