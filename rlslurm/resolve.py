@@ -147,10 +147,10 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     elif not r.engines_per_node:
         raise ConfigError("--device cpu needs --engines-per-node (how many SGLang servers each rollout node runs)")
 
-    if t.use_kl_loss and t.kl_coef > 0:
+    if t.use_kl_loss and t.kl_loss_coef > 0 and t.kl_coef > 0:
         raise ConfigError("--use-kl-loss (with --kl-loss-coef) and --kl-coef (KL-shaped rewards) are exclusive: pick one")
-    if t.eps_clip >= 1:
-        raise ConfigError(f"--eps-clip {t.eps_clip} must be < 1")
+    if t.eps_clip > 1:
+        raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
     if r.rm_type == "remote" and not r.rm_url and not r.custom_rm_path:
         raise ConfigError("--rm-type remote needs --rm-url")
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
