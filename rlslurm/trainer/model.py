@@ -252,6 +252,26 @@ def _mlp_with_post_norm(base: type) -> type:
                 out, bias = out + bias, None
             return self.post_mlp_layernorm(out), bias
 
+        def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+            # MLP.sharded_state_dict asks every child for its own sharded_state_dict, which a plain
+            # torch norm lacks: take the norm out, then add it as a replicated tensor.
+            from megatron.core.transformer.utils import sharded_state_dict_default
+
+            norm = self._modules.pop("post_mlp_layernorm")
+            try:
+                sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+            finally:
+                self._modules["post_mlp_layernorm"] = norm
+            kw: dict[str, Any] = {}
+            if "tp_group" in inspect.signature(sharded_state_dict_default).parameters:
+                # Without it every TP rank claims to be the main replica of the norm.
+                from megatron.core import parallel_state as ps
+
+                kw["tp_group"] = getattr(self, "tp_group", None) or ps.get_tensor_model_parallel_group()
+            sd.update(sharded_state_dict_default(norm, f"{prefix}post_mlp_layernorm.", sharded_offsets,
+                                                 metadata, **kw))
+            return sd
+
     return MLPWithPostNorm
 
 
