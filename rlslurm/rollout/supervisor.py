@@ -1,0 +1,326 @@
+"""Keeps one node's SGLang servers alive and registered with the router.
+
+`EngineSupervisor.start()` launches every engine at once (a CPU server takes ~30 s to start,
+and they start in parallel), waits for each to be healthy, registers each with the router
+(`POST /workers` with the api key, so the router can call the keyed server) and waits until
+the router itself reports them healthy. A background thread then checks every engine each
+`health_interval_s`:
+
+- process gone (kill -9, OOM)        -> restart at once;
+- `/health` failing `unhealthy_after` times in a row (hung, SIGSTOPped) -> restart.
+
+A restart is: SIGKILL the process tree, DELETE the worker from the router (it would otherwise
+only be marked healthy again after the router's own health interval), start on the same
+ports, wait healthy, POST it again, wait until the router routes to it; then the restart is
+counted and `on_restart` / `on_change` are called. Each restart runs in its own thread, so a
+slow restart does not delay detecting a second failure. In-flight requests on a dying engine
+are retried by the router on the others (router retries are on).
+
+A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
+(shared/sglang-notes.md), so the weight sync wraps each update in `pause_health_checks()`:
+no check or restart starts inside it, and entering it waits for restarts in progress to
+finish, so an update never starts against a half-restarted engine. `restarts_total` lets
+the weight sync notice that an engine was restarted (and must re-join the update group).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from rlslurm.rollout.engine import EngineProcess, EngineSpec, EngineStartError
+from rlslurm.rollout.router import RouterError, RouterProcess
+from rlslurm.rollout.sglang_client import health_sync
+
+if TYPE_CHECKING:
+    from rlslurm.buffer.control import Control
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the rest of the system needs to know about one engine (control files, metrics)."""
+
+    name: str
+    url: str
+    host: str
+    port: int
+    nccl_port: int
+    base_gpu_id: int
+    tp_size: int
+    device: str
+    pid: int | None
+    healthy: bool
+    restarts: int
+    worker_id: str | None
+
+
+@dataclass(frozen=True)
+class RestartEvent:
+    engine: str
+    url: str
+    reason: str              # "exited (code -9)", "unresponsive (3 failed health checks)", ...
+    restarts: int            # this engine's restart count after this restart
+    downtime_s: float        # from detection to routed again
+    ok: bool                 # False: the restart attempt itself failed (it will be retried)
+    error: str | None = None
+
+
+OnChange = Callable[[list[EngineInfo]], None]
+OnRestart = Callable[[RestartEvent], None]
+
+
+class _Slot:
+    """Supervisor-side state of one engine."""
+
+    def __init__(self, spec: EngineSpec):
+        self.proc = EngineProcess(spec)
+        self.worker_id: str | None = None
+        self.healthy = False
+        self.restarts = 0
+        self.failures = 0
+        self.restarting = False
+
+
+class EngineSupervisor:
+    def __init__(self, specs: list[EngineSpec], router: RouterProcess, *,
+                 health_interval_s: float = 10.0, health_timeout_s: float = 10.0, unhealthy_after: int = 3,
+                 start_timeout_s: float = 600.0, register_timeout_s: float = 60.0,
+                 restart_backoff_s: float = 5.0,
+                 on_change: OnChange | None = None, on_restart: OnRestart | None = None):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names) or len({s.url for s in specs}) != len(specs):
+            raise ValueError(f"engine names and urls must be unique: {names}")
+        self.router = router
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.unhealthy_after = unhealthy_after
+        self.start_timeout_s = start_timeout_s
+        self.register_timeout_s = register_timeout_s
+        self.restart_backoff_s = restart_backoff_s
+        self.on_change = on_change
+        self.on_restart = on_restart
+        self._slots = [_Slot(s) for s in specs]
+        self._cond = threading.Condition()
+        self._paused = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._restart_threads: list[threading.Thread] = []
+
+    # --- public view ----------------------------------------------------------------------
+    @property
+    def urls(self) -> list[str]:
+        return [s.proc.url for s in self._slots]
+
+    @property
+    def restarts_total(self) -> int:
+        return sum(s.restarts for s in self._slots)
+
+    def engines(self) -> list[EngineInfo]:
+        with self._cond:
+            return [self._info(s) for s in self._slots]
+
+    def process(self, name: str) -> EngineProcess:
+        for s in self._slots:
+            if s.proc.spec.name == name:
+                return s.proc
+        raise KeyError(name)
+
+    @staticmethod
+    def _info(s: _Slot) -> EngineInfo:
+        sp = s.proc.spec
+        return EngineInfo(name=sp.name, url=sp.url, host=sp.host, port=sp.port, nccl_port=sp.nccl_port,
+                          base_gpu_id=sp.base_gpu_id, tp_size=sp.tp_size, device=sp.device, pid=s.proc.pid,
+                          healthy=s.healthy and not s.restarting, restarts=s.restarts, worker_id=s.worker_id)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(self.engines())
+            except Exception:  # a failing observer must not take the supervisor down
+                log.exception("engine supervisor: on_change callback failed")
+
+    # --- start / stop ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Start and register every engine, then begin health checking. On failure every
+        engine already started is killed and the error (with the server's log tail) raised."""
+        try:
+            for s in self._slots:
+                s.proc.start()
+            deadline = time.monotonic() + self.start_timeout_s
+            for s in self._slots:
+                took = s.proc.wait_healthy(max(1.0, deadline - time.monotonic()))
+                log.info("%s healthy at %s after %.1f s", s.proc.spec.name, s.proc.url, took)
+            for s in self._slots:
+                s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
+            ids = self.router.wait_workers_healthy(self.urls, self.register_timeout_s)
+            with self._cond:
+                for s in self._slots:
+                    s.worker_id = ids[s.proc.url]
+                    s.healthy = True
+        except BaseException:
+            self._kill_all()
+            raise
+        self._changed()
+        self._thread = threading.Thread(target=self._loop, name="engine-supervisor", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop checking and kill every engine (the router is the caller's)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=self.health_timeout_s + 5)
+        for t in list(self._restart_threads):
+            t.join(timeout=self.start_timeout_s + self.register_timeout_s)
+        self._kill_all()
+        with self._cond:
+            for s in self._slots:
+                s.healthy = False
+
+    def _kill_all(self) -> None:
+        for s in self._slots:
+            try:
+                s.proc.kill_tree()
+            except Exception:
+                log.exception("%s: kill_tree failed", s.proc.spec.name)
+
+    def __enter__(self) -> "EngineSupervisor":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- weight-update bracket ------------------------------------------------------------
+    @contextmanager
+    def pause_health_checks(self) -> Iterator[None]:
+        """No health check or restart starts while inside; entering waits for restarts in
+        progress. Nestable and usable from any thread."""
+        with self._cond:
+            self._paused += 1
+            while any(s.restarting for s in self._slots) and not self._stop.is_set():
+                self._cond.wait(timeout=1.0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                for s in self._slots:
+                    s.failures = 0  # checks that failed just before the pause say nothing now
+                self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused > 0
+
+    # --- health loop ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.health_interval_s):
+            for s in self._slots:
+                with self._cond:
+                    if self._paused or s.restarting or self._stop.is_set():
+                        continue
+                reason = self._check(s)
+                if reason is None:
+                    continue
+                with self._cond:
+                    # a pause may have begun while we were checking: its broadcast is the likely cause
+                    if self._paused or self._stop.is_set():
+                        s.failures = 0
+                        continue
+                    s.restarting = True
+                    s.healthy = False
+                t = threading.Thread(target=self._restart, args=(s, reason), name=f"restart-{s.proc.spec.name}",
+                                     daemon=True)
+                self._restart_threads = [x for x in self._restart_threads if x.is_alive()] + [t]
+                t.start()
+
+    def _check(self, s: _Slot) -> str | None:
+        """None if the engine is fine, else why it must be restarted."""
+        if not s.proc.is_alive():
+            code = s.proc.proc.returncode if s.proc.proc else None
+            return f"exited (code {code})"
+        if health_sync(s.proc.url, timeout=self.health_timeout_s):
+            s.failures = 0
+            return None
+        s.failures += 1
+        log.warning("%s: health check failed (%d/%d)", s.proc.spec.name, s.failures, self.unhealthy_after)
+        if s.failures >= self.unhealthy_after:
+            return f"unresponsive ({s.failures} failed health checks)"
+        return None
+
+    def _restart(self, s: _Slot, reason: str) -> None:
+        name = s.proc.spec.name
+        t0 = time.monotonic()
+        log.warning("%s (%s): %s; restarting", name, s.proc.url, reason)
+        self._changed()
+        while not self._stop.is_set():
+            try:
+                s.proc.kill_tree()
+                self._deregister(s)
+                s.proc.start()
+                s.proc.wait_healthy(self.start_timeout_s)
+                s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
+                s.worker_id = self.router.wait_workers_healthy([s.proc.url], self.register_timeout_s)[s.proc.url]
+            except (EngineStartError, RouterError, OSError) as e:
+                if self._stop.is_set():
+                    break
+                log.error("%s: restart failed: %s", name, e)
+                self._emit(RestartEvent(name, s.proc.url, reason, s.restarts, time.monotonic() - t0, False, str(e)))
+                self._stop.wait(self.restart_backoff_s)
+                continue
+            with self._cond:
+                s.restarts += 1
+                s.failures = 0
+                s.healthy = True
+                s.restarting = False
+                self._cond.notify_all()
+            self._emit(RestartEvent(name, s.proc.url, reason, s.restarts, time.monotonic() - t0, True))
+            self._changed()
+            return
+        with self._cond:
+            s.restarting = False
+            self._cond.notify_all()
+
+    def _deregister(self, s: _Slot) -> None:
+        """Remove every router entry for this url (the old id, and any stale duplicate)."""
+        try:
+            ids = set(self.router.worker_ids(s.proc.url))
+        except RouterError:
+            ids = set()
+        if s.worker_id:
+            ids.add(s.worker_id)
+        for wid in ids:
+            try:
+                self.router.remove_worker(wid)
+            except RouterError as e:
+                log.warning("%s: removing router worker %s: %s", s.proc.spec.name, wid, e)
+        s.worker_id = None
+
+    def _emit(self, ev: RestartEvent) -> None:
+        if self.on_restart is not None:
+            try:
+                self.on_restart(ev)
+            except Exception:
+                log.exception("engine supervisor: on_restart callback failed")
+
+
+def control_publisher(control: "Control", node: str) -> OnChange:
+    """An `on_change` that writes this node's engines into RUN/control/engines.json."""
+    from rlslurm.buffer.control import EngineRecord
+
+    def publish(infos: list[EngineInfo]) -> None:
+        control.write_engines([
+            EngineRecord(url=i.url, node=node,
+                         gpu_ids=[] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size)),
+                         pid=i.pid, healthy=i.healthy, restarts=i.restarts)
+            for i in infos])
+
+    return publish

@@ -1,0 +1,86 @@
+"""One real CPU SGLang deployment shared by tests/rollout/test_engines.py: two fp32 servers
+(one pinned core each) behind the real sglang-router, under the real EngineSupervisor.
+
+Started once per session (~30-40 s on 2 cores); torn down by pid/process group, and the
+teardown checks that nothing it started is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class Deployment:
+    model_path: Path
+    api_key: str
+    router: object            # RouterProcess
+    supervisor: object        # EngineSupervisor
+    changes: list = field(default_factory=list)   # on_change payloads
+    restarts: list = field(default_factory=list)  # RestartEvents
+    log_dir: Path | None = None
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from rlslurm.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(load_model_config("tiny-qwen3"), tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def deployment(tmp_path_factory, tiny_model) -> Deployment:
+    from rlslurm.rollout import sglang_cpu
+
+    if sglang_cpu.installed_sglang_version() is None:
+        pytest.skip("sglang is not installed (tools/install.sh installs it)")
+    from rlslurm.net import engine_port_block, free_port
+    from rlslurm.rollout.engine import EngineSpec
+    from rlslurm.rollout.router import RouterProcess
+    from rlslurm.rollout.supervisor import EngineSupervisor
+
+    logs = tmp_path_factory.mktemp("rollout-logs")
+    key = secrets.token_urlsafe(24)
+    host = "127.0.0.1"
+    ports = engine_port_block(host, 2)
+    ncpu = os.cpu_count() or 1
+    specs = [EngineSpec(name=f"engine-{i}", model_path=str(tiny_model), host=host, port=p.port,
+                        nccl_port=p.nccl_port, log_path=logs / f"engine-{i}.log", api_key=key,
+                        dtype="float32", device="cpu", cpu_core=i % ncpu, max_total_tokens=8192,
+                        extra_args=("--random-seed", str(i)))
+             for i, p in enumerate(ports)]
+    router = RouterProcess(host=host, port=free_port(host), log_path=logs / "router.log", api_key=key,
+                           health_check_interval_s=2)
+    dep = Deployment(model_path=tiny_model, api_key=key, router=router, supervisor=None, log_dir=logs)
+    sup = EngineSupervisor(specs, router, health_interval_s=1.0, health_timeout_s=3.0, unhealthy_after=2,
+                           start_timeout_s=300, restart_backoff_s=2.0,
+                           on_change=dep.changes.append, on_restart=dep.restarts.append)
+    dep.supervisor = sup
+    router.start()
+    try:
+        sup.start()
+    except BaseException:
+        router.close()
+        raise
+    yield dep
+    pgids = [s.proc.pid for s in sup._slots if s.proc.proc is not None] + [router.proc.pid]
+    sup.close()
+    router.close()
+    left = [p for p in (int(d) for d in os.listdir("/proc") if d.isdigit()) if _in_groups(p, pgids)]
+    assert not left, f"processes left running after teardown: {left}"
+
+
+def _in_groups(pid: int, pgids: list[int]) -> bool:
+    try:
+        if os.getpgid(pid) not in pgids:
+            return False
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

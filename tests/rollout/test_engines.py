@@ -1,0 +1,351 @@
+"""Engines, router and supervisor: the CPU shim pieces on their own, then a real deployment
+(two real SGLang servers on CPU behind the real sglang-router, see conftest.py).
+
+Server tests run in file order on one shared deployment; the two restart tests come last
+because they restart engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from rlslurm.errors import ConfigError
+from rlslurm.net import allocate_ports, engine_port_block, free_port, node_ip
+from rlslurm.rollout import sglang_cpu
+from rlslurm.rollout.engine import ENV_API_KEY, EngineSpec
+from rlslurm.rollout.router import RouterProcess
+from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+
+
+def _spec(tmp_path, **kw) -> EngineSpec:
+    base = dict(name="engine-0", model_path="/models/m", host="10.1.2.3", port=31000, nccl_port=31001,
+                log_path=tmp_path / "e.log", api_key="sekret", dtype="float32", device="cpu")
+    base.update(kw)
+    return EngineSpec(**base)
+
+
+# --- no servers --------------------------------------------------------------------------------
+def test_spec_argv_has_every_flag_and_never_the_key(tmp_path):
+    spec = _spec(tmp_path, base_gpu_id=2, tp_size=2, cpu_core=1,
+                 extra_args=("--max-running-requests", "7", "--max-total-tokens=999"))
+    argv = spec.argv()
+    assert argv[:3] == ["taskset", "-c", "1"]
+    assert all(isinstance(a, str) for a in argv)
+    joined = " ".join(argv)
+    for flag in ("--model-path /models/m", "--host 10.1.2.3", "--port 31000", "--nccl-port 31001",
+                 "--base-gpu-id 2", "--tp-size 2", "--dtype float32", "--device cpu",
+                 "--attention-backend torch_native", "--sampling-backend pytorch", "--sleep-on-idle",
+                 "--max-running-requests 7"):
+        assert flag in joined, flag
+    # passthrough flags come last so that they override the CPU defaults (argparse: last wins)
+    assert argv[-1] == "--max-total-tokens=999" and joined.index("--max-total-tokens 16384") < len(joined) - 30
+    assert "sekret" not in joined
+    env = spec.env({"PATH": "/bin", ENV_API_KEY: "stale"}, tmpdir="/tmp/x")
+    assert env[ENV_API_KEY] == "sekret" and env["TMPDIR"] == "/tmp/x" and env["OMP_NUM_THREADS"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(sglang_cpu.STUBS_DIR)
+    assert ENV_API_KEY not in _spec(tmp_path, api_key=None).env({ENV_API_KEY: "stale"})
+    assert _spec(tmp_path, host="::1").url == "http://[::1]:31000"
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(extra_args=("--port", "1")), "--sglang-port"),
+    (dict(extra_args=("--api-key=x",)), "--sglang-api-key"),
+    (dict(extra_args=("--tp-size", "4")), "--sglang-tp-size"),
+    (dict(host="node017"), "node017"),
+    (dict(nccl_port=31000), "must differ"),
+    (dict(port=70000), "70000"),
+    (dict(dtype="fp8"), "fp8"),
+])
+def test_spec_rejects_bad_input_naming_it(tmp_path, kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        _spec(tmp_path, **kw)
+
+
+def test_router_rejects_owned_passthrough_and_hostname(tmp_path):
+    with pytest.raises(ConfigError, match="--router-port"):
+        RouterProcess(host="127.0.0.1", port=1, log_path=tmp_path / "r.log", extra_args=("--port", "2"))
+    with pytest.raises(ConfigError, match="localhost"):
+        RouterProcess(host="localhost", port=1, log_path=tmp_path / "r.log")
+
+
+def test_cpu_path_is_pinned_to_the_known_sglang(monkeypatch):
+    if sglang_cpu.installed_sglang_version() == sglang_cpu.SGLANG_VERSION:
+        sglang_cpu.check_sglang_version()
+    monkeypatch.setattr(sglang_cpu, "installed_sglang_version", lambda: "0.6.0")
+    with pytest.raises(ConfigError, match=r"is 0\.6\.0.*sglang==0\.5\.23"):
+        sglang_cpu.check_sglang_version()
+    monkeypatch.setattr(sglang_cpu, "installed_sglang_version", lambda: None)
+    with pytest.raises(ConfigError, match="not installed"):
+        sglang_cpu.check_sglang_version()
+
+
+def test_port_block_is_distinct_and_bindable():
+    block = engine_port_block("127.0.0.1", 4)
+    ports = [p for e in block for p in (e.port, e.nccl_port)]
+    assert len(set(ports)) == 8
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", p))
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert taken not in allocate_ports("127.0.0.1", 50)
+    assert 0 < free_port() < 65536
+
+
+def test_node_ip_is_an_ip_literal(monkeypatch):
+    monkeypatch.setenv("RLSLURM_NODE_IP", " 10.9.8.7 ")
+    assert node_ip() == "10.9.8.7"
+    monkeypatch.setenv("RLSLURM_NODE_IP", "gpu-node-1")
+    with pytest.raises(ConfigError, match="RLSLURM_NODE_IP.*gpu-node-1"):
+        node_ip()
+    monkeypatch.delenv("RLSLURM_NODE_IP")
+    monkeypatch.setenv("RLSLURM_ROUTE_PROBE", "127.0.0.1")
+    assert node_ip() == "127.0.0.1"
+    monkeypatch.delenv("RLSLURM_ROUTE_PROBE")
+    import ipaddress
+    ipaddress.ip_address(node_ip())
+
+
+def test_rotary_stub_matches_transformers():
+    """The pure-torch vllm rotary_embedding stub against HF's Qwen3 rotary (NeoX layout)."""
+    import torch
+    sys.path.insert(0, str(sglang_cpu.STUBS_DIR))
+    try:
+        from vllm._custom_ops import rotary_embedding
+    finally:
+        sys.path.remove(str(sglang_cpu.STUBS_DIR))
+        sys.modules.pop("vllm", None)
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    T, H, K, D, base = 7, 4, 2, 16, 10000.0
+    inv_freq = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    freqs = torch.outer(torch.arange(64, dtype=torch.float32), inv_freq)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # SGLang's cos_sin_cache layout
+    positions = torch.tensor([0, 3, 5, 9, 17, 40, 63])
+    q, k = torch.randn(T, H * D), torch.randn(T, K * D)
+    q_ref, k_ref = q.clone(), k.clone()
+    rotary_embedding(positions, q, k, D, cache, True)
+    emb = torch.cat((freqs, freqs), dim=-1)[positions]
+    hq, hk = apply_rotary_pos_emb(q_ref.view(1, T, H, D).transpose(1, 2), k_ref.view(1, T, K, D).transpose(1, 2),
+                                  emb.cos()[None], emb.sin()[None])
+    torch.testing.assert_close(q.view(T, H, D), hq.transpose(1, 2)[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k.view(T, K, D), hk.transpose(1, 2)[0], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(q, q_ref)
+
+
+def test_torchvision_stub_imports_but_refuses_to_run():
+    code = ("import torchvision, torchvision.transforms as T\n"
+            "from torchvision.transforms import InterpolationMode\n"
+            "import torchvision.transforms.v2.functional as F\n"
+            "mode = InterpolationMode.BICUBIC\n"
+            "try:\n    T.Compose([])\nexcept RuntimeError as e:\n    print('refused:', e)\n")
+    env = sglang_cpu.cpu_env({"PATH": os.environ.get("PATH", "")})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "not available on rlslurm's SGLang CPU path" in out.stdout
+
+
+def test_client_errors_name_the_url():
+    url = f"http://127.0.0.1:{free_port()}"
+
+    async def go():
+        async with SGLangClient(url, "k") as c:
+            assert await c.health(timeout=1.0) is False
+            with pytest.raises(SGLangError, match=f"{url}/generate: no response") as ei:
+                await c.generate([1, 2], {"max_new_tokens": 1}, timeout=2.0)
+            assert ei.value.status is None and ei.value.url == f"{url}/generate"
+
+    asyncio.run(go())
+
+
+# --- a real deployment -----------------------------------------------------------------------
+
+
+def _post(url: str, path: str, key: str | None, body: dict, timeout: float = 60.0) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url + path, json=body, headers=headers, timeout=timeout)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_engines_healthy_registered_and_published(deployment, tmp_path):
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.rollout.supervisor import control_publisher
+
+    sup, router = deployment.supervisor, deployment.router
+    infos = sup.engines()
+    assert [i.healthy for i in infos] == [True, True] and [i.restarts for i in infos] == [0, 0]
+    assert deployment.changes and deployment.changes[-1] == infos
+    workers = {w["url"]: w for w in router.workers()}
+    for i in infos:
+        w = workers[i.url]
+        assert w["is_healthy"] and w["id"] == i.worker_id
+        # the router fetched the keyed /model_info: proof that "api_key" reached it in POST /workers
+        assert w["model_id"] != "unknown", w
+    control = Control(RunDir.create(tmp_path / "run"))
+    control_publisher(control, node="node0")(infos)
+    recs = control.engines()
+    assert [r.url for r in recs] == [i.url for i in infos]
+    assert all(r.healthy and r.node == "node0" and r.pid == i.pid and r.gpu_ids == [] for r, i in zip(recs, infos))
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_requests_without_the_job_key_are_rejected(deployment):
+    key, router = deployment.api_key, deployment.router
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
+    for url in [*deployment.supervisor.urls, router.url]:
+        assert _post(url, "/generate", None, body).status_code == 401, url
+        assert _post(url, "/generate", key + "x", body).status_code == 401, url
+        assert _post(url, "/generate", key, body).status_code == 200, url
+    assert httpx.get(router.url + "/workers", timeout=10).status_code == 401
+    for url in deployment.supervisor.urls:
+        assert httpx.post(url + "/flush_cache", timeout=10).status_code == 401
+        assert httpx.get(url + "/health", timeout=10).status_code == 200  # SGLang leaves /health open
+    for slot in deployment.supervisor._slots:
+        for pid in slot.proc.tree_pids():
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert key.encode() not in f.read(), f"api key visible in argv of pid {pid}"
+
+
+def _prompts(n: int) -> list[list[int]]:
+    return [[1] + [4 + (7 * i + 3 * j) % 60 for j in range(5 + i % 4)] for i in range(n)]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_logprobs_match_teacher_forced_recompute(deployment):
+    """fp32: sampled-token logprobs == the same server's prompt logprobs for prompt+response
+    (< 1e-4), and == HF transformers on the same checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(deployment.model_path, dtype=torch.float32).eval()
+    key, new = deployment.api_key, 12
+
+    async def check(url: str) -> float:
+        worst = 0.0
+        async with SGLangClient(url, key) as c:
+            prompts = _prompts(6)
+            outs = await asyncio.gather(*[
+                c.generate(p, {"max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}) for p in prompts])
+            for p, o in zip(prompts, outs):
+                resp = [t for _, t, _ in o["meta_info"]["output_token_logprobs"]]
+                lps = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+                assert resp == o["output_ids"] and len(resp) == new
+                tf = await c.generate(p + resp, {"max_new_tokens": 0}, logprob_start_len=len(p) - 1)
+                entries = tf["meta_info"]["input_token_logprobs"]
+                assert entries[0][0] is None and [t for _, t, _ in entries[1:]] == resp
+                recomputed = [lp for lp, _, _ in entries[1:]]
+                with torch.no_grad():
+                    logits = hf(torch.tensor([p + resp])).logits[0].float()
+                ref = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + new - 1), torch.tensor(resp)]
+                d_tf = max(abs(a - b) for a, b in zip(lps, recomputed))
+                d_hf = (torch.tensor(lps) - ref).abs().max().item()
+                assert d_tf < 1e-4 and d_hf < 1e-4, (url, d_tf, d_hf)
+                worst = max(worst, d_tf, d_hf)
+        return worst
+
+    for url in [*deployment.supervisor.urls, deployment.router.url]:
+        asyncio.run(check(url))
+
+
+async def _rollout(url: str, key: str, n: int, new: int, done: list) -> list:
+    async with SGLangClient(url, key) as c:
+        async def one(p):
+            out = await c.generate(p, {"max_new_tokens": new, "temperature": 1.0, "ignore_eos": True}, timeout=300)
+            done.append(time.monotonic())
+            return out
+        return await asyncio.gather(*[one(p) for p in _prompts(n)], return_exceptions=True)
+
+
+def _wait_restart(deployment, count: int, timeout: float = 240.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ok = [e for e in deployment.restarts if e.ok]
+        if len(ok) >= count:
+            return ok[count - 1]
+        time.sleep(0.5)
+    raise AssertionError(f"no restart #{count} within {timeout} s: {deployment.restarts}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_kill9_during_rollout_is_survived_and_restarted(deployment):
+    sup, router, key = deployment.supervisor, deployment.router, deployment.api_key
+    victim = sup.process("engine-1")
+    old_pid, old_tree = victim.pid, victim.tree_pids()
+    old_files = set(victim._owned_files)
+    assert old_files, "the engine's /dev/shm files were not identified"
+    old_id = sup.engines()[1].worker_id
+    n, new, done = 48, 160, []
+
+    async def scenario():
+        task = asyncio.create_task(_rollout(router.url, key, n, new, done))
+        while len(done) < 4:  # the rollout is under way on both engines
+            await asyncio.sleep(0.05)
+        os.kill(old_pid, signal.SIGKILL)  # the HTTP server only: its children must be reaped too
+        killed_at = len(done)
+        return await task, killed_at
+
+    outs, killed_at = asyncio.run(scenario())
+    assert killed_at < n, "the rollout finished before the kill; make it longer"
+    errors = [o for o in outs if isinstance(o, BaseException)]
+    assert not errors, errors[:3]
+    assert all(len(o["output_ids"]) == new for o in outs)
+
+    ev = _wait_restart(deployment, 1)
+    assert ev.engine == "engine-1" and ev.reason.startswith("exited") and ev.restarts == 1
+    info = sup.engines()[1]
+    assert info.restarts == 1 and info.healthy and info.pid != old_pid and info.worker_id != old_id
+    assert sup.restarts_total == 1
+    assert deployment.changes[-1][1].restarts == 1
+    workers = {w["url"]: w for w in router.workers()}
+    assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
+    assert [w["id"] for w in router.workers()].count(info.worker_id) == 1
+    assert not any(_alive(p) for p in old_tree), "old engine processes survived the restart"
+    assert not any(os.path.exists(f) for f in old_files), "old engine's /dev/shm files were left"
+    r = _post(info.url, "/generate", key, {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 3}})
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_unresponsive_engine_is_restarted_but_not_inside_a_weight_update(deployment):
+    sup = deployment.supervisor
+    before = len([e for e in deployment.restarts if e.ok])
+    victim = sup.process("engine-0")
+    old_pid = victim.pid
+    with sup.pause_health_checks():
+        os.killpg(old_pid, signal.SIGSTOP)  # alive but answering nothing, like a blocked broadcast
+        time.sleep(6 * sup.health_interval_s)
+        assert victim.pid == old_pid and len(deployment.restarts) == before and sup.engines()[0].restarts == 0
+    ev = _wait_restart(deployment, before + 1)
+    assert ev.engine == "engine-0" and ev.reason.startswith("unresponsive"), ev
+    info = sup.engines()[0]
+    assert info.restarts == 1 and info.healthy and info.pid != old_pid and not _alive(old_pid)
+    with sup.pause_health_checks():  # entering waits for nothing now and leaves everything running
+        pass
+    outs = asyncio.run(_rollout(deployment.router.url, deployment.api_key, 8, 8, []))
+    assert all(not isinstance(o, BaseException) and len(o["output_ids"]) == 8 for o in outs)
