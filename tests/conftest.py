@@ -29,7 +29,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         if _slurm_required():
             pytest.fail(f"{reason}; CI/RLSLURM_REQUIRE_SLURM=1 forbids skipping", pytrace=False)
         pytest.skip(f"{reason}; run as root or set CI=1 to make this an error")
-    cluster = SlurmCluster()
+    cluster = SlurmCluster(owner_pid=os.getpid())
     # A boot failure raises here, which pytest reports as an ERROR of every SLURM test:
     # with root available the cluster is expected to come up, CI or not.
     cluster.boot()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -11,6 +13,9 @@ try:
     from slurm_cluster import SlurmError, parse_kv_line
 except ImportError:
     from tests.slurm_cluster import SlurmError, parse_kv_line
+
+
+SCRIPTS = Path(__file__).resolve().parent / "slurm_cluster"
 
 
 def write_script(path: Path, body: str) -> Path:
@@ -223,3 +228,25 @@ def test_test_only_rejects_impossible_gpu_request(slurm_cluster, tmp_path: Path)
     # A real submission of the same request is refused with the reason in the error.
     with pytest.raises(SlurmError, match="Requested node configuration is not available"):
         slurm_cluster.submit(script, f"--gpus-per-node={gpus + 1}")
+
+
+def test_boot_rejects_a_bad_knob_naming_the_env_var() -> None:
+    env = {**os.environ, "RLSLURM_CI_NODES": "three"}
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS / "boot.sh")], env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 1
+    assert "RLSLURM_CI_NODES='three'" in proc.stderr
+
+
+@pytest.mark.slurm
+def test_stop_by_another_process_leaves_the_sessions_cluster_running(slurm_cluster) -> None:
+    # Another developer's stop.sh (or pytest session) must not pull the cluster from under us.
+    env = {k: v for k, v in os.environ.items() if k not in ("RLSLURM_CI_OWNER_PID", "RLSLURM_CI_FORCE")}
+    proc = subprocess.run(
+        ["bash", str(SCRIPTS / "stop.sh")], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 1
+    assert f"in use by live pid {os.getpid()}" in proc.stderr
+    states = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+    assert states and set(states) == {"idle"}

@@ -21,6 +21,9 @@ MIN_JOB_AGE="${RLSLURM_CI_MIN_JOB_AGE:-600}"   # seconds finished jobs stay visi
 REQUEUE_EXIT="${RLSLURM_CI_REQUEUE_EXIT:-}"    # optional RequeueExit= exit code(s)
 INSTALL="${RLSLURM_CI_INSTALL:-1}"             # 1 = apt-get install missing packages
 CONF_DIR="${RLSLURM_CI_CONF_DIR:-/etc/slurm}"  # where client commands look by default
+OWNER_PID="${RLSLURM_CI_OWNER_PID:-}"          # process that owns the cluster (the pytest session)
+OWNER_WAIT="${RLSLURM_CI_OWNER_WAIT:-900}"     # seconds to wait for another live owner to finish
+FORCE="${RLSLURM_CI_FORCE:-0}"                 # 1 = take the cluster from a live owner
 
 STATE=/var/lib/rlslurm-ci
 LOGS=/var/log/rlslurm-ci
@@ -46,6 +49,9 @@ need_int RLSLURM_CI_SLURMD_PORT "$SLURMD_PORT" 1
 need_int RLSLURM_CI_MIN_JOB_AGE "$MIN_JOB_AGE" 2
 case "$HET_KICK" in 0|1) ;; *) die "env var RLSLURM_CI_HET_KICK='$HET_KICK' must be 0 or 1" ;; esac
 case "$INSTALL" in 0|1) ;; *) die "env var RLSLURM_CI_INSTALL='$INSTALL' must be 0 or 1" ;; esac
+case "$FORCE" in 0|1) ;; *) die "env var RLSLURM_CI_FORCE='$FORCE' must be 0 or 1" ;; esac
+need_int RLSLURM_CI_OWNER_WAIT "$OWNER_WAIT" 0
+[ -z "$OWNER_PID" ] || need_int RLSLURM_CI_OWNER_PID "$OWNER_PID" 1
 [ "$(id -u)" = 0 ] || die "must run as root (starts munged/slurmctld/slurmd, writes $CONF_DIR, mknod)"
 
 # ---- packages ----------------------------------------------------------------------------
@@ -65,8 +71,28 @@ if [ "$missing" = 1 ]; then
 fi
 export PATH="$PATH:/usr/sbin:/sbin"
 
+# ---- one owner at a time ------------------------------------------------------------------
+# Several pytest sessions on one machine (developers) would otherwise reboot each other's
+# cluster mid-test. The owner is recorded as "pid starttime" so a reused pid does not count.
+owner_id() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && echo "$1 $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20)"; }
+me="$(owner_id "$OWNER_PID" || true)"
+waited=0
+deadline=$(( $(date +%s) + OWNER_WAIT ))
+while [ -s "$RUN/owner" ]; do
+  other="$(cat "$RUN/owner")"
+  [ "$other" != "$me" ] && [ "$(owner_id "${other%% *}" || true)" = "$other" ] || break
+  if [ "$FORCE" = 1 ]; then log "taking the cluster from live owner pid ${other%% *} (RLSLURM_CI_FORCE=1)"; break; fi
+  cmd="$(tr '\0' ' ' <"/proc/${other%% *}/cmdline" 2>/dev/null | cut -c1-120)"
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    die "the test cluster is in use by pid ${other%% *} ($cmd) after waiting ${OWNER_WAIT}s; set RLSLURM_CI_FORCE=1 to take it anyway"
+  fi
+  [ "$waited" = 1 ] || log "cluster in use by pid ${other%% *} ($cmd); waiting up to ${OWNER_WAIT}s"
+  waited=1
+  sleep 2
+done
+
 # ---- stop what an earlier boot started, then check nobody else holds our ports ------------
-bash "$here/stop.sh" --quiet
+RLSLURM_CI_FORCE=1 bash "$here/stop.sh" --quiet
 
 port_busy() {
   if command -v ss >/dev/null 2>&1; then
@@ -225,4 +251,5 @@ while :; do
   fi
   sleep 0.2
 done
+if [ -n "$me" ]; then echo "$me" >"$RUN/owner"; else rm -f "$RUN/owner"; fi
 log "cluster up in $(elapsed): $states"

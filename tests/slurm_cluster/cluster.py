@@ -73,7 +73,12 @@ class SlurmCluster:
     """Boot, use and stop the test cluster. `env` overrides boot.sh knobs (RLSLURM_CI_*)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
-    boot_timeout: float = 300.0  # includes an apt install on a fresh machine
+    # The process the cluster belongs to (the pytest session): boot.sh waits while another
+    # live owner holds it, and stop.sh leaves another owner's cluster alone.
+    owner_pid: int | None = None
+    # An apt install on a fresh machine, plus boot.sh waiting (RLSLURM_CI_OWNER_WAIT, 900 s)
+    # for another session on the same machine to finish.
+    boot_timeout: float = 1200.0
     cmd_timeout: float = 30.0
     booted: bool = False
 
@@ -98,6 +103,8 @@ class SlurmCluster:
 
     def _script(self, name: str, timeout: float) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **self.env}
+        if self.owner_pid is not None:
+            env["RLSLURM_CI_OWNER_PID"] = str(self.owner_pid)
         try:
             return subprocess.run(
                 ["bash", str(HERE / name)],

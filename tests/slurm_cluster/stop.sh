@@ -53,6 +53,17 @@ stop_pidfile() { # pidfile expected-comm
 
 [ -d "$RUN" ] || { log "nothing to stop"; exit 0; }
 
+# Leave a cluster that a live pytest session owns alone (boot.sh records it), unless told.
+owner_id() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && echo "$1 $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20)"; }
+if [ -s "$RUN/owner" ] && [ "${RLSLURM_CI_FORCE:-0}" != 1 ]; then
+  other="$(cat "$RUN/owner")"
+  me="$(owner_id "${RLSLURM_CI_OWNER_PID:-}" || true)"
+  if [ "$other" != "$me" ] && [ "$(owner_id "${other%% *}" || true)" = "$other" ]; then
+    warn "the cluster is in use by live pid ${other%% *}; not stopping it (RLSLURM_CI_FORCE=1 overrides)"
+    exit 1
+  fi
+fi
+
 # Cancel jobs first, while slurmctld and slurmd can still kill their steps; otherwise
 # slurmstepd and the job's processes outlive the daemons.
 ctld="$(pid_of "$RUN/slurmctld.pid")"
@@ -80,5 +91,6 @@ done
 stop_pidfile "$RUN/slurmctld.pid" slurmctld || rc=1
 # Only a munged that boot.sh started has a pid file here; someone else's is left alone.
 stop_pidfile "$RUN/munged.pid" munged || rc=1
+[ "$rc" = 0 ] && rm -f "$RUN/owner"
 log "stopped"
 exit "$rc"
