@@ -80,6 +80,9 @@ srun -l bash -c 'echo "task=$SLURM_PROCID step=$SLURM_STEP_ID"'
     while not slurm_cluster.jobcomp_records(job) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [r["JobState"] for r in slurm_cluster.jobcomp_records(job)] == ["COMPLETED"]
+    # sacct without slurmdbd: --completion reads the same jobcomp/filetxt log.
+    sacct = slurm_cluster.run("sacct", "-c", "-n", "-P", "-o", "jobid,state", "-j", str(job)).stdout
+    assert sacct.split() == [f"{job}|COMPLETED"]
 
 
 HET_SCRIPT = """

@@ -22,7 +22,7 @@ REQUEUE_EXIT="${RLSLURM_CI_REQUEUE_EXIT:-}"    # optional RequeueExit= exit code
 INSTALL="${RLSLURM_CI_INSTALL:-1}"             # 1 = apt-get install missing packages
 CONF_DIR="${RLSLURM_CI_CONF_DIR:-/etc/slurm}"  # where client commands look by default
 OWNER_PID="${RLSLURM_CI_OWNER_PID:-}"          # process that owns the cluster (the pytest session)
-OWNER_WAIT="${RLSLURM_CI_OWNER_WAIT:-900}"     # seconds to wait for another live owner to finish
+OWNER_WAIT="${RLSLURM_CI_OWNER_WAIT:-600}"     # seconds to wait for another live owner to finish
 FORCE="${RLSLURM_CI_FORCE:-0}"                 # 1 = take the cluster from a live owner
 
 STATE=/var/lib/rlslurm-ci
@@ -52,6 +52,9 @@ case "$INSTALL" in 0|1) ;; *) die "env var RLSLURM_CI_INSTALL='$INSTALL' must be
 case "$FORCE" in 0|1) ;; *) die "env var RLSLURM_CI_FORCE='$FORCE' must be 0 or 1" ;; esac
 need_int RLSLURM_CI_OWNER_WAIT "$OWNER_WAIT" 0
 [ -z "$OWNER_PID" ] || need_int RLSLURM_CI_OWNER_PID "$OWNER_PID" 1
+if [ -n "$REQUEUE_EXIT" ] && ! [[ "$REQUEUE_EXIT" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]]; then
+  die "env var RLSLURM_CI_REQUEUE_EXIT='$REQUEUE_EXIT' must be exit codes like 99 or 99,100-102"
+fi
 [ "$(id -u)" = 0 ] || die "must run as root (starts munged/slurmctld/slurmd, writes $CONF_DIR, mknod)"
 
 # ---- packages ----------------------------------------------------------------------------

@@ -76,7 +76,7 @@ class SlurmCluster:
     # The process the cluster belongs to (the pytest session): boot.sh waits while another
     # live owner holds it, and stop.sh leaves another owner's cluster alone.
     owner_pid: int | None = None
-    # An apt install on a fresh machine, plus boot.sh waiting (RLSLURM_CI_OWNER_WAIT, 900 s)
+    # An apt install on a fresh machine, plus boot.sh waiting (RLSLURM_CI_OWNER_WAIT, 600 s)
     # for another session on the same machine to finish.
     boot_timeout: float = 1200.0
     cmd_timeout: float = 30.0
