@@ -66,10 +66,17 @@ if [ "$missing" = 1 ]; then
   [ "$INSTALL" = 1 ] || die "SLURM/munge not installed and RLSLURM_CI_INSTALL=0"
   log "installing slurmctld slurmd slurm-client munge (apt)"
   export DEBIAN_FRONTEND=noninteractive
-  # Another apt may be running (tools/install.sh installs the same packages): wait for its lock.
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  # Another apt may be running (tools/install.sh installs the same packages): wait for its
+  # locks (Lock::Timeout covers dpkg's; the lists lock of `update` gets retries).
+  ok=0
+  for _ in $(seq 30); do
+    if apt-get -o DPkg::Lock::Timeout=300 update -qq; then ok=1; break; fi
+    sleep 10
+  done
+  [ "$ok" = 1 ] || die "apt-get update kept failing (network? another apt holding its lock?)"
   apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-    slurmctld slurmd slurm-client munge iproute2 procps >/dev/null
+    slurmctld slurmd slurm-client munge iproute2 procps >/dev/null \
+    || die "apt-get install slurmctld slurmd slurm-client munge failed (output above)"
   log "packages installed ($(elapsed))"
 fi
 export PATH="$PATH:/usr/sbin:/sbin"

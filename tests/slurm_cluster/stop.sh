@@ -91,6 +91,12 @@ done
 stop_pidfile "$RUN/slurmctld.pid" slurmctld || rc=1
 # Only a munged that boot.sh started has a pid file here; someone else's is left alone.
 stop_pidfile "$RUN/munged.pid" munged || rc=1
+# Steps of jobs that outlived the cancel are not ours to kill by name; say so loudly.
+left=""
+for d in /proc/[0-9]*; do
+  [ "$(cat "$d/comm" 2>/dev/null)" = slurmstepd ] && [ "$(state_of "${d#/proc/}")" != Z ] && left="$left ${d#/proc/}"
+done
+[ -z "$left" ] || warn "slurmstepd processes still running (job steps that ignored the cancel?):$left"
 [ "$rc" = 0 ] && rm -f "$RUN/owner"
 log "stopped"
 exit "$rc"
