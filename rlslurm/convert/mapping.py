@@ -42,6 +42,9 @@ class Rule:
     hf: tuple[str, ...]      # full HF names, `{L}` = layer, `{E}` = global expert index
     kind: Kind = "plain"
     expert: bool = False     # a routed expert's tensor (`{E}` in both names)
+    # TP split dim under megatron's local spec (None: replicated). The loader/exporter read the
+    # real one off the model's parameter; this is for model-free use (`default_targets`).
+    tp_dim: int | None = None
 
 
 P = "model.layers.{L}."
@@ -49,13 +52,13 @@ P = "model.layers.{L}."
 
 def _global_rules(mc: ModelConfig) -> list[Rule]:
     rules = [
-        Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),
+        Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab", tp_dim=0),
         Rule("decoder.final_layernorm.weight", ("model.norm.weight",)),
     ]
     # Tied: a last pipeline stage still holds an `output_layer.weight` (megatron keeps it in sync
     # with the embedding); it loads from the embedding and is never exported (`lm_head` is absent).
     head = "model.embed_tokens.weight" if mc.arch.tie_word_embeddings else "lm_head.weight"
-    rules.append(Rule("output_layer.weight", (head,), "vocab"))
+    rules.append(Rule("output_layer.weight", (head,), "vocab", tp_dim=0))
     return rules
 
 
@@ -64,11 +67,12 @@ def _gqa_attention(mc: ModelConfig) -> list[Rule]:
     rules = [
         Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
         Rule("self_attention.linear_qkv.weight",
-             tuple(P + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv"),
-        Rule("self_attention.linear_proj.weight", (P + "self_attn.o_proj.weight",)),
+             tuple(P + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", tp_dim=0),
+        Rule("self_attention.linear_proj.weight", (P + "self_attn.o_proj.weight",), tp_dim=1),
     ]
     if a.add_qkv_bias:
-        rules.append(Rule("self_attention.linear_qkv.bias", tuple(P + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv"))
+        rules.append(Rule("self_attention.linear_qkv.bias", tuple(P + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv",
+                          tp_dim=0))
     if a.qk_layernorm:
         rules += [Rule("self_attention.q_layernorm.weight", (P + "self_attn.q_norm.weight",)),
                   Rule("self_attention.k_layernorm.weight", (P + "self_attn.k_norm.weight",))]
@@ -79,25 +83,25 @@ def _mla_attention(mc: ModelConfig) -> list[Rule]:
     s = "self_attention."
     rules = [
         Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
-        Rule(s + "linear_kv_down_proj.weight", (P + "self_attn.kv_a_proj_with_mqa.weight",)),
+        Rule(s + "linear_kv_down_proj.weight", (P + "self_attn.kv_a_proj_with_mqa.weight",), tp_dim=0),
         Rule(s + "kv_layernorm.weight", (P + "self_attn.kv_a_layernorm.weight",)),
-        Rule(s + "linear_kv_up_proj.weight", (P + "self_attn.kv_b_proj.weight",)),
-        Rule(s + "linear_proj.weight", (P + "self_attn.o_proj.weight",)),
+        Rule(s + "linear_kv_up_proj.weight", (P + "self_attn.kv_b_proj.weight",), tp_dim=0),
+        Rule(s + "linear_proj.weight", (P + "self_attn.o_proj.weight",), tp_dim=1),
     ]
     if mc.arch.mla.q_lora_rank:
-        rules += [Rule(s + "linear_q_down_proj.weight", (P + "self_attn.q_a_proj.weight",)),
+        rules += [Rule(s + "linear_q_down_proj.weight", (P + "self_attn.q_a_proj.weight",), tp_dim=0),
                   Rule(s + "q_layernorm.weight", (P + "self_attn.q_a_layernorm.weight",)),
-                  Rule(s + "linear_q_up_proj.weight", (P + "self_attn.q_b_proj.weight",))]
+                  Rule(s + "linear_q_up_proj.weight", (P + "self_attn.q_b_proj.weight",), tp_dim=0)]
     else:
-        rules.append(Rule(s + "linear_q_proj.weight", (P + "self_attn.q_proj.weight",)))
+        rules.append(Rule(s + "linear_q_proj.weight", (P + "self_attn.q_proj.weight",), tp_dim=0))
     return rules
 
 
 def _dense_mlp(hf_prefix: str, mc_prefix: str = "mlp.", fused_gate_up: bool = False) -> list[Rule]:
     gate_up = (hf_prefix + "gate_up_proj.weight",) if fused_gate_up else (
         hf_prefix + "gate_proj.weight", hf_prefix + "up_proj.weight")
-    return [Rule(mc_prefix + "linear_fc1.weight", gate_up, "gate_up"),
-            Rule(mc_prefix + "linear_fc2.weight", (hf_prefix + "down_proj.weight",))]
+    return [Rule(mc_prefix + "linear_fc1.weight", gate_up, "gate_up", tp_dim=0),
+            Rule(mc_prefix + "linear_fc2.weight", (hf_prefix + "down_proj.weight",), tp_dim=1)]
 
 
 def _moe_mlp(mc: ModelConfig) -> list[Rule]:
@@ -294,6 +298,25 @@ def resolve(mc: ModelConfig, mcore_name: str, *, layer_map: Callable[[int], int]
     return None
 
 
+def default_targets(mc: ModelConfig, *, num_local_experts: int | None = None) -> dict[str, int | None]:
+    """Every Megatron tensor name of a whole (PP=1, EP=1 unless told) local-spec model -> TP dim.
+
+    For model-free use of `hf_to_mcore` (tests, tools); a live model's own names and split dims
+    (`load.load_hf_checkpoint`) take precedence where a model exists.
+    """
+    out: dict[str, int | None] = {}
+    for r in _global_rules(mc):
+        if r.mcore == "output_layer.weight" and mc.arch.tie_word_embeddings:
+            continue
+        out[r.mcore] = r.tp_dim
+    for layer in range(mc.arch.num_layers):
+        for r in layer_rules(mc, layer):
+            n = num_local_experts if num_local_experts is not None else (mc.arch.moe.num_experts if r.expert else 0)
+            for e in (range(n) if r.expert else [None]):
+                out[f"decoder.layers.{layer}." + fmt(r.mcore, layer, e)] = r.tp_dim
+    return out
+
+
 def expected_hf_names(mc: ModelConfig) -> list[str]:
     """Every HF tensor name the mapping reads for `mc` (for completeness checks)."""
     names = list(dict.fromkeys(h for r in _global_rules(mc) for h in r.hf))
@@ -313,7 +336,7 @@ def hf_to_mcore(
     tp_rank: int = 0,
     tp_size: int = 1,
     *,
-    targets: dict[str, int | None],
+    targets: dict[str, int | None] | None = None,
     vocab_size_padded: int | None = None,
     layer_map: Callable[[int], int] = lambda i: i,
     expert_offset: int = 0,
@@ -322,13 +345,16 @@ def hf_to_mcore(
     """Yield `(megatron_name, local_shard)` for every name in `targets`.
 
     `targets` maps this rank's Megatron parameter names (as in `model.state_dict()`) to their TP
-    partition dim (None: replicated), which `load.targets_of(model)` reads off the model.
+    partition dim (None: replicated); `load.load_hf_checkpoint` reads them off the model. Default:
+    `default_targets(mc)` (whole model, local-spec split dims).
     `hf_state` is either a getter `name -> tensor` (random access: each tensor read once, when
     needed) or an iterator of `(hf_name, tensor)` pairs (streaming: tensors are held only until
     every input of a rule has arrived). `tp_override` gives (rank, size) per name where the TP group
     differs (routed experts under expert tensor parallelism).
     """
     lay = Layout.of(mc, vocab_size_padded)
+    if targets is None:
+        targets = default_targets(mc)
     plan: dict[str, Resolved] = {}
     for name in targets:
         res = resolve(mc, name, layer_map=layer_map, expert_offset=expert_offset)

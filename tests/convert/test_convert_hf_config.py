@@ -1,0 +1,78 @@
+"""config.json vs model config: every math-changing field is compared, mismatches name the field
+and both values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from rlslurm.convert import check_hf_config
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import load_model_config
+
+from convert_helpers import FAMILIES
+
+
+def _with_arch(name: str, **changes):
+    mc = load_model_config(name)
+    return mc.model_copy(update={"arch": mc.arch.model_copy(update=changes)})
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_matching_config_passes(tiny_ckpts, name):
+    check_hf_config(load_model_config(name), tiny_ckpts / name)
+
+
+@pytest.mark.parametrize("name,changes,field,ours,theirs", [
+    ("tiny-qwen3", {"num_query_groups": 1}, "arch.num_query_groups", "1", "num_key_value_heads=2"),
+    ("tiny-qwen3", {"qk_layernorm": False}, "arch.qk_layernorm", "False", "True"),
+    ("tiny-llama", {"rotary_base": 10000.0}, "arch.rotary_base", "10000.0", "rope_theta=500000"),
+    ("tiny-glm4", {"post_mlp_layernorm": False}, "arch.post_mlp_layernorm", "False", "True"),
+    ("tiny-glm4", {"rotary_percent": 1.0}, "arch.rotary_percent", "1.0", "partial_rotary_factor=0.5"),
+    ("tiny-glm4", {"add_qkv_bias": False}, "arch.add_qkv_bias", "False", "attention_bias=True"),
+    ("tiny-llama", {"tie_word_embeddings": True}, "arch.tie_word_embeddings", "True", "False"),
+    ("tiny-llama", {"norm_epsilon": 1e-6}, "arch.norm_epsilon", "1e-06", "1e-05"),
+])
+def test_dense_mismatch_names_field_and_values(tiny_ckpts, name, changes, field, ours, theirs):
+    with pytest.raises(ConfigError) as e:
+        check_hf_config(_with_arch(name, **changes), tiny_ckpts / name)
+    msg = str(e.value)
+    assert f"{field}=" in msg and ours in msg and theirs in msg, msg
+
+
+def test_moe_mismatches_are_named(tiny_ckpts):
+    mc = load_model_config("tiny-qwen3-moe")
+    bad = mc.model_copy(update={"arch": mc.arch.model_copy(
+        update={"moe": mc.arch.moe.model_copy(update={"router_topk": 1})})})
+    with pytest.raises(ConfigError, match=r"arch\.moe\.router_topk=1 .*num_experts_per_tok=2"):
+        check_hf_config(bad, tiny_ckpts / "tiny-qwen3-moe")
+    with pytest.raises(ConfigError, match=r"arch\.moe=None .*num_experts='set'"):
+        check_hf_config(_with_arch("tiny-qwen3-moe", moe=None), tiny_ckpts / "tiny-qwen3-moe")
+
+
+def test_mla_mismatch_is_named(tiny_ckpts):
+    mc = load_model_config("tiny-deepseek-v3")
+    bad = mc.model_copy(update={"arch": mc.arch.model_copy(
+        update={"mla": mc.arch.mla.model_copy(update={"kv_lora_rank": 16})})})
+    with pytest.raises(ConfigError, match=r"arch\.mla\.kv_lora_rank=16 .*kv_lora_rank=32"):
+        check_hf_config(bad, tiny_ckpts / "tiny-deepseek-v3")
+
+
+def test_other_family_checkpoint_is_refused(tiny_ckpts):
+    with pytest.raises(ConfigError, match=r"hf_model_type='qwen3' .*model_type='llama'"):
+        check_hf_config(load_model_config("tiny-qwen3"), tiny_ckpts / "tiny-llama")
+
+
+def test_unsupported_model_type_and_missing_config(tiny_ckpts, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_ckpts / "tiny-qwen3", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "gpt2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="model_type='gpt2' has no mapping"):
+        check_hf_config(load_model_config("tiny-qwen3"), d)
+    (d / "config.json").unlink()
+    with pytest.raises(ConfigError, match="no config.json"):
+        check_hf_config(load_model_config("tiny-qwen3"), d)

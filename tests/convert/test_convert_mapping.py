@@ -1,0 +1,112 @@
+"""The mapping's re-layouts and tables, without megatron: layouts checked element by element,
+tables checked against the tensor names of real transformers models of every family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlslurm.convert import HFCheckpoint, hf_to_mcore
+from rlslurm.convert import mapping as M
+from rlslurm.model_config import load_model_config
+from rlslurm.trainer.model import padded_vocab_size
+
+from convert_helpers import FAMILIES
+
+
+def test_fuse_qkv_groups_heads_by_query_group():
+    # 4 query heads, 2 groups, head_dim 1: rows labelled by origin.
+    q = torch.tensor([[10.0], [11.0], [12.0], [13.0]])
+    k = torch.tensor([[20.0], [21.0]])
+    v = torch.tensor([[30.0], [31.0]])
+    fused = M.fuse_qkv(q, k, v, groups=2)
+    assert fused.flatten().tolist() == [10, 11, 20, 30, 12, 13, 21, 31]
+    back = M.split_qkv(fused, groups=2, heads=4, head_dim=1)
+    assert all(torch.equal(a, b) for a, b in zip(back, (q, k, v)))
+
+
+def test_qkv_bias_round_trip_and_tp_shard_is_whole_groups():
+    q, k, v = torch.arange(8.0), torch.arange(100.0, 104.0), torch.arange(200.0, 204.0)  # 4 heads, 2 groups, d=2
+    fused = M.fuse_qkv(q, k, v, groups=2)
+    r0 = M.shard("qkv", fused, 0, 2, partition_dim=0)
+    assert r0.tolist() == [0, 1, 2, 3, 100, 101, 200, 201]  # group 0 entirely on rank 0
+    assert torch.equal(M.unshard("qkv", [r0, M.shard("qkv", fused, 1, 2, partition_dim=0)], partition_dim=0), fused)
+
+
+def test_gate_up_shard_gives_each_rank_its_gate_and_up_halves():
+    gate, up = torch.arange(4.0).unsqueeze(1), torch.arange(10.0, 14.0).unsqueeze(1)
+    full = torch.cat([gate, up])
+    parts = [M.shard("gate_up", full, r, 2, partition_dim=0) for r in range(2)]
+    assert parts[0].flatten().tolist() == [0, 1, 10, 11]
+    assert parts[1].flatten().tolist() == [2, 3, 12, 13]
+    assert torch.equal(M.unshard("gate_up", parts, partition_dim=0), full)
+    # the plain (contiguous) split would be different: the kind matters
+    assert not torch.equal(M.shard("plain", full, 0, 2, partition_dim=0), parts[0])
+
+
+def test_vocab_padded_on_import_trimmed_on_export():
+    mc = load_model_config("tiny-qwen3")
+    lay = M.Layout.of(mc, vocab_padded=padded_vocab_size(64, 2))
+    rule = M.Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
+    emb = torch.randn(64, 8)
+    full = M.to_mcore(rule, [emb], lay)
+    assert full.shape == (256, 8) and torch.equal(full[:64], emb) and not full[64:].any()
+    assert torch.equal(M.to_hf(rule, full, lay)[0], emb)
+    with pytest.raises(Exception, match="model.embed_tokens.weight"):
+        M.to_mcore(rule, [torch.randn(63, 8)], lay)
+
+
+@pytest.mark.parametrize("vocab,tp,expected", [(64, 1, 128), (64, 2, 256), (151936, 4, 152064), (512, 4, 512)])
+def test_padded_vocab_size(vocab, tp, expected):
+    assert padded_vocab_size(vocab, tp) == expected
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_table_covers_exactly_the_hf_checkpoint(tiny_ckpts, name):
+    mc = load_model_config(name)
+    expected = M.expected_hf_names(mc)
+    assert len(expected) == len(set(expected))
+    assert set(expected) == set(HFCheckpoint(tiny_ckpts / name).names())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_streamed_import_at_tp2_reassembles_to_the_hf_tensors(tiny_ckpts, name):
+    """hf_to_mcore over an iterator (streaming) for both TP ranks, then unshard + to_hf."""
+    mc = load_model_config(name)
+    ckpt = HFCheckpoint(tiny_ckpts / name)
+    targets = M.default_targets(mc)
+    shards = [dict(hf_to_mcore(mc, iter(ckpt), r, 2, vocab_size_padded=256)) for r in range(2)]
+    assert set(shards[0]) == set(targets)
+    lay = M.Layout.of(mc, 256)
+    seen = set()
+    for name_, dim in targets.items():
+        res = M.resolve(mc, name_)
+        full = M.unshard(res.rule.kind, [shards[0][name_], shards[1][name_]], partition_dim=dim)
+        for hf_name, t in zip(res.hf_names, M.to_hf(res.rule, full, lay)):
+            assert torch.equal(t, ckpt.get(hf_name)), hf_name
+            seen.add(hf_name)
+    assert seen == set(ckpt.names())
+
+
+def test_missing_tensor_is_named(tiny_ckpts):
+    mc = load_model_config("tiny-qwen3")
+    ckpt = HFCheckpoint(tiny_ckpts / "tiny-qwen3")
+    stream = ((n, t) for n, t in ckpt if n != "model.layers.1.self_attn.k_proj.weight")
+    with pytest.raises(Exception, match=r"model\.layers\.1\.self_attn\.k_proj\.weight"):
+        list(hf_to_mcore(mc, stream))
+
+
+def test_te_parameter_names_resolve_to_the_same_rules():
+    mc = load_model_config("tiny-qwen3")
+    local = M.resolve(mc, "decoder.layers.1.input_layernorm.weight")
+    te = M.resolve(mc, "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight")
+    assert local.hf_names == te.hf_names == ("model.layers.1.input_layernorm.weight",)
+
+
+def test_expert_names_use_the_ep_offset():
+    mc = load_model_config("tiny-qwen3-moe")
+    res = M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight", expert_offset=2)
+    assert res.hf_names == ("model.layers.0.mlp.experts.3.down_proj.weight",)
+    res = M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
+                    layer_map=lambda i: i + 1)
+    assert res.hf_names == ("model.layers.1.mlp.experts.1.down_proj.weight",)
