@@ -89,6 +89,8 @@ class RolloutReader(BufferStore):
                         raise
                     log.error("%s; quarantining it, the driver will regenerate it", e)
                     self.quarantine(rollout_id, str(e))
+            else:
+                self._check_not_retired(rollout_id)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -96,6 +98,17 @@ class RolloutReader(BufferStore):
                 sleep_or_cancel(min(poll_interval, left), cancel)
             else:
                 sleep_or_cancel(poll_interval, cancel)
+
+    def _check_not_retired(self, rollout_id: int) -> None:
+        # Waiting for a rollout that was trained and retired would hang forever: the
+        # trainer loaded an older checkpoint than the one retention trusted.
+        last = self.last_trained()
+        if last is not None and rollout_id <= last and not self.is_committed(rollout_id):
+            raise ConfigError(
+                f"{self.trained_file}: rollout {rollout_id} was already trained (last trained {last}) and retired "
+                f"from {self.dir}; the trainer resumed from an older checkpoint than the newest one - "
+                f"load the newest checkpoint or replay from an export"
+            )
 
     def quarantine(self, rollout_id: int, reason: str) -> Path | None:
         """Move rollout `rollout_id` (manifest first: that un-commits it) and its data

@@ -162,3 +162,16 @@ def test_retention_keeps_last_k_trained_and_all_untrained(run, tmp_path):
     assert RolloutWriter(run).resume_point().next_rollout_id == 8
     with pytest.raises(ConfigError):
         Retention(keep_trained=-1)
+
+
+def test_waiting_for_a_retired_rollout_is_an_error_not_a_hang(run):
+    w, r = RolloutWriter(run), RolloutReader(run)
+    for rid in range(4):
+        w.commit(rid, make_samples(rid))
+    p = TrainerProgress()
+    for rid in range(4):
+        p.record_trained(r.read(rid))
+    after_checkpoint(r, p, Retention(keep_trained=1))
+    with pytest.raises(ConfigError, match="rollout 1 was already trained"):
+        r.wait_for(1, timeout=5)
+    assert_same(r.wait_for(3, timeout=1), make_samples(3))
