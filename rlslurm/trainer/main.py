@@ -2,13 +2,18 @@
 `torchrun ... -m rlslurm.trainer.main --run-dir RUN`.
 
 Start-up: read RUN/run.yaml, record this rank's placement, join torch.distributed (NCCL on GPUs,
-gloo on CPU) and check the world matches the config. Then train rollouts from the buffer until
-`num_rollout` are trained, and mark the run FINISHED.
+gloo on CPU) and check the world matches the config. Then, read top to bottom in `Trainer.run`:
+build the models, resume from the newest intact checkpoint, and for each rollout N
+wait for it -> recompute log-probs, advantages -> `num_steps_per_rollout` optimizer steps ->
+metrics -> publish weights version N+1 -> checkpoint every `save_interval` rollouts.
+A preempt request checkpoints, acknowledges and exits 0 (SLURM requeues the job); a stop request
+exits 0; once `num_rollout` rollouts are trained the run is marked FINISHED.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -18,17 +23,19 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
-from rlslurm.buffer.reader import RolloutReader
+from rlslurm.buffer.progress import Retention, TrainerProgress, after_checkpoint
+from rlslurm.buffer.reader import BufferTimeout, RolloutReader
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.errors import UserError
+from rlslurm.config import RunConfig
+from rlslurm.errors import DataError, UserError
 from rlslurm.runfile import load_run_config
+from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
+from rlslurm.trainer.setup import init_distributed
 
+log = logging.getLogger("rlslurm.trainer")
 
-def init_distributed(device: str) -> tuple[int, int]:
-    backend = "nccl" if device == "cuda" and torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend=backend)
-    return dist.get_rank(), dist.get_world_size()
+POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
     rank, world = init_distributed(cfg.run.device)
+    logging.basicConfig(level=logging.INFO, format=f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")
     write_env_report(rd.path, "trainer", rank, {
         "world_size": world,
         "master_addr": os.environ.get("MASTER_ADDR"),
@@ -51,33 +59,176 @@ def main(argv: list[str] | None = None) -> int:
     if world != expected:
         raise UserError(f"trainer world size {world} != --trainer-nodes x procs per node = {expected}")
     # Every rank proves the collective path works before any real work.
-    t = torch.ones(1)
+    t = torch.ones(1, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t)
     assert int(t.item()) == world
 
-    control = Control(rd)
-    reader = RolloutReader(rd)
-    status = 0
-    if rank == 0:
-        status = _wait_for_rollouts(cfg.rollout.num_rollout, reader, control, rd)
+    if cfg.rollout.num_rollout == 0 or rd.is_finished():
+        # Nothing to train: do not pay for building a model.
+        if rank == 0 and not rd.is_finished():
+            rd.mark_finished({"trained_rollouts": 0, "at": time.time()})
+        status = 0
+    else:
+        status = Trainer(cfg, rd, rank, world).run()
     dist.barrier()
     dist.destroy_process_group()
     return status
 
 
-def _wait_for_rollouts(num_rollout: int, reader: RolloutReader, control: Control, rd: RunDir) -> int:
-    """Until the Megatron training step lands (issue 4) the trainer consumes nothing: a run with
-    num_rollout=0 is complete at once; otherwise it waits for rollouts and honours preempt/stop."""
-    if num_rollout == 0:
-        rd.mark_finished({"trained_rollouts": 0, "at": time.time()})
+class Trainer:
+    def __init__(self, cfg: RunConfig, rd: RunDir, rank: int, world: int):
+        self.cfg, self.rd, self.rank, self.world = cfg, rd, rank, world
+        self.control = Control(rd)
+        self.replay = cfg.train.load_debug_rollout_data is not None
+        self.last_saved: int | None = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        from rlslurm.trainer import checkpoint
+        from rlslurm.trainer.metrics import MetricsLogger
+        from rlslurm.trainer.setup import build_trainer
+
+        cfg, rd = self.cfg, self.rd
+        self.st = st = build_trainer(cfg, self.world)
+        progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
+        if ckpt is not None:
+            self.last_saved = progress.trained_rollouts
+            log.info("resumed from %s: next rollout %d, weight version %d", ckpt, progress.next_rollout_id,
+                     progress.weight_version)
+        self.reader = self._reader()
+        self.publisher = self._publisher()
+        if ckpt is not None and progress.weight_version > 0:
+            # Engines restarted with the job start from the HF weights: give them the trained ones.
+            self.publisher.publish(st.actor.model, progress.weight_version)
+        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().restart_count)
+        try:
+            while progress.next_rollout_id < cfg.rollout.num_rollout:
+                t0 = time.perf_counter()
+                cmd = self._next_command(progress.next_rollout_id)
+                if cmd == "preempt":
+                    return self._preempt(progress)
+                if cmd == "stop":
+                    log.info("stop requested: exiting without training rollout %d", progress.next_rollout_id)
+                    return 0
+                rollout = self.reader.read(progress.next_rollout_id)
+                lines = self._train_rollout(rollout, time.perf_counter() - t0)
+                progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
+                t1 = time.perf_counter()
+                if self._publish_due(progress):
+                    self.publisher.publish(st.actor.model, progress.weight_version)
+                t2 = time.perf_counter()
+                si = cfg.train.save_interval
+                if si is not None and progress.trained_rollouts % si == 0:
+                    self._save(progress)
+                lines[-1][1].update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
+                for step, values in lines:
+                    self.metrics.log(step, values)
+            if self.last_saved != progress.trained_rollouts:
+                self._save(progress)
+            if self.rank == 0:
+                rd.mark_finished({"trained_rollouts": progress.trained_rollouts,
+                                  "weight_version": progress.weight_version, "at": time.time()})
+            return 0
+        finally:
+            self.metrics.close()
+
+    def _train_rollout(self, rollout, wait_s: float) -> list[tuple[int, dict]]:
+        from rlslurm.trainer import step as steps
+        from rlslurm.trainer.advantages import reward_from
+
+        st, t = self.st, self.cfg.train
+        steps.check_rollout(rollout, st.vocab_size, st.mc.arch.max_position_embeddings)
+        prep = steps.prepare(st, rollout)
+        key = self.cfg.rollout.reward_key
+        raw = [reward_from(s.reward, s.reward_key or key, f"rollout {rollout.rollout_id} sample {i}")
+               for i, s in enumerate(rollout.samples)]
+        data = steps.rollout_metrics(rollout, raw)
+        lines = []
+        for k in range(t.num_steps_per_rollout):
+            m = steps.train_step(st, rollout, prep, k)
+            values = {"rollout_id": rollout.rollout_id, **m, **data}
+            if k == 0:
+                values.update({"time/wait_rollout": wait_s, **{f"time/{n}": v for n, v in prep.times.items()}})
+            lines.append((rollout.rollout_id * t.num_steps_per_rollout + k, values))
+        return lines
+
+    # ------------------------------------------------------------------ coordination
+
+    def _reader(self) -> RolloutReader:
+        src = self.cfg.train.load_debug_rollout_data
+        if src is not None:
+            return RolloutReader.replay(src)
+        # One rank owns the buffer's side effects (quarantine); the others only read.
+        return RolloutReader(self.rd, readonly=self.rank != 0)
+
+    def _publisher(self):
+        from rlslurm.trainer.publish import DiskPublisher, NullPublisher
+
+        if self.cfg.train.weight_sync == "disk":
+            return DiskPublisher(self.st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
+                                 dtype=self.st.tcfg.params_dtype)
+        if self.replay:
+            return NullPublisher()
+        # The broadcast publisher (weight_sync=distributed) lands separately; until then disk is
+        # the documented fallback (DESIGN.md, weight sync).
+        log.warning("weight_sync=distributed: no broadcast publisher in this build, publishing to disk")
+        return DiskPublisher(self.st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
+                             dtype=self.st.tcfg.params_dtype)
+
+    def _publish_due(self, progress: TrainerProgress) -> bool:
+        last = progress.trained_rollouts == self.cfg.rollout.num_rollout
+        return last or progress.trained_rollouts % self.cfg.rollout.update_weights_interval == 0
+
+    def _next_command(self, rollout_id: int) -> str:
+        """Collective: rank 0 polls the control files and the buffer, every rank gets its verdict."""
+        while True:
+            msg: list = [None]
+            if self.rank == 0:
+                msg = [self._poll(rollout_id)]
+            dist.broadcast_object_list(msg, src=0)
+            cmd = msg[0]
+            if isinstance(cmd, tuple):  # ("error", message): fail on every rank, not just rank 0
+                raise DataError(str(self.reader.dir), cmd[1])
+            if cmd != "wait":
+                return cmd
+
+    def _poll(self, rollout_id: int):
+        if self.control.preempt_requested():
+            return "preempt"
+        if self.control.stop_requested():
+            return "stop"
+        self.control.heartbeat("trainer", self.rank)
+        if self.replay:
+            if rollout_id not in self.reader.committed_ids():
+                return ("error", f"replay buffer has no rollout {rollout_id} (--num-rollout "
+                                 f"{self.cfg.rollout.num_rollout}, committed: {self.reader.committed_ids()[-5:]})")
+            return "ready"
+        try:
+            self.reader.wait_for(rollout_id, timeout=POLL_S)
+            return "ready"
+        except BufferTimeout:
+            return "wait"
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save(self, progress: TrainerProgress) -> None:
+        from rlslurm.trainer import checkpoint
+
+        d = checkpoint.save(self.st, progress, self.rd.checkpoints_dir, self.cfg.train.keep_checkpoints)
+        self.last_saved = progress.trained_rollouts
+        log.info("saved checkpoint %s", d)
+        if self.rank == 0 and not self.replay:
+            after_checkpoint(self.reader, progress, Retention(keep_trained=self.cfg.rollout.keep_trained_rollouts))
+
+    def _preempt(self, progress: TrainerProgress) -> int:
+        if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
+            self._save(progress)
+        if self.rank == 0:
+            it = self.last_saved if self.last_saved is not None else -1
+            self.control.ack_preempt(checkpoint_iteration=it)
+            log.info("preempt: checkpoint %d acknowledged, exiting for requeue", it)
         return 0
-    while True:
-        if control.preempt_requested():
-            control.ack_preempt(checkpoint_iteration=-1)
-            return 0
-        if control.stop_requested():
-            return 0
-        time.sleep(1.0)
 
 
 if __name__ == "__main__":

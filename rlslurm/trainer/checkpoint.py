@@ -1,0 +1,300 @@
+"""Trainer checkpoints: megatron `dist_checkpointing`, an atomic `latest` pointer, keep-last-K,
+and a fallback to the previous checkpoint when the latest one is corrupt or incomplete.
+
+Layout (RUN/checkpoints/):
+
+    iter_0000004/            one checkpoint; 4 = rollouts trained when it was taken
+      *.distcp, common.pt, .metadata, metadata.json    written by dist_checkpointing (all ranks)
+      rlslurm.json           written LAST by rank 0: sizes (+crc32) of every file, world size
+    latest                   {"name": "iter_0000004", "iteration": 4}, replaced by rename
+
+A checkpoint without `rlslurm.json`, or whose files do not match it, is incomplete: it is never
+pointed to, and on load it is skipped with a loud warning (the previous complete one is used).
+What a checkpoint holds: actor model + optimizer (+ critic), LR schedules, every rank's RNG
+states, and the TrainerProgress (last trained rollout id, weight version): exactly-once training
+comes from keeping the progress in the same checkpoint as the weights (buffer/progress.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlslurm.buffer.atomic import fsync_dir, write_json_atomic
+from rlslurm.buffer.progress import TrainerProgress
+from rlslurm.errors import DataError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "iter_"
+META = "rlslurm.json"
+LATEST = "latest"
+FORMAT = 1
+CRC_MAX_BYTES = 256 * 1024**2  # bigger files are checked by size only (a full read costs minutes)
+
+
+def ckpt_name(iteration: int) -> str:
+    return f"{PREFIX}{iteration:07d}"
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file() and p.name != META)
+
+
+def write_meta(d: Path, iteration: int, world: int, extra: dict[str, Any]) -> None:
+    """Fsync every file, record sizes/checksums, then publish META (the completeness mark)."""
+    files = {}
+    for p in _files(d):
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+        size = p.stat().st_size
+        files[str(p.relative_to(d))] = {"size": size, "crc32": _crc32(p) if size <= CRC_MAX_BYTES else None}
+    for sub in {p.parent for p in _files(d)} | {d}:
+        fsync_dir(sub)
+    write_json_atomic(d / META, {"format": FORMAT, "iteration": iteration, "world_size": world, "files": files, **extra})
+
+
+def verify(d: Path) -> str | None:
+    """None if checkpoint `d` is complete and intact, else what is wrong with it."""
+    meta_path = d / META
+    if not meta_path.exists():
+        return f"{meta_path} is missing (checkpoint incomplete)"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        return f"{meta_path} is unreadable: {e}"
+    if meta.get("format") != FORMAT:
+        return f"{meta_path}: format {meta.get('format')!r} is not {FORMAT}"
+    for rel, info in meta.get("files", {}).items():
+        p = d / rel
+        if not p.is_file():
+            return f"{p} is missing"
+        if p.stat().st_size != info["size"]:
+            return f"{p} has {p.stat().st_size} bytes, expected {info['size']}"
+        if info.get("crc32") is not None and _crc32(p) != info["crc32"]:
+            return f"{p}: checksum mismatch"
+    return None
+
+
+def _iteration_of(name: str) -> int | None:
+    if not name.startswith(PREFIX):
+        return None
+    try:
+        return int(name[len(PREFIX):])
+    except ValueError:
+        return None
+
+
+def candidates(root: Path) -> list[Path]:
+    """Checkpoints to try, best first: the one `latest` points to, then the others, newest first."""
+    if not root.is_dir():
+        return []
+    found = sorted((p for p in root.iterdir() if p.is_dir() and _iteration_of(p.name) is not None),
+                   key=lambda p: _iteration_of(p.name), reverse=True)
+    latest = read_latest(root)
+    if latest is not None and (root / latest) in found:
+        found.remove(root / latest)
+        found.insert(0, root / latest)
+    return found
+
+
+def read_latest(root: Path) -> str | None:
+    try:
+        obj = json.loads((root / LATEST).read_text())
+        return str(obj["name"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        _warn(f"{root / LATEST} is unreadable ({e}); looking for the newest complete checkpoint instead")
+        return None
+
+
+def _warn(msg: str) -> None:
+    log.warning(msg)
+    print(f"rlslurm trainer: WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def find_resume(root: Path) -> Path | None:
+    """The newest intact checkpoint, warning loudly about every one passed over."""
+    latest = read_latest(root)
+    for i, d in enumerate(candidates(root)):
+        problem = verify(d)
+        if problem is None:
+            if i > 0 or (latest is not None and d.name != latest):
+                _warn(f"falling back to checkpoint {d} (the latest one is unusable)")
+            return d
+        _warn(f"checkpoint {d} is unusable: {problem}")
+    return None
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints (and incomplete older ones). The
+    META goes first so that a half-deleted directory can never look complete."""
+    latest = read_latest(root)
+    dirs = sorted((p for p in root.iterdir() if p.is_dir() and _iteration_of(p.name) is not None),
+                  key=lambda p: _iteration_of(p.name), reverse=True)
+    complete = [d for d in dirs if (d / META).exists()]
+    keep_set = set(complete[:keep]) | ({root / latest} if latest else set())
+    newest_complete = _iteration_of(complete[0].name) if complete else -1
+    doomed = [d for d in dirs if d not in keep_set and _iteration_of(d.name) < newest_complete]
+    for d in doomed:
+        try:
+            (d / META).unlink()
+        except FileNotFoundError:
+            pass
+        fsync_dir(d)
+        shutil.rmtree(d, ignore_errors=True)
+    if doomed:
+        fsync_dir(root)
+    return doomed
+
+
+# ------------------------------------------------------------------------------ state
+
+
+def _rng_state() -> dict[str, Any]:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_rng: bool) -> dict[str, Any]:
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model_sd = st.actor.inner.sharded_state_dict()
+    state: dict[str, Any] = {
+        "model": model_sd,
+        "optimizer": st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading),
+        "scheduler": st.actor.scheduler.state_dict(),
+        "progress": progress.state_dict() if progress is not None else TrainerProgress().state_dict(),
+    }
+    if with_rng:
+        state["rng"] = ShardedObject("rlslurm_rng_state", _rng_state(), (world,), (rank,), replica_id=0)
+    if st.critic is not None:
+        csd = st.critic.inner.sharded_state_dict(prefix="critic.")
+        state["critic"] = csd
+        state["critic_optimizer"] = st.critic.optimizer.sharded_state_dict(csd, is_loading=loading)
+        state["critic_scheduler"] = st.critic.scheduler.state_dict()
+    return state
+
+
+def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint directory."""
+    from megatron.core import dist_checkpointing
+
+    rank = dist.get_rank()
+    d = root / ckpt_name(progress.trained_rollouts)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if d.exists():  # a partial save of a crashed attempt, or a re-save of the same iteration
+            if (d / META).exists():
+                (d / META).unlink()
+            shutil.rmtree(d)
+        d.mkdir()
+        fsync_dir(root)
+    dist.barrier()
+    dist_checkpointing.save(_sharded_state(st, progress, loading=False, with_rng=True), str(d))
+    dist.barrier()
+    if rank == 0:
+        write_meta(d, progress.trained_rollouts, dist.get_world_size(),
+                   {"progress": progress.state_dict()})
+        write_json_atomic(root / LATEST, {"name": d.name, "iteration": progress.trained_rollouts})
+        prune(root, keep)
+    dist.barrier()
+    return d
+
+
+def load(st, d: Path) -> TrainerProgress:
+    """Collective: restore everything `save` wrote into the built trainer."""
+    from megatron.core import dist_checkpointing
+
+    meta = json.loads((d / META).read_text())
+    same_world = meta.get("world_size") == dist.get_world_size()
+    if not same_world:
+        _warn(f"{d} was saved by {meta.get('world_size')} ranks, this job has {dist.get_world_size()}: "
+              "RNG states are not restored (weights, optimizer and progress are)")
+    template = _sharded_state(st, None, loading=True, with_rng=same_world)
+    state = dist_checkpointing.load(template, str(d))
+    st.actor.inner.load_state_dict(state["model"])
+    st.actor.optimizer.load_state_dict(state["optimizer"])
+    st.actor.scheduler.load_state_dict(state["scheduler"])
+    if st.critic is not None:
+        if "critic" not in state:
+            raise DataError(str(d), "checkpoint has no critic but --advantage-estimator ppo needs one")
+        st.critic.inner.load_state_dict(state["critic"])
+        st.critic.optimizer.load_state_dict(state["critic_optimizer"])
+        st.critic.scheduler.load_state_dict(state["critic_scheduler"])
+    if same_world:
+        _set_rng_state(state["rng"])
+    return TrainerProgress.from_state_dict(state["progress"])
+
+
+def resume(st, root: Path) -> tuple[TrainerProgress, Path | None]:
+    """Find the newest intact checkpoint (rank 0 decides for all) and load it."""
+    choice = [None]
+    if dist.get_rank() == 0:
+        found = find_resume(root)
+        choice = [str(found) if found is not None else None]
+    dist.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        return TrainerProgress(), None
+    d = Path(choice[0])
+    return load(st, d), d
+
+
+def load_model_weights(model: torch.nn.Module, path: Path) -> None:
+    """Initial weights from a Megatron dist checkpoint: one of ours (a checkpoints root with
+    `latest`, or an iter_ directory) or a plain model checkpoint (tools/ckpt_convert hf-to-mcore)."""
+    from megatron.core import dist_checkpointing
+
+    d = Path(path)
+    if (d / LATEST).exists() or any(_iteration_of(p.name) is not None for p in d.iterdir() if p.is_dir()):
+        found = find_resume(d)
+        if found is None:
+            raise DataError(str(d), "--load: no complete checkpoint in this directory")
+        d = found
+    if not (d / "metadata.json").exists():
+        raise DataError(str(d), "--load: not a megatron distributed checkpoint (no metadata.json)")
+    keyed = (d / META).exists()
+    sd = model.sharded_state_dict()
+    state = dist_checkpointing.load({"model": sd} if keyed else sd, str(d))
+    model.load_state_dict(state["model"] if keyed else state)

@@ -1,0 +1,95 @@
+"""Forward a micro-batch -> per-token log-probs (and entropy, values) of the *response* tokens.
+
+Logits are vocabulary shards under TP ([n, L, V/tp], `parallel_output=True`). Log-probs go
+through megatron's `vocab_parallel_cross_entropy` (the same kernel a plain Megatron loss uses),
+entropy through max/sum all-reduces over the TP group, so both equal the single-GPU values.
+The padded vocabulary rows (Megatron pads V to a multiple of 128 x TP) get a huge negative logit:
+HF has no such tokens, so they must not take probability mass.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlslurm.trainer.batching import MicroBatch
+
+_NEG = -1.0e9  # exp() underflows to exactly 0 in fp32/bf16 while 0 * _NEG stays 0 (no NaN in entropy)
+
+
+def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
+    """[n, L, V/tp] logits (or [n, L, 1] values for the critic)."""
+    tokens = mb.tokens
+    pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+    return model(tokens, pos, None)
+
+
+def _vocab_range() -> tuple[int, int, object]:
+    from megatron.core import parallel_state as ps
+
+    rank = ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
+    group = ps.get_tensor_model_parallel_group() if ps.model_parallel_is_initialized() else None
+    return rank, ps.get_tensor_model_parallel_world_size() if group is not None else 1, group
+
+
+def prepare_logits(logits: Tensor, vocab_size: int, temperature: float = 1.0) -> Tensor:
+    """Fresh fp32 logits of the shifted positions, temperature applied, padded vocab masked.
+
+    Always a new tensor: megatron's cross entropy subtracts the max from its input in place.
+    """
+    tp_rank, _, _ = _vocab_range()
+    x = logits[:, :-1, :].float()
+    if temperature != 1.0:
+        x = x / temperature
+    local = x.shape[-1]
+    start = tp_rank * local
+    if start + local > vocab_size:
+        ids = torch.arange(start, start + local, device=x.device)
+        x = x.masked_fill(ids >= vocab_size, _NEG)
+    elif x.data_ptr() == logits.data_ptr():
+        x = x.clone()
+    return x
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log p(tokens[:, t+1] | <= t) for prepared logits [n, L-1, V/tp] -> [n, L-1]."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    return -vocab_parallel_cross_entropy(logits, tokens[:, 1:].contiguous())
+
+
+def vocab_parallel_entropy(logits: Tensor) -> Tensor:
+    """Entropy of softmax over the full (TP-sharded) vocabulary: [n, L-1, V/tp] -> [n, L-1].
+
+    H = log Z - sum_i p_i z_i with z shifted by the global max. The all-reduces are megatron's
+    autograd-aware ones, so the entropy bonus gets correct gradients under TP.
+    """
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    _, tp, group = _vocab_range()
+    z = logits.float()
+    m = z.detach().max(dim=-1, keepdim=True).values
+    if tp > 1:
+        torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=group)
+    z = z - m
+    e = z.exp()
+    sum_exp = e.sum(dim=-1)
+    sum_ez = (e * z).sum(dim=-1)
+    if tp > 1:
+        sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
+        sum_ez = reduce_from_tensor_model_parallel_region(sum_ez)
+    return sum_exp.log() - sum_ez / sum_exp
+
+
+def response_slices(per_position: Tensor, mb: MicroBatch) -> list[Tensor]:
+    """Per-sample 1-D tensors over the response tokens, from a [n, L-1] per-position tensor.
+
+    Position t of the shifted tensor predicts token t+1, so response token j of a sample with
+    prompt length P is at position P - 1 + j.
+    """
+    return [per_position[row, p - 1: p - 1 + r] for row, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens))]
+
+
+def values_of(values: Tensor, mb: MicroBatch) -> list[Tensor]:
+    """Critic output [n, L, 1] -> per-sample values of the states before each response token."""
+    return response_slices(values[:, :-1, 0].float(), mb)

@@ -1,0 +1,303 @@
+"""Build everything het-group 0 trains with: torch.distributed, Megatron parallel state, seeds,
+the actor (DDP + optimizer + LR schedule), the frozen reference and the PPO critic.
+
+The order matters and is the same on every rank: process group -> CPU shim -> parallel state ->
+seeds -> models (identical random init on every DP rank because the seed is) -> HF weights ->
+DDP wrap -> optimizer -> scheduler. Resuming from a checkpoint happens after this (checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rlslurm.config import RunConfig
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
+from rlslurm.trainer.losses import PolicyLossConfig
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ distributed
+
+
+def init_distributed(device: str) -> tuple[int, int]:
+    """Join torchrun's process group: NCCL on GPUs, gloo on CPU."""
+    use_cuda = device == "cuda" and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    dp_rank: int
+    tp_rank: int
+
+    @property
+    def dp_group(self):
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_group()
+
+
+def init_parallel(cfg: RunConfig, world: int) -> Parallel:
+    """Megatron parallel state from the train section (CPU shim first when there is no GPU)."""
+    t = cfg.train
+    if t.pipeline_model_parallel_size > 1:
+        raise ConfigError("--pipeline-model-parallel-size > 1: the RL trainer loop supports TP/DP only so far")
+    if t.context_parallel_size > 1:
+        raise ConfigError("--context-parallel-size > 1: the RL trainer loop supports TP/DP only so far")
+    mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
+    if world % mp:
+        raise ConfigError(
+            f"--tensor-model-parallel-size {t.tensor_model_parallel_size} does not divide the trainer world size {world}")
+    if not torch.cuda.is_available():
+        from rlslurm.trainer import cpu_shim
+
+        cpu_shim.apply()
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=t.tensor_model_parallel_size,
+            pipeline_model_parallel_size=t.pipeline_model_parallel_size,
+            context_parallel_size=t.context_parallel_size,
+            expert_model_parallel_size=t.expert_model_parallel_size,
+        )
+    return Parallel(
+        tp=t.tensor_model_parallel_size, pp=1, cp=1, ep=t.expert_model_parallel_size,
+        dp=ps.get_data_parallel_world_size(), dp_rank=ps.get_data_parallel_rank(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+    )
+
+
+def set_seeds(seed: int) -> None:
+    """Same seed on every DP rank (identical random init); megatron's tracker makes TP shards differ."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------ configs
+
+
+def split_megatron_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`--megatron-<field>` values -> (TransformerConfig fields, OptimizerConfig fields).
+
+    A field of both goes to both (e.g. params_dtype); an unknown one is left in the transformer
+    part, where `transformer_config` rejects it naming the flag.
+    """
+    from megatron.core.optimizer import OptimizerConfig
+
+    opt_fields = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    from megatron.core.transformer import TransformerConfig
+
+    tf_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    tf, opt = {}, {}
+    for k, v in overrides.items():
+        if k in opt_fields:
+            opt[k] = v
+        if k in tf_fields or k not in opt_fields:
+            tf[k] = v
+    return tf, opt
+
+
+def params_dtype(cfg: RunConfig) -> torch.dtype:
+    return torch.bfloat16 if cfg.train.bf16 else torch.float32
+
+
+# ------------------------------------------------------------------------------ models
+
+
+class ValueHead(torch.nn.Module):
+    """The critic's output layer: hidden -> one value per token, in place of the LM head.
+
+    It takes the LM head's call signature (GPTModel calls `output_layer(h, weight=..., ...)`)
+    and is replicated over TP: without sequence parallelism every TP rank holds the full hidden
+    states, so every TP rank computes the same values and the same gradients.
+    """
+
+    def __init__(self, hidden: int, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden, dtype=dtype, device=device))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype, device=device))
+
+    def forward(self, hidden_states: torch.Tensor, weight=None, runtime_gather_output=None, **_: Any):
+        return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {}, sharded_offsets)
+
+
+@dataclass
+class Trained:
+    """A model that trains: DDP-wrapped module, its optimizer and its LR schedule."""
+
+    model: Any            # megatron DistributedDataParallel
+    optimizer: Any        # MegatronOptimizer
+    scheduler: Any        # OptimizerParamScheduler
+
+    @property
+    def inner(self) -> torch.nn.Module:
+        from rlslurm.convert.parallel import unwrap
+
+        return unwrap(self.model)
+
+
+@dataclass
+class TrainerSetup:
+    cfg: RunConfig
+    mc: ModelConfig
+    tcfg: Any
+    par: Parallel
+    adv_cfg: AdvantageConfig
+    loss_cfg: PolicyLossConfig
+    actor: Trained
+    ref: torch.nn.Module | None
+    critic: Trained | None
+    vocab_size: int
+    vocab_size_padded: int
+    device: torch.device
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _build(mc: ModelConfig, tcfg, vocab_padded: int, device: torch.device) -> torch.nn.Module:
+    from rlslurm.trainer.model import build_gpt_model
+
+    model = build_gpt_model(mc, tcfg, vocab_size_padded=vocab_padded)
+    return model.to(device)
+
+
+def _init_weights(model: torch.nn.Module, mc: ModelConfig, cfg: RunConfig, what: str) -> None:
+    """HF safetensors (config.json checked) or a Megatron dist checkpoint (`--load` of another run /
+    tools/ckpt_convert); with neither the model keeps its seeded random init."""
+    from rlslurm.convert import load_hf_checkpoint
+
+    load = cfg.model.load
+    if load is not None and what == "actor" and Path(load).resolve() != Path(cfg.run_dir, "checkpoints").resolve():
+        from rlslurm.trainer.checkpoint import load_model_weights
+
+        load_model_weights(model, Path(load))
+        return
+    if cfg.model.hf_checkpoint is not None:
+        load_hf_checkpoint(model, mc, cfg.model.hf_checkpoint)
+
+
+def _wrap(model: torch.nn.Module, tcfg, cfg: RunConfig) -> torch.nn.Module:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    if tcfg.bf16 or tcfg.fp16:
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(tcfg, model)
+    ddp = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=cfg.train.use_distributed_optimizer,
+    )
+    return DistributedDataParallel(config=tcfg, ddp_config=ddp, module=model)
+
+
+def _optimizer(model, tcfg, cfg: RunConfig, lr: float, overrides: dict[str, Any]) -> tuple[Any, Any]:
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    t = cfg.train
+    kw: dict[str, Any] = dict(
+        optimizer="adam", lr=lr, min_lr=t.min_lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_grad=t.clip_grad, bf16=tcfg.bf16, fp16=tcfg.fp16,
+        params_dtype=tcfg.params_dtype, use_distributed_optimizer=t.use_distributed_optimizer,
+    )
+    kw.update(overrides)
+    try:
+        ocfg = OptimizerConfig(**kw)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ConfigError(f"--megatron-*: megatron-core rejected the OptimizerConfig: {e}") from None
+    opt = get_megatron_optimizer(ocfg, [model])
+    total = max(1, cfg.rollout.num_rollout * t.num_steps_per_rollout)
+    sched = OptimizerParamScheduler(
+        opt, init_lr=0.0 if t.lr_warmup_iters else lr, max_lr=lr, min_lr=t.min_lr,
+        lr_warmup_steps=t.lr_warmup_iters, lr_decay_steps=max(total, t.lr_warmup_iters + 1),
+        lr_decay_style=t.lr_decay_style, start_wd=t.weight_decay, end_wd=t.weight_decay,
+        wd_incr_steps=total, wd_incr_style="constant",
+    )
+    return opt, sched
+
+
+def needs_ref(adv: AdvantageConfig, loss: PolicyLossConfig) -> bool:
+    return loss.kl_loss_coef > 0.0 or adv.kl_coef > 0.0
+
+
+def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
+    """Everything but the resume: parallel state, seeds, actor (+ref, +critic), optimizers."""
+    adv_cfg, loss_cfg = rl_configs_from_train(cfg.train)
+    par = init_parallel(cfg, world)
+    set_seeds(cfg.run.seed)
+    mc = load_model_config(cfg.model.model)
+    from rlslurm.trainer.model import padded_vocab_size, transformer_config
+
+    tf_over, opt_over = split_megatron_overrides(cfg.megatron)
+    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, cp=par.cp,
+                              overrides=tf_over)
+    vpad = padded_vocab_size(mc.arch.vocab_size, par.tp)
+    device = _device()
+
+    with_ref = needs_ref(adv_cfg, loss_cfg)
+    if with_ref and cfg.model.ref_load is None and cfg.model.hf_checkpoint is None:
+        raise ConfigError("--use-kl-loss / --kl-coef need a reference model: pass --hf-checkpoint or --ref-load")
+
+    actor_model = _build(mc, tcfg, vpad, device)
+    _init_weights(actor_model, mc, cfg, "actor")
+    actor_ddp = _wrap(actor_model, tcfg, cfg)
+    opt, sched = _optimizer(actor_ddp, tcfg, cfg, cfg.train.lr, opt_over)
+    actor = Trained(actor_ddp, opt, sched)
+
+    ref = None
+    if with_ref:
+        from rlslurm.convert import load_hf_checkpoint
+
+        ref = _build(mc, tcfg, vpad, device)
+        load_hf_checkpoint(ref, mc, cfg.model.ref_load or cfg.model.hf_checkpoint)
+        ref.eval().requires_grad_(False)
+
+    critic = None
+    if adv_cfg.estimator == "ppo":
+        # slime initialises the critic's trunk from the actor's checkpoint; the value head starts at 0
+        # so the first advantages are the plain returns.
+        cm = _build(mc, tcfg, vpad, device)
+        _init_weights(cm, mc, cfg, "critic")
+        cm.output_layer = ValueHead(mc.arch.hidden_size, tcfg.params_dtype, device)
+        cm.share_embeddings_and_output_weights = False
+        cddp = _wrap(cm, tcfg, cfg)
+        copt, csched = _optimizer(cddp, tcfg, cfg, cfg.train.critic_lr or cfg.train.lr, opt_over)
+        critic = Trained(cddp, copt, csched)
+
+    return TrainerSetup(cfg=cfg, mc=mc, tcfg=tcfg, par=par, adv_cfg=adv_cfg, loss_cfg=loss_cfg, actor=actor, ref=ref,
+                        critic=critic, vocab_size=mc.arch.vocab_size, vocab_size_padded=vpad, device=device)

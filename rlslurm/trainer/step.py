@@ -1,0 +1,294 @@
+"""One rollout's training: recompute old/ref log-probs and values, advantages, then
+`num_steps_per_rollout` optimizer steps, each an explicit micro-batch loop.
+
+Why an explicit loop and not megatron's `forward_backward_func`: with PP=1 the schedule is just
+this loop, and the RL loss needs per-micro-batch inputs (advantages, old log-probs) that the
+schedule's `forward_step_func` contract would have to smuggle in. Gradient semantics follow
+`losses.py`: every micro-batch's loss is its share of the global-batch mean, gradients are
+summed over micro-batches (plain backward) and over DP ranks (the loss is multiplied by the DP
+size because megatron's DDP averages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlslurm.buffer.sample import Rollout, SampleStatus
+from rlslurm.errors import DataError
+from rlslurm.trainer import logprobs as lp
+from rlslurm.trainer.advantages import (
+    GROUP_BASELINE_ESTIMATORS,
+    actor_trains,
+    compute_advantages_and_returns,
+    group_normalize,
+    reward_from,
+)
+from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, plan_batches
+from rlslurm.trainer.losses import compute_rl_loss, compute_value_loss, local_denominator
+from rlslurm.trainer.setup import Trained, TrainerSetup
+
+
+@dataclass
+class Prepared:
+    """Per local sample (by rollout index): everything fixed for the whole rollout."""
+
+    plan: BatchPlan
+    masks: dict[int, Tensor]
+    old_logprobs: dict[int, Tensor]
+    advantages: dict[int, Tensor]
+    returns: dict[int, Tensor]
+    ref_logprobs: dict[int, Tensor] | None = None
+    values: dict[int, Tensor] | None = None
+    rollout_logprobs: dict[int, Tensor] | None = None
+    times: dict[str, float] = field(default_factory=dict)
+
+
+def _where(rollout: Rollout, i: int) -> str:
+    return f"rollout {rollout.rollout_id} sample {i}"
+
+
+def check_rollout(rollout: Rollout, vocab_size: int, max_len: int) -> None:
+    for i, s in enumerate(rollout.samples):
+        w = _where(rollout, i)
+        s.validate(w)
+        if len(s.prompt_tokens) == 0:
+            raise DataError(w, "empty prompt: the first response token has no context to be scored in")
+        if s.response_length == 0:
+            raise DataError(w, "empty response")
+        toks = s.tokens
+        if toks.min() < 0 or toks.max() >= vocab_size:
+            raise DataError(w, f"token id {int(toks.max() if toks.max() >= vocab_size else toks.min())} is outside "
+                               f"the model's vocabulary [0, {vocab_size})")
+        if len(toks) > max_len:
+            raise DataError(w, f"{len(toks)} tokens exceed the model's max_position_embeddings {max_len}")
+
+
+def make_plan(st: TrainerSetup, rollout: Rollout) -> BatchPlan:
+    t = st.cfg.train
+    return plan_batches(
+        [len(s.prompt_tokens) + s.response_length for s in rollout.samples],
+        num_steps=t.num_steps_per_rollout, dp=st.par.dp, dp_rank=st.par.dp_rank,
+        micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
+        max_tokens_per_gpu=t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
+        where=f"rollout {rollout.rollout_id}",
+    )
+
+
+@torch.no_grad()
+def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: TrainerSetup,
+                 values: bool) -> dict[int, Tensor]:
+    model.eval()
+    out: dict[int, Tensor] = {}
+    for step in plan.steps:
+        for idx in step:
+            mb = collate(rollout.samples, idx, st.device)
+            logits = lp.forward_logits(model, mb)
+            if values:
+                per = lp.values_of(logits, mb)
+            else:
+                x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
+                per = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
+            for i, t in zip(idx, per):
+                out[i] = t.float().clone()
+    model.train()
+    return out
+
+
+def rewards_of(st: TrainerSetup, rollout: Rollout) -> Tensor:
+    key = st.cfg.rollout.reward_key
+    r = torch.tensor([reward_from(s.reward, s.reward_key or key, _where(rollout, i))
+                      for i, s in enumerate(rollout.samples)], dtype=torch.float32)
+    cfg = st.adv_cfg
+    if cfg.rewards_normalization and cfg.estimator in GROUP_BASELINE_ESTIMATORS:
+        # The group baseline needs every sample of a group; groups span DP ranks, so do it over
+        # the whole rollout here (every rank has it) and let the local call skip it.
+        gi = torch.tensor([s.group_index for s in rollout.samples])
+        r = group_normalize(r, gi, divide_by_std=cfg.grpo_std_normalization and cfg.estimator in ("grpo", "gspo"))
+    return r
+
+
+def prepare(st: TrainerSetup, rollout: Rollout) -> Prepared:
+    t0 = time.perf_counter()
+    plan = make_plan(st, rollout)
+    local = plan.local_indices()
+    samples = rollout.samples
+    masks = {i: torch.from_numpy(samples[i].effective_loss_mask().astype("float32")).to(st.device) for i in local}
+    for i in local:
+        if samples[i].status in (SampleStatus.ABORTED, SampleStatus.FAILED):
+            masks[i] = torch.zeros_like(masks[i])  # never train on a response the engine did not finish
+    have_rollout_lp = all(s.rollout_logprobs is not None for s in samples)
+    rollout_lp = ({i: torch.from_numpy(samples[i].rollout_logprobs.astype("float32")).to(st.device) for i in local}
+                  if have_rollout_lp else None)
+    times = {}
+    if st.cfg.train.use_rollout_logprobs:
+        if rollout_lp is None:
+            raise DataError(f"rollout {rollout.rollout_id}", "--use-rollout-logprobs but some samples carry no "
+                                                             "rollout_logprobs")
+        old = dict(rollout_lp)
+    else:
+        old = _forward_all(st.actor.model, rollout, plan, st, values=False)
+    times["old_logprob"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    ref = _forward_all(st.ref, rollout, plan, st, values=False) if st.ref is not None else None
+    times["ref_logprob"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    vals = _forward_all(st.critic.model, rollout, plan, st, values=True) if st.critic is not None else None
+    times["values"] = time.perf_counter() - t2
+
+    rewards = rewards_of(st, rollout)
+    cfg = dataclasses.replace(st.adv_cfg, rewards_normalization=False)
+    adv, ret = compute_advantages_and_returns(
+        cfg, rewards=rewards[local], group_index=torch.tensor([samples[i].group_index for i in local]),
+        loss_masks=[masks[i] for i in local],
+        log_probs=[old[i] for i in local], ref_log_probs=[ref[i] for i in local] if ref is not None else None,
+        values=[vals[i] for i in local] if vals is not None else None,
+        whiten_group=st.par.dp_group if st.par.dp > 1 else None,
+    )
+    return Prepared(plan=plan, masks=masks, old_logprobs=old, advantages=dict(zip(local, adv)),
+                    returns=dict(zip(local, ret)), ref_logprobs=ref, values=vals, rollout_logprobs=rollout_lp,
+                    times=times)
+
+
+def _global_denominator(st: TrainerSetup, prep: Prepared, step: list[list[int]]) -> Tensor:
+    masks = [prep.masks[i] for mb in step for i in mb]
+    d = local_denominator(masks, st.loss_cfg.loss_reduction) if masks else torch.zeros((), device=st.device)
+    d = d.to(st.device).float()
+    if st.par.dp > 1:
+        dist.all_reduce(d, group=st.par.dp_group)
+    return d
+
+
+def actor_metric_keys(st: TrainerSetup, prep: Prepared) -> list[str]:
+    keys = ["loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy"]
+    if st.ref is not None:
+        keys.append("kl")
+    if st.loss_cfg.use_tis:
+        keys += ["tis", "tis_clipfrac", "tis_abs", "ois"]
+    if prep.rollout_logprobs is not None:
+        keys.append("train_rollout_logprob_abs_diff")
+    return keys
+
+
+def _actor_microbatch(st: TrainerSetup, prep: Prepared, mb: MicroBatch, denom: Tensor) -> dict[str, Tensor]:
+    logits = lp.forward_logits(st.actor.model, mb)
+    x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
+    if st.loss_cfg.entropy_coef > 0.0:
+        ent = lp.vocab_parallel_entropy(x.clone())
+    else:
+        with torch.no_grad():
+            ent = lp.vocab_parallel_entropy(x.detach())
+    logp = lp.token_logprobs(x, mb.tokens)
+    idx = mb.indices
+    loss, metrics = compute_rl_loss(
+        st.loss_cfg,
+        log_probs=lp.response_slices(logp, mb),
+        advantages=[prep.advantages[i] for i in idx],
+        loss_masks=[prep.masks[i] for i in idx],
+        global_denominator=denom,
+        old_log_probs=[prep.old_logprobs[i] for i in idx],
+        ref_log_probs=[prep.ref_logprobs[i] for i in idx] if prep.ref_logprobs is not None else None,
+        rollout_log_probs=[prep.rollout_logprobs[i] for i in idx] if prep.rollout_logprobs is not None else None,
+        entropy=lp.response_slices(ent, mb),
+    )
+    (loss * st.par.dp).backward()
+    return metrics
+
+
+def _critic_microbatch(st: TrainerSetup, prep: Prepared, mb: MicroBatch, denom: Tensor) -> dict[str, Tensor]:
+    assert st.critic is not None and prep.values is not None
+    out = lp.forward_logits(st.critic.model, mb)
+    idx = mb.indices
+    loss, metrics = compute_value_loss(
+        values=lp.values_of(out, mb), old_values=[prep.values[i] for i in idx], returns=[prep.returns[i] for i in idx],
+        loss_masks=[prep.masks[i] for i in idx], value_clip=st.cfg.train.value_clip,
+        loss_reduction=st.loss_cfg.loss_reduction, global_denominator=denom,
+    )
+    (loss * st.par.dp).backward()
+    return metrics
+
+
+def _optimizer_step(tr: Trained) -> tuple[float, bool]:
+    tr.model.finish_grad_sync()
+    ok, grad_norm, _ = tr.optimizer.step()
+    tr.scheduler.step(increment=1)
+    return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok)
+
+
+def _zero(tr: Trained) -> None:
+    tr.model.zero_grad_buffer()
+    tr.optimizer.zero_grad()
+
+
+def _reduce(st: TrainerSetup, sums: dict[str, float], keys: list[str]) -> dict[str, float]:
+    t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=st.device)
+    if st.par.dp > 1:
+        dist.all_reduce(t, group=st.par.dp_group)
+    return dict(zip(keys, t.tolist()))
+
+
+def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> dict[str, float]:
+    """Optimizer step k of this rollout (actor, and the critic for PPO). Returns reduced metrics."""
+    step = prep.plan.steps[k]
+    denom = _global_denominator(st, prep, step)
+    samples = rollout.samples
+    out: dict[str, float] = {}
+    tokens = sum(len(samples[i].prompt_tokens) + samples[i].response_length for mb in step for i in mb)
+    t0 = time.perf_counter()
+    if st.critic is not None:
+        _zero(st.critic)
+        sums: dict[str, float] = {}
+        for idx in step:
+            m = _critic_microbatch(st, prep, collate(samples, idx, st.device), denom)
+            for key, v in m.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+        gn, _ = _optimizer_step(st.critic)
+        out.update(_reduce(st, sums, ["value_loss", "value_clipfrac"]))
+        out["critic_grad_norm"] = gn
+        out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
+    t1 = time.perf_counter()
+    if actor_trains(st.adv_cfg, rollout.rollout_id):
+        _zero(st.actor)
+        keys = actor_metric_keys(st, prep)
+        sums = {}
+        for idx in step:
+            m = _actor_microbatch(st, prep, collate(samples, idx, st.device), denom)
+            for key, v in m.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+        gn, ok = _optimizer_step(st.actor)
+        out.update(_reduce(st, sums, keys))
+        out["grad_norm"] = gn
+        out["update_successful"] = float(ok)
+    out["lr"] = st.actor.optimizer.param_groups[0]["lr"]
+    t2 = time.perf_counter()
+    ntok = torch.tensor([float(tokens)], dtype=torch.float64, device=st.device)
+    if st.par.dp > 1:
+        dist.all_reduce(ntok, group=st.par.dp_group)
+    out["tokens"] = float(ntok.item())
+    out["time/critic_step"] = t1 - t0
+    out["time/actor_step"] = t2 - t1
+    out["tokens_per_s"] = out["tokens"] / max(t2 - t0, 1e-9)
+    out["num_microbatches"] = float(len(step))
+    return out
+
+
+def rollout_metrics(rollout: Rollout, rewards: list[float]) -> dict[str, float]:
+    """Data-side metrics of a rollout (the same on every rank)."""
+    s = rollout.samples
+    n = len(s)
+    r = torch.tensor(rewards, dtype=torch.float64)
+    lens = torch.tensor([x.response_length for x in s], dtype=torch.float64)
+    return {
+        "reward_mean": float(r.mean()),
+        "reward_std": float(r.std(unbiased=False)) if n > 1 else 0.0,
+        "response_length_mean": float(lens.mean()),
+        "response_length_max": float(lens.max()),
+        "truncation_rate": sum(x.status == SampleStatus.TRUNCATED for x in s) / n,
+        "n_samples": float(n),
+        "weight_version_min": float(min(x.weight_version for x in s)),
+    }

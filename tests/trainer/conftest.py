@@ -1,0 +1,102 @@
+"""Shared pieces of the trainer-loop tests: a tiny HF checkpoint, run directories with a
+run.yaml, deterministic synthetic rollouts, and torchrun launches with free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlslurm.buffer import RolloutMeta, RolloutWriter, RunDir, Sample, SampleStatus
+from rlslurm.config import RunConfig
+from rlslurm.runfile import dump_run_config
+
+MODEL = "tiny-qwen3"
+VOCAB = 64
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory) -> Path:
+    from rlslurm.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(load_model_config(MODEL), tmp_path_factory.mktemp("hf") / MODEL, seed=3)
+
+
+def make_samples(rollout_id: int, n_groups: int = 2, per_group: int = 4, seed: int = 0,
+                 with_logprobs: bool = True) -> list[Sample]:
+    """A rollout's samples as the driver would commit them: content is a function of the ids."""
+    rng = np.random.default_rng([rollout_id, seed])
+    out = []
+    for g in range(n_groups):
+        prompt = rng.integers(4, VOCAB, int(rng.integers(2, 6)))
+        for j in range(per_group):
+            rl = int(rng.integers(2, 9))
+            mask = np.ones(rl, dtype=np.uint8)
+            if j == 1 and rl > 3:
+                mask[1:3] = 0  # a tool span
+            out.append(Sample(
+                prompt_tokens=prompt, response_tokens=rng.integers(4, VOCAB, rl),
+                reward=float(rng.integers(0, 2)) + 0.1 * j, loss_mask=mask,
+                rollout_logprobs=(-rng.random(rl) * 3).astype(np.float32) if with_logprobs else None,
+                status=SampleStatus.TRUNCATED if j == 3 else SampleStatus.COMPLETED,
+                group_index=g, index=len(out), weight_version=rollout_id,
+            ))
+    return out
+
+
+def commit_rollouts(run_dir: Path, ids: range, **kw: Any) -> None:
+    w = RolloutWriter(run_dir)
+    for rid in ids:
+        w.commit(rid, make_samples(rid, **kw), RolloutMeta(weight_versions=[rid], data_cursor={"next": rid + 1}))
+
+
+def make_run(path: Path, hf: Path | None, *, nproc: int = 1, train: dict | None = None,
+             rollout: dict | None = None, megatron: dict | None = None) -> Path:
+    RunDir.create(path)
+    t = dict(micro_batch_size=2, global_batch_size=4, num_steps_per_rollout=2, lr=1e-3, bf16=False,
+             use_distributed_optimizer=False, weight_sync="disk", clip_grad=1.0, adam_beta2=0.99)
+    t.update(train or {})
+    r = dict(num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=4)
+    r.update(rollout or {})
+    cfg = RunConfig.model_validate({
+        "run": {"run_name": "t", "run_dir": str(path), "device": "cpu", "seed": 7},
+        "slurm": {"trainer_nodes": 1, "rollout_nodes": 1, "trainer_procs_per_node": nproc, "gpus_per_node": 0},
+        "model": {"model": MODEL, "hf_checkpoint": str(hf) if hf else None},
+        "rollout": r, "train": t, "megatron": megatron or {},
+    })
+    (path / "run.yaml").write_text(dump_run_config(cfg))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **popen)
+
+
+def run_trainer(run_dir: Path, nproc: int = 1, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
+    p = torchrun(["-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)], nproc, timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"trainer rc={p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-8000:]}")
+    return p
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
