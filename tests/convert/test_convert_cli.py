@@ -1,0 +1,116 @@
+"""tools/ckpt_convert end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
+different TP/PP/EP on each side, bit-identical tensors, and the export loads and generates in HF."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from rlslurm.convert import HFCheckpoint
+
+from convert_helpers import REPO, check, run_procs
+
+pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+
+
+def _convert(nproc: int, *args: str) -> None:
+    check(run_procs(nproc, ["tools.ckpt_convert", *args], module=True, timeout=300))
+
+
+def _assert_bit_identical(src: Path, dst: Path, dtype: torch.dtype) -> None:
+    a, b = HFCheckpoint(src), HFCheckpoint(dst)
+    assert set(a.names()) == set(b.names())
+    for n in a.names():
+        x, y = a.get(n), b.get(n)
+        assert y.dtype == dtype and torch.equal(x, y), n
+
+
+def _generates(hf_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir)
+    assert model.get_input_embeddings().weight.shape[0] == 64  # trimmed, not the TP-padded 128/256
+    ids = tok("say a b c", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    assert out.shape[1] == ids.shape[1] + 4
+
+
+@pytest.fixture(scope="module")
+def bf16_qwen3(tiny_ckpts, tmp_path_factory) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    d = tmp_path_factory.mktemp("bf16") / "tiny-qwen3"
+    AutoModelForCausalLM.from_pretrained(tiny_ckpts / "tiny-qwen3", dtype=torch.bfloat16).save_pretrained(d)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).write_bytes((tiny_ckpts / "tiny-qwen3" / f).read_bytes())
+    return d
+
+
+def test_qwen3_bf16_tp2_to_pp2(bf16_qwen3, tmp_path):
+    _convert(2, "hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(bf16_qwen3), "--out", str(tmp_path / "mc"),
+             "--tp", "2", "--dtype", "bf16")
+    assert len(list((tmp_path / "mc").glob("*.distcp"))) >= 2
+    _convert(2, "mcore-to-hf", "--model", "tiny-qwen3", "--load", str(tmp_path / "mc"), "--out",
+             str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(bf16_qwen3))
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    _assert_bit_identical(bf16_qwen3, tmp_path / "hf", torch.bfloat16)
+    _generates(tmp_path / "hf")
+
+
+def test_glm4_tp2_to_tp1(tiny_ckpts, tmp_path):
+    src = tiny_ckpts / "tiny-glm4"
+    _convert(2, "hf-to-mcore", "--model", "tiny-glm4", "--hf", str(src), "--out", str(tmp_path / "mc"),
+             "--tp", "2", "--dtype", "fp32")
+    _convert(1, "mcore-to-hf", "--model", "tiny-glm4", "--load", str(tmp_path / "mc"), "--out",
+             str(tmp_path / "hf"), "--hf-config-from", str(src))
+    _assert_bit_identical(src, tmp_path / "hf", torch.float32)
+    _generates(tmp_path / "hf")
+
+
+def test_deepseek_ep2_to_pp2(tiny_ckpts, tmp_path):
+    src = tiny_ckpts / "tiny-deepseek-v3"
+    _convert(2, "hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(src), "--out", str(tmp_path / "mc"),
+             "--ep", "2", "--dtype", "fp32")
+    _convert(2, "mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(tmp_path / "mc"), "--out",
+             str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(src))
+    _assert_bit_identical(src, tmp_path / "hf", torch.float32)
+    _generates(tmp_path / "hf")
+
+
+def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):
+    from tools.ckpt_convert.cli import app
+
+    r = CliRunner().invoke(app, ["hf-to-mcore", "--model", "tiny-llama", "--hf", str(tiny_ckpts / "tiny-qwen3"),
+                                 "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2
+    assert "hf_model_type='llama'" in r.output and "model_type='qwen3'" in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_checkpoint_of_another_architecture_is_refused(tmp_path):
+    from tools.ckpt_convert import runtime
+    from tools.ckpt_convert.cli import app
+
+    from rlslurm.model_config import load_model_config
+
+    ck = tmp_path / "mc"
+    ck.mkdir()
+    arch = load_model_config("tiny-qwen3").arch.model_dump(mode="json")
+    runtime.write_meta(ck, {"arch": {**arch, "num_layers": 3}, "vocab_size_padded": 128, "dtype": "float32"})
+    r = CliRunner().invoke(app, ["mcore-to-hf", "--model", "tiny-qwen3", "--load", str(ck), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2
+    assert "arch.num_layers=2" in r.output and "has 3" in r.output
+
+
+def test_world_size_must_match_the_parallel_sizes(tiny_ckpts, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tools.ckpt_convert", "hf-to-mcore", "--model", "tiny-qwen3", "--hf",
+                        str(tiny_ckpts / "tiny-qwen3"), "--out", str(tmp_path / "o"), "--tp", "2"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "--tp 2 --pp 1 --ep 1 needs 2 processes" in r.stderr
