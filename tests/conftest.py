@@ -29,6 +29,10 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         if _slurm_required():
             pytest.fail(f"{reason}; CI/RLSLURM_REQUIRE_SLURM=1 forbids skipping", pytrace=False)
         pytest.skip(f"{reason}; run as root or set CI=1 to make this an error")
+    # 4 virtual nodes with 8 fake GPUs each: the production defaults (8 GPUs per node, 2+2 nodes)
+    # must pass `sbatch --test-only` unchanged.
+    os.environ.setdefault("RLSLURM_CI_NODES", "4")
+    os.environ.setdefault("RLSLURM_CI_GPUS", "8")
     cluster = SlurmCluster(owner_pid=os.getpid())
     # A boot failure raises here, which pytest reports as an ERROR of every SLURM test:
     # with root available the cluster is expected to come up, CI or not.
