@@ -1,0 +1,59 @@
+"""rlslurm.trainer.model: TransformerConfig from a model config and --megatron-* overrides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import load_model_config
+
+pytestmark = pytest.mark.megatron
+
+
+def test_arch_numbers_reach_the_transformer_config():
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-glm4")
+    cfg = transformer_config(mc, params_dtype=torch.bfloat16, tp=2, pp=1, ep=1, cp=1, overrides={})
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_query_groups, cfg.kv_channels) == (2, 64, 2, 16)
+    assert cfg.add_qkv_bias and cfg.rotary_interleaved and cfg.gated_linear_unit
+    assert cfg.tensor_model_parallel_size == 2 and cfg.bf16 and cfg.params_dtype == torch.bfloat16
+    assert cfg.layernorm_epsilon == 1e-5 and cfg.normalization == "RMSNorm"
+
+
+def test_moe_and_mla_fields():
+    from rlslurm.trainer.model import transformer_config
+
+    ds = transformer_config(load_model_config("tiny-deepseek-v3"), overrides={})
+    assert type(ds).__name__ == "MLATransformerConfig"
+    assert (ds.q_lora_rank, ds.kv_lora_rank, ds.qk_head_dim, ds.qk_pos_emb_head_dim) == (32, 32, 16, 8)
+    assert ds.moe_layer_freq == [0, 1] and ds.moe_router_score_function == "sigmoid"
+    assert ds.moe_router_topk_scaling_factor == 2.5 and ds.moe_router_enable_expert_bias
+    assert (ds.moe_router_num_groups, ds.moe_router_group_topk) == (2, 1)
+    mc = load_model_config("tiny-qwen3-moe")
+    q = transformer_config(mc, overrides={})
+    assert q.moe_router_pre_softmax is False  # norm_topk_prob=True = softmax over the top-k logits
+    no_norm = mc.model_copy(update={"arch": mc.arch.model_copy(
+        update={"moe": mc.arch.moe.model_copy(update={"router_topk_norm": False})})})
+    assert transformer_config(no_norm, overrides={}).moe_router_pre_softmax is True
+
+
+def test_overrides_apply_and_unknown_fields_name_the_flag():
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-qwen3")
+    assert transformer_config(mc, overrides={"hidden_dropout": 0.1}).hidden_dropout == 0.1
+    with pytest.raises(ConfigError, match="--megatron-hiden-dropout"):
+        transformer_config(mc, overrides={"hiden_dropout": 0.1})
+
+
+def test_unsupported_rope_scaling_is_refused():
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-llama")
+    raw = mc.model_dump()
+    raw["arch"]["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    bad = type(mc).model_validate(raw)
+    with pytest.raises(ConfigError, match="rope_scaling"):
+        transformer_config(bad, overrides={})
