@@ -286,11 +286,17 @@ def _mount_subapps() -> None:
     from rlslurm.buffer.cli import app as buffer_app
 
     app.add_typer(buffer_app, name="buffer", help="Inspect a run's rollout buffer (ls, show, export).")
-    try:
-        from tools.ckpt_convert.cli import app as convert_app
-    except ImportError:
-        return
-    app.add_typer(convert_app, name="convert", help="HF <-> Megatron checkpoint conversion.")
+
+
+@app.command(context_settings={**_PASSTHROUGH, "help_option_names": []}, add_help_option=False)
+def convert(ctx: typer.Context) -> None:
+    """HF <-> Megatron checkpoint conversion: `rlslurm convert hf-to-mcore|mcore-to-hf --help`.
+
+    (Loaded on use: it imports torch and megatron-core, which the other commands do not need.)
+    """
+    from tools.ckpt_convert.cli import app as convert_app
+
+    convert_app(args=list(ctx.args), prog_name="rlslurm convert")
 
 
 _mount_subapps()

@@ -114,8 +114,17 @@ class ModelConfig(_Strict):
         return estimate_params(self.arch)
 
     def defaults_for(self, nodes: int) -> dict[str, Any]:
+        """Defaults of the largest node count <= `nodes`; its trainer/rollout split is scaled to
+        `nodes` in the same proportion (each group keeps at least one node)."""
         keys = sorted(k for k in self.defaults if k <= nodes)
-        return dict(self.defaults[keys[-1]]) if keys else {}
+        if not keys:
+            return {}
+        base = keys[-1]
+        out = dict(self.defaults[base])
+        if base != nodes and "trainer_nodes" in out:
+            trainer = min(nodes - 1, max(1, round(nodes * out["trainer_nodes"] / base)))
+            out["trainer_nodes"], out["rollout_nodes"] = trainer, nodes - trainer
+        return out
 
 
 def estimate_params(a: Arch) -> int:
