@@ -214,7 +214,11 @@ def _critic_microbatch(st: TrainerSetup, prep: Prepared, mb: MicroBatch, denom: 
 
 
 def _optimizer_step(tr: Trained) -> tuple[float, bool]:
-    tr.model.finish_grad_sync()
+    # Not just DDP's finish_grad_sync: qk-layernorm weights are shared by the heads of every TP
+    # rank, so their gradients must also be summed over TP (and tied embeddings over PP).
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads([tr.model])
     ok, grad_norm, _ = tr.optimizer.step()
     tr.scheduler.step(increment=1)
     return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok)

@@ -1,0 +1,79 @@
+"""Run under torchrun by test_trainer_step.py: build the trainer from a run directory, check its
+log-probs against HF transformers on the same weights, then train one rollout and dump losses and
+the updated weights (exported to HF names, gathered over TP) for cross-layout comparison.
+
+Writes <out>/result.json and <out>/weights.pt from global rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+
+    from rlslurm.buffer import RolloutReader
+    from rlslurm.convert import mcore_to_hf
+    from rlslurm.runfile import load_run_config
+    from rlslurm.trainer import logprobs as lp
+    from rlslurm.trainer import step as steps
+    from rlslurm.trainer.batching import collate
+    from rlslurm.trainer.setup import build_trainer, init_distributed
+
+    cfg = load_run_config(a.run_dir)
+    rank, world = init_distributed("cpu")
+    st = build_trainer(cfg, world)
+    rollout = RolloutReader(a.run_dir, readonly=True).read(0)
+    result: dict = {"tp": st.par.tp, "dp": st.par.dp}
+
+    # Log-probs and entropy of every sample under the trainer's path (this rank's TP shard of the
+    # vocabulary), before any update; all samples on every rank so that rank 0 can compare them.
+    idx = list(range(len(rollout.samples)))
+    mb = collate(rollout.samples, idx, st.device)
+    with torch.no_grad():
+        x = lp.prepare_logits(lp.forward_logits(st.actor.model, mb), st.vocab_size)
+        ent = lp.response_slices(lp.vocab_parallel_entropy(x), mb)
+        logp = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
+    if rank == 0:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(cfg.model.hf_checkpoint, dtype=torch.float32).eval()
+        diffs, ediffs = [], []
+        with torch.no_grad():
+            for i, s in enumerate(rollout.samples):
+                ids = torch.from_numpy(s.tokens.astype("int64")).unsqueeze(0)
+                logits = hf(ids).logits[0, :-1].float()
+                ref = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+                p = len(s.prompt_tokens)
+                diffs.append(float((ref[p - 1:] - logp[i]).abs().max()))
+                h = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)[p - 1:]
+                ediffs.append(float((h - ent[i]).abs().max()))
+        result["logprob_max_abs_diff"] = max(diffs)
+        result["entropy_max_abs_diff"] = max(ediffs)
+        result["logprob_scale"] = float(torch.cat(logp).abs().max())
+
+    prep = steps.prepare(st, rollout)
+    result["steps"] = [steps.train_step(st, rollout, prep, k) for k in range(cfg.train.num_steps_per_rollout)]
+    weights = {}
+    for name, t in mcore_to_hf(st.mc, st.actor.model):
+        weights[name] = t.clone()
+    if rank == 0:
+        a.out.mkdir(parents=True, exist_ok=True)
+        torch.save(weights, a.out / "weights.pt")
+        (a.out / "result.json").write_text(json.dumps(result, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
