@@ -21,17 +21,6 @@ preempt/stop), `read_ledger(run)`, `RunDir.mark_finished`.
 """
 
 from rlslurm.buffer.atomic import Cancelled, StorageError, fsync_dir, read_json, write_bytes_atomic, write_json_atomic
-from rlslurm.buffer.control import (
-    Control,
-    EngineRecord,
-    Heartbeat,
-    PreemptAck,
-    RendezvousRecord,
-    RendezvousTaken,
-    RouterRecord,
-    StopRequest,
-    WeightVersionRecord,
-)
 from rlslurm.buffer.export import export_jsonl, sample_to_json
 from rlslurm.buffer.ledger import LedgerProblem, read_ledger
 from rlslurm.buffer.manifest import CorruptRollout
@@ -40,6 +29,29 @@ from rlslurm.buffer.reader import BufferTimeout, ReadOnlyBuffer, RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import Rollout, RolloutMeta, RolloutStats, Sample, SampleStatus
 from rlslurm.buffer.writer import AlreadyCommitted, CommitInfo, ResumePoint, RolloutWriter
+
+# The control records use pydantic; import them on first use so that the data path
+# (writer, reader, codec) needs only numpy - e.g. on a GPU image without pydantic.
+_CONTROL = (
+    "Control",
+    "EngineRecord",
+    "Heartbeat",
+    "PreemptAck",
+    "RendezvousRecord",
+    "RendezvousTaken",
+    "RouterRecord",
+    "StopRequest",
+    "WeightVersionRecord",
+)
+
+
+def __getattr__(name: str):
+    if name in _CONTROL:
+        from rlslurm.buffer import control
+
+        return getattr(control, name)
+    raise AttributeError(f"module 'rlslurm.buffer' has no attribute {name!r}")
+
 
 __all__ = [
     "AlreadyCommitted",

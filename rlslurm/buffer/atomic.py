@@ -73,15 +73,24 @@ def _storage_error(path: Path, e: OSError) -> StorageError:
     return StorageError(f"{path}: cannot write: {e.strerror or e}")
 
 
+_IOV_MAX = 1024  # Linux UIO_MAXIOV; writev refuses more buffers per call
+
+
 def write_chunks_to(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
-    """Write every chunk fully (os.write may write less than asked)."""
-    total = 0
-    for chunk in chunks:
-        view = memoryview(chunk).cast("B")
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-            total += n
+    """Write every chunk fully with gathered writes (writev may write less than asked)."""
+    pending = [v for v in (memoryview(c).cast("B") for c in chunks) if v.nbytes]
+    total, i = 0, 0
+    while i < len(pending):
+        n = os.writev(fd, pending[i : i + _IOV_MAX])
+        total += n
+        # skip what was written; a partially written buffer is resumed from its tail
+        while n:
+            if n >= pending[i].nbytes:
+                n -= pending[i].nbytes
+                i += 1
+            else:
+                pending[i] = pending[i][n:]
+                n = 0
     return total
 
 

@@ -32,6 +32,7 @@ FORMAT = "rlslurm-rollout-v1"
 CHECKSUM = "crc32"
 
 _DTYPES = {"I64": np.int64, "I32": np.int32, "U8": np.uint8, "F32": np.float32, "F64": np.float64}
+_STATUS = {st.value: st for st in SampleStatus}
 _NAMES = {np.dtype(v).str: k for k, v in _DTYPES.items()}  # little-endian numpy names
 
 
@@ -44,6 +45,9 @@ class Encoded:
 
 
 def encode(samples: list[Sample]) -> Encoded:
+    """Lay the samples out as one safetensors file. Per-sample arrays are not
+    concatenated in memory: each becomes its own chunk and the file is written with
+    gathered writes, so the ~10 MB of a large rollout is copied only by the kernel."""
     n = len(samples)
     p_len = np.fromiter((s.prompt_tokens.shape[0] for s in samples), dtype=np.int64, count=n)
     r_len = np.fromiter((s.response_tokens.shape[0] for s in samples), dtype=np.int64, count=n)
@@ -51,28 +55,25 @@ def encode(samples: list[Sample]) -> Encoded:
     r_off = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(p_len, out=p_off[1:])
     np.cumsum(r_len, out=r_off[1:])
-
-    def cat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
-        return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
-
     has_lp = np.fromiter((s.rollout_logprobs is not None for s in samples), dtype=np.uint8, count=n)
-    tensors: dict[str, np.ndarray] = {
-        # 8-byte dtypes first, then 4, then 1: every tensor stays naturally aligned
-        "prompt_offsets": p_off,
-        "response_offsets": r_off,
-        "prompt_tokens": cat([s.prompt_tokens for s in samples], TOKEN_DTYPE),
-        "response_tokens": cat([s.response_tokens for s in samples], TOKEN_DTYPE),
+
+    # name -> (dtype, parts); 8-byte dtypes first, then 4, then 1: every tensor stays aligned
+    tensors: dict[str, tuple[np.dtype, list[np.ndarray]]] = {
+        "prompt_offsets": (np.dtype("<i8"), [p_off]),
+        "response_offsets": (np.dtype("<i8"), [r_off]),
+        "prompt_tokens": (np.dtype(TOKEN_DTYPE), [s.prompt_tokens for s in samples]),
+        "response_tokens": (np.dtype(TOKEN_DTYPE), [s.response_tokens for s in samples]),
     }
     if has_lp.any():
-        tensors["rollout_logprobs"] = cat(
+        tensors["rollout_logprobs"] = (
+            np.dtype(LOGPROB_DTYPE),
             [
                 s.rollout_logprobs if s.rollout_logprobs is not None else np.full(s.response_length, np.nan, LOGPROB_DTYPE)
                 for s in samples
             ],
-            LOGPROB_DTYPE,
         )
-    tensors["loss_mask"] = cat([s.effective_loss_mask() for s in samples], MASK_DTYPE)
-    tensors["has_logprobs"] = has_lp
+    tensors["loss_mask"] = (np.dtype(MASK_DTYPE), [s.effective_loss_mask() for s in samples])
+    tensors["has_logprobs"] = (np.dtype(MASK_DTYPE), [has_lp])
 
     scalars = [
         {
@@ -88,14 +89,20 @@ def encode(samples: list[Sample]) -> Encoded:
         for s in samples
     ]
     header: dict[str, Any] = {}
+    body: list[memoryview] = []
     offset = 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        tensors[name] = a
-        header[name] = {"dtype": _NAMES[a.dtype.str], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        offset += a.nbytes
+    for name, (dtype, parts) in tensors.items():
+        dtype = dtype.newbyteorder("<")
+        nbytes = 0
+        count = 0
+        for a in parts:
+            a = np.ascontiguousarray(a, dtype=dtype)  # no copy when already right (the usual case)
+            if a.nbytes:
+                body.append(memoryview(a).cast("B"))
+            nbytes += a.nbytes
+            count += a.shape[0]
+        header[name] = {"dtype": _NAMES[dtype.str], "shape": [count], "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     try:
         samples_json = json.dumps(scalars, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -103,8 +110,7 @@ def encode(samples: list[Sample]) -> Encoded:
     header["__metadata__"] = {"format": FORMAT, "samples": samples_json}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
     hbytes += b" " * (-(8 + len(hbytes)) % 8)  # data starts 8-byte aligned
-    chunks = [memoryview(struct.pack("<Q", len(hbytes))), memoryview(hbytes)]
-    chunks += [memoryview(a).cast("B") for a in tensors.values() if a.nbytes]
+    chunks = [memoryview(struct.pack("<Q", len(hbytes))), memoryview(hbytes), *body]
     return Encoded(chunks=chunks, size=8 + len(hbytes) + offset)
 
 
@@ -151,14 +157,14 @@ def decode(buf: bytes | bytearray | memoryview, where: str) -> list[Sample]:
         for i, sc in enumerate(scalars):
             rs, re_ = int(r_off[i]), int(r_off[i + 1])
             samples.append(
-                Sample(
+                Sample.trusted(
                     prompt_tokens=p_tok[int(p_off[i]) : int(p_off[i + 1])],
                     response_tokens=r_tok[rs:re_],
                     reward=sc["reward"],
                     reward_key=sc["reward_key"],
                     loss_mask=mask[rs:re_],
                     rollout_logprobs=lp[rs:re_] if (lp is not None and has_lp[i]) else None,
-                    status=SampleStatus(sc["status"]),
+                    status=_STATUS[sc["status"]],
                     group_index=sc["group_index"],
                     index=sc["index"],
                     weight_version=sc["weight_version"],

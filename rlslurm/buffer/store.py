@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from rlslurm.buffer import codec
 from rlslurm.buffer.atomic import listdir_fresh, read_json
 from rlslurm.buffer.manifest import (
@@ -75,8 +77,9 @@ class BufferStore:
         path = self.dir / m.data_file
         if m.checksum_alg != codec.CHECKSUM:
             raise CorruptRollout(rollout_id, str(path), f"unknown checksum algorithm {m.checksum_alg!r}")
-        # one byte more than expected: a file that grew is as wrong as one that shrank
-        buf = bytearray(m.data_size + 1)
+        # one byte more than expected: a file that grew is as wrong as one that shrank;
+        # np.empty, unlike bytearray, does not zero-fill ~10 MB before reading over it
+        buf = np.empty(m.data_size + 1, dtype=np.uint8)
         try:
             with open(path, "rb", buffering=0) as f:
                 n = _readinto_full(f, buf)
@@ -109,7 +112,7 @@ class BufferStore:
         return out
 
 
-def _readinto_full(f, buf: bytearray) -> int:
+def _readinto_full(f, buf: np.ndarray) -> int:
     view = memoryview(buf)
     total = 0
     while total < len(buf):

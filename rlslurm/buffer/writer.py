@@ -91,8 +91,10 @@ class RolloutWriter(BufferStore):
         data_path = self.dir / data_name(rollout_id, secrets.token_hex(6))
         tmp = write_tmp(data_path, enc.chunks)
         try:
+            # No directory fsync here: the one after the manifest link below persists
+            # this entry too (same directory), and journaled/NFS/Lustre/GPFS metadata is
+            # ordered, so the manifest cannot survive a crash without its data name.
             os.replace(tmp, data_path)
-            fsync_dir(self.dir)
         except OSError as e:
             _unlink_quiet(tmp)
             raise StorageError(f"{data_path}: cannot commit: {e.strerror or e}") from e
