@@ -11,17 +11,16 @@ Why this format (numbers in bench/results/buffer-*.md):
 - per-sample scalars (reward, status, label, metadata) are one JSON document in the
   header's `__metadata__`, because they are small and free-form.
 We write the layout ourselves rather than through `safetensors.numpy.save` because that
-builds one `bytes` copy of everything first; streaming the arrays also lets us compute
-the checksum in the same pass.
+needs every field concatenated into one array and then copies all of it into one
+`bytes`; we hand the kernel each sample's arrays directly (gathered writes).
 """
 
 from __future__ import annotations
 
 import json
 import struct
-import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +28,6 @@ from rlslurm.buffer.sample import LOGPROB_DTYPE, MASK_DTYPE, TOKEN_DTYPE, Sample
 from rlslurm.errors import DataError
 
 FORMAT = "rlslurm-rollout-v1"
-CHECKSUM = "crc32"
 
 _DTYPES = {"I64": np.int64, "I32": np.int32, "U8": np.uint8, "F32": np.float32, "F64": np.float64}
 _STATUS = {st.value: st for st in SampleStatus}
@@ -112,15 +110,6 @@ def encode(samples: list[Sample]) -> Encoded:
     hbytes += b" " * (-(8 + len(hbytes)) % 8)  # data starts 8-byte aligned
     chunks = [memoryview(struct.pack("<Q", len(hbytes))), memoryview(hbytes), *body]
     return Encoded(chunks=chunks, size=8 + len(hbytes) + offset)
-
-
-def checksum(chunks: Iterator[memoryview] | list[memoryview] | bytes | bytearray | memoryview) -> str:
-    if isinstance(chunks, (bytes, bytearray, memoryview)):
-        return f"{zlib.crc32(chunks):08x}"
-    crc = 0
-    for c in chunks:
-        crc = zlib.crc32(c, crc)
-    return f"{crc:08x}"
 
 
 def decode(buf: bytes | bytearray | memoryview, where: str) -> list[Sample]:

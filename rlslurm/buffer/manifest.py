@@ -71,7 +71,7 @@ class Manifest:
     committed_at: float
     data_file: str
     data_size: int
-    data_checksum: str
+    data_checksum: list[str]  # one per integrity.BLOCK
     checksum_alg: str
     meta: RolloutMeta
     stats: RolloutStats

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import numpy as np
-
-from rlslurm.buffer import codec
+from rlslurm.buffer import codec, integrity
 from rlslurm.buffer.atomic import listdir_fresh, read_json
 from rlslurm.buffer.manifest import (
     CorruptRollout,
@@ -75,22 +74,24 @@ class BufferStore:
             if m is None:
                 raise KeyError(f"rollout {rollout_id} is not committed in {self.dir}")
         path = self.dir / m.data_file
-        if m.checksum_alg != codec.CHECKSUM:
+        if m.checksum_alg != integrity.ALGORITHM:
             raise CorruptRollout(rollout_id, str(path), f"unknown checksum algorithm {m.checksum_alg!r}")
-        # one byte more than expected: a file that grew is as wrong as one that shrank;
-        # np.empty, unlike bytearray, does not zero-fill ~10 MB before reading over it
-        buf = np.empty(m.data_size + 1, dtype=np.uint8)
         try:
-            with open(path, "rb", buffering=0) as f:
-                n = _readinto_full(f, buf)
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise CorruptRollout(rollout_id, str(path), "data file is missing") from None
-        if n != m.data_size:
-            raise CorruptRollout(rollout_id, str(path), f"data file has {n}{'+' if n > m.data_size else ''} bytes, manifest says {m.data_size}")
-        view = memoryview(buf)[:n]
-        got = codec.checksum(view)
-        if got != m.data_checksum:
-            raise CorruptRollout(rollout_id, str(path), f"checksum {got} != {m.data_checksum} in manifest (truncated or bit-flipped)")
+        try:
+            size = os.fstat(fd).st_size  # fresh after open on NFS (close-to-open)
+            if size != m.data_size:
+                raise CorruptRollout(rollout_id, str(path), f"data file has {size} bytes, manifest says {m.data_size}")
+            buf, bad = integrity.read_verified(fd, size, m.data_checksum)
+        finally:
+            os.close(fd)
+        if bad is not None:
+            raise CorruptRollout(
+                rollout_id, str(path), f"checksum mismatch in block {bad} (bytes {bad * integrity.BLOCK}+): truncated or bit-flipped"
+            )
+        view = memoryview(buf)
         samples = codec.decode(view, str(path))
         if len(samples) != m.stats.n_samples:
             raise CorruptRollout(rollout_id, str(path), f"{len(samples)} samples, manifest says {m.stats.n_samples}")
@@ -110,16 +111,3 @@ class BufferStore:
             if rec is not None and rec.get("kind") == self.kind:
                 out.append({**rec, "path": str(self.quarantine_dir / name)})
         return out
-
-
-def _readinto_full(f, buf: np.ndarray) -> int:
-    view = memoryview(buf)
-    total = 0
-    while total < len(buf):
-        n = f.readinto(view[total:])
-        if not n:
-            break
-        total += n
-    return total
-
-

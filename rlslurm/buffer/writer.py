@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlslurm.buffer import codec
+from rlslurm.buffer import codec, integrity
 from rlslurm.buffer.atomic import (
     StorageError,
     fsync_dir,
@@ -87,9 +87,10 @@ class RolloutWriter(BufferStore):
             raise AlreadyCommitted(f"{self.manifest_path(rollout_id)}: rollout {rollout_id} is already committed")
 
         enc = codec.encode(samples)
-        crc = codec.checksum(enc.chunks)
+        pending_crc = integrity.block_checksums_async(enc.chunks, enc.size)  # overlaps the write
         data_path = self.dir / data_name(rollout_id, secrets.token_hex(6))
         tmp = write_tmp(data_path, enc.chunks)
+        crc = pending_crc if isinstance(pending_crc, list) else pending_crc.result()
         try:
             # No directory fsync here: the one after the manifest link below persists
             # this entry too (same directory), and journaled/NFS/Lustre/GPFS metadata is
@@ -110,7 +111,7 @@ class RolloutWriter(BufferStore):
             data_file=data_path.name,
             data_size=enc.size,
             data_checksum=crc,
-            checksum_alg=codec.CHECKSUM,
+            checksum_alg=integrity.ALGORITHM,
             meta=meta,
             stats=stats,
             writer={"host": socket.gethostname(), "pid": os.getpid(), "attempt": self.attempt},
