@@ -81,6 +81,10 @@ class Collected:
     prompts: list[Prompt]
     metrics: dict[str, float]
     exhausted: bool = False  # the source ran out before the batch was full
+    # groups the filters dropped (consumed: their prompts are not served again), for
+    # logging or slime-style processing of all samples
+    dropped_groups: list[list[Sample]] = field(default_factory=list)
+    dropped_prompts: list[Prompt] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +129,7 @@ class GroupCollector:
     async def collect(self) -> Collected:
         target = self.rollout_batch_size
         kept: list[tuple[int, Prompt, list[Sample]]] = []
+        dropped: list[tuple[int, Prompt, list[Sample]]] = []
         flights: dict[asyncio.Task, _Flight] = {}
         counts: collections.Counter[str] = collections.Counter()
         drops: collections.Counter[str] = collections.Counter()
@@ -164,6 +169,7 @@ class GroupCollector:
                         kept.append((flight.seq, flight.prompt, group))
                     else:
                         drops[verdict.reason or "filtered"] += 1
+                        dropped.append((flight.seq, flight.prompt, group))
             if len(kept) < target and not exhausted and self.max_groups is not None:
                 raise DynamicSamplingStalled(
                     f"dynamic sampling drew {counts['drawn']} groups (the limit for one rollout) and kept only "
@@ -185,7 +191,8 @@ class GroupCollector:
         for reason, n in sorted(drops.items()):
             metrics[f"rollout/filter/drop_{reason}"] = float(n)
         return Collected(groups=[g for _, _, g in kept], prompts=[p for _, p, _ in kept], metrics=metrics,
-                         exhausted=exhausted and len(kept) < target)
+                         exhausted=exhausted and len(kept) < target,
+                         dropped_groups=[g for _, _, g in dropped], dropped_prompts=[p for _, p, _ in dropped])
 
     def _judge(self, group: list[Sample]) -> FilterResult:
         for f in self.filters:

@@ -47,9 +47,10 @@ class Engine:
 
     tokenizer = None
 
-    def __init__(self, delay_per_token: float = 0.0, stall_after: int | None = None):
+    def __init__(self, delay_per_token: float = 0.0, stall_after: int | None = None, stall_s: float | None = None):
         self.delay = delay_per_token
-        self.stall_after = stall_after  # hang after this many tokens until aborted
+        self.stall_after = stall_after  # hang after this many tokens until aborted (or stall_s passed)
+        self.stall_s = stall_s
         self.weight_version = 0
         self._abort = asyncio.Event()
 
@@ -64,7 +65,10 @@ class Engine:
         out: list[int] = []
         for _ in range(sampling_params["max_new_tokens"]):
             if self.stall_after is not None and len(out) >= self.stall_after:
-                await self._abort.wait()
+                try:
+                    await asyncio.wait_for(self._abort.wait(), self.stall_s)
+                except asyncio.TimeoutError:
+                    pass
             if self.aborted:
                 return GenerateOutput(output_ids=out, output_logprobs=[-1.0] * len(out), finish_reason="abort",
                                       weight_version=self.weight_version)
@@ -297,3 +301,49 @@ def test_generation_bookkeeping():
     s = g.to_sample([1, 2], group_index=7, index=1, label=5)
     s.validate("test")
     assert s.label == "5" and list(s.loss_mask) == g.loss_mask
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_restarts_between_rollouts_skip_and_repeat_nothing(tmp_path, seed):
+    """Many rollouts with dynamic sampling, over-sampling, mid-flight aborts and partial
+    rollout; the driver "restarts" after every commit from the JSON cursor. Over the
+    run every prompt of every epoch is used (kept or dropped) exactly once."""
+    import random
+
+    rng = random.Random(seed)
+    n, epochs = 23, 2
+    labels = [rng.choice(["all1", "all0", "mixed", "mixed"]) for _ in range(n)]
+    path = write_prompts(tmp_path / "d.jsonl", labels)
+    used: list[tuple[int, int]] = []
+    returned = resumed = 0
+    state = None
+    for _ in range(100):
+        src = PromptSource(path, shuffle=True, seed=seed, num_epochs=epochs)
+        orig = src._build
+        src._build = lambda r, e, orig=orig: (lambda p: p and setattr(p, "prompt_ids", [100 + r]) or p)(orig(r, e))
+        if state is not None:
+            src.load_state_dict(state)
+        stall = {p: rng.random() < 0.3 for p in range(n)}
+        # slow groups finish on their own after 20 ms unless the collector aborts them first
+        engine, slow = Engine(), Engine(stall_after=rng.randint(0, 3), stall_s=0.02)
+
+        async def run_group(prompt, stall=stall, engine=engine, slow=slow):
+            eng = slow if stall[prompt.index] and prompt.partial is None else engine
+            return await make_runner(eng)(prompt)
+
+        async def abort(slow=slow):
+            slow.abort()
+
+        coll = GroupCollector(src, run_group, rollout_batch_size=3, over_sampling_batch_size=rng.randint(3, 6),
+                              filters=[zero_std_filter], partial_rollout=rng.random() < 0.5, abort=abort)
+        out = asyncio.run(coll.collect())
+        used += [p.uid for p in out.prompts] + [p.uid for p in out.dropped_prompts]
+        returned += int(out.metrics["rollout/filter/groups_returned"])
+        resumed += sum(p.partial is not None for p in out.prompts + out.dropped_prompts)
+        for p, g in zip(out.prompts, out.groups):
+            assert all(s.response_length == MAX_NEW for s in g)  # continued partials end complete
+        state = json.loads(json.dumps(src.state_dict()))
+        if out.exhausted:
+            break
+    assert sorted(used) == sorted((e, i) for e in range(epochs) for i in range(n))
+    assert returned > 0 and resumed > 0  # the hand-back paths were exercised
