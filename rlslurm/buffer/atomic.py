@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import secrets
+import stat
 import threading
 import time
 from pathlib import Path
@@ -185,6 +186,22 @@ def _publish_exclusive_no_links(path: Path, data: bytes, mode: int) -> bool:
         raise _storage_error(path, e) from e
     os.close(fd)
     return True
+
+
+def ensure_dir(path: str | Path) -> Path:
+    """mkdir -p where every created directory gets its parent's mode (0700, or 2750 in a
+    group-shared run directory), set with chmod so the umask cannot widen or narrow it."""
+    path = Path(path)
+    if path.is_dir():
+        return path
+    ensure_dir(path.parent)
+    mode = stat.S_IMODE(os.stat(path.parent).st_mode)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return path  # another process made it; it set the same mode
+    os.chmod(path, mode)
+    return path
 
 
 def listdir_fresh(path: str | Path) -> list[str]:

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rlslurm.buffer.atomic import (
     Cancel,
     dumps_json,
+    ensure_dir,
     listdir_fresh,
     publish_exclusive,
     read_json,
@@ -108,7 +109,7 @@ class Control:
 
     # --- generic ----------------------------------------------------------------------
     def _write(self, name: str, rec: _Record) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.dir)
         write_json_atomic(self.dir / name, rec.model_dump(mode="json"))
 
     def _read(self, path: Path, model: type[R]) -> R | None:
@@ -142,7 +143,7 @@ class Control:
         """Publish this attempt's rendezvous exactly once: a second publisher (a stale
         process of the same attempt) gets RendezvousTaken instead of silently
         pointing engines at another port."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.dir)
         if not publish_exclusive(self.rendezvous_path(rec.attempt), dumps_json(rec.model_dump(mode="json"))):
             raise RendezvousTaken(f"{self.rendezvous_path(rec.attempt)}: rendezvous of attempt {rec.attempt} already published")
 
@@ -168,7 +169,7 @@ class Control:
     # --- heartbeats -------------------------------------------------------------------
     def heartbeat(self, role: str, rank: int = 0) -> Heartbeat:
         hb = Heartbeat(role=role, rank=rank)
-        self.heartbeat_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.heartbeat_dir)
         write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"))
         return hb
 
@@ -220,7 +221,7 @@ class Control:
         request and ack (a stop request stays: the user asked to stop the run)."""
         for f in (self.preempt_file, self.preempt_ack_file):
             unlink_durable(f)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.dir)
         write_json_atomic(self.dir / "attempt.json", {"restart_count": restart_count, "started_at": time.time()})
 
     def attempt(self) -> int | None:

@@ -21,10 +21,11 @@ from rlslurm.buffer.atomic import (
     Cancel,
     Cancelled,
     StorageError,
+    ensure_dir,
     fsync_dir,
+    is_cancelled,
     listdir_fresh,
     sleep_or_cancel,
-    is_cancelled,
     write_json_atomic,
 )
 from rlslurm.buffer.manifest import CorruptRollout, manifest_name
@@ -118,7 +119,7 @@ class RolloutReader(BufferStore):
             raise ReadOnlyBuffer(f"{self.dir}: cannot quarantine rollout {rollout_id} in a read-only (replay) buffer")
         qdir = self.quarantine_dir / f"{self.kind}-{rollout_id:08d}-{int(time.time())}-{secrets.token_hex(3)}"
         try:
-            qdir.mkdir(parents=True, mode=0o700)
+            ensure_dir(qdir)
             try:
                 os.rename(self.manifest_path(rollout_id), qdir / "manifest.json")
             except FileNotFoundError:

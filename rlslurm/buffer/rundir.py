@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from rlslurm.buffer.atomic import (
+    ensure_dir,
     exists_fresh,
     listdir_fresh,
     publish_exclusive,
@@ -123,7 +124,7 @@ class RunDir:
     def ensure_api_key(self) -> str:
         """Create control/api_key (0600) once, exclusively; every caller gets the same key."""
         key = secrets.token_urlsafe(32)
-        self.control_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.control_dir)
         publish_exclusive(self.api_key_file, (key + "\n").encode(), mode=0o600)
         return self.api_key()
 

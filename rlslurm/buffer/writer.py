@@ -26,6 +26,7 @@ from typing import Any
 from rlslurm.buffer import codec, integrity
 from rlslurm.buffer.atomic import (
     StorageError,
+    ensure_dir,
     fsync_dir,
     is_tmp_name,
     listdir_fresh,
@@ -70,7 +71,7 @@ class RolloutWriter(BufferStore):
     def __init__(self, run: RunDir | str | Path, *, kind: str = "train", attempt: int | None = None):
         super().__init__(run, kind=kind)
         self._require_dir()
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        ensure_dir(self.dir)
         self.attempt = attempt if attempt is not None else int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
     def commit(self, rollout_id: int, samples: list[Sample], meta: RolloutMeta | None = None) -> CommitInfo:

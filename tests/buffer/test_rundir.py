@@ -102,3 +102,23 @@ def test_finished(run):
     run.mark_finished({"rollouts": 20})
     assert run.is_finished()
     assert run.finished_info()["rollouts"] == 20
+
+
+def test_dirs_made_later_inherit_the_run_dir_mode(tmp_path):
+    from rlslurm.buffer import Control, RolloutReader, RolloutWriter
+
+    from .helpers import make_samples
+
+    old = os.umask(0o077)
+    try:
+        rd = RunDir.create(tmp_path / "run", group_shared=True)
+        RolloutWriter(rd, kind="eval").commit(0, make_samples(0))
+        Control(rd).heartbeat("driver", 0)
+        RolloutReader(rd, kind="eval").quarantine(0, "test")
+    finally:
+        os.umask(old)
+    assert _mode(rd.buffer_dir / "eval") == 0o2750
+    assert _mode(rd.control_dir / "heartbeats") == 0o2750
+    assert _mode(rd.buffer_dir / "quarantine") == 0o2750
+    data = [p for p in (rd.buffer_dir / "quarantine").rglob("*.data")]
+    assert data and _mode(data[0]) == 0o640
