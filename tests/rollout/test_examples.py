@@ -177,3 +177,72 @@ def test_example_through_source_collector_and_reward(tmp_path):
         tool_sample = group[0]
         assert tool_sample.metadata["tool_calls"] == 1 and 0 in tool_sample.loss_mask
         assert list(group[1].loss_mask) == [1] * group[1].response_length
+
+
+# --------------------------------------------------------------------------- the real engine
+
+
+class RouterContext:
+    """The GenerateContext contract over the real sglang-router (what the driver will do)."""
+
+    def __init__(self, url: str, api_key: str):
+        self.url, self.api_key, self.tokenizer = url, api_key, TOK
+
+    async def generate(self, input_ids, sampling_params) -> GenerateOutput:
+        from rlslurm.rollout.sglang_client import SGLangClient
+
+        async with SGLangClient(self.url, self.api_key) as c:
+            out = await c.generate(list(input_ids), sampling_params, timeout=120)
+        meta = out["meta_info"]
+        entries = meta["output_token_logprobs"]
+        return GenerateOutput(output_ids=[t for _, t, _ in entries], output_logprobs=[lp for lp, _, _ in entries],
+                              finish_reason=meta["finish_reason"]["type"], weight_version=0)
+
+
+def _wait_for_router(ctx: RouterContext, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            asyncio.run(ctx.generate([1, 5], {"max_new_tokens": 1}))
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_partial_continuation_and_tool_turn_on_the_real_engine(deployment):
+    """Greedy fp32 on real SGLang: a response aborted after 5 tokens and continued from its
+    partial equals the uninterrupted one; a resumed tool call appends masked tool tokens and
+    the engine continues from the tool result."""
+    from rlslurm.rollout.generate_api import Generation, default_generate
+
+    ctx = RouterContext(deployment.router.url, deployment.api_key)
+    _wait_for_router(ctx)
+    prompt = prompt_for("add 3 4 ?")
+    greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+
+    full = asyncio.run(run_generate(default_generate, ctx, prompt, greedy))
+    assert len(full.response_ids) == 12 and full.status == SampleStatus.TRUNCATED
+    head = asyncio.run(run_generate(default_generate, ctx, prompt, {**greedy, "max_new_tokens": 5}))
+    head.status = SampleStatus.ABORTED  # as if an abort had cut it here
+    resumed = asyncio.run(run_generate(default_generate, ctx, prompt, greedy, head.to_partial()))
+    assert resumed.response_ids == full.response_ids
+    assert max(abs(a - b) for a, b in zip(resumed.response_logprobs, full.response_logprobs)) < 1e-4
+
+    # the model wrote a call and was aborted right after it: the example answers the tool first
+    call = Generation()
+    call.append_model(GenerateOutput(output_ids=TOK.convert_tokens_to_ids(["call", "add", "(", "3", "4", ")"]),
+                                     output_logprobs=[-1.0] * 6, finish_reason="abort", weight_version=0))
+    gen = asyncio.run(run_generate(load_generate_fn(GENERATE), ctx, prompt, {**greedy, "max_new_tokens": 16},
+                                   call.to_partial()))
+    assert words(gen.response_ids[:9]) == ["call", "add", "(", "3", "4", ")", "result", "=", "7"]
+    assert gen.loss_mask[:9] == [1] * 6 + [0] * 3 and len(gen.response_ids) <= 16
+    direct = asyncio.run(ctx.generate(prompt.prompt_ids + gen.response_ids[:9],
+                                      {**greedy, "max_new_tokens": len(gen.response_ids) - 9,
+                                       "stop_token_ids": [TOK.convert_tokens_to_ids(")")]}))
+    assert gen.response_ids[9:] == direct["output_ids"]  # the engine continued from the tool result
