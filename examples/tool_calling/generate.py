@@ -73,7 +73,8 @@ async def generate(ctx: GenerateContext, prompt: Prompt, sampling_params: dict[s
         return gen
     prompt_ids = prompt_token_ids(ctx, prompt)
     stop_ids = _ids(tok, ")")
-    params = {**sampling_params, "stop_token_ids": sorted(set(sampling_params.get("stop_token_ids", [])) | set(stop_ids))}
+    stop = set(sampling_params.get("stop_token_ids", [])) | set(stop_ids)
+    params = {**sampling_params, "stop_token_ids": sorted(stop)}
     calls = int(gen.metadata.get("tool_calls", 0))
     for _ in range(MAX_TURNS + 1):
         call = _unanswered_call(tok, gen)

@@ -266,7 +266,9 @@ class _JsonlRecords:
         except json.JSONDecodeError as e:
             raise _BadRecord(where, f"invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(obj, dict):
-            hint = " (a JSON array file is not JSON Lines: write one object per line)" if text.lstrip()[:1] == "[" else ""
+            hint = ""
+            if text.lstrip()[:1] == "[":
+                hint = " (a JSON array file is not JSON Lines: write one object per line)"
             raise _BadRecord(where, f"expected a JSON object, got {type(obj).__name__}{hint}")
         return obj
 

@@ -377,7 +377,8 @@ def test_load_custom_source_from_file(tmp_path):
     )
     src = load_custom_source(f"{plugin}:Counting", start=5)
     assert [p.prompt for p in src.take(2)] == ["p5", "p6"]
-    with pytest.raises(ConfigError, match=r"--data-source-path .*Broken.* lacks push_back, state_dict, load_state_dict"):
+    with pytest.raises(ConfigError, match=r"--data-source-path .*Broken.* lacks push_back, state_dict, "
+                                          r"load_state_dict"):
         load_custom_source(f"{plugin}:Broken")
     with pytest.raises(ConfigError, match=r"--data-source-path .*cannot construct it"):
         load_custom_source(f"{plugin}:Counting", nope=1)

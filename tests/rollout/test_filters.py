@@ -37,7 +37,8 @@ def test_zero_std_filter_semantics():
     assert not dynamic_sampling_zero_std([sample(0.3), sample(0.3 + 1e-9)])
     assert zero_std_filter([sample(1.0)] * 2) == FilterResult(False, "zero_std_1")
     assert zero_std_filter([sample(0.0)] * 2) == FilterResult(False, "zero_std_0")
-    dict_group = [sample({"acc": 1.0, "len": 3.0}, reward_key="acc"), sample({"acc": 1.0, "len": 5.0}, reward_key="acc")]
+    dict_group = [sample({"acc": 1.0, "len": 3.0}, reward_key="acc"),
+                  sample({"acc": 1.0, "len": 5.0}, reward_key="acc")]
     assert not dynamic_sampling_zero_std(dict_group)  # judged on the trained key, not "len"
 
 

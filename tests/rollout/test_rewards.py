@@ -120,7 +120,8 @@ class RMServer:
                     except (BrokenPipeError, ConnectionResetError):
                         pass  # the client timed out and hung up, as the timeout test wants
                     return
-                reply_obj = reply if reply is not None else {"reward": 1.0 if body["response"] == body["label"] else 0.0}
+                correct = body["response"] == body["label"]
+                reply_obj = reply if reply is not None else {"reward": 1.0 if correct else 0.0}
                 data = json.dumps(reply_obj).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
