@@ -16,6 +16,7 @@ rollout) from its tokens so far; one that does not is restarted from scratch.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from rlslurm.buffer.sample import Sample, SampleStatus
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import PartialSample, Prompt
+from rlslurm.rollout.rewards import RewardFn, RewardInput, score_group
 
 
 class GenerateOutput(TypedDict):
@@ -213,3 +215,45 @@ async def run_generate(fn: GenerateFn, ctx: GenerateContext, prompt: Prompt, sam
                         f"generate function {getattr(fn, '__name__', fn)} returned {n} tokens but "
                         f"{len(gen.loss_mask)} mask entries and {len(gen.response_logprobs)} logprobs")
     return gen
+
+
+async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampling_params: dict[str, Any],
+                         reward_fn: RewardFn, generate_fn: GenerateFn = default_generate,
+                         reward_key: str | None = None, reward_executor: Any = None,
+                         seed_per_sample: bool = False) -> list[Sample]:
+    """Generate and score one prompt's group of `n` samples (the usual `run_group`).
+
+    Samples continue `prompt.partial` when it is set. If any sample was aborted the group
+    is returned unscored: it goes back to the prompt source and is scored when complete
+    (a group reward needs the whole group). A Generation that carries its own reward
+    (an environment that scored the episode) is not re-scored. `group_index`/`index` are
+    the prompt's record number and the sample's place in the group; the driver
+    renumbers them by position in the rollout. `seed_per_sample` sets
+    `sampling_seed` = k so that n samples differ under deterministic inference.
+    """
+    partials: Sequence[PartialSample | None] = prompt.partial or [None] * n
+    if len(partials) != n:
+        raise DataError(prompt.where or f"prompt {prompt.index}",
+                        f"handed back with {len(partials)} partial samples but n_samples_per_prompt is {n}")
+
+    def params(k: int) -> dict[str, Any]:
+        return {**sampling_params, "sampling_seed": k} if seed_per_sample else dict(sampling_params)
+
+    gens = await asyncio.gather(*(run_generate(generate_fn, ctx, prompt, params(k), partials[k]) for k in range(n)))
+    prompt_ids = prompt_token_ids(ctx, prompt)
+    samples = [g.to_sample(prompt_ids, group_index=prompt.index, index=k, label=prompt.label,
+                           metadata=prompt.metadata) for k, g in enumerate(gens)]
+    for s in samples:
+        s.reward_key = reward_key
+    if any(g.status == SampleStatus.ABORTED for g in gens):
+        return samples
+    todo = [k for k, g in enumerate(gens) if g.reward is None]
+    if todo:
+        items = [RewardInput(prompt=prompt.prompt, label=prompt.label, metadata=prompt.metadata,
+                             response=ctx.tokenizer.decode(gens[k].response_ids, skip_special_tokens=True),
+                             response_ids=list(gens[k].response_ids), status=gens[k].status.value,
+                             where=prompt.where) for k in todo]
+        rewards = await score_group(items, reward_fn, reward_key=reward_key, executor=reward_executor)
+        for k, r in zip(todo, rewards):
+            samples[k].reward = r
+    return samples

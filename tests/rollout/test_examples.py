@@ -16,7 +16,7 @@ import pytest
 from rlslurm.buffer.sample import SampleStatus
 from rlslurm.rollout.data import Prompt, PromptSource
 from rlslurm.rollout.filters import GroupCollector, zero_std_filter
-from rlslurm.rollout.generate_api import GenerateOutput, load_generate_fn, run_generate
+from rlslurm.rollout.generate_api import GenerateOutput, generate_group, load_generate_fn, run_generate
 from rlslurm.rollout.rewards import RewardInput, load_reward_fn, score_group
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tool_calling"
@@ -68,6 +68,7 @@ class Scripted:
 
     async def generate(self, input_ids, sampling_params) -> GenerateOutput:
         self.calls.append(dict(sampling_params))
+        call_no = len(self.calls)
         await asyncio.sleep(0)
         words = TOK.convert_ids_to_tokens(input_ids)
         want = TOK.convert_tokens_to_ids(self._continuation(words, sampling_params.get("sampling_seed", 0)))
@@ -78,14 +79,14 @@ class Scripted:
             if len(out) >= sampling_params["max_new_tokens"]:
                 break
             out.append(t)
-            if self.abort_at and self.abort_at[0] == len(self.calls) and len(out) == self.abort_at[1]:
+            if self.abort_at and self.abort_at[0] == call_no and len(out) == self.abort_at[1]:
                 reason = "abort"
                 break
             if t in stop:
                 reason = "stop"
                 break
         return GenerateOutput(output_ids=out, output_logprobs=[-0.5] * len(out), finish_reason=reason,
-                              weight_version=len(self.calls))
+                              weight_version=call_no)
 
 
 def prompt_for(text: str, label: str = "7") -> Prompt:
@@ -156,18 +157,11 @@ def test_example_through_source_collector_and_reward(tmp_path):
     ctx = Scripted()
 
     async def run_group(prompt):
-        gens = await asyncio.gather(*(run_generate(fn, ctx, prompt, {"max_new_tokens": 24, "sampling_seed": k})
-                                      for k in range(4)))
-        items = [RewardInput(prompt.prompt, TOK.decode(g.response_ids, skip_special_tokens=True), prompt.label,
-                             where=prompt.where) for g in gens]
-        rewards = await score_group(items, reward)
-        samples = []
-        for k, (g, r) in enumerate(zip(gens, rewards)):
-            s = g.to_sample(prompt.prompt_ids, group_index=prompt.index, index=k, label=prompt.label)
-            s.reward = r
-            s.validate(f"{prompt.where} sample {k}")
-            samples.append(s)
-        return samples
+        group = await generate_group(ctx, prompt, n=4, sampling_params={"max_new_tokens": 24}, reward_fn=reward,
+                                     generate_fn=fn, seed_per_sample=True)
+        for s in group:
+            s.validate(f"{prompt.where} sample {s.index}")
+        return group
 
     out = asyncio.run(GroupCollector(src, run_group, rollout_batch_size=4, filters=[zero_std_filter]).collect())
     assert len(out.groups) == 4
@@ -177,6 +171,34 @@ def test_example_through_source_collector_and_reward(tmp_path):
         tool_sample = group[0]
         assert tool_sample.metadata["tool_calls"] == 1 and 0 in tool_sample.loss_mask
         assert list(group[1].loss_mask) == [1] * group[1].response_length
+
+
+def test_generate_group_leaves_aborted_groups_unscored_and_keeps_env_rewards():
+    from rlslurm.errors import DataError
+    from rlslurm.rollout.generate_api import Generation
+    from rlslurm.rollout.rewards import RewardFn
+
+    calls: list[str] = []
+
+    def reward(item):
+        calls.append(item.response)
+        return 1.0
+
+    prompt = prompt_for("add 3 4 ?")
+    group = asyncio.run(generate_group(Scripted(abort_at=(1, 2)), prompt, n=2, reward_fn=RewardFn(reward),
+                                       sampling_params={"max_new_tokens": 24}, generate_fn=load_generate_fn(GENERATE)))
+    assert sorted(s.status.value for s in group) == ["aborted", "completed"] and calls == []
+
+    async def self_scoring(ctx, prompt, sampling_params):
+        return Generation(response_ids=[5], response_logprobs=[-0.1], loss_mask=[1], reward=0.25)
+
+    group = asyncio.run(generate_group(Scripted(), prompt, n=3, sampling_params={"max_new_tokens": 4},
+                                       reward_fn=RewardFn(reward), generate_fn=self_scoring))
+    assert [s.reward for s in group] == [0.25] * 3 and calls == []
+    prompt.partial = [None]  # type: ignore[list-item]
+    with pytest.raises(DataError, match="inline:1: handed back with 1 partial samples but n_samples_per_prompt is 3"):
+        asyncio.run(generate_group(Scripted(), prompt, n=3, sampling_params={"max_new_tokens": 4},
+                                   reward_fn=RewardFn(reward)))
 
 
 # --------------------------------------------------------------------------- the real engine
