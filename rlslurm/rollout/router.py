@@ -79,6 +79,10 @@ class RouterProcess:
                 "--host", self.host, "--port", str(self.port), "--policy", self.policy,
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prometheus_port),
                 "--health-check-interval-secs", str(self.health_check_interval_s),
+                # a worker added before it is healthy is otherwise re-checked only every 30 s
+                "--worker-startup-check-interval", "1",
+                # INFO logs two lines per proxied request; --router-log-level info brings them back
+                "--log-level", "warn",
                 *self.extra_args]
 
     # --- process --------------------------------------------------------------------------
@@ -108,6 +112,7 @@ class RouterProcess:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
+                self.kill()
                 raise RouterError(f"router {self.url} not ready after {timeout:g} s; log {self.log_path}:\n"
                                   f"{_tail(self.log_path)}")
             time.sleep(0.2)

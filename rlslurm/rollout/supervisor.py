@@ -16,6 +16,9 @@ counted and `on_restart` / `on_change` are called. Each restart runs in its own 
 slow restart does not delay detecting a second failure. In-flight requests on a dying engine
 are retried by the router on the others (router retries are on).
 
+The router is checked too: if its process is gone it is started again on the same address
+and every engine is registered with it again (`router_restarts`).
+
 A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
 (shared/sglang-notes.md), so the weight sync wraps each update in `pause_health_checks()`:
 no check or restart starts inside it, and entering it waits for restarts in progress to
@@ -111,6 +114,7 @@ class EngineSupervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._restart_threads: list[threading.Thread] = []
+        self.router_restarts = 0
 
     # --- public view ----------------------------------------------------------------------
     @property
@@ -223,6 +227,8 @@ class EngineSupervisor:
     # --- health loop ----------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(self.health_interval_s):
+            if not self.router.is_alive() and not self._paused:
+                self._restart_router()
             for s in self._slots:
                 with self._cond:
                     if self._paused or s.restarting or self._stop.is_set():
@@ -288,6 +294,30 @@ class EngineSupervisor:
         with self._cond:
             s.restarting = False
             self._cond.notify_all()
+
+    def _restart_router(self) -> None:
+        code = self.router.proc.returncode if self.router.proc else None
+        log.warning("router %s exited (code %s); restarting it", self.router.url, code)
+        t0 = time.monotonic()
+        try:
+            self.router.start()
+            with self._cond:
+                live = [s for s in self._slots if not s.restarting]
+            for s in live:
+                s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
+            ids = self.router.wait_workers_healthy([s.proc.url for s in live], self.register_timeout_s)
+            for s in live:
+                s.worker_id = ids[s.proc.url]
+        except (RouterError, OSError) as e:
+            log.error("router restart failed: %s", e)
+            self.router.kill()  # so that the next tick starts it again from scratch
+            self._emit(RestartEvent("router", self.router.url, f"exited (code {code})", self.router_restarts,
+                                    time.monotonic() - t0, False, str(e)))
+            return  # the next tick sees it dead (or unregistered workers) and tries again
+        self.router_restarts += 1
+        self._emit(RestartEvent("router", self.router.url, f"exited (code {code})", self.router_restarts,
+                                time.monotonic() - t0, True))
+        self._changed()
 
     def _deregister(self, s: _Slot) -> None:
         """Remove every router entry for this url (the old id, and any stale duplicate)."""
