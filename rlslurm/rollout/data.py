@@ -645,11 +645,15 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
                     continue
                 where = f"{p}:{line_no}"
                 try:
-                    obj = json.loads(raw.decode("utf-8"))
+                    obj = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
                 except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    raise DataError(where, f"invalid JSON line: {e}") from None
+                    hint = " (a JSON array file is not JSON Lines: write one object per line)" \
+                        if raw.lstrip()[:1] == b"[" else ""
+                    raise DataError(where, f"invalid JSON line: {e}{hint}") from None
                 if not isinstance(obj, dict):
-                    raise DataError(where, f"expected a JSON object, got {type(obj).__name__}")
+                    hint = " (a JSON array file is not JSON Lines: write one object per line)" \
+                        if raw.lstrip()[:1] == b"[" else ""
+                    raise DataError(where, f"expected a JSON object, got {type(obj).__name__}{hint}")
                 _check_keys(obj, where, input_key, label_key)
                 checked += 1
     else:

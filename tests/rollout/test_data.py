@@ -352,6 +352,10 @@ def test_validate_prompt_file(tmp_path):
         validate_prompt_file(pq_path, "prompt", "answer")
     with pytest.raises(DataError, match="does not exist"):
         validate_prompt_file(tmp_path / "missing.parquet", "prompt", "label")
+    arr = tmp_path / "arr.json"
+    arr.write_text(json.dumps(qa(3), indent=1))
+    with pytest.raises(DataError, match=r"arr.json:1: invalid JSON line.*JSON array file is not JSON Lines"):
+        validate_prompt_file(arr, "prompt", "label")
 
 
 def test_load_custom_source_from_file(tmp_path):
