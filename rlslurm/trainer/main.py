@@ -121,7 +121,8 @@ class Trainer:
                 si = cfg.train.save_interval
                 if si is not None and progress.trained_rollouts % si == 0:
                     self._save(progress)
-                lines[-1][1].update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
+                for _, values in lines:  # rollout-level phases, repeated on each of its steps
+                    values.update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
                 for step, values in lines:
                     self.metrics.log(step, values)
             if self.last_saved != progress.trained_rollouts:
@@ -147,9 +148,8 @@ class Trainer:
         lines = []
         for k in range(t.num_steps_per_rollout):
             m = steps.train_step(st, rollout, prep, k)
-            values = {"rollout_id": rollout.rollout_id, **m, **data}
-            if k == 0:
-                values.update({"time/wait_rollout": wait_s, **{f"time/{n}": v for n, v in prep.times.items()}})
+            values = {"rollout_id": rollout.rollout_id, **m, **data, "time/wait_rollout": wait_s,
+                      **{f"time/{n}": v for n, v in prep.times.items()}}
             lines.append((rollout.rollout_id * t.num_steps_per_rollout + k, values))
         return lines
 

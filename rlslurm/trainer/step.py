@@ -243,6 +243,9 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     samples = rollout.samples
     out: dict[str, float] = {}
     tokens = sum(len(samples[i].prompt_tokens) + samples[i].response_length for mb in step for i in mb)
+    out["lr"] = st.actor.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it after)
+    if st.critic is not None:
+        out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
     t0 = time.perf_counter()
     if st.critic is not None:
         _zero(st.critic)
@@ -254,7 +257,6 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
         gn, _ = _optimizer_step(st.critic)
         out.update(_reduce(st, sums, ["value_loss", "value_clipfrac"]))
         out["critic_grad_norm"] = gn
-        out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
     t1 = time.perf_counter()
     if actor_trains(st.adv_cfg, rollout.rollout_id):
         _zero(st.actor)
@@ -268,7 +270,6 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
         out.update(_reduce(st, sums, keys))
         out["grad_norm"] = gn
         out["update_successful"] = float(ok)
-    out["lr"] = st.actor.optimizer.param_groups[0]["lr"]
     t2 = time.perf_counter()
     ntok = torch.tensor([float(tokens)], dtype=torch.float64, device=st.device)
     if st.par.dp > 1:
