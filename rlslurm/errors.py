@@ -20,4 +20,8 @@ class DataError(UserError):
 
     def __init__(self, where: str, message: str):
         self.where = where
+        self.message = message
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # picklable across process pools (two-argument constructor)
+        return (type(self), (self.where, self.message))
