@@ -92,6 +92,67 @@ def submit(
     out.print(f"  follow: rlslurm status {sub.run_dir}   logs: rlslurm logs {sub.run_dir}")
 
 
+DEMO_FLAGS = [
+    "--model", "tiny-qwen3", "--run-name", "demo", "--num-rollout", "24", "--custom-rm-path",
+    "rlslurm.demo_task:reward", "--rollout-temperature", "1.0", "--sglang-dtype", "float32",
+]
+
+
+@app.command(context_settings=_PASSTHROUGH)
+def run(
+    ctx: typer.Context,
+    model: Optional[str] = ModelOpt,
+    prompt_data: Optional[Path] = DataOpt,
+    run_name: Optional[str] = NameOpt,
+    run_dir: Optional[Path] = DirOpt,
+    config: Optional[Path] = ConfigOpt,
+    demo: bool = typer.Option(False, "--demo", help="the toy task: a random-init tiny model learns to answer "
+                              "'say digits' / 'say letters' from reward alone"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop the run after this many seconds"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live status display"),
+) -> None:
+    """Run both groups on this machine without SLURM (trainer under torchrun + the rollout process tree).
+
+    Running it again on the same --run-dir resumes the run. Examples:\n
+      rlslurm run --demo\n
+      rlslurm run --model tiny-qwen3 --prompt-data prompts.jsonl --device cpu --num-rollout 10
+    """
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.local import run_local
+    from rlslurm.model_config import load_model_config
+    from rlslurm.resolve import Resolved
+    from rlslurm.runfile import load_run_config
+    from rlslurm.slurm.submit import prepare_run_dir
+
+    argv = _collect(ctx, model=model, prompt_data=prompt_data, run_name=run_name, run_dir=run_dir)
+    if demo:
+        from rlslurm.demo_task import make_prompts
+
+        rd_path = run_dir or Path("runs") / (run_name or "demo")
+        rd = RunDir.create(rd_path)
+        if not rd.run_yaml.exists() and prompt_data is None:
+            argv = ["--prompt-data", str(make_prompts(rd.path / "prompts.jsonl"))] + argv
+        argv = DEMO_FLAGS + ["--run-dir", str(rd_path)] + argv
+    existing = RunDir(run_dir or Path("runs") / (run_name or ("demo" if demo else "rlslurm")))
+    if existing.run_yaml.exists():
+        cfg = load_run_config(existing.path)
+        err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
+        res = Resolved(cfg, load_model_config(cfg.model.model))
+        prepare_run_dir(res, resume=True)
+    else:
+        from rlslurm.resolve import resolve
+
+        res = resolve(["--device", "cpu", "--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"] + argv,
+                      config, strict_inputs=True)
+        for w in res.warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        prepare_run_dir(res)
+    cfg = load_run_config(res.cfg.run_dir)
+    result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
+                       progress=progress, timeout_s=timeout, console=err)
+    raise typer.Exit(result.returncode)
+
+
 @app.command()
 def resubmit(run_dir: Path = typer.Argument(..., help="an existing run directory")) -> None:
     """Submit an existing run again (after its failure budget ran out or it was cancelled).

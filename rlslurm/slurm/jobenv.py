@@ -38,7 +38,8 @@ def job_env(env: dict[str, str] | None = None) -> JobEnv:
             het[int(key.rsplit("_", 1)[1])] = value
     return JobEnv(
         job_id=job_id,
-        restart_count=int(env.get("SLURM_RESTART_COUNT", "0")),
+        # Local mode (`rlslurm run`, no SLURM) numbers its attempts itself.
+        restart_count=int(env.get("SLURM_RESTART_COUNT") or env.get("RLSLURM_LOCAL_ATTEMPT") or 0),
         het_size=int(env.get("SLURM_HET_SIZE", "1")),
         nodelist_het=het,
         step_nodelist=env.get("SLURM_STEP_NODELIST"),

@@ -1,0 +1,55 @@
+"""The reward curve of a run: from RUN/metrics.jsonl (the trainer's record), one point per rollout
+(the last attempt's line wins when a resumed attempt re-trained a rollout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def reward_curve(run_dir: Path) -> list[tuple[int, float]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_rollout: dict[int, float] = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:  # torn last line after a crash
+            continue
+        if "rollout_id" in rec and rec.get("reward_mean") is not None:
+            by_rollout[int(rec["rollout_id"])] = float(rec["reward_mean"])
+    return sorted(by_rollout.items())
+
+
+def sparkline(values: list[float], lo: float | None = None, hi: float | None = None) -> str:
+    if not values:
+        return ""
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
+    span = (hi - lo) or 1.0
+    return "".join(_BLOCKS[min(len(_BLOCKS) - 1, int((v - lo) / span * len(_BLOCKS)))] for v in values)
+
+
+def plot_png(points: list[tuple[int, float]], out: Path, title: str) -> Path | None:
+    """Write the reward curve as a PNG; None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=120)
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5)
+    ax.set_xlabel("rollout")
+    ax.set_ylabel("mean reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,165 @@
+"""`rlslurm run`: the same two groups on one machine, without SLURM.
+
+het-group 0 becomes `torchrun --standalone`-style on 127.0.0.1 (`rlslurm.trainer.main`), het-group 1
+one `rlslurm.rollout.main` process tree; both read RUN/run.yaml exactly as in the SLURM job. This
+process plays the batch script's part: one ledger line per attempt, per-attempt logs, FINISHED
+or stop ends it, a failure ends it (run it again to resume: the run directory is the state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.curve import plot_png, reward_curve, sparkline
+
+ATTEMPT_ENV = "RLSLURM_LOCAL_ATTEMPT"  # read by rlslurm.slurm.jobenv when SLURM is absent
+FINISH_GRACE_S = 60
+
+
+@dataclass
+class LocalResult:
+    returncode: int
+    reason: str
+    attempt: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _next_attempt(rd: RunDir) -> int:
+    done = [int(p.name.split("-")[-1]) for p in rd.logs_dir.glob("attempt-*") if p.name.split("-")[-1].isdigit()]
+    return max(done) + 1 if done else 0
+
+
+def _clean_env(attempt: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env[ATTEMPT_ENV] = str(attempt)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _ledger(rd: RunDir, attempt: int, start: float, rc: int, reason: str) -> None:
+    rec = {"attempt": attempt, "job_id": "local", "restart_count": attempt, "start": int(start),
+           "end": int(time.time()), "exit_code": rc, "reason": reason, "trainer_nodes": "local",
+           "rollout_nodes": "local"}
+    with open(rd.ledger, "a") as f:  # single writer: this process (or, under SLURM, the batch shell)
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
+    """TERM the process group, KILL it after `grace` seconds; returns the exit code."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return proc.returncode
+
+
+def _status_table(rd: RunDir, num_rollout: int, t0: float) -> Table:
+    pts = reward_curve(rd.path)
+    t = Table(show_header=False, box=None)
+    t.add_row("run", str(rd.path))
+    t.add_row("elapsed", f"{time.time() - t0:5.0f} s")
+    t.add_row("trained", f"{len(pts)}/{num_rollout} rollouts")
+    if pts:
+        t.add_row("reward", f"{pts[-1][1]:.3f}  {sparkline([p[1] for p in pts], 0.0, 1.0)}")
+    wv = Control(rd).weight_version()
+    t.add_row("weights", f"v{wv.version}" if wv else "v0")
+    return t
+
+
+def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
+              timeout_s: float | None = None, console: Console | None = None) -> LocalResult:
+    rd = RunDir(run_dir)
+    console = console or Console(stderr=True)
+    attempt = _next_attempt(rd)
+    logs = rd.attempt_log_dir(attempt)
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "attempt.json").write_text(json.dumps({"attempt": attempt, "job_id": "local", "start": int(time.time())}))
+    control = Control(rd)
+    for f in (control.preempt_file, control.preempt_ack_file):
+        f.unlink(missing_ok=True)
+    env = _clean_env(attempt)
+    port = _free_port()
+    start = time.time()
+    trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0",
+                   f"--nproc-per-node={trainer_procs}", "--master-addr=127.0.0.1", f"--master-port={port}",
+                   "-m", "rlslurm.trainer.main", "--run-dir", str(rd.path)]
+    rollout_cmd = [sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(rd.path),
+                   "--trainer-addr", "127.0.0.1"]
+    with open(logs / "trainer-0.log", "ab") as tlog, open(logs / "rollout-0.log", "ab") as rlog:
+        trainer = subprocess.Popen(trainer_cmd, env=env, stdout=tlog, stderr=subprocess.STDOUT, start_new_session=True)
+        rollout = subprocess.Popen(rollout_cmd, env=env, stdout=rlog, stderr=subprocess.STDOUT, start_new_session=True)
+        procs = {"trainer": trainer, "rollout": rollout}
+        live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
+                    transient=False) if progress else None
+        reason, rc = "", 1
+        try:
+            if live:
+                live.start()
+            while all(p.poll() is None for p in procs.values()):
+                if timeout_s is not None and time.time() - start > timeout_s:
+                    control.request_stop(f"rlslurm run: --timeout {timeout_s:.0f}s reached")
+                    reason = f"timeout after {timeout_s:.0f}s"
+                    break
+                if live:
+                    live.update(_status_table(rd, num_rollout, start))
+                time.sleep(1.0)
+            first = next((n for n, p in procs.items() if p.poll() is not None), None)
+            deadline = time.time() + FINISH_GRACE_S
+            while rd.is_finished() and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            control.request_stop("rlslurm run: interrupted")
+            reason, first = "interrupted (Ctrl-C)", None
+            time.sleep(3)
+        finally:
+            codes = {n: _stop(p) for n, p in procs.items()}
+            if live:
+                live.update(_status_table(rd, num_rollout, start))
+                live.stop()
+    if rd.is_finished():
+        rc, reason = 0, "finished"
+    elif control.stop_requested() and not reason:
+        rc, reason = 0, "stopped by request"
+    elif not reason:
+        reason = f"failed: {first} ended first (trainer rc={codes['trainer']}, rollout rc={codes['rollout']})"
+    _ledger(rd, attempt, start, rc, reason)
+    pts = reward_curve(rd.path)
+    if pts:
+        console.print(f"reward per rollout: {sparkline([p[1] for p in pts], 0.0, 1.0)}  "
+                      f"first {pts[0][1]:.3f} -> last {pts[-1][1]:.3f}")
+        png = plot_png(pts, rd.path / "reward_curve.png", f"{rd.path.name}: mean reward per rollout")
+        if png:
+            console.print(f"reward curve: {png}")
+    if rc:
+        console.print(f"[red]{reason}[/]; logs: {logs}")
+    return LocalResult(rc, reason, attempt)
