@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
+from typing import Literal
 
 from rlslurm.buffer.atomic import (
     Cancel,
@@ -47,16 +49,40 @@ class ReadOnlyBuffer(UserError):
     """A write (quarantine, trained mark) was attempted on a replay buffer."""
 
 
+OnCorrupt = Literal["quarantine", "wait", "raise"]
+
+
 class RolloutReader(BufferStore):
-    def __init__(self, run: RunDir | str | Path, *, kind: str = "train", readonly: bool = False):
+    """Reads committed rollouts. What `wait_for` does with a corrupt one (`on_corrupt`):
+
+    - "quarantine" (default for a writable reader: trainer rank 0) moves it aside and
+      keeps waiting for the regenerated one;
+    - "wait" (default for readonly=True: the other trainer ranks) logs it and keeps
+      waiting while rank 0 quarantines it and the driver regenerates it;
+    - "raise" (replay) raises CorruptRollout.
+    """
+
+    def __init__(
+        self,
+        run: RunDir | str | Path,
+        *,
+        kind: str = "train",
+        readonly: bool = False,
+        on_corrupt: OnCorrupt | None = None,
+    ):
         super().__init__(run, kind=kind)
         self._require_dir()
         self.readonly = readonly
+        self.on_corrupt: OnCorrupt = on_corrupt or ("wait" if readonly else "quarantine")
+        if self.on_corrupt not in ("quarantine", "wait", "raise"):
+            raise ConfigError(f"on_corrupt must be quarantine, wait or raise, got {self.on_corrupt!r}")
+        if readonly and self.on_corrupt == "quarantine":
+            raise ConfigError("a read-only reader cannot quarantine (on_corrupt='quarantine')")
 
     @classmethod
     def replay(cls, run: RunDir | str | Path, *, kind: str = "train") -> "RolloutReader":
         """Open another run's buffer to train from it without any engine."""
-        reader = cls(run, kind=kind, readonly=True)
+        reader = cls(run, kind=kind, readonly=True, on_corrupt="raise")
         if not reader.committed_ids():
             raise ConfigError(f"{reader.dir}: replay buffer has no committed {kind} rollouts")
         return reader
@@ -77,6 +103,7 @@ class RolloutReader(BufferStore):
             raise ConfigError(f"buffer poll interval must be > 0, got {poll_interval}")
         deadline = None if timeout is None else time.monotonic() + timeout
         name = manifest_name(rollout_id)
+        reported = ""
         while True:
             if is_cancelled(cancel):
                 raise Cancelled()
@@ -86,10 +113,14 @@ class RolloutReader(BufferStore):
                 except KeyError:
                     pass  # retired or quarantined by someone else between list and read
                 except CorruptRollout as e:
-                    if self.readonly:
+                    if self.on_corrupt == "raise":
                         raise
-                    log.error("%s; quarantining it, the driver will regenerate it", e)
-                    self.quarantine(rollout_id, str(e))
+                    if self.on_corrupt == "quarantine":
+                        log.error("%s; quarantining it, the driver will regenerate it", e)
+                        self.quarantine(rollout_id, str(e))
+                    elif str(e) != reported:
+                        reported = str(e)
+                        log.warning("%s; waiting for it to be quarantined and regenerated", e)
             else:
                 self._check_not_retired(rollout_id)
             if deadline is not None:
@@ -118,26 +149,29 @@ class RolloutReader(BufferStore):
         if self.readonly:
             raise ReadOnlyBuffer(f"{self.dir}: cannot quarantine rollout {rollout_id} in a read-only (replay) buffer")
         qdir = self.quarantine_dir / f"{self.kind}-{rollout_id:08d}-{int(time.time())}-{secrets.token_hex(3)}"
+        prefix = f"{rollout_id:08d}."
+        # Data files present before the manifest goes belong to this (or an older) commit;
+        # a regeneration can only start after it, and its new file must not be moved.
+        old_data = [n for n in listdir_fresh(self.dir) if n.startswith(prefix) and n.endswith(".data")]
         try:
             ensure_dir(qdir)
-            try:
-                os.rename(self.manifest_path(rollout_id), qdir / "manifest.json")
-            except FileNotFoundError:
-                os.rmdir(qdir)
-                return None
-            fsync_dir(self.dir)
-            prefix = f"{rollout_id:08d}."
-            for n in listdir_fresh(self.dir):
-                if n.startswith(prefix) and n.endswith(".data"):
-                    try:
-                        os.rename(self.dir / n, qdir / n)
-                    except FileNotFoundError:
-                        pass
-            fsync_dir(self.dir)
+            # the record first: if we die below, the driver still learns it must regenerate
             write_json_atomic(
                 qdir / "reason.json",
                 {"rollout_id": rollout_id, "kind": self.kind, "reason": reason, "quarantined_at": time.time(), "pid": os.getpid()},
             )
+            try:
+                os.rename(self.manifest_path(rollout_id), qdir / "manifest.json")
+            except FileNotFoundError:
+                shutil.rmtree(qdir, ignore_errors=True)
+                return None
+            fsync_dir(self.dir)
+            for n in old_data:
+                try:
+                    os.rename(self.dir / n, qdir / n)
+                except FileNotFoundError:
+                    pass
+            fsync_dir(self.dir)
         except OSError as e:
             raise StorageError(f"{qdir}: cannot quarantine rollout {rollout_id}: {e.strerror or e}") from e
         log.warning("quarantined rollout %d into %s: %s", rollout_id, qdir, reason)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from rlslurm.buffer import CorruptRollout, RolloutReader, RolloutWriter
 from rlslurm.buffer.cli import app
+from rlslurm.errors import ConfigError
 
 from .helpers import assert_same, make_meta, make_samples
 
@@ -94,7 +95,14 @@ def test_corrupt_rollout_quarantined_and_regenerated(run, damage, caplog):
         t = threading.Thread(target=trainer)
         t.start()
         deadline = time.monotonic() + 10
-        while not r.quarantined() and time.monotonic() < deadline:
+
+        def quarantine_done() -> bool:
+            q = r.quarantined()
+            return bool(q) and "manifest.json" in os.listdir(q[0]["path"]) and not any(
+                n.startswith("00000001.") for n in os.listdir(w.dir)
+            )
+
+        while not quarantine_done() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert "rollout" not in got  # never handed over while corrupt
         q = r.quarantined()
@@ -136,3 +144,42 @@ def test_cli_reports_corrupt_and_quarantined(run):
     assert rows[0]["rollout_id"] == 0 and rows[0]["samples"] == 8
     assert rows[1]["rollout_id"] == 2 and "corrupt" in rows[1]["error"]
     assert rows[2]["rollout_id"] == 1 and rows[2]["reason"] == "test"
+
+
+def test_follower_ranks_wait_while_rank0_quarantines(run):
+    w = RolloutWriter(run)
+    w.commit(0, make_samples(0))
+    flip_data_middle(w, 0)
+    follower = RolloutReader(run, readonly=True)  # trainer rank != 0
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", follower.wait_for(0, timeout=20, poll_interval=0.02)))
+    t.start()
+    time.sleep(0.2)
+    assert "r" not in got and t.is_alive()  # neither crashed nor handed the corrupt rollout over
+    RolloutReader(run).quarantine(0, "rank 0 found it corrupt")
+    w.commit(0, make_samples(0, seed=3))
+    t.join(10)
+    assert_same(got["r"], make_samples(0, seed=3))
+    with pytest.raises(ConfigError):
+        RolloutReader(run, readonly=True, on_corrupt="quarantine")
+
+
+def test_quarantine_record_is_written_before_uncommitting(run, monkeypatch):
+    """A reader that dies between writing the record and moving the manifest leaves the
+    rollout committed; one that dies after leaves a record the driver acts on."""
+    w = RolloutWriter(run)
+    for rid in range(3):
+        w.commit(rid, make_samples(rid), make_meta(rid))
+    r = RolloutReader(run)
+    import rlslurm.buffer.reader as reader_mod
+
+    def die_after_rename(*a, **k):
+        raise KeyboardInterrupt  # stands in for a crash right after the manifest moved
+
+    monkeypatch.setattr(reader_mod, "fsync_dir", die_after_rename)
+    with pytest.raises(KeyboardInterrupt):
+        r.quarantine(1, "crash test")
+    monkeypatch.undo()
+    assert not r.is_committed(1)
+    rp = RolloutWriter(run).resume_point()
+    assert rp.to_regenerate == [1] and rp.next_rollout_id == 3
