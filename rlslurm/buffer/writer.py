@@ -130,21 +130,43 @@ class RolloutWriter(BufferStore):
         return CommitInfo(rollout_id, self.manifest_path(rollout_id), data_path, enc.size, committed_at)
 
     def resume_point(self) -> ResumePoint:
-        """Next id and data cursor for a (re)started driver, from what is on disk."""
+        """Next id and data cursor for a (re)started driver, from what is on disk.
+
+        The cursor is the one saved with the most recently committed rollout (by commit
+        time, so a regenerated rollout's newer cursor wins over a higher id's), looking
+        into quarantined manifests too: quarantining the newest rollout must not send
+        the driver back to the start of the data."""
         ids = self.committed_ids()
+        newest: Manifest | None = None
+        for rid in ids:
+            try:
+                m = self.manifest(rid)
+            except DataError:
+                continue  # corrupt: the trainer will quarantine it
+            if m is not None and (newest is None or m.committed_at > newest.committed_at):
+                newest = m
+        top = ids[-1] if ids else -1
+        for q in self.quarantined():
+            top = max(top, q["rollout_id"])
+            m = _quarantined_manifest(Path(q["path"]), q["rollout_id"])
+            if m is not None and (newest is None or m.committed_at > newest.committed_at):
+                newest = m
         last_trained = self.last_trained()
-        if ids:
-            last = ids[-1]
-            m = self.manifest(last)
-            cursor = m.meta.data_cursor if m is not None else {}
-            nxt = last + 1
-        else:
-            cursor, nxt = {}, 0 if last_trained is None else last_trained + 1
-        committed = set(ids)
-        regen = sorted(
-            {q["rollout_id"] for q in self.quarantined() if q["rollout_id"] not in committed and q["rollout_id"] < nxt}
+        if last_trained is not None:
+            top = max(top, last_trained)
+        return ResumePoint(
+            next_rollout_id=top + 1,
+            data_cursor=dict(newest.meta.data_cursor) if newest is not None else {},
+            to_regenerate=self.to_regenerate(ids),
         )
-        return ResumePoint(next_rollout_id=nxt, data_cursor=cursor, to_regenerate=regen)
+
+    def to_regenerate(self, committed_ids: list[int] | None = None) -> list[int]:
+        """Ids the trainer quarantined as corrupt and nobody re-committed yet: the driver
+        regenerates them (poll this between rollouts; it is one directory listing)."""
+        committed = set(self.committed_ids() if committed_ids is None else committed_ids)
+        last_trained = self.last_trained()
+        done = -1 if last_trained is None else last_trained  # regenerated, trained and retired since
+        return sorted({q["rollout_id"] for q in self.quarantined() if q["rollout_id"] not in committed and q["rollout_id"] > done})
 
     def cleanup(self, *, min_age_s: float = 600.0) -> list[Path]:
         """Remove temp files and data files no manifest references, older than
@@ -175,6 +197,13 @@ class RolloutWriter(BufferStore):
             fsync_dir(self.dir)
             log.info("buffer cleanup removed %d orphan files in %s", len(removed), self.dir)
         return removed
+
+
+def _quarantined_manifest(qdir: Path, rollout_id: int) -> Manifest | None:
+    try:
+        return Manifest.from_bytes((qdir / "manifest.json").read_bytes(), qdir / "manifest.json", rollout_id)
+    except (OSError, DataError):
+        return None  # torn manifest, or the quarantine never got to move it
 
 
 def _unlink_quiet(path: Path) -> None:

@@ -175,3 +175,39 @@ def test_waiting_for_a_retired_rollout_is_an_error_not_a_hang(run):
     with pytest.raises(ConfigError, match="rollout 1 was already trained"):
         r.wait_for(1, timeout=5)
     assert_same(r.wait_for(3, timeout=1), make_samples(3))
+
+
+def test_resume_point_survives_quarantine_of_the_newest_and_retention(run):
+    w, r = RolloutWriter(run), RolloutReader(run)
+    for rid in range(4):
+        w.commit(rid, make_samples(rid), make_meta(rid))
+    p = TrainerProgress()
+    for rid in range(3):
+        p.record_trained(r.read(rid))
+    after_checkpoint(r, p, Retention(keep_trained=0))
+    assert r.committed_ids() == [3]
+    r.quarantine(3, "corrupt")  # the only committed rollout goes away
+    rp = RolloutWriter(run).resume_point()
+    assert rp.next_rollout_id == 4 and rp.to_regenerate == [3]
+    assert rp.data_cursor == make_meta(3).data_cursor  # not back to the start of the data
+    # a regenerated rollout committed later carries the newest cursor, even with a lower id
+    w.commit(4, make_samples(4), make_meta(4))
+    w.commit(3, make_samples(3, seed=1), RolloutMeta(data_cursor={"epoch": 0, "offset": 99}))
+    rp = RolloutWriter(run).resume_point()
+    assert rp.next_rollout_id == 5 and rp.to_regenerate == [] and rp.data_cursor == {"epoch": 0, "offset": 99}
+
+
+def test_regenerated_then_retired_is_not_regenerated_again(run):
+    w, r = RolloutWriter(run), RolloutReader(run)
+    for rid in range(3):
+        w.commit(rid, make_samples(rid))
+    r.quarantine(1, "corrupt")
+    assert w.to_regenerate() == [1]
+    w.commit(1, make_samples(1, seed=2))
+    assert w.to_regenerate() == []
+    p = TrainerProgress()
+    for rid in range(3):
+        p.record_trained(r.read(rid))
+    after_checkpoint(r, p, Retention(keep_trained=0))
+    assert r.committed_ids() == [2]
+    assert w.to_regenerate() == [] and w.resume_point().next_rollout_id == 3
