@@ -8,6 +8,7 @@ per-element Python work. Everything else is JSON-able.
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -135,6 +136,19 @@ class RolloutMeta:
     data_cursor: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str) -> None:
+        if self.kind not in ("train", "eval"):
+            raise DataError(where, f"kind must be 'train' or 'eval', got {self.kind!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.weight_versions):
+            raise DataError(where, f"weight_versions must be integers, got {self.weight_versions!r}")
+        for k, v in self.metrics.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise DataError(where, f"metric {k!r} must be a finite number, got {v!r}")
+        try:
+            json.dumps(self.to_json(), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise DataError(where, f"data_cursor/extra must be JSON-serialisable: {e}") from e
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,7 @@ A crash anywhere leaves at worst an unreferenced data or temp file, removed by
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -75,7 +76,12 @@ class RolloutWriter(BufferStore):
         self.attempt = attempt if attempt is not None else int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
     def commit(self, rollout_id: int, samples: list[Sample], meta: RolloutMeta | None = None) -> CommitInfo:
+        """Commit rollout `rollout_id`, all or nothing. Raises DataError (naming rollout
+        and sample) for bad input, AlreadyCommitted if the id exists, StorageError (naming
+        the file) if the filesystem refuses - in every case nothing is committed and the
+        previously committed rollouts are untouched."""
         meta = meta or RolloutMeta(kind=self.kind)  # type: ignore[arg-type]
+        meta.validate(f"rollout {rollout_id} meta")
         if meta.kind != self.kind:
             raise DataError(f"rollout {rollout_id}", f"meta.kind is {meta.kind!r} but this writer commits {self.kind!r}")
         if rollout_id < 0:
@@ -103,7 +109,7 @@ class RolloutWriter(BufferStore):
 
         stats = RolloutStats.of(samples)
         if not meta.weight_versions:
-            meta.weight_versions = list(stats.weight_versions)
+            meta = dataclasses.replace(meta, weight_versions=list(stats.weight_versions))
         committed_at = time.time()
         manifest = Manifest(
             rollout_id=rollout_id,

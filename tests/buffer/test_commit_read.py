@@ -211,3 +211,18 @@ def test_regenerated_then_retired_is_not_regenerated_again(run):
     after_checkpoint(r, p, Retention(keep_trained=0))
     assert r.committed_ids() == [2]
     assert w.to_regenerate() == [] and w.resume_point().next_rollout_id == 3
+
+
+@pytest.mark.parametrize(
+    "meta, match",
+    [
+        (RolloutMeta(metrics={"gen_s": float("nan")}), "metric 'gen_s' must be a finite number"),
+        (RolloutMeta(data_cursor={"pos": object()}), "JSON-serialisable"),
+        (RolloutMeta(weight_versions=[1.5]), "weight_versions must be integers"),
+    ],
+)
+def test_bad_meta_is_named_and_nothing_is_written(run, meta, match):
+    w = RolloutWriter(run)
+    with pytest.raises(DataError, match=f"rollout 0 meta: .*{match}"):
+        w.commit(0, make_samples(0), meta)
+    assert os.listdir(w.dir) == []
