@@ -37,10 +37,13 @@ _LOW_PORT = 20000
 def check_ip_literal(value: str, *, where: str) -> str:
     """Return `value` normalised if it is an IPv4/IPv6 literal, else raise ConfigError naming `where`."""
     try:
-        return str(ipaddress.ip_address(value.strip()))
+        ip = ipaddress.ip_address(value.strip())
     except ValueError:
         raise ConfigError(f"{where}: {value!r} is not an IP address literal (a hostname is not accepted: "
                           f"it may resolve differently on other nodes)") from None
+    if ip.is_unspecified:
+        raise ConfigError(f"{where}: {value!r} is a wildcard address; give the address other processes dial")
+    return str(ip)
 
 
 def _route_source(target: str) -> str | None:

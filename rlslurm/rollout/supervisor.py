@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from rlslurm.rollout.engine import EngineProcess, EngineSpec, EngineStartError
+from rlslurm.rollout.engine import EngineProcess, EngineSpec
 from rlslurm.rollout.router import RouterError, RouterProcess
 from rlslurm.rollout.sglang_client import health_sync
 
@@ -88,6 +88,8 @@ class _Slot:
         self.restarts = 0
         self.failures = 0
         self.restarting = False
+        # serialises kill/start of this engine between its restart thread and close()
+        self.lock = threading.Lock()
 
 
 class EngineSupervisor:
@@ -181,8 +183,11 @@ class EngineSupervisor:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=self.health_timeout_s + 5)
+        # Killing first makes a restart thread blocked in wait_healthy fail at once; the slot
+        # lock guarantees it cannot start a new process after this.
+        self._kill_all()
         for t in list(self._restart_threads):
-            t.join(timeout=self.start_timeout_s + self.register_timeout_s)
+            t.join(timeout=self.register_timeout_s + 10)
         self._kill_all()
         with self._cond:
             for s in self._slots:
@@ -191,7 +196,8 @@ class EngineSupervisor:
     def _kill_all(self) -> None:
         for s in self._slots:
             try:
-                s.proc.kill_tree()
+                with s.lock:
+                    s.proc.kill_tree()
             except Exception:
                 log.exception("%s: kill_tree failed", s.proc.spec.name)
 
@@ -204,13 +210,19 @@ class EngineSupervisor:
 
     # --- weight-update bracket ------------------------------------------------------------
     @contextmanager
-    def pause_health_checks(self) -> Iterator[None]:
+    def pause_health_checks(self, wait_s: float | None = None) -> Iterator[None]:
         """No health check or restart starts while inside; entering waits for restarts in
-        progress. Nestable and usable from any thread."""
+        progress (TimeoutError after `wait_s`, None: no limit). Nestable, any thread."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         with self._cond:
             self._paused += 1
             while any(s.restarting for s in self._slots) and not self._stop.is_set():
-                self._cond.wait(timeout=1.0)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._paused -= 1
+                    busy = [s.proc.spec.name for s in self._slots if s.restarting]
+                    raise TimeoutError(f"engines still restarting after {wait_s:g} s: {busy}")
+                self._cond.wait(timeout=1.0 if left is None else min(1.0, left))
         try:
             yield
         finally:
@@ -227,26 +239,32 @@ class EngineSupervisor:
     # --- health loop ----------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(self.health_interval_s):
-            if not self.router.is_alive() and not self._paused:
-                self._restart_router()
-            for s in self._slots:
-                with self._cond:
-                    if self._paused or s.restarting or self._stop.is_set():
-                        continue
-                reason = self._check(s)
-                if reason is None:
+            try:
+                self._tick()
+            except Exception:  # the watchdog must outlive any single bad round
+                log.exception("engine supervisor: health round failed")
+
+    def _tick(self) -> None:
+        if not self.router.is_alive() and not self._paused:
+            self._restart_router()
+        for s in self._slots:
+            with self._cond:
+                if self._paused or s.restarting or self._stop.is_set():
                     continue
-                with self._cond:
-                    # a pause may have begun while we were checking: its broadcast is the likely cause
-                    if self._paused or self._stop.is_set():
-                        s.failures = 0
-                        continue
-                    s.restarting = True
-                    s.healthy = False
-                t = threading.Thread(target=self._restart, args=(s, reason), name=f"restart-{s.proc.spec.name}",
-                                     daemon=True)
-                self._restart_threads = [x for x in self._restart_threads if x.is_alive()] + [t]
-                t.start()
+            reason = self._check(s)
+            if reason is None:
+                continue
+            with self._cond:
+                # a pause may have begun while we were checking: its broadcast is the likely cause
+                if self._paused or self._stop.is_set():
+                    s.failures = 0
+                    continue
+                s.restarting = True
+                s.healthy = False
+            t = threading.Thread(target=self._restart, args=(s, reason), name=f"restart-{s.proc.spec.name}",
+                                 daemon=True)
+            self._restart_threads = [x for x in self._restart_threads if x.is_alive()] + [t]
+            t.start()
 
     def _check(self, s: _Slot) -> str | None:
         """None if the engine is fine, else why it must be restarted."""
@@ -269,13 +287,17 @@ class EngineSupervisor:
         self._changed()
         while not self._stop.is_set():
             try:
-                s.proc.kill_tree()
+                with s.lock:
+                    s.proc.kill_tree()
                 self._deregister(s)
-                s.proc.start()
+                with s.lock:
+                    if self._stop.is_set():
+                        break
+                    s.proc.start()
                 s.proc.wait_healthy(self.start_timeout_s)
                 s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
                 s.worker_id = self.router.wait_workers_healthy([s.proc.url], self.register_timeout_s)[s.proc.url]
-            except (EngineStartError, RouterError, OSError) as e:
+            except Exception as e:  # any failure: report, back off, try again (never leave `restarting` set)
                 if self._stop.is_set():
                     break
                 log.error("%s: restart failed: %s", name, e)

@@ -61,6 +61,7 @@ def test_spec_argv_has_every_flag_and_never_the_key(tmp_path):
     (dict(extra_args=("--api-key=x",)), "--sglang-api-key"),
     (dict(extra_args=("--tp-size", "4")), "--sglang-tp-size"),
     (dict(host="node017"), "node017"),
+    (dict(host="0.0.0.0"), "wildcard"),
     (dict(nccl_port=31000), "must differ"),
     (dict(port=70000), "70000"),
     (dict(dtype="fp8"), "fp8"),
