@@ -21,6 +21,7 @@ Trainer loop:
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,11 +29,13 @@ from typing import Any
 
 from rlslurm.buffer.atomic import fsync_dir, unlink_durable, write_bytes_atomic, write_json_atomic
 from rlslurm.buffer.export import export_jsonl
+from rlslurm.buffer.manifest import CorruptRollout
 from rlslurm.buffer.reader import ReadOnlyBuffer, RolloutReader
 from rlslurm.buffer.sample import Rollout
 from rlslurm.errors import ConfigError, DataError
 
 STATE_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,8 +102,15 @@ def retire(reader: RolloutReader, last_trained: int, retention: Retention) -> li
     for rid in doomed:
         if retention.export_dir is not None:
             out = Path(retention.export_dir) / f"{reader.kind}-{rid:08d}.jsonl"
-            write_bytes_atomic(out, export_jsonl(reader.read(rid)))
-        m = reader.manifest(rid)
+            try:
+                write_bytes_atomic(out, export_jsonl(reader.read(rid)))
+            except (CorruptRollout, KeyError) as e:
+                # already trained: a storage fault since then must not stop training
+                log.error("not exporting rollout %d before retiring it: %s", rid, e)
+        try:
+            m = reader.manifest(rid)
+        except CorruptRollout:
+            m = None  # the manifest goes anyway; its unreferenced data is swept by cleanup()
         # manifest first: the rollout stops being committed before its data goes
         if not unlink_durable(reader.manifest_path(rid)) or m is None:
             continue

@@ -226,3 +226,17 @@ def test_bad_meta_is_named_and_nothing_is_written(run, meta, match):
     with pytest.raises(DataError, match=f"rollout 0 meta: .*{match}"):
         w.commit(0, make_samples(0), meta)
     assert os.listdir(w.dir) == []
+
+
+def test_retention_survives_a_corrupt_trained_rollout(run, tmp_path):
+    w, r = RolloutWriter(run), RolloutReader(run)
+    for rid in range(3):
+        w.commit(rid, make_samples(rid))
+    p = TrainerProgress()
+    for rid in range(3):
+        p.record_trained(r.read(rid))
+    (w.dir / w.manifest(0).data_file).write_bytes(b"rotted")
+    w.manifest_path(1).write_text("{")
+    assert after_checkpoint(r, p, Retention(keep_trained=0, export_dir=tmp_path / "x")) == [0, 1]
+    assert r.committed_ids() == [2]
+    assert os.listdir(tmp_path / "x") == []
