@@ -8,16 +8,24 @@ Rollout driver (het group 1)::
     w = RolloutWriter(run)                       # run: RunDir or path
     rp = w.resume_point()                        # next id, data cursor, ids to regenerate
     w.commit(rp.next_rollout_id, samples, RolloutMeta(weight_versions=[v], data_cursor=cur))
+    w.to_regenerate()                            # ids the trainer quarantined (poll between rollouts)
 
 Trainer (het group 0)::
 
-    r = RolloutReader(run)                       # or RolloutReader.replay(other_run)
+    r = RolloutReader(run)                       # rank 0; other ranks: readonly=True
     rollout = r.wait_for(progress.next_rollout_id, timeout=600, poll_interval=0.2, cancel=stop_event)
     progress.record_trained(rollout)             # TrainerProgress lives in the checkpoint
-    after_checkpoint(r, progress, Retention(keep_trained=2))
+    after_checkpoint(r, progress, Retention(keep_trained=2))   # once the checkpoint is durable
+
+    RolloutReader.replay(other_run)              # train from an existing buffer, no engine
+
+Guarantees: a commit is all or nothing (manifest published last, exclusively); a torn or
+corrupt rollout is detected by size + block checksums and never returned (rank 0
+quarantines it, the driver regenerates it); each rollout is trained exactly once as far
+as the checkpointed model is concerned. Errors name the file.
 
 Control plane: `Control(run)` (engines, router, rendezvous, weight version, heartbeats,
-preempt/stop), `read_ledger(run)`, `RunDir.mark_finished`.
+preempt/stop), `read_ledger(run)`, `RunDir.mark_finished`. CLI: `rlslurm buffer ls|show|export`.
 """
 
 from rlslurm.buffer.atomic import Cancelled, StorageError, fsync_dir, read_json, write_bytes_atomic, write_json_atomic
