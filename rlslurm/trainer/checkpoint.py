@@ -196,25 +196,47 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     get_cuda_rng_tracker().set_states(state["tracker"])
 
 
-def _sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_rng: bool) -> dict[str, Any]:
+def has_optimizer_state(opt) -> bool:
+    """False before the first step (e.g. the actor during PPO's critic-only warm-up): such an
+    optimizer is saved as absent, since megatron can only shard state that exists."""
+    parts = getattr(opt, "chained_optimizers", None) or [opt]
+    return any(len(getattr(p, "optimizer", p).state) > 0 for p in parts)
+
+
+def _sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_rng: bool,
+                   optimizers: set[str]) -> dict[str, Any]:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model_sd = st.actor.inner.sharded_state_dict()
     state: dict[str, Any] = {
         "model": model_sd,
-        "optimizer": st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading),
         "scheduler": st.actor.scheduler.state_dict(),
         "progress": progress.state_dict() if progress is not None else TrainerProgress().state_dict(),
     }
+    if "actor" in optimizers:
+        state["optimizer"] = st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading)
     if with_rng:
         state["rng"] = ShardedObject("rlslurm_rng_state", _rng_state(), (world,), (rank,), replica_id=0)
     if st.critic is not None:
         csd = st.critic.inner.sharded_state_dict(prefix="critic.")
         state["critic"] = csd
-        state["critic_optimizer"] = st.critic.optimizer.sharded_state_dict(csd, is_loading=loading)
+        if "critic" in optimizers:
+            state["critic_optimizer"] = st.critic.optimizer.sharded_state_dict(csd, is_loading=loading)
         state["critic_scheduler"] = st.critic.scheduler.state_dict()
     return state
+
+
+def _optimizers_with_state(st) -> set[str]:
+    out = set()
+    if has_optimizer_state(st.actor.optimizer):
+        out.add("actor")
+    if st.critic is not None and has_optimizer_state(st.critic.optimizer):
+        out.add("critic")
+    # Every rank must build the same state dict: agree on the union (all ranks step together).
+    flags = torch.tensor([float("actor" in out), float("critic" in out)])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return {n for n, f in zip(("actor", "critic"), flags.tolist()) if f > 0}
 
 
 def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
@@ -232,11 +254,12 @@ def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
         d.mkdir()
         fsync_dir(root)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(st, progress, loading=False, with_rng=True), str(d))
+    optimizers = _optimizers_with_state(st)
+    dist_checkpointing.save(_sharded_state(st, progress, loading=False, with_rng=True, optimizers=optimizers), str(d))
     dist.barrier()
     if rank == 0:
         write_meta(d, progress.trained_rollouts, dist.get_world_size(),
-                   {"progress": progress.state_dict()})
+                   {"progress": progress.state_dict(), "optimizers": sorted(optimizers)})
         write_json_atomic(root / LATEST, {"name": d.name, "iteration": progress.trained_rollouts})
         prune(root, keep)
     dist.barrier()
@@ -252,16 +275,19 @@ def load(st, d: Path) -> TrainerProgress:
     if not same_world:
         _warn(f"{d} was saved by {meta.get('world_size')} ranks, this job has {dist.get_world_size()}: "
               "RNG states are not restored (weights, optimizer and progress are)")
-    template = _sharded_state(st, None, loading=True, with_rng=same_world)
+    optimizers = set(meta.get("optimizers", []))
+    template = _sharded_state(st, None, loading=True, with_rng=same_world, optimizers=optimizers)
     state = dist_checkpointing.load(template, str(d))
     st.actor.inner.load_state_dict(state["model"])
-    st.actor.optimizer.load_state_dict(state["optimizer"])
+    if "actor" in optimizers:
+        st.actor.optimizer.load_state_dict(state["optimizer"])
     st.actor.scheduler.load_state_dict(state["scheduler"])
     if st.critic is not None:
         if "critic" not in state:
             raise DataError(str(d), "checkpoint has no critic but --advantage-estimator ppo needs one")
-        st.critic.inner.load_state_dict(state["critic"])
-        st.critic.optimizer.load_state_dict(state["critic_optimizer"])
+        st.critic.inner.load_state_dict({k.removeprefix("critic."): v for k, v in state["critic"].items()})
+        if "critic" in optimizers:
+            st.critic.optimizer.load_state_dict(state["critic_optimizer"])
         st.critic.scheduler.load_state_dict(state["critic_scheduler"])
     if same_world:
         _set_rng_state(state["rng"])
