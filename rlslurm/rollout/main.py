@@ -2,14 +2,19 @@
 `python -m rlslurm.rollout.main --run-dir RUN --trainer-addr ADDR`.
 
 Start-up: read RUN/run.yaml and record this node's placement (node list, GPUs, trainer head).
-Then run this node's SGLang servers; node 0 also runs the router and the rollout driver.
-The process ends when the run is FINISHED or a stop is requested.
+Then run this node's SGLang servers (rollout/node.py); node 0 also runs the router and the
+rollout driver (rollout/driver.py). The process ends with 0 when the run is FINISHED or a
+stop or preempt is requested (the requeued job starts it again); the engines and the router
+are killed on every way out, SIGTERM from srun included.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,11 +22,75 @@ from pathlib import Path
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import UserError
+from rlslurm.net import node_ip
 from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
 
+log = logging.getLogger("rlslurm.rollout")
+
 POLL_S = 1.0
+
+
+def end_reason(rd: RunDir, control: Control) -> str | None:
+    if rd.is_finished():
+        return "finished"
+    if control.stop_requested() is not None:
+        return "stop"
+    if control.preempt_requested() is not None:
+        return "preempt"
+    return None
+
+
+async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
+    """Node 0 runs the driver; every node keeps heartbeats and control files current
+    until the run ends."""
+    driver_task = None
+    if node.node == 0:
+        from rlslurm.rollout.driver import RolloutDriver
+
+        driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
+                               api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
+        driver_task = asyncio.ensure_future(driver.run(lambda: end_reason(rd, control) is not None))
+    try:
+        while True:
+            node.housekeeping()
+            if driver_task is not None and driver_task.done():
+                result = driver_task.result()  # a driver error ends the process (non-zero exit)
+                log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
+                driver_task = None
+            reason = end_reason(rd, control)
+            if reason is not None:
+                return reason
+            await asyncio.sleep(POLL_S)
+    finally:
+        if driver_task is not None and not driver_task.done():
+            driver_task.cancel()
+            await asyncio.gather(driver_task, return_exceptions=True)
+
+
+def no_engines_reason(cfg) -> str | None:
+    """Why this run needs no rollout engines, or None. A tiny model without --hf-checkpoint is
+    random-initialised by the trainer (launcher tests, fake GPUs): engines could not serve its
+    weights. Replay (--load-debug-rollout-data) trains from another run's buffer."""
+    if cfg.train.load_debug_rollout_data is not None:
+        return "replay run (--load-debug-rollout-data): the trainer reads another run's buffer"
+    if cfg.model.hf_checkpoint is None:
+        return "no --hf-checkpoint (tiny model initialised by the trainer): no weights to serve"
+    return None
+
+
+def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:
+    while True:
+        control.heartbeat("rollout", role_rank)
+        reason = end_reason(rd, control)
+        if reason is not None:
+            return reason
+        time.sleep(POLL_S)
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through RolloutNode.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--trainer-addr", required=True)
     a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
     env = job_env()
@@ -40,11 +110,33 @@ def main(argv: list[str] | None = None) -> int:
         "user_env": {k: os.environ.get(k) for k in cfg.slurm.env},
     })
     control = Control(rd)
-    while not rd.is_finished():
-        if control.stop_requested() or control.preempt_requested():
-            break
-        time.sleep(POLL_S)
-    return 0
+    if end_reason(rd, control) is not None:
+        return 0
+    skip = no_engines_reason(cfg)
+    if skip is not None:
+        log.warning("node %d: rollout engines not started: %s; waiting for the run to end", env.procid, skip)
+        wait_for_end(rd, control, env.procid)
+        return 0
+    signal.signal(signal.SIGTERM, _on_term)
+
+    from rlslurm.rollout.node import RolloutNode
+
+    host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
+    node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.restart_count)
+    try:
+        t0 = time.monotonic()
+        node.start(cancel=lambda: end_reason(rd, control) is not None)
+        log.info("node %d: %d engine(s) up in %.1f s", env.procid, len(node.supervisor.urls), time.monotonic() - t0)
+        tokenizer = None
+        if env.procid == 0:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.hf_checkpoint))
+        reason = asyncio.run(serve(node, rd, control, cfg, tokenizer))
+        log.info("node %d: run ends (%s)", env.procid, reason)
+        return 0
+    finally:
+        node.close()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ teardown checks that nothing it started is left running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -36,6 +37,20 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory, tiny_model) -> Deployment:
+    with deploy(tmp_path_factory, tiny_model) as dep:
+        yield dep
+
+
+@pytest.fixture(scope="module")
+def private_deployment(tmp_path_factory, tiny_model) -> Deployment:
+    """Like `deployment`, but for one module: for tests that restart engines or change their
+    weight version and must not disturb the shared one's counters (torn down at module end)."""
+    with deploy(tmp_path_factory, tiny_model, extra_args=("--weight-version", "0")) as dep:
+        yield dep
+
+
+@contextlib.contextmanager
+def deploy(tmp_path_factory, tiny_model, *, extra_args: tuple[str, ...] = ()):
     from rlslurm.rollout import sglang_cpu
 
     if sglang_cpu.installed_sglang_version() is None:
@@ -53,7 +68,7 @@ def deployment(tmp_path_factory, tiny_model) -> Deployment:
     specs = [EngineSpec(name=f"engine-{i}", model_path=str(tiny_model), host=host, port=p.port,
                         nccl_port=p.nccl_port, log_path=logs / f"engine-{i}.log", api_key=key,
                         dtype="float32", device="cpu", cpu_core=i % ncpu, max_total_tokens=8192,
-                        extra_args=("--random-seed", str(i)))
+                        extra_args=("--random-seed", str(i), *extra_args))
              for i, p in enumerate(ports)]
     router = RouterProcess(host=host, port=free_port(host), log_path=logs / "router.log", api_key=key,
                            health_check_interval_s=2)
@@ -68,7 +83,13 @@ def deployment(tmp_path_factory, tiny_model) -> Deployment:
     except BaseException:
         router.close()
         raise
-    yield dep
+    try:
+        yield dep
+    finally:
+        _teardown(sup, router)
+
+
+def _teardown(sup, router) -> None:
     pgids = [s.proc.pid for s in sup._slots if s.proc.proc is not None] + [router.proc.pid]
     sup.close()
     router.close()

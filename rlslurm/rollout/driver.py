@@ -1,0 +1,420 @@
+"""The rollout driver: prompts -> groups through the router -> rewards -> filters -> buffer.
+
+One rollout at a time, in id order:
+
+1. **Weight gate.** Rollout N may be generated only when the engines serve weight version
+   >= N - async_buffer_size (version N = weights after training rollouts 0..N-1, version
+   0 = the HF checkpoint; async_buffer_size 0 is synchronous RL). The engines' *own*
+   `/model_info` weight_version is what counts, not Control's record: engines of a new
+   attempt start at 0 whatever the record from the previous attempt says. In disk mode
+   the driver moves the engines itself: when Control's version is ahead of an engine, it
+   loads RUN/weights/v<N> there (all lagging engines concurrently).
+2. **Eval** every `eval_interval` rollouts, against the weights that passed the gate.
+3. **Generate** `rollout_batch_size` groups of `n_samples_per_prompt` (GroupCollector:
+   over-sampling, dynamic-sampling filters, aborted groups handed back).
+4. **Commit** with the data cursor after it, then append a metrics line to
+   RUN/rollout_metrics.jsonl (RUN/metrics.jsonl is the trainer's: one writer per file).
+
+Restart safety: a rollout exists only once committed, and the cursor saved with it is the
+source's position after it, so a driver killed anywhere resumes from the last commit
+without skipping or repeating a prompt (`RolloutWriter.resume_point`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlslurm.buffer.atomic import ensure_dir
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
+from rlslurm.buffer.writer import RolloutWriter
+from rlslurm.config import RunConfig
+from rlslurm.errors import ConfigError, DataError
+from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
+from rlslurm.rollout.filters import GroupCollector, GroupFilter, load_filter
+from rlslurm.rollout.generate_api import GenerateFn, generate_group, load_generate_fn
+from rlslurm.rollout.rewards import RewardFn, build_reward_fn
+from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
+from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "rollout_metrics.jsonl"
+POLL_S = 0.5
+
+ShouldStop = Callable[[], bool]
+EngineUrls = Callable[[], Sequence[str]]
+
+
+def required_version(rollout_id: int, *, async_buffer_size: int, update_weights_interval: int = 1) -> int:
+    """The oldest weight version rollout `rollout_id` may be generated with. The trainer
+    publishes only every `update_weights_interval` versions, so the newest one it can
+    have published at or below `rollout_id - async_buffer_size` is the bar."""
+    floor = max(0, rollout_id - async_buffer_size)
+    return floor - floor % update_weights_interval
+
+
+def sampling_params(cfg: RunConfig, *, eval: bool = False) -> dict[str, Any]:
+    """SGLang sampling params from the rollout flags. Empty stop lists are left out (the
+    router drops nulls but forwards empties, and SGLang treats [] and None alike)."""
+    r = cfg.rollout
+    sp: dict[str, Any] = {
+        "temperature": r.eval_temperature if eval else r.rollout_temperature,
+        "top_p": r.rollout_top_p,
+        "top_k": r.rollout_top_k,
+        "max_new_tokens": (r.eval_max_response_len or r.rollout_max_response_len) if eval
+        else r.rollout_max_response_len,
+        # the trained response is the engine's tokens: never trim a matched stop from them
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+    }
+    if r.rollout_stop:
+        sp["stop"] = list(r.rollout_stop)
+    if r.rollout_stop_token_ids:
+        sp["stop_token_ids"] = list(r.rollout_stop_token_ids)
+    return sp
+
+
+def build_source(cfg: RunConfig, tokenizer: Any) -> DataSource:
+    d = cfg.data
+    if d.data_source_path:
+        return load_custom_source(d.data_source_path, cfg=cfg, tokenizer=tokenizer)
+    if d.prompt_data is None:
+        raise ConfigError("--prompt-data is required (or --data-source-path)")
+    return PromptSource(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+                        tool_key=d.tool_key, tokenizer=tokenizer, apply_chat_template=d.apply_chat_template,
+                        chat_template_kwargs=d.apply_chat_template_kwargs, max_prompt_len=d.max_prompt_len,
+                        shuffle=d.rollout_shuffle, seed=d.rollout_seed, num_epochs=d.num_epoch,
+                        strict=d.data_strict, buffer_filter=cfg.rollout.buffer_filter_path)
+
+
+def eval_datasets(cfg: RunConfig) -> list[tuple[str, Path]]:
+    pairs = cfg.data.eval_prompt_data
+    out = [(pairs[i], Path(pairs[i + 1])) for i in range(0, len(pairs), 2)]
+    names = [n for n, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"--eval-prompt-data: dataset name(s) {dup} given twice")
+    return out
+
+
+@dataclass
+class DriverResult:
+    reason: str                 # "done" | "stopped" | "exhausted"
+    next_rollout_id: int
+    committed: list[int] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)
+
+
+class RolloutDriver:
+    """Generates and commits rollouts until `num_rollout`, a stop, or the end of the data.
+
+    `engine_urls()` lists every engine (all rollout nodes) for weight versions, disk
+    loads and abort; requests go through `router_url`. `engine_restarts()` reports the
+    supervisor's count for the metrics.
+    """
+
+    def __init__(self, cfg: RunConfig, run: RunDir | str | Path, *, router_url: str, engine_urls: EngineUrls,
+                 api_key: str | None, tokenizer: Any, source: DataSource | None = None,
+                 reward_fn: RewardFn | None = None, generate_fn: GenerateFn | None = None,
+                 filters: Sequence[GroupFilter] | None = None, engine_restarts: Callable[[], int] | None = None,
+                 reward_executor: Any = None, retry: RetryPolicy | None = None, poll_s: float = POLL_S):
+        self.cfg = cfg
+        self.rd = run if isinstance(run, RunDir) else RunDir(run)
+        self.router_url = router_url
+        self.engine_urls = engine_urls
+        self.api_key = api_key
+        self.tokenizer = tokenizer
+        self.source = source if source is not None else build_source(cfg, tokenizer)
+        r = cfg.rollout
+        self.reward_fn = reward_fn or build_reward_fn(r.rm_type, custom_rm_path=r.custom_rm_path, rm_url=r.rm_url,
+                                                      rm_api_key=None)
+        self.generate_fn = generate_fn or load_generate_fn(r.custom_generate_function_path)
+        if filters is None:
+            filters = [load_filter(r.dynamic_sampling_filter_path)] if r.dynamic_sampling_filter_path else []
+        self.filters = list(filters)
+        self.engine_restarts = engine_restarts or (lambda: 0)
+        self.reward_executor = reward_executor
+        self.retry = retry
+        self.poll_s = poll_s
+        self.control = Control(self.rd)
+        self.writer = RolloutWriter(self.rd, kind="train")
+        self._eval = eval_datasets(cfg)
+        self.metrics_path = self.rd.path / METRICS_FILE
+        self.ctx: RouterContext | None = None
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self, should_stop: ShouldStop = lambda: False) -> DriverResult:
+        resume = self.writer.resume_point()
+        if resume.data_cursor:
+            self.source.load_state_dict(resume.data_cursor)
+        log.info("rollout driver: next rollout %d, regenerate %s", resume.next_rollout_id, resume.to_regenerate)
+        result = DriverResult("done", resume.next_rollout_id)
+        async with SGLangClient(self.router_url, self.api_key) as client:
+            self.ctx = RouterContext(client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency,
+                                     retry=self.retry)
+            todo = list(resume.to_regenerate) + list(range(resume.next_rollout_id, self.cfg.rollout.num_rollout))
+            for rollout_id in todo:
+                outcome = await self._until_stop(self._one(rollout_id, result), should_stop)
+                if outcome is None:
+                    result.reason = "stopped"
+                    return result
+                if outcome == "exhausted":
+                    result.reason = "exhausted"
+                    return result
+                result.next_rollout_id = max(result.next_rollout_id, rollout_id + 1)
+        return result
+
+    async def _until_stop(self, coro: Any, should_stop: ShouldStop) -> Any:
+        """Run `coro`, cancelling it when `should_stop()` turns true (None then). Nothing of
+        a cancelled rollout is committed; the restarted driver does it again."""
+        task = asyncio.ensure_future(coro)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=self.poll_s)
+            if done:
+                return task.result()
+            if should_stop():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+
+    async def _one(self, rollout_id: int, result: DriverResult) -> str:
+        version = await self.wait_for_weights(rollout_id)
+        ev = self.cfg.rollout.eval_interval
+        if self._eval and ev and rollout_id % ev == 0:
+            if await self.evaluate(rollout_id, version):
+                result.evaluated.append(rollout_id)
+        committed = await self.generate_rollout(rollout_id, version)
+        if not committed:
+            return "exhausted"
+        result.committed.append(rollout_id)
+        return "ok"
+
+    # ------------------------------------------------------------------ weights
+
+    async def engine_versions(self) -> dict[str, int]:
+        """Each reachable engine's weight version (an engine being restarted is left out)."""
+        urls = list(self.engine_urls())
+
+        async def one(url: str) -> int | None:
+            async with SGLangClient(url, self.api_key) as c:
+                try:
+                    raw = await c.get_weight_version(timeout=10.0)
+                except SGLangError:
+                    return None
+            return parse_weight_version(raw, where=f"{url}/model_info")
+
+        got = await asyncio.gather(*(one(u) for u in urls))
+        return {u: v for u, v in zip(urls, got) if v is not None}
+
+    async def wait_for_weights(self, rollout_id: int) -> int:
+        """Block until every reachable engine serves a version allowed for `rollout_id`
+        (disk mode: load newer published weights first). Returns the oldest engine version."""
+        r = self.cfg.rollout
+        need = required_version(rollout_id, async_buffer_size=r.async_buffer_size,
+                                update_weights_interval=r.update_weights_interval)
+        logged = False
+        while True:
+            versions = await self.engine_versions()
+            if versions and self.cfg.train.weight_sync == "disk":
+                versions = await self.sync_from_disk(versions)
+            if versions and min(versions.values()) >= need:
+                return min(versions.values())
+            if not logged:
+                log.info("rollout %d waits for weight version %d (engines: %s)", rollout_id, need, versions)
+                logged = True
+            await asyncio.sleep(self.poll_s)
+
+    async def sync_from_disk(self, versions: dict[str, int]) -> dict[str, int]:
+        """Load Control's published version into every engine that is behind it."""
+        rec = self.control.weight_version()
+        if rec is None:
+            return versions
+        lagging = [u for u, v in versions.items() if v < rec.version]
+        if not lagging:
+            return versions
+        path = self.rd.weights_dir / f"v{rec.version}"
+        if not path.is_dir():
+            raise DataError(str(path), f"{self.control.dir}/weight_version.json says version {rec.version} but its "
+                                       "weights directory is missing")
+        t0 = time.perf_counter()
+
+        async def load(url: str) -> None:
+            async with SGLangClient(url, self.api_key) as c:
+                await c.update_weights_from_disk(str(path), weight_version=str(rec.version))
+
+        # concurrently: on a real cluster each load reads GBs, and they do not depend on each other
+        await asyncio.gather(*(load(u) for u in lagging))
+        log.info("loaded weights v%d on %d engine(s) in %.1f s", rec.version, len(lagging), time.perf_counter() - t0)
+        return {**versions, **{u: rec.version for u in lagging}}
+
+    async def abort_engines(self) -> None:
+        """Stop every in-flight request (the router has no abort): their groups come back
+        ABORTED and the collector hands the prompts back."""
+        async def one(url: str) -> None:
+            async with SGLangClient(url, self.api_key) as c:
+                try:
+                    await c.abort_all(timeout=10.0)
+                except SGLangError as e:
+                    log.warning("abort on %s failed: %s", url, e)
+
+        await asyncio.gather(*(one(u) for u in self.engine_urls()))
+
+    # ------------------------------------------------------------------ train rollouts
+
+    async def generate_rollout(self, rollout_id: int, engine_version: int) -> bool:
+        """Generate, filter and commit rollout `rollout_id`. False when the data ran out first
+        (nothing is committed, the cursor is not advanced)."""
+        assert self.ctx is not None
+        r = self.cfg.rollout
+        sp = sampling_params(self.cfg)
+        before = self.ctx.stats.snapshot()
+        restarts0 = self.engine_restarts()
+
+        async def run_group(prompt: Prompt) -> list[Sample]:
+            return await generate_group(self.ctx, prompt, n=r.n_samples_per_prompt, sampling_params=sp,
+                                        reward_fn=self.reward_fn, generate_fn=self.generate_fn,
+                                        reward_key=r.reward_key, reward_executor=self.reward_executor)
+
+        collector = GroupCollector(self.source, run_group, rollout_batch_size=r.rollout_batch_size,
+                                   over_sampling_batch_size=r.over_sampling_batch_size, filters=self.filters,
+                                   abort=self.abort_engines)
+        t0 = time.perf_counter()
+        collected = await collector.collect()
+        gen_s = time.perf_counter() - t0
+        if collected.exhausted or len(collected.groups) < r.rollout_batch_size:
+            log.warning("prompt data exhausted before rollout %d was full (%d of %d groups): stopping", rollout_id,
+                        len(collected.groups), r.rollout_batch_size)
+            return False
+        samples = number_samples(collected.groups, collected.prompts)
+        metrics = {**collected.metrics, **generation_metrics(samples, gen_s),
+                   **_delta(self.ctx.stats.snapshot(), before),
+                   "rollout/engine_version": float(engine_version),
+                   "rollout/engine/restarts_total": float(self.engine_restarts()),
+                   "rollout/engine/restarts": float(self.engine_restarts() - restarts0)}
+        metrics.update(getattr(self.source, "metrics", lambda: {})())
+        t1 = time.perf_counter()
+        self.writer.commit(rollout_id, samples, RolloutMeta(kind="train", data_cursor=self.source.state_dict(),
+                                                            metrics=metrics))
+        metrics["rollout/time/commit_s"] = time.perf_counter() - t1
+        self.log_metrics(rollout_id, "train", metrics)
+        log.info("committed rollout %d: %d samples, reward %.3f, %.1f s", rollout_id, len(samples),
+                 metrics["rollout/reward_mean"], gen_s)
+        return True
+
+    # ------------------------------------------------------------------ eval
+
+    async def evaluate(self, rollout_id: int, engine_version: int) -> bool:
+        """Eval rollout `rollout_id` (the weights rollout `rollout_id` is generated with),
+        every dataset in one eval rollout; False if it was committed before a restart."""
+        assert self.ctx is not None
+        writer = RolloutWriter(self.rd, kind="eval")
+        if writer.is_committed(rollout_id):
+            return False
+        r = self.cfg.rollout
+        sp = sampling_params(self.cfg, eval=True)
+        k = r.n_samples_per_eval_prompt
+        samples: list[Sample] = []
+        metrics: dict[str, float] = {"eval/engine_version": float(engine_version)}
+        t0 = time.perf_counter()
+        for name, path in self._eval:
+            d = self.cfg.data
+            src = PromptSource(path, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
+                               tool_key=d.tool_key, tokenizer=self.tokenizer, apply_chat_template=d.apply_chat_template,
+                               chat_template_kwargs=d.apply_chat_template_kwargs, shuffle=False, num_epochs=1,
+                               strict=d.data_strict)
+            prompts = src.take(src.num_records)
+            src.close()
+            groups = await asyncio.gather(*(
+                generate_group(self.ctx, p, n=k, sampling_params=sp, reward_fn=self.reward_fn,
+                               generate_fn=self.generate_fn, reward_key=r.reward_key,
+                               reward_executor=self.reward_executor) for p in prompts))
+            aborted = sum(any(s.status == SampleStatus.ABORTED for s in g) for g in groups)
+            if aborted:  # an aborted eval sample has no reward: do not report a wrong score
+                raise DataError(f"eval dataset {name} ({path})", f"{aborted} groups were aborted during eval")
+            for g in groups:
+                for s in g:
+                    s.metadata["eval_dataset"] = name
+            metrics.update(eval_metrics(name, groups, k))
+            base = len(samples)
+            samples += number_samples(groups, prompts, first_group=len({s.group_index for s in samples}))
+            assert len(samples) == base + len(prompts) * k
+        metrics["eval/time_s"] = time.perf_counter() - t0
+        writer.commit(rollout_id, samples, RolloutMeta(kind="eval", metrics=metrics))
+        self.log_metrics(rollout_id, "eval", metrics)
+        log.info("eval at rollout %d: %s", rollout_id,
+                 {k_: round(v, 4) for k_, v in metrics.items() if k_.endswith("reward_mean")})
+        return True
+
+    # ------------------------------------------------------------------ metrics
+
+    def log_metrics(self, rollout_id: int, kind: str, metrics: dict[str, float]) -> None:
+        """One JSON line per rollout; appended and fsynced (a requeue may follow at any time)."""
+        ensure_dir(self.metrics_path.parent)
+        line = json.dumps({"rollout_id": rollout_id, "kind": kind, "time": time.time(), **metrics},
+                          sort_keys=True) + "\n"
+        with open(self.metrics_path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def number_samples(groups: Sequence[list[Sample]], prompts: Sequence[Prompt], *, first_group: int = 0) -> list[Sample]:
+    """Flatten groups in order: group_index = the group's place in the rollout (GRPO's
+    normaliser), index = the sample's; the prompt's identity stays in the metadata."""
+    out: list[Sample] = []
+    for gi, (group, prompt) in enumerate(zip(groups, prompts)):
+        for s in group:
+            s.group_index = first_group + gi
+            s.index = len(out)
+            s.metadata = {**s.metadata, "prompt_index": prompt.index, "prompt_epoch": prompt.epoch}
+            out.append(s)
+    return out
+
+
+def generation_metrics(samples: Sequence[Sample], gen_s: float) -> dict[str, float]:
+    n = len(samples)
+    lens = [s.response_length for s in samples]
+    rewards = [s.scalar_reward for s in samples]
+    versions = [s.weight_version for s in samples]
+    tokens = sum(lens)
+    by_status = {st: sum(s.status == st for s in samples) for st in SampleStatus}
+    return {
+        "rollout/samples": float(n),
+        "rollout/reward_mean": sum(rewards) / n,
+        "rollout/response_len_mean": tokens / n,
+        "rollout/response_len_max": float(max(lens)),
+        "rollout/truncated_rate": by_status[SampleStatus.TRUNCATED] / n,
+        "rollout/weight_version_min": float(min(versions)),
+        "rollout/weight_version_max": float(max(versions)),
+        "rollout/time/generate_s": gen_s,
+        "rollout/tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
+    }
+
+
+def eval_metrics(name: str, groups: Sequence[list[Sample]], k: int) -> dict[str, float]:
+    """Mean reward and pass@k (a prompt passes if any of its k samples has reward > 0)."""
+    samples = [s for g in groups for s in g]
+    if not samples:
+        return {}
+    rewards = [s.scalar_reward for s in samples]
+    return {
+        f"eval/{name}/reward_mean": sum(rewards) / len(rewards),
+        f"eval/{name}/pass@{k}": sum(any(s.scalar_reward > 0 for s in g) for g in groups) / len(groups),
+        f"eval/{name}/response_len_mean": sum(s.response_length for s in samples) / len(samples),
+        f"eval/{name}/prompts": float(len(groups)),
+    }
+
+
+def _delta(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: now[k] - before.get(k, 0.0) for k in now}

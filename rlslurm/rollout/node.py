@@ -1,0 +1,200 @@
+"""One rollout node's engines: which servers it runs, the router (node 0), supervision, and
+what it publishes in RUN/control/.
+
+Node k writes only its own record, `control/engines-node<k>.json`; node 0 merges every
+node's record into `control/engines.json` (one writer per file, DESIGN.md). The router
+runs on node 0; other nodes read its address from `control/router.json`, register their
+own engines, and register them again if the router lost them (node 0 restarts a dead
+router but re-registers only its own engines).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rlslurm.buffer.atomic import ensure_dir, listdir_fresh, read_json, write_json_atomic
+from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.config import RunConfig
+from rlslurm.errors import ConfigError
+from rlslurm.net import engine_port_block, free_port
+from rlslurm.rollout.engine import EngineSpec
+from rlslurm.rollout.router import RouterError, RouterProcess
+from rlslurm.rollout.supervisor import EngineInfo, EngineSupervisor, RestartEvent
+
+log = logging.getLogger(__name__)
+
+ROUTER_WAIT_S = 900.0
+_NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
+# Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
+# and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
+WEIGHT_VERSION_ARGS = ("--weight-version", "0")
+
+
+def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir: Path,
+                 ncpu: int | None = None) -> list[EngineSpec]:
+    """This node's SGLang servers. cuda: gpus_per_node / rollout_num_gpus_per_engine
+    engines on consecutive GPUs; cpu: engines_per_node engines, one pinned core each."""
+    if cfg.model.hf_checkpoint is None:
+        raise ConfigError("--hf-checkpoint is required: the SGLang servers load it")
+    tp = cfg.rollout.rollout_num_gpus_per_engine
+    if cfg.run.device == "cuda":
+        gpus = cfg.slurm.gpus_per_node
+        if gpus < tp or gpus % tp:
+            raise ConfigError(f"--gpus-per-node {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
+        n = gpus // tp
+    else:
+        n = cfg.rollout.engines_per_node or 1
+    ncpu = ncpu or os.cpu_count() or 1
+    ports = engine_port_block(host, n)
+    return [EngineSpec(
+        name=f"engine-{node}-{i}", model_path=str(cfg.model.hf_checkpoint), host=host, port=p.port,
+        nccl_port=p.nccl_port, log_path=log_dir / f"engine-{node}-{i}.log",
+        base_gpu_id=i * tp if cfg.run.device == "cuda" else 0, tp_size=tp if cfg.run.device == "cuda" else 1,
+        api_key=api_key, dtype=cfg.rollout.sglang_dtype or "auto", device=cfg.run.device,
+        extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS),
+        cpu_core=(i % ncpu) if cfg.run.device == "cpu" else None,
+    ) for i, p in enumerate(ports)]
+
+
+class RemoteRouter(RouterProcess):
+    """Node 0's router seen from another node: same worker API, no process. `is_alive` is
+    True so this node's supervisor never starts a router of its own."""
+
+    @classmethod
+    def at(cls, url: str, *, api_key: str | None, log_path: Path) -> "RemoteRouter":
+        u = urlsplit(url)
+        if u.hostname is None or u.port is None:
+            raise ConfigError(f"control/router.json: router url {url!r} has no host:port")
+        return cls(host=u.hostname, port=u.port, log_path=log_path, api_key=api_key)
+
+    def start(self, *, timeout: float = 60.0) -> None:
+        return None
+
+    def is_alive(self) -> bool:
+        return True
+
+    def kill(self, *, timeout: float = 30.0) -> None:
+        return None
+
+
+def engine_records(infos: list[EngineInfo], node: str) -> list[EngineRecord]:
+    return [EngineRecord(url=i.url, node=node,
+                         gpu_ids=[] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size)),
+                         pid=i.pid, healthy=i.healthy, restarts=i.restarts) for i in infos]
+
+
+class RolloutNode:
+    """Starts this node's engines (and on node 0 the router), keeps the control files
+    current, and kills everything it started on `close()`."""
+
+    def __init__(self, cfg: RunConfig, run: RunDir, *, node: int, node_name: str, host: str, attempt: int):
+        self.cfg, self.run, self.node, self.node_name, self.host = cfg, run, node, node_name, host
+        self.control = Control(run)
+        self.api_key = run.ensure_api_key()
+        self.log_dir = run.attempt_log_dir(attempt)
+        self.router: RouterProcess | None = None
+        self.supervisor: EngineSupervisor | None = None
+        self.restart_events: list[RestartEvent] = []
+
+    @property
+    def node_file(self) -> Path:
+        return self.control.dir / f"engines-node{self.node}.json"
+
+    def start(self, *, cancel=lambda: False) -> None:
+        specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
+        if self.node == 0:
+            self.router = RouterProcess(host=self.host, port=free_port(self.host), log_path=self.log_dir / "router.log",
+                                        api_key=self.api_key,
+                                        health_check_interval_s=max(1, int(self.cfg.rollout.engine_health_interval_s)))
+            self.router.start()
+            self.control.write_router(self.router.url)
+        else:
+            self.router = self._remote_router(cancel)
+        interval = self.cfg.rollout.engine_health_interval_s
+        self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
+                                           health_timeout_s=max(5.0, interval), on_change=self._publish,
+                                           on_restart=self._on_restart)
+        self.supervisor.start()
+
+    def _remote_router(self, cancel) -> RemoteRouter:
+        deadline = time.monotonic() + ROUTER_WAIT_S
+        while True:
+            rec = self.control.router()
+            if rec is not None:
+                router = RemoteRouter.at(rec.url, api_key=self.api_key, log_path=self.log_dir / "router.log")
+                try:
+                    router.workers()  # a record left by a previous attempt points at nothing
+                    return router
+                except RouterError:
+                    router._http.close()
+            if cancel() or time.monotonic() > deadline:
+                raise RouterError(f"{self.control.dir}/router.json: no live router after {ROUTER_WAIT_S:g} s "
+                                  "(is rollout node 0 running?)")
+            time.sleep(1.0)
+
+    def _on_restart(self, ev: RestartEvent) -> None:
+        self.restart_events.append(ev)
+
+    def _publish(self, infos: list[EngineInfo]) -> None:
+        ensure_dir(self.control.dir)
+        rec = EnginesRecord(engines=engine_records(infos, self.node_name))
+        write_json_atomic(self.node_file, rec.model_dump(mode="json"))
+        if self.node == 0:
+            self.merge_engines()
+
+    def merge_engines(self) -> None:
+        """Node 0: every node's engines into control/engines.json (the file the trainer reads)."""
+        engines: list[EngineRecord] = []
+        for name in sorted(listdir_fresh(self.control.dir), key=lambda n: (len(n), n)):
+            if _NODE_FILE.match(name):
+                obj = read_json(self.control.dir / name)
+                if obj is not None:
+                    engines += EnginesRecord.model_validate(obj).engines
+        if engines != self.control.engines():
+            self.control.write_engines(engines)
+
+    def ensure_registered(self) -> None:
+        """Nodes > 0: add back engines the router does not know (after a router restart)."""
+        if self.supervisor is None or self.router is None or self.node == 0:
+            return
+        try:
+            known = {w.get("url") for w in self.router.workers()}
+        except RouterError as e:
+            log.warning("router unreachable: %s", e)
+            return
+        for info in self.supervisor.engines():
+            if info.healthy and info.url not in known:
+                log.warning("%s missing from the router: registering it again", info.name)
+                try:
+                    self.router.add_worker(info.url, self.api_key)
+                except RouterError as e:
+                    log.warning("re-registering %s failed: %s", info.name, e)
+
+    def housekeeping(self) -> None:
+        self.control.heartbeat("rollout", self.node)
+        if self.node == 0:
+            self.merge_engines()
+        else:
+            self.ensure_registered()
+
+    def engine_urls(self) -> list[str]:
+        urls = [e.url for e in self.control.engines()]
+        return urls or (self.supervisor.urls if self.supervisor else [])
+
+    def restarts_total(self) -> int:
+        return sum(e.restarts for e in self.control.engines())
+
+    def close(self) -> None:
+        """Kill every process this node started; always safe to call."""
+        try:
+            if self.supervisor is not None:
+                self.supervisor.close()
+        finally:
+            if self.router is not None:
+                self.router.close()

@@ -1,0 +1,324 @@
+"""The rollout driver on two real SGLang servers (CPU, fp32) behind the real sglang-router.
+
+Uses `private_deployment` (module scope, engines launched with `--weight-version 0`): these
+tests load weights into the engines and kill one, which must not disturb the shared
+deployment of test_engines.py. Server tests run in file order; the kill -9 test is last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.reader import RolloutReader
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.buffer.sample import SampleStatus
+from rlslurm.buffer.writer import RolloutWriter
+from rlslurm.config import DataSection, RolloutSection, RunConfig, TrainSection
+from rlslurm.errors import DataError
+from rlslurm.rollout.driver import RolloutDriver, eval_metrics, required_version, sampling_params
+from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
+from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+
+WORDS = "abcdefghijklmnopqrstuvwxyz"
+
+
+# --- no servers ------------------------------------------------------------------------------
+
+
+def test_required_version_bounds_how_far_ahead_the_driver_runs():
+    assert [required_version(n, async_buffer_size=0) for n in range(4)] == [0, 1, 2, 3]
+    assert [required_version(n, async_buffer_size=2) for n in range(5)] == [0, 0, 0, 1, 2]
+    # weights published every 2nd rollout: version 3 never exists, rollout 3 may use version 2
+    assert [required_version(n, async_buffer_size=0, update_weights_interval=2) for n in range(5)] == [0, 0, 2, 2, 4]
+
+
+def test_sampling_params_follow_the_flags():
+    cfg = RunConfig(rollout=RolloutSection(rollout_temperature=0.7, rollout_top_p=0.9, rollout_top_k=5,
+                                           rollout_max_response_len=33, rollout_stop=["."], eval_temperature=0.0,
+                                           rollout_stop_token_ids=[2], eval_max_response_len=7))
+    sp = sampling_params(cfg)
+    assert (sp["temperature"], sp["top_p"], sp["top_k"], sp["max_new_tokens"]) == (0.7, 0.9, 5, 33)
+    assert sp["stop"] == ["."] and sp["stop_token_ids"] == [2]
+    ev = sampling_params(cfg, eval=True)
+    assert (ev["temperature"], ev["max_new_tokens"]) == (0.0, 7)
+    assert "stop" not in sampling_params(RunConfig())
+
+
+def test_weight_version_must_be_an_integer_naming_the_engine():
+    assert parse_weight_version("default", where="x") == 0 and parse_weight_version("12", where="x") == 12
+    with pytest.raises(DataError, match="http://e:1/model_info.*'disk-2'"):
+        parse_weight_version("disk-2", where="http://e:1/model_info")
+
+
+def test_eval_metrics_pass_at_k():
+    from rlslurm.buffer.sample import Sample
+
+    def s(r):
+        return Sample(prompt_tokens=[1], response_tokens=[2, 3], reward=r)
+
+    m = eval_metrics("gsm", [[s(0.0), s(1.0)], [s(0.0), s(0.0)]], 2)
+    assert m["eval/gsm/pass@2"] == 0.5 and m["eval/gsm/reward_mean"] == 0.25
+
+
+def test_unreachable_router_is_retried_then_fails_naming_the_url():
+    with socket.socket() as sk:  # a port nobody listens on
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+
+    async def go():
+        async with SGLangClient(f"http://127.0.0.1:{port}", "k") as c:
+            ctx = RouterContext(c, None, retry=RetryPolicy(max_attempts=3, backoff_s=0.01))
+            with pytest.raises(SGLangError, match=f"127.0.0.1:{port}/generate: no response"):
+                await ctx.generate([1, 2], {"max_new_tokens": 2})
+            return ctx.stats
+
+    stats = asyncio.run(go())
+    assert stats.requests == 3 and stats.retries == 2
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def write_prompts(path: Path, n: int, *, offset: int = 0) -> Path:
+    lines = []
+    for i in range(n):
+        a, b = WORDS[(i + offset) % 26], WORDS[(3 * i + offset + 1) % 26]
+        lines.append(json.dumps({"prompt": f"say {a} {b} answer :", "label": a}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def make_cfg(prompts: Path, **rollout) -> RunConfig:
+    base = dict(num_rollout=1, rollout_batch_size=4, n_samples_per_prompt=4, rollout_max_response_len=8,
+                rollout_temperature=1.0, rm_type="exact", rollout_max_concurrency=16)
+    base.update(rollout)
+    weight_sync = base.pop("weight_sync", "disk")
+    eval_data = base.pop("eval_prompt_data", [])
+    return RunConfig(data=DataSection(prompt_data=prompts, rollout_seed=7, eval_prompt_data=eval_data),
+                     rollout=RolloutSection(**base), train=TrainSection(weight_sync=weight_sync))
+
+
+def make_driver(dep, cfg: RunConfig, run: Path, **kw) -> RolloutDriver:
+    from transformers import AutoTokenizer
+
+    rd = RunDir.create(run)
+    tok = AutoTokenizer.from_pretrained(str(dep.model_path))
+    sup = dep.supervisor
+    return RolloutDriver(cfg, rd, router_url=dep.router.url, engine_urls=lambda: sup.urls, api_key=dep.api_key,
+                         tokenizer=tok, engine_restarts=lambda: sup.restarts_total, poll_s=0.05, **kw)
+
+
+def metrics_lines(run: Path) -> list[dict]:
+    p = run / "rollout_metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+# --- real servers ----------------------------------------------------------------------------
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_rollout_is_committed_with_logprobs_that_match_teacher_forcing(private_deployment, tmp_path):
+    dep = private_deployment
+    run = tmp_path / "run"
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 10), rollout_max_response_len=12)
+    result = asyncio.run(make_driver(dep, cfg, run).run())
+    assert result.reason == "done" and result.committed == [0]
+
+    rollout = RolloutReader(run).read(0)
+    samples = rollout.samples
+    assert len(samples) == 16 and rollout.stats.n_groups == 4
+    assert [s.group_index for s in samples] == [g for g in range(4) for _ in range(4)]
+    assert [s.index for s in samples] == list(range(16))
+    prompts = {s.metadata["prompt_index"] for s in samples}
+    assert len(prompts) == 4
+    src_cursor = rollout.meta.data_cursor
+    assert src_cursor["position"] == 4 and src_cursor["pending"] == []
+    for s in samples:
+        n = s.response_length
+        assert n >= 1 and s.rollout_logprobs.shape == (n,) and s.loss_mask.tolist() == [1] * n
+        assert s.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
+        assert (s.status == SampleStatus.TRUNCATED) == (n == 12)
+        assert s.weight_version == 0
+        assert s.label is not None and s.reward in (0.0, 1.0)
+    # four samples of one prompt at temperature 1 are not all the same response
+    assert any(len({tuple(s.response_tokens) for s in samples[g * 4:(g + 1) * 4]}) > 1 for g in range(4))
+
+    vocab = json.loads((dep.model_path / "config.json").read_text())["vocab_size"]
+
+    async def recompute() -> float:
+        worst = 0.0
+        async with SGLangClient(dep.supervisor.urls[0], dep.api_key) as c:
+            for s in samples:
+                p, resp = s.prompt_tokens.tolist(), s.response_tokens.tolist()
+                tf = await c.generate(p + resp, {"max_new_tokens": 0}, logprob_start_len=len(p) - 1)
+                entries = tf["meta_info"]["input_token_logprobs"][1:]
+                # SGLang shows the last vocab id as 0 here (see test_engines.py); values are right
+                assert [t for _, t, _ in entries] == [t if t < vocab - 1 else 0 for t in resp]
+                worst = max(worst, max(abs(a - lp) for (lp, _, _), a in zip(entries, s.rollout_logprobs.tolist())))
+        return worst
+
+    assert asyncio.run(recompute()) < 1e-4
+    [line] = metrics_lines(run)
+    assert line["rollout_id"] == 0 and line["kind"] == "train" and line["rollout/samples"] == 16
+    assert line["rollout/engine/requests"] == 16 and line["rollout/engine/output_tokens"] == sum(
+        s.response_length for s in samples)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_bad_sampling_param_fails_at_once_naming_the_url(private_deployment):
+    dep = private_deployment
+
+    async def go():
+        async with SGLangClient(dep.router.url, dep.api_key) as c:
+            ctx = RouterContext(c, None, retry=RetryPolicy(max_attempts=5, backoff_s=0.01))
+            with pytest.raises(SGLangError, match=r"/generate: HTTP 4\d\d"):
+                await ctx.generate([5, 6], {"max_new_tokens": 2, "temperature": -3.0})
+            return ctx.stats
+
+    assert asyncio.run(go()).retries == 0
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_restarted_driver_resumes_from_the_committed_cursor(private_deployment, tmp_path):
+    """Stopped in the middle of rollout 2: nothing of it is committed; a new driver (fresh
+    prompt source) commits 2 and 3; the 4 rollouts use every prompt exactly once. Eval runs
+    every 2 rollouts and is not repeated after the restart."""
+    dep = private_deployment
+    run = tmp_path / "run"
+    evalp = write_prompts(tmp_path / "eval.jsonl", 3, offset=5)
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 12), num_rollout=4, rollout_batch_size=3,
+                   n_samples_per_prompt=2, rollout_max_response_len=48, eval_interval=2,
+                   eval_prompt_data=["tiny", str(evalp)], n_samples_per_eval_prompt=2, eval_max_response_len=4)
+    writer = RolloutWriter(RunDir.create(run))
+    first = make_driver(dep, cfg, run)
+
+    def stop() -> bool:  # rollout 2 is under way: some of its requests have returned
+        return writer.is_committed(1) and first.ctx.stats.requests >= 12 + 2
+
+    r1 = asyncio.run(first.run(stop))
+    assert r1.reason == "stopped" and r1.committed == [0, 1] and r1.evaluated == [0, 2]
+    assert writer.committed_ids() == [0, 1], "the stop came too late: make the rollouts longer"
+
+    second = make_driver(dep, cfg, run)
+    r2 = asyncio.run(second.run())
+    assert r2.reason == "done" and r2.committed == [2, 3] and r2.evaluated == []
+    reader = RolloutReader(run)
+    used = [s.metadata["prompt_index"] for rid in range(4) for s in reader.read(rid).samples[::2]]
+    assert sorted(used) == list(range(12)), used
+    assert reader.read(3).meta.data_cursor["position"] == 12
+
+    ev = RolloutReader(run, kind="eval")
+    assert ev.committed_ids() == [0, 2]
+    e0 = ev.read(0)
+    assert len(e0.samples) == 6 and {s.metadata["eval_dataset"] for s in e0.samples} == {"tiny"}
+    assert all(s.response_length <= 4 for s in e0.samples)
+    evals = [m for m in metrics_lines(run) if m["kind"] == "eval"]
+    assert [m["rollout_id"] for m in evals] == [0, 2]
+    assert 0.0 <= evals[0]["eval/tiny/pass@2"] <= 1.0 and evals[0]["eval/tiny/prompts"] == 3
+    assert [m["rollout_id"] for m in metrics_lines(run) if m["kind"] == "train"] == [0, 1, 2, 3]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_disk_mode_waits_for_the_trainer_and_loads_its_weights(private_deployment, tmp_path):
+    """Sync mode: rollout 1 waits for version 1; when the trainer publishes weights/v1 the
+    driver loads them into both engines and the samples record version 1."""
+    dep = private_deployment
+    run = tmp_path / "run"
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 8), num_rollout=2, rollout_batch_size=2,
+                   n_samples_per_prompt=2, weight_sync="disk")
+    driver = make_driver(dep, cfg, run)
+    writer = RolloutWriter(run)
+
+    async def scenario():
+        task = asyncio.ensure_future(driver.run())
+        while not writer.is_committed(0):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        assert not task.done() and not writer.is_committed(1), "rollout 1 did not wait for weight version 1"
+        # the trainer's DiskPublisher: weights/v1 complete, then the control record
+        shutil.copytree(dep.model_path, run / "weights" / "v1")
+        Control(run).set_weight_version(1)
+        return await asyncio.wait_for(task, 120)
+
+    result = asyncio.run(scenario())
+    assert result.committed == [0, 1]
+    reader = RolloutReader(run)
+    assert {s.weight_version for s in reader.read(0).samples} == {0}
+    assert {s.weight_version for s in reader.read(1).samples} == {1}
+
+    async def versions():
+        out = []
+        for url in dep.supervisor.urls:
+            async with SGLangClient(url, dep.api_key) as c:
+                out.append(await c.get_weight_version())
+        return out
+
+    assert asyncio.run(versions()) == ["1", "1"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
+    """The rollout completes (the router and the driver retry on the other engine), the
+    engine is restarted and re-registered, the restart is counted, and the restarted engine
+    (back at version 0) gets the published weights before the next rollout."""
+    dep = private_deployment
+    sup = dep.supervisor
+    run = tmp_path / "run"
+    RunDir.create(run)
+    shutil.copytree(dep.model_path, run / "weights" / "v1")
+    Control(run).set_weight_version(1)  # as after the disk test: the trainer trained rollout 0
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 16), num_rollout=1, rollout_batch_size=8,
+                   n_samples_per_prompt=4, rollout_max_response_len=96)
+    victim = sup.process("engine-1")
+    old_pid = victim.pid
+    driver = make_driver(dep, cfg, run)
+    writer = RolloutWriter(run)
+
+    async def scenario():
+        task = asyncio.ensure_future(driver.run())
+        while driver.ctx is None or driver.ctx.stats.output_tokens < 60:
+            await asyncio.sleep(0.02)
+        assert not writer.is_committed(0), "the rollout finished before the kill; make it longer"
+        os.kill(old_pid, signal.SIGKILL)
+        return await asyncio.wait_for(task, 400)
+
+    result = asyncio.run(scenario())
+    assert result.committed == [0]
+    r0 = RolloutReader(run).read(0)
+    assert len(r0.samples) == 32 and all(s.status != SampleStatus.ABORTED for s in r0.samples)
+
+    deadline = time.monotonic() + 240
+    while sup.restarts_total < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    info = [i for i in sup.engines() if i.name == "engine-1"][0]
+    assert info.restarts == 1 and info.healthy and info.pid != old_pid
+    workers = {w["url"]: w for w in dep.router.workers()}
+    assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
+
+    async def version(url):
+        async with SGLangClient(url, dep.api_key) as c:
+            return await c.get_weight_version()
+
+    assert asyncio.run(version(info.url)) == "0"  # a restarted engine serves the HF weights again
+    # the driver restarted for rollout 1 (needs version 1) brings it to version 1 first
+    cfg.rollout.num_rollout = 2
+    result = asyncio.run(make_driver(dep, cfg, run).run())
+    assert result.committed == [1]
+    assert asyncio.run(version(info.url)) == "1"
+    assert {s.weight_version for s in RolloutReader(run).read(1).samples} == {1}
+    assert metrics_lines(run)[-1]["rollout/engine/restarts_total"] == 1
