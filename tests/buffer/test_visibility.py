@@ -34,7 +34,7 @@ def _reader(run_path: str, poll: float, listed, q) -> None:
         q.put(("seen", rid, time.time(), len(rollout.samples)))
 
 
-@pytest.mark.parametrize("poll", [0.05, 0.5])
+@pytest.mark.parametrize("poll", [0.05, 0.2])
 def test_commit_visible_within_one_second(run, poll):
     ctx = mp.get_context("fork")
     listed, q = ctx.Event(), ctx.Queue()
