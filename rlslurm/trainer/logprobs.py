@@ -33,12 +33,14 @@ def _vocab_range() -> tuple[int, int, object]:
 
 
 def prepare_logits(logits: Tensor, vocab_size: int, temperature: float = 1.0) -> Tensor:
-    """Fresh fp32 logits of the shifted positions, temperature applied, padded vocab masked.
+    """fp32 logits [n, L, V/tp] with the temperature applied and the padded vocabulary masked.
 
-    Always a new tensor: megatron's cross entropy subtracts the max from its input in place.
+    No copy when there is nothing to do: megatron's cross entropy then subtracts the max from
+    this tensor in place, which is safe because nothing else reads the logits afterwards and
+    autograd saved none of them (the same as megatron's own loss path).
     """
     tp_rank, _, _ = _vocab_range()
-    x = logits[:, :-1, :].float()
+    x = logits.float()
     if temperature != 1.0:
         x = x / temperature
     local = x.shape[-1]
@@ -46,20 +48,23 @@ def prepare_logits(logits: Tensor, vocab_size: int, temperature: float = 1.0) ->
     if start + local > vocab_size:
         ids = torch.arange(start, start + local, device=x.device)
         x = x.masked_fill(ids >= vocab_size, _NEG)
-    elif x.data_ptr() == logits.data_ptr():
-        x = x.clone()
     return x
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """log p(tokens[:, t+1] | <= t) for prepared logits [n, L-1, V/tp] -> [n, L-1]."""
+    """log p(tokens[:, t+1] | <= t) for prepared logits [n, L, V/tp] -> [n, L-1].
+
+    The cross entropy runs over all L positions (the last one against a dummy target) so that
+    the logits stay contiguous and are not copied; the last column is dropped after.
+    """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    return -vocab_parallel_cross_entropy(logits, tokens[:, 1:].contiguous())
+    target = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+    return -vocab_parallel_cross_entropy(logits, target)[:, :-1]
 
 
 def vocab_parallel_entropy(logits: Tensor) -> Tensor:
-    """Entropy of softmax over the full (TP-sharded) vocabulary: [n, L-1, V/tp] -> [n, L-1].
+    """Entropy of softmax over the full (TP-sharded) vocabulary: [n, L, V/tp] -> [n, L-1].
 
     H = log Z - sum_i p_i z_i with z shifted by the global max. The all-reduces are megatron's
     autograd-aware ones, so the entropy bonus gets correct gradients under TP.
@@ -78,7 +83,7 @@ def vocab_parallel_entropy(logits: Tensor) -> Tensor:
     if tp > 1:
         sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
         sum_ez = reduce_from_tensor_model_parallel_region(sum_ez)
-    return sum_exp.log() - sum_ez / sum_exp
+    return (sum_exp.log() - sum_ez / sum_exp)[:, :-1]
 
 
 def response_slices(per_position: Tensor, mb: MicroBatch) -> list[Tensor]:

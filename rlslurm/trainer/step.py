@@ -179,7 +179,7 @@ def _actor_microbatch(st: TrainerSetup, prep: Prepared, mb: MicroBatch, denom: T
     logits = lp.forward_logits(st.actor.model, mb)
     x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
     if st.loss_cfg.entropy_coef > 0.0:
-        ent = lp.vocab_parallel_entropy(x.clone())
+        ent = lp.vocab_parallel_entropy(x)  # before the cross entropy, which shifts x in place
     else:
         with torch.no_grad():
             ent = lp.vocab_parallel_entropy(x.detach())
@@ -229,8 +229,9 @@ def _zero(tr: Trained) -> None:
     tr.optimizer.zero_grad()
 
 
-def _reduce(st: TrainerSetup, sums: dict[str, float], keys: list[str]) -> dict[str, float]:
-    t = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=st.device)
+def _reduce(st: TrainerSetup, sums: dict[str, Tensor], keys: list[str]) -> dict[str, float]:
+    zero = torch.zeros((), dtype=torch.float64, device=st.device)
+    t = torch.stack([sums.get(k, zero).to(device=st.device, dtype=torch.float64) for k in keys])
     if st.par.dp > 1:
         dist.all_reduce(t, group=st.par.dp_group)
     return dict(zip(keys, t.tolist()))
@@ -249,11 +250,11 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     t0 = time.perf_counter()
     if st.critic is not None:
         _zero(st.critic)
-        sums: dict[str, float] = {}
+        sums: dict[str, Tensor] = {}
         for idx in step:
             m = _critic_microbatch(st, prep, collate(samples, idx, st.device), denom)
             for key, v in m.items():
-                sums[key] = sums.get(key, 0.0) + float(v)
+                sums[key] = sums[key] + v if key in sums else v
         gn, _ = _optimizer_step(st.critic)
         out.update(_reduce(st, sums, ["value_loss", "value_clipfrac"]))
         out["critic_grad_norm"] = gn
@@ -265,7 +266,7 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
         for idx in step:
             m = _actor_microbatch(st, prep, collate(samples, idx, st.device), denom)
             for key, v in m.items():
-                sums[key] = sums.get(key, 0.0) + float(v)
+                sums[key] = sums[key] + v if key in sums else v
         gn, ok = _optimizer_step(st.actor)
         out.update(_reduce(st, sums, keys))
         out["grad_norm"] = gn
