@@ -353,11 +353,24 @@ def _mount_subapps() -> None:
 def convert(ctx: typer.Context) -> None:
     """HF <-> Megatron checkpoint conversion: `rlslurm convert hf-to-mcore|mcore-to-hf --help`.
 
-    (Loaded on use: it imports torch and megatron-core, which the other commands do not need.)
+    Here it runs in this process (use torchrun for TP/PP/EP > 1); with `--submit` it becomes a
+    one-node SLURM job of TP x PP x EP processes (submitit), optionally with --partition,
+    --account, --time MIN, --gpus-per-node, --cpus-per-task, --job-dir.
     """
+    args = list(ctx.args)
+    if "--submit" in args:
+        from rlslurm.slurm.convert_job import split_submit_args, submit as submit_conversion
+
+        job = submit_conversion(split_submit_args([a for a in args if a != "--wait"]))
+        out.print(f"submitted conversion job [bold]{job.job_id}[/]; logs in {job.paths.stdout.parent}")
+        if "--wait" in args:
+            rc = job.result()
+            out.print(f"conversion job {job.job_id} finished with exit code {rc}")
+            raise typer.Exit(rc)
+        return
     from tools.ckpt_convert.cli import app as convert_app
 
-    convert_app(args=list(ctx.args), prog_name="rlslurm convert")
+    convert_app(args=args, prog_name="rlslurm convert")
 
 
 _mount_subapps()

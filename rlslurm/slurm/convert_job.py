@@ -1,0 +1,93 @@
+"""`rlslurm convert ... --submit`: run a checkpoint conversion as a single-group SLURM job.
+
+A conversion is one node of `tp x pp x ep` processes, exactly what submitit is made for: it
+writes the batch script, pickles the call, and gives back a job handle whose `result()` is the
+torchrun exit code. (The RL run itself is a heterogeneous job, which submitit cannot express; it
+comes from sbatch_templates/.) The processes run the interpreter that submitted, on the node.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlslurm.errors import ConfigError
+
+_SUBMIT_FLAGS = {"--partition": str, "--account": str, "--time": int, "--gpus-per-node": int,
+                 "--cpus-per-task": int, "--job-dir": Path}
+
+
+@dataclass
+class ConvertJob:
+    argv: list[str]           # the conversion's own arguments (hf-to-mcore ... / mcore-to-hf ...)
+    nproc: int
+    partition: str | None = None
+    account: str | None = None
+    time: int = 60            # minutes
+    gpus_per_node: int = 0
+    cpus_per_task: int = 2
+    job_dir: Path = Path("convert-jobs")
+
+
+def split_submit_args(args: list[str]) -> ConvertJob:
+    """Take `--submit` and the SLURM flags out of a `rlslurm convert` command line."""
+    conv: list[str] = []
+    opts: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, inline = a.partition("=")
+        if a == "--submit":
+            i += 1
+            continue
+        if name in _SUBMIT_FLAGS:
+            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+            if raw is None:
+                raise ConfigError(f"{name} needs a value")
+            try:
+                opts[name[2:].replace("-", "_")] = _SUBMIT_FLAGS[name](raw)
+            except ValueError:
+                raise ConfigError(f"{name}: invalid value {raw!r}") from None
+            i += 1 if eq else 2
+            continue
+        conv.append(a)
+        i += 1
+    nproc = 1  # the converter runs one process per model-parallel rank: TP x PP x EP
+    for flag in ("--tp", "--pp", "--ep"):
+        if flag in conv:
+            try:
+                nproc *= int(conv[conv.index(flag) + 1])
+            except (IndexError, ValueError):
+                raise ConfigError(f"{flag} needs an integer") from None
+    return ConvertJob(argv=conv, nproc=nproc, **opts)  # type: ignore[arg-type]
+
+
+def run_conversion(argv: list[str], nproc: int) -> int:
+    """Runs inside the job: torchrun with one process per model-parallel rank."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+           "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "tools.ckpt_convert", *argv]
+    print("running:", " ".join(cmd), flush=True)
+    return subprocess.run(cmd).returncode
+
+
+def submit(job: ConvertJob):
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=str(job.job_dir / "%j"), cluster="slurm")
+    params: dict[str, object] = {"timeout_min": job.time, "nodes": 1, "tasks_per_node": 1,
+                                 "cpus_per_task": job.cpus_per_task, "name": "rlslurm-convert"}
+    if job.partition:
+        params["slurm_partition"] = job.partition
+    if job.account:
+        params["slurm_account"] = job.account
+    if job.gpus_per_node:
+        params["gpus_per_node"] = job.gpus_per_node
+    ex.update_parameters(**params)
+    return ex.submit(run_conversion, job.argv, job.nproc)
