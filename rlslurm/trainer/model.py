@@ -41,7 +41,6 @@ _SAFE_DEFAULTS: dict[str, Any] = {
     "bias_activation_fusion": False,
     "masked_softmax_fusion": False,
     "bias_dropout_fusion": False,
-    "sequence_parallel": False,
     "use_cpu_initialization": True,
 }
 
@@ -52,6 +51,26 @@ def padded_vocab_size(vocab: int, tp: int, divisible_by: int = 128) -> int:
         raise ConfigError(f"padded_vocab_size: vocab={vocab}, tp={tp}, divisible_by={divisible_by} must be > 0")
     multiple = divisible_by * tp
     return -(-vocab // multiple) * multiple
+
+
+def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, *, tp_rank: int | None = None) -> torch.Tensor:
+    """Logits of the TP-padding rows -> -inf, so softmax / log-probs equal HF's over the true vocab.
+
+    The padding rows of the output layer are zeros (rlslurm.convert pads with zeros), so their
+    logits are 0, not absent: left in, they add `exp(0)` terms to every softmax denominator.
+    `logits` is this rank's vocab-parallel slice `[..., vocab_padded / tp]` (tp_rank defaults to
+    megatron's current TP rank). Returns a new tensor; differentiable.
+    """
+    if tp_rank is None:
+        from megatron.core import parallel_state as ps
+
+        tp_rank = ps.get_tensor_model_parallel_rank() if ps.model_parallel_is_initialized() else 0
+    part = logits.shape[-1]
+    start = tp_rank * part
+    if start + part <= vocab_size:
+        return logits
+    ids = torch.arange(start, start + part, device=logits.device)
+    return logits.masked_fill(ids >= vocab_size, float("-inf"))
 
 
 def _config_classes() -> tuple[type, type]:
@@ -192,11 +211,18 @@ def transformer_config(
     )
     if not HAVE_TE:
         kw["use_cpu_initialization"] = not torch.cuda.is_available()
+    # megatron trains MoE with TP > 1 only under sequence parallelism (moe_layer.py:379); with
+    # it, sequence lengths must be divisible by TP.
+    # MLA's TP > 1 backward is only right under sequence parallelism (see _local_spec_fixes).
+    kw["sequence_parallel"] = tp > 1 and (mc.arch.moe is not None or mc.arch.mla is not None)
     # 0.16 calls it original_max_position_embeddings, later versions may rename: keep what exists.
     if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:
         if "max_position_embeddings" in fields:
             kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
     kw.update(overrides or {})
+    if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
+        raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
+                          "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
     kw = {k: v for k, v in kw.items() if k in fields}
     try:
         return cls(**kw)
@@ -207,14 +233,83 @@ def transformer_config(
 # ---------------------------------------------------------------- layer-spec extensions
 
 
-def _norm_module(config) -> torch.nn.Module:
-    from megatron.core.models.gpt.gpt_layer_specs import LNImpl
+class TorchNorm:
+    """megatron's local norm (torch RMSNorm/LayerNorm) without its sequence-parallel refusal.
 
+    Megatron's `WrappedTorchNorm` asserts `not sequence_parallel`, yet megatron refuses to *train*
+    MoE with TP > 1 unless sequence parallelism is on (moe_layer.py:379). Under sequence
+    parallelism a norm on sequence-sharded activations only needs its weight grads summed over
+    TP, which megatron's finalize_model_grads does for params marked `sequence_parallel`. So:
+    `TorchNorm` (q/k/kv norms, which see the gathered sequence) and `SPTorchNorm` (the residual
+    stream norms, marked) make MoE + TP trainable without transformer-engine.
+    """
+
+    mark_sequence_parallel = False
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+        if config.normalization == "RMSNorm":
+            norm: torch.nn.Module = torch.nn.RMSNorm(hidden_size, eps=eps)
+        elif config.normalization == "LayerNorm":
+            norm = torch.nn.LayerNorm(hidden_size, eps=eps)
+        else:
+            raise ConfigError(f"normalization={config.normalization!r}: expected RMSNorm or LayerNorm")
+        if cls.mark_sequence_parallel and config.sequence_parallel:
+            for p in norm.parameters():
+                setattr(p, "sequence_parallel", True)
+        return norm
+
+
+class SPTorchNorm(TorchNorm):
+    mark_sequence_parallel = True
+
+
+def _norm_module(config) -> torch.nn.Module:
     if HAVE_TE:
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TENorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
-    return LNImpl(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
+    return SPTorchNorm(config, config.hidden_size, eps=config.layernorm_epsilon)
+
+
+def _local_spec_fixes(block, tcfg) -> None:
+    """Without TE: MLA's duplicated down projections; under sequence parallelism our torch norms."""
+    from megatron.core.models.gpt.gpt_layer_specs import LNImpl
+
+    if HAVE_TE:
+        return
+    for spec in block.layer_specs:
+        attn = getattr(spec.submodules.self_attention, "submodules", None)
+        if getattr(attn, "linear_kv_down_proj", None) is not None:
+            # MLA down projections as TP-duplicated linears (what the TE spec does), at every TP
+            # so that checkpoints re-shard between TP sizes. As column-parallel linears (the local
+            # spec), MLA gathers their outputs with gather_from_tensor_model_parallel_region, whose
+            # backward only splits: the shared rope key k_pos_emb then gets each rank's partial
+            # (own heads') gradient, and kv_down_proj/embedding grads are wrong at TP > 1
+            # (measured, megatron-core 0.16). The duplicated path gathers k_pos_emb from the
+            # sequence-parallel region, whose backward reduce-scatters, and marks the weights
+            # `sequence_parallel` for the TP grad sum.
+            from megatron.core.post_training.modelopt.layers import Linear
+
+            for field in ("linear_q_down_proj", "linear_kv_down_proj"):
+                setattr(attn, field, Linear)
+    if not tcfg.sequence_parallel:
+        return
+    if block.layer_norm is LNImpl:
+        block.layer_norm = SPTorchNorm
+    for spec in block.layer_specs:
+        sub = spec.submodules
+        for field in ("input_layernorm", "pre_mlp_layernorm"):
+            if getattr(sub, field, None) is LNImpl:
+                setattr(sub, field, SPTorchNorm)
+        attn = getattr(sub.self_attention, "submodules", None)
+        for field in ("q_layernorm", "k_layernorm"):
+            if getattr(attn, field, None) is LNImpl:
+                setattr(attn, field, TorchNorm)  # finalize_model_grads sums these over TP by name
+        if getattr(attn, "kv_layernorm", None) is LNImpl:
+            # MLA: the kv norm feeds the head-split kv_up_proj, so each TP rank holds a partial
+            # gradient, but finalize_model_grads' name rule ("q_layernorm"/"k_layernorm") misses
+            # "kv_layernorm" (megatron-core 0.16). Marked, it is summed like the other SP norms.
+            setattr(attn, "kv_layernorm", SPTorchNorm)
 
 
 def _self_attention_with_post_norm(base: type) -> type:
@@ -316,6 +411,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
         kw["vp_stage"] = vp_stage
     block = get_gpt_decoder_block_spec(tcfg, **kw)
     a = mc.arch
+    _local_spec_fixes(block, tcfg)
     seen: set[int] = set()
     for spec in block.layer_specs:
         # Several layers share one spec object: extend each object once.

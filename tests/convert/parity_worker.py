@@ -21,11 +21,32 @@ import torch
 import torch.distributed as dist
 
 
+def _hf_grads(hf) -> dict:
+    """HF parameter gradients by checkpoint name. transformers 5 fuses MoE experts into 3-D
+    parameters (`experts.gate_up_proj` [E, 2f, h], gate first; `experts.down_proj` [E, h, f])
+    while checkpoints keep per-expert tensors: split them back."""
+    out = {}
+    for n, p in hf.named_parameters():
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        if n.endswith("mlp.experts.gate_up_proj"):
+            base = n[: -len("gate_up_proj")]
+            for e in range(g.shape[0]):
+                gate, up = g[e].chunk(2, 0)
+                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate, up
+        elif n.endswith("mlp.experts.down_proj"):
+            base = n[: -len("down_proj")]
+            for e in range(g.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = g[e]
+        else:
+            out[n] = g
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt-root", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--ep", default="1", help="comma list of EP sizes to run in turn (EP > 1: MoE models only)")
     ap.add_argument("models", nargs="+")
     args = ap.parse_args()
 
@@ -41,18 +62,23 @@ def main() -> None:
 
     from rlslurm.convert import HFCheckpoint, load_hf_checkpoint, mcore_to_hf
     from rlslurm.model_config import load_model_config
-    from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    tp = world // args.ep
+    from rlslurm.trainer.model import build_gpt_model, mask_padded_vocab, padded_vocab_size, transformer_config
+
     out = Path(args.out)
-    for name in args.models:
-        result: dict = {"model": name, "tp": tp, "ep": args.ep}
+    runs = [(int(ep), name) for ep in args.ep.split(",") for name in args.models]
+    for ep, name in runs:
+        tp = world // ep
+        mc = load_model_config(name)
+        if ep > 1 and mc.arch.moe is None:
+            continue
+        result: dict = {"model": name, "tp": tp, "ep": ep}
         try:
-            ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=args.ep)
+            ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
             model_parallel_cuda_manual_seed(1234)
-            mc = load_model_config(name)
             hf_dir = Path(args.ckpt_root) / name
-            tcfg = transformer_config(mc, params_dtype=torch.float32, tp=tp, pp=1, ep=args.ep, cp=1, overrides={})
+            tcfg = transformer_config(mc, params_dtype=torch.float32, tp=tp, pp=1, ep=ep, cp=1, overrides={})
             vpad = padded_vocab_size(mc.arch.vocab_size, tp)
             model = build_gpt_model(mc, tcfg, vocab_size_padded=vpad)
             model.eval()
@@ -60,7 +86,10 @@ def main() -> None:
             result["loaded_tensors"] = summary["tensors"]
 
             g = torch.Generator().manual_seed(0)
-            ids = torch.randint(0, mc.arch.vocab_size, (2, 12), generator=g)
+            # No special tokens: HF's embedding has padding_idx=<pad>, whose gradient torch always
+            # zeroes (and whose zero-initialised row makes RMSNorm's gradient blow up in Megatron,
+            # which has no padding_idx). RL batches mask pad positions out of the loss anyway.
+            ids = torch.randint(4, mc.arch.vocab_size, (2, 12), generator=g)
             pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
             with torch.no_grad():
                 logits = model(ids, pos, None)  # [b, s, vocab/tp]
@@ -68,6 +97,40 @@ def main() -> None:
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                                      ids[:, 1:].reshape(-1))
             result["loss"] = float(loss)
+            # Token log-probs the way a trainer computes them: vocab-parallel cross entropy on this
+            # rank's logits slice, TP padding masked; and the loss backpropagates through it.
+            model.train()
+            local = model(ids, pos, None)
+            local = mask_padded_vocab(local, mc.arch.vocab_size)
+            nll = vocab_parallel_cross_entropy(local[:, :-1].transpose(0, 1).contiguous(),
+                                               ids[:, 1:].transpose(0, 1).contiguous())
+            nll.sum().backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            result["grad_finite"] = bool(grads) and all(bool(torch.isfinite(g).all()) for g in grads)
+            token_logprobs = (-nll).transpose(0, 1).detach()  # [b, s-1]
+            # Gradients in HF names: finish what megatron's finalize_model_grads does for norms
+            # (sum over TP of sequence-parallel and q/k-norm grads), then export the grads through
+            # the same mapping as the weights (gathered over TP/EP).
+            tp_group = ps.get_tensor_model_parallel_group()
+            weights = {}
+            with torch.no_grad():
+                for pname, p in model.named_parameters():
+                    weights[pname] = p.data
+                    g = p.grad if p.grad is not None else torch.zeros_like(p)
+                    if tp > 1 and (getattr(p, "sequence_parallel", False) or
+                                   "q_layernorm" in pname or "k_layernorm" in pname):
+                        g = g.clone()
+                        dist.all_reduce(g, group=tp_group)
+                    if ".local_experts." in pname and ep > 1:
+                        # Every data-parallel replica feeds the same batch here, and each expert
+                        # serves the tokens of all of them: its gradient is the sum over the DP
+                        # replicas, which megatron's gradient averaging divides by the DP size.
+                        g = g / ps.get_data_parallel_world_size()
+                    p.data = g
+                grads = dict(mcore_to_hf(mc, model))
+                for pname, p in model.named_parameters():
+                    p.data = weights[pname]
+            model.eval()
 
             exported = {}
             for hf_name, t in mcore_to_hf(mc, model):
@@ -81,7 +144,28 @@ def main() -> None:
                 with torch.no_grad():
                     ref = hf(ids).logits
                 result["max_abs_logits"] = float((ref - logits).abs().max())
+                ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                result["max_abs_logprobs"] = float((ref_lp - token_logprobs).abs().max())
                 result["ref_logit_scale"] = float(ref.abs().max())
+                hf.zero_grad()
+                ref_train = hf(ids).logits
+                ref_nll = -torch.log_softmax(ref_train[:, :-1], -1).gather(-1, ids[:, 1:, None])
+                ref_nll.sum().backward()
+                hf_grads = _hf_grads(hf)
+                diffs, scale = {}, 0.0
+                for n, g in grads.items():
+                    if n not in hf_grads:
+                        continue  # buffers (router correction bias): no gradient
+                    ref_g = hf_grads[n]
+                    if ref_g.shape != g.shape:
+                        raise AssertionError(f"gradient of {n}: shape {tuple(g.shape)} vs HF {tuple(ref_g.shape)}")
+                    diffs[n] = float((ref_g - g).abs().max())
+                    scale = max(scale, float(ref_g.abs().max()))
+                worst = sorted(diffs.items(), key=lambda kv: -kv[1])[:5]
+                result["max_abs_grad"] = worst[0][1]
+                result["worst_grads"] = worst
+                result["grads_compared"] = len(diffs)
+                result["grad_scale"] = scale
                 ckpt = HFCheckpoint(hf_dir)
                 names = set(ckpt.names())
                 result["missing_in_export"] = sorted(names - set(exported))
@@ -98,7 +182,7 @@ def main() -> None:
         finally:
             ps.destroy_model_parallel()
         if rank == 0:
-            (out / f"{name}.tp{tp}.ep{args.ep}.json").write_text(json.dumps(result, indent=1))
+            (out / f"{name}.tp{tp}.ep{ep}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -73,12 +73,13 @@ def test_glm4_tp2_to_tp1(tiny_ckpts, tmp_path):
     _generates(tmp_path / "hf")
 
 
-def test_deepseek_ep2_to_pp2(tiny_ckpts, tmp_path):
+def test_deepseek_tp2_to_ep2(tiny_ckpts, tmp_path):
+    """TP=2 (sequence parallel, duplicated MLA down projections) written, read back at TP=1/EP=2."""
     src = tiny_ckpts / "tiny-deepseek-v3"
     _convert(2, "hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(src), "--out", str(tmp_path / "mc"),
-             "--ep", "2", "--dtype", "fp32")
+             "--tp", "2", "--dtype", "fp32")
     _convert(2, "mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(src))
+             str(tmp_path / "hf"), "--ep", "2", "--hf-config-from", str(src))
     _assert_bit_identical(src, tmp_path / "hf", torch.float32)
     _generates(tmp_path / "hf")
 

@@ -1,8 +1,10 @@
 """HF <-> Megatron parity on real megatron-core (CPU, gloo), every family, TP=1, TP=2 and EP=2.
 
 tests/convert/parity_worker.py builds the GPTModel from the model config, loads the HF checkpoint
-through rlslurm.convert, and compares (a) logits with HF transformers on the same files and input,
-(b) the exported HF tensors with the files, bit for bit, (c) the loss, across parallel layouts.
+through rlslurm.convert, and compares with HF transformers on the same files and input: (a) logits,
+(b) token log-probs from megatron's vocab-parallel cross entropy with the TP vocab padding masked,
+(c) every parameter's gradient of the summed token NLL (exported through the same mapping), and
+(d) the exported HF tensors with the files, bit for bit; (e) the loss across parallel layouts.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in mode
 @pytest.fixture(scope="module")
 def parity(tiny_ckpts, tmp_path_factory) -> dict[str, dict[str, dict]]:
     out = tmp_path_factory.mktemp("parity")
+    base = ["tests/convert/parity_worker.py", "--ckpt-root", str(tiny_ckpts), "--out", str(out)]
+    check(run_procs(1, [*base, "--ep", "1", *FAMILIES], timeout=300))
+    check(run_procs(2, [*base, "--ep", "1,2", *FAMILIES], timeout=400))  # TP=2, then EP=2 (MoE)
     results: dict[str, dict[str, dict]] = {}
     for layout, (nproc, ep, models) in LAYOUTS.items():
-        proc = run_procs(nproc, ["tests/convert/parity_worker.py", "--ckpt-root", str(tiny_ckpts),
-                                 "--out", str(out), "--ep", str(ep), *models], timeout=300)
-        check(proc)
         tp = nproc // ep
         results[layout] = {m: json.loads((out / f"{m}.tp{tp}.ep{ep}.json").read_text()) for m in models}
     return results
@@ -45,6 +47,16 @@ def test_logits_match_hf(parity, layout, model):
     r = _get(parity, layout, model)
     assert r["ref_logit_scale"] > 0.1  # a real signal, not all-zero logits
     assert r["max_abs_logits"] < 1e-5, r
+
+
+@pytest.mark.parametrize("layout,model", CASES)
+def test_trainer_logprobs_and_gradients_match_hf(parity, layout, model):
+    r = _get(parity, layout, model)
+    assert r["max_abs_logprobs"] < 1e-5, r
+    assert r["grad_finite"]
+    assert r["grads_compared"] == r["exported"] - (1 if model == "tiny-deepseek-v3" else 0)  # - router bias buffer
+    assert r["grad_scale"] > 0.1
+    assert r["max_abs_grad"] < 1e-4, r["worst_grads"]
 
 
 @pytest.mark.parametrize("layout,model", CASES)
