@@ -382,10 +382,13 @@ def test_unresponsive_engine_is_restarted_but_not_inside_a_weight_update(deploym
     before = len(_ok_restarts(deployment))
     victim = sup.process("engine-0")
     old_pid = victim.pid
+    # unpaused, a hung engine is declared dead after unhealthy_after x (interval + timeout)
+    detect_s = sup.unhealthy_after * (sup.health_interval_s + sup.health_timeout_s)
     with sup.pause_health_checks():
         os.killpg(old_pid, signal.SIGSTOP)  # alive but answering nothing, like a blocked broadcast
-        time.sleep(6 * sup.health_interval_s)
+        time.sleep(detect_s + 2)
         assert victim.pid == old_pid and len(_ok_restarts(deployment)) == before and sup.engines()[0].restarts == 0
+        assert sup._slots[0].failures == 0 and not sup._slots[0].restarting
     ev = _wait_restart(deployment, before + 1)
     assert ev.engine == "engine-0" and ev.reason.startswith("unresponsive"), ev
     info = sup.engines()[0]
