@@ -36,6 +36,7 @@ from rlslurm.trainer.setup import init_distributed
 log = logging.getLogger("rlslurm.trainer")
 
 POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
+HEARTBEAT_S = 10.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +82,7 @@ class Trainer:
         self.control = Control(rd)
         self.replay = cfg.train.load_debug_rollout_data is not None
         self.last_saved: int | None = None
+        self._last_heartbeat = -HEARTBEAT_S
 
     # ------------------------------------------------------------------ the loop
 
@@ -198,7 +200,10 @@ class Trainer:
             return "preempt"
         if self.control.stop_requested():
             return "stop"
-        self.control.heartbeat("trainer", self.rank)
+        now = time.monotonic()
+        if now - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
+            self.control.heartbeat("trainer", self.rank)
+            self._last_heartbeat = now
         if self.replay:
             if rollout_id not in self.reader.committed_ids():
                 return ("error", f"replay buffer has no rollout {rollout_id} (--num-rollout "

@@ -111,3 +111,39 @@ def test_kill_and_resume_is_bit_exact(straight: Path, tmp_path: Path, tiny_hf: P
     # the resumed attempt re-published the checkpoint's weights (version 2) before training on
     lines = metrics(run)
     assert [l["rollout_id"] for l in lines if l["step"] % 2 == 0] == [0, 1, 2, 3]
+
+
+def test_initial_weights_from_a_megatron_checkpoint(straight: Path, tmp_path: Path, tiny_hf: Path) -> None:
+    """--load <checkpoints of another run>: the new run starts from those weights (not the HF
+    ones) with fresh progress; a near-zero LR keeps the exported weights where they started."""
+    source = straight.parent / "source"
+    run = make_run(tmp_path / "run", None, nproc=1, rollout=dict(num_rollout=1), train=dict(
+        lr=1e-12, num_steps_per_rollout=2, global_batch_size=4, load_debug_rollout_data=str(source)))
+    import yaml
+
+    cfg = yaml.safe_load((run / "run.yaml").read_text())
+    cfg["model"]["load"] = str(straight / "checkpoints")
+    (run / "run.yaml").write_text(yaml.safe_dump(cfg))
+    run_trainer(run, nproc=1)
+    got = load_file(str(run / "weights" / "v1" / "model.safetensors"))
+    trained = load_file(str(straight / "weights" / "v4" / "model.safetensors"))
+    init = load_file(str(tiny_hf / "model.safetensors"))
+    assert max(float((got[n] - trained[n]).abs().max()) for n in got) < 1e-6
+    assert max(float((got[n] - init[n]).abs().max()) for n in got) > 1e-4
+
+
+def test_hf_config_mismatch_is_an_error_naming_the_field(tmp_path: Path, tiny_hf: Path) -> None:
+    import json
+    import shutil
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny_hf, hf)
+    c = json.loads((hf / "config.json").read_text())
+    c["rms_norm_eps"] = 1e-5
+    (hf / "config.json").write_text(json.dumps(c))
+    run = make_run(tmp_path / "run", hf, nproc=1)
+    commit_rollouts(run, range(1))
+    p = run_trainer(run, nproc=1, check=False)
+    assert p.returncode != 0
+    assert "rms_norm_eps" in p.stderr and "config.json" in p.stderr, p.stderr[-3000:]
+    assert not list((run / "checkpoints").iterdir())
