@@ -1,0 +1,170 @@
+"""The trainer's end (rank 0) of an SGLang weight-update process group, built without sglang.
+
+An SGLang engine joins through `/init_weights_update_group`, which calls its
+`init_custom_process_group(backend, init_method="tcp://addr:port", world_size, rank, group_name)`
+(sglang/srt/utils/common.py, 0.5.23). On the engine that is:
+
+    TCPStore(addr, port)                  client; rank 0 (us) hosts the server
+    -> PrefixStore(group_name)            added by sglang
+    -> PrefixStore(f"{group_name}/")      added by torch's _new_process_group_helper
+    -> PrefixStore(f"{device}/")          the first device of the backend's device map: torch
+                                          builds ONE backend when every device maps to the same
+                                          one (gloo: cpu+cuda -> "cpu/"; nccl: cuda -> "cuda/")
+
+We build the same chain and the same backend (a gloo backend connects its full mesh in the
+constructor, so a backend under another prefix leaves the engine's init waiting for a peer that
+never comes), and keep the backend object to ourselves. Nothing is registered with torch.distributed's world, so
+torchrun's default group is untouched and this module works in a process that never called
+`init_process_group` (the benchmark's sender, the tests).
+
+The trainer's GPU image may not have sglang installed; this module imports only torch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from rlslurm.errors import ConfigError
+
+log = logging.getLogger("rlslurm.trainer.sync_group")
+
+Backend = Literal["gloo", "nccl"]
+
+# The store prefix of the one backend torch builds for a single backend name: the first device of
+# Backend.backend_capability (gloo: cpu, cuda; nccl: cuda). Stable since torch 2.0.
+STORE_DEVICE: dict[str, str] = {"gloo": "cpu", "nccl": "cuda"}
+
+
+class SyncGroupError(RuntimeError):
+    """Creating the group or a collective on it failed or timed out."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    master_addr: str
+    master_port: int
+    world_size: int      # 1 (us) + every engine rank
+    group_name: str
+    backend: Backend
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if self.backend not in STORE_DEVICE:
+            raise ConfigError(f"weight sync backend must be gloo or nccl, got {self.backend!r}")
+        if self.world_size < 2:
+            raise ConfigError(f"weight-update group {self.group_name!r}: world size {self.world_size} < 2 "
+                              "(no engine to send to)")
+        if not self.group_name:
+            raise ConfigError("weight-update group name must not be empty (SGLang rejects it)")
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+
+class SyncGroup:
+    """Rank 0 of one weight-update group. `open()` hosts the store and returns at once; `join()`
+    blocks until every engine rank has joined (call it while the engines' init requests are in
+    flight), `broadcast()` sends from rank 0, `close()` tears everything down."""
+
+    def __init__(self, spec: GroupSpec, *, device: torch.device | None = None):
+        self.spec = spec
+        self.device = device or torch.device("cuda" if spec.backend == "nccl" else "cpu")
+        self._store: dist.TCPStore | None = None
+        self._prefixed: dist.Store | None = None
+        self._backend: dist.Backend | None = None
+
+    @property
+    def backend(self) -> dist.Backend:
+        if self._backend is None:
+            raise SyncGroupError(f"weight-update group {self.spec.group_name!r} is not joined")
+        return self._backend
+
+    def open(self) -> "SyncGroup":
+        s = self.spec
+        try:
+            # wait_for_workers=False: the engines connect when their HTTP init arrives, which the
+            # caller sends after this returns; `join()` is where we wait for them.
+            self._store = dist.TCPStore(s.master_addr, s.master_port, s.world_size, True, s.timeout,
+                                        wait_for_workers=False)
+        except (RuntimeError, OSError) as e:
+            raise SyncGroupError(f"cannot host the weight-sync store on {s.master_addr}:{s.master_port}: {e}") from e
+        self._prefixed = dist.PrefixStore(f"{s.group_name}/", dist.PrefixStore(s.group_name, self._store))
+        return self
+
+    def join(self) -> None:
+        """Build the backend: gloo waits for every rank here, bounded by the spec's timeout."""
+        s = self.spec
+        if self._prefixed is None:
+            raise SyncGroupError("open() the group before join()")
+        t0 = time.monotonic()
+        store = dist.PrefixStore(f"{STORE_DEVICE[s.backend]}/", self._prefixed)
+        try:
+            be = self._make_backend(store)
+            if hasattr(be, "_set_sequence_number_for_group"):  # what torch does after building it
+                be._set_sequence_number_for_group()
+            self._backend = be
+        except (RuntimeError, dist.DistError) as e:
+            raise SyncGroupError(f"weight-update group {s.group_name!r} on {s.master_addr}:{s.master_port}: "
+                                 f"engines did not join within {s.timeout_s:g} s "
+                                 f"({time.monotonic() - t0:.1f} s): {e}") from e
+        if s.backend == "nccl":
+            # NCCL connects lazily on the first collective: do it now, so that a missing peer shows
+            # up here and not in the middle of the first bucket.
+            self.broadcast([torch.zeros(1, device=self.device)])
+
+    def _make_backend(self, store: dist.Store) -> dist.Backend:
+        s = self.spec
+        if s.backend == "gloo":
+            return dist.ProcessGroupGloo(store, 0, s.world_size, s.timeout)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = s.timeout
+        opts.is_high_priority_stream = False
+        opts.group_name = s.group_name
+        return dist.ProcessGroupNCCL(store, 0, s.world_size, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+        """Broadcast each tensor from rank 0, in order (the engine posts one receive per tensor
+        of the bucket, in the order of the names it was given), then wait for all of them."""
+        be = self.backend
+        works = []
+        try:
+            for t in tensors:
+                opts = dist.BroadcastOptions()
+                opts.rootRank, opts.rootTensor = 0, 0
+                opts.timeout = self.spec.timeout
+                works.append(be.broadcast([t], opts))
+            for w in works:
+                w.wait(self.spec.timeout)
+        except (RuntimeError, dist.DistError) as e:
+            raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed or timed out "
+                                 f"(limit {self.spec.timeout_s:g} s): {e}") from e
+
+    def close(self) -> None:
+        """Drop the backends (closes their connections, which fails any engine still blocked in a
+        receive instead of leaving it hanging for its own 30-minute default) and the store."""
+        be, self._backend = self._backend, None
+        if be is not None:
+            try:
+                if hasattr(be, "abort"):
+                    be.abort()
+                elif hasattr(be, "shutdown"):
+                    be.shutdown()
+            except Exception:  # teardown of a broken group: nothing more to do than drop it
+                log.debug("closing the backend of %s failed", self.spec.group_name, exc_info=True)
+            del be
+        self._prefixed = None
+        self._store = None
+
+    def __enter__(self) -> "SyncGroup":
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
