@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "rollout_metrics.jsonl"
 POLL_S = 0.5
+EVAL_ABORT_RETRIES = 5
 
 ShouldStop = Callable[[], bool]
 EngineUrls = Callable[[], Sequence[str]]
@@ -335,13 +336,8 @@ class RolloutDriver:
                                strict=d.data_strict)
             prompts = src.take(src.num_records)
             src.close()
-            groups = await asyncio.gather(*(
-                generate_group(self.ctx, p, n=k, sampling_params=sp, reward_fn=self.reward_fn,
-                               generate_fn=self.generate_fn, reward_key=r.reward_key,
-                               reward_executor=self.reward_executor) for p in prompts))
-            aborted = sum(any(s.status == SampleStatus.ABORTED for s in g) for g in groups)
-            if aborted:  # an aborted eval sample has no reward: do not report a wrong score
-                raise DataError(f"eval dataset {name} ({path})", f"{aborted} groups were aborted during eval")
+            groups = await asyncio.gather(*(self._eval_group(p, k, sp, f"eval dataset {name} ({path})")
+                                            for p in prompts))
             for g in groups:
                 for s in g:
                     s.metadata["eval_dataset"] = name
@@ -355,6 +351,19 @@ class RolloutDriver:
         log.info("eval at rollout %d: %s", rollout_id,
                  {k_: round(v, 4) for k_, v in metrics.items() if k_.endswith("reward_mean")})
         return True
+
+    async def _eval_group(self, prompt: Prompt, k: int, sp: dict[str, Any], where: str) -> list[Sample]:
+        """One eval group; generated again when a weight update aborted it (an aborted
+        sample has no reward, and a score from the remaining ones would be biased)."""
+        assert self.ctx is not None
+        r = self.cfg.rollout
+        for _ in range(EVAL_ABORT_RETRIES):
+            group = await generate_group(self.ctx, prompt, n=k, sampling_params=sp, reward_fn=self.reward_fn,
+                                         generate_fn=self.generate_fn, reward_key=r.reward_key,
+                                         reward_executor=self.reward_executor)
+            if not any(s.status == SampleStatus.ABORTED for s in group):
+                return group
+        raise DataError(where, f"prompt {prompt.where or prompt.index} aborted {EVAL_ABORT_RETRIES} times in a row")
 
     # ------------------------------------------------------------------ metrics
 

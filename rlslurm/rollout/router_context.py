@@ -48,9 +48,11 @@ def is_retryable(e: SGLangError) -> bool:
 
 @dataclass
 class RetryPolicy:
-    max_attempts: int = 6
+    # ~1 min of expected waiting in all: longer than a CPU engine's restart, so a node with
+    # one engine rides out its restart instead of failing the rollout
+    max_attempts: int = 10
     backoff_s: float = 0.5
-    max_backoff_s: float = 15.0
+    max_backoff_s: float = 30.0
 
     def delay(self, attempt: int) -> float:
         """Full jitter: many requests failing together (a dead worker) do not retry in lockstep."""

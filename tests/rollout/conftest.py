@@ -45,7 +45,10 @@ def deployment(tmp_path_factory, tiny_model) -> Deployment:
 def private_deployment(tmp_path_factory, tiny_model) -> Deployment:
     """Like `deployment`, but for one module: for tests that restart engines or change their
     weight version and must not disturb the shared one's counters (torn down at module end)."""
-    with deploy(tmp_path_factory, tiny_model, extra_args=("--weight-version", "0")) as dep:
+    # a higher static fraction: SGLang's CPU memory profile fails when other processes on the
+    # box (a second server starting beside it) allocate while it measures
+    with deploy(tmp_path_factory, tiny_model,
+                extra_args=("--weight-version", "0", "--mem-fraction-static", "0.3")) as dep:
         yield dep
 
 
@@ -77,12 +80,23 @@ def deploy(tmp_path_factory, tiny_model, *, extra_args: tuple[str, ...] = ()):
                            start_timeout_s=300, restart_backoff_s=2.0,
                            on_change=dep.changes.append, on_restart=dep.restarts.append)
     dep.supervisor = sup
-    router.start()
+    # A proxy that answers nothing, as on clusters whose nodes set http_proxy for the outside
+    # world: neither our clients nor the router may send cluster-internal calls through it.
+    proxy_vars = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+    saved = {k: os.environ.get(k) for k in proxy_vars}
+    os.environ.update({k: f"http://127.0.0.1:{free_port()}" for k in proxy_vars})
     try:
+        router.start()
         sup.start()
     except BaseException:
         router.close()
         raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     try:
         yield dep
     finally:
