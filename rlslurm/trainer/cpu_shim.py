@@ -34,13 +34,17 @@ Patches (name: what it fixes, megatron/core call sites in 0.16.1):
   try/except ImportError and never defines it on failure, so every MoE router without
   transformer-engine raises NameError (transformer/moe/moe_utils.py:1192). Defined as None.
   Also applied when CUDA is present but transformer-engine is not.
+- `mla_linear` (0.19): MLA binds the duplicated `Linear` only when transformer-engine imports, so
+  the duplicated down projections `rlslurm.trainer.model` uses without TE are refused; bound to
+  megatron's own `post_training.modelopt.layers.Linear`.
 - `mla_have_te`: without transformer-engine, `megatron.core.extensions.transformer_engine` still
   imports (binding `TELinear` to a stand-in), so `multi_latent_attention.HAVE_TE` is wrongly
   True and `isinstance(self.linear_proj, TELinear)` raises TypeError
   (transformer/multi_latent_attention.py:185). Set to False when transformer-engine is absent.
 
-The last two are megatron bugs that are not about CUDA, so `apply()` fixes them whenever
-transformer-engine is missing, GPU or not. `applied()` reports which patches are active.
+The last three are megatron bugs that are not about CUDA: `apply_megatron_fixes()` fixes them
+whenever transformer-engine is missing, GPU or not (`apply()` includes it, and
+`build_gpt_model` calls it). `applied()` reports which patches are active.
 """
 
 from __future__ import annotations
@@ -168,19 +172,38 @@ def _patch_events() -> None:
     torch.cuda.nvtx.range_pop = lambda: 0  # type: ignore[assignment]
 
 
-def _patch_megatron_without_te() -> None:
+_MEGATRON_FIXED: list[str] = []
+
+
+def apply_megatron_fixes() -> list[str]:
+    """The transformer-engine-less megatron bugs only (GPU or not); idempotent. Returns their names.
+
+    `rlslurm.trainer.model.build_gpt_model` calls this itself, so a GPU trainer that never calls
+    `apply()` still gets them.
+    """
+    if _MEGATRON_FIXED or _have_te():
+        return list(_MEGATRON_FIXED)
+    _MEGATRON_FIXED.append("checked")
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
-        _APPLIED.append("moe_te_general_gemm")
+        _MEGATRON_FIXED.append("moe_te_general_gemm")
     try:
         import megatron.core.transformer.multi_latent_attention as mla
-    except ImportError:  # very old/new layouts: nothing to fix
-        return
+    except ImportError:  # a layout without MLA: nothing to fix
+        return list(_MEGATRON_FIXED)
     if getattr(mla, "HAVE_TE", False):
         mla.HAVE_TE = False
-        _APPLIED.append("mla_have_te")
+        _MEGATRON_FIXED.append("mla_have_te")
+    if hasattr(mla, "Linear") and mla.Linear is None:
+        # megatron-core 0.19 binds MLA's duplicated `Linear` only when TE imports, so the
+        # duplicated down projections (rlslurm.trainer.model) are refused as "Unsupported".
+        from megatron.core.post_training.modelopt.layers import Linear
+
+        mla.Linear = Linear
+        _MEGATRON_FIXED.append("mla_linear")
+    return list(_MEGATRON_FIXED)
 
 
 def apply() -> None:
@@ -188,8 +211,7 @@ def apply() -> None:
     global _MODE
     if _APPLIED:
         return
-    if not _have_te():
-        _patch_megatron_without_te()
+    _APPLIED.extend(f for f in apply_megatron_fixes() if f != "checked")
     if torch.cuda.is_available():
         _APPLIED.append("none:cuda-available")
         return

@@ -18,6 +18,7 @@ version lacks are dropped by checking the dataclass fields / signatures rather t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import inspect
 from typing import Any
@@ -399,6 +400,26 @@ class SDPACoreAttention(torch.nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
+def _extend_mlp_spec(mc: ModelConfig, mlp_spec):
+    """The dense MLP spec with GLM-4's post-MLP norm, for both spec styles megatron has used."""
+    if isinstance(mlp_spec, functools.partial):
+        # megatron-core 0.19: `partial(MLP.as_mlp_submodule, submodules=...)`, a classmethod that
+        # builds `cls(...)`: rebind it to the subclass.
+        owner = getattr(mlp_spec.func, "__self__", None)
+        if not isinstance(owner, type):
+            raise ConfigError(f"model config {mc.name}: cannot extend MLP spec {mlp_spec!r} with post_mlp_layernorm")
+        return functools.partial(getattr(_mlp_with_post_norm(owner), mlp_spec.func.__name__),
+                                 *mlp_spec.args, **mlp_spec.keywords)
+    params = dict(mlp_spec.params or {})
+    # 0.16: TransformerLayer hands tp_group only to classes it knows; pass it through the spec.
+    if "tp_group" in inspect.signature(mlp_spec.module.__init__).parameters and "tp_group" not in params:
+        from megatron.core import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            params["tp_group"] = ps.get_tensor_model_parallel_group()
+    return dataclasses.replace(mlp_spec, module=_mlp_with_post_norm(mlp_spec.module), params=params)
+
+
 def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
     """The decoder block spec for `mc`: stock megatron specs plus the two extensions above."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -425,15 +446,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
         if a.post_mlp_layernorm:
             if a.moe:
                 raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
-            mlp_cls = _mlp_with_post_norm(sub.mlp.module)
-            params = dict(sub.mlp.params or {})
-            # TransformerLayer hands tp_group only to classes it knows; pass it through the spec.
-            if "tp_group" in inspect.signature(sub.mlp.module.__init__).parameters and "tp_group" not in params:
-                from megatron.core import parallel_state as ps
-
-                if ps.model_parallel_is_initialized():
-                    params["tp_group"] = ps.get_tensor_model_parallel_group()
-            sub.mlp = dataclasses.replace(sub.mlp, module=mlp_cls, params=params)
+            sub.mlp = _extend_mlp_spec(mc, sub.mlp)
         if a.mla and not HAVE_TE:
             core = sub.self_attention.submodules.core_attention
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
@@ -454,6 +467,9 @@ def build_gpt_model(
     """Build the GPTModel for `mc` (parallel state must be initialised for tcfg's sizes)."""
     from megatron.core.models.gpt import GPTModel
 
+    from rlslurm.trainer import cpu_shim
+
+    cpu_shim.apply_megatron_fixes()
     a = mc.arch
     if vocab_size_padded < a.vocab_size:
         raise ConfigError(f"vocab_size_padded={vocab_size_padded} < model vocab_size={a.vocab_size}")
@@ -476,4 +492,9 @@ def build_gpt_model(
         kw["vp_stage"] = vp_stage
     params = inspect.signature(GPTModel.__init__).parameters
     kw = {k: v for k, v in kw.items() if k in params}
-    return GPTModel(**kw)
+    model = GPTModel(**kw)
+    if torch.cuda.is_available():
+        # What Megatron-LM's get_model does: megatron's parallel layers allocate on the GPU, plain
+        # torch modules (norms) on the CPU.
+        model.cuda(torch.cuda.current_device())
+    return model

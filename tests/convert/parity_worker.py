@@ -51,7 +51,12 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # CPU (CI): gloo. On a GPU machine (megatron-core 0.19 check): NCCL, one GPU per rank.
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dev = torch.device("cuda") if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
     from rlslurm.trainer import cpu_shim
 
@@ -90,12 +95,13 @@ def main() -> None:
             # zeroes (and whose zero-initialised row makes RMSNorm's gradient blow up in Megatron,
             # which has no padding_idx). RL batches mask pad positions out of the loss anyway.
             ids = torch.randint(4, mc.arch.vocab_size, (2, 12), generator=g)
-            pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+            pos = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids).to(dev)
+            ids_cpu, ids = ids, ids.to(dev)
             with torch.no_grad():
                 logits = model(ids, pos, None)  # [b, s, vocab/tp]
-                logits = gather_from_tensor_model_parallel_region(logits)[..., : mc.arch.vocab_size]
+                logits = gather_from_tensor_model_parallel_region(logits)[..., : mc.arch.vocab_size].cpu()
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                     ids[:, 1:].reshape(-1))
+                                                     ids_cpu[:, 1:].reshape(-1))
             result["loss"] = float(loss)
             # Token log-probs the way a trainer computes them: vocab-parallel cross entropy on this
             # rank's logits slice, TP padding masked; and the loss backpropagates through it.
@@ -107,7 +113,7 @@ def main() -> None:
             nll.sum().backward()
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             result["grad_finite"] = bool(grads) and all(bool(torch.isfinite(g).all()) for g in grads)
-            token_logprobs = (-nll).transpose(0, 1).detach()  # [b, s-1]
+            token_logprobs = (-nll).transpose(0, 1).detach().cpu()  # [b, s-1]
             # Gradients in HF names: finish what megatron's finalize_model_grads does for norms
             # (sum over TP of sequence-parallel and q/k-norm grads), then export the grads through
             # the same mapping as the weights (gathered over TP/EP).
@@ -127,7 +133,7 @@ def main() -> None:
                         # replicas, which megatron's gradient averaging divides by the DP size.
                         g = g / ps.get_data_parallel_world_size()
                     p.data = g
-                grads = dict(mcore_to_hf(mc, model))
+                grads = {n: t.cpu() for n, t in mcore_to_hf(mc, model)}
                 for pname, p in model.named_parameters():
                     p.data = weights[pname]
             model.eval()
@@ -136,20 +142,20 @@ def main() -> None:
             for hf_name, t in mcore_to_hf(mc, model):
                 if hf_name in exported:
                     raise AssertionError(f"exported twice: {hf_name}")
-                exported[hf_name] = t
+                exported[hf_name] = t.cpu()
             if rank == 0:
                 from transformers import AutoModelForCausalLM
 
                 hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
                 with torch.no_grad():
-                    ref = hf(ids).logits
+                    ref = hf(ids_cpu).logits
                 result["max_abs_logits"] = float((ref - logits).abs().max())
-                ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(-1, ids_cpu[:, 1:, None]).squeeze(-1)
                 result["max_abs_logprobs"] = float((ref_lp - token_logprobs).abs().max())
                 result["ref_logit_scale"] = float(ref.abs().max())
                 hf.zero_grad()
-                ref_train = hf(ids).logits
-                ref_nll = -torch.log_softmax(ref_train[:, :-1], -1).gather(-1, ids[:, 1:, None])
+                ref_train = hf(ids_cpu).logits
+                ref_nll = -torch.log_softmax(ref_train[:, :-1], -1).gather(-1, ids_cpu[:, 1:, None])
                 ref_nll.sum().backward()
                 hf_grads = _hf_grads(hf)
                 diffs, scale = {}, 0.0

@@ -52,34 +52,34 @@ def bf16_qwen3(tiny_ckpts, tmp_path_factory) -> Path:
     return d
 
 
-def test_qwen3_bf16_tp2_to_pp2(bf16_qwen3, tmp_path):
+def test_qwen3_bf16_pp2_to_tp2(bf16_qwen3, tmp_path):
     _convert(2, "hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(bf16_qwen3), "--out", str(tmp_path / "mc"),
-             "--tp", "2", "--dtype", "bf16")
+             "--pp", "2", "--dtype", "bf16")
     assert len(list((tmp_path / "mc").glob("*.distcp"))) >= 2
     _convert(2, "mcore-to-hf", "--model", "tiny-qwen3", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(bf16_qwen3))
-    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+             str(tmp_path / "hf"), "--tp", "2", "--hf-config-from", str(bf16_qwen3))
     _assert_bit_identical(bf16_qwen3, tmp_path / "hf", torch.bfloat16)
     _generates(tmp_path / "hf")
 
 
-def test_glm4_tp2_to_tp1(tiny_ckpts, tmp_path):
+def test_glm4_tp2_to_pp2(tiny_ckpts, tmp_path):
     src = tiny_ckpts / "tiny-glm4"
     _convert(2, "hf-to-mcore", "--model", "tiny-glm4", "--hf", str(src), "--out", str(tmp_path / "mc"),
              "--tp", "2", "--dtype", "fp32")
-    _convert(1, "mcore-to-hf", "--model", "tiny-glm4", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--hf-config-from", str(src))
+    _convert(2, "mcore-to-hf", "--model", "tiny-glm4", "--load", str(tmp_path / "mc"), "--out",
+             str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(src))
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()  # one shard per stage + index
     _assert_bit_identical(src, tmp_path / "hf", torch.float32)
     _generates(tmp_path / "hf")
 
 
-def test_deepseek_tp2_to_ep2(tiny_ckpts, tmp_path):
-    """TP=2 (sequence parallel, duplicated MLA down projections) written, read back at TP=1/EP=2."""
+def test_deepseek_ep2_to_tp2(tiny_ckpts, tmp_path):
+    """Experts sharded over EP=2 written, read back at TP=2 (sequence parallel, MLA duplicated)."""
     src = tiny_ckpts / "tiny-deepseek-v3"
     _convert(2, "hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(src), "--out", str(tmp_path / "mc"),
-             "--tp", "2", "--dtype", "fp32")
+             "--ep", "2", "--dtype", "fp32")
     _convert(2, "mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--ep", "2", "--hf-config-from", str(src))
+             str(tmp_path / "hf"), "--tp", "2", "--hf-config-from", str(src))
     _assert_bit_identical(src, tmp_path / "hf", torch.float32)
     _generates(tmp_path / "hf")
 

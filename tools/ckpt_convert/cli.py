@@ -99,6 +99,7 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
     from rlslurm.model_config import load_model_config
     from tools.ckpt_convert import runtime
 
+    runtime.check_world(tp, pp, ep)
     mc = load_model_config(model_name)
     check_hf_config(mc, hf)
     rt = runtime.init(tp, pp, ep)
@@ -180,6 +181,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
     from rlslurm.model_config import load_model_config
     from tools.ckpt_convert import runtime
 
+    runtime.check_world(tp, pp, ep)
     mc = load_model_config(model_name)
     if not load.is_dir():
         raise ConfigError(f"--load {load}: not a directory")

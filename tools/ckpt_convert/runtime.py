@@ -46,20 +46,26 @@ class Runtime:
         dist.barrier()
 
 
-def init(tp: int, pp: int, ep: int) -> Runtime:
-    """Start torch.distributed + megatron parallel state for the requested sizes."""
+def check_world(tp: int, pp: int, ep: int) -> None:
+    """Refuse parallel sizes that do not match the processes started (before any heavy import)."""
     for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
         if v < 1:
             raise ConfigError(f"{flag}={v}: must be >= 1")
-    if "RANK" not in os.environ:  # plain `python -m tools.ckpt_convert`: one process
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
-    world = int(os.environ["WORLD_SIZE"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != tp * pp * ep:
         raise ConfigError(
             f"--tp {tp} --pp {pp} --ep {ep} needs {tp * pp * ep} processes "
             f"(torchrun --nproc_per_node {tp * pp * ep}), got WORLD_SIZE={world}"
         )
+
+
+def init(tp: int, pp: int, ep: int) -> Runtime:
+    """Start torch.distributed + megatron parallel state for the requested sizes."""
+    check_world(tp, pp, ep)
+    if "RANK" not in os.environ:  # plain `python -m tools.ckpt_convert`: one process
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    world = int(os.environ["WORLD_SIZE"])
     from rlslurm.trainer import cpu_shim
 
     cpu_shim.apply()
