@@ -130,22 +130,24 @@ class SyncGroup:
         opts.group_name = s.group_name
         return dist.ProcessGroupNCCL(store, 0, s.world_size, opts)
 
-    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+    def broadcast(self, tensors: list[torch.Tensor], *, timeout_s: float | None = None) -> None:
         """Broadcast each tensor from rank 0, in order (the engine posts one receive per tensor
-        of the bucket, in the order of the names it was given), then wait for all of them."""
+        of the bucket, in the order of the names it was given), then wait for all of them.
+        `timeout_s` bounds this call (default: the spec's timeout)."""
         be = self.backend
+        limit = self.spec.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         works = []
         try:
             for t in tensors:
                 opts = dist.BroadcastOptions()
                 opts.rootRank, opts.rootTensor = 0, 0
-                opts.timeout = self.spec.timeout
+                opts.timeout = limit
                 works.append(be.broadcast([t], opts))
             for w in works:
-                w.wait(self.spec.timeout)
+                w.wait(limit)
         except (RuntimeError, dist.DistError) as e:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed or timed out "
-                                 f"(limit {self.spec.timeout_s:g} s): {e}") from e
+                                 f"(limit {limit.total_seconds():g} s): {e}") from e
 
     def close(self) -> None:
         """Drop the backends (closes their connections, which fails any engine still blocked in a

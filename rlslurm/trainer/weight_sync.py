@@ -1,0 +1,529 @@
+"""Weight sync by broadcast: `DistributedPublisher`, the `weight_sync: distributed` publisher.
+
+One weight-update group per pipeline stage: the trainer rank with DP=0, TP=0 (EP=0) of the stage
+is rank 0 (the stage's *leader*), every engine rank follows (`rank_offset`), world size = engine
+ranks + 1. The group is built by `sync_group.SyncGroup` (no sglang import, torchrun's default
+group untouched) on a fresh port each time, and rebuilt whenever the engine set in
+control/engines.json changes (an engine restarted by the rollout supervisor has a new pid and
+restart count and re-joins here) or a sync failed.
+
+One publish, every trainer rank calling `publish(model, version)`:
+
+    stage-0 leader   control/weight_update.json {"state": "updating", "until": ...};
+                     POST /pause_generation, /begin_weight_update to every engine
+    stage s, in turn the DP=0 ranks export (gathered over TP/EP, HF names, `mcore_to_hf`);
+                     the leader packs buckets of `bucket_bytes` and for each bucket sends
+                     /update_weights_from_distributed (names/dtypes/shapes) to every engine
+                     at once while broadcasting the bucket's tensors
+    stage-0 leader   /end_weight_update, /update_weight_version, /continue_generation;
+                     Control.set_weight_version(version); remove weight_update.json
+
+Ranks agree on success after each phase (an all-reduce over the default group), so a failure on
+one leader is seen by every rank at the same point. Every HTTP call and collective is bounded by
+`timeout_s`. A failed attempt tears the group down (the engines' pending receives fail once our
+connections close) and the next attempt rebuilds it; after `attempts` failed attempts the
+version is published by the fallback (disk: `DiskPublisher` writes weights/v<N>/, the stage-0
+leader loads it into every engine that answers), or with no fallback `WeightSyncError` is raised
+so the step fails and SLURM's requeue takes over. It never waits without a bound.
+
+The rollout side must not restart an engine that is blocked in a broadcast (it answers neither
+/health nor /generate): `update_in_progress(control)` says whether weight_update.json is present
+and fresh, and the rollout main holds `EngineSupervisor.pause_health_checks()` while it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Coroutine, Iterable, Iterator, Literal
+
+import torch
+import torch.distributed as dist
+
+from rlslurm.buffer.atomic import read_json, unlink_durable, write_json_atomic
+from rlslurm.buffer.control import Control, EngineRecord, RendezvousRecord, RendezvousTaken
+from rlslurm.errors import ConfigError, UserError
+from rlslurm.net import free_port, node_ip
+from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError
+
+log = logging.getLogger("rlslurm.trainer.weight_sync")
+
+UPDATE_FILE = "weight_update.json"
+# Cleanup calls on engines that may be hung must not stretch a failure much past its bound.
+CLEANUP_TIMEOUT_S = 10.0
+
+
+class WeightSyncError(UserError):
+    """A weight sync failed after every attempt and no fallback was configured: the step fails
+    and the job's requeue restarts it."""
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    bucket_bytes: int = 512 * 1024**2       # train.update_weight_buffer_size
+    timeout_s: float = 300.0                # train.weight_sync_timeout_s: bound of every step
+    attempts: int = 2                       # distributed tries per publish, each on a fresh group
+    backend: Literal["gloo", "nccl"] | None = None   # None: nccl when the trainer is on CUDA
+    dtype: torch.dtype | None = None        # cast while exporting (None: the parameters' dtype)
+    pause_mode: Literal["abort", "retract", "in_place"] = "abort"
+    group_prefix: str = "rlslurm-wsync"
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes < 1:
+            raise ConfigError(f"update_weight_buffer_size must be >= 1 byte, got {self.bucket_bytes}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"weight_sync_timeout_s must be > 0, got {self.timeout_s}")
+        if self.attempts < 1:
+            raise ConfigError(f"weight sync attempts must be >= 1, got {self.attempts}")
+
+    @classmethod
+    def from_train(cls, train: Any, **kw: Any) -> "SyncOptions":
+        """From the run config's `train` section (update_weight_buffer_size, weight_sync_timeout_s)."""
+        return cls(bucket_bytes=train.update_weight_buffer_size, timeout_s=train.weight_sync_timeout_s, **kw)
+
+
+# --- engines ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EngineTarget:
+    url: str
+    ranks: int           # the engine's TP size: its ranks are rank_offset .. rank_offset+ranks-1
+    pid: int | None
+    restarts: int
+
+
+def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
+    """The healthy engines of control/engines.json (one being restarted joins the next sync)."""
+    return [EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts)
+            for r in records if r.healthy]
+
+
+# --- rollout-side coordination ------------------------------------------------------------
+
+def update_in_progress(control: Control, *, now: float | None = None) -> bool:
+    """True while a trainer writes weights into the engines (control/weight_update.json present
+    and not past its `until`): the rollout main pauses health checks and restarts meanwhile."""
+    rec = read_json(control.dir / UPDATE_FILE)
+    if not rec or rec.get("state") != "updating":
+        return False
+    return float(rec.get("until", 0)) > (time.time() if now is None else now)
+
+
+def _mark_updating(control: Control, version: int, budget_s: float) -> None:
+    write_json_atomic(control.dir / UPDATE_FILE, {"state": "updating", "version": version,
+                                                  "until": time.time() + budget_s, "pid": os.getpid()})
+
+
+def _mark_done(control: Control) -> None:
+    unlink_durable(control.dir / UPDATE_FILE)
+
+
+# --- the HTTP side ------------------------------------------------------------------------
+
+class _Loop:
+    """An asyncio loop in a daemon thread: HTTP calls to all engines run there concurrently
+    while the calling thread blocks in a broadcast (waiting for one engine before calling the
+    next deadlocks the group)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="weight-sync-http", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine) -> cf.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+class Engines:
+    """HTTP to a fixed set of engines; `call(name, ...)` runs one client method on all of them at
+    once and raises the first failure after all have finished or `timeout` passed."""
+
+    def __init__(self, loop: _Loop, targets: list[EngineTarget], api_key: str | None):
+        self.loop, self.targets, self.api_key = loop, targets, api_key
+        self._clients = [SGLangClient(t.url, api_key) for t in targets]
+
+    def submit(self, method: str, per_engine: Callable[[int], dict[str, Any]] | None = None,
+               **kw: Any) -> list[cf.Future]:
+        return [self.loop.submit(getattr(c, method)(**kw, **(per_engine(i) if per_engine else {})))
+                for i, c in enumerate(self._clients)]
+
+    @staticmethod
+    def wait(futs: list[cf.Future], timeout: float, what: str) -> None:
+        done, pending = cf.wait(futs, timeout=timeout)
+        for f in pending:
+            f.cancel()
+        errors = [f.exception() for f in done if f.exception() is not None]
+        if errors:
+            raise errors[0]
+        if pending:
+            raise TimeoutError(f"{what}: {len(pending)} engine(s) did not answer within {timeout:g} s")
+
+    def call(self, method: str, *, timeout: float, **kw: Any) -> None:
+        self.wait(self.submit(method, timeout=timeout, **kw), timeout + 5, method)
+
+    def best_effort(self, method: str, **kw: Any) -> None:
+        try:
+            self.call(method, timeout=CLEANUP_TIMEOUT_S, **kw)
+        except Exception as e:
+            log.warning("weight sync cleanup %s: %s", method, e)
+
+    def close(self) -> None:
+        try:
+            self.loop.submit(asyncio.gather(*(c.aclose() for c in self._clients))).result(timeout=5)
+        except Exception:
+            pass
+
+
+# --- one stage's leader -------------------------------------------------------------------
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")  # SGLang does getattr(torch, name)
+
+
+@dataclass
+class SendStats:
+    tensors: int = 0
+    buckets: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class StageSender:
+    """Rank 0 of one stage's weight-update group: (re)builds it for the current engines and
+    sends buckets. Used only on the stage's leader; knows nothing about Megatron."""
+
+    def __init__(self, control: Control, api_key: str | None, opts: SyncOptions, *, stage: int = 0,
+                 attempt: int = 0, host: str | None = None, device: torch.device | None = None):
+        self.control, self.api_key, self.opts = control, api_key, opts
+        self.stage, self.attempt = stage, attempt
+        self.host = host or node_ip()
+        self.device = device or torch.device("cpu")
+        backend = opts.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.backend: Literal["gloo", "nccl"] = backend
+        self._loop = _Loop()
+        self.engines: Engines | None = None
+        self.group: SyncGroup | None = None
+        self._builds = 0
+        self.last = SendStats()
+
+    # -- group -----------------------------------------------------------------------------
+    def current_targets(self) -> list[EngineTarget]:
+        return engine_targets(self.control.engines())
+
+    def ensure_group(self, targets: list[EngineTarget] | None = None) -> None:
+        """Build the group unless one exists for exactly these engines (url, pid, restarts)."""
+        targets = self.current_targets() if targets is None else targets
+        if not targets:
+            raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
+        if self.group is not None and self.engines is not None and self.engines.targets == targets:
+            return
+        self.teardown()
+        self._build(targets)
+
+    def _build(self, targets: list[EngineTarget]) -> None:
+        o = self.opts
+        self._builds += 1
+        name = f"{o.group_prefix}-a{self.attempt}-pp{self.stage}-b{self._builds}"
+        world = 1 + sum(t.ranks for t in targets)
+        group = None
+        for _ in range(3):  # a port picked free can be taken before the store binds it
+            spec = GroupSpec(self.host, free_port(self.host), world, name, self.backend, o.timeout_s)
+            try:
+                group = SyncGroup(spec, device=self.device).open()
+                break
+            except SyncGroupError as e:
+                log.warning("%s; trying another port", e)
+        if group is None:
+            raise SyncGroupError(f"could not host a weight-sync store on {self.host} (3 ports tried)")
+        self._record(group.spec)
+        engines = Engines(self._loop, targets, self.api_key)
+        offsets = [1 + sum(t.ranks for t in targets[:i]) for i in range(len(targets))]
+        t0 = time.monotonic()
+        futs = engines.submit("init_weights_update_group", lambda i: {"rank_offset": offsets[i]},
+                              master_address=group.spec.master_addr, master_port=group.spec.master_port,
+                              world_size=world, group_name=name, backend=self.backend, timeout=o.timeout_s)
+        try:
+            group.join()
+            Engines.wait(futs, o.timeout_s, "init_weights_update_group")
+        except BaseException:
+            group.close()  # closes the store: engines still waiting in their init fail now
+            engines.close()
+            raise
+        self.group, self.engines = group, engines
+        log.info("weight-sync group %s: %d engine(s), world %d, %s on %s:%d, joined in %.2f s", name, len(targets),
+                 world, self.backend, group.spec.master_addr, group.spec.master_port, time.monotonic() - t0)
+
+    def _record(self, spec: GroupSpec) -> None:
+        """The attempt's rendezvous record (first group of stage 0): O_EXCL, so a stale trainer
+        of the same attempt learns it is stale instead of pointing engines at another port."""
+        if self.stage != 0 or self._builds != 1:
+            return
+        rec = RendezvousRecord(master_addr=spec.master_addr, master_port=spec.master_port,
+                               world_size=spec.world_size, group_name=spec.group_name, attempt=self.attempt)
+        try:
+            self.control.publish_rendezvous(rec)
+        except RendezvousTaken:
+            raise WeightSyncError(f"{self.control.rendezvous_path(self.attempt)}: another trainer of attempt "
+                                  f"{self.attempt} already published its weight-sync rendezvous") from None
+
+    def teardown(self) -> None:
+        """Destroy the group on the engines (best effort, bounded) and drop ours."""
+        group, engines, self.group, self.engines = self.group, self.engines, None, None
+        if group is not None:
+            # Close ours first: an engine blocked in a receive is released by the closed sockets
+            # and can then answer the destroy.
+            group.close()
+        if engines is not None:
+            if group is not None:
+                engines.best_effort("destroy_weights_update_group", group_name=group.spec.group_name)
+            engines.close()
+
+    # -- sending ---------------------------------------------------------------------------
+    def send(self, stream: Iterable[tuple[str, torch.Tensor]]) -> SendStats:
+        """Broadcast every tensor of `stream` in buckets of about `bucket_bytes`. On failure the
+        stream is still drained (TP peers are gathering in step with us) and the error raised."""
+        if self.group is None or self.engines is None:
+            raise SyncGroupError("ensure_group() before send()")
+        stats, t0 = SendStats(), time.perf_counter()
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        it = iter(stream)
+        try:
+            for name, t in it:
+                t = t.detach().to(self.device).contiguous()
+                nbytes = t.numel() * t.element_size()
+                if bucket and size + nbytes > self.opts.bucket_bytes:
+                    self._send_bucket(bucket, stats)
+                    bucket, size = [], 0
+                bucket.append((name, t))
+                size += nbytes
+            if bucket:
+                self._send_bucket(bucket, stats)
+        except BaseException:
+            for _ in it:
+                pass
+            raise
+        stats.seconds = time.perf_counter() - t0
+        self.last = stats
+        return stats
+
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats) -> None:
+        assert self.group is not None and self.engines is not None
+        to = self.opts.timeout_s
+        futs = self.engines.submit(
+            "update_weights_from_distributed", names=[n for n, _ in bucket],
+            dtypes=[_dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
+            group_name=self.group.spec.group_name, flush_cache=True, timeout=to)
+        try:
+            self.group.broadcast([t for _, t in bucket])
+        except SyncGroupError:
+            for f in futs:
+                f.cancel()
+            raise
+        Engines.wait(futs, to, "update_weights_from_distributed")
+        stats.buckets += 1
+        stats.tensors += len(bucket)
+        stats.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+
+    def close(self) -> None:
+        self.teardown()
+        self._loop.close()
+
+
+# --- the publisher ------------------------------------------------------------------------
+
+@dataclass
+class _Roles:
+    exporter: bool     # takes part in the export gather (DP=0)
+    leader: bool       # rank 0 of its stage's group
+    coordinator: bool  # the stage-0 leader: brackets the update, records the version
+    stage: int
+    stages: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+def _megatron_roles() -> _Roles:
+    from megatron.core import parallel_state as ps
+
+    dp0 = ps.get_data_parallel_rank() == 0
+    leader = dp0 and ps.get_tensor_model_parallel_rank() == 0 and ps.get_expert_model_parallel_rank() == 0
+    stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return _Roles(exporter=dp0, leader=leader, coordinator=leader and stage == 0, stage=stage, stages=stages,
+                  device=dev)
+
+
+class DistributedPublisher:
+    """`WeightPublisher` for `weight_sync: distributed` (see the module docstring).
+
+    `fallback`: the publisher used for a version whose broadcast failed `opts.attempts` times
+    (a `DiskPublisher`; its weights are then loaded into the engines from RUN/weights/v<N>/), or
+    None to raise `WeightSyncError` instead."""
+
+    def __init__(self, mc: Any, control: Control, *, api_key: str | None, opts: SyncOptions,
+                 fallback: Any | None = None, weights_dir: Path | None = None, attempt: int = 0,
+                 host: str | None = None, roles: Callable[[], _Roles] = _megatron_roles,
+                 export: Callable[[Any, torch.nn.Module, torch.dtype | None], Iterator[tuple[str, torch.Tensor]]]
+                 | None = None):
+        self.mc, self.control, self.api_key, self.opts = mc, control, api_key, opts
+        self.fallback, self.attempt, self.host = fallback, attempt, host
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else control.run.weights_dir
+        self._roles_fn, self._export = roles, export
+        self._roles: _Roles | None = None
+        self.sender: StageSender | None = None
+        self.history: list[dict[str, Any]] = []   # one entry per publish (the leader's view)
+
+    # -- collective helpers ----------------------------------------------------------------
+    def _agree(self, ok: bool) -> bool:
+        """All ranks: True iff every rank's `ok` is True (also a barrier between phases)."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return ok
+        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def _stream(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._export is not None:
+            return self._export(self.mc, model, self.opts.dtype)
+        from rlslurm.convert import mcore_to_hf
+
+        return mcore_to_hf(self.mc, model, dtype=self.opts.dtype)
+
+    def _step(self, what: str, fn: Callable[[], Any], errors: list[str]) -> bool:
+        try:
+            fn()
+            return True
+        except Exception as e:  # every failure of a step means: tear down, retry or fall back
+            errors.append(f"{what}: {e}")
+            log.warning("weight sync: %s failed: %s", what, e)
+            return False
+
+    # -- publish ---------------------------------------------------------------------------
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        r = self._roles = self._roles or self._roles_fn()
+        if r.leader and self.sender is None:
+            self.sender = StageSender(self.control, self.api_key, self.opts, stage=r.stage, attempt=self.attempt,
+                                      host=self.host, device=r.device)
+        t0 = time.monotonic()
+        errors: list[str] = []
+        for i in range(1, self.opts.attempts + 1):
+            if self._attempt(model, version, r, errors):
+                if r.coordinator:
+                    self.control.set_weight_version(version)
+                    _mark_done(self.control)
+                    log.info("weights v%d broadcast to %d engine(s) in %.2f s (%d bytes, %d buckets)", version,
+                             len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
+                             time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
+                             self.sender.last.buckets if self.sender else 0)
+                self.history.append({"version": version, "mode": "distributed", "tries": i,
+                                     "seconds": time.monotonic() - t0, "errors": errors})
+                return
+            if r.leader and self.sender is not None:
+                self.sender.teardown()
+        self._fail(model, version, r, errors, t0)
+
+    def _attempt(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str]) -> bool:
+        o, s = self.opts, self.sender
+        ok = True
+        if r.leader:
+            assert s is not None
+            ok = self._step("joining engines", s.ensure_group, errors)
+        if ok and r.coordinator:
+            assert s is not None
+
+            def prologue() -> None:
+                _mark_updating(self.control, version, o.timeout_s * (r.stages + 4))
+                assert s.engines is not None
+                s.engines.call("pause_generation", mode=o.pause_mode, timeout=o.timeout_s)
+                s.engines.call("begin_weight_update", timeout=o.timeout_s)
+            ok = self._step("pause + begin_weight_update", prologue, errors)
+        ok = self._agree(ok)
+        for stage in range(r.stages):
+            if not ok:
+                break
+            if r.stage == stage and r.exporter:
+                stream = self._stream(model)
+                if r.leader:
+                    assert s is not None
+                    ok = self._step(f"sending stage {stage}", lambda: s.send(stream), errors)
+                else:
+                    for _ in stream:  # our part of each gather; the leader sends
+                        pass
+            ok = self._agree(ok)
+        if ok and r.coordinator:
+            assert s is not None and s.engines is not None
+
+            def epilogue() -> None:
+                assert s.engines is not None
+                s.engines.call("end_weight_update", timeout=o.timeout_s)
+                s.engines.call("update_weight_version", new_version=str(version), timeout=o.timeout_s)
+                s.engines.call("continue_generation", timeout=o.timeout_s)
+            ok = self._step("end_weight_update + version + continue", epilogue, errors)
+        return self._agree(ok)
+
+    def _fail(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str], t0: float) -> None:
+        summary = "; ".join(errors) or "another rank failed"
+        if self.fallback is None:
+            if r.coordinator:
+                self._release_engines(None, version)
+            raise WeightSyncError(f"weight sync of version {version} failed {self.opts.attempts} time(s) within "
+                                  f"{time.monotonic() - t0:.1f} s ({summary}); failing the step so that the job "
+                                  "is requeued")
+        if r.coordinator:
+            log.error("WEIGHT SYNC FALLBACK: broadcast of version %d failed %d time(s) (%s); publishing it to "
+                      "disk (%s) instead", version, self.opts.attempts, summary, self.weights_dir)
+        self.fallback.publish(model, version)  # collective, like ours; records the version
+        loaded = self._release_engines(self.weights_dir / f"v{version}", version) if r.coordinator else []
+        self.history.append({"version": version, "mode": "disk", "tries": self.opts.attempts,
+                             "seconds": time.monotonic() - t0, "errors": errors, "loaded": loaded})
+
+    def _release_engines(self, path: Path | None, version: int) -> list[str]:
+        """After a failed broadcast: close the session, load `path` (disk fallback) and resume
+        generation on every engine that answers; an engine that does not is left to the rollout
+        supervisor (restarted once the update file is gone) and to the driver's disk sync."""
+        targets = engine_targets(self.control.engines())
+        loaded: list[str] = []
+        if targets:
+            loop = self.sender._loop if self.sender is not None else _Loop()
+            engines = Engines(loop, targets, self.api_key)
+
+            async def one(c: SGLangClient) -> bool:
+                try:
+                    await c.end_weight_update(timeout=CLEANUP_TIMEOUT_S)
+                except SGLangError:
+                    pass  # no session open on this engine
+                try:
+                    if path is not None:
+                        await c.update_weights_from_disk(str(path), weight_version=str(version),
+                                                         timeout=self.opts.timeout_s)
+                    await c.continue_generation(timeout=CLEANUP_TIMEOUT_S)
+                    return True
+                except SGLangError as e:
+                    log.warning("weight sync fallback: %s did not take version %d: %s", c.base_url, version, e)
+                    return False
+
+            futs = [loop.submit(one(c)) for c in engines._clients]
+            done, _ = cf.wait(futs, timeout=self.opts.timeout_s + 2 * CLEANUP_TIMEOUT_S + 5)
+            loaded = [t.url for t, f in zip(targets, futs) if f in done and f.exception() is None and f.result()]
+            engines.close()
+            if loop is not (self.sender._loop if self.sender is not None else None):
+                loop.close()
+        _mark_done(self.control)
+        return loaded
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
