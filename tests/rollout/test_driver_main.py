@@ -65,8 +65,10 @@ def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
     proc = _start(rd)
     try:
         deadline = time.monotonic() + 60
-        while not list((rd.path / "logs").glob("**/*rollout*")) and time.monotonic() < deadline:
+        while not Control(rd).heartbeats():  # it is alive and waiting
+            assert proc.poll() is None and time.monotonic() < deadline, (rd.path / "rollout.log").read_text()
             time.sleep(0.2)
+        assert (rd.path / "logs/attempt-0/env-rollout-0.json").exists()
         Control(rd).request_stop("test")
         assert proc.wait(timeout=60) == 0, (rd.path / "rollout.log").read_text()
     finally:
