@@ -83,6 +83,7 @@ def make_plan(st: TrainerSetup, rollout: Rollout) -> BatchPlan:
 @torch.no_grad()
 def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: TrainerSetup,
                  values: bool) -> dict[int, Tensor]:
+    was_training = model.training
     model.eval()
     out: dict[int, Tensor] = {}
     for step in plan.steps:
@@ -96,7 +97,7 @@ def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: 
                 per = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
             for i, t in zip(idx, per):
                 out[i] = t.float().clone()
-    model.train()
+    model.train(was_training)  # the frozen reference stays in eval mode
     return out
 
 
