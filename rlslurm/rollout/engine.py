@@ -121,6 +121,12 @@ class EngineSpec:
             env["TMPDIR"] = tmpdir
         if self.device == "cpu":
             env = sglang_cpu.cpu_env(env, threads=1)
+        # SGLang calls its own HTTP port (warm-up, /freeze_gc) with `requests`, which honours
+        # http_proxy; keep the proxy for the outside world (hub downloads) but not for itself.
+        bypass = [self.host, "127.0.0.1", "localhost"]
+        for var in ("no_proxy", "NO_PROXY"):
+            have = [h for h in env.get(var, "").split(",") if h]
+            env[var] = ",".join(have + [h for h in bypass if h not in have])
         env.pop(ENV_API_KEY, None)
         if self.api_key:
             env[ENV_API_KEY] = self.api_key

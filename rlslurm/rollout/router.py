@@ -30,12 +30,14 @@ import httpx
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal, free_port
 from rlslurm.rollout.engine import ENV_API_KEY
-from rlslurm.rollout.sglang_client import auth_headers
+from rlslurm.rollout.sglang_client import TRUST_ENV, auth_headers
 
 ROUTER_MODULE = "sglang_router.launch_router"
 OWNED_FLAGS = ("--host", "--port", "--api-key", "--prometheus-host", "--prometheus-port", "--worker-urls",
                "--health-check-interval-secs")
 HTTP_TIMEOUT_S = 10.0
+# The router (Rust reqwest) would send its calls to the engines through these.
+PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 
 class RouterError(RuntimeError):
@@ -65,7 +67,7 @@ class RouterProcess:
             if flag in OWNED_FLAGS:
                 raise ConfigError(f"--router-{flag[2:]}: rlslurm sets {flag} on the router itself; "
                                   f"remove it from the passthrough flags")
-        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, headers=auth_headers(self.api_key))
+        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, headers=auth_headers(self.api_key), trust_env=TRUST_ENV)
 
     @property
     def url(self) -> str:
@@ -90,7 +92,7 @@ class RouterProcess:
         """Start the router and wait until it answers an authenticated `GET /workers`."""
         if self.is_alive():
             raise RouterError(f"router {self.url}: already running (pid {self.proc.pid})")
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
         env.pop(ENV_API_KEY, None)
         if self.api_key:
             env[ENV_API_KEY] = self.api_key

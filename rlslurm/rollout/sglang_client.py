@@ -18,6 +18,9 @@ GENERATE_TIMEOUT_S = 600.0
 # A weight update blocks until every rank of the group has received every tensor.
 WEIGHT_UPDATE_TIMEOUT_S = 600.0
 HEALTH_TIMEOUT_S = 5.0
+# Engines and the router are on the cluster network: an http(s)_proxy set for the outside
+# world (common on login/compute nodes) must not capture these calls.
+TRUST_ENV = False
 
 
 class SGLangError(RuntimeError):
@@ -45,7 +48,7 @@ def health_sync(base_url: str, *, timeout: float = HEALTH_TIMEOUT_S) -> bool:
     """GET /health (open without the key on SGLang): True on 200, False otherwise or unreachable.
     Synchronous, for the supervisor's health thread."""
     try:
-        return httpx.get(f"{base_url}/health", timeout=timeout).status_code == 200
+        return httpx.get(f"{base_url}/health", timeout=timeout, trust_env=TRUST_ENV).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -63,6 +66,7 @@ class SGLangClient:
         self._http = http or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=2048, max_keepalive_connections=512),
             timeout=DEFAULT_TIMEOUT_S,
+            trust_env=TRUST_ENV,
         )
 
     async def __aenter__(self) -> "SGLangClient":

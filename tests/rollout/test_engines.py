@@ -53,6 +53,8 @@ def test_spec_argv_has_every_flag_and_never_the_key(tmp_path):
     assert env[ENV_API_KEY] == "sekret" and env["TMPDIR"] == "/tmp/x" and env["OMP_NUM_THREADS"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(sglang_cpu.STUBS_DIR)
     assert ENV_API_KEY not in _spec(tmp_path, api_key=None).env({ENV_API_KEY: "stale"})
+    assert env["NO_PROXY"] == "10.1.2.3,127.0.0.1,localhost"
+    assert spec.env({"no_proxy": ".corp,127.0.0.1"})["no_proxy"] == ".corp,127.0.0.1,10.1.2.3,localhost"
     assert _spec(tmp_path, host="::1").url == "http://[::1]:31000"
 
 
@@ -174,6 +176,36 @@ def test_bad_passthrough_flag_fails_start_with_the_flag_in_the_error(tmp_path, t
     finally:
         e.kill_tree()
     assert not e.is_alive()
+
+
+def test_health_check_ignores_a_proxy_from_the_environment(monkeypatch):
+    import http.server
+    import threading
+
+    from rlslurm.rollout.sglang_client import health_sync
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert health_sync(url, timeout=5)
+        for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(var, f"http://127.0.0.1:{free_port()}")  # a proxy that is not there
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with pytest.raises(httpx.HTTPError):  # control: a client that trusts the env goes via the proxy
+            httpx.get(url + "/health", timeout=5)
+        assert health_sync(url, timeout=5)
+    finally:
+        srv.shutdown()
 
 
 def test_client_errors_name_the_url():
