@@ -64,6 +64,19 @@ def required_version(rollout_id: int, *, async_buffer_size: int, update_weights_
     return floor - floor % update_weights_interval
 
 
+def gate_open(versions: dict[str, int], need: int, published: int | None) -> bool:
+    """May a rollout needing version `need` start with engines at `versions`?
+
+    Every engine must serve >= need, except one that is behind the version the trainer
+    last published (`published`): it missed an update (restarted since, so back at 0) and
+    would block the gate until the trainer's next update, which waits for this rollout.
+    It serves stale weights meanwhile; its samples say so in their weight_version. At
+    least one engine must be current (a new attempt's engines all start behind)."""
+    if not versions or max(versions.values()) < need:
+        return False
+    return all(v >= need or (published is not None and v < published) for v in versions.values())
+
+
 def sampling_params(cfg: RunConfig, *, eval: bool = False) -> dict[str, Any]:
     """SGLang sampling params from the rollout flags. Empty stop lists are left out (the
     router drops nulls but forwards empties, and SGLang treats [] and None alike)."""
@@ -229,7 +242,12 @@ class RolloutDriver:
             versions = await self.engine_versions()
             if versions and self.cfg.train.weight_sync == "disk":
                 versions = await self.sync_from_disk(versions)
-            if versions and min(versions.values()) >= need:
+            rec = self.control.weight_version()
+            if gate_open(versions, need, None if rec is None else rec.version):
+                behind = {u: v for u, v in versions.items() if v < need}
+                if behind:
+                    log.warning("rollout %d starts although engines %s missed a weight update (need %d)",
+                                rollout_id, behind, need)
                 return min(versions.values())
             if not logged:
                 log.info("rollout %d waits for weight version %d (engines: %s)", rollout_id, need, versions)

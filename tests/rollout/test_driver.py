@@ -25,7 +25,7 @@ from rlslurm.buffer.sample import SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.config import DataSection, RolloutSection, RunConfig, TrainSection
 from rlslurm.errors import DataError
-from rlslurm.rollout.driver import RolloutDriver, eval_metrics, required_version, sampling_params
+from rlslurm.rollout.driver import RolloutDriver, eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
 
@@ -40,6 +40,15 @@ def test_required_version_bounds_how_far_ahead_the_driver_runs():
     assert [required_version(n, async_buffer_size=2) for n in range(5)] == [0, 0, 0, 1, 2]
     # weights published every 2nd rollout: version 3 never exists, rollout 3 may use version 2
     assert [required_version(n, async_buffer_size=0, update_weights_interval=2) for n in range(5)] == [0, 0, 2, 2, 4]
+
+
+def test_gate_waits_for_every_engine_except_one_that_missed_an_update():
+    assert gate_open({"a": 1, "b": 1}, 1, 1)
+    assert not gate_open({"a": 1, "b": 0}, 1, 0)  # b is mid-update: wait for it
+    assert not gate_open({"a": 1, "b": 0}, 1, None)
+    assert gate_open({"a": 2, "b": 0}, 2, 2)  # b was restarted after version 2 was published
+    assert not gate_open({"a": 0, "b": 0}, 2, 2)  # a new attempt: wait for the trainer to publish again
+    assert not gate_open({}, 0, None)
 
 
 def test_sampling_params_follow_the_flags():
