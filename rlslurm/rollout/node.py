@@ -56,7 +56,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
         name=f"engine-{node}-{i}", model_path=str(cfg.model.hf_checkpoint), host=host, port=p.port,
         nccl_port=p.nccl_port, log_path=log_dir / f"engine-{node}-{i}.log",
         base_gpu_id=i * tp if cfg.run.device == "cuda" else 0, tp_size=tp if cfg.run.device == "cuda" else 1,
-        api_key=api_key, dtype=cfg.rollout.sglang_dtype or "auto", device=cfg.run.device,
+        api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
         extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS),
         cpu_core=(i % ncpu) if cfg.run.device == "cpu" else None,
     ) for i, p in enumerate(ports)]

@@ -37,7 +37,7 @@ def _run_dir(tmp_path: Path, **model) -> RunDir:
                     data=DataSection(prompt_data=prompts),
                     rollout=RolloutSection(num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=2,
                                            rollout_max_response_len=6, rm_type="exact", engines_per_node=1,
-                                           sglang_dtype="float32", engine_health_interval_s=2.0),
+                                           rollout_dtype="float32", engine_health_interval_s=2.0),
                     sglang_args=["--max-total-tokens", "4096", "--mem-fraction-static", "0.3"])
     rd = RunDir.create(tmp_path / "run")
     rd.ensure_api_key()
@@ -113,3 +113,57 @@ def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_m
     while _alive(engine.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _alive(engine.pid), "the engine outlived the rollout node"
+
+
+def test_engine_specs_per_device(tmp_path):
+    from rlslurm.errors import ConfigError
+    from rlslurm.rollout.node import engine_specs
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cfg = RunConfig(slurm=SlurmSection(gpus_per_node=8), model=ModelSection(hf_checkpoint=ckpt),
+                    rollout=RolloutSection(rollout_num_gpus_per_engine=2, rollout_dtype="bfloat16"),
+                    sglang_args=["--mem-fraction-static", "0.8", "--weight-version", "x"])
+    specs = engine_specs(cfg, node=3, host="127.0.0.1", api_key="k", log_dir=tmp_path)
+    assert [(s.name, s.base_gpu_id, s.tp_size) for s in specs] == [
+        ("engine-3-0", 0, 2), ("engine-3-1", 2, 2), ("engine-3-2", 4, 2), ("engine-3-3", 6, 2)]
+    args = specs[0].server_args()
+    assert args[-2:] == ["--weight-version", "0"]  # ours last: the driver's gate needs integer versions
+    assert "--mem-fraction-static" in args and specs[0].dtype == "bfloat16" and specs[0].cpu_core is None
+    assert len({s.port for s in specs}) == 4
+
+    cpu = cfg.model_copy(deep=True)
+    cpu.run.device = "cpu"
+    cpu.rollout.engines_per_node = 3
+    specs = engine_specs(cpu, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path, ncpu=2)
+    assert [(s.cpu_core, s.tp_size, s.device) for s in specs] == [(0, 1, "cpu"), (1, 1, "cpu"), (0, 1, "cpu")]
+
+    bad = cfg.model_copy(deep=True)
+    bad.rollout.rollout_num_gpus_per_engine = 3
+    with pytest.raises(ConfigError, match="--gpus-per-node 8 is not a multiple of --rollout-num-gpus-per-engine 3"):
+        engine_specs(bad, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
+    bad.model.hf_checkpoint = None
+    with pytest.raises(ConfigError, match="--hf-checkpoint is required"):
+        engine_specs(bad, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
+
+
+def test_node_zero_merges_every_nodes_engines(tmp_path):
+    from rlslurm.rollout.node import RolloutNode
+    from rlslurm.rollout.supervisor import EngineInfo
+
+    rd = _run_dir(tmp_path)
+    cfg = RunConfig()
+
+    def info(url: str, restarts: int = 0) -> EngineInfo:
+        return EngineInfo(name="e", url=url, host="10.0.0.1", port=1, nccl_port=2, base_gpu_id=0, tp_size=1,
+                          device="cuda", pid=7, healthy=True, restarts=restarts, worker_id=None)
+
+    n1 = RolloutNode(cfg, rd, node=1, node_name="n1", host="10.0.0.2", attempt=0)
+    n0 = RolloutNode(cfg, rd, node=0, node_name="n0", host="10.0.0.1", attempt=0)
+    n1._publish([info("http://10.0.0.2:1", restarts=2)])
+    assert Control(rd).engines() == []  # only node 0 writes engines.json
+    n0._publish([info("http://10.0.0.1:1"), info("http://10.0.0.1:3")])
+    urls = [e.url for e in Control(rd).engines()]
+    assert urls == ["http://10.0.0.1:1", "http://10.0.0.1:3", "http://10.0.0.2:1"]
+    assert n0.restarts_total() == 2 and n0.engine_urls() == urls
+    assert [e.node for e in Control(rd).engines()] == ["n0", "n0", "n1"]
