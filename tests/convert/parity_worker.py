@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--ckpt-root", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ep", default="1", help="comma list of EP sizes to run in turn (EP > 1: MoE models only)")
-    ap.add_argument("models", nargs="+")
+    ap.add_argument("models", nargs="+", help="model config names or YAML paths (checkpoint: <ckpt-root>/<name>)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -78,11 +78,11 @@ def main() -> None:
         mc = load_model_config(name)
         if ep > 1 and mc.arch.moe is None:
             continue
-        result: dict = {"model": name, "tp": tp, "ep": ep}
+        result: dict = {"model": mc.name, "tp": tp, "ep": ep}
         try:
             ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
             model_parallel_cuda_manual_seed(1234)
-            hf_dir = Path(args.ckpt_root) / name
+            hf_dir = Path(args.ckpt_root) / mc.name
             tcfg = transformer_config(mc, params_dtype=torch.float32, tp=tp, pp=1, ep=ep, cp=1, overrides={})
             vpad = padded_vocab_size(mc.arch.vocab_size, tp)
             model = build_gpt_model(mc, tcfg, vocab_size_padded=vpad)
@@ -188,7 +188,7 @@ def main() -> None:
         finally:
             ps.destroy_model_parallel()
         if rank == 0:
-            (out / f"{name}.tp{tp}.ep{ep}.json").write_text(json.dumps(result, indent=1))
+            (out / f"{mc.name}.tp{tp}.ep{ep}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 

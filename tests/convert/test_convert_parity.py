@@ -19,16 +19,27 @@ from convert_helpers import FAMILIES, check, run_procs
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
 MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3"]
-LAYOUTS = {"tp1": (1, 1, FAMILIES), "tp2": (2, 1, FAMILIES), "ep2": (2, 2, MOE)}
+TIED = "tiny-qwen3-tied"  # tiny-qwen3 with tied embeddings (like Qwen3-4B), written by the fixture
+LAYOUTS = {"tp1": (1, 1, FAMILIES + [TIED]), "tp2": (2, 1, FAMILIES + [TIED]), "ep2": (2, 2, MOE)}
 CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in models]
 
 
 @pytest.fixture(scope="module")
 def parity(tiny_ckpts, tmp_path_factory) -> dict[str, dict[str, dict]]:
+    from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
     out = tmp_path_factory.mktemp("parity")
+    tied = out / f"{TIED}.yaml"
+    tied.write_text((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text()
+                    .replace("name: tiny-qwen3\n", f"name: {TIED}\n")
+                    .replace("tie_word_embeddings: false", "tie_word_embeddings: true"))
+    assert load_model_config(str(tied)).arch.tie_word_embeddings
+    make_tiny_checkpoint(load_model_config(str(tied)), tiny_ckpts / TIED)
+    models = [*FAMILIES, str(tied)]
     base = ["tests/convert/parity_worker.py", "--ckpt-root", str(tiny_ckpts), "--out", str(out)]
-    check(run_procs(1, [*base, "--ep", "1", *FAMILIES], timeout=300))
-    check(run_procs(2, [*base, "--ep", "1,2", *FAMILIES], timeout=400))  # TP=2, then EP=2 (MoE)
+    check(run_procs(1, [*base, "--ep", "1", *models], timeout=300))
+    check(run_procs(2, [*base, "--ep", "1,2", *models], timeout=400))  # TP=2, then EP=2 (MoE)
     results: dict[str, dict[str, dict]] = {}
     for layout, (nproc, ep, models) in LAYOUTS.items():
         tp = nproc // ep
@@ -67,7 +78,7 @@ def test_export_round_trip_is_bit_exact(parity, layout, model):
     assert r["exported"] > 0
 
 
-@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("model", FAMILIES + [TIED])
 def test_parallel_layouts_give_the_same_loss(parity, model):
     base = _get(parity, "tp1", model)["loss"]
     for layout in ("tp2", "ep2"):
