@@ -62,18 +62,17 @@ def _global_rules(mc: ModelConfig) -> list[Rule]:
     return rules
 
 
-def _gqa_attention(mc: ModelConfig) -> list[Rule]:
-    a = mc.arch
+def _gqa_attention(mc: ModelConfig, *, qk_norm: bool) -> list[Rule]:
     rules = [
         Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
         Rule("self_attention.linear_qkv.weight",
              tuple(P + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", tp_dim=0),
         Rule("self_attention.linear_proj.weight", (P + "self_attn.o_proj.weight",), tp_dim=1),
     ]
-    if a.add_qkv_bias:
+    if mc.arch.add_qkv_bias:  # checked against HF attention_bias
         rules.append(Rule("self_attention.linear_qkv.bias", tuple(P + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv",
                           tp_dim=0))
-    if a.qk_layernorm:
+    if qk_norm:
         rules += [Rule("self_attention.q_layernorm.weight", (P + "self_attn.q_norm.weight",)),
                   Rule("self_attention.k_layernorm.weight", (P + "self_attn.k_norm.weight",))]
     return rules
@@ -116,35 +115,65 @@ def _moe_mlp(mc: ModelConfig) -> list[Rule]:
     return rules
 
 
+_PRE_MLP_NORM = Rule("pre_mlp_layernorm.weight", (P + "post_attention_layernorm.weight",))
+
+
+def _is_moe_layer(mc: ModelConfig, layer: int) -> bool:
+    return mc.arch.moe is not None and layer >= mc.arch.moe.first_k_dense
+
+
+# ------------------------------------------------------------------ one table per family
+
+
+def _llama(mc: ModelConfig, layer: int) -> list[Rule]:
+    """Llama 3: GQA, separate gate/up projections."""
+    return _gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
+
+
+def _qwen3(mc: ModelConfig, layer: int) -> list[Rule]:
+    """Qwen3 dense: Llama plus per-head q/k RMSNorm."""
+    return _gqa_attention(mc, qk_norm=True) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
+
+
+def _glm4(mc: ModelConfig, layer: int) -> list[Rule]:
+    """GLM-4-0414: qkv bias, gate_up already fused in HF, sandwich norms after attention and MLP.
+    (Its partial interleaved rotary needs no re-layout: megatron's rotary_interleaved with
+    rotary_percent computes what HF's rotate_half over x[0::2]/x[1::2] does.)"""
+    return (_gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.", fused_gate_up=True)
+            + [Rule("self_attention.post_self_attn_layernorm.weight", (P + "post_self_attn_layernorm.weight",)),
+               Rule("mlp.post_mlp_layernorm.weight", (P + "post_mlp_layernorm.weight",))])
+
+
+def _qwen3_moe(mc: ModelConfig, layer: int) -> list[Rule]:
+    """Qwen3-MoE: Qwen3 attention, routed experts (softmax router), no shared expert."""
+    mlp = _moe_mlp(mc) if _is_moe_layer(mc, layer) else _dense_mlp(P + "mlp.")
+    return _gqa_attention(mc, qk_norm=True) + [_PRE_MLP_NORM] + mlp
+
+
+def _deepseek_v3(mc: ModelConfig, layer: int) -> list[Rule]:
+    """DeepSeek-V3: MLA (q/kv LoRA with their norms), first_k_dense dense layers, then routed
+    experts with a sigmoid router and its correction bias, plus shared experts."""
+    mlp = _moe_mlp(mc) if _is_moe_layer(mc, layer) else _dense_mlp(P + "mlp.")
+    return _mla_attention(mc) + [_PRE_MLP_NORM] + mlp
+
+
+FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
+    "llama": _llama,
+    "qwen3": _qwen3,
+    "glm4": _glm4,
+    "qwen3_moe": _qwen3_moe,
+    "deepseek_v3": _deepseek_v3,
+}
+
+
 def layer_rules(mc: ModelConfig, layer: int) -> list[Rule]:
     """The rules of decoder layer `layer` (0-based, global) for mc's family."""
-    a, fam = mc.arch, mc.hf_model_type
-    if fam not in FAMILIES:
-        raise ConfigError(f"model config {mc.name}: hf_model_type={fam!r} has no HF<->Megatron mapping; "
-                          f"supported: {', '.join(FAMILIES)}")
-    rules = _mla_attention(mc) if a.mla else _gqa_attention(mc)
-    rules.append(Rule("pre_mlp_layernorm.weight", (P + "post_attention_layernorm.weight",)))
-    if a.moe and layer >= a.moe.first_k_dense:
-        rules += _moe_mlp(mc)
-    else:
-        rules += _dense_mlp(P + "mlp.", fused_gate_up=(fam == "glm4"))
-    if a.post_self_attn_layernorm:
-        rules.append(Rule("self_attention.post_self_attn_layernorm.weight", (P + "post_self_attn_layernorm.weight",)))
-    if a.post_mlp_layernorm:
-        rules.append(Rule("mlp.post_mlp_layernorm.weight", (P + "post_mlp_layernorm.weight",)))
-    return rules
+    family = FAMILIES.get(mc.hf_model_type)
+    if family is None:
+        raise ConfigError(f"model config {mc.name}: hf_model_type={mc.hf_model_type!r} has no HF<->Megatron "
+                          f"mapping; supported: {', '.join(FAMILIES)}")
+    return family(mc, layer)
 
-
-# One table per family. Today every family is expressed by the same rule builders above with
-# family switches (qk-norm, qkv bias, sandwich norms, fused gate_up, MoE, MLA); a family whose
-# tensors do not fit gets its own builder here.
-FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
-    "llama": layer_rules,
-    "qwen3": layer_rules,
-    "glm4": layer_rules,
-    "qwen3_moe": layer_rules,
-    "deepseek_v3": layer_rules,
-}
 
 # Megatron's transformer-engine spec fuses the pre-attention/pre-MLP norms into the following
 # linear; its parameter names differ from the local spec's (shared/mbridge-cpu-notes.md §3).
