@@ -57,3 +57,29 @@ def test_unsupported_rope_scaling_is_refused():
     bad = type(mc).model_validate(raw)
     with pytest.raises(ConfigError, match="rope_scaling"):
         transformer_config(bad, overrides={})
+
+
+def test_sequence_parallel_where_megatron_needs_it():
+    from rlslurm.trainer.model import HAVE_TE, transformer_config
+
+    assert transformer_config(load_model_config("tiny-qwen3-moe"), tp=2, overrides={}).sequence_parallel
+    assert transformer_config(load_model_config("tiny-deepseek-v3"), tp=2, overrides={}).sequence_parallel
+    assert not transformer_config(load_model_config("tiny-qwen3"), tp=2, overrides={}).sequence_parallel
+    assert not transformer_config(load_model_config("tiny-qwen3-moe"), tp=1, overrides={}).sequence_parallel
+    if not HAVE_TE:
+        with pytest.raises(ConfigError, match="--megatron-sequence-parallel"):
+            transformer_config(load_model_config("tiny-deepseek-v3"), tp=2, overrides={"sequence_parallel": False})
+
+
+def test_mask_padded_vocab_masks_exactly_the_padding_rows():
+    from rlslurm.trainer.model import mask_padded_vocab, padded_vocab_size
+
+    vpad = padded_vocab_size(64, 2)  # 256: 128 rows per TP rank
+    logits = torch.zeros(1, 3, vpad // 2, requires_grad=True)
+    r0 = mask_padded_vocab(logits, 64, tp_rank=0)
+    assert torch.isfinite(r0[..., :64]).all() and torch.isinf(r0[..., 64:]).all()
+    assert torch.isinf(mask_padded_vocab(logits, 64, tp_rank=1)).all()
+    full = torch.zeros(1, 3, 128)
+    assert mask_padded_vocab(full, 128, tp_rank=0) is full  # nothing padded: untouched
+    r0.logsumexp(-1).sum().backward()  # differentiable; padding gets no gradient
+    assert not logits.grad[..., 64:].any() and logits.grad[..., :64].all()
