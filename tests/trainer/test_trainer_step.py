@@ -14,9 +14,12 @@ from conftest import HERE, commit_rollouts, make_run, torchrun
 
 pytestmark = pytest.mark.megatron
 
-# Entropy bonus and KL loss on: their gradients go through the TP all-reduces too.
+# Entropy bonus and KL loss on: their gradients go through the TP all-reduces too; TIS on the
+# engine's (here synthetic) log-probs. A large Adam eps keeps the update linear in tiny gradients:
+# with eps=1e-8 a gradient of 1e-9 whose last bit differs between layouts can flip a whole
+# lr-sized update, which would make the weight comparison measure Adam, not the trainer.
 TRAIN = dict(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1, num_steps_per_rollout=2, global_batch_size=4,
-             micro_batch_size=2, eps_clip=0.1, lr=3e-3)
+             micro_batch_size=2, eps_clip=0.1, lr=3e-3, use_tis=True, tis_clip_low=0.2, tis_clip=2.0, adam_eps=1e-3)
 
 
 def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int) -> tuple[dict, dict]:
@@ -47,10 +50,11 @@ def test_steps_take_finite_nontrivial_updates(layouts) -> None:
     res, _ = layouts["tp1"]
     s0, s1 = res["steps"]
     for s in (s0, s1):
-        for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "ppo_kl", "pg_clipfrac"):
+        for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "ppo_kl", "pg_clipfrac", "tis", "tis_clipfrac"):
             assert math.isfinite(s[k]), (k, s)
     assert s0["grad_norm"] > 0 and abs(s0["ppo_kl"]) < 1e-6  # first step on fresh data: ratio 1
     assert abs(s1["ppo_kl"]) > 1e-5 and s1["kl"] != 0.0     # the first update moved the policy
+    assert 0.0 < s0["tis_clipfrac"] < 1.0                    # engine and trainer disagree: some tokens clip
 
 
 @pytest.mark.parametrize("name", ["tp2", "dp2"])
@@ -58,7 +62,8 @@ def test_parallel_layouts_equal_single_process(layouts, name: str) -> None:
     ref_res, ref_w = layouts["tp1"]
     res, w = layouts[name]
     for a, b in zip(ref_res["steps"], res["steps"]):
-        for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_norm", "tokens"):
+        for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_norm", "tokens", "tis",
+                  "tis_clipfrac", "train_rollout_logprob_abs_diff"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (name, k, a[k], b[k])
     assert set(w) == set(ref_w)
     worst = max(float((w[n] - ref_w[n]).abs().max()) for n in w)
