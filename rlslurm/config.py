@@ -134,7 +134,7 @@ class RolloutSection(Section):
     rollout_stop_token_ids: list[int] = Field(default_factory=list)
     rollout_num_gpus_per_engine: int = Field(1, ge=1)
     engines_per_node: int | None = Field(None, ge=1)  # CPU: how many servers per rollout node
-    sglang_dtype: str | None = None                   # e.g. float32 for exact CPU tests
+    rollout_dtype: str | None = None                  # engines' --dtype, e.g. float32 for exact CPU tests
     rm_type: str = "math"                              # exact | math | remote
     rm_url: str | None = None
     custom_rm_path: str | None = None
@@ -204,6 +204,7 @@ class TrainSection(Section):
     weight_sync: Literal["distributed", "disk"] = "distributed"
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
     weight_sync_timeout_s: float = Field(300.0, gt=0)
+    verify_weight_sync: bool = False   # after each sync compare trainer vs engine greedy output (control/weight_probe.jsonl)
     load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
 
 

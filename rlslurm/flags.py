@@ -30,6 +30,8 @@ def _fields() -> dict[str, tuple[str, Any]]:
         model: type[BaseModel] = RunConfig.model_fields[section].default_factory  # type: ignore[assignment]
         for name, f in model.model_fields.items():
             assert name not in out, f"field {name} defined twice"
+            # A field flag must not fall into a passthrough family.
+            assert not name.startswith(("sglang_", "megatron_")), f"field {name} collides with a passthrough prefix"
             out[name] = (section, f.annotation)
     return out
 

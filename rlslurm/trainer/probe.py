@@ -1,0 +1,75 @@
+"""Weight-sync verification (`--verify-weight-sync`): after each publish, the trainer's own greedy
+continuation of a fixed prompt is compared with every engine's (temperature 0, same tokens in).
+
+Equal tokens prove the engines hold exactly the trainer's weights (in fp32; bf16 numerics may
+diverge after a few tokens, see shared notes). Rank 0 appends one line per version to
+RUN/control/weight_probe.jsonl: {version, trainer, engines: {url: {tokens, weight_version}}, match}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+PROBE_NEW_TOKENS = 8
+
+
+def probe_prompt(vocab_size: int) -> list[int]:
+    """A fixed, tokenizer-independent prompt: a few ids spread over the vocabulary."""
+    return [(7 + 13 * i) % vocab_size for i in range(6)]
+
+
+@torch.no_grad()
+def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int, n_new: int = PROBE_NEW_TOKENS) -> list[int]:
+    """Greedy decode with the Megatron model (no KV cache: the prompt is short). Collective over TP."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    try:
+        for _ in range(n_new):
+            pos = torch.arange(ids.shape[1], device=device).unsqueeze(0)
+            logits = model(ids, pos, None)[:, -1, :].float()
+            if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
+                logits = gather_from_tensor_model_parallel_region(logits)
+            logits[:, vocab_size:] = float("-inf")  # Megatron's padded vocabulary rows
+            ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    finally:
+        model.train(was_training)
+    return ids[0, len(prompt):].tolist()
+
+
+def engine_greedy(urls: list[str], api_key: str | None, prompt: list[int], n_new: int = PROBE_NEW_TOKENS,
+                  timeout: float = 60.0) -> dict[str, dict]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}}
+    out: dict[str, dict] = {}
+    with httpx.Client(timeout=timeout, trust_env=False, headers=headers) as c:
+        for url in urls:
+            try:
+                r = c.post(f"{url}/generate", json=body)
+                r.raise_for_status()
+                data = r.json()
+                out[url] = {"tokens": data["output_ids"], "weight_version": data["meta_info"].get("weight_version")}
+            except (httpx.HTTPError, KeyError, ValueError) as e:
+                out[url] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def record_probe(path: Path, version: int, trainer: list[int], engines: dict[str, dict]) -> dict:
+    match = bool(engines) and all(e.get("tokens") == trainer and str(e.get("weight_version")) == str(version)
+                                  for e in engines.values())
+    rec = {"version": version, "time": time.time(), "trainer": trainer, "engines": engines, "match": match}
+    with open(path, "a") as f:  # rank 0 is the only writer
+        f.write(json.dumps(rec) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return rec
