@@ -135,6 +135,9 @@ class Trainer:
             return 0
         finally:
             self.metrics.close()
+            close = getattr(self.publisher, "close", None)
+            if close is not None:
+                close()
 
     def _train_rollout(self, rollout, wait_s: float) -> list[tuple[int, dict]]:
         from rlslurm.trainer import step as steps
@@ -167,16 +170,19 @@ class Trainer:
     def _publisher(self):
         from rlslurm.trainer.publish import DiskPublisher, NullPublisher
 
+        st = self.st
+        disk = DiskPublisher(st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
+                             dtype=st.tcfg.params_dtype)
         if self.cfg.train.weight_sync == "disk":
-            return DiskPublisher(self.st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
-                                 dtype=self.st.tcfg.params_dtype)
+            return disk  # also in replay: the trained weights are then on disk to evaluate
         if self.replay:
-            return NullPublisher()
-        # The broadcast publisher (weight_sync=distributed) lands separately; until then disk is
-        # the documented fallback (DESIGN.md, weight sync).
-        log.warning("weight_sync=distributed: no broadcast publisher in this build, publishing to disk")
-        return DiskPublisher(self.st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
-                             dtype=self.st.tcfg.params_dtype)
+            return NullPublisher()  # no engine listens
+        from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
+
+        key = self.rd.api_key() if self.rd.api_key_file.exists() else None
+        return DistributedPublisher(st.mc, self.control, api_key=key,
+                                    opts=SyncOptions.from_train(self.cfg.train, dtype=st.tcfg.params_dtype),
+                                    fallback=disk, attempt=job_env().restart_count)
 
     def _publish_due(self, progress: TrainerProgress) -> bool:
         last = progress.trained_rollouts == self.cfg.rollout.num_rollout

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
 TRAIN = dict(advantage_estimator="ppo", num_critic_only_steps=1, critic_lr=2e-3, normalize_advantages=True,
              gamma=1.0, lambd=0.95, tensor_model_parallel_size=2, num_steps_per_rollout=2, global_batch_size=4,
-             micro_batch_size=2, use_dynamic_batch_size=True, max_tokens_per_gpu=24, weight_sync="disk")
+             micro_batch_size=2, use_dynamic_batch_size=True, max_tokens_per_gpu=24, weight_sync="distributed",
+             weight_sync_timeout_s=20)
 
 
 def test_ppo_critic_preempt_and_resume(tmp_path: Path, tiny_hf: Path) -> None:
@@ -67,4 +68,8 @@ def test_ppo_critic_preempt_and_resume(tmp_path: Path, tiny_hf: Path) -> None:
         for k in ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm", "value_loss", "value_clipfrac",
                   "critic_grad_norm", "lr", "critic_lr", "reward_mean", "truncation_rate", "tokens_per_s"):
             assert l.get(k) is not None and math.isfinite(l[k]), (k, l)
+    # weight_sync=distributed with no engine registered: the broadcast fails fast and every version
+    # goes to disk instead (the publisher's fallback), so engines started later can load it
     assert json.loads((run / "control" / "weight_version.json").read_text())["version"] == 3
+    assert (run / "weights" / "v3" / "model.safetensors").exists()
+    assert "WEIGHT SYNC FALLBACK" in p.stderr
