@@ -94,7 +94,7 @@ def submit(
 
 DEMO_FLAGS = [
     "--model", "tiny-qwen3", "--run-name", "demo", "--num-rollout", "24", "--custom-rm-path",
-    "rlslurm.demo_task:reward", "--rollout-temperature", "1.0", "--rollout-dtype", "float32",
+    "rlslurm.demo_task:reward", "--rollout-temperature", "1.0", "--rollout-dtype", "float32", "--num-epoch", "1000",
 ]
 
 

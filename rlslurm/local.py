@@ -96,8 +96,20 @@ def _status_table(rd: RunDir, num_rollout: int, t0: float) -> Table:
     return t
 
 
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated(signal.Signals(signum).name)
+
+
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
               timeout_s: float | None = None, console: Console | None = None) -> LocalResult:
+    # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own
+    # sessions so that a Ctrl-C reaches only this process, which then stops them in order.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_terminated)
     rd = RunDir(run_dir)
     console = console or Console(stderr=True)
     attempt = _next_attempt(rd)
@@ -137,9 +149,9 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
             deadline = time.time() + FINISH_GRACE_S
             while rd.is_finished() and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
                 time.sleep(0.5)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Terminated) as e:
             control.request_stop("rlslurm run: interrupted")
-            reason, first = "interrupted (Ctrl-C)", None
+            reason, first = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else e})", None
             time.sleep(3)
         finally:
             codes = {n: _stop(p) for n, p in procs.items()}
