@@ -7,6 +7,8 @@ Public API:
 - `mcore_to_hf(mc, model)`: generator of `(hf_name, full_tensor)`, gathered over TP/EP.
 - `hf_to_mcore(mc, hf_state, tp_rank, tp_size, targets=...)`: the sharded import, streamed.
 - `save_hf_checkpoint(tensors, out_dir, config=...)`: atomic safetensors writer.
+- `meta.check_meta(mc, ckpt_dir, tp)`: a converted Megatron checkpoint's architecture check and its
+  recorded padded vocabulary (build the model with it to read the checkpoint at another TP).
 """
 
 from rlslurm.convert.export import mcore_to_hf

@@ -65,7 +65,10 @@ def test_qwen3_bf16_pp2_to_tp2(bf16_qwen3, tmp_path):
 def test_glm4_tp2_to_pp2(tiny_ckpts, tmp_path):
     src = tiny_ckpts / "tiny-glm4"
     _convert(2, "hf-to-mcore", "--model", "tiny-glm4", "--hf", str(src), "--out", str(tmp_path / "mc"),
-             "--tp", "2", "--dtype", "fp32")
+             "--tp", "2", "--dtype", "fp32", "--vocab-divisible-by", "64")
+    from rlslurm.convert.meta import read_meta
+
+    assert read_meta(tmp_path / "mc")["vocab_size_padded"] == 128  # 64 x TP 2, read back at TP 1
     _convert(2, "mcore-to-hf", "--model", "tiny-glm4", "--load", str(tmp_path / "mc"), "--out",
              str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(src))
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()  # one shard per stage + index
@@ -95,18 +98,30 @@ def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):
 
 
 def test_checkpoint_of_another_architecture_is_refused(tmp_path):
-    from tools.ckpt_convert import runtime
     from tools.ckpt_convert.cli import app
 
+    from rlslurm.convert.meta import write_meta
     from rlslurm.model_config import load_model_config
 
     ck = tmp_path / "mc"
     ck.mkdir()
     arch = load_model_config("tiny-qwen3").arch.model_dump(mode="json")
-    runtime.write_meta(ck, {"arch": {**arch, "num_layers": 3}, "vocab_size_padded": 128, "dtype": "float32"})
+    write_meta(ck, {"arch": {**arch, "num_layers": 3}, "vocab_size_padded": 128, "dtype": "float32"})
     r = CliRunner().invoke(app, ["mcore-to-hf", "--model", "tiny-qwen3", "--load", str(ck), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2
     assert "arch.num_layers=2" in r.output and "has 3" in r.output
+
+
+def test_padded_vocabulary_must_divide_by_the_reader_tp(tmp_path):
+    from rlslurm.convert.meta import check_meta, write_meta
+    from rlslurm.errors import ConfigError
+    from rlslurm.model_config import load_model_config
+
+    mc = load_model_config("tiny-qwen3")
+    write_meta(tmp_path, {"arch": mc.arch.model_dump(mode="json"), "vocab_size_padded": 384})
+    assert check_meta(mc, tmp_path, tp=3) == 384
+    with pytest.raises(ConfigError, match="tensor parallel size 5 does not divide .* 384"):
+        check_meta(mc, tmp_path, tp=5)
 
 
 def test_world_size_must_match_the_parallel_sizes(tiny_ckpts, tmp_path):

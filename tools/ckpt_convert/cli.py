@@ -9,8 +9,9 @@ Run one process per model-parallel rank, e.g. for TP=2:
 
 (also `rlslurm convert ...`). The mapping is `rlslurm.convert`, the same one the trainer loads
 with and the weight sync exports with. A Megatron checkpoint written here carries
-`rlslurm_model.json` (architecture, padded vocabulary, parallel sizes, dtype), so it can be read
-back at any TP/PP/EP and checked against the model config.
+`rlslurm_model.json` (rlslurm.convert.meta: architecture, padded vocabulary, parallel sizes,
+dtype), so it can be read back at any TP/PP/EP that divides its padded vocabulary and is checked
+against the model config.
 """
 
 from __future__ import annotations
@@ -89,13 +90,19 @@ def hf_to_mcore_cmd(
     pp: int = typer.Option(1, "--pp"),
     ep: int = typer.Option(1, "--ep"),
     dtype: DType = typer.Option(DType.bf16, "--dtype", help="parameter dtype of the Megatron checkpoint"),
+    vocab_divisible_by: int = typer.Option(
+        128, "--vocab-divisible-by",
+        help="pad the vocabulary to a multiple of this x TP (recorded; readers at any TP dividing the "
+             "padded size can load it, e.g. 1024 lets TP 1..8 share one checkpoint)"),
 ) -> None:
     """HF safetensors -> megatron-core distributed checkpoint at the chosen TP/PP/EP."""
-    _run(lambda: _hf_to_mcore(model, hf, out, tp, pp, ep, _TORCH[dtype]))
+    _run(lambda: _hf_to_mcore(model, hf, out, tp, pp, ep, _TORCH[dtype], vocab_divisible_by))
 
 
-def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int, dtype: torch.dtype) -> None:
+def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int, dtype: torch.dtype,
+                 vocab_divisible_by: int = 128) -> None:
     from rlslurm.convert import check_hf_config, load_hf_checkpoint
+    from rlslurm.convert.meta import write_meta
     from rlslurm.model_config import load_model_config
     from tools.ckpt_convert import runtime
 
@@ -107,7 +114,7 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
         from megatron.core import dist_checkpointing
 
         t0 = time.time()
-        net, vpad = runtime.build(mc, rt, dtype)
+        net, vpad = runtime.build(mc, rt, dtype, vocab_divisible_by=vocab_divisible_by)
         with _progress(rt.is_main, "HF -> Megatron (rank 0)") as bar:
             task = bar.add_task("load", total=None, name="")
 
@@ -123,7 +130,7 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
         dist_checkpointing.save(net.sharded_state_dict(), str(out))
         tensors, nbytes = _reduce_sum([summary["tensors"], summary["bytes"]])
         if rt.is_main:
-            runtime.write_meta(out, {
+            write_meta(out, {
                 "model": mc.name, "arch": mc.arch.model_dump(mode="json"), "hf_model_type": mc.hf_model_type,
                 "vocab_size_padded": vpad, "tp": tp, "pp": pp, "ep": ep, "dtype": _HF_NAME[dtype],
                 "source": str(hf.resolve()),
@@ -178,6 +185,7 @@ def _hf_config(mc, hf_config_from: Path | None, dtype: torch.dtype) -> dict:
 def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | None, tp: int, pp: int, ep: int,
                  dtype: torch.dtype | None) -> None:
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
+    from rlslurm.convert.meta import check_meta, read_meta
     from rlslurm.model_config import load_model_config
     from tools.ckpt_convert import runtime
 
@@ -185,12 +193,8 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
     mc = load_model_config(model_name)
     if not load.is_dir():
         raise ConfigError(f"--load {load}: not a directory")
-    meta = runtime.read_meta(load)
-    if meta and meta.get("arch") != mc.arch.model_dump(mode="json"):
-        theirs, ours = meta.get("arch", {}), mc.arch.model_dump(mode="json")
-        field = next((k for k in ours if ours.get(k) != theirs.get(k)), "?")
-        raise ConfigError(f"--model {model_name}: arch.{field}={ours.get(field)!r} but the checkpoint "
-                          f"{load}/{runtime.META_NAME} has {theirs.get(field)!r}")
+    vpad = check_meta(mc, load, tp)
+    meta = read_meta(load)
     ckpt_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         meta.get("dtype", "float32"), torch.float32)
     out_dtype = dtype or ckpt_dtype
@@ -201,7 +205,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
         from megatron.core import parallel_state as ps
 
         t0 = time.time()
-        net, _ = runtime.build(mc, rt, ckpt_dtype, vocab_size_padded=meta.get("vocab_size_padded"))
+        net, _ = runtime.build(mc, rt, ckpt_dtype, vocab_size_padded=vpad)
         state = dist_checkpointing.load(net.sharded_state_dict(), str(load))
         net.load_state_dict(state)
         stage = ps.get_pipeline_model_parallel_rank()

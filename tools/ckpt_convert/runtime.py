@@ -9,7 +9,6 @@ is a single process (TP=PP=EP=1).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 from pathlib import Path
@@ -18,10 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlslurm.errors import ConfigError, DataError
+from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig
-
-META_NAME = "rlslurm_model.json"
 
 
 def _free_port() -> int:
@@ -91,33 +88,18 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def build(mc: ModelConfig, rt: Runtime, dtype: torch.dtype, vocab_size_padded: int | None = None):
+def build(mc: ModelConfig, rt: Runtime, dtype: torch.dtype, vocab_size_padded: int | None = None,
+          vocab_divisible_by: int = 128):
     """This rank's GPTModel chunk (first/last pipeline stages carry embedding/output)."""
     from megatron.core import parallel_state as ps
 
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
 
     tcfg = transformer_config(mc, params_dtype=dtype, tp=rt.tp, pp=rt.pp, ep=rt.ep, cp=1, overrides={})
-    vpad = vocab_size_padded or padded_vocab_size(mc.arch.vocab_size, rt.tp)
+    vpad = vocab_size_padded or padded_vocab_size(mc.arch.vocab_size, rt.tp, vocab_divisible_by)
     if vpad % rt.tp:
         raise ConfigError(f"--tp {rt.tp}: the checkpoint's padded vocabulary {vpad} is not divisible by it")
     model = build_gpt_model(mc, tcfg, vocab_size_padded=vpad,
                             pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
     model.eval()
     return model, vpad
-
-
-def write_meta(ckpt_dir: Path, meta: dict[str, Any]) -> None:
-    tmp = ckpt_dir / f".{META_NAME}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, ckpt_dir / META_NAME)
-
-
-def read_meta(ckpt_dir: Path) -> dict[str, Any]:
-    path = ckpt_dir / META_NAME
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(str(path), f"invalid JSON: {e}") from None
