@@ -55,6 +55,7 @@ def test_replay_trains_without_engines_and_logs_metrics(straight: Path) -> None:
     assert sorted(p.name for p in ck.iterdir()) == ["iter_0000002", "iter_0000004", "latest"]
     assert '"iter_0000004"' in (ck / "latest").read_text()
     assert (straight / "weights" / "v4" / "model.safetensors").exists()
+    assert list((straight / "tb").glob("events.out.tfevents.*"))  # TensorBoard next to metrics.jsonl
     # the replayed buffer is read-only: nothing retired or marked trained there
     assert not [p.name for p in (straight.parent / "source" / "buffer").rglob("*trained*")]
 
