@@ -285,6 +285,48 @@ def test_disk_mode_waits_for_the_trainer_and_loads_its_weights(private_deploymen
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_requests_aborted_by_a_weight_update_pause_are_generated_again(private_deployment, tmp_path):
+    """What a distributed weight update does to the engines mid-rollout (async mode): pause in
+    abort mode, then continue. Aborted groups go back to the source and are generated again;
+    the rollout commits complete groups only, with no prompt lost or repeated."""
+    dep = private_deployment
+    run = tmp_path / "run"
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 8), rollout_batch_size=4, n_samples_per_prompt=2,
+                   rollout_max_response_len=96, async_buffer_size=4)
+    driver = make_driver(dep, cfg, run)
+
+    async def pause_all(pause: bool):
+        for url in dep.supervisor.urls:
+            async with SGLangClient(url, dep.api_key) as c:
+                await (c.pause_generation("abort") if pause else c.continue_generation())
+
+    async def scenario():
+        task = asyncio.ensure_future(driver.run())
+        while driver.ctx is None or driver.ctx.stats.output_tokens < 20:
+            await asyncio.sleep(0.02)
+        await pause_all(True)
+        await asyncio.sleep(1.0)
+        await pause_all(False)
+        return await asyncio.wait_for(task, 300)
+
+    result = asyncio.run(scenario())
+    assert result.committed == [0]
+    r0 = RolloutReader(run).read(0)
+    assert all(s.status != SampleStatus.ABORTED for s in r0.samples) and len(r0.samples) == 8
+    assert len({s.metadata["prompt_index"] for s in r0.samples}) == 4
+    [line] = metrics_lines(run)
+    if line["rollout/engine/aborted"] == 0:
+        pytest.fail("no request was in flight at the pause: make the responses longer")
+    assert line["rollout/filter/groups_returned"] >= 1
+    # the aborted prompts are served first next time: the cursor keeps them as pending
+    cursor = r0.meta.data_cursor
+    served = {s.metadata["prompt_index"] for s in r0.samples}
+    pending = {p["index"] for p in cursor["pending"]}
+    assert not pending & served and len(served) + len(pending) == cursor["position"]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     """The rollout completes (the router and the driver retry on the other engine), the
     engine is restarted and re-registered, the restart is counted, and the restarted engine
