@@ -255,8 +255,7 @@ class EngineSupervisor:
             if reason is None:
                 continue
             with self._cond:
-                # a pause may have begun while we were checking: its broadcast is the likely cause
-                if self._paused or self._stop.is_set():
+                if self._paused or self._stop.is_set():  # paused since the check: let it be
                     s.failures = 0
                     continue
                 s.restarting = True
@@ -274,7 +273,10 @@ class EngineSupervisor:
         if health_sync(s.proc.url, timeout=self.health_timeout_s):
             s.failures = 0
             return None
-        s.failures += 1
+        with self._cond:
+            if self._paused:  # a pause began during this check: its broadcast may be why it failed
+                return None
+            s.failures += 1
         log.warning("%s: health check failed (%d/%d)", s.proc.spec.name, s.failures, self.unhealthy_after)
         if s.failures >= self.unhealthy_after:
             return f"unresponsive ({s.failures} failed health checks)"

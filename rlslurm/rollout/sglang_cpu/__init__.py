@@ -10,8 +10,12 @@ of sgl-kernel). What works, measured with SGLang 0.5.23 on torch 2.13.0+cpu
    `vllm._custom_ops.rotary_embedding` (`cpu_env`);
 3. launch with `--device cpu --attention-backend torch_native --sampling-backend pytorch`
    (`cpu_server_args`), plus `--sleep-on-idle` (an idle server otherwise busy-polls a core)
-   and a fixed small KV pool (`--mem-fraction-static` on CPU is computed against system-wide
-   free memory, so two servers get different pools);
+   and a fixed small KV pool, `--max-total-tokens`. On CPU SGLang measures "free device
+   memory" system-wide: the KV budget is free-now minus (1 - mem_fraction_static) x
+   free-before-load, and start-up fails ("Loaded weights leave no GPU memory for the KV
+   cache") when other processes on the node allocate more than mem_fraction_static x
+   free memory while the server loads. A generous fraction (0.5) only raises that bound;
+   the pool itself stays at --max-total-tokens;
 4. one intra-op thread per server (or a pinned core): two servers with torch's default
    threads on the same cores slow down ~30x.
 
@@ -76,6 +80,6 @@ def cpu_server_args(*, max_total_tokens: int = DEFAULT_MAX_TOTAL_TOKENS) -> list
         "--attention-backend", "torch_native",
         "--sampling-backend", "pytorch",
         "--sleep-on-idle",
-        "--mem-fraction-static", "0.05",
+        "--mem-fraction-static", "0.5",
         "--max-total-tokens", str(max_total_tokens),
     ]
