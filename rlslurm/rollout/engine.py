@@ -180,6 +180,9 @@ class EngineProcess:
             raise RuntimeError(f"{self.spec.name}: wait_healthy before start")
         deadline = time.monotonic() + timeout
         while True:
+            # Recorded on every poll, not only once healthy: a server that dies or is killed
+            # during start-up has already created its /dev/shm files.
+            self.record_owned_files()
             if not self.is_alive():
                 raise EngineStartError(f"{self.spec.name} ({self.url}) exited with code {self.proc.returncode} "
                                        f"before it became healthy; log {self.spec.log_path}:\n{self.log_tail()}")
