@@ -6,6 +6,9 @@ Then run this node's SGLang servers (rollout/node.py); node 0 also runs the rout
 rollout driver (rollout/driver.py). The process ends with 0 when the run is FINISHED or a
 stop or preempt is requested (the requeued job starts it again); the engines and the router
 are killed on every way out, SIGTERM from srun included.
+
+Engines and the router bind this node's routable IP (`rlslurm.net.node_ip`);
+RLSLURM_ROLLOUT_HOST overrides it (tests bind 127.0.0.1).
 """
 
 from __future__ import annotations
