@@ -26,7 +26,7 @@ import datetime
 import logging
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Iterator, Literal
 
 import torch
 import torch.distributed as dist
@@ -100,7 +100,8 @@ class SyncGroup:
         return self
 
     def join(self) -> None:
-        """Build the backend: gloo waits for every rank here, bounded by the spec's timeout."""
+        """Build the backend: gloo waits for every rank here, bounded by the spec's timeout (NCCL
+        only exchanges its id through the store on the first collective)."""
         s = self.spec
         if self._prefixed is None:
             raise SyncGroupError("open() the group before join()")
@@ -115,10 +116,8 @@ class SyncGroup:
             raise SyncGroupError(f"weight-update group {s.group_name!r} on {s.master_addr}:{s.master_port}: "
                                  f"engines did not join within {s.timeout_s:g} s "
                                  f"({time.monotonic() - t0:.1f} s): {e}") from e
-        if s.backend == "nccl":
-            # NCCL connects lazily on the first collective: do it now, so that a missing peer shows
-            # up here and not in the middle of the first bucket.
-            self.broadcast([torch.zeros(1, device=self.device)])
+        # NCCL connects lazily, on the first bucket: no warm-up collective here, the engines post
+        # a receive only for what /update_weights_from_distributed names (one would deadlock).
 
     def _make_backend(self, store: dist.Store) -> dist.Backend:
         s = self.spec
@@ -170,3 +169,22 @@ class SyncGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def iter_buckets(stream: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                 device: torch.device) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group `(name, tensor)` into lists of about `bucket_bytes` (a larger tensor goes alone),
+    each tensor contiguous on `device`. Buckets bound the memory held and the size of one HTTP
+    request's name list; one gathered tensor is pulled from the export at a time."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, t in stream:
+        t = t.detach().to(device).contiguous()
+        nbytes = t.numel() * t.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if bucket:
+        yield bucket

@@ -51,7 +51,7 @@ from rlslurm.buffer.control import Control, EngineRecord, RendezvousRecord, Rend
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
-from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError
+from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
 
@@ -296,19 +296,9 @@ class StageSender:
         if self.group is None or self.engines is None:
             raise SyncGroupError("ensure_group() before send()")
         stats, t0 = SendStats(), time.perf_counter()
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
         it = iter(stream)
         try:
-            for name, t in it:
-                t = t.detach().to(self.device).contiguous()
-                nbytes = t.numel() * t.element_size()
-                if bucket and size + nbytes > self.opts.bucket_bytes:
-                    self._send_bucket(bucket, stats)
-                    bucket, size = [], 0
-                bucket.append((name, t))
-                size += nbytes
-            if bucket:
+            for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device):
                 self._send_bucket(bucket, stats)
         except BaseException:
             for _ in it:

@@ -1,0 +1,179 @@
+"""Acceptance of the broadcast weight sync (issue 6) on CPU with real components: a megatron-core
+trainer at TP=2 under torchrun publishes through `DistributedPublisher` to two real SGLang
+engines behind the real router, and
+
+1. after a sync both engines report the trainer's version and their greedy continuation of a
+   fixed probe equals the trainer's own greedy output with the new weights;
+2. an engine killed with -9 between syncs is restarted by the supervisor, re-joins the next
+   sync (a new group) and serves the new version;
+3. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
+   retried on a rebuilt group, and falls back to disk: weights/v<N>/ is written, the version
+   recorded, and the engine that answers loads it;
+4. the next sync, with the hung engine being restarted, goes to the engines that are up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.rollout.sglang_client import SGLangClient
+
+pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+PROMPT = [5, 17, 9, 33, 12, 40]
+NEW = 12
+TIMEOUT_S, ATTEMPTS = 8.0, 2   # the worker's weight_sync_timeout_s and tries per version
+
+
+def _probe(url: str, key: str) -> tuple[str, list[int]]:
+    async def go():
+        async with SGLangClient(url, key) as c:
+            out = await c.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": NEW, "ignore_eos": True},
+                                   return_logprob=False, timeout=60)
+            return await c.get_weight_version(timeout=10), out["output_ids"]
+    return asyncio.run(go())
+
+
+def _free_port() -> int:
+    from rlslurm.net import free_port
+
+    return free_port()
+
+
+class Worker:
+    def __init__(self, engines, out: Path):
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   OMP_NUM_THREADS="1")
+        self.log = open(out / "worker.log", "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+             "--master_port", str(_free_port()), str(HERE / "trainer_worker.py"), "--hf", str(engines.model_path),
+             "--run-dir", str(engines.run_dir), "--out", str(out), "--prompt", json.dumps(PROMPT),
+             "--new-tokens", str(NEW), "--timeout-s", str(TIMEOUT_S), "--attempts", str(ATTEMPTS)],
+            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def publish(self, v: int, *, wait_s: float = 240) -> dict:
+        (self.out / f"go-{v}.json").write_text(json.dumps({}))
+        done = self.out / f"done-{v}.json"
+        deadline = time.monotonic() + wait_s
+        while not done.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker gave no result for v{v} (rc={self.proc.poll()}):\n{self.tail()}")
+            time.sleep(0.2)
+        return json.loads(done.read_text())
+
+    def tail(self) -> str:
+        return (self.out / "worker.log").read_text()[-6000:]
+
+    def close(self, v: int) -> None:
+        (self.out / f"go-{v}.json").write_text(json.dumps({"stop": True}))
+        try:
+            self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+            self.log.close()
+
+
+def _record(engines, name_url: str):
+    return next(r for r in engines.control.engines() if r.url == name_url)
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.3)
+
+
+def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
+    sup, key, control = engines.supervisor, engines.api_key, engines.control
+    urls = [sup.process(f"engine-{i}").url for i in range(2)]
+    worker = Worker(engines, tmp_path / "worker")
+    v = 0
+    try:
+        before = [_probe(u, key) for u in urls]
+        assert [b[0] for b in before] == ["0", "0"]
+
+        # 1. sync; versions and greedy probe equal the trainer's
+        v += 1
+        r = worker.publish(v)
+        assert "error" not in r, r
+        assert r["history"][0]["mode"] == "distributed" and r["history"][0]["tries"] == 1, r
+        after = [_probe(u, key) for u in urls]
+        assert after == [("1", r["greedy"])] * 2, (after, r["greedy"], worker.tail())
+        assert r["greedy"] != before[0][1], "the probe does not see the weight change"
+        assert control.weight_version().version == 1
+        assert control.rendezvous(0) is not None
+        assert not (control.dir / "weight_update.json").exists()
+        assert engines.watcher.held >= 1  # the rollout side saw the update bracket
+
+        # 2. kill -9 between syncs: restarted, re-joins, serves the new version
+        victim = sup.process("engine-1")
+        old_pid = victim.pid
+        os.killpg(old_pid, signal.SIGKILL)
+        _wait(lambda: (rec := _record(engines, urls[1])).restarts == 1 and rec.healthy and rec.pid != old_pid,
+              240, "engine-1 restarted")
+        assert _probe(urls[1], key)[0] == "0"  # a fresh engine serves the HF weights
+        v += 1
+        r = worker.publish(v)
+        assert "error" not in r, r
+        assert r["history"][0]["mode"] == "distributed", r
+        after = [_probe(u, key) for u in urls]
+        assert after == [("2", r["greedy"])] * 2, (after, r["greedy"])
+
+        # 3. a peer that never answers: bounded failure, rebuilt group, disk fallback
+        timeout_s, attempts = TIMEOUT_S, ATTEMPTS
+        hung = sup.process("engine-0")
+        with sup.pause_health_checks():  # what the rollout main does during an update
+            os.killpg(hung.pid, signal.SIGSTOP)
+            v += 1
+            r = worker.publish(v)
+            h = r["history"][0]
+            assert "error" not in r, r
+            assert h["mode"] == "disk", r
+            # try 1 on the existing group: the hung engine does not answer the pause; try 2 on
+            # a rebuilt group: it does not join
+            assert len(h["errors"]) == attempts, h
+            assert h["errors"][0].startswith("pause + begin_weight_update"), h
+            assert h["errors"][1].startswith("joining engines") and "did not join" in h["errors"][1], h
+            # bound: each try costs at most its step timeout plus the bounded cleanup; then the
+            # fallback's own bounded loads
+            from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
+            bound = attempts * (timeout_s + 5 + CLEANUP_TIMEOUT_S) + (timeout_s + 2 * CLEANUP_TIMEOUT_S + 5) + 30
+            assert r["seconds"] < bound, (r["seconds"], bound)
+            assert h["loaded"] == [urls[1]], h
+            assert (engines.run_dir / "weights" / f"v{v}" / "config.json").exists()
+            assert control.weight_version().version == v
+            assert not (control.dir / "weight_update.json").exists()
+            assert _probe(urls[1], key) == (str(v), r["greedy"])
+            os.killpg(hung.pid, signal.SIGKILL)
+        _wait(lambda: not _record(engines, urls[0]).healthy, 30, "engine-0 marked restarting")
+
+        # 4. the run goes on: the next sync reaches the engine that is up
+        v += 1
+        r = worker.publish(v)
+        assert "error" not in r, r
+        assert r["history"][0]["mode"] == "distributed", r
+        assert _probe(urls[1], key) == (str(v), r["greedy"])
+        assert control.weight_version().version == v
+    except BaseException:
+        print(worker.tail())
+        raise
+    finally:
+        worker.close(v + 1)

@@ -1,0 +1,130 @@
+"""Trainer side of tests/weight_sync/test_weight_sync_engines.py, run under torchrun (gloo, CPU):
+a real megatron-core GPTModel (TP = world size) loaded from the tiny HF checkpoint publishes its
+weights through `DistributedPublisher` to the real SGLang engines listed in RUN/control.
+
+The test drives it step by step: before version v it writes `<out>/go-<v>.json`; the worker "trains" (adds seeded noise to every parameter shard), publishes v,
+computes its own greedy continuation of the probe prompt with the new weights, and rank 0
+writes `<out>/done-<v>.json`. `{"stop": true}` ends it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def wait_go(out: Path, v: int, rank: int) -> dict:
+    msg: list = [None]
+    if rank == 0:
+        path = out / f"go-{v}.json"
+        deadline = time.monotonic() + 600
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{path} never came")
+            time.sleep(0.2)
+        msg[0] = json.loads(path.read_text())
+    dist.broadcast_object_list(msg, src=0)
+    return msg[0]
+
+
+def greedy(model, mc, prompt: list[int], n: int) -> list[int]:
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            x = torch.tensor([ids])
+            pos = torch.arange(len(ids)).unsqueeze(0)
+            logits = gather_from_tensor_model_parallel_region(model(x, pos, None))[..., : mc.arch.vocab_size]
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hf", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--prompt", required=True, help="JSON list of token ids")
+    ap.add_argument("--new-tokens", type=int, default=12)
+    ap.add_argument("--timeout-s", type=float, required=True)
+    ap.add_argument("--attempts", type=int, default=2)
+    ap.add_argument("--bucket-bytes", type=int, default=64 * 1024)
+    a = ap.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from rlslurm.trainer import cpu_shim
+
+    cpu_shim.apply()
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.convert import load_hf_checkpoint
+    from rlslurm.model_config import load_model_config
+    from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
+    from rlslurm.trainer.publish import DiskPublisher
+    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, WeightSyncError
+
+    out = Path(a.out)
+    ps.initialize_model_parallel(tensor_model_parallel_size=world)
+    model_parallel_cuda_manual_seed(1234)
+    mc = load_model_config("tiny-qwen3")
+    tcfg = transformer_config(mc, params_dtype=torch.float32, tp=world, pp=1, ep=1, cp=1, overrides={})
+    model = build_gpt_model(mc, tcfg, vocab_size_padded=padded_vocab_size(mc.arch.vocab_size, world))
+    model.eval()
+    load_hf_checkpoint(model, mc, Path(a.hf))
+    rd = RunDir(a.run_dir)
+    control = Control(rd)
+    prompt = json.loads(a.prompt)
+    # One publisher for the whole run, like the trainer's: it keeps its group between versions.
+    opts = SyncOptions(bucket_bytes=a.bucket_bytes, timeout_s=a.timeout_s, attempts=a.attempts)
+    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=opts,
+                               fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)),
+                               attempt=0, host="127.0.0.1")
+    v = 0
+    while True:
+        v += 1
+        go = wait_go(out, v, rank)
+        if go.get("stop"):
+            break
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        with torch.no_grad():  # "training": sharded tensors move differently on each TP rank,
+            for i, p in enumerate(model.parameters()):  # replicated ones (norms) identically
+                sharded = getattr(p, "tensor_model_parallel", False)
+                g = torch.Generator().manual_seed(100_000 * v + 100 * i + (tp_rank if sharded else 0))
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        result: dict = {"version": v}
+        t0 = time.monotonic()
+        try:
+            pub.publish(model, v)
+        except WeightSyncError as e:
+            result["error"] = str(e)
+        result["seconds"] = time.monotonic() - t0
+        result["history"] = pub.history[-1:] if pub.history else []
+        result["greedy"] = greedy(model, mc, prompt, a.new_tokens)
+        if rank == 0:
+            tmp = out / f".done-{v}.json"
+            tmp.write_text(json.dumps(result))
+            os.replace(tmp, out / f"done-{v}.json")
+    pub.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        raise
