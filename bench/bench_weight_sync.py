@@ -11,6 +11,11 @@ transformers from the config, then answer (here over a pipe instead of HTTP).
 Modes:
 - `sglang`: the sender waits for the bucket's answer before the next bucket (what the trainer's
   `StageSender` does: one HTTP call per bucket, answered after the load);
+- `pipelined` (extra figure): bucket i+1 is announced and broadcast as soon as bucket i's
+  broadcast has completed, and bucket i's answer awaited after that, so the receiver's copy of i
+  overlaps the transfer of i+1 (the receiver is unchanged and still handles buckets in order);
+- `flattened` (extra figure): SGLang's `load_format: "flattened_bucket"`: one buffer and one
+  broadcast per bucket, views copied into the model;
 - `raw`: one flat buffer of the same total bytes, one broadcast, no copy: the reference.
 
 Prints one JSON line per model size: {"figure": GB/s of sglang mode, "reference": raw GB/s,
@@ -78,7 +83,20 @@ def receiver(size: str, port: int, dev: int, conn, group_name: str) -> None:
             del buf
             conn.send("ok")
             continue
-        _, names, dtypes, shapes = msg
+        _, names, dtypes, shapes = msg[:4]
+        if len(msg) > 4:  # load_format "flattened_bucket": one broadcast, then views
+            flat = torch.empty(msg[4], dtype=torch.uint8, device=f"cuda:{dev}")
+            torch.distributed.broadcast(flat, src=0, group=pg)
+            off = 0
+            with torch.no_grad():
+                for n, dt, sh in zip(names, dtypes, shapes):
+                    p = params[n]
+                    nb = p.numel() * p.element_size()
+                    p.copy_(flat[off:off + nb].view(getattr(torch, dt)).view(sh))
+                    off += nb
+            torch.cuda.synchronize()
+            conn.send("ok")
+            continue
         weights, handles = [], []
         for n, dt, sh in zip(names, dtypes, shapes):
             w = torch.empty(sh, dtype=getattr(torch, dt), device=f"cuda:{dev}")
@@ -139,6 +157,40 @@ def main() -> None:
                 torch.cuda.synchronize()
                 return time.perf_counter() - t0
 
+            def pipelined_once() -> float:
+                """Bucket i+1 is announced once bucket i's broadcast has completed (the receiver is
+                then loading i, so the order of requests is kept); its answer is awaited after."""
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                pending = 0
+                for bucket in iter_buckets(named, bucket_mib * 1024**2, torch.device("cuda:0")):
+                    parent.send(("bucket", [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                                 [list(t.shape) for _, t in bucket]))
+                    g.broadcast([t for _, t in bucket])
+                    torch.cuda.current_stream().synchronize()
+                    if pending:
+                        assert parent.recv() == "ok"
+                        pending -= 1
+                    pending += 1
+                for _ in range(pending):
+                    assert parent.recv() == "ok"
+                torch.cuda.synchronize()
+                return time.perf_counter() - t0
+
+            def flattened_once() -> float:
+                """SGLang's load_format="flattened_bucket": the sender packs each bucket into one
+                buffer, one broadcast per bucket."""
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for bucket in iter_buckets(named, bucket_mib * 1024**2, torch.device("cuda:0")):
+                    buf = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in bucket])
+                    parent.send(("bucket", [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                                 [list(t.shape) for _, t in bucket], buf.numel()))
+                    g.broadcast([buf])
+                    assert parent.recv() == "ok"
+                torch.cuda.synchronize()
+                return time.perf_counter() - t0
+
             flat = torch.empty(total, dtype=torch.uint8, device="cuda:0")
 
             def raw_once() -> float:
@@ -150,20 +202,26 @@ def main() -> None:
                 torch.cuda.synchronize()
                 return time.perf_counter() - t0
 
-            sync_once(), raw_once()  # warm-up: NCCL channels, allocator
-            syncs, raws = [], []
-            for _ in range(a.repeats):  # interleaved, so drift hits both alike
+            sync_once(), raw_once(), pipelined_once(), flattened_once()  # warm-up: NCCL, allocator
+            syncs, raws, pipes, flats = [], [], [], []
+            for _ in range(a.repeats):  # interleaved, so drift hits all alike
                 syncs.append(sync_once())
                 raws.append(raw_once())
+                pipes.append(pipelined_once())
+                flats.append(flattened_once())
             parent.send(None)
             proc.join(timeout=120)
             g.close()
             del flat
-            ts, tr = sorted(syncs)[len(syncs) // 2], sorted(raws)[len(raws) // 2]
+            ts, tr, tp, tf = (sorted(x)[len(x) // 2] for x in (syncs, raws, pipes, flats))
             line = {"figure": round(total / ts / 1e9, 2), "figure_unit": "GB/s (weight sync, sglang-like receiver)",
                     "reference": round(total / tr / 1e9, 2), "reference_unit": "GB/s (raw flat broadcast, same bytes)",
                     "ratio": round(tr / ts, 3), "sync_s": round(ts, 4), "raw_s": round(tr, 4),
                     "sync_s_all": [round(x, 4) for x in syncs], "raw_s_all": [round(x, 4) for x in raws],
+                    "pipelined_GBps": round(total / tp / 1e9, 2), "pipelined_ratio": round(tr / tp, 3),
+                    "pipelined_s": round(tp, 4),
+                    "flattened_GBps": round(total / tf / 1e9, 2), "flattened_ratio": round(tr / tf, 3),
+                    "flattened_s": round(tf, 4),
                     "model": f"qwen3-{size}-shaped", "params": nparams, "bytes": total, "dtype": "bfloat16",
                     "tensors": len(named), "bucket_mib": bucket_mib, "gpu": gpu, "gpus": ngpu,
                     "receiver_gpu": recv_dev, "backend": "nccl", "torch": torch.__version__}
