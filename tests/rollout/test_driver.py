@@ -327,6 +327,34 @@ def test_requests_aborted_by_a_weight_update_pause_are_generated_again(private_d
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_other_nodes_find_the_router_in_control_and_never_start_one(private_deployment, tmp_path):
+    from rlslurm.config import RunConfig
+    from rlslurm.rollout.node import RemoteRouter, RolloutNode
+    from rlslurm.rollout.router import RouterError
+
+    dep = private_deployment
+    rd = RunDir.create(tmp_path / "run")
+    rd.api_key_file.write_text(dep.api_key + "\n")  # the job's key, as node 0 created it
+    control = Control(rd)
+    node = RolloutNode(RunConfig(), rd, node=1, node_name="n1", host="127.0.0.1", attempt=0)
+    with socket.socket() as sk:  # a record left by a previous attempt: nobody listens there
+        sk.bind(("127.0.0.1", 0))
+        control.write_router(f"http://127.0.0.1:{sk.getsockname()[1]}")
+    with pytest.raises(RouterError, match="no live router"):
+        node._remote_router(cancel=lambda: True)
+    control.write_router(dep.router.url)
+    router = node._remote_router(cancel=lambda: False)
+    try:
+        assert isinstance(router, RemoteRouter) and router.url == dep.router.url and router.is_alive()
+        assert {w["url"] for w in router.workers() if w["is_healthy"]} == set(dep.supervisor.urls)
+        router.close()  # closes its HTTP client only: node 0's router keeps running
+        assert dep.router.is_alive()
+    finally:
+        router._http.close()
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     """The rollout completes (the router and the driver retry on the other engine), the
     engine is restarted and re-registered, the restart is counted, and the restarted engine
