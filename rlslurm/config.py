@@ -175,7 +175,9 @@ class TrainSection(Section):
     adam_eps: float = 1e-8
     clip_grad: float = Field(1.0, ge=0)
     bf16: bool = True
-    use_distributed_optimizer: bool = True
+    # None: on for --device cuda (optimizer state sharded over DP), off on CPU, where bit-exact resume
+    # is proven only for the plain optimizer.
+    use_distributed_optimizer: bool | None = None
     save_interval: int | None = Field(None, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     # RL

@@ -62,6 +62,8 @@ def _derive(res: Resolved) -> None:
                 f"samples cannot be split into --num-steps-per-rollout {t.num_steps_per_rollout} equal steps"
             )
         t.global_batch_size = samples // t.num_steps_per_rollout
+    if t.use_distributed_optimizer is None:
+        t.use_distributed_optimizer = cfg.run.device == "cuda"
     if s.python is None:
         import sys
 

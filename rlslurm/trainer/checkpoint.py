@@ -203,6 +203,13 @@ def has_optimizer_state(opt) -> bool:
     return any(len(getattr(p, "optimizer", p).state) > 0 for p in parts)
 
 
+# The distributed optimizer's default layout (`fully_sharded_model_space`) builds flattened-range
+# shards that megatron-core >= 0.16's dist_checkpointing refuses ("ShardedTensor.flattened_range is
+# not supported"); `dp_reshardable` is the layout megatron's own trainer saves by default. The
+# plain (non-distributed) optimizers ignore it.
+OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
 def _sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_rng: bool,
                    optimizers: set[str]) -> dict[str, Any]:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
@@ -215,14 +222,15 @@ def _sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_
         "progress": progress.state_dict() if progress is not None else TrainerProgress().state_dict(),
     }
     if "actor" in optimizers:
-        state["optimizer"] = st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading)
+        state["optimizer"] = st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIM_METADATA)
     if with_rng:
         state["rng"] = ShardedObject("rlslurm_rng_state", _rng_state(), (world,), (rank,), replica_id=0)
     if st.critic is not None:
         csd = st.critic.inner.sharded_state_dict(prefix="critic.")
         state["critic"] = csd
         if "critic" in optimizers:
-            state["critic_optimizer"] = st.critic.optimizer.sharded_state_dict(csd, is_loading=loading)
+            state["critic_optimizer"] = st.critic.optimizer.sharded_state_dict(csd, is_loading=loading,
+                                                                               metadata=OPTIM_METADATA)
         state["critic_scheduler"] = st.critic.scheduler.state_dict()
     return state
 
@@ -266,6 +274,27 @@ def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
     return d
 
 
+def _materialize_state(opt) -> None:
+    """A fresh distributed optimizer has no Adam state, and megatron (without TE/Apex) cannot build
+    the sharded template to load into (`assert len(steps) == 1` in its state_dict). Megatron's own
+    trainer first takes one zero-gradient step; the dummy values (and the parameters it touched)
+    are then overwritten by the checkpoint."""
+    for part in getattr(opt, "chained_optimizers", None) or [opt]:
+        if hasattr(part, "_init_optimizer_states_with_dummy_values") and not has_optimizer_state(part):
+            part._init_optimizer_states_with_dummy_values()
+
+
+def _unshare_steps(opt) -> None:
+    """megatron's distributed optimizer (no TE/Apex) restores torch Adam's `step` as ONE tensor
+    shared by every parameter's state; torch increments it in place per parameter, so after a
+    resume the bias correction would run ahead. Give each parameter its own copy."""
+    for part in getattr(opt, "chained_optimizers", None) or [opt]:
+        inner = getattr(part, "optimizer", part)
+        for st in inner.state.values():
+            if isinstance(st.get("step"), torch.Tensor):
+                st["step"] = st["step"].clone()
+
+
 def load(st, d: Path) -> TrainerProgress:
     """Collective: restore everything `save` wrote into the built trainer."""
     from megatron.core import dist_checkpointing
@@ -276,18 +305,26 @@ def load(st, d: Path) -> TrainerProgress:
         _warn(f"{d} was saved by {meta.get('world_size')} ranks, this job has {dist.get_world_size()}: "
               "RNG states are not restored (weights, optimizer and progress are)")
     optimizers = set(meta.get("optimizers", []))
+    if "actor" in optimizers:
+        _materialize_state(st.actor.optimizer)
+    if "critic" in optimizers and st.critic is not None:
+        _materialize_state(st.critic.optimizer)
     template = _sharded_state(st, None, loading=True, with_rng=same_world, optimizers=optimizers)
     state = dist_checkpointing.load(template, str(d))
     st.actor.inner.load_state_dict(state["model"])
     if "actor" in optimizers:
-        st.actor.optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's leaves
+            st.actor.optimizer.load_state_dict(state["optimizer"])
+        _unshare_steps(st.actor.optimizer)
     st.actor.scheduler.load_state_dict(state["scheduler"])
     if st.critic is not None:
         if "critic" not in state:
             raise DataError(str(d), "checkpoint has no critic but --advantage-estimator ppo needs one")
         st.critic.inner.load_state_dict({k.removeprefix("critic."): v for k, v in state["critic"].items()})
         if "critic" in optimizers:
-            st.critic.optimizer.load_state_dict(state["critic_optimizer"])
+            with torch.no_grad():
+                st.critic.optimizer.load_state_dict(state["critic_optimizer"])
+            _unshare_steps(st.critic.optimizer)
         st.critic.scheduler.load_state_dict(state["critic_scheduler"])
     if same_world:
         _set_rng_state(state["rng"])

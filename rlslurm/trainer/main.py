@@ -102,7 +102,7 @@ class Trainer:
         self.publisher = self._publisher()
         if ckpt is not None and progress.weight_version > 0:
             # Engines restarted with the job start from the HF weights: give them the trained ones.
-            self.publisher.publish(st.actor.model, progress.weight_version)
+            self._publish(progress.weight_version)
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().restart_count)
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:
@@ -118,7 +118,7 @@ class Trainer:
                 progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
                 t1 = time.perf_counter()
                 if self._publish_due(progress):
-                    self.publisher.publish(st.actor.model, progress.weight_version)
+                    self._publish(progress.weight_version)
                 t2 = time.perf_counter()
                 si = cfg.train.save_interval
                 if si is not None and progress.trained_rollouts % si == 0:
@@ -166,6 +166,26 @@ class Trainer:
             return RolloutReader.replay(src)
         # One rank owns the buffer's side effects (quarantine); the others only read.
         return RolloutReader(self.rd, readonly=self.rank != 0)
+
+    def _publish(self, version: int) -> None:
+        self.publisher.publish(self.st.actor.model, version)
+        if self.cfg.train.verify_weight_sync:
+            self._probe(version)
+
+    def _probe(self, version: int) -> None:
+        """Collective over the trainer: every rank runs the greedy forward, rank 0 asks the engines."""
+        from rlslurm.trainer.probe import engine_greedy, probe_prompt, record_probe, trainer_greedy
+
+        st = self.st
+        prompt = probe_prompt(st.mc.arch.vocab_size)
+        mine = trainer_greedy(st.actor.model, prompt, st.mc.arch.vocab_size)
+        if self.rank == 0:
+            urls = [e.url for e in self.control.engines() if e.healthy]
+            key = self.rd.api_key() if self.rd.api_key_file.exists() else None
+            rec = record_probe(self.rd.control_dir / "weight_probe.jsonl", version, mine,
+                               engine_greedy(urls, key, prompt))
+            (log.info if rec["match"] else log.warning)("weight probe v%d: %s", version,
+                                                       "engines match" if rec["match"] else rec)
 
     def _publisher(self):
         from rlslurm.trainer.publish import DiskPublisher, NullPublisher
