@@ -230,6 +230,12 @@ def status(
     head.add_row("finished", "yes" if st.finished else "no")
     head.add_row("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}")
     head.add_row("weight version", str(st.weight_version))
+    if st.reward_trend:
+        from rlslurm.curve import sparkline
+
+        vals = [v for _, v in st.reward_trend]
+        head.add_row("reward", f"{sparkline(vals)}  last {vals[-1]:.3f} (rollout {st.reward_trend[-1][0]}), "
+                     f"min {min(vals):.3f} max {max(vals):.3f}")
     if st.engines:
         healthy = sum(1 for e in st.engines if e.get("healthy"))
         head.add_row("engines", f"{healthy}/{len(st.engines)} healthy, "

@@ -10,6 +10,7 @@ from typing import Any
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.curve import reward_curve
 from rlslurm.slurm.submit import current_job_id
 
 _TIMEOUT_S = 20
@@ -75,6 +76,7 @@ class RunStatus:
     last_trained_rollout: int | None = None
     weight_version: int | None = None
     engines: list[dict[str, Any]] = field(default_factory=list)
+    reward_trend: list[tuple[int, float]] = field(default_factory=list)  # (rollout id, mean reward), last 50
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +108,7 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         last_trained_rollout=last_trained,
         weight_version=wv.version if wv else None,
         engines=[e.model_dump() for e in control.engines()],
+        reward_trend=reward_curve(rd.path)[-50:],
     )
 
 
