@@ -3,8 +3,9 @@
 
 Start-up: read RUN/run.yaml and record this node's placement (node list, GPUs, trainer head).
 Then run this node's SGLang servers (rollout/node.py); node 0 also runs the router and the
-rollout driver (rollout/driver.py). The process ends with 0 when the run is FINISHED or a
-stop or preempt is requested (the requeued job starts it again); the engines and the router
+rollout driver (rollout/driver.py). The process ends with 0 when the run is FINISHED, a stop is
+requested, or a preempt request has been acknowledged by the trainer's checkpoint (the requeued
+job starts it again); the engines and the router
 are killed on every way out, SIGTERM from srun included.
 
 Engines and the router bind this node's routable IP (`rlslurm.net.node_ip`);
@@ -40,7 +41,9 @@ def end_reason(rd: RunDir, control: Control) -> str | None:
         return "finished"
     if control.stop_requested() is not None:
         return "stop"
-    if control.preempt_requested() is not None:
+    # On USR1 the trainer finishes its step (and any weight sync into our engines), checkpoints and
+    # acks; only then may the engines go, or the sync in flight would fail against dead peers.
+    if control.preempt_requested() is not None and control.preempt_ack() is not None:
         return "preempt"
     return None
 
