@@ -117,7 +117,11 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "attempt.json").write_text(json.dumps({"attempt": attempt, "job_id": "local", "start": int(time.time())}))
     control = Control(rd)
-    for f in (control.preempt_file, control.preempt_ack_file):
+    # As the batch script does: no record of the previous attempt's processes survives into this one.
+    stale = [control.preempt_file, control.preempt_ack_file, rd.control_dir / "engines.json",
+             rd.control_dir / "router.json", rd.control_dir / "weight_update.json",
+             *rd.control_dir.glob("engines-node*.json")]
+    for f in stale:
         f.unlink(missing_ok=True)
     env = _clean_env(attempt)
     port = _free_port()

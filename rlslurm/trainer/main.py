@@ -101,7 +101,9 @@ class Trainer:
         self.reader = self._reader()
         self.publisher = self._publisher()
         if ckpt is not None and progress.weight_version > 0:
-            # Engines restarted with the job start from the HF weights: give them the trained ones.
+            # Engines restarted with the job start from the HF weights: give them the trained ones,
+            # once this attempt's engines are up.
+            self._wait_for_engines()
             self._publish(progress.weight_version)
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().restart_count)
         try:
@@ -166,6 +168,23 @@ class Trainer:
             return RolloutReader.replay(src)
         # One rank owns the buffer's side effects (quarantine); the others only read.
         return RolloutReader(self.rd, readonly=self.rank != 0)
+
+    def _wait_for_engines(self) -> None:
+        """Collective. Rank 0 waits (bounded by --weight-sync-timeout-s) until this attempt's engines
+        are registered and healthy; the batch script removed the previous attempt's records. On
+        timeout the publish goes ahead and its own failure handling (disk fallback) applies."""
+        if self.cfg.train.weight_sync != "distributed" or self.replay:
+            return
+        if self.rank == 0:
+            deadline = time.monotonic() + self.cfg.train.weight_sync_timeout_s
+            while time.monotonic() < deadline:
+                engines = self.control.engines()
+                if engines and all(e.healthy for e in engines):
+                    break
+                time.sleep(1.0)
+            else:
+                log.warning("no healthy engines after %.0fs; publishing anyway", self.cfg.train.weight_sync_timeout_s)
+        dist.barrier()
 
     def _publish(self, version: int) -> None:
         self.publisher.publish(self.st.actor.model, version)
