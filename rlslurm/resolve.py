@@ -33,9 +33,13 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     mc = load_model_config(probe.model.model)
     defaults = Layer()
     where = f"model_configs/{mc.name}.yaml (defaults for {probe.slurm.nodes} nodes)"
+    split = ("trainer_nodes", "rollout_nodes")
+    user_split = any(("slurm", n) in layer.values for layer in user_layers for n in split)
     for name, value in mc.defaults_for(probe.slurm.nodes).items():
         if name not in FIELDS:
             raise ConfigError(f"{where}: unknown setting {name!r}")
+        if name in split and user_split:
+            continue  # the user chose one side of the split: the other is the rest of --nodes
         defaults.set(name, value, where)
     cfg = build_config([defaults, *user_layers])
     res = Resolved(cfg, mc)
