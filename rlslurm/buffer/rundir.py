@@ -123,7 +123,7 @@ class RunDir:
     # --- api key ------------------------------------------------------------------------
     def ensure_api_key(self) -> str:
         """Create control/api_key (0600) once, exclusively; every caller gets the same key."""
-        key = secrets.token_urlsafe(32)
+        key = secrets.token_hex(32)  # hex: never starts with '-' (argv parsers), no quoting needed
         ensure_dir(self.control_dir)
         publish_exclusive(self.api_key_file, (key + "\n").encode(), mode=0o600)
         return self.api_key()

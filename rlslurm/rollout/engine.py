@@ -347,7 +347,8 @@ def _main(argv: list[str]) -> None:
     module, args = argv[0], argv[1:]
     key = os.environ.pop(ENV_API_KEY, None)
     if key:
-        args = [*args, "--api-key", key]
+        # One token: a key starting with '-' would otherwise be parsed as an option.
+        args = [*args, f"--api-key={key}"]
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -64,7 +64,7 @@ def deploy(tmp_path_factory, tiny_model, *, extra_args: tuple[str, ...] = ()):
     from rlslurm.rollout.supervisor import EngineSupervisor
 
     logs = tmp_path_factory.mktemp("rollout-logs")
-    key = secrets.token_urlsafe(24)
+    key = "-" + secrets.token_urlsafe(24)  # a leading '-' must not break argv parsing
     host = "127.0.0.1"
     ports = engine_port_block(host, 2)
     ncpu = os.cpu_count() or 1

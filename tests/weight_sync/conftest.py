@@ -31,7 +31,7 @@ class Engines:
 class UpdateWatcher:
     """Hold the supervisor's health checks while the trainer says it is updating weights."""
 
-    def __init__(self, control, supervisor, poll_s: float = 0.2):
+    def __init__(self, control, supervisor, poll_s: float = 0.01):  # a tiny-model sync takes ~50 ms
         self.control, self.supervisor, self.poll_s = control, supervisor, poll_s
         self.held = 0  # how many update brackets were honoured (asserted by the tests)
         self._stop = threading.Event()
