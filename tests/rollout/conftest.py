@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.process_groups import teardown_deployment
+
 
 @dataclass
 class Deployment:
@@ -100,22 +102,4 @@ def deploy(tmp_path_factory, tiny_model, *, extra_args: tuple[str, ...] = ()):
     try:
         yield dep
     finally:
-        _teardown(sup, router)
-
-
-def _teardown(sup, router) -> None:
-    pgids = [s.proc.pid for s in sup._slots if s.proc.proc is not None] + [router.proc.pid]
-    sup.close()
-    router.close()
-    left = [p for p in (int(d) for d in os.listdir("/proc") if d.isdigit()) if _in_groups(p, pgids)]
-    assert not left, f"processes left running after teardown: {left}"
-
-
-def _in_groups(pid: int, pgids: list[int]) -> bool:
-    try:
-        if os.getpgid(pid) not in pgids:
-            return False
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        teardown_deployment(sup, router)
