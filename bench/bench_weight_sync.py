@@ -16,6 +16,10 @@ Modes:
   overlaps the transfer of i+1 (the receiver is unchanged and still handles buckets in order);
 - `flattened` (extra figure): SGLang's `load_format: "flattened_bucket"`: one buffer and one
   broadcast per bucket, views copied into the model;
+- `double_buffered` (extra figure): what a receiver built to keep the link busy does: all bucket
+  headers in one request, each bucket received into one of two flat buffers while the previous
+  one is copied into the model on a side stream; the sender packs bucket i+1 while i is in flight
+  and never waits per bucket. Its result is checked against the sender's values after the runs;
 - `raw`: one flat buffer of the same total bytes, one broadcast, no copy: the reference.
 
 Prints one JSON line per model size: {"figure": GB/s of sglang mode, "reference": raw GB/s,
@@ -56,6 +60,38 @@ def hf_model(size: str, device: str):
     return m.to_empty(device=device).to(torch.bfloat16)
 
 
+def double_buffered_receive(metas: list, params: dict, pg, dev: int) -> None:
+    """A receiver that overlaps: bucket i+1 is received into the other of two flat buffers (NCCL's
+    stream) while bucket i is copied into the model on a side stream. A buffer is reused only after
+    its previous copy has finished (an event the NCCL side waits on), so the copy never races the
+    receive. This is what SGLang's receiver would need to do to keep the link busy; 0.5.23's handles
+    one bucket per request and copies after the receive."""
+    cap = max(m[3] for m in metas)
+    bufs = [torch.empty(cap, dtype=torch.uint8, device=f"cuda:{dev}") for _ in range(2)]
+    copy_stream = torch.cuda.Stream()
+    freed: list = [None, None]
+    with torch.no_grad():
+        for i, (names, dtypes, shapes, nbytes) in enumerate(metas):
+            buf = bufs[i % 2][:nbytes]
+            if freed[i % 2] is not None:
+                torch.cuda.current_stream().wait_event(freed[i % 2])
+            torch.distributed.broadcast(buf, src=0, group=pg, async_op=True).wait()  # stream wait, CPU goes on
+            got = torch.cuda.Event()
+            got.record()
+            with torch.cuda.stream(copy_stream):
+                copy_stream.wait_event(got)
+                off = 0
+                for n, dt, sh in zip(names, dtypes, shapes):
+                    p = params[n]
+                    nb = p.numel() * p.element_size()
+                    p.copy_(buf[off:off + nb].view(getattr(torch, dt)).view(sh))
+                    off += nb
+                done = torch.cuda.Event()
+                done.record(copy_stream)
+                freed[i % 2] = done
+    torch.cuda.synchronize()
+
+
 def receiver(size: str, port: int, dev: int, conn, group_name: str) -> None:
     torch.cuda.set_device(dev)
     from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
@@ -81,6 +117,13 @@ def receiver(size: str, port: int, dev: int, conn, group_name: str) -> None:
             torch.distributed.broadcast(buf, src=0, group=pg)
             torch.cuda.synchronize()
             del buf
+            conn.send("ok")
+            continue
+        if msg[0] == "checksum":  # what the model holds after the last sync, to check the fast paths are right
+            conn.send({n: float(p.double().sum()) for n, p in params.items()})
+            continue
+        if msg[0] == "stream":
+            double_buffered_receive(msg[1], params, pg, dev)
             conn.send("ok")
             continue
         _, names, dtypes, shapes = msg[:4]
@@ -191,6 +234,41 @@ def main() -> None:
                 torch.cuda.synchronize()
                 return time.perf_counter() - t0
 
+            buckets = list(iter_buckets(named, bucket_mib * 1024**2, torch.device("cuda:0")))
+            metas = [([n for n, _ in b], [str(t.dtype).removeprefix("torch.") for _, t in b],
+                      [list(t.shape) for _, t in b], sum(t.numel() * t.element_size() for _, t in b))
+                     for b in buckets]
+            cap = max(m[3] for m in metas)
+            send_bufs = [torch.empty(cap, dtype=torch.uint8, device="cuda:0") for _ in range(2)]
+            pack_stream = torch.cuda.Stream()
+
+            def double_buffered_once() -> float:
+                """All bucket headers in one request; each bucket packed into one of two flat
+                buffers on a side stream while the previous one is broadcast; the CPU never waits
+                per bucket (the receiver answers once, after its last copy)."""
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                parent.send(("stream", metas))
+                sent: list = [None, None]
+                for i, b in enumerate(buckets):
+                    buf = send_bufs[i % 2][:metas[i][3]]
+                    with torch.cuda.stream(pack_stream):
+                        if sent[i % 2] is not None:
+                            pack_stream.wait_event(sent[i % 2])
+                        torch.cat([t.reshape(-1).view(torch.uint8) for _, t in b], out=buf)
+                        packed = torch.cuda.Event()
+                        packed.record(pack_stream)
+                    torch.cuda.current_stream().wait_event(packed)
+                    opts = torch.distributed.BroadcastOptions()
+                    opts.rootRank, opts.rootTensor = 0, 0
+                    g.backend.broadcast([buf], opts).wait()  # the current stream waits; the CPU does not
+                    ev = torch.cuda.Event()
+                    ev.record()
+                    sent[i % 2] = ev
+                assert parent.recv() == "ok"
+                torch.cuda.synchronize()
+                return time.perf_counter() - t0
+
             flat = torch.empty(total, dtype=torch.uint8, device="cuda:0")
 
             def raw_once() -> float:
@@ -202,18 +280,26 @@ def main() -> None:
                 torch.cuda.synchronize()
                 return time.perf_counter() - t0
 
-            sync_once(), raw_once(), pipelined_once(), flattened_once()  # warm-up: NCCL, allocator
-            syncs, raws, pipes, flats = [], [], [], []
+            sync_once(), raw_once(), pipelined_once(), flattened_once(), double_buffered_once()  # warm-up
+            syncs, raws, pipes, flats, dbs = [], [], [], [], []
             for _ in range(a.repeats):  # interleaved, so drift hits all alike
                 syncs.append(sync_once())
                 raws.append(raw_once())
                 pipes.append(pipelined_once())
                 flats.append(flattened_once())
+                dbs.append(double_buffered_once())
+            for _, p in named:  # fresh values, so a path that skipped a bucket cannot match by leftovers
+                p.normal_()
+            double_buffered_once()
+            parent.send(("checksum",))
+            got = parent.recv()
+            bad = [n for n, p in named if abs(got[n] - float(p.double().sum())) > 1e-6 * max(1.0, abs(got[n]))]
+            assert not bad, f"double-buffered receiver holds wrong values for {bad[:3]}"
             parent.send(None)
             proc.join(timeout=120)
             g.close()
-            del flat
-            ts, tr, tp, tf = (sorted(x)[len(x) // 2] for x in (syncs, raws, pipes, flats))
+            del flat, send_bufs, buckets
+            ts, tr, tp, tf, td = (sorted(x)[len(x) // 2] for x in (syncs, raws, pipes, flats, dbs))
             line = {"figure": round(total / ts / 1e9, 2), "figure_unit": "GB/s (weight sync, sglang-like receiver)",
                     "reference": round(total / tr / 1e9, 2), "reference_unit": "GB/s (raw flat broadcast, same bytes)",
                     "ratio": round(tr / ts, 3), "sync_s": round(ts, 4), "raw_s": round(tr, 4),
@@ -222,7 +308,9 @@ def main() -> None:
                     "pipelined_s": round(tp, 4),
                     "flattened_GBps": round(total / tf / 1e9, 2), "flattened_ratio": round(tr / tf, 3),
                     "flattened_s": round(tf, 4),
-                    "model": f"qwen3-{size}-shaped", "params": nparams, "bytes": total, "dtype": "bfloat16",
+                    "double_buffered_GBps": round(total / td / 1e9, 2), "double_buffered_ratio": round(tr / td, 3),
+                    "double_buffered_s": round(td, 4), "double_buffered_s_all": [round(x, 4) for x in dbs],
+                    "double_buffered_verified": True, "model": f"qwen3-{size}-shaped", "params": nparams, "bytes": total, "dtype": "bfloat16",
                     "tensors": len(named), "bucket_mib": bucket_mib, "gpu": gpu, "gpus": ngpu,
                     "receiver_gpu": recv_dev, "backend": "nccl", "torch": torch.__version__}
             print(json.dumps(line), flush=True)
