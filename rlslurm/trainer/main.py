@@ -93,6 +93,7 @@ class Trainer:
 
         cfg, rd = self.cfg, self.rd
         self.st = st = build_trainer(cfg, self.world)
+        log.info("models built; resuming from the latest checkpoint if any")
         progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
         if ckpt is not None:
             self.last_saved = progress.trained_rollouts
