@@ -51,6 +51,11 @@ SHAPES = {  # Qwen3 dense configs (HF config.json fields)
 }
 
 
+# NCCL on high-priority streams at both ends, so the receiver's copy kernels (side stream) cannot
+# hold the SMs the next bucket's receive needs. SGLang 0.5.23 creates its group with default options.
+HIGH_PRIORITY = os.environ.get("BENCH_NCCL_HIGH_PRIORITY") == "1"
+
+
 def hf_model(size: str, device: str):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -104,8 +109,12 @@ def receiver(size: str, port: int, dev: int, conn, group_name: str) -> None:
     store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
+    opts = None
+    if HIGH_PRIORITY:
+        opts = torch.distributed.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = True
     pg, _ = _new_process_group_helper(world, rank, [], Backend("nccl"), store, group_name=group_name,
-                                      backend_options=None, timeout=timeout)
+                                      backend_options=opts, timeout=timeout)
     _world.pg_group_ranks[pg] = {i: i for i in range(world)}
     conn.send("ready")
     while True:
@@ -185,7 +194,8 @@ def main() -> None:
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=receiver, args=(size, port, recv_dev, child, name))
             proc.start()
-            g = SyncGroup(GroupSpec("127.0.0.1", port, 2, name, "nccl", 300.0), device=torch.device("cuda:0")).open()
+            g = SyncGroup(GroupSpec("127.0.0.1", port, 2, name, "nccl", 300.0), device=torch.device("cuda:0"),
+                          high_priority=HIGH_PRIORITY).open()
             g.join()
             assert parent.recv() == "ready"
 
@@ -312,7 +322,7 @@ def main() -> None:
                     "double_buffered_s": round(td, 4), "double_buffered_s_all": [round(x, 4) for x in dbs],
                     "double_buffered_verified": True, "model": f"qwen3-{size}-shaped", "params": nparams, "bytes": total, "dtype": "bfloat16",
                     "tensors": len(named), "bucket_mib": bucket_mib, "gpu": gpu, "gpus": ngpu,
-                    "receiver_gpu": recv_dev, "backend": "nccl", "torch": torch.__version__}
+                    "receiver_gpu": recv_dev, "backend": "nccl", "nccl_high_priority": HIGH_PRIORITY, "torch": torch.__version__}
             print(json.dumps(line), flush=True)
             lines.append(line)
         del sender_model, named

@@ -74,8 +74,9 @@ class SyncGroup:
     blocks until every engine rank has joined (call it while the engines' init requests are in
     flight), `broadcast()` sends from rank 0, `close()` tears everything down."""
 
-    def __init__(self, spec: GroupSpec, *, device: torch.device | None = None):
+    def __init__(self, spec: GroupSpec, *, device: torch.device | None = None, high_priority: bool = False):
         self.spec = spec
+        self.high_priority = high_priority
         self.device = device or torch.device("cuda" if spec.backend == "nccl" else "cpu")
         self._store: dist.TCPStore | None = None
         self._prefixed: dist.Store | None = None
@@ -125,7 +126,7 @@ class SyncGroup:
             return dist.ProcessGroupGloo(store, 0, s.world_size, s.timeout)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = s.timeout
-        opts.is_high_priority_stream = False
+        opts.is_high_priority_stream = self.high_priority
         opts.group_name = s.group_name
         return dist.ProcessGroupNCCL(store, 0, s.world_size, opts)
 
