@@ -6,10 +6,18 @@ node's record into `control/engines.json` (one writer per file, DESIGN.md). The 
 runs on node 0; other nodes read its address from `control/router.json`, register their
 own engines, and register them again if the router lost them (node 0 restarts a dead
 router but re-registers only its own engines).
+
+With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
+the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
+nothing), for at most --weight-sync-timeout-s plus a margin. An engine the supervisor restarts
+loads the trainer's current version from RUN/weights/ when it is there (disk mode, or a
+broadcast that fell back to disk) before it takes traffic; otherwise it serves the HF checkpoint
+(version 0) until it re-joins at the next sync.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -23,9 +31,11 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.net import engine_port_block, free_port
-from rlslurm.rollout.engine import EngineSpec
+from rlslurm.rollout.engine import EngineProcess, EngineSpec
 from rlslurm.rollout.router import RouterError, RouterProcess
+from rlslurm.rollout.sglang_client import SGLangClient
 from rlslurm.rollout.supervisor import EngineInfo, EngineSupervisor, RestartEvent
+from rlslurm.rollout.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +110,7 @@ class RolloutNode:
         self.log_dir = run.attempt_log_dir(attempt)
         self.router: RouterProcess | None = None
         self.supervisor: EngineSupervisor | None = None
+        self.watcher: UpdateWatcher | None = None
         self.restart_events: list[RestartEvent] = []
 
     @property
@@ -119,8 +130,11 @@ class RolloutNode:
         interval = self.cfg.rollout.engine_health_interval_s
         self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
-                                           on_restart=self._on_restart)
+                                           on_restart=self._on_restart, on_restarted=self._catch_up)
         self.supervisor.start()
+        if self.cfg.train.weight_sync == "distributed":
+            self.watcher = UpdateWatcher(self.control, self.supervisor,
+                                         cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
 
     def _remote_router(self, cancel) -> RemoteRouter:
         deadline = time.monotonic() + ROUTER_WAIT_S
@@ -140,6 +154,26 @@ class RolloutNode:
 
     def _on_restart(self, ev: RestartEvent) -> None:
         self.restart_events.append(ev)
+
+    def _catch_up(self, proc: EngineProcess) -> None:
+        """A restarted engine is back at version 0: load the trainer's current version into it
+        if that version is on disk (weights/v<N>/ appears only complete, by rename)."""
+        rec = self.control.weight_version()
+        if rec is None or rec.version <= 0:
+            return
+        path = self.run.weights_dir / f"v{rec.version}"
+        if not path.is_dir():
+            return  # broadcast mode: it re-joins the group at the next sync
+        t0 = time.monotonic()
+        timeout = self.cfg.train.weight_sync_timeout_s
+
+        async def load() -> None:
+            async with SGLangClient(proc.url, self.api_key) as c:
+                await c.update_weights_from_disk(str(path), weight_version=str(rec.version), timeout=timeout)
+
+        asyncio.run(load())  # the supervisor's restart thread: no loop of its own
+        log.info("%s restarted: loaded weights v%d from %s in %.1f s", proc.spec.name, rec.version, path,
+                 time.monotonic() - t0)
 
     def _publish(self, infos: list[EngineInfo]) -> None:
         ensure_dir(self.control.dir)
@@ -193,6 +227,8 @@ class RolloutNode:
     def close(self) -> None:
         """Kill every process this node started; always safe to call."""
         try:
+            if self.watcher is not None:
+                self.watcher.close()
             if self.supervisor is not None:
                 self.supervisor.close()
         finally:

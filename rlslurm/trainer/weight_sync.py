@@ -28,7 +28,8 @@ so the step fails and SLURM's requeue takes over. It never waits without a bound
 
 The rollout side must not restart an engine that is blocked in a broadcast (it answers neither
 /health nor /generate): `update_in_progress(control)` says whether weight_update.json is present
-and fresh, and the rollout main holds `EngineSupervisor.pause_health_checks()` while it is.
+and fresh, and every rollout node's `UpdateWatcher` (rollout/update_watch.py) holds
+`EngineSupervisor.pause_health_checks()` while it is, for at most the timeout plus a margin.
 """
 
 from __future__ import annotations
@@ -46,16 +47,16 @@ from typing import Any, Callable, Coroutine, Iterable, Iterator, Literal
 import torch
 import torch.distributed as dist
 
-from rlslurm.buffer.atomic import read_json, unlink_durable, write_json_atomic
+from rlslurm.buffer.atomic import unlink_durable, write_json_atomic
 from rlslurm.buffer.control import Control, EngineRecord, RendezvousRecord, RendezvousTaken
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+from rlslurm.rollout.update_watch import UPDATE_FILE, update_in_progress  # noqa: F401 (re-exported)
 from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
 
-UPDATE_FILE = "weight_update.json"
 # Cleanup calls on engines that may be hung must not stretch a failure much past its bound.
 CLEANUP_TIMEOUT_S = 10.0
 
@@ -106,15 +107,6 @@ def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
 
 
 # --- rollout-side coordination ------------------------------------------------------------
-
-def update_in_progress(control: Control, *, now: float | None = None) -> bool:
-    """True while a trainer writes weights into the engines (control/weight_update.json present
-    and not past its `until`): the rollout main pauses health checks and restarts meanwhile."""
-    rec = read_json(control.dir / UPDATE_FILE)
-    if not rec or rec.get("state") != "updating":
-        return False
-    return float(rec.get("until", 0)) > (time.time() if now is None else now)
-
 
 def _mark_updating(control: Control, version: int, budget_s: float) -> None:
     write_json_atomic(control.dir / UPDATE_FILE, {"state": "updating", "version": version,
@@ -409,6 +401,7 @@ class DistributedPublisher:
         t0 = time.monotonic()
         errors: list[str] = []
         for i in range(1, self.opts.attempts + 1):
+            t_try = time.monotonic()
             if self._attempt(model, version, r, errors):
                 if r.coordinator:
                     self.control.set_weight_version(version)
@@ -422,6 +415,9 @@ class DistributedPublisher:
                 return
             if r.leader and self.sender is not None:
                 self.sender.teardown()
+            if r.coordinator:  # the bound each try keeps is checked against this line (tests/e2e)
+                log.warning("weight sync v%d: try %d/%d failed after %.1f s (timeout %g s)", version, i,
+                            self.opts.attempts, time.monotonic() - t_try, self.opts.timeout_s)
         self._fail(model, version, r, errors, t0)
 
     def _attempt(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str]) -> bool:
@@ -472,10 +468,14 @@ class DistributedPublisher:
                                   f"{time.monotonic() - t0:.1f} s ({summary}); failing the step so that the job "
                                   "is requeued")
         if r.coordinator:
-            log.error("WEIGHT SYNC FALLBACK: broadcast of version %d failed %d time(s) (%s); publishing it to "
-                      "disk (%s) instead", version, self.opts.attempts, summary, self.weights_dir)
+            log.error("WEIGHT SYNC FALLBACK: broadcast of version %d failed %d time(s) in %.1f s (%s); publishing "
+                      "it to disk (%s) instead", version, self.opts.attempts, time.monotonic() - t0, summary,
+                      self.weights_dir)
         self.fallback.publish(model, version)  # collective, like ours; records the version
         loaded = self._release_engines(self.weights_dir / f"v{version}", version) if r.coordinator else []
+        if r.coordinator:
+            log.warning("weight sync v%d: disk fallback done in %.1f s, loaded by %s", version,
+                        time.monotonic() - t0, loaded)
         self.history.append({"version": version, "mode": "disk", "tries": self.opts.attempts,
                              "seconds": time.monotonic() - t0, "errors": errors, "loaded": loaded})
 

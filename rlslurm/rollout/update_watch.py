@@ -1,0 +1,128 @@
+"""The rollout side of the weight-update bracket.
+
+An SGLang server blocked in a weight-update broadcast answers neither /health nor /generate
+(shared/sglang-notes.md), so the supervisor must not restart it then. The trainer's stage-0
+leader marks the bracket with `control/weight_update.json` {"state": "updating", "version",
+"until", "pid"} (trainer/weight_sync.py); `UpdateWatcher` holds
+`EngineSupervisor.pause_health_checks()` while that record is present and its `until` has not
+passed.
+
+The hold is bounded by `cap_s` (the configured weight-sync timeout plus a margin), measured on
+this node's monotonic clock: `until` is the trainer's wall clock, which another node's clock
+may disagree with by minutes, and a trainer that hangs without crashing leaves a record saying
+"updating" for as long as its `until`. Past the cap the checks resume and that is logged, so a
+peer that never answers is found and restarted while the trainer's own timeouts fail the sync.
+A new record (the trainer rewrites it for its next try) is honoured again with a fresh cap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from rlslurm.buffer.atomic import read_json
+from rlslurm.buffer.control import Control
+from rlslurm.errors import DataError
+
+if TYPE_CHECKING:
+    from rlslurm.rollout.supervisor import EngineSupervisor
+
+log = logging.getLogger(__name__)
+
+UPDATE_FILE = "weight_update.json"
+# How long past --weight-sync-timeout-s one update record may hold the health checks: the
+# bracket's HTTP calls and a bucket's broadcast are each bounded by the timeout, and the
+# teardown of a failed try by CLEANUP_TIMEOUT_S (10 s) per call.
+PAUSE_MARGIN_S = 30.0
+# A tiny model's whole sync takes ~50 ms on CPU; a check that fails while the watcher has not
+# noticed the record yet is ignored once the pause begins (EngineSupervisor._check), so this
+# only has to be well below the health-check timeout.
+POLL_S = 0.05
+
+
+def active_update(control: Control, *, now: float | None = None) -> dict[str, Any] | None:
+    """The update record while a trainer writes weights into the engines: present, "updating",
+    and not past its `until`; else None."""
+    try:
+        rec = read_json(control.dir / UPDATE_FILE)
+    except DataError as e:  # a foreign or torn file must not stop health checking
+        log.warning("ignoring %s", e)
+        return None
+    if not rec or rec.get("state") != "updating":
+        return None
+    try:
+        until = float(rec.get("until", 0))
+    except (TypeError, ValueError):
+        return None
+    return rec if until > (time.time() if now is None else now) else None
+
+
+def update_in_progress(control: Control, *, now: float | None = None) -> bool:
+    return active_update(control, now=now) is not None
+
+
+def _key(rec: dict[str, Any]) -> tuple:
+    return rec.get("version"), rec.get("until"), rec.get("pid")
+
+
+class UpdateWatcher:
+    """A thread that holds `supervisor.pause_health_checks()` while an update record is active,
+    for at most `cap_s` per record. `held` / `capped` count the records honoured / cut short."""
+
+    def __init__(self, control: Control, supervisor: "EngineSupervisor", *, cap_s: float,
+                 poll_s: float = POLL_S):
+        if cap_s <= 0:
+            raise ValueError(f"cap_s must be > 0, got {cap_s}")
+        self.control, self.supervisor, self.cap_s, self.poll_s = control, supervisor, cap_s, poll_s
+        self.held = 0
+        self.capped = 0
+        self._given_up: tuple | None = None  # the record whose cap ran out: not held again
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weight-update-watcher", daemon=True)
+
+    def start(self) -> "UpdateWatcher":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                rec = active_update(self.control)
+                if rec is not None and _key(rec) != self._given_up:
+                    self._hold(rec)
+            except Exception:  # the watcher must outlive a bad read; the supervisor keeps checking
+                log.exception("weight-update watcher: round failed")
+
+    def _hold(self, rec: dict[str, Any]) -> None:
+        key, deadline = _key(rec), time.monotonic() + self.cap_s
+        try:
+            # entering waits for restarts in progress, but checks are held from the first moment
+            with self.supervisor.pause_health_checks(wait_s=self.cap_s):
+                self.held += 1
+                log.info("weight update v%s in progress: engine health checks paused", rec.get("version"))
+                while not self._stop.wait(self.poll_s):
+                    cur = active_update(self.control)
+                    if cur is None:
+                        log.info("weight update v%s over: engine health checks resumed", rec.get("version"))
+                        return
+                    if _key(cur) != key:  # the trainer's next try: it is alive, honour it afresh
+                        rec, key, deadline = cur, _key(cur), time.monotonic() + self.cap_s
+                    if time.monotonic() > deadline:
+                        self._give_up(rec, key)
+                        return
+        except TimeoutError as e:  # restarts in progress outlasted the cap
+            self._give_up(rec, key, str(e))
+
+    def _give_up(self, rec: dict[str, Any], key: tuple, why: str = "") -> None:
+        self._given_up = key
+        self.capped += 1
+        log.warning("weight update v%s (trainer pid %s) still marked in progress after %.0f s, the cap "
+                    "(--weight-sync-timeout-s + margin)%s: resuming engine health checks so that a peer that "
+                    "never answers is restarted", rec.get("version"), rec.get("pid"), self.cap_s,
+                    f"; {why}" if why else "")
