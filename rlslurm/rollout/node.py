@@ -9,15 +9,13 @@ router but re-registers only its own engines).
 
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
 the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
-nothing), for at most --weight-sync-timeout-s plus a margin. An engine the supervisor restarts
-loads the trainer's current version from RUN/weights/ when it is there (disk mode, or a
-broadcast that fell back to disk) before it takes traffic; otherwise it serves the HF checkpoint
-(version 0) until it re-joins at the next sync.
+nothing), for at most --weight-sync-timeout-s plus a margin; past it a peer that never answers
+is restarted like any hung engine. A restarted engine serves the HF checkpoint (version 0) until
+it re-joins the group at the next sync.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import re
@@ -31,9 +29,8 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.net import engine_port_block, free_port
-from rlslurm.rollout.engine import EngineProcess, EngineSpec
+from rlslurm.rollout.engine import EngineSpec
 from rlslurm.rollout.router import RouterError, RouterProcess
-from rlslurm.rollout.sglang_client import SGLangClient
 from rlslurm.rollout.supervisor import EngineInfo, EngineSupervisor, RestartEvent
 from rlslurm.rollout.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 
@@ -130,7 +127,7 @@ class RolloutNode:
         interval = self.cfg.rollout.engine_health_interval_s
         self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
-                                           on_restart=self._on_restart, on_restarted=self._catch_up)
+                                           on_restart=self._on_restart)
         self.supervisor.start()
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
@@ -154,26 +151,6 @@ class RolloutNode:
 
     def _on_restart(self, ev: RestartEvent) -> None:
         self.restart_events.append(ev)
-
-    def _catch_up(self, proc: EngineProcess) -> None:
-        """A restarted engine is back at version 0: load the trainer's current version into it
-        if that version is on disk (weights/v<N>/ appears only complete, by rename)."""
-        rec = self.control.weight_version()
-        if rec is None or rec.version <= 0:
-            return
-        path = self.run.weights_dir / f"v{rec.version}"
-        if not path.is_dir():
-            return  # broadcast mode: it re-joins the group at the next sync
-        t0 = time.monotonic()
-        timeout = self.cfg.train.weight_sync_timeout_s
-
-        async def load() -> None:
-            async with SGLangClient(proc.url, self.api_key) as c:
-                await c.update_weights_from_disk(str(path), weight_version=str(rec.version), timeout=timeout)
-
-        asyncio.run(load())  # the supervisor's restart thread: no loop of its own
-        log.info("%s restarted: loaded weights v%d from %s in %.1f s", proc.spec.name, rec.version, path,
-                 time.monotonic() - t0)
 
     def _publish(self, infos: list[EngineInfo]) -> None:
         ensure_dir(self.control.dir)

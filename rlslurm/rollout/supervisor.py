@@ -11,9 +11,7 @@ the router itself reports them healthy. A background thread then checks every en
 
 A restart is: SIGKILL the process tree, DELETE the worker from the router (it would otherwise
 only be marked healthy again after the router's own health interval), start on the same
-ports, wait healthy, `on_restarted(proc)` (the rollout node loads the current published weights
-there when they are on disk, so the engine does not serve the HF checkpoint until the next
-sync), POST it again, wait until the router routes to it; then the restart is
+ports, wait healthy, POST it again, wait until the router routes to it; then the restart is
 counted and `on_restart` / `on_change` are called. Each restart runs in its own thread, so a
 slow restart does not delay detecting a second failure. In-flight requests on a dying engine
 are retried by the router on the others (router retries are on).
@@ -22,7 +20,8 @@ The router is checked too: if its process is gone it is started again on the sam
 and every engine is registered with it again (`router_restarts`).
 
 A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
-(shared/sglang-notes.md), so the weight sync wraps each update in `pause_health_checks()`:
+(shared/sglang-notes.md), so each update is wrapped in `pause_health_checks()` (by the rollout
+node's `UpdateWatcher`, rollout/update_watch.py, while the trainer's update record is active):
 no check or restart starts inside it, and entering it waits for restarts in progress to
 finish, so an update never starts against a half-restarted engine. `restarts_total` lets
 the weight sync notice that an engine was restarted (and must re-join the update group).
@@ -78,7 +77,6 @@ class RestartEvent:
 
 OnChange = Callable[[list[EngineInfo]], None]
 OnRestart = Callable[[RestartEvent], None]
-OnRestarted = Callable[[EngineProcess], None]
 
 
 class _Slot:
@@ -100,8 +98,7 @@ class EngineSupervisor:
                  health_interval_s: float = 10.0, health_timeout_s: float = 10.0, unhealthy_after: int = 3,
                  start_timeout_s: float = 600.0, register_timeout_s: float = 60.0,
                  restart_backoff_s: float = 5.0,
-                 on_change: OnChange | None = None, on_restart: OnRestart | None = None,
-                 on_restarted: OnRestarted | None = None):
+                 on_change: OnChange | None = None, on_restart: OnRestart | None = None):
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or len({s.url for s in specs}) != len(specs):
             raise ValueError(f"engine names and urls must be unique: {names}")
@@ -114,7 +111,6 @@ class EngineSupervisor:
         self.restart_backoff_s = restart_backoff_s
         self.on_change = on_change
         self.on_restart = on_restart
-        self.on_restarted = on_restarted
         self._slots = [_Slot(s) for s in specs]
         self._cond = threading.Condition()
         self._paused = 0
@@ -302,7 +298,6 @@ class EngineSupervisor:
                         break
                     s.proc.start()
                 s.proc.wait_healthy(self.start_timeout_s)
-                self._prepare(s)
                 s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
                 s.worker_id = self.router.wait_workers_healthy([s.proc.url], self.register_timeout_s)[s.proc.url]
             except Exception as e:  # any failure: report, back off, try again (never leave `restarting` set)
@@ -324,17 +319,6 @@ class EngineSupervisor:
         with self._cond:
             s.restarting = False
             self._cond.notify_all()
-
-    def _prepare(self, s: _Slot) -> None:
-        """`on_restarted` before the engine takes traffic; its failure leaves the engine as started
-        (it re-joins at the next weight sync) rather than failing the restart."""
-        if self.on_restarted is None:
-            return
-        try:
-            self.on_restarted(s.proc)
-        except Exception:
-            log.exception("%s: on_restarted callback failed; it serves its start-up weights until the next sync",
-                          s.proc.spec.name)
 
     def _restart_router(self) -> None:
         code = self.router.proc.returncode if self.router.proc else None
