@@ -284,15 +284,34 @@ def _materialize_state(opt) -> None:
             part._init_optimizer_states_with_dummy_values()
 
 
-def _unshare_steps(opt) -> None:
-    """megatron's distributed optimizer (no TE/Apex) restores torch Adam's `step` as ONE tensor
-    shared by every parameter's state; torch increments it in place per parameter, so after a
-    resume the bias correction would run ahead. Give each parameter its own copy."""
+def _restore_steps(opt) -> None:
+    """Give every parameter its own, correct Adam `step` after a load.
+
+    megatron's distributed optimizer without TE/Apex (torch Adam) keeps the step count in each
+    parameter's state but checkpoints it once, in the param_groups. Its `load_state_dict` then
+    restores it wrongly twice over: it puts ONE tensor in every parameter's state (torch increments
+    it in place per parameter, so the bias correction would run ahead), and the `dp_reshardable`
+    loader afterwards copies the load template's step over it — the value of the dummy step taken
+    by `_materialize_state` (1), not the checkpoint's. The param_groups' `step` is the
+    checkpoint's value: rebuild every parameter's step from it. Other optimizers checkpoint the
+    step per parameter and only need the sharing undone."""
     for part in getattr(opt, "chained_optimizers", None) or [opt]:
         inner = getattr(part, "optimizer", part)
-        for st in inner.state.values():
-            if isinstance(st.get("step"), torch.Tensor):
-                st["step"] = st["step"].clone()
+        for group in inner.param_groups:
+            for p in group["params"]:
+                st = inner.state.get(p)
+                if not st or not isinstance(st.get("step"), torch.Tensor):
+                    continue
+                if _is_distributed(part) and "step" in group:
+                    st["step"] = torch.tensor(float(group["step"]), dtype=st["step"].dtype, device=st["step"].device)
+                else:
+                    st["step"] = st["step"].clone()
+
+
+def _is_distributed(part) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return isinstance(part, DistributedOptimizer)
 
 
 def load(st, d: Path) -> TrainerProgress:
@@ -315,7 +334,7 @@ def load(st, d: Path) -> TrainerProgress:
     if "actor" in optimizers:
         with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's leaves
             st.actor.optimizer.load_state_dict(state["optimizer"])
-        _unshare_steps(st.actor.optimizer)
+        _restore_steps(st.actor.optimizer)
     st.actor.scheduler.load_state_dict(state["scheduler"])
     if st.critic is not None:
         if "critic" not in state:
@@ -324,7 +343,7 @@ def load(st, d: Path) -> TrainerProgress:
         if "critic" in optimizers:
             with torch.no_grad():
                 st.critic.optimizer.load_state_dict(state["critic_optimizer"])
-            _unshare_steps(st.critic.optimizer)
+            _restore_steps(st.critic.optimizer)
         st.critic.scheduler.load_state_dict(state["critic_scheduler"])
     if same_world:
         _set_rng_state(state["rng"])
