@@ -216,6 +216,15 @@ def transformer_config(
     # it, sequence lengths must be divisible by TP.
     # MLA's TP > 1 backward is only right under sequence parallelism (see _local_spec_fixes).
     kw["sequence_parallel"] = tp > 1 and (mc.arch.moe is not None or mc.arch.mla is not None)
+    # RL micro-batches are right-padded to their own longest sample and dynamic batching varies
+    # their sample count, so pipeline stages must exchange each activation's shape before it
+    # (megatron's schedule otherwise assumes one fixed [seq, micro_batch, hidden] per call).
+    kw["variable_seq_lengths"] = pp > 1
+    if pp > 1:
+        # megatron refuses variable lengths with the allgather token dispatcher (its default, even
+        # for dense models, where it is never used); the alltoall one exchanges token counts, and
+        # gives the same outputs (shared/mbridge-cpu-notes.md; the CPU shim fakes its side stream).
+        kw["moe_token_dispatcher_type"] = "alltoall"
     # 0.16 calls it original_max_position_embeddings, later versions may rename: keep what exists.
     if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:
         if "max_position_embeddings" in fields:
@@ -463,8 +472,15 @@ def build_gpt_model(
     post_process: bool = True,
     vocab_size_padded: int,
     vp_stage: int | None = None,
+    share_embeddings: bool | None = None,
 ):
-    """Build the GPTModel for `mc` (parallel state must be initialised for tcfg's sizes)."""
+    """Build the GPTModel for `mc` (parallel state must be initialised for tcfg's sizes).
+
+    With pipeline parallelism pass this stage's `pre_process` (first stage: embedding) and
+    `post_process` (last stage: final norm + output layer); megatron picks the stage's layers.
+    `share_embeddings=None` ties embedding and output layer as the architecture does; the PPO
+    critic passes False (its output layer becomes a value head, see setup.ValueHead).
+    """
     from megatron.core.models.gpt import GPTModel
 
     from rlslurm.trainer import cpu_shim
@@ -481,7 +497,7 @@ def build_gpt_model(
         pre_process=pre_process,
         post_process=post_process,
         parallel_output=True,
-        share_embeddings_and_output_weights=a.tie_word_embeddings,
+        share_embeddings_and_output_weights=a.tie_word_embeddings if share_embeddings is None else share_embeddings,
         position_embedding_type="rope",
         rotary_percent=a.rotary_percent,
         rotary_base=int(a.rotary_base) if float(a.rotary_base).is_integer() else a.rotary_base,

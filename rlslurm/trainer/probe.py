@@ -26,9 +26,12 @@ def probe_prompt(vocab_size: int) -> list[int]:
 
 @torch.no_grad()
 def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int, n_new: int = PROBE_NEW_TOKENS) -> list[int]:
-    """Greedy decode with the Megatron model (no KV cache: the prompt is short). Collective over TP."""
+    """Greedy decode with the Megatron model (no KV cache: the prompt is short). Collective over TP
+    and PP (every stage runs its layers and gets the last stage's logits)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from rlslurm.trainer.pipeline import logits_on_every_stage
 
     was_training = model.training
     model.eval()
@@ -36,8 +39,7 @@ def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int, n
     ids = torch.tensor([prompt], device=device)
     try:
         for _ in range(n_new):
-            pos = torch.arange(ids.shape[1], device=device).unsqueeze(0)
-            logits = model(ids, pos, None)[:, -1, :].float()
+            logits = logits_on_every_stage(model, ids)[:, -1, :]
             if ps.model_parallel_is_initialized() and ps.get_tensor_model_parallel_world_size() > 1:
                 logits = gather_from_tensor_model_parallel_region(logits)
             logits[:, vocab_size:] = float("-inf")  # Megatron's padded vocabulary rows

@@ -6,7 +6,7 @@
   `/update_weights_from_disk`. Keeps the newest `keep` versions.
 
 A publisher is called on every trainer rank (the export gathers over TP, a collective); only the
-rank with DP=0, TP=0 writes. The distributed (broadcast) publisher implements the same interface.
+rank with DP=0, TP=0 of the first pipeline stage writes (later stages send it their layers). The distributed (broadcast) publisher implements the same interface.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class DiskPublisher:
     def _writer(self) -> bool:
         from megatron.core import parallel_state as ps
 
-        return ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+        return (ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+                and ps.get_pipeline_model_parallel_rank() == 0)
 
     def _config(self) -> dict:
         if self.hf_dir is not None and (self.hf_dir / "config.json").exists():
@@ -59,10 +60,12 @@ class DiskPublisher:
     def publish(self, model: torch.nn.Module, version: int) -> None:
         from megatron.core import parallel_state as ps
         from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
+        from rlslurm.trainer.pipeline import stages_to_first
 
         writer = self._writer()
         if ps.get_data_parallel_rank() == 0:  # every TP rank of DP group 0 takes part in the gather
-            stream = mcore_to_hf(self.mc, model, dtype=self.dtype)
+            stream = stages_to_first(mcore_to_hf(self.mc, model, dtype=self.dtype),
+                                     sender=ps.get_tensor_model_parallel_rank() == 0)
             if writer:
                 final = version_dir(self.weights_dir, version)
                 tmp = self.weights_dir / f".tmp-v{version}-{os.getpid()}"

@@ -51,6 +51,7 @@ class Parallel:
     dp: int
     dp_rank: int
     tp_rank: int
+    pp_rank: int = 0
 
     @property
     def dp_group(self):
@@ -58,18 +59,43 @@ class Parallel:
 
         return ps.get_data_parallel_group()
 
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+def check_context_parallel(cp: int) -> None:
+    """CP > 1 is refused: say exactly why, depending on whether transformer-engine is here."""
+    if cp <= 1:
+        return
+    from rlslurm.trainer.model import HAVE_TE
+
+    if not HAVE_TE:
+        raise ConfigError(
+            f"--context-parallel-size {cp}: context parallelism needs transformer-engine's attention "
+            "(megatron-core's local DotProductAttention has no context-parallel path: it would attend "
+            "within each rank's sequence chunk only), and transformer_engine is not importable here")
+    raise ConfigError(
+        f"--context-parallel-size {cp}: not implemented in the RL trainer loop (its log-prob, entropy "
+        "and loss code assumes every rank holds whole sequences; CP would split them and needs "
+        "per-chunk response slicing and load-balanced sequence splits)")
+
 
 def init_parallel(cfg: RunConfig, world: int) -> Parallel:
     """Megatron parallel state from the train section (CPU shim first when there is no GPU)."""
     t = cfg.train
-    if t.pipeline_model_parallel_size > 1:
-        raise ConfigError("--pipeline-model-parallel-size > 1: the RL trainer loop supports TP/DP only so far")
-    if t.context_parallel_size > 1:
-        raise ConfigError("--context-parallel-size > 1: the RL trainer loop supports TP/DP only so far")
+    check_context_parallel(t.context_parallel_size)
+    if t.pipeline_model_parallel_size < 1:
+        raise ConfigError(f"--pipeline-model-parallel-size {t.pipeline_model_parallel_size}: must be >= 1")
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
     if world % mp:
         raise ConfigError(
-            f"--tensor-model-parallel-size {t.tensor_model_parallel_size} does not divide the trainer world size {world}")
+            f"--tensor-model-parallel-size {t.tensor_model_parallel_size} x --pipeline-model-parallel-size "
+            f"{t.pipeline_model_parallel_size} = {mp} does not divide the trainer world size {world}")
     if not torch.cuda.is_available():
         from rlslurm.trainer import cpu_shim
 
@@ -84,10 +110,28 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
             expert_model_parallel_size=t.expert_model_parallel_size,
         )
     return Parallel(
-        tp=t.tensor_model_parallel_size, pp=1, cp=1, ep=t.expert_model_parallel_size,
+        tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size, cp=1, ep=t.expert_model_parallel_size,
         dp=ps.get_data_parallel_world_size(), dp_rank=ps.get_data_parallel_rank(),
-        tp_rank=ps.get_tensor_model_parallel_rank(),
+        tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
+
+
+def check_pipeline(mc: ModelConfig, tcfg, pp: int) -> None:
+    """What the RL loop's pipeline path (megatron's 1F1B schedule, one model chunk) cannot do."""
+    if pp <= 1:
+        return
+    if mc.arch.num_layers % pp:
+        raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide {mc.name}'s "
+                          f"{mc.arch.num_layers} layers")
+    if getattr(tcfg, "virtual_pipeline_model_parallel_size", None):
+        raise ConfigError("--megatron-virtual-pipeline-model-parallel-size: the interleaved schedule (several "
+                          "model chunks per stage) is not supported by the RL trainer loop")
+    if getattr(tcfg, "overlap_p2p_comm", False):
+        raise ConfigError("--megatron-overlap-p2p-comm: megatron's non-interleaved pipeline schedule, which "
+                          "the RL trainer loop uses, refuses it")
+    if getattr(tcfg, "mtp_num_layers", None):
+        raise ConfigError("--megatron-mtp-num-layers: multi-token prediction with pipeline parallelism is not "
+                          "supported by the RL trainer loop")
 
 
 def set_seeds(seed: int) -> None:
@@ -188,10 +232,13 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _build(mc: ModelConfig, tcfg, vocab_padded: int, device: torch.device) -> torch.nn.Module:
+def _build(mc: ModelConfig, tcfg, vocab_padded: int, device: torch.device, par: Parallel,
+           share_embeddings: bool | None = None) -> torch.nn.Module:
+    """This pipeline stage's part of the model (megatron picks the stage's layers and offsets)."""
     from rlslurm.trainer.model import build_gpt_model
 
-    model = build_gpt_model(mc, tcfg, vocab_size_padded=vocab_padded)
+    model = build_gpt_model(mc, tcfg, vocab_size_padded=vocab_padded, pre_process=par.first_stage,
+                            post_process=par.last_stage, share_embeddings=share_embeddings)
     return model.to(device)
 
 
@@ -266,6 +313,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
     tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, cp=par.cp,
                               overrides=tf_over)
+    check_pipeline(mc, tcfg, par.pp)
     vpad = padded_vocab_size(mc.arch.vocab_size, par.tp)
     device = _device()
 
@@ -273,7 +321,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     if with_ref and cfg.model.ref_load is None and cfg.model.hf_checkpoint is None:
         raise ConfigError("--use-kl-loss / --kl-coef need a reference model: pass --hf-checkpoint or --ref-load")
 
-    actor_model = _build(mc, tcfg, vpad, device)
+    actor_model = _build(mc, tcfg, vpad, device, par)
     _init_weights(actor_model, mc, cfg, "actor")
     actor_ddp = _wrap(actor_model, tcfg, cfg)
     opt, sched = _optimizer(actor_ddp, tcfg, cfg, cfg.train.lr, opt_over)
@@ -283,7 +331,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     if with_ref:
         from rlslurm.convert import load_hf_checkpoint
 
-        ref = _build(mc, tcfg, vpad, device)
+        ref = _build(mc, tcfg, vpad, device, par)
         load_hf_checkpoint(ref, mc, cfg.model.ref_load or cfg.model.hf_checkpoint)
         ref.eval().requires_grad_(False)
 
@@ -291,10 +339,13 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     if adv_cfg.estimator == "ppo":
         # slime initialises the critic's trunk from the actor's checkpoint; the value head starts at 0
         # so the first advantages are the plain returns.
-        cm = _build(mc, tcfg, vpad, device)
+        # Untied on every stage: its output layer becomes the value head, so there is no LM head
+        # to keep equal to the embedding (with PP > 1 a tie would also all-reduce the embedding's
+        # gradient with the value head's across stages).
+        cm = _build(mc, tcfg, vpad, device, par, share_embeddings=False)
         _init_weights(cm, mc, cfg, "critic")
-        cm.output_layer = ValueHead(mc.arch.hidden_size, tcfg.params_dtype, device)
-        cm.share_embeddings_and_output_weights = False
+        if par.last_stage:
+            cm.output_layer = ValueHead(mc.arch.hidden_size, tcfg.params_dtype, device)
         cddp = _wrap(cm, tcfg, cfg)
         copt, csched = _optimizer(cddp, tcfg, cfg, cfg.train.critic_lr or cfg.train.lr, opt_over)
         critic = Trained(cddp, copt, csched)

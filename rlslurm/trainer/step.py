@@ -1,12 +1,12 @@
 """One rollout's training: recompute old/ref log-probs and values, advantages, then
-`num_steps_per_rollout` optimizer steps, each an explicit micro-batch loop.
+`num_steps_per_rollout` optimizer steps (actor, and the critic for PPO).
 
-Why an explicit loop and not megatron's `forward_backward_func`: with PP=1 the schedule is just
-this loop, and the RL loss needs per-micro-batch inputs (advantages, old log-probs) that the
-schedule's `forward_step_func` contract would have to smuggle in. Gradient semantics follow
-`losses.py`: every micro-batch's loss is its share of the global-batch mean, gradients are
-summed over micro-batches (plain backward) and over DP ranks (the loss is multiplied by the DP
-size because megatron's DDP averages).
+Every forward goes through `pipeline.run_microbatches`: a plain micro-batch loop with PP = 1,
+megatron's 1F1B schedule with PP > 1 (the loss closures below run on the last stage). Gradient
+semantics follow `losses.py`: every micro-batch's loss is its share of the global-batch mean,
+gradients are summed over micro-batches and over DP ranks (the loss is multiplied by the DP size
+because megatron's DDP averages). What only the last stage computes (log-probs, values, loss
+metrics) is broadcast to the other stages, so every rank holds the same `Prepared` and metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import Tensor
 from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
 from rlslurm.trainer import logprobs as lp
+from rlslurm.trainer import pipeline
 from rlslurm.trainer.advantages import (
     GROUP_BASELINE_ESTIMATORS,
     actor_trains,
@@ -83,22 +84,26 @@ def make_plan(st: TrainerSetup, rollout: Rollout) -> BatchPlan:
 @torch.no_grad()
 def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: TrainerSetup,
                  values: bool) -> dict[int, Tensor]:
+    """Per local sample: log-probs of the response tokens under `model` (or the critic's values),
+    on every pipeline stage. All micro-batches of the rollout go through one schedule call."""
+
+    def per_sample(output: Tensor, mb: MicroBatch) -> tuple[Tensor, list[Tensor]]:
+        if values:
+            per = lp.values_of(output, mb)
+        else:
+            x = lp.prepare_logits(output, st.vocab_size, st.cfg.rollout.rollout_temperature)
+            per = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
+        return output.new_zeros(()), [t.float().clone() for t in per]
+
     was_training = model.training
     model.eval()
+    mbs = [collate(rollout.samples, idx, st.device) for step in plan.steps for idx in step]
     out: dict[int, Tensor] = {}
-    for step in plan.steps:
-        for idx in step:
-            mb = collate(rollout.samples, idx, st.device)
-            logits = lp.forward_logits(model, mb)
-            if values:
-                per = lp.values_of(logits, mb)
-            else:
-                x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
-                per = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
-            for i, t in zip(idx, per):
-                out[i] = t.float().clone()
+    for mb, per in zip(mbs, pipeline.run_microbatches(model, mbs, per_sample, forward_only=True)):
+        out.update(zip(mb.indices, per))
     model.train(was_training)  # the frozen reference stays in eval mode
-    return out
+    local = plan.local_indices()
+    return pipeline.share_per_sample(out, local, {i: rollout.samples[i].response_length for i in local}, st.device)
 
 
 def rewards_of(st: TrainerSetup, rollout: Rollout) -> Tensor:
@@ -176,42 +181,53 @@ def actor_metric_keys(st: TrainerSetup, prep: Prepared) -> list[str]:
     return keys
 
 
-def _actor_microbatch(st: TrainerSetup, prep: Prepared, mb: MicroBatch, denom: Tensor) -> dict[str, Tensor]:
-    logits = lp.forward_logits(st.actor.model, mb)
-    x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
-    if st.loss_cfg.entropy_coef > 0.0:
-        ent = lp.vocab_parallel_entropy(x)  # before the cross entropy, which shifts x in place
-    else:
-        with torch.no_grad():
-            ent = lp.vocab_parallel_entropy(x.detach())
-    logp = lp.token_logprobs(x, mb.tokens)
-    idx = mb.indices
-    loss, metrics = compute_rl_loss(
-        st.loss_cfg,
-        log_probs=lp.response_slices(logp, mb),
-        advantages=[prep.advantages[i] for i in idx],
-        loss_masks=[prep.masks[i] for i in idx],
-        global_denominator=denom,
-        old_log_probs=[prep.old_logprobs[i] for i in idx],
-        ref_log_probs=[prep.ref_logprobs[i] for i in idx] if prep.ref_logprobs is not None else None,
-        rollout_log_probs=[prep.rollout_logprobs[i] for i in idx] if prep.rollout_logprobs is not None else None,
-        entropy=lp.response_slices(ent, mb),
-    )
-    (loss * st.par.dp).backward()
-    return metrics
+def _actor_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.LossFn:
+    def loss_fn(logits: Tensor, mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
+        if st.loss_cfg.entropy_coef > 0.0:
+            ent = lp.vocab_parallel_entropy(x)  # before the cross entropy, which shifts x in place
+        else:
+            with torch.no_grad():
+                ent = lp.vocab_parallel_entropy(x.detach())
+        logp = lp.token_logprobs(x, mb.tokens)
+        idx = mb.indices
+        return compute_rl_loss(
+            st.loss_cfg,
+            log_probs=lp.response_slices(logp, mb),
+            advantages=[prep.advantages[i] for i in idx],
+            loss_masks=[prep.masks[i] for i in idx],
+            global_denominator=denom,
+            old_log_probs=[prep.old_logprobs[i] for i in idx],
+            ref_log_probs=[prep.ref_logprobs[i] for i in idx] if prep.ref_logprobs is not None else None,
+            rollout_log_probs=[prep.rollout_logprobs[i] for i in idx] if prep.rollout_logprobs is not None else None,
+            entropy=lp.response_slices(ent, mb),
+        )
+    return loss_fn
 
 
-def _critic_microbatch(st: TrainerSetup, prep: Prepared, mb: MicroBatch, denom: Tensor) -> dict[str, Tensor]:
+def _critic_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.LossFn:
     assert st.critic is not None and prep.values is not None
-    out = lp.forward_logits(st.critic.model, mb)
-    idx = mb.indices
-    loss, metrics = compute_value_loss(
-        values=lp.values_of(out, mb), old_values=[prep.values[i] for i in idx], returns=[prep.returns[i] for i in idx],
-        loss_masks=[prep.masks[i] for i in idx], value_clip=st.cfg.train.value_clip,
-        loss_reduction=st.loss_cfg.loss_reduction, global_denominator=denom,
-    )
-    (loss * st.par.dp).backward()
-    return metrics
+    values = prep.values
+
+    def loss_fn(out: Tensor, mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        idx = mb.indices
+        return compute_value_loss(
+            values=lp.values_of(out, mb), old_values=[values[i] for i in idx], returns=[prep.returns[i] for i in idx],
+            loss_masks=[prep.masks[i] for i in idx], value_clip=st.cfg.train.value_clip,
+            loss_reduction=st.loss_cfg.loss_reduction, global_denominator=denom,
+        )
+    return loss_fn
+
+
+def _train_microbatches(st: TrainerSetup, tr: Trained, mbs: list[MicroBatch], loss_fn: pipeline.LossFn
+                        ) -> dict[str, Tensor]:
+    """Zero, forward + backward every micro-batch; the summed metrics (last stage; {} elsewhere)."""
+    _zero(tr)
+    sums: dict[str, Tensor] = {}
+    for m in pipeline.run_microbatches(tr.model, mbs, loss_fn, forward_only=False, grad_scale=st.par.dp):
+        for key, v in m.items():
+            sums[key] = sums[key] + v if key in sums else v
+    return sums
 
 
 def _optimizer_step(tr: Trained) -> tuple[float, bool]:
@@ -231,10 +247,12 @@ def _zero(tr: Trained) -> None:
 
 
 def _reduce(st: TrainerSetup, sums: dict[str, Tensor], keys: list[str]) -> dict[str, float]:
+    """Metric sums of the last stage's micro-batches -> global values on every rank."""
     zero = torch.zeros((), dtype=torch.float64, device=st.device)
     t = torch.stack([sums.get(k, zero).to(device=st.device, dtype=torch.float64) for k in keys])
     if st.par.dp > 1:
         dist.all_reduce(t, group=st.par.dp_group)
+    pipeline.from_last_stage(t)
     return dict(zip(keys, t.tolist()))
 
 
@@ -248,26 +266,17 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     out["lr"] = st.actor.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it after)
     if st.critic is not None:
         out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
+    mbs = [collate(samples, idx, st.device) for idx in step]
     t0 = time.perf_counter()
     if st.critic is not None:
-        _zero(st.critic)
-        sums: dict[str, Tensor] = {}
-        for idx in step:
-            m = _critic_microbatch(st, prep, collate(samples, idx, st.device), denom)
-            for key, v in m.items():
-                sums[key] = sums[key] + v if key in sums else v
+        sums = _train_microbatches(st, st.critic, mbs, _critic_loss(st, prep, denom))
         gn, _ = _optimizer_step(st.critic)
         out.update(_reduce(st, sums, ["value_loss", "value_clipfrac"]))
         out["critic_grad_norm"] = gn
     t1 = time.perf_counter()
     if actor_trains(st.adv_cfg, rollout.rollout_id):
-        _zero(st.actor)
         keys = actor_metric_keys(st, prep)
-        sums = {}
-        for idx in step:
-            m = _actor_microbatch(st, prep, collate(samples, idx, st.device), denom)
-            for key, v in m.items():
-                sums[key] = sums[key] + v if key in sums else v
+        sums = _train_microbatches(st, st.actor, mbs, _actor_loss(st, prep, denom))
         gn, ok = _optimizer_step(st.actor)
         out.update(_reduce(st, sums, keys))
         out["grad_norm"] = gn

@@ -1,6 +1,7 @@
-"""Run under torchrun by test_trainer_step.py: build the trainer from a run directory, check its
-log-probs against HF transformers on the same weights, then train one rollout and dump losses and
-the updated weights (exported to HF names, gathered over TP) for cross-layout comparison.
+"""Run under torchrun by test_trainer_step.py / test_trainer_pp.py: build the trainer from a run
+directory, check its log-probs against HF transformers on the same weights, then train one rollout
+and dump losses and the updated weights (exported to HF names, gathered over TP and from every
+pipeline stage) for cross-layout comparison.
 
 Writes <out>/result.json and <out>/weights.pt from global rank 0.
 """
@@ -25,8 +26,11 @@ def main() -> None:
     from rlslurm.buffer import RolloutReader
     from rlslurm.convert import mcore_to_hf
     from rlslurm.runfile import load_run_config
+    from megatron.core import parallel_state as ps
+
     from rlslurm.trainer import logprobs as lp
     from rlslurm.trainer import step as steps
+    from rlslurm.trainer.pipeline import logits_on_every_stage, stages_to_first
     from rlslurm.trainer.batching import collate
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
@@ -34,14 +38,16 @@ def main() -> None:
     rank, world = init_distributed("cpu")
     st = build_trainer(cfg, world)
     rollout = RolloutReader(a.run_dir, readonly=True).read(0)
-    result: dict = {"tp": st.par.tp, "dp": st.par.dp}
+    result: dict = {"tp": st.par.tp, "dp": st.par.dp, "pp": st.par.pp}
 
     # Log-probs and entropy of every sample under the trainer's path (this rank's TP shard of the
     # vocabulary), before any update; all samples on every rank so that rank 0 can compare them.
     idx = list(range(len(rollout.samples)))
     mb = collate(rollout.samples, idx, st.device)
     with torch.no_grad():
-        x = lp.prepare_logits(lp.forward_logits(st.actor.model, mb), st.vocab_size)
+        st.actor.model.eval()
+        x = lp.prepare_logits(logits_on_every_stage(st.actor.model, mb.tokens), st.vocab_size)
+        st.actor.model.train()
         ent = lp.response_slices(lp.vocab_parallel_entropy(x), mb)
         logp = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
     if rank == 0:
@@ -65,7 +71,8 @@ def main() -> None:
     prep = steps.prepare(st, rollout)
     result["steps"] = [steps.train_step(st, rollout, prep, k) for k in range(cfg.train.num_steps_per_rollout)]
     weights = {}
-    for name, t in mcore_to_hf(st.mc, st.actor.model):
+    sender = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+    for name, t in stages_to_first(mcore_to_hf(st.mc, st.actor.model), sender=sender):
         weights[name] = t.clone()
     if rank == 0:
         a.out.mkdir(parents=True, exist_ok=True)
