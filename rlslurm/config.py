@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting.
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,:@+=-]+$")
@@ -126,6 +126,11 @@ class RolloutSection(Section):
     rollout_batch_size: int = Field(32, ge=1)      # prompts per rollout
     n_samples_per_prompt: int = Field(8, ge=1)
     over_sampling_batch_size: int | None = Field(None, ge=1)
+    # slime's --partial-rollout: groups cut off by an abort (batch full, weight update, preempt) go
+    # back to the data source with their tokens so far and are continued, not restarted
+    partial_rollout: bool = False
+    # ... and tokens that weights older than a sample's newest segment generated get loss_mask 0
+    mask_offpolicy_in_partial_rollout: bool = False
     rollout_max_response_len: int = Field(1024, ge=1)
     rollout_temperature: float = Field(1.0, ge=0)
     rollout_top_p: float = Field(1.0, gt=0, le=1)
@@ -152,6 +157,13 @@ class RolloutSection(Section):
     eval_temperature: float = Field(0.0, ge=0)
     eval_max_response_len: int | None = Field(None, ge=1)
     keep_trained_rollouts: int = Field(4, ge=0)
+
+    @field_validator("mask_offpolicy_in_partial_rollout")
+    @classmethod
+    def _mask_needs_partial(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and not info.data.get("partial_rollout", False):
+            raise ValueError("needs --partial-rollout (without it no sample carries older tokens)")
+        return v
 
 
 class TrainSection(Section):

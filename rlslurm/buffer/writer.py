@@ -10,6 +10,13 @@ Commit protocol (DESIGN.md shared-filesystem rules):
    published the same id first we lose cleanly and remove our data file.
 A crash anywhere leaves at worst an unreferenced data or temp file, removed by
 `cleanup()`; the previously committed state is never touched.
+
+Hand-back: a driver stopped in the middle of a rollout (preempt, stop) has drawn prompts
+and generated tokens that no commit records. `save_handback` writes the data cursor as
+it is after the stop (those prompts pending, with their partial samples) into
+`buffer/<kind>-handback.json`, tied to the newest commit it continues from; the next
+`resume_point` uses it only while that commit is still the newest, so a cursor is never
+applied twice and a later commit always wins.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from rlslurm.buffer.atomic import (
     is_tmp_name,
     listdir_fresh,
     publish_exclusive,
+    read_json,
+    unlink_durable,
+    write_json_atomic,
     write_tmp,
 )
 from rlslurm.buffer.manifest import Manifest, data_name, parse_data_name
@@ -55,6 +65,7 @@ class ResumePoint:
     next_rollout_id: int
     data_cursor: dict[str, Any]  # cursor after the last committed rollout ({} at start)
     to_regenerate: list[int] = field(default_factory=list)  # quarantined, not re-committed
+    from_handback: bool = False  # data_cursor is the hand-back of a driver stopped after that commit
 
 
 @dataclass
@@ -141,8 +152,32 @@ class RolloutWriter(BufferStore):
         The cursor is the one saved with the most recently committed rollout (by commit
         time, so a regenerated rollout's newer cursor wins over a higher id's), looking
         into quarantined manifests too: quarantining the newest rollout must not send
-        the driver back to the start of the data."""
+        the driver back to the start of the data. A hand-back saved after that commit
+        (a stop mid-rollout) replaces it."""
         ids = self.committed_ids()
+        newest = self._newest_manifest(ids)
+        top = ids[-1] if ids else -1
+        for q in self.quarantined():
+            top = max(top, q["rollout_id"])
+        last_trained = self.last_trained()
+        if last_trained is not None:
+            top = max(top, last_trained)
+        cursor = dict(newest.meta.data_cursor) if newest is not None else {}
+        handback = read_json(self.handback_file)
+        from_handback = handback is not None and handback.get("base") == _identity(newest)
+        if from_handback:
+            cursor = dict(handback["data_cursor"])  # type: ignore[index]
+        elif handback is not None:
+            log.info("%s: stale (saved after %s, newest commit %s): ignored", self.handback_file,
+                     handback.get("base"), _identity(newest))
+        return ResumePoint(
+            next_rollout_id=top + 1,
+            data_cursor=cursor,
+            to_regenerate=self.to_regenerate(ids),
+            from_handback=from_handback,
+        )
+
+    def _newest_manifest(self, ids: list[int]) -> Manifest | None:
         newest: Manifest | None = None
         for rid in ids:
             try:
@@ -151,20 +186,31 @@ class RolloutWriter(BufferStore):
                 continue  # corrupt: the trainer will quarantine it
             if m is not None and (newest is None or m.committed_at > newest.committed_at):
                 newest = m
-        top = ids[-1] if ids else -1
         for q in self.quarantined():
-            top = max(top, q["rollout_id"])
             m = _quarantined_manifest(Path(q["path"]), q["rollout_id"])
             if m is not None and (newest is None or m.committed_at > newest.committed_at):
                 newest = m
-        last_trained = self.last_trained()
-        if last_trained is not None:
-            top = max(top, last_trained)
-        return ResumePoint(
-            next_rollout_id=top + 1,
-            data_cursor=dict(newest.meta.data_cursor) if newest is not None else {},
-            to_regenerate=self.to_regenerate(ids),
-        )
+        return newest
+
+    # ------------------------------------------------------------------ hand-back
+
+    @property
+    def handback_file(self) -> Path:
+        return self.run.buffer_dir / f"{self.kind}-handback.json"
+
+    def save_handback(self, data_cursor: dict[str, Any]) -> Path:
+        """Record the cursor of a driver stopped mid-rollout (see the module docstring)."""
+        write_json_atomic(self.handback_file, {
+            "base": _identity(self._newest_manifest(self.committed_ids())),
+            "data_cursor": data_cursor,
+            "saved_at": time.time(),
+            "attempt": self.attempt,
+        })
+        return self.handback_file
+
+    def clear_handback(self) -> None:
+        """After a commit the hand-back is stale; remove it so nobody reads it by mistake."""
+        unlink_durable(self.handback_file)
 
     def to_regenerate(self, committed_ids: list[int] | None = None) -> list[int]:
         """Ids the trainer quarantined as corrupt and nobody re-committed yet: the driver
@@ -203,6 +249,11 @@ class RolloutWriter(BufferStore):
             fsync_dir(self.dir)
             log.info("buffer cleanup removed %d orphan files in %s", len(removed), self.dir)
         return removed
+
+
+def _identity(m: Manifest | None) -> dict[str, Any] | None:
+    """Which commit a hand-back continues from (None: nothing committed yet)."""
+    return None if m is None else {"rollout_id": m.rollout_id, "committed_at": m.committed_at}
 
 
 def _quarantined_manifest(qdir: Path, rollout_id: int) -> Manifest | None:

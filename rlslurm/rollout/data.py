@@ -56,7 +56,11 @@ class PartialSample:
     """What one sample of an unfinished group had generated when it was aborted.
 
     Re-served with its prompt so generation continues where it stopped (partial
-    rollout). `weight_version` is the oldest weights that produced any of its tokens.
+    rollout). `weight_version` is the oldest weights that produced any of its tokens;
+    `version_runs` ([count, version] runs over the tokens, -1 for tokens the model did
+    not generate) says which weights produced which segment. None (cursors written
+    before segments were recorded, or a generate function that did not keep them):
+    every token is taken to come from `weight_version`.
     """
 
     output_ids: list[int]
@@ -64,6 +68,7 @@ class PartialSample:
     loss_mask: list[int]
     weight_version: int
     status: str = "aborted"
+    version_runs: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -72,6 +77,15 @@ class PartialSample:
                 "partial sample",
                 f"{n} output ids but {len(self.output_logprobs)} logprobs and {len(self.loss_mask)} mask entries",
             )
+        if self.version_runs is not None:
+            self.version_runs = [[int(c), int(v)] for c, v in self.version_runs]
+            if any(c <= 0 for c, _ in self.version_runs) or sum(c for c, _ in self.version_runs) != n:
+                raise DataError("partial sample", f"version_runs {self.version_runs} do not cover its {n} tokens")
+
+    def runs(self) -> list[list[int]]:
+        if self.version_runs is not None:
+            return [list(r) for r in self.version_runs]
+        return [[len(self.output_ids), int(self.weight_version)]] if self.output_ids else []
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +94,7 @@ class PartialSample:
             "loss_mask": [int(m) for m in self.loss_mask],
             "weight_version": int(self.weight_version),
             "status": self.status,
+            "version_runs": self.version_runs,
         }
 
     @classmethod
@@ -90,6 +105,7 @@ class PartialSample:
             loss_mask=list(obj["loss_mask"]),
             weight_version=int(obj["weight_version"]),
             status=str(obj.get("status", "aborted")),
+            version_runs=obj.get("version_runs"),
         )
 
 

@@ -15,9 +15,17 @@ One rollout at a time, in id order:
 4. **Commit** with the data cursor after it, then append a metrics line to
    RUN/rollout_metrics.jsonl (RUN/metrics.jsonl is the trainer's: one writer per file).
 
+Between rollouts (and while waiting at the weight gate) the driver regenerates rollouts the
+trainer quarantined as corrupt: in sync mode the trainer waits for exactly that rollout,
+so waiting for the next weight version instead would deadlock.
+
 Restart safety: a rollout exists only once committed, and the cursor saved with it is the
 source's position after it, so a driver killed anywhere resumes from the last commit
-without skipping or repeating a prompt (`RolloutWriter.resume_point`).
+without skipping or repeating a prompt (`RolloutWriter.resume_point`). A driver *stopped*
+mid-rollout (preempt, stop request) aborts its requests and saves the cursor with every
+drawn-but-uncommitted group handed back (`RolloutWriter.save_handback`); with
+--partial-rollout those groups keep their tokens so far, so the next attempt continues
+them instead of generating them again.
 """
 
 from __future__ import annotations
@@ -41,7 +49,13 @@ from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
 from rlslurm.rollout.filters import GroupCollector, GroupFilter, load_filter
-from rlslurm.rollout.generate_api import GenerateFn, generate_group, load_generate_fn
+from rlslurm.rollout.generate_api import (
+    META_CARRIED,
+    META_MASKED,
+    GenerateFn,
+    generate_group,
+    load_generate_fn,
+)
 from rlslurm.rollout.rewards import RewardFn, build_reward_fn
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
@@ -127,6 +141,12 @@ class DriverResult:
     next_rollout_id: int
     committed: list[int] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
+    regenerated: list[int] = field(default_factory=list)  # quarantined ids committed again
+    handback: Path | None = None  # where a stop saved the cursor of the unfinished rollout
+
+
+class _RegenerateFirst(Exception):
+    """A quarantined rollout older than the one waiting at the weight gate must come first."""
 
 
 class RolloutDriver:
@@ -172,38 +192,63 @@ class RolloutDriver:
         resume = self.writer.resume_point()
         if resume.data_cursor:
             self.source.load_state_dict(resume.data_cursor)
-        log.info("rollout driver: next rollout %d, regenerate %s", resume.next_rollout_id, resume.to_regenerate)
+        log.info("rollout driver: next rollout %d, regenerate %s%s", resume.next_rollout_id, resume.to_regenerate,
+                 " (continuing the groups a stopped driver handed back)" if resume.from_handback else "")
         result = DriverResult("done", resume.next_rollout_id)
+        next_id = resume.next_rollout_id
         async with SGLangClient(self.router_url, self.api_key) as client:
             self.ctx = RouterContext(client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency,
                                      retry=self.retry)
-            todo = list(resume.to_regenerate) + list(range(resume.next_rollout_id, self.cfg.rollout.num_rollout))
-            for rollout_id in todo:
-                outcome = await self._until_stop(self._one(rollout_id, result), should_stop)
-                if outcome is None:
+            while (rollout_id := self._next_rollout(next_id)) is not None:
+                regenerate = rollout_id < next_id
+                if regenerate:
+                    log.warning("regenerating rollout %d (the trainer quarantined it as corrupt)", rollout_id)
+                stopped, outcome = await self._until_stop(self._one(rollout_id, result), should_stop)
+                if stopped:
+                    result.handback = self.writer.save_handback(self.source.state_dict())
+                    log.info("stopped in rollout %d: cursor with its unfinished groups saved to %s", rollout_id,
+                             result.handback)
                     result.reason = "stopped"
                     return result
                 if outcome == "exhausted":
                     result.reason = "exhausted"
                     return result
-                result.next_rollout_id = max(result.next_rollout_id, rollout_id + 1)
+                if outcome == "ok":
+                    if regenerate:
+                        result.regenerated.append(rollout_id)
+                    else:
+                        next_id = rollout_id + 1
+                result.next_rollout_id = max(result.next_rollout_id, next_id)
         return result
 
-    async def _until_stop(self, coro: Any, should_stop: ShouldStop) -> Any:
-        """Run `coro`, cancelling it when `should_stop()` turns true (None then). Nothing of
-        a cancelled rollout is committed; the restarted driver does it again."""
+    def _next_rollout(self, next_id: int) -> int | None:
+        """A quarantined rollout first (oldest first), else the next new one."""
+        regen = self.writer.to_regenerate()
+        if regen:
+            return regen[0]
+        return next_id if next_id < self.cfg.rollout.num_rollout else None
+
+    async def _until_stop(self, coro: Any, should_stop: ShouldStop) -> tuple[bool, Any]:
+        """Run `coro`; when `should_stop()` turns true cancel it and return (True, None).
+        Nothing of a cancelled rollout is committed: its groups are aborted and handed
+        back to the source (GroupCollector), whose state the caller then saves."""
         task = asyncio.ensure_future(coro)
         while True:
             done, _ = await asyncio.wait({task}, timeout=self.poll_s)
             if done:
-                return task.result()
+                return False, task.result()
             if should_stop():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-                return None
+                if not task.cancelled():  # it ended on its own meanwhile
+                    return False, task.result()
+                return True, None
 
     async def _one(self, rollout_id: int, result: DriverResult) -> str:
-        version = await self.wait_for_weights(rollout_id)
+        try:
+            version = await self.wait_for_weights(rollout_id)
+        except _RegenerateFirst:
+            return "deferred"
         ev = self.cfg.rollout.eval_interval
         if self._eval and ev and rollout_id % ev == 0:
             if await self.evaluate(rollout_id, version):
@@ -249,6 +294,8 @@ class RolloutDriver:
                     log.warning("rollout %d starts although engines %s missed a weight update (need %d)",
                                 rollout_id, behind, need)
                 return min(versions.values())
+            if any(q < rollout_id for q in self.writer.to_regenerate()):
+                raise _RegenerateFirst()
             if not logged:
                 log.info("rollout %d waits for weight version %d (engines: %s)", rollout_id, need, versions)
                 logged = True
@@ -303,11 +350,12 @@ class RolloutDriver:
         async def run_group(prompt: Prompt) -> list[Sample]:
             return await generate_group(self.ctx, prompt, n=r.n_samples_per_prompt, sampling_params=sp,
                                         reward_fn=self.reward_fn, generate_fn=self.generate_fn,
-                                        reward_key=r.reward_key, reward_executor=self.reward_executor)
+                                        reward_key=r.reward_key, reward_executor=self.reward_executor,
+                                        mask_offpolicy=r.mask_offpolicy_in_partial_rollout)
 
         collector = GroupCollector(self.source, run_group, rollout_batch_size=r.rollout_batch_size,
                                    over_sampling_batch_size=r.over_sampling_batch_size, filters=self.filters,
-                                   abort=self.abort_engines)
+                                   partial_rollout=r.partial_rollout, abort=self.abort_engines)
         t0 = time.perf_counter()
         collected = await collector.collect()
         gen_s = time.perf_counter() - t0
@@ -325,6 +373,7 @@ class RolloutDriver:
         t1 = time.perf_counter()
         self.writer.commit(rollout_id, samples, RolloutMeta(kind="train", data_cursor=self.source.state_dict(),
                                                             metrics=metrics))
+        self.writer.clear_handback()
         metrics["rollout/time/commit_s"] = time.perf_counter() - t1
         self.log_metrics(rollout_id, "train", metrics)
         log.info("committed rollout %d: %d samples, reward %.3f, %.1f s", rollout_id, len(samples),
@@ -415,6 +464,7 @@ def generation_metrics(samples: Sequence[Sample], gen_s: float) -> dict[str, flo
     rewards = [s.scalar_reward for s in samples]
     versions = [s.weight_version for s in samples]
     tokens = sum(lens)
+    carried = sum(int(s.metadata.get(META_CARRIED, 0)) for s in samples)
     by_status = {st: sum(s.status == st for s in samples) for st in SampleStatus}
     return {
         "rollout/samples": float(n),
@@ -425,7 +475,13 @@ def generation_metrics(samples: Sequence[Sample], gen_s: float) -> dict[str, flo
         "rollout/weight_version_min": float(min(versions)),
         "rollout/weight_version_max": float(max(versions)),
         "rollout/time/generate_s": gen_s,
-        "rollout/tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
+        # tokens generated in this rollout (not the ones a partial sample carried in)
+        "rollout/tokens_per_s": (tokens - carried) / gen_s if gen_s > 0 else 0.0,
+        # partial rollout: samples continued from a hand-back, their carried tokens, and how
+        # many of those --mask-offpolicy-in-partial-rollout took out of the loss
+        "rollout/partial/continued_samples": float(sum(bool(s.metadata.get(META_CARRIED)) for s in samples)),
+        "rollout/partial/carried_tokens": float(carried),
+        "rollout/partial/masked_tokens": float(sum(int(s.metadata.get(META_MASKED, 0)) for s in samples)),
     }
 
 

@@ -24,6 +24,7 @@ from rlslurm.buffer.sample import Sample, SampleStatus
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import DataSource, PartialSample, Prompt
+from rlslurm.rollout.generate_api import META_RUNS
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,14 @@ class GroupCollector:
                     f"{len(kept)} of {target}; drops: {dict(drops)}. The rewards of most groups do not vary: check "
                     "the reward function, or the task is too easy or too hard for the model"
                 )
+        except asyncio.CancelledError:
+            # A stop mid-rollout (preempt): the kept groups will not be committed, so they go
+            # back too - with partial rollout their finished samples are served again as they are.
+            for _, prompt, group in sorted(kept, key=lambda k: k[0]):
+                self._hand_back(prompt, group)
+            counts["returned"] += len(kept)
+            kept.clear()
+            raise
         finally:
             if flights:
                 counts["returned"] += await self._return_in_flight(flights)
@@ -240,5 +249,7 @@ def _partials(group: list[Sample]) -> list[PartialSample] | None:
             loss_mask=[int(m) for m in s.effective_loss_mask()],
             weight_version=int(s.weight_version),
             status=s.status.value,
+            # one version (nothing recorded): every token is from s.weight_version
+            version_runs=s.metadata.get(META_RUNS),
         ))
     return out

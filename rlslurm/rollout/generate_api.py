@@ -12,6 +12,12 @@ appends tool output tokens with loss_mask 0 between model turns.
 
 A function that accepts a `partial` keyword continues an aborted sample (partial
 rollout) from its tokens so far; one that does not is restarted from scratch.
+
+Partial rollout bookkeeping: a Generation keeps `version_runs`, the weight version of
+every response token as run lengths ([count, version], env tokens at ENV_VERSION), so
+a sample continued across weight updates knows which tokens which weights produced.
+With --mask-offpolicy-in-partial-rollout, `mask_offpolicy()` takes the tokens of
+versions older than the sample's newest one out of the loss when the group is done.
 """
 
 from __future__ import annotations
@@ -27,6 +33,13 @@ from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import PartialSample, Prompt
 from rlslurm.rollout.rewards import RewardFn, RewardInput, score_group
+
+# version_runs entry of tokens the model did not generate (tool output, user turns)
+ENV_VERSION = -1
+# Sample.metadata keys written for continued samples (read back by filters._partials)
+META_RUNS = "weight_version_runs"
+META_CARRIED = "partial_tokens"
+META_MASKED = "offpolicy_masked_tokens"
 
 
 class GenerateOutput(TypedDict):
@@ -79,9 +92,19 @@ class Generation:
     response_text: str | None = None
     reward: float | dict[str, float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    version_runs: list[list[int]] = field(default_factory=list)  # [count, version] per run of tokens
+    carried: int = 0  # tokens that came with the partial sample this one continues
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def _add_run(self, n: int, version: int) -> None:
+        if n <= 0:
+            return
+        if self.version_runs and self.version_runs[-1][1] == version:
+            self.version_runs[-1][0] += n
+        else:
+            self.version_runs.append([n, version])
 
     def append_model(self, out: GenerateOutput) -> None:
         """Append an engine turn; its tokens are trained."""
@@ -95,6 +118,7 @@ class Generation:
         if ids:
             v = int(out["weight_version"])
             self.weight_version = v if self.weight_version is None else min(self.weight_version, v)
+            self._add_run(len(ids), v)
 
     def append_env(self, ids: Sequence[int]) -> None:
         """Append tokens the model did not generate (tool output, user turn): not trained.
@@ -104,6 +128,7 @@ class Generation:
         self.response_ids += [int(t) for t in ids]
         self.response_logprobs += [0.0] * len(ids)
         self.loss_mask += [0] * len(ids)
+        self._add_run(len(ids), ENV_VERSION)
 
     @property
     def finished(self) -> bool:
@@ -111,20 +136,64 @@ class Generation:
 
     @classmethod
     def from_partial(cls, partial: PartialSample, *, mask_offpolicy: bool = False) -> "Generation":
-        """Continue from an aborted sample. `mask_offpolicy` stops training on tokens
-        that older weights generated (slime's --mask-offpolicy-in-partial-rollout)."""
+        """Continue from an aborted sample. `mask_offpolicy` masks every carried token at
+        once (slime's rule); the driver instead calls `mask_offpolicy()` when the sample is
+        done, which masks only tokens of weights older than the ones that finished it."""
         return cls(
             response_ids=list(partial.output_ids),
             response_logprobs=list(partial.output_logprobs),
             loss_mask=[0] * len(partial.loss_mask) if mask_offpolicy else list(partial.loss_mask),
             status=SampleStatus(partial.status),
             weight_version=partial.weight_version if partial.output_ids else None,
+            version_runs=[list(r) for r in partial.runs()],
+            carried=len(partial.output_ids),
         )
 
     def to_partial(self) -> PartialSample:
         return PartialSample(output_ids=list(self.response_ids), output_logprobs=list(self.response_logprobs),
                              loss_mask=list(self.loss_mask), weight_version=self.weight_version or 0,
-                             status=self.status.value)
+                             status=self.status.value, version_runs=self.token_runs())
+
+    def token_runs(self) -> list[list[int]] | None:
+        """`version_runs` if they cover the response (a custom generate function may have
+        edited the token lists directly; then nothing per-token is known)."""
+        if sum(n for n, _ in self.version_runs) != len(self.response_ids):
+            return None
+        return [list(r) for r in self.version_runs]
+
+    def mask_offpolicy(self, where: str) -> int:
+        """Take the tokens that weights older than this sample's newest generated out of
+        the loss (--mask-offpolicy-in-partial-rollout); `weight_version` becomes the oldest
+        version still trained. Returns how many trained tokens were masked."""
+        runs = self.token_runs()
+        if runs is None:
+            raise DataError(where, f"the generate function left {len(self.response_ids)} response tokens but weight "
+                                   f"versions for {sum(n for n, _ in self.version_runs)}: use Generation.append_model/"
+                                   "append_env (needed by --mask-offpolicy-in-partial-rollout)")
+        model = [v for _, v in runs if v != ENV_VERSION]
+        if len(set(model)) < 2:
+            return 0
+        newest, masked, pos = max(model), 0, 0
+        trained: set[int] = set()
+        for n, v in runs:
+            if v != ENV_VERSION and v < newest:
+                masked += sum(self.loss_mask[pos:pos + n])
+                self.loss_mask[pos:pos + n] = [0] * n
+            elif v != ENV_VERSION and any(self.loss_mask[pos:pos + n]):
+                trained.add(v)
+            pos += n
+        self.weight_version = min(trained) if trained else newest
+        return masked
+
+    def partial_metadata(self) -> dict[str, Any]:
+        """What a continued sample records about its segments (empty for a fresh one)."""
+        out: dict[str, Any] = {}
+        if self.carried:
+            out[META_CARRIED] = self.carried
+        runs = self.token_runs()
+        if runs is not None and len({v for _, v in runs if v != ENV_VERSION}) > 1:
+            out[META_RUNS] = runs
+        return out
 
     def to_sample(self, prompt_ids: Sequence[int], *, group_index: int = 0, index: int = 0,
                   label: Any = None, metadata: dict[str, Any] | None = None,
@@ -140,8 +209,9 @@ class Generation:
             index=index,
             weight_version=default_weight_version if self.weight_version is None else self.weight_version,
             label=None if label is None else str(label),
-            metadata={**(metadata or {}), **self.metadata},
+            metadata={**(metadata or {}), **self.partial_metadata(), **self.metadata},
         )
+
 
 
 GenerateFn = Callable[..., Awaitable[Generation]]
@@ -220,7 +290,7 @@ async def run_generate(fn: GenerateFn, ctx: GenerateContext, prompt: Prompt, sam
 async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampling_params: dict[str, Any],
                          reward_fn: RewardFn, generate_fn: GenerateFn = default_generate,
                          reward_key: str | None = None, reward_executor: Any = None,
-                         seed_per_sample: bool = False) -> list[Sample]:
+                         seed_per_sample: bool = False, mask_offpolicy: bool = False) -> list[Sample]:
     """Generate and score one prompt's group of `n` samples (the usual `run_group`).
 
     Samples continue `prompt.partial` when it is set. If any sample was aborted the group
@@ -230,6 +300,9 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
     the prompt's record number and the sample's place in the group; the driver
     renumbers them by position in the rollout. `seed_per_sample` sets
     `sampling_seed` = k so that n samples differ under deterministic inference.
+    `mask_offpolicy` (partial rollout) masks each finished sample's tokens that older
+    weights generated; it is applied only once the whole group is done, because a
+    continued segment may still come from newer weights.
     """
     partials: Sequence[PartialSample | None] = prompt.partial or [None] * n
     if len(partials) != n:
@@ -240,12 +313,18 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
         return {**sampling_params, "sampling_seed": k} if seed_per_sample else dict(sampling_params)
 
     gens = await asyncio.gather(*(run_generate(generate_fn, ctx, prompt, params(k), partials[k]) for k in range(n)))
+    aborted = any(g.status == SampleStatus.ABORTED for g in gens)
+    if mask_offpolicy and not aborted:
+        for k, g in enumerate(gens):
+            masked = g.mask_offpolicy(f"{prompt.where or f'prompt {prompt.index}'} sample {k}")
+            if masked:
+                g.metadata[META_MASKED] = masked
     prompt_ids = prompt_token_ids(ctx, prompt)
     samples = [g.to_sample(prompt_ids, group_index=prompt.index, index=k, label=prompt.label,
                            metadata=prompt.metadata) for k, g in enumerate(gens)]
     for s in samples:
         s.reward_key = reward_key
-    if any(g.status == SampleStatus.ABORTED for g in gens):
+    if aborted:
         return samples
     todo = [k for k, g in enumerate(gens) if g.reward is None]
     if todo:

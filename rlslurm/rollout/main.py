@@ -34,6 +34,9 @@ from rlslurm.slurm.report import write_env_report
 log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
+# How long the run's end waits for the driver to stop by itself (abort + hand-back; the
+# collector waits up to 60 s for aborted requests to come back).
+DRIVER_STOP_S = 90.0
 
 
 def end_reason(rd: RunDir, control: Control) -> str | None:
@@ -48,6 +51,13 @@ def end_reason(rd: RunDir, control: Control) -> str | None:
     return None
 
 
+def driver_should_stop(rd: RunDir, control: Control) -> bool:
+    """The driver stops at a preempt *request*, before the trainer's ack: the trainer needs no
+    further rollout (it checkpoints at its next safe point), and a driver that stops early has
+    its unfinished groups handed back and saved before the engines go."""
+    return end_reason(rd, control) is not None or control.preempt_requested() is not None
+
+
 async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
     """Node 0 runs the driver; every node keeps heartbeats and control files current
     until the run ends."""
@@ -57,7 +67,7 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
 
         driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
-        driver_task = asyncio.ensure_future(driver.run(lambda: end_reason(rd, control) is not None))
+        driver_task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
     try:
         while True:
             node.housekeeping()
@@ -67,6 +77,16 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
                 driver_task = None
             reason = end_reason(rd, control)
             if reason is not None:
+                if driver_task is not None:
+                    # it saw the same stop: let it abort and save its hand-back while the engines live
+                    done, _ = await asyncio.wait({driver_task}, timeout=DRIVER_STOP_S)
+                    if not done:
+                        log.warning("rollout driver did not stop within %g s: cancelling it", DRIVER_STOP_S)
+                    elif driver_task.exception() is not None:
+                        log.error("rollout driver failed while the run ended (%s): %r", reason,
+                                  driver_task.exception())
+                    else:
+                        log.info("rollout driver stopped: %s", driver_task.result().reason)
                 return reason
             await asyncio.sleep(POLL_S)
     finally:
