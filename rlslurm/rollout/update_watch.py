@@ -100,16 +100,17 @@ class UpdateWatcher:
                 log.exception("weight-update watcher: round failed")
 
     def _hold(self, rec: dict[str, Any]) -> None:
-        key, deadline = _key(rec), time.monotonic() + self.cap_s
+        key, t0 = _key(rec), time.monotonic()
+        deadline = t0 + self.cap_s
         try:
             # entering waits for restarts in progress, but checks are held from the first moment
             with self.supervisor.pause_health_checks(wait_s=self.cap_s):
                 self.held += 1
-                log.info("weight update v%s in progress: engine health checks paused", rec.get("version"))
                 while not self._stop.wait(self.poll_s):
                     cur = active_update(self.control)
                     if cur is None:
-                        log.info("weight update v%s over: engine health checks resumed", rec.get("version"))
+                        log.info("weight update v%s: engine health checks were paused for %.2f s",
+                                 rec.get("version"), time.monotonic() - t0)
                         return
                     if _key(cur) != key:  # the trainer's next try: it is alive, honour it afresh
                         rec, key, deadline = cur, _key(cur), time.monotonic() + self.cap_s

@@ -8,8 +8,10 @@ engines behind the real router, and
    sync (a new group) and serves the new version;
 3. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
    retried on a rebuilt group, and falls back to disk: weights/v<N>/ is written, the version
-   recorded, and the engine that answers loads it;
-4. the next sync, with the hung engine being restarted, goes to the engines that are up.
+   recorded, and the engine that answers loads it; the rollout node's `UpdateWatcher` keeps the
+   supervisor from restarting the hung engine inside the bracket;
+4. after the bracket the supervisor restarts the hung engine; the next sync goes to the engine
+   that is up, and the one after re-joins the restarted engine.
 """
 
 from __future__ import annotations
@@ -93,6 +95,14 @@ def _record(engines, name_url: str):
     return next(r for r in engines.control.engines() if r.url == name_url)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -137,41 +147,52 @@ def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
         after = [_probe(u, key) for u in urls]
         assert after == [("2", r["greedy"])] * 2, (after, r["greedy"])
 
-        # 3. a peer that never answers: bounded failure, rebuilt group, disk fallback
+        # 3. a peer that never answers: bounded failure, rebuilt group, disk fallback. Nothing but
+        # the rollout node's UpdateWatcher keeps the supervisor from restarting it mid-sync.
         timeout_s, attempts = TIMEOUT_S, ATTEMPTS
         hung = sup.process("engine-0")
-        with sup.pause_health_checks():  # what the rollout main does during an update
-            os.killpg(hung.pid, signal.SIGSTOP)
-            v += 1
-            r = worker.publish(v)
-            h = r["history"][0]
-            assert "error" not in r, r
-            assert h["mode"] == "disk", r
-            # try 1 on the existing group: the hung engine does not answer the pause; try 2 on
-            # a rebuilt group: it does not join
-            assert len(h["errors"]) == attempts, h
-            assert h["errors"][0].startswith("pause + begin_weight_update"), h
-            assert h["errors"][1].startswith("joining engines") and "did not join" in h["errors"][1], h
-            # bound: each try costs at most its step timeout plus the bounded cleanup; then the
-            # fallback's own bounded loads
-            from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
-            bound = attempts * (timeout_s + 5 + CLEANUP_TIMEOUT_S) + (timeout_s + 2 * CLEANUP_TIMEOUT_S + 5) + 30
-            assert r["seconds"] < bound, (r["seconds"], bound)
-            assert h["loaded"] == [urls[1]], h
-            assert (engines.run_dir / "weights" / f"v{v}" / "config.json").exists()
-            assert control.weight_version().version == v
-            assert not (control.dir / "weight_update.json").exists()
-            assert _probe(urls[1], key) == (str(v), r["greedy"])
-            os.killpg(hung.pid, signal.SIGKILL)
-        _wait(lambda: not _record(engines, urls[0]).healthy, 30, "engine-0 marked restarting")
+        hung_pid, held = hung.pid, engines.watcher.held
+        restarts0 = _record(engines, urls[0]).restarts
+        os.killpg(hung_pid, signal.SIGSTOP)
+        v += 1
+        r = worker.publish(v)
+        h = r["history"][0]
+        assert "error" not in r, r
+        assert h["mode"] == "disk", r
+        # try 1 on the existing group: the hung engine does not answer the pause; try 2 on a
+        # rebuilt group: it does not join (still listed healthy: the watcher held the checks)
+        assert len(h["errors"]) == attempts, h
+        assert h["errors"][0].startswith("pause + begin_weight_update"), h
+        assert h["errors"][1].startswith("joining engines") and "did not join" in h["errors"][1], h
+        # bound: each try costs at most its step timeout plus the bounded cleanup; then the
+        # fallback's own bounded loads
+        from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
+        bound = attempts * (timeout_s + 5 + CLEANUP_TIMEOUT_S) + (timeout_s + 2 * CLEANUP_TIMEOUT_S + 5) + 30
+        assert r["seconds"] < bound, (r["seconds"], bound)
+        assert h["loaded"] == [urls[1]], h
+        assert (engines.run_dir / "weights" / f"v{v}" / "config.json").exists()
+        assert control.weight_version().version == v
+        assert not (control.dir / "weight_update.json").exists()
+        assert _probe(urls[1], key) == (str(v), r["greedy"])
+        assert engines.watcher.held > held
 
-        # 4. the run goes on: the next sync reaches the engine that is up
+        # 4. with the bracket over, the supervisor finds the hung engine and restarts it; a sync
+        # meanwhile goes to the engine that is up, and the one after re-joins the restarted one
+        _wait(lambda: (rec := _record(engines, urls[0])).restarts > restarts0 or not rec.healthy, 60,
+              "engine-0 found unresponsive")
         v += 1
         r = worker.publish(v)
         assert "error" not in r, r
         assert r["history"][0]["mode"] == "distributed", r
         assert _probe(urls[1], key) == (str(v), r["greedy"])
         assert control.weight_version().version == v
+        _wait(lambda: (rec := _record(engines, urls[0])).restarts == restarts0 + 1 and rec.healthy, 240,
+              "engine-0 restarted")
+        assert not _alive(hung_pid), "the SIGSTOPped engine survived its restart"
+        v += 1
+        r = worker.publish(v)
+        assert "error" not in r and r["history"][0]["mode"] == "distributed", r
+        assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2
     except BaseException:
         print(worker.tail())
         raise
