@@ -187,8 +187,7 @@ class TrainSection(Section):
     adam_eps: float = 1e-8
     clip_grad: float = Field(1.0, ge=0)
     bf16: bool = True
-    # None: on for --device cuda (optimizer state sharded over DP), off on CPU, where bit-exact resume
-    # is proven only for the plain optimizer.
+    # None: on whenever the data-parallel size is > 1 (Adam state sharded over DP ranks), on any device.
     use_distributed_optimizer: bool | None = None
     save_interval: int | None = Field(None, ge=1)
     keep_checkpoints: int = Field(2, ge=1)

@@ -67,7 +67,10 @@ def _derive(res: Resolved) -> None:
             )
         t.global_batch_size = samples // t.num_steps_per_rollout
     if t.use_distributed_optimizer is None:
-        t.use_distributed_optimizer = cfg.run.device == "cuda"
+        # Megatron practice: shard Adam state over data parallelism whenever there is any (resume is
+        # bit-exact with it, tests/trainer/test_trainer_resume.py); with DP=1 it only adds copies.
+        mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
+        t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
     if s.python is None:
         import sys
 

@@ -1,5 +1,6 @@
 """The trainer entry point end to end (torchrun, DP=2, gloo): train-only replay from another
-run's buffer, and resume exactness: 4 rollouts straight == 2 + kill -9 + resume + 2, bit for bit."""
+run's buffer, and resume exactness: 4 rollouts straight == 2 + kill -9 + resume + 2, bit for bit,
+with the plain and with megatron's distributed optimizer."""
 
 from __future__ import annotations
 
@@ -28,16 +29,29 @@ LOGGED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_nor
           "time/actor_step", "time/old_logprob", "time/ref_logprob", "time/wait_rollout")
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory, tiny_hf) -> Path:
+# The distributed optimizer shards Adam state over the 2 DP ranks and checkpoints it per bucket
+# (dp_reshardable); fp32, because a wrong Adam step moves the weights by ~1e-4, under bf16's resolution.
+OPTIMIZERS = {"plain": {}, "distributed": {"use_distributed_optimizer": True}}
+
+
+def _straight(tmp: Path, tiny_hf: Path, train: dict) -> Path:
     """4 rollouts trained straight through, replayed from another run's buffer (no engine)."""
-    tmp = tmp_path_factory.mktemp("straight")
     source = make_run(tmp / "source", tiny_hf)
     commit_rollouts(source, range(4))
-    run = make_run(tmp / "replay", tiny_hf, nproc=2, train={**TRAIN, "load_debug_rollout_data": str(source)},
+    run = make_run(tmp / "replay", tiny_hf, nproc=2, train={**train, "load_debug_rollout_data": str(source)},
                    rollout=ROLLOUT)
     run_trainer(run, nproc=2)
     return run
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, tiny_hf) -> Path:
+    return _straight(tmp_path_factory.mktemp("straight"), tiny_hf, TRAIN)
+
+
+@pytest.fixture(scope="module")
+def straight_distributed(tmp_path_factory, tiny_hf) -> Path:
+    return _straight(tmp_path_factory.mktemp("straight_distributed"), tiny_hf, {**TRAIN, **OPTIMIZERS["distributed"]})
 
 
 def test_replay_trains_without_engines_and_logs_metrics(straight: Path) -> None:
@@ -83,8 +97,11 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     psutil.wait_procs([psutil.Process(p) for p in victims[1:] if psutil.pid_exists(p)], timeout=30)
 
 
-def test_kill_and_resume_is_bit_exact(straight: Path, tmp_path: Path, tiny_hf: Path) -> None:
-    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=ROLLOUT)
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureRequest, tmp_path: Path,
+                                      tiny_hf: Path) -> None:
+    straight = request.getfixturevalue("straight" if optimizer == "plain" else "straight_distributed")
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train={**TRAIN, **OPTIMIZERS[optimizer]}, rollout=ROLLOUT)
     commit_rollouts(run, range(2))
     log = tmp_path / "attempt0.log"
     proc = _start(run, log)

@@ -1,0 +1,37 @@
+"""--use-distributed-optimizer's default: on whenever the data-parallel size is > 1, on any device
+(resume with it is bit-exact: tests/trainer/test_trainer_resume.py); an explicit flag wins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlslurm.resolve import resolve
+
+
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    p = tmp_path / "train.jsonl"
+    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ([], True),                                              # 8 GPUs / TP 2 = DP 4
+    (["--tensor-model-parallel-size", "8"], False),          # DP 1: nothing to shard over
+    (["--no-use-distributed-optimizer"], False),
+    (["--tensor-model-parallel-size", "8", "--use-distributed-optimizer"], True),
+])
+def test_cuda_default_follows_the_data_parallel_size(prompts: Path, extra: list[str], expected: bool) -> None:
+    cfg = resolve(["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(prompts), "--hf-checkpoint",
+                   str(prompts.parent), *extra]).cfg
+    assert cfg.train.use_distributed_optimizer is expected
+
+
+@pytest.mark.parametrize("procs, expected", [(2, True), (1, False)])
+def test_cpu_default_follows_the_data_parallel_size(prompts: Path, procs: int, expected: bool) -> None:
+    cfg = resolve(["--model", "tiny-qwen3", "--nodes", "2", "--device", "cpu", "--gpus-per-node", "0",
+                   "--trainer-procs-per-node", str(procs), "--prompt-data", str(prompts)]).cfg
+    assert cfg.train.use_distributed_optimizer is expected
