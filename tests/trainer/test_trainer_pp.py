@@ -1,7 +1,13 @@
-"""Pipeline parallelism in the RL step (megatron-core on CPU, gloo): one rollout through megatron's
-1F1B schedule at PP=2 (and TP=2 x PP=2) gives the losses, metrics and updated weights of PP=1 on
-the same batch, for a dense model and for an MLA + MoE model whose stages differ (dense first
-layer, MoE second), and the log-probs of the pipelined forward equal HF transformers'."""
+"""Pipeline parallelism in the RL trainer (megatron-core on CPU, gloo).
+
+- One rollout through megatron's 1F1B schedule at PP=2 and TP=2 x PP=2 gives the losses, metrics
+  and updated weights of PP=1 on the same batch: a dense model with tied embeddings (the first
+  stage's embedding and the last stage's output layer are one weight, summed across stages) and
+  an MLA + MoE model whose stages differ (dense first layer, MoE second); the pipelined forward's
+  log-probs equal HF transformers'.
+- PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
+  + resume from the stage-sharded checkpoint is bit-exact.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import HERE, commit_rollouts, make_run, torchrun
+from conftest import HERE, MODEL, REPO, commit_rollouts, make_run, torchrun
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -57,9 +63,21 @@ def _same(ref: tuple[dict, dict], got: tuple[dict, dict], what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory, tiny_hf) -> dict[str, tuple[dict, dict]]:
+def dense(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too)."""
+    import yaml
+
+    from rlslurm.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
     tmp = tmp_path_factory.mktemp("pp")
-    return {name: _run(tmp, tiny_hf, name, nproc, tp, pp)
+    raw = yaml.safe_load((REPO / "model_configs" / f"{MODEL}.yaml").read_text())
+    raw["name"] = f"{MODEL}-tied"
+    raw["arch"]["tie_word_embeddings"] = True
+    model = tmp / f"{MODEL}-tied.yaml"
+    model.write_text(yaml.safe_dump(raw))
+    hf = make_tiny_checkpoint(load_model_config(str(model)), tmp / "hf", seed=3)
+    return {name: _run(tmp, hf, name, nproc, tp, pp, model=str(model))
             for name, nproc, tp, pp in (("pp1", 1, 1, 1), ("pp2", 2, 1, 2), ("tp2pp2", 4, 2, 2))}
 
 
@@ -78,6 +96,7 @@ def test_pipeline_equals_single_stage(dense, name: str) -> None:
     # the batch really was cut into unequal micro-batches, and the update did something
     assert [s["num_microbatches"] for s in ref["steps"]] != [1.0, 1.0]
     assert ref["steps"][0]["grad_norm"] > 0 and abs(ref["steps"][1]["ppo_kl"]) > 1e-5
+    assert "lm_head.weight" not in dense[name][1]  # tied: exported once, as the embedding
     _same(dense["pp1"], dense[name], name)
 
 
@@ -93,3 +112,66 @@ def test_mla_moe_pipeline_equals_single_stage(tmp_path_factory) -> None:
     got = _run(tmp, hf, "pp2", 2, 1, 2, model="tiny-deepseek-v3")
     assert got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
     _same(ref, got, "tiny-deepseek-v3 pp2")
+
+
+# PPO through the entry point at PP=2: a critic (critic-only warm-up on rollout 0), a frozen
+# reference for the KL loss, GAE advantages from the critic's values, and dynamic micro-batches.
+PPO = dict(advantage_estimator="ppo", num_critic_only_steps=1, critic_lr=2e-3, normalize_advantages=True, gamma=1.0,
+           lambd=0.95, use_kl_loss=True, kl_loss_coef=0.05, entropy_coef=0.01, pipeline_model_parallel_size=2,
+           num_steps_per_rollout=2, global_batch_size=4, micro_batch_size=1, use_dynamic_batch_size=True,
+           max_tokens_per_gpu=20, save_interval=1, keep_checkpoints=2, weight_sync="disk")
+
+
+def test_ppo_kill_and_resume_at_pp2_is_bit_exact(tmp_path: Path, tiny_hf: Path) -> None:
+    """3 rollouts straight == 2 + kill -9 + resume + 1, bit for bit in the published weights: the
+    checkpoint (sharded by stage) restores both stages' actor and critic weights, both optimizers,
+    schedulers and RNG; the critic's restored state reaches the actor through rollout 2's values."""
+    from safetensors.torch import load_file
+
+    from conftest import metrics, run_trainer
+    from test_trainer_resume import _kill_tree, _start
+
+    straight = make_run(tmp_path / "straight", tiny_hf, nproc=2, train=PPO, rollout=dict(num_rollout=3))
+    commit_rollouts(straight, range(3))
+    run_trainer(straight, nproc=2, timeout=400)
+    lines = metrics(straight)
+    assert [l["step"] for l in lines] == list(range(6))
+    assert all("pg_loss" not in l for l in lines[:2])  # critic-only warm-up
+    for l in lines[2:]:
+        for k in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "value_loss", "value_clipfrac", "critic_grad_norm"):
+            assert l.get(k) is not None and math.isfinite(l[k]), (k, l)
+        assert l["grad_norm"] > 0 and l["critic_grad_norm"] > 0
+    # the checkpoint holds both stages' shards (every rank wrote)
+    assert (straight / "checkpoints" / "iter_0000003" / "rlslurm.json").exists()
+
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=PPO, rollout=dict(num_rollout=3))
+    commit_rollouts(run, range(2))
+    log = tmp_path / "attempt0.log"
+    proc = _start(run, log)
+    try:
+        import time
+
+        deadline = time.monotonic() + 300
+        while '"iter_0000002"' not in ((run / "checkpoints" / "latest").read_text()
+                                       if (run / "checkpoints" / "latest").exists() else ""):
+            assert proc.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no checkpoint after 2 rollouts"
+            time.sleep(0.3)
+        time.sleep(1.0)  # now waiting for rollout 2, which this attempt never gets
+        assert proc.poll() is None, log.read_text()[-6000:]
+    finally:
+        _kill_tree(proc)
+    assert not (run / "weights" / "v3").exists()
+    commit_rollouts(run, range(2, 3))
+    p = run_trainer(run, nproc=2, timeout=400)
+    assert "resumed from" in p.stderr and "iter_0000002" in p.stderr
+    a = load_file(str(straight / "weights" / "v3" / "model.safetensors"))
+    b = load_file(str(run / "weights" / "v3" / "model.safetensors"))
+    init = load_file(str(tiny_hf / "model.safetensors"))
+    assert a.keys() == b.keys() == init.keys()  # every stage's layers reached the one writer
+    differ = [n for n in a if not torch.equal(a[n], b[n])]
+    assert not differ, differ
+    assert all(not torch.equal(a[n], init[n]) for n in a)  # trained, not just copied
+    resumed = [l for l in metrics(run) if l["rollout_id"] == 2]
+    for x, y in zip(lines[4:], resumed):
+        assert x["loss"] == y["loss"] and x["value_loss"] == y["value_loss"], (x, y)

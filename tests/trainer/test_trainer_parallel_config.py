@@ -1,0 +1,55 @@
+"""Parallel layouts the RL trainer still refuses, each with an error that names the flag and why
+(no torch.distributed needed: the checks run before any process group or model exists)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import load_model_config
+from rlslurm.trainer import model as model_mod
+from rlslurm.trainer.setup import check_context_parallel, check_pipeline
+
+
+def _tcfg(**kw):
+    base = dict(virtual_pipeline_model_parallel_size=None, overlap_p2p_comm=False, mtp_num_layers=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_context_parallel_without_transformer_engine_says_why(monkeypatch) -> None:
+    check_context_parallel(1)
+    monkeypatch.setattr(model_mod, "HAVE_TE", False)
+    with pytest.raises(ConfigError, match=r"--context-parallel-size 2: .*needs transformer-engine.*not importable"):
+        check_context_parallel(2)
+
+
+def test_context_parallel_with_transformer_engine_is_still_refused(monkeypatch) -> None:
+    monkeypatch.setattr(model_mod, "HAVE_TE", True)
+    with pytest.raises(ConfigError, match=r"--context-parallel-size 2: not implemented in the RL trainer loop"):
+        check_context_parallel(2)
+
+
+def test_pipeline_checks_name_the_flag() -> None:
+    mc = load_model_config("tiny-qwen3")  # 2 layers
+    check_pipeline(mc, _tcfg(), 1)
+    check_pipeline(mc, _tcfg(), 2)
+    with pytest.raises(ConfigError, match=r"--pipeline-model-parallel-size 4 does not divide tiny-qwen3's 2 layers"):
+        check_pipeline(load_model_config("tiny-qwen3"), _tcfg(), 4)
+    with pytest.raises(ConfigError, match=r"--megatron-virtual-pipeline-model-parallel-size: the interleaved"):
+        check_pipeline(mc, _tcfg(virtual_pipeline_model_parallel_size=2), 2)
+    with pytest.raises(ConfigError, match=r"--megatron-overlap-p2p-comm"):
+        check_pipeline(mc, _tcfg(overlap_p2p_comm=True), 2)
+    with pytest.raises(ConfigError, match=r"--megatron-mtp-num-layers"):
+        check_pipeline(mc, _tcfg(mtp_num_layers=1), 2)
+
+
+def test_pipeline_sets_what_the_schedule_needs() -> None:
+    """PP > 1: stages exchange activation shapes (RL micro-batches differ in length), and the MoE
+    dispatcher is one that megatron allows with variable lengths; PP = 1 keeps megatron's defaults."""
+    mc = load_model_config("tiny-qwen3-moe")
+    pp2 = model_mod.transformer_config(mc, pp=2)
+    assert pp2.variable_seq_lengths and pp2.moe_token_dispatcher_type == "alltoall"
+    pp1 = model_mod.transformer_config(mc, pp=1)
+    assert not pp1.variable_seq_lengths
