@@ -166,6 +166,8 @@ class Generation:
         the loss (--mask-offpolicy-in-partial-rollout); `weight_version` becomes the oldest
         version still trained. Returns how many trained tokens were masked."""
         runs = self.token_runs()
+        if runs is None and not self.carried:
+            return 0  # a fresh sample: nothing in it predates this rollout's requests
         if runs is None:
             raise DataError(where, f"the generate function left {len(self.response_ids)} response tokens but weight "
                                    f"versions for {sum(n for n, _ in self.version_runs)}: use Generation.append_model/"
@@ -211,7 +213,6 @@ class Generation:
             label=None if label is None else str(label),
             metadata={**(metadata or {}), **self.partial_metadata(), **self.metadata},
         )
-
 
 
 GenerateFn = Callable[..., Awaitable[Generation]]

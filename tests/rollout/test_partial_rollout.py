@@ -68,6 +68,8 @@ def test_offpolicy_mask_keeps_only_the_newest_weights_tokens():
     edited.response_logprobs.append(0.0)
     edited.loss_mask.append(1)
     assert edited.to_partial().version_runs is None
+    assert edited.mask_offpolicy("fresh") == 0  # nothing carried: nothing can be older
+    edited.carried = 1
     with pytest.raises(DataError, match="prompt 3 sample 1.*append_model"):
         edited.mask_offpolicy("prompt 3 sample 1")
     with pytest.raises(DataError, match="do not cover"):
