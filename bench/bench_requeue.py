@@ -227,7 +227,6 @@ def measure_event(run_dir: Path, kind: str, old: int, new: int, t_signal: float)
         },
         "marks": {"t_signal": t_signal, "t_end": t_end, "t_end_ledger": end_rec.get("end") if end_rec else None,
                   "t_start": t_start, "t_first_step": t_first_step},
-        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -328,20 +327,30 @@ def write_md(path: Path, events: list[dict], summary: dict) -> None:
 
     rows = [
         "| event | figure s | ratio | SLURM restart delay s | ckpt load s | trainer ready s | engines healthy s "
-        "| trainer waits for engines s | first sync done s | first step s | signal -> old end s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| trainer waits for engines s | first sync done s | first step s | signal -> old end s | load 1m |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in events:
         t, g = e["trainer"], e["engines"]
         rows.append(f"| {e['event']} (attempt {e['old_attempt']}->{e['new_attempt']}) | {f(e['figure_s'])} "
                     f"| {e['ratio']:.2f} | {f(e['slurm_restart_delay_s'])} | {f(e['model_load_s'])} "
                     f"| {f(t['ready_at_s'])} | {f(g['healthy_at_s'])} | {f(t['wait_for_engines_s'])} "
-                    f"| {f(t['sync_done_at_s'])} | {f(e['start_to_first_step_s'])} | {f(e['signal_to_old_end_s'])} |")
+                    f"| {f(t['sync_done_at_s'])} | {f(e['start_to_first_step_s'])} | {f(e['signal_to_old_end_s'])} "
+                    f"| {e['loadavg_1m']['at_signal']} |")
 
     def med(key: str, sub: str | None = None) -> str:
         xs = [(e[sub][key] if sub else e[key]) for e in events]
         xs = [x for x in xs if x is not None]
         return f"{statistics.median(xs):.1f}" if xs else "-"
+
+    buffered = [e for e in events if e["trainer"]["first_step_wait_rollout_s"] < 0.5]
+    gated = ""
+    if buffered:
+        gated = (f"\n- {len(buffered)} of {len(events)} events resumed with the first rollout already in the buffer "
+                 f"(the step waited {max(e['trainer']['first_step_wait_rollout_s'] for e in buffered):.2f} s for it), "
+                 f"yet trained it only after waiting "
+                 f"{statistics.median(e['trainer']['wait_for_engines_s'] or 0.0 for e in buffered):.1f} s (median) "
+                 "for this attempt's engines: the trainer publishes the resumed weights before its first step.")
 
     text = f"""# Requeue to first resumed train step (issue #6)
 
@@ -375,7 +384,7 @@ Median figure **{summary['figure_s']:.1f} s**, ratio **{summary['ratio']:.2f}** 
   router {med('healthy_to_registered_s', 'engines')} s; node 0 then loads the tokenizer and starts the driver
   ({med('registered_to_driver_s', 'engines')} s); first rollout committed {med('driver_to_first_commit_s', 'engines')} s later.
 - SLURM's own restart delay {med('slurm_restart_delay_s')} s; signal -> old attempt's last record
-  {med('signal_to_old_end_s')} s.
+  {med('signal_to_old_end_s')} s.{gated}
 """
     path.write_text(text)
 
@@ -424,16 +433,18 @@ def main(argv: list[str] | None = None) -> int:
         attempt = 0
         wait_trained(cluster, run_dir, job, attempt, a.warm_rollouts, FIRST_ATTEMPT_TIMEOUT_S)
         schedule = [k for _ in range(a.reps) for k in a.events]
-        for i, kind in enumerate(schedule):
+        for kind in schedule:
             t_signal = inject(cluster, job, kind)
             print(f"[bench] {kind} sent to job {job} in attempt {attempt}", flush=True)
-            wait_trained(cluster, run_dir, job, attempt + 1, 1, EVENT_TIMEOUT_S)
+            load = os.getloadavg()[0]
+            # Measured once a few rollouts are trained, so that the rollout side's records (driver start,
+            # first commit) exist too when the trainer's first step did not wait for them.
+            wait_trained(cluster, run_dir, job, attempt + 1, a.warm_rollouts, EVENT_TIMEOUT_S)
             ev = measure_event(run_dir, kind, attempt, attempt + 1, t_signal)
+            ev["loadavg_1m"] = {"at_signal": round(load, 2), "after": round(os.getloadavg()[0], 2)}
             events.append(ev)
             print(json.dumps(ev), flush=True)
             attempt += 1
-            if i + 1 < len(schedule):
-                wait_trained(cluster, run_dir, job, attempt, a.warm_rollouts, EVENT_TIMEOUT_S)
         rlslurm("stop", str(run_dir), "--reason", "bench_requeue done")
         try:
             cluster.wait_finished(job, 180)
