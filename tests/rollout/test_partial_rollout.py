@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
+import os
+import time
 
 import numpy as np
 import pytest
@@ -261,3 +262,58 @@ def test_a_rollout_quarantined_mid_run_is_regenerated_before_the_next(private_de
     assert len(set(groups)) == 6 and r1.meta.data_cursor["position"] == 6, groups
     assert {s.weight_version for s in again.samples} == {0} and {s.weight_version for s in r1.samples} == {1}
     assert [(m["rollout_id"], m["kind"]) for m in metrics_lines(run)] == [(0, "train"), (0, "train"), (1, "train")]
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_rollout_main_stops_the_driver_at_a_preempt_request_and_keeps_its_groups(tmp_path, tiny_model):
+    """`python -m rlslurm.rollout.main` (local mode): at the batch script's preempt request the
+    driver stops mid-rollout and saves its hand-back while the engines still run; the process
+    exits only after the trainer's ack."""
+    from rlslurm.buffer.atomic import write_json_atomic
+    from rlslurm.buffer.control import Control
+    from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
+    from rlslurm.runfile import dump_run_config
+    from tests.rollout.test_driver_main import _start
+
+    cfg = RunConfig(run=RunSection(device="cpu"), slurm=SlurmSection(gpus_per_node=0),
+                    model=ModelSection(model="tiny-qwen3", hf_checkpoint=tiny_model),
+                    data=DataSection(prompt_data=write_prompts(tmp_path / "p.jsonl", 64)),
+                    rollout=RolloutSection(num_rollout=50, rollout_batch_size=4, n_samples_per_prompt=2,
+                                           rollout_max_response_len=160, rm_type="exact", engines_per_node=1,
+                                           async_buffer_size=50, partial_rollout=True, rollout_dtype="float32",
+                                           engine_health_interval_s=2.0),
+                    sglang_args=["--max-total-tokens", "4096", "--mem-fraction-static", "0.3"])
+    rd = RunDir.create(tmp_path / "run")
+    rd.ensure_api_key()
+    rd.run_yaml.write_text(dump_run_config(cfg))
+    control, writer = Control(rd), RolloutWriter(rd)
+    proc = _start(rd)
+    log = rd.path / "rollout.log"
+    try:
+        deadline = time.monotonic() + 400
+        while not writer.is_committed(0):  # async mode: rollout 1 is generating right after this
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        write_json_atomic(control.preempt_file, {"requested_at": time.time(), "job_id": "0", "attempt": 0})
+        while not writer.handback_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(2)
+        assert proc.poll() is None, "the node must keep its engines until the trainer acks"
+        control.ack_preempt(checkpoint_iteration=-1)
+        assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    saved = json.loads(writer.handback_file.read_text())
+    newest = writer.committed_ids()[-1]
+    assert saved["base"]["rollout_id"] == newest
+    resume = writer.resume_point()
+    assert resume.from_handback and resume.next_rollout_id == newest + 1
+    pending = resume.data_cursor["pending"]
+    committed = {s.metadata["prompt_index"] for rid in writer.committed_ids() for s in RolloutReader(rd).read(rid).samples}
+    assert len(pending) == 4 and not {p["index"] for p in pending} & committed  # the stopped rollout's 4 groups
+    assert all(p["partial"] is not None and len(p["partial"]) == 2 for p in pending)
+    assert "stopped in rollout" in log.read_text()
