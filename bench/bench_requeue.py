@@ -64,6 +64,7 @@ NUM_ROLLOUT = 400  # far more than the bench needs; it ends the run with `rlslur
 FIRST_ATTEMPT_TIMEOUT_S = 600.0
 EVENT_TIMEOUT_S = 420.0
 
+NOTES = "## Notes (hand-written"
 _TRAINER_TS = re.compile(r"^\[trainer 0\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _ROLLOUT_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -386,7 +387,10 @@ Median figure **{summary['figure_s']:.1f} s**, ratio **{summary['ratio']:.2f}** 
 - SLURM's own restart delay {med('slurm_restart_delay_s')} s; signal -> old attempt's last record
   {med('signal_to_old_end_s')} s.{gated}
 """
-    path.write_text(text)
+    # Hand-written notes below the generated part survive a re-run.
+    old = path.read_text() if path.exists() else ""
+    notes = old[old.index(NOTES):] if NOTES in old else ""
+    path.write_text(text + ("\n" + notes if notes else ""))
 
 
 # ------------------------------------------------------------------------------ main
@@ -416,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     machine = {"host": host, "machine": f"{platform.machine()} VM, CPU engines", "cpus": os.cpu_count(),
                "python": platform.python_version(), "loadavg_start": round(os.getloadavg()[0], 2),
-               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": " ".join(sys.argv[1:] if argv is None else argv)}
+               "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "argv": f"--events {' '.join(a.events)} --reps {a.reps} --warm-rollouts {a.warm_rollouts}"}
     t0 = time.monotonic()
     cluster = SlurmCluster(owner_pid=os.getpid(), env={"RLSLURM_CI_NODES": os.environ.get("RLSLURM_CI_NODES", "4"),
                                                        "RLSLURM_CI_GPUS": os.environ.get("RLSLURM_CI_GPUS", "8")})
