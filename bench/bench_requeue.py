@@ -65,6 +65,7 @@ FIRST_ATTEMPT_TIMEOUT_S = 600.0
 EVENT_TIMEOUT_S = 420.0
 
 NOTES = "## Notes (hand-written"
+EXPECTED_REASON = {"usr1": "preempted (USR1)", "requeue": "terminated (SIGTERM"}  # the batch script's ledger reasons
 _TRAINER_TS = re.compile(r"^\[trainer 0\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _ROLLOUT_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -188,6 +189,8 @@ def measure_event(run_dir: Path, kind: str, old: int, new: int, t_signal: float)
         "old_attempt": old,
         "new_attempt": new,
         "old_reason": end_rec.get("reason") if end_rec else None,
+        # The old attempt ended the way the injected event should end it (else the figure is mislabelled).
+        "as_expected": bool(end_rec) and str(end_rec.get("reason")).startswith(EXPECTED_REASON[kind]),
         "figure_s": round(figure, 3),
         "reference_s": TARGET_S,
         "reference_is": "the issue's target (<= 30 s plus model load), not a measurement",
@@ -383,7 +386,8 @@ Median figure **{summary['figure_s']:.1f} s**, ratio **{summary['ratio']:.2f}** 
   started and waited for before any SGLang server is spawned ({med('router_start_s', 'engines')} s);
   SGLang CPU server start-up {med('sglang_startup_s', 'engines')} s (both in parallel); registration with the
   router {med('healthy_to_registered_s', 'engines')} s; node 0 then loads the tokenizer and starts the driver
-  ({med('registered_to_driver_s', 'engines')} s); first rollout committed {med('driver_to_first_commit_s', 'engines')} s later.
+  ({med('registered_to_driver_s', 'engines')} s); first rollout committed
+  {med('driver_to_first_commit_s', 'engines')} s later.
 - SLURM's own restart delay {med('slurm_restart_delay_s')} s; signal -> old attempt's last record
   {med('signal_to_old_end_s')} s.{gated}
 """
@@ -449,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             ev["loadavg_1m"] = {"at_signal": round(load, 2), "after": round(os.getloadavg()[0], 2)}
             events.append(ev)
             print(json.dumps(ev), flush=True)
+            if not ev["as_expected"]:
+                print(f"[bench] WARNING: attempt {attempt} ended with {ev['old_reason']!r} after {kind}", flush=True)
             attempt += 1
         rlslurm("stop", str(run_dir), "--reason", "bench_requeue done")
         try:
