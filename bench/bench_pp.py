@@ -142,13 +142,19 @@ def run(a: argparse.Namespace) -> None:
 
 def compare(a_path: Path, b_path: Path) -> int:
     a, b = json.loads(a_path.read_text()), json.loads(b_path.read_text())
+    # The test tolerances (rel 1e-5 with an absolute floor of 1e-6): pg_loss, kl and ppo_kl are
+    # means of near-cancelling terms (~1e-6 .. 1e-11 here), where a relative measure is noise. On
+    # GPUs fp32 kernels are not bit-reproducible between runs, so exact equality is not expected.
+    metric_excess = max(abs(x[k] - y[k]) - (1e-5 * abs(x[k]) + 1e-6)
+                        for x, y in zip(a["steps"], b["steps"]) for k in COMPARED)
     worst_metric = max(abs(x[k] - y[k]) / max(abs(x[k]), 1e-6) for x, y in zip(a["steps"], b["steps"]) for k in COMPARED)
     worst_weight = max(abs(u - v) / max(abs(u), 1e-6) for n in a["digest"] for u, v in zip(a["digest"][n], b["digest"][n]))
-    ok = set(a["digest"]) == set(b["digest"]) and worst_metric < 1e-4 and worst_weight < 1e-5
+    ok = set(a["digest"]) == set(b["digest"]) and metric_excess <= 0 and worst_weight < 1e-5
     print(json.dumps({
         "check": "rl_step_pp_equals_pp1", "ok": ok, "pp": [a["pp"], b["pp"]], "gpu": b["gpu"],
         "megatron_core": b["megatron_core"], "torch": b["torch"],
         "losses": {k: [[s[k] for s in a["steps"]], [s[k] for s in b["steps"]]] for k in COMPARED},
+        "max_abs_metric_diff": max(abs(x[k] - y[k]) for x, y in zip(a["steps"], b["steps"]) for k in COMPARED),
         "max_rel_metric_diff": worst_metric, "max_rel_weight_digest_diff": worst_weight,
         "tensors": [len(a["digest"]), len(b["digest"])], "microbatches": b["microbatches"], "tokens": b["tokens"],
         "step_s": [a["step_s"], b["step_s"]], "prepare_s": [a["prepare_s"], b["prepare_s"]],
