@@ -22,8 +22,10 @@ and every engine is registered with it again (`router_restarts`).
 A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
 (shared/sglang-notes.md), so each update is wrapped in `pause_health_checks()` (by the rollout
 node's `UpdateWatcher`, rollout/update_watch.py, while the trainer's update record is active):
-no check or restart starts inside it, and entering it waits for restarts in progress to
-finish, so an update never starts against a half-restarted engine. `restarts_total` lets
+no `/health` check starts inside it and no failed one counts, and entering it waits for
+restarts in progress to finish. An engine whose process has exited is still restarted inside a
+pause: it is in no broadcast, and marking it unhealthy at once lets the sync's next try leave it
+out instead of waiting out the join timeout for it. `restarts_total` lets
 the weight sync notice that an engine was restarted (and must re-join the update group).
 """
 
@@ -212,8 +214,9 @@ class EngineSupervisor:
     # --- weight-update bracket ------------------------------------------------------------
     @contextmanager
     def pause_health_checks(self, wait_s: float | None = None) -> Iterator[None]:
-        """No health check or restart starts while inside; entering waits for restarts in
-        progress (TimeoutError after `wait_s`, None: no limit). Nestable, any thread."""
+        """No /health check or restart of a live engine starts while inside (an exited one is
+        still restarted); entering waits for restarts in progress (TimeoutError after `wait_s`,
+        None: no limit). Nestable, any thread."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self._cond:
             self._paused += 1
@@ -250,13 +253,18 @@ class EngineSupervisor:
             self._restart_router()
         for s in self._slots:
             with self._cond:
-                if self._paused or s.restarting or self._stop.is_set():
+                if s.restarting or self._stop.is_set():
                     continue
-            reason = self._check(s)
+                paused = self._paused > 0
+            # A pause spares engines that may be blocked in a broadcast; one whose process has
+            # exited is in no broadcast, and the sync's next try must not wait for it to join.
+            reason = self._exited(s) if paused else self._check(s)
             if reason is None:
                 continue
             with self._cond:
-                if self._paused or self._stop.is_set():  # paused since the check: let it be
+                if self._stop.is_set():
+                    continue
+                if self._paused and not reason.startswith("exited"):  # paused since the check: let it be
                     s.failures = 0
                     continue
                 s.restarting = True
@@ -266,11 +274,17 @@ class EngineSupervisor:
             self._restart_threads = [x for x in self._restart_threads if x.is_alive()] + [t]
             t.start()
 
+    @staticmethod
+    def _exited(s: _Slot) -> str | None:
+        if s.proc.is_alive():
+            return None
+        return f"exited (code {s.proc.proc.returncode if s.proc.proc else None})"
+
     def _check(self, s: _Slot) -> str | None:
         """None if the engine is fine, else why it must be restarted."""
-        if not s.proc.is_alive():
-            code = s.proc.proc.returncode if s.proc.proc else None
-            return f"exited (code {code})"
+        exited = self._exited(s)
+        if exited is not None:
+            return exited
         if health_sync(s.proc.url, timeout=self.health_timeout_s):
             s.failures = 0
             return None

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Coroutine, Iterable, Iterator, Literal
+from urllib.parse import urlsplit
 
 import torch
 import torch.distributed as dist
@@ -104,6 +105,27 @@ def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
     """The healthy engines of control/engines.json (one being restarted joins the next sync)."""
     return [EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts)
             for r in records if r.healthy]
+
+
+REFUSED_TIMEOUT_S = 2.0
+
+
+async def _refusing(urls: list[str]) -> list[str]:
+    """The urls where nothing listens (connection refused). A connect that times out says
+    nothing (a hung or far engine): the join's own timeout decides about those."""
+    async def one(url: str) -> bool:
+        u = urlsplit(url)
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port), REFUSED_TIMEOUT_S)
+        except ConnectionRefusedError:
+            return True
+        except (OSError, asyncio.TimeoutError):
+            return False
+        w.close()
+        return False
+
+    refused = await asyncio.gather(*(one(u) for u in urls))
+    return [u for u, r in zip(urls, refused) if r]
 
 
 # --- rollout-side coordination ------------------------------------------------------------
@@ -214,10 +236,18 @@ class StageSender:
         return engine_targets(self.control.engines())
 
     def ensure_group(self, targets: list[EngineTarget] | None = None) -> None:
-        """Build the group unless one exists for exactly these engines (url, pid, restarts)."""
+        """Build the group unless one exists for exactly these engines (url, pid, restarts).
+        Engines that refuse connections are left out: engines.json lags a kill by up to the
+        supervisor's health interval, and a dead engine would hold the join for its timeout."""
         targets = self.current_targets() if targets is None else targets
+        gone = self._loop.submit(_refusing([t.url for t in targets])).result(timeout=REFUSED_TIMEOUT_S + 5)
+        if gone:
+            log.warning("weight sync: leaving out %s (connection refused: exited or restarting; a later sync "
+                        "includes it again)", gone)
+            targets = [t for t in targets if t.url not in gone]
         if not targets:
-            raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
+            raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to"
+                                 + (f" ({len(gone)} refused connections)" if gone else ""))
         if self.group is not None and self.engines is not None and self.engines.targets == targets:
             return
         self.teardown()

@@ -4,6 +4,7 @@ fallback raises `WeightSyncError` so the step fails and the job is requeued."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from rlslurm.buffer.control import Control, EngineRecord
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError
 from rlslurm.net import free_port
+from rlslurm.trainer import weight_sync
 from rlslurm.trainer.weight_sync import (DistributedPublisher, SyncOptions, WeightSyncError, _Roles, engine_targets,
                                          update_in_progress)
 
@@ -31,10 +33,17 @@ def _publisher(control: Control, opts: SyncOptions) -> DistributedPublisher:
     return pub
 
 
-def test_unreachable_engine_fails_within_bound_and_raises(tmp_path):
+def test_engine_that_never_answers_fails_within_bound_and_raises(tmp_path, monkeypatch):
+    cleanup_s = 1.0  # the cleanup calls' own bound (10 s in production), short to keep the test short
+    monkeypatch.setattr(weight_sync, "CLEANUP_TIMEOUT_S", cleanup_s)
     control = Control(RunDir.create(tmp_path / "run"))
-    dead = f"http://127.0.0.1:{free_port()}"  # a stale record: nothing listens there
-    control.write_engines([EngineRecord(url=dead, node="n0", healthy=True)])
+    # a peer that accepts connections and never answers (like a SIGSTOPped server: the kernel
+    # still completes the handshake into the listen backlog)
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    control.write_engines([EngineRecord(url=url, node="n0", healthy=True)])
     opts = SyncOptions(timeout_s=2.0, attempts=2)
     pub = _publisher(control, opts)
     t0 = time.monotonic()
@@ -43,13 +52,35 @@ def test_unreachable_engine_fails_within_bound_and_raises(tmp_path):
             pub.publish(torch.nn.Linear(2, 2), 7)
     finally:
         pub.close()
-    # each try waits at most for the join timeout (+ bounded cleanup of a refused connection)
-    assert time.monotonic() - t0 < opts.attempts * (opts.timeout_s + 3) + 5
+        hung.close()
+    # each try waits for the join timeout (+5 s for the init call's future) and the bounded
+    # cleanup (destroy; end/continue on release), never more
+    assert time.monotonic() - t0 < opts.attempts * (opts.timeout_s + 5 + cleanup_s + 5) + 2 * cleanup_s + 5
+    assert time.monotonic() - t0 >= opts.attempts * opts.timeout_s * 0.9  # it did wait for the join
     assert control.weight_version() is None          # nothing was published
     assert not update_in_progress(control)           # the rollout side is not left paused
     assert not (control.dir / "weight_update.json").exists()
     assert control.rendezvous(0).group_name == "rlslurm-wsync-a0-pp0-b1"  # one record per attempt
     assert pub.exported == []                        # never exported into a group that did not form
+
+
+def test_engine_that_refuses_connections_is_left_out_at_once(tmp_path):
+    """engines.json lags a kill -9 by up to the supervisor's health interval: an engine where
+    nothing listens is left out instead of holding the group's join for its whole timeout."""
+    control = Control(RunDir.create(tmp_path / "run"))
+    dead = f"http://127.0.0.1:{free_port()}"  # a stale record: nothing listens there
+    control.write_engines([EngineRecord(url=dead, node="n0", healthy=True)])
+    opts = SyncOptions(timeout_s=30.0, attempts=2)
+    pub = _publisher(control, opts)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncError, match=r"joining engines: .*no healthy engine.*1 refused connections"):
+            pub.publish(torch.nn.Linear(2, 2), 7)
+    finally:
+        pub.close()
+    assert time.monotonic() - t0 < 10, "a refused engine must not cost the join timeout"
+    assert control.rendezvous(0) is None and pub.exported == []
+    assert not (control.dir / "weight_update.json").exists()
 
 
 def test_no_healthy_engine_is_a_failed_sync(tmp_path):
