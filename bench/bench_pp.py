@@ -128,8 +128,8 @@ def run(a: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         import megatron.core
 
-        out = {"pp": a.pp, "world": world, "batch_p2p_comm": st.tcfg.batch_p2p_comm, "steps": results, "digest": digest, "build_s": round(build_s, 1),
-               "prepare_s": round(prep_s, 3), "step_s": [round(x, 3) for x in step_s],
+        out = {"pp": a.pp, "world": world, "batch_p2p_comm": st.tcfg.batch_p2p_comm, "steps": results,
+               "digest": digest, "build_s": round(build_s, 1), "prepare_s": round(prep_s, 3), "step_s": [round(x, 3) for x in step_s],
                "microbatches": [len(s) for s in prep.plan.steps],
                "tokens": sum(len(s.tokens) for s in rollout.samples),
                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() and not a.cpu else "cpu",
@@ -145,16 +145,17 @@ def compare(a_path: Path, b_path: Path) -> int:
     # The test tolerances (rel 1e-5 with an absolute floor of 1e-6): pg_loss, kl and ppo_kl are
     # means of near-cancelling terms (~1e-6 .. 1e-11 here), where a relative measure is noise. On
     # GPUs fp32 kernels are not bit-reproducible between runs, so exact equality is not expected.
-    metric_excess = max(abs(x[k] - y[k]) - (1e-5 * abs(x[k]) + 1e-6)
-                        for x, y in zip(a["steps"], b["steps"]) for k in COMPARED)
-    worst_metric = max(abs(x[k] - y[k]) / max(abs(x[k]), 1e-6) for x, y in zip(a["steps"], b["steps"]) for k in COMPARED)
-    worst_weight = max(abs(u - v) / max(abs(u), 1e-6) for n in a["digest"] for u, v in zip(a["digest"][n], b["digest"][n]))
+    pairs = [(x[k], y[k]) for x, y in zip(a["steps"], b["steps"]) for k in COMPARED]
+    metric_excess = max(abs(u - v) - (1e-5 * abs(u) + 1e-6) for u, v in pairs)
+    worst_metric = max(abs(u - v) / max(abs(u), 1e-6) for u, v in pairs)
+    worst_weight = max(abs(u - v) / max(abs(u), 1e-6)
+                       for n in a["digest"] for u, v in zip(a["digest"][n], b["digest"][n]))
     ok = set(a["digest"]) == set(b["digest"]) and metric_excess <= 0 and worst_weight < 1e-5
     print(json.dumps({
         "check": "rl_step_pp_equals_pp1", "ok": ok, "pp": [a["pp"], b["pp"]], "gpu": b["gpu"],
         "megatron_core": b["megatron_core"], "torch": b["torch"],
         "losses": {k: [[s[k] for s in a["steps"]], [s[k] for s in b["steps"]]] for k in COMPARED},
-        "max_abs_metric_diff": max(abs(x[k] - y[k]) for x, y in zip(a["steps"], b["steps"]) for k in COMPARED),
+        "max_abs_metric_diff": max(abs(u - v) for u, v in pairs),
         "max_rel_metric_diff": worst_metric, "max_rel_weight_digest_diff": worst_weight,
         "tensors": [len(a["digest"]), len(b["digest"])], "microbatches": b["microbatches"], "tokens": b["tokens"],
         "step_s": [a["step_s"], b["step_s"]], "prepare_s": [a["prepare_s"], b["prepare_s"]],

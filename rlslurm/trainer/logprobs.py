@@ -18,7 +18,9 @@ _NEG = -1.0e9  # exp() underflows to exactly 0 in fp32/bf16 while 0 * _NEG stays
 
 
 def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
-    """[n, L, V/tp] logits (or [n, L, 1] values for the critic)."""
+    """[n, L, V/tp] logits (or [n, L, 1] values for the critic). With pipeline parallelism this is
+    the last stage's output; earlier stages return their hidden states [L, n, h] (a non-first
+    stage ignores the tokens and reads the activation megatron's schedule set as its input)."""
     tokens = mb.tokens
     pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
     return model(tokens, pos, None)

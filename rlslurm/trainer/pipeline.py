@@ -7,7 +7,9 @@ loop (forward, loss, backward per micro-batch). With PP > 1 it hands megatron's 
 order on every stage: the first stage embeds the tokens, the others take the activation received
 from the previous stage, and the last stage turns the output into the caller's loss. Micro-batches
 are right-padded to their own longest sample, so the stages exchange each activation's shape
-first (`variable_seq_lengths`, set by `model.transformer_config` when PP > 1).
+first (`variable_seq_lengths`, set by `model.transformer_config` when PP > 1). megatron's p2p
+defaults are kept on gloo and NCCL alike: batched isend/irecv (`batch_isend_irecv` supports
+gloo; the unbatched path works too) and no p2p overlap (the 1F1B schedule refuses it).
 
 Loss semantics are those of losses.py: each micro-batch's loss is its share of the global-batch
 mean and gradients are *summed* over micro-batches (and, through `grad_scale` = the DP size that
@@ -21,6 +23,7 @@ holds one rank of every stage with the same TP/DP position).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -116,15 +119,16 @@ def share_per_sample(values: dict[int, Tensor], order: list[int], lengths: dict[
     return {i: p.clone() for i, p in zip(order, parts)}
 
 
+@dataclass
+class _Tokens:
+    tokens: Tensor  # [n, L]: all `forward_logits` reads of a micro-batch
+
+
 def logits_on_every_stage(model: torch.nn.Module, tokens: Tensor) -> Tensor:
     """fp32 output [n, L, V/tp] of the whole pipeline for `tokens`, on every stage (forward only)."""
-    class _Batch:
-        def __init__(self, t: Tensor):
-            self.tokens = t
-
     if pp_size() == 1:
-        return lp.forward_logits(model, _Batch(tokens)).float()
-    out = run_microbatches(model, [_Batch(tokens)], lambda o, mb: (o.new_zeros(()), o.detach().float()),
+        return lp.forward_logits(model, _Tokens(tokens)).float()
+    out = run_microbatches(model, [_Tokens(tokens)], lambda o, mb: (o.new_zeros(()), o.detach().float()),
                            forward_only=True)
     if is_last_stage():
         logits = out[0].contiguous()

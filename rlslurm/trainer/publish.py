@@ -6,7 +6,8 @@
   `/update_weights_from_disk`. Keeps the newest `keep` versions.
 
 A publisher is called on every trainer rank (the export gathers over TP, a collective); only the
-rank with DP=0, TP=0 of the first pipeline stage writes (later stages send it their layers). The distributed (broadcast) publisher implements the same interface.
+rank with DP=0, TP=0 of the first pipeline stage writes (later stages send it their layers,
+`pipeline.stages_to_first`). The distributed (broadcast) publisher implements the same interface.
 """
 
 from __future__ import annotations
