@@ -107,9 +107,13 @@ class MicroBatch:
         return sum(p + r for p, r in zip(self.prompt_lens, self.response_lens))
 
 
-def collate(samples: list[Sample], indices: list[int], device: torch.device) -> MicroBatch:
+def collate(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1) -> MicroBatch:
+    """Right-padded to the longest sample, rounded up to `pad_multiple` (the TP size under sequence
+    parallelism, which splits the sequence dimension over TP ranks)."""
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
     seqs = [samples[i].tokens for i in indices]
-    width = max(len(s) for s in seqs)
+    width = -(-max(len(s) for s in seqs) // pad_multiple) * pad_multiple
     tokens = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
     for row, s in enumerate(seqs):
         tokens[row, : len(s)] = torch.from_numpy(s.astype("int64"))

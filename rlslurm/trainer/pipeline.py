@@ -124,14 +124,28 @@ class _Tokens:
     tokens: Tensor  # [n, L]: all `forward_logits` reads of a micro-batch
 
 
+def seq_multiple(model: torch.nn.Module) -> int:
+    """What padded sequence lengths must be a multiple of: the TP size under sequence parallelism
+    (megatron splits the sequence over the TP ranks), else 1."""
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model)
+    return config.tensor_model_parallel_size if config.sequence_parallel else 1
+
+
 def logits_on_every_stage(model: torch.nn.Module, tokens: Tensor) -> Tensor:
-    """fp32 output [n, L, V/tp] of the whole pipeline for `tokens`, on every stage (forward only)."""
+    """fp32 output [n, L, V/tp] of the whole pipeline for `tokens`, on every stage (forward only).
+    Right-padded to `seq_multiple` inside (causal: the real positions do not see the padding)."""
+    length = tokens.shape[1]
+    m = seq_multiple(model)
+    if length % m:
+        tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], m - length % m)], dim=1)
     if pp_size() == 1:
-        return lp.forward_logits(model, _Tokens(tokens)).float()
+        return lp.forward_logits(model, _Tokens(tokens)).float()[:, :length]
     out = run_microbatches(model, [_Tokens(tokens)], lambda o, mb: (o.new_zeros(()), o.detach().float()),
                            forward_only=True)
     if is_last_stage():
-        logits = out[0].contiguous()
+        logits = out[0][:, :length].contiguous()
         shape = torch.tensor(list(logits.shape), dtype=torch.int64, device=logits.device)
     else:
         shape = torch.zeros(3, dtype=torch.int64, device=tokens.device)

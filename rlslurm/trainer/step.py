@@ -97,7 +97,8 @@ def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: 
 
     was_training = model.training
     model.eval()
-    mbs = [collate(rollout.samples, idx, st.device) for step in plan.steps for idx in step]
+    pad = pipeline.seq_multiple(model)
+    mbs = [collate(rollout.samples, idx, st.device, pad) for step in plan.steps for idx in step]
     out: dict[int, Tensor] = {}
     for mb, per in zip(mbs, pipeline.run_microbatches(model, mbs, per_sample, forward_only=True)):
         out.update(zip(mb.indices, per))
@@ -266,7 +267,7 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     out["lr"] = st.actor.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it after)
     if st.critic is not None:
         out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
-    mbs = [collate(samples, idx, st.device) for idx in step]
+    mbs = [collate(samples, idx, st.device, pipeline.seq_multiple(st.actor.model)) for idx in step]
     t0 = time.perf_counter()
     if st.critic is not None:
         sums = _train_microbatches(st, st.critic, mbs, _critic_loss(st, prep, denom))

@@ -53,3 +53,18 @@ def test_pipeline_sets_what_the_schedule_needs() -> None:
     assert pp2.variable_seq_lengths and pp2.moe_token_dispatcher_type == "alltoall"
     pp1 = model_mod.transformer_config(mc, pp=1)
     assert not pp1.variable_seq_lengths
+
+
+def test_collate_pads_to_the_sequence_parallel_multiple() -> None:
+    import torch
+
+    from rlslurm.buffer import Sample
+    from rlslurm.trainer.batching import collate
+
+    s = [Sample(prompt_tokens=[5, 6], response_tokens=[7]), Sample(prompt_tokens=[8], response_tokens=[9, 10, 11, 12])]
+    assert collate(s, [0, 1], torch.device("cpu")).tokens.shape == (2, 5)
+    mb = collate(s, [0, 1], torch.device("cpu"), pad_multiple=2)
+    assert mb.tokens.tolist() == [[5, 6, 7, 0, 0, 0], [8, 9, 10, 11, 12, 0]]
+    assert mb.prompt_lens == [2, 1] and mb.response_lens == [1, 4]
+    with pytest.raises(ValueError, match="pad_multiple"):
+        collate(s, [0], torch.device("cpu"), pad_multiple=0)

@@ -3,8 +3,9 @@
 - One rollout through megatron's 1F1B schedule at PP=2, TP=2 x PP=2 and DP=2 x PP=2 (distributed
   optimizer) gives the losses, metrics and updated weights of PP=1 on the same batch: a dense
   model with tied embeddings (the first stage's embedding and the last stage's output layer are
-  one weight, its gradient summed across stages) and an MLA + MoE model whose stages differ
-  (dense first layer, MoE second); the pipelined forward's log-probs equal HF transformers'.
+  one weight, its gradient summed across stages) and, at TP=2 x PP=2 (sequence parallel), an
+  MLA + MoE model whose stages differ (dense first layer, MoE second); the pipelined forward's
+  log-probs equal HF transformers'.
 - PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
   + resume from the stage-sharded checkpoint is bit-exact.
 """
@@ -107,17 +108,18 @@ def test_pipeline_equals_single_stage(dense, name: str) -> None:
 
 
 def test_mla_moe_pipeline_equals_single_stage(tmp_path_factory) -> None:
-    """tiny-deepseek-v3: MLA attention, a dense first layer (stage 0) and an MoE second layer with
-    a shared expert and router expert bias (stage 1)."""
+    """tiny-deepseek-v3 at TP=2 x PP=2: MLA attention, a dense first layer (stage 0) and an MoE
+    second layer with a shared expert and router expert bias (stage 1); TP > 1 turns on sequence
+    parallelism, so micro-batches are padded to a multiple of TP."""
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("pp-mla-moe")
     hf = make_tiny_checkpoint(load_model_config("tiny-deepseek-v3"), tmp / "hf", seed=5)
     ref = _run(tmp, hf, "pp1", 1, 1, 1, model="tiny-deepseek-v3")
-    got = _run(tmp, hf, "pp2", 2, 1, 2, model="tiny-deepseek-v3")
+    got = _run(tmp, hf, "tp2pp2", 4, 2, 2, model="tiny-deepseek-v3")
     assert got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
-    _same(ref, got, "tiny-deepseek-v3 pp2")
+    _same(ref, got, "tiny-deepseek-v3 tp2pp2")
 
 
 # PPO through the entry point at PP=2: a critic (critic-only warm-up on rollout 0), a frozen
