@@ -5,7 +5,9 @@ Start-up: read RUN/run.yaml, record this rank's placement, join torch.distribute
 gloo on CPU) and check the world matches the config. Then, read top to bottom in `Trainer.run`:
 build the models, resume from the newest intact checkpoint, and for each rollout N
 wait for it -> recompute log-probs, advantages -> `num_steps_per_rollout` optimizer steps ->
-metrics -> publish weights version N+1 -> checkpoint every `save_interval` rollouts.
+metrics -> publish weights version N+1 -> checkpoint every `save_interval` rollouts. After a
+resume, rollouts already in the buffer are trained while this attempt's engines start; the newest
+version is published to them as soon as they are up (the driver waits for the version it needs).
 A preempt request checkpoints, acknowledges and exits 0 (SLURM requeues the job); a stop request
 exits 0; once `num_rollout` rollouts are trained the run is marked FINISHED.
 """
@@ -83,6 +85,12 @@ class Trainer:
         self.replay = cfg.train.load_debug_rollout_data is not None
         self.last_saved: int | None = None
         self._last_heartbeat = -HEARTBEAT_S
+        # A trained version the engines of this attempt have not received because they were not up
+        # yet; published as soon as they are (or, past --weight-sync-timeout-s, through the
+        # publisher's own failure handling).
+        self.pending_version: int | None = None
+        self._engines_up = False
+        self._started = time.monotonic()
 
     # ------------------------------------------------------------------ the loop
 
@@ -102,10 +110,10 @@ class Trainer:
         self.reader = self._reader()
         self.publisher = self._publisher()
         if ckpt is not None and progress.weight_version > 0:
-            # Engines restarted with the job start from the HF weights: give them the trained ones,
-            # once this attempt's engines are up.
-            self._wait_for_engines()
-            self._publish(progress.weight_version)
+            # Engines restarted with the job start from the HF weights and need the trained ones. Do
+            # not wait for them here: after a hard requeue the next rollouts are often already in the
+            # buffer, so train those while the engines start and publish once they are up.
+            self._defer(progress.weight_version)
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().restart_count)
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:
@@ -121,7 +129,7 @@ class Trainer:
                 progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
                 t1 = time.perf_counter()
                 if self._publish_due(progress):
-                    self._publish(progress.weight_version)
+                    self._publish_or_defer(progress.weight_version)
                 t2 = time.perf_counter()
                 si = cfg.train.save_interval
                 if si is not None and progress.trained_rollouts % si == 0:
@@ -130,6 +138,9 @@ class Trainer:
                     values.update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
                 for step, values in lines:
                     self.metrics.log(step, values)
+            if self.pending_version is not None:  # the engines never came up while we trained
+                self._wait_for_engines()
+                self._publish(self.pending_version)
             if self.last_saved != progress.trained_rollouts:
                 self._save(progress)
             if self.rank == 0:
@@ -189,8 +200,41 @@ class Trainer:
 
     def _publish(self, version: int) -> None:
         self.publisher.publish(self.st.actor.model, version)
+        self.pending_version = None
         if self.cfg.train.verify_weight_sync:
             self._probe(version)
+
+    def _needs_engines(self) -> bool:
+        return self.cfg.train.weight_sync == "distributed" and not self.replay
+
+    def _engines_ready(self) -> bool:
+        """Rank 0 only. True once this attempt's engines have all been registered and healthy (or the
+        wait for them has outlasted --weight-sync-timeout-s); after that, engines that die and restart
+        are the publisher's business, not a reason to defer."""
+        if not self._engines_up:
+            engines = self.control.engines()
+            self._engines_up = (bool(engines) and all(e.healthy for e in engines)) or \
+                time.monotonic() - self._started > self.cfg.train.weight_sync_timeout_s
+        return self._engines_up
+
+    def _defer(self, version: int) -> None:
+        if not self._needs_engines():
+            self._publish(version)
+            return
+        self.pending_version = version
+        log.info("weight version %d will be published once this attempt's engines are up", version)
+
+    def _publish_or_defer(self, version: int) -> None:
+        """Collective: publish now if the engines are up, else keep the version for `_poll`."""
+        if not self._needs_engines():
+            self._publish(version)
+            return
+        ready = [self._engines_ready() if self.rank == 0 else None]
+        dist.broadcast_object_list(ready, src=0)
+        if ready[0]:
+            self._publish(version)
+        else:
+            self._defer(version)
 
     def _probe(self, version: int) -> None:
         """Collective over the trainer: every rank runs the greedy forward, rank 0 asks the engines."""
@@ -238,6 +282,9 @@ class Trainer:
             cmd = msg[0]
             if isinstance(cmd, tuple):  # ("error", message): fail on every rank, not just rank 0
                 raise DataError(str(self.reader.dir), cmd[1])
+            if cmd == "publish":  # the engines came up while we waited: give them the deferred version
+                self._publish(self.pending_version)
+                continue
             if cmd != "wait":
                 return cmd
 
@@ -250,6 +297,8 @@ class Trainer:
         if now - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
             self.control.heartbeat("trainer", self.rank)
             self._last_heartbeat = now
+        if self.pending_version is not None and self._engines_ready():
+            return "publish"
         if self.replay:
             if rollout_id not in self.reader.committed_ids():
                 return ("error", f"replay buffer has no rollout {rollout_id} (--num-rollout "
