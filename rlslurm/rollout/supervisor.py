@@ -213,14 +213,15 @@ class EngineSupervisor:
 
     # --- weight-update bracket ------------------------------------------------------------
     @contextmanager
-    def pause_health_checks(self, wait_s: float | None = None) -> Iterator[None]:
+    def pause_health_checks(self, wait_s: float | None = None, *, wait_restarts: bool = True) -> Iterator[None]:
         """No /health check or restart of a live engine starts while inside (an exited one is
         still restarted); entering waits for restarts in progress (TimeoutError after `wait_s`,
-        None: no limit). Nestable, any thread."""
+        None: no limit) unless `wait_restarts` is False (an update already under way leaves
+        engines being restarted out anyway). Nestable, any thread."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self._cond:
             self._paused += 1
-            while any(s.restarting for s in self._slots) and not self._stop.is_set():
+            while wait_restarts and any(s.restarting for s in self._slots) and not self._stop.is_set():
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     self._paused -= 1

@@ -102,28 +102,26 @@ class UpdateWatcher:
     def _hold(self, rec: dict[str, Any]) -> None:
         key, t0 = _key(rec), time.monotonic()
         deadline = t0 + self.cap_s
-        try:
-            # entering waits for restarts in progress, but checks are held from the first moment
-            with self.supervisor.pause_health_checks(wait_s=self.cap_s):
-                self.held += 1
-                while not self._stop.wait(self.poll_s):
-                    cur = active_update(self.control)
-                    if cur is None:
-                        log.info("weight update v%s: engine health checks were paused for %.2f s",
-                                 rec.get("version"), time.monotonic() - t0)
-                        return
-                    if _key(cur) != key:  # the trainer's next try: it is alive, honour it afresh
-                        rec, key, deadline = cur, _key(cur), time.monotonic() + self.cap_s
-                    if time.monotonic() > deadline:
-                        self._give_up(rec, key)
-                        return
-        except TimeoutError as e:  # restarts in progress outlasted the cap
-            self._give_up(rec, key, str(e))
+        # The trainer is already sending: waiting for a restart in progress (~60 s on CPU) would
+        # only delay noticing that this update ended; the engine being restarted is not in the
+        # update (engines.json lists it unhealthy).
+        with self.supervisor.pause_health_checks(wait_restarts=False):
+            self.held += 1
+            while not self._stop.wait(self.poll_s):
+                cur = active_update(self.control)
+                if cur is None:
+                    log.info("weight update v%s: engine health checks were paused for %.2f s",
+                             rec.get("version"), time.monotonic() - t0)
+                    return
+                if _key(cur) != key:  # the trainer's next try: it is alive, honour it afresh
+                    rec, key, deadline = cur, _key(cur), time.monotonic() + self.cap_s
+                if time.monotonic() > deadline:
+                    self._give_up(rec, key)
+                    return
 
-    def _give_up(self, rec: dict[str, Any], key: tuple, why: str = "") -> None:
+    def _give_up(self, rec: dict[str, Any], key: tuple) -> None:
         self._given_up = key
         self.capped += 1
         log.warning("weight update v%s (trainer pid %s) still marked in progress after %.0f s, the cap "
-                    "(--weight-sync-timeout-s + margin)%s: resuming engine health checks so that a peer that "
-                    "never answers is restarted", rec.get("version"), rec.get("pid"), self.cap_s,
-                    f"; {why}" if why else "")
+                    "(--weight-sync-timeout-s + margin): resuming engine health checks so that a peer that "
+                    "never answers is restarted", rec.get("version"), rec.get("pid"), self.cap_s)

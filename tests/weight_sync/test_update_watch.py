@@ -107,3 +107,21 @@ def test_stale_or_foreign_records_do_not_pause(setup):
         w.close()
     with pytest.raises(ValueError, match="cap_s"):
         UpdateWatcher(control, sup, cap_s=0)
+
+
+def test_a_restart_in_progress_does_not_delay_the_hold(setup):
+    """Entering the pause must not wait for an engine being restarted (~60 s on CPU): that
+    engine is not in the update, and the other engines are blocked in it now."""
+    control, sup = setup
+    with sup._cond:
+        sup._slots[1].restarting = True  # what EngineSupervisor._tick sets while a restart runs
+    w = UpdateWatcher(control, sup, cap_s=30.0, poll_s=0.01).start()
+    try:
+        _mark(control, 6, 60)
+        assert _wait(lambda: sup.paused and w.held == 1, 2.0), "the hold waited for the restart"
+        unlink_durable(control.dir / UPDATE_FILE)
+        assert _wait(lambda: not sup.paused, 2.0)
+    finally:
+        w.close()
+        with sup._cond:
+            sup._slots[1].restarting = False
