@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import logging
 import os
 import signal
@@ -115,6 +116,12 @@ def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:
         time.sleep(POLL_S)
 
 
+def load_tokenizer(cfg):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(cfg.model.hf_checkpoint))
+
+
 def _on_term(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through RolloutNode.close()
 
@@ -149,15 +156,16 @@ def main(argv: list[str] | None = None) -> int:
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
     node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.restart_count)
+    tokenizer_job = None
+    if env.procid == 0:  # the driver's tokenizer loads while the engines start (seconds, every attempt)
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        tokenizer_job = pool.submit(load_tokenizer, cfg)
+        pool.shutdown(wait=False)
     try:
         t0 = time.monotonic()
         node.start(cancel=lambda: end_reason(rd, control) is not None)
         log.info("node %d: %d engine(s) up in %.1f s", env.procid, len(node.supervisor.urls), time.monotonic() - t0)
-        tokenizer = None
-        if env.procid == 0:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.hf_checkpoint))
+        tokenizer = tokenizer_job.result() if tokenizer_job is not None else None
         reason = asyncio.run(serve(node, rd, control, cfg, tokenizer))
         log.info("node %d: run ends (%s)", env.procid, reason)
         return 0

@@ -116,22 +116,30 @@ class RolloutNode:
 
     def start(self, *, cancel=lambda: False) -> None:
         specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
+        # The engines are spawned first and the router is waited for only once they are healthy:
+        # SGLang's start-up is the long pole (minutes on GPUs, ~30 s on CPU), the router's or the
+        # wait for node 0's router then costs nothing at a requeue.
         if self.node == 0:
             self.router = RouterProcess(host=self.host, port=free_port(self.host), log_path=self.log_dir / "router.log",
                                         api_key=self.api_key,
                                         health_check_interval_s=max(1, int(self.cfg.rollout.engine_health_interval_s)))
-            self.router.start()
-            self.control.write_router(self.router.url)
-        else:
-            self.router = self._remote_router(cancel)
+            self.router.spawn()
         interval = self.cfg.rollout.engine_health_interval_s
         self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
                                            on_restart=self._on_restart)
-        self.supervisor.start()
+        self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
                                          cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
+
+    def _router_ready(self, cancel) -> RouterProcess:
+        if self.node == 0:
+            self.router.wait_ready()
+            self.control.write_router(self.router.url)
+        else:
+            self.router = self._remote_router(cancel)
+        return self.router
 
     def _remote_router(self, cancel) -> RemoteRouter:
         deadline = time.monotonic() + ROUTER_WAIT_S

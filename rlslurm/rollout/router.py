@@ -90,6 +90,11 @@ class RouterProcess:
     # --- process --------------------------------------------------------------------------
     def start(self, *, timeout: float = 60.0) -> None:
         """Start the router and wait until it answers an authenticated `GET /workers`."""
+        self.spawn()
+        self.wait_ready(timeout=timeout)
+
+    def spawn(self) -> None:
+        """Start the router process and return at once (its start-up overlaps the engines')."""
         if self.is_alive():
             raise RouterError(f"router {self.url}: already running (pid {self.proc.pid})")
         env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
@@ -103,6 +108,11 @@ class RouterProcess:
             log.flush()
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, *, timeout: float = 60.0) -> None:
+        """Wait until the spawned router answers an authenticated `GET /workers`; kill it on timeout."""
+        if self.proc is None:
+            raise RouterError(f"router {self.url}: wait_ready before spawn")
         deadline = time.monotonic() + timeout
         while True:
             if not self.is_alive():

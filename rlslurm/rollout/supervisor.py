@@ -155,9 +155,13 @@ class EngineSupervisor:
                 log.exception("engine supervisor: on_change callback failed")
 
     # --- start / stop ---------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, *, router_ready: Callable[[], RouterProcess] | None = None) -> None:
         """Start and register every engine, then begin health checking. On failure every
-        engine already started is killed and the error (with the server's log tail) raised."""
+        engine already started is killed and the error (with the server's log tail) raised.
+
+        `router_ready`, if given, is called once the engines are healthy and returns the router to
+        register them with (it replaces the one given at construction): the router's start-up, or
+        the wait for another node's router, then overlaps the engines' instead of preceding it."""
         try:
             for s in self._slots:
                 s.proc.start()
@@ -165,6 +169,8 @@ class EngineSupervisor:
             for s in self._slots:
                 took = s.proc.wait_healthy(max(1.0, deadline - time.monotonic()))
                 log.info("%s healthy at %s after %.1f s", s.proc.spec.name, s.proc.url, took)
+            if router_ready is not None:
+                self.router = router_ready()
             for s in self._slots:
                 s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
             ids = self.router.wait_workers_healthy(self.urls, self.register_timeout_s)
