@@ -1,0 +1,267 @@
+"""Weight-sync faults inside a real heterogeneous SLURM job (issue 6): the GRPO run of
+test_grpo_slurm.py (trainer: 2 gloo ranks; rollout: 2 real SGLang servers + sglang-router), with
+
+a) kill -9 of one SGLang server between syncs (right after a rollout is committed, so the
+   next sync meets the dead engine first): that sync goes over the broadcast group to the
+   survivor without waiting for the dead one; the rollout node's supervisor restarts it and
+   registers it with the router again, the restart is counted, and the syncs after it reach
+   both engines again (the --verify-weight-sync probe: both at the new version, greedy output
+   equal to the trainer's);
+b) a peer that never answers: one server's whole process tree SIGSTOPped right after a rollout
+   is committed, i.e. just before the trainer's sync of the next version. The sync's tries
+   time out within --weight-sync-timeout-s (plus the bounded cleanup), the version is published
+   by the disk fallback and loaded by the engine that answers; the rollout node holds health
+   checks for the sync and then restarts the hung server, which re-joins a later sync.
+
+How long the runs are: a rollout cycle of tiny-qwen3 takes ~1.5-2 s here, while a restarted
+CPU SGLang server needs ~60 s (measured: 59 s on the loaded 2-core box) to be healthy again, and
+the run has to outlast the restart for a sync to show the engine back. A fixed --num-rollout
+would either waste minutes or end before the re-join on a slower day, so NUM_ROLLOUT is only a
+ceiling: once two syncs after the restart have reached both engines, the test ends the run with
+`rlslurm stop` (the trainer exits before its next rollout, the batch script exits 0). Both jobs
+end COMPLETED with every rollout the trainer took trained exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.demo_task import make_prompts
+from rlslurm.rollout.node import RemoteRouter
+from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
+
+from tests.e2e.test_grpo_slurm import batch_log, probes
+from tests.launcher.test_slurm_job import ledger, rlslurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+
+NUM_ROLLOUT = 500      # a ceiling, never reached: the test stops the run (see above)
+SYNC_TIMEOUT_S = 10.0   # --weight-sync-timeout-s of the hung-peer run
+ATTEMPTS = 2            # SyncOptions.attempts (tries per version before the disk fallback)
+
+
+def submit(run_dir: Path, prompts: Path, *extra: str) -> int:
+    rlslurm("submit", "--model", "tiny-qwen3", "--nodes", "2", "--prompt-data", str(prompts), "--run-dir", str(run_dir),
+            "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "30", "--signal-grace-s", "120",
+            "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(NUM_ROLLOUT), "--num-epoch", "100",
+            "--rollout-dtype", "float32", "--weight-sync", "distributed", "--verify-weight-sync",
+            "--no-use-distributed-optimizer", "--save-interval", str(NUM_ROLLOUT), "--engine-health-interval-s", "2", *extra)
+    return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
+
+
+def wait_for(cond, timeout: float, what: str, run_dir: Path, job: int, poll: float = 0.2):
+    """Poll `cond` until truthy; fail at the timeout, or at once when the job has failed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        failed = any(l["attempt"] == 0 and l["reason"] != "finished" for l in ledger(run_dir))
+        if failed or time.monotonic() > deadline:
+            why = "the job's first attempt ended" if failed else f"timed out after {timeout:g} s"
+            raise AssertionError(f"{why} waiting for {what}\n{batch_log(run_dir, job)[-3000:]}"
+                                 f"\n{_tail(run_dir / 'logs/attempt-0/rollout-0.log')}"
+                                 f"\n{_tail(run_dir / 'logs/attempt-0/trainer-0.log')}")
+        time.sleep(poll)
+
+
+def _tail(p: Path, n: int = 4000) -> str:
+    return p.read_text(errors="replace")[-n:] if p.exists() else f"({p} missing)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def synced_both(run_dir: Path, version: int):
+    """The probe of `version` (or later) once it lists two engines, all matching."""
+    recs = [r for r in probes(run_dir) if r["version"] >= version and len(r["engines"]) == 2 and r["match"]]
+    return recs[0] if recs else None
+
+
+def last_probe(run_dir: Path) -> int:
+    return max((r["version"] for r in probes(run_dir)), default=0)
+
+
+def engine_record(control: Control, url: str):
+    return next((e for e in control.engines() if e.url == url), None)
+
+
+def stop_and_check(slurm_cluster, run_dir: Path, job: int) -> tuple[list[int], int]:
+    """`rlslurm stop`, wait for the job, and check that it ended COMPLETED with every rollout
+    the trainer took trained exactly once, in order, by the one attempt (metrics.jsonl has one
+    line per optimizer step). Returns the trained ids and the last version synced before the
+    stop: the rollout node kills its engines at once on a stop, so a sync in flight then fails
+    (and falls back to disk, bounded) through no fault of the test's."""
+    before_stop = last_probe(run_dir)
+    rlslurm("stop", str(run_dir))
+    info = slurm_cluster.wait_finished(job, 10 * 60)
+    assert info["JobState"] == "COMPLETED", batch_log(run_dir, job)
+    assert [(l["attempt"], l["reason"]) for l in ledger(run_dir)] == [(0, "stopped by request")]
+    ids: list[int] = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        assert rec["attempt"] == 0, rec
+        if not ids or ids[-1] != rec["rollout_id"]:
+            ids.append(rec["rollout_id"])
+    assert ids == list(range(len(ids))), ids
+    # synchronous RL: at most the rollout in flight at the stop was committed and not trained
+    committed = sorted(int(p.name.split(".")[0]) for p in (run_dir / "buffer" / "train").glob("*.manifest.json"))
+    assert committed[: len(ids)] == ids and len(committed) <= len(ids) + 1, (committed, ids)
+    return ids, before_stop
+
+
+def check_probe_entries(recs: list[dict]) -> None:
+    """No engine ever claims a version with weights other than the trainer's."""
+    for r in recs:
+        for url, e in r["engines"].items():
+            if str(e.get("weight_version")) == str(r["version"]):
+                assert e["tokens"] == r["trainer"], (url, r)
+
+
+def at_next_commit(run_dir: Path, job: int) -> int:
+    """Block until the next rollout is committed; returns its id k. In synchronous RL nothing is
+    generated between the commit of rollout k and the sync of version k+1 (the driver waits for
+    it), so a fault injected now meets that sync first, not a generation request."""
+    def manifest(k: int) -> Path:
+        return run_dir / "buffer" / "train" / f"{k:08d}.manifest.json"
+
+    k = last_probe(run_dir)
+    while manifest(k).exists():  # committed already: its sync may be under way; take the next one
+        k += 1
+    wait_for(manifest(k).exists, 120, f"rollout {k} committed", run_dir, job, poll=0.01)
+    return k
+
+
+def restarts_in_metrics(run_dir: Path) -> float:
+    p = run_dir / "rollout_metrics.jsonl"
+    lines = [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+    return max((l.get("rollout/engine/restarts_total", 0.0) for l in lines), default=0.0)
+
+
+_TRY = re.compile(r"weight sync v(\d+): try (\d+)/(\d+) failed after ([\d.]+) s")
+_FALLBACK_START = re.compile(r"WEIGHT SYNC FALLBACK: broadcast of version (\d+) failed (\d+) time")
+_FALLBACK = re.compile(r"weight sync v(\d+): disk fallback done in ([\d.]+) s, loaded by \[(.*)\]")
+
+
+def test_kill9_engine_between_syncs_restarts_and_rejoins(slurm_cluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64))
+    control = Control(RunDir(run_dir))
+    first = wait_for(lambda: synced_both(run_dir, 1), 600, "a first sync reaching both engines", run_dir, job)
+    victim = control.engines()[1]
+    survivor = control.engines()[0].url
+    assert victim.pid and victim.restarts == 0 and victim.url in first["engines"]
+    v = at_next_commit(run_dir, job) + 1  # the sync that meets the dead engine first
+    os.kill(victim.pid, signal.SIGKILL)  # the server process itself, as `kill -9 <pid>` would
+
+    def restarted():
+        rec = engine_record(control, victim.url)
+        return rec if rec and rec.restarts == 1 and rec.healthy and rec.pid != victim.pid else None
+
+    rec = wait_for(restarted, 400, f"{victim.url} restarted", run_dir, job)
+    back_at = last_probe(run_dir)
+    assert not _alive(victim.pid)
+    # re-registered: node 0's router routes to it again
+    router = RemoteRouter.at(control.router().url, api_key=RunDir(run_dir).api_key(), log_path=tmp_path / "r.log")
+    workers = {w["url"]: w for w in router.workers()}
+    assert workers[victim.url]["is_healthy"], workers
+    # sync back_at + 1 may have begun before the restart was recorded; the two after it may not
+    wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
+
+    ids, before_stop = stop_and_check(slurm_cluster, run_dir, job)
+    recs = probes(run_dir)
+    assert [r["version"] for r in recs] == list(range(1, len(ids) + 1))  # one sync + probe per rollout
+    check_probe_entries(recs)
+    recs = recs[:before_stop]  # the sync in flight at the stop met engines being shut down
+    # the surviving engine followed every sync
+    assert all(r["engines"][survivor]["tokens"] == r["trainer"] for r in recs), recs
+    # before the kill both engines matched; the sync that began after the restart was recorded
+    # (back_at + 1 may have started just before it) and every later one reached both
+    assert all(r["match"] and len(r["engines"]) == 2 for r in recs if r["version"] < v)
+    # the sync right after the kill went to the survivor over the broadcast group (a dead engine
+    # refuses connections and is left out at once), never through the disk fallback
+    log = (run_dir / "logs/attempt-0/trainer-0.log").read_text(errors="replace")
+    assert not [ver for ver, *_ in _TRY.findall(log) if int(ver) != v and int(ver) <= before_stop], log[-3000:]
+    assert not [ver for ver, _ in _FALLBACK_START.findall(log) if int(ver) <= before_stop], log[-3000:]
+    assert recs[v - 1]["engines"][survivor]["weight_version"] == str(v)
+    later = [r for r in recs if r["version"] >= back_at + 2]
+    assert later and all(r["match"] and set(r["engines"]) == {survivor, victim.url} for r in later), later[:2]
+    assert restarts_in_metrics(run_dir) >= 1  # counted in the rollout metrics
+    assert rec.restarts == 1
+
+
+def test_hung_peer_sync_times_out_within_bound_and_run_recovers(slurm_cluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64),
+                 "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
+    control = Control(RunDir(run_dir))
+    wait_for(lambda: synced_both(run_dir, 2), 600, "two syncs reaching both engines", run_dir, job)
+    hung = control.engines()[0]
+    other = control.engines()[1].url
+    v = at_next_commit(run_dir, job) + 1
+    os.killpg(hung.pid, signal.SIGSTOP)  # the server's whole process tree: alive, answering nothing
+
+    try:
+        def restarted():
+            rec = engine_record(control, hung.url)
+            return rec if rec and rec.restarts == 1 and rec.healthy and rec.pid != hung.pid else None
+
+        wait_for(restarted, 500, f"hung {hung.url} restarted", run_dir, job)
+        back_at = last_probe(run_dir)
+        wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
+    finally:
+        if _alive(hung.pid):  # the supervisor should have killed it; never leave a stopped tree behind
+            os.killpg(hung.pid, signal.SIGKILL)
+    ids, before_stop = stop_and_check(slurm_cluster, run_dir, job)
+
+    # the bound: the trainer's log of the failed sync of version v
+    log = (run_dir / "logs/attempt-0/trainer-0.log").read_text(errors="replace")
+    tries = [(int(t), float(s)) for ver, t, n, s in _TRY.findall(log) if int(ver) == v]
+    assert [t for t, _ in tries] == list(range(1, ATTEMPTS + 1)), (v, _TRY.findall(log))
+    # each try: its step's timeout (+5 s for the futures) and the bounded teardown; try 1 waits
+    # for the hung engine's pause_generation, so it must have run into the timeout itself
+    per_try = SYNC_TIMEOUT_S + 5 + CLEANUP_TIMEOUT_S + 5
+    assert all(s <= per_try + 10 for _, s in tries), (tries, per_try)
+    assert tries[0][1] >= SYNC_TIMEOUT_S - 0.5, tries
+    fb = [(float(s), loaded) for ver, s, loaded in _FALLBACK.findall(log) if int(ver) == v]
+    assert len(fb) == 1, _FALLBACK.findall(log)
+    total, loaded = fb[0]
+    bound = ATTEMPTS * (per_try + 10) + (SYNC_TIMEOUT_S + 2 * CLEANUP_TIMEOUT_S + 5) + 30
+    assert total <= bound, (total, bound)
+    assert loaded.strip("'\"") == other, loaded  # the engine that answers took the disk version
+    assert [ver for ver, *_ in _TRY.findall(log) if int(ver) <= before_stop] == [str(v)] * ATTEMPTS, \
+        "only the hung sync failed"
+
+    recs = probes(run_dir)
+    assert [r["version"] for r in recs] == list(range(1, len(ids) + 1))
+    check_probe_entries(recs)
+    recs = recs[:before_stop]  # the sync in flight at the stop met engines being shut down
+    fallback_probe = recs[v - 1]
+    assert fallback_probe["engines"][other]["tokens"] == fallback_probe["trainer"], fallback_probe
+    assert str(fallback_probe["engines"][other]["weight_version"]) == str(v), fallback_probe
+    later = [r for r in recs if r["version"] >= back_at + 2]
+    assert later and all(r["match"] and set(r["engines"]) == {hung.url, other} for r in later), later[:2]
+    assert restarts_in_metrics(run_dir) >= 1
+
+    # the rollout node held health checks while the sync ran and restarted the hung server only
+    # after that hold ended (the trainer removed its update record, or the cap ran out)
+    node_log = (run_dir / "logs/attempt-0/rollout-0.log").read_text(errors="replace")
+    held = re.search(rf"weight update v{v}: engine health checks were paused for ([\d.]+) s|"
+                     rf"weight update v{v} \(trainer pid \d+\) still marked in progress", node_log)
+    restart = re.search(r"\(" + re.escape(hung.url) + r"\): unresponsive \(\d+ failed health checks\); restarting",
+                        node_log)
+    assert held and restart and held.start() < restart.start(), node_log[-4000:]
