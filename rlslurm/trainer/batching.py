@@ -6,6 +6,26 @@ fewest tokens so far; counts differ by at most one), then each rank cuts its sha
 micro-batches: `micro_batch_size` samples each, or, with dynamic batching, as many samples as fit
 in `max_tokens_per_gpu` *padded* tokens (a micro-batch costs n x its longest sample). Every rank
 computes the same plan from the sample lengths alone, so no communication is needed.
+
+Every DP rank runs the same number of micro-batches per optimizer step. With expert parallelism
+the token dispatch of every MoE layer is a collective over ranks of different DP index, so a rank
+with one micro-batch more than its peers would wait forever in a collective they never enter.
+Dynamic batching gives ranks different natural counts, so each step is equalised to the largest
+count over the ranks (every rank computes every rank's share, so it knows that count): a rank
+below it splits its micro-batch with the most samples in two until it reaches it, and a rank with
+fewer samples than the target then runs *filler* micro-batches — its shortest sample again, with
+an all-zero loss mask. A filler adds nothing to any loss numerator, the global denominator (it is
+not in `BatchPlan.steps`, which the denominators and token counts are taken from) or any metric;
+its gradient is exactly zero. Fillers occur at most once per rank and step (shares differ by at
+most one sample), only when some rank's every sample is a micro-batch of its own.
+
+This is done always, not only at EP > 1: with fixed micro-batches the counts are already equal
+(the global batch must divide into DP x micro_batch_size), with dynamic batching the extra cost is
+a few smaller micro-batches on the rank that had fewer, which was the faster one anyway; and a
+plan that does not depend on the model's parallel layout keeps every layout's cut, and so its
+numbers, the same (also for pipeline schedules, whose micro-batch count per step it fixes).
+Routers with an expert bias count routed tokens for their load statistic: filler tokens count
+there, as padding tokens already do.
 """
 
 from __future__ import annotations
@@ -22,13 +42,20 @@ PAD_ID = 0  # right padding under a causal mask never reaches the real tokens; i
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """steps[k][m] = sample indices of micro-batch m of optimizer step k on this DP rank."""
+    """steps[k][m] = sample indices of micro-batch m of optimizer step k on this DP rank;
+    fillers[k] = the samples of step k's filler micro-batches (one sample each, run after the
+    real ones with a zero loss mask). Every DP rank has the same `num_microbatches(k)`."""
 
     steps: list[list[list[int]]]
     global_batch_size: int
+    fillers: list[list[int]]
 
     def local_indices(self) -> list[int]:
+        """The samples this rank trains on, each once (fillers are repeats, not included)."""
         return [i for step in self.steps for mb in step for i in mb]
+
+    def num_microbatches(self, k: int) -> int:
+        return len(self.steps[k]) + len(self.fillers[k])
 
 
 def split_steps(n: int, num_steps: int, global_batch_size: int | None, where: str) -> int:
@@ -76,6 +103,26 @@ def micro_batches(indices: list[int], lengths: list[int], *, micro_batch_size: i
     return out
 
 
+def equalize(mbs: list[list[int]], target: int, lengths: list[int]) -> tuple[list[list[int]], list[int]]:
+    """`mbs` split up to `target` micro-batches, and the filler samples still missing after that.
+
+    The micro-batch with the most samples (the first of those) is halved, keeping its order, so
+    every part still fits the token budget its whole did. Fillers: the shortest sample (lowest
+    index on ties), once per missing micro-batch, when every micro-batch holds one sample.
+    """
+    out = [list(mb) for mb in mbs]
+    if not out or len(out) > target:
+        raise ValueError(f"cannot equalise {len(out)} micro-batches to {target}")
+    while len(out) < target:
+        m = max(range(len(out)), key=lambda j: (len(out[j]), -j))
+        if len(out[m]) < 2:
+            break
+        half = (len(out[m]) + 1) // 2
+        out[m: m + 1] = [out[m][:half], out[m][half:]]
+    shortest = min((i for mb in out for i in mb), key=lambda i: (lengths[i], i))
+    return out, [shortest] * (target - len(out))
+
+
 def plan_batches(lengths: list[int], *, num_steps: int, dp: int, dp_rank: int, micro_batch_size: int,
                  global_batch_size: int | None = None, max_tokens_per_gpu: int | None = None,
                  where: str = "rollout") -> BatchPlan:
@@ -85,12 +132,16 @@ def plan_batches(lengths: list[int], *, num_steps: int, dp: int, dp_rank: int, m
                           f"--micro-batch-size {micro_batch_size} (or use --use-dynamic-batch-size)")
     if gbs < dp:
         raise ConfigError(f"global batch of {gbs} samples is smaller than the DP size {dp}")
-    steps = []
+    if not 0 <= dp_rank < dp:
+        raise ValueError(f"dp_rank {dp_rank} outside [0, {dp})")
+    steps, fillers = [], []
     for k in range(num_steps):
-        share = balance(list(range(k * gbs, (k + 1) * gbs)), lengths, dp)[dp_rank]
-        steps.append(micro_batches(share, lengths, micro_batch_size=micro_batch_size,
-                                   max_tokens_per_gpu=max_tokens_per_gpu))
-    return BatchPlan(steps=steps, global_batch_size=gbs)
+        every = [micro_batches(share, lengths, micro_batch_size=micro_batch_size, max_tokens_per_gpu=max_tokens_per_gpu)
+                 for share in balance(list(range(k * gbs, (k + 1) * gbs)), lengths, dp)]
+        mbs, fill = equalize(every[dp_rank], max(len(m) for m in every), lengths)
+        steps.append(mbs)
+        fillers.append(fill)
+    return BatchPlan(steps=steps, global_batch_size=gbs, fillers=fillers)
 
 
 @dataclass
@@ -101,13 +152,15 @@ class MicroBatch:
     tokens: torch.Tensor          # [n, L] int64
     prompt_lens: list[int]
     response_lens: list[int]
+    filler: bool = False          # run only to keep ranks' collectives aligned: trains nothing
 
     @property
     def num_tokens(self) -> int:
         return sum(p + r for p, r in zip(self.prompt_lens, self.response_lens))
 
 
-def collate(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1) -> MicroBatch:
+def collate(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1,
+            filler: bool = False) -> MicroBatch:
     """Right-padded to the longest sample, rounded up to `pad_multiple` (the TP size under sequence
     parallelism, which splits the sequence dimension over TP ranks)."""
     if pad_multiple < 1:
@@ -122,4 +175,5 @@ def collate(samples: list[Sample], indices: list[int], device: torch.device, pad
         tokens=tokens.to(device),
         prompt_lens=[len(samples[i].prompt_tokens) for i in indices],
         response_lens=[samples[i].response_length for i in indices],
+        filler=filler,
     )

@@ -30,6 +30,11 @@ Patches (name: what it fixes, megatron/core call sites in 0.16.1):
 - `cuda_events`: `torch.cuda.Event`, `Stream`, `stream`, `current_stream`, `memory_stats` and nvtx
   ranges become inert stand-ins (inference controller text_generation_controller.py:1163, the MoE
   alltoall dispatcher's side stream token_dispatcher.py:445).
+- `moe_host_splits`: the MoE alltoall dispatcher moves its per-rank token counts to the host
+  with `maybe_move_tensor_to_cpu(..., as_numpy=True)`, which converts only CUDA tensors; on the
+  CPU they stay tensors and gloo's `all_to_all_single` refuses tensors as split sizes
+  (transformer/moe/token_dispatcher.py:879-886, moe_utils.py:1093). CPU tensors become numpy
+  arrays too, as CUDA ones do. Needed at EP > 1.
 - `moe_te_general_gemm`: megatron bug: `moe_utils` imports `te_general_gemm` inside
   try/except ImportError and never defines it on failure, so every MoE router without
   transformer-engine raises NameError (transformer/moe/moe_utils.py:1192). Defined as None.
@@ -161,6 +166,21 @@ def _patch_rng() -> None:
     mrandom._set_cuda_rng_state = set_state
 
 
+def _patch_moe_splits() -> None:
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = to_host
+    dispatcher.maybe_move_tensor_to_cpu = to_host  # imported by name there
+
+
 def _patch_events() -> None:
     torch.cuda.Event = _FakeEvent  # type: ignore[misc,assignment]
     torch.cuda.Stream = _FakeStream  # type: ignore[misc,assignment]
@@ -219,9 +239,10 @@ def apply() -> None:
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     _patch_rng()
     _patch_events()
+    _patch_moe_splits()
     _MODE = _CudaToCpuMode()
     _MODE.__enter__()  # stays entered for the life of the process, by design
-    _APPLIED.extend(["current_device", "synchronize", "rng", "cuda_events", "cuda_mode"])
+    _APPLIED.extend(["current_device", "synchronize", "rng", "cuda_events", "moe_host_splits", "cuda_mode"])
 
 
 def applied() -> list[str]:

@@ -220,16 +220,23 @@ def transformer_config(
     # their sample count, so pipeline stages must exchange each activation's shape before it
     # (megatron's schedule otherwise assumes one fixed [seq, micro_batch, hidden] per call).
     kw["variable_seq_lengths"] = pp > 1
-    if pp > 1:
-        # megatron refuses variable lengths with the allgather token dispatcher (its default, even
-        # for dense models, where it is never used); the alltoall one exchanges token counts, and
-        # gives the same outputs (shared/mbridge-cpu-notes.md; the CPU shim fakes its side stream).
+    if pp > 1 or ep > 1:
+        # The allgather token dispatcher gathers equal-sized chunks from the TP x EP ranks, but at
+        # EP > 1 those ranks belong to different DP ranks, whose micro-batches have different
+        # shapes (measured on gloo: "Received data size doesn't match expected size", abort);
+        # megatron also refuses it under variable_seq_lengths (its default even for dense models,
+        # where it is never used). The alltoall one exchanges token counts first, and gives the
+        # same outputs (shared/mbridge-cpu-notes.md; the CPU shim fakes its side stream).
         kw["moe_token_dispatcher_type"] = "alltoall"
     # 0.16 calls it original_max_position_embeddings, later versions may rename: keep what exists.
     if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:
         if "max_position_embeddings" in fields:
             kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
     kw.update(overrides or {})
+    if ep > 1 and kw.get("moe_token_dispatcher_type") == "allgather":
+        raise ConfigError(f"--megatron-moe-token-dispatcher-type allgather at --expert-model-parallel-size {ep}: "
+                          "it needs equal micro-batch shapes on every expert-parallel rank, which right-padded "
+                          "RL micro-batches of different DP ranks do not have (use alltoall)")
     if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")

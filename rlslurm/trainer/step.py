@@ -7,6 +7,10 @@ semantics follow `losses.py`: every micro-batch's loss is its share of the globa
 gradients are summed over micro-batches and over DP ranks (the loss is multiplied by the DP size
 because megatron's DDP averages). What only the last stage computes (log-probs, values, loss
 metrics) is broadcast to the other stages, so every rank holds the same `Prepared` and metrics.
+
+Filler micro-batches of the plan (batching.py: they keep every DP rank's micro-batch count equal,
+which expert parallelism's collectives need) run like the others, with an all-zero loss mask:
+their outputs are dropped, their loss and metrics are exactly 0 and they are in no denominator.
 """
 
 from __future__ import annotations
@@ -81,11 +85,25 @@ def make_plan(st: TrainerSetup, rollout: Rollout) -> BatchPlan:
     )
 
 
+def step_microbatches(rollout: Rollout, plan: BatchPlan, k: int, device: torch.device, pad_multiple: int
+                      ) -> list[MicroBatch]:
+    """Step k's micro-batches on this rank in the order they run: the real ones, then fillers."""
+    real = [collate(rollout.samples, idx, device, pad_multiple) for idx in plan.steps[k]]
+    return real + [collate(rollout.samples, [i], device, pad_multiple, filler=True) for i in plan.fillers[k]]
+
+
+def _masks(prep: Prepared, mb: MicroBatch) -> list[Tensor]:
+    if mb.filler:
+        return [torch.zeros_like(prep.masks[i]) for i in mb.indices]
+    return [prep.masks[i] for i in mb.indices]
+
+
 @torch.no_grad()
 def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: TrainerSetup,
                  values: bool) -> dict[int, Tensor]:
     """Per local sample: log-probs of the response tokens under `model` (or the critic's values),
-    on every pipeline stage. All micro-batches of the rollout go through one schedule call."""
+    on every pipeline stage. All micro-batches of the rollout, fillers included (the expert
+    dispatch needs every rank's count), go through one schedule call."""
 
     def per_sample(output: Tensor, mb: MicroBatch) -> tuple[Tensor, list[Tensor]]:
         if values:
@@ -98,10 +116,11 @@ def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: 
     was_training = model.training
     model.eval()
     pad = pipeline.seq_multiple(model)
-    mbs = [collate(rollout.samples, idx, st.device, pad) for step in plan.steps for idx in step]
+    mbs = [mb for k in range(len(plan.steps)) for mb in step_microbatches(rollout, plan, k, st.device, pad)]
     out: dict[int, Tensor] = {}
     for mb, per in zip(mbs, pipeline.run_microbatches(model, mbs, per_sample, forward_only=True)):
-        out.update(zip(mb.indices, per))
+        if not mb.filler:
+            out.update(zip(mb.indices, per))
     model.train(was_training)  # the frozen reference stays in eval mode
     local = plan.local_indices()
     return pipeline.share_per_sample(out, local, {i: rollout.samples[i].response_length for i in local}, st.device)
@@ -163,6 +182,7 @@ def prepare(st: TrainerSetup, rollout: Rollout) -> Prepared:
 
 
 def _global_denominator(st: TrainerSetup, prep: Prepared, step: list[list[int]]) -> Tensor:
+    # `step` holds the real micro-batches only: a filler repeats a sample and must not count twice.
     masks = [prep.masks[i] for mb in step for i in mb]
     d = local_denominator(masks, st.loss_cfg.loss_reduction) if masks else torch.zeros((), device=st.device)
     d = d.to(st.device).float()
@@ -196,7 +216,7 @@ def _actor_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.Los
             st.loss_cfg,
             log_probs=lp.response_slices(logp, mb),
             advantages=[prep.advantages[i] for i in idx],
-            loss_masks=[prep.masks[i] for i in idx],
+            loss_masks=_masks(prep, mb),
             global_denominator=denom,
             old_log_probs=[prep.old_logprobs[i] for i in idx],
             ref_log_probs=[prep.ref_logprobs[i] for i in idx] if prep.ref_logprobs is not None else None,
@@ -214,7 +234,7 @@ def _critic_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.Lo
         idx = mb.indices
         return compute_value_loss(
             values=lp.values_of(out, mb), old_values=[values[i] for i in idx], returns=[prep.returns[i] for i in idx],
-            loss_masks=[prep.masks[i] for i in idx], value_clip=st.cfg.train.value_clip,
+            loss_masks=_masks(prep, mb), value_clip=st.cfg.train.value_clip,
             loss_reduction=st.loss_cfg.loss_reduction, global_denominator=denom,
         )
     return loss_fn
@@ -267,7 +287,7 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     out["lr"] = st.actor.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it after)
     if st.critic is not None:
         out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
-    mbs = [collate(samples, idx, st.device, pipeline.seq_multiple(st.actor.model)) for idx in step]
+    mbs = step_microbatches(rollout, prep.plan, k, st.device, pipeline.seq_multiple(st.actor.model))
     t0 = time.perf_counter()
     if st.critic is not None:
         sums = _train_microbatches(st, st.critic, mbs, _critic_loss(st, prep, denom))
@@ -290,7 +310,7 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     out["time/critic_step"] = t1 - t0
     out["time/actor_step"] = t2 - t1
     out["tokens_per_s"] = out["tokens"] / max(t2 - t0, 1e-9)
-    out["num_microbatches"] = float(len(step))
+    out["num_microbatches"] = float(len(mbs))  # fillers included: the same on every DP rank
     return out
 
 

@@ -1,0 +1,147 @@
+"""MoE expert parallelism in the RL trainer with dynamic batching (megatron-core on CPU, gloo).
+
+tiny-qwen3-moe at EP=2 x DP=2 (2 processes): the expert all-to-all spans both DP ranks, so both
+must run the same number of micro-batches per optimizer step, and their micro-batches have
+different padded shapes. The rollout's lengths are chosen so that, cut by the token budget, the
+two ranks' natural micro-batch counts differ in step 0 (one rank splits a micro-batch) and in
+step 1 one rank has fewer samples than the other's count (it runs a weight-zero filler). The
+step must finish (bounded: a hang is killed and fails the test) and equal EP=1 x DP=1 on the same
+batch: losses, metrics and updated weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import HERE, REPO, free_port, make_run
+
+pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+
+MODEL = "tiny-qwen3-moe"
+BUDGET = 20  # --max-tokens-per-gpu
+# Total tokens (prompt + response) per sample; steps of 5 samples: DP=2 splits each 3 + 2.
+# step 0: rank 0 gets [12, 6] -> 2 micro-batches, rank 1 [6, 6, 2] -> 1 (3 x 6 <= 20): split to 2.
+# step 1: rank 0 gets [14, 11, 10] -> 3 (no two fit together), rank 1 [13, 12] -> 2: one filler.
+LENGTHS = [12, 6, 6, 6, 2, 14, 13, 12, 11, 10]
+TRAIN = dict(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1, num_steps_per_rollout=2, global_batch_size=5,
+             micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=BUDGET, eps_clip=0.1, lr=3e-3,
+             use_tis=True, tis_clip_low=0.2, tis_clip=2.0, adam_eps=1e-3)
+COMPARED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_norm", "tokens", "tis", "tis_clipfrac",
+            "train_rollout_logprob_abs_diff")
+TIMEOUT = 420  # a run takes ~1 min on a loaded 2-core box; a rank waiting in a collective never ends
+
+
+def _samples() -> list:
+    from rlslurm.buffer import Sample
+
+    rng = np.random.default_rng(11)
+    out = []
+    for i, n in enumerate(LENGTHS):
+        p = n // 3 + 1
+        r = n - p
+        out.append(Sample(prompt_tokens=rng.integers(4, 64, p), response_tokens=rng.integers(4, 64, r),
+                          reward=float(i % 3) + 0.25 * (i % 2), rollout_logprobs=(-rng.random(r) * 3).astype(np.float32),
+                          group_index=i // 5, index=i, weight_version=0))
+    return out
+
+
+def _torchrun(args: list[str], nproc: int) -> tuple[int, str]:
+    """torchrun bounded by TIMEOUT. A rank blocked in a collective never ends, and torchrun starts
+    each worker in a session of its own: on a timeout every process of the tree is killed by pid."""
+    import psutil
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"{nproc}-process run did not finish in {TIMEOUT} s (a rank waits in a collective?)\n"
+                    f"{out[-4000:]}")
+    return proc.returncode, out
+
+
+def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None) -> tuple[dict, dict]:
+    import yaml
+
+    from rlslurm.buffer import RolloutMeta, RolloutWriter
+
+    run = make_run(tmp / name, hf, nproc=nproc, rollout=dict(rollout_batch_size=2, n_samples_per_prompt=5),
+                   train={**TRAIN, "expert_model_parallel_size": ep, "use_distributed_optimizer": nproc > 1},
+                   megatron=megatron)
+    cfg = yaml.safe_load((run / "run.yaml").read_text())
+    cfg["model"]["model"] = MODEL
+    (run / "run.yaml").write_text(yaml.safe_dump(cfg))
+    RolloutWriter(run).commit(0, _samples(), RolloutMeta(weight_versions=[0], data_cursor={"next": 1}))
+    out = tmp / f"{name}-out"
+    rc, log = _torchrun([str(HERE / "step_worker.py"), "--run-dir", str(run), "--out", str(out)], nproc)
+    assert rc == 0, log[-6000:]
+    return json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    from rlslurm.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    tmp = tmp_path_factory.mktemp("ep")
+    hf = make_tiny_checkpoint(load_model_config(MODEL), tmp / "hf", seed=5)
+    return {name: _run(tmp, hf, name, nproc, ep) for name, nproc, ep in (("ep1", 1, 1), ("ep2dp2", 2, 2))}
+
+
+def test_lengths_make_unequal_natural_counts_and_need_a_filler() -> None:
+    """The scenario is what the docstring says (so the EP run below really exercises both cases)."""
+    from rlslurm.trainer.batching import balance, micro_batches, plan_batches
+
+    natural = [[len(micro_batches(share, LENGTHS, micro_batch_size=1, max_tokens_per_gpu=BUDGET))
+                for share in balance(list(range(5 * k, 5 * k + 5)), LENGTHS, 2)] for k in range(2)]
+    assert natural == [[2, 1], [3, 2]]
+    plans = [plan_batches(LENGTHS, num_steps=2, dp=2, dp_rank=r, micro_batch_size=1, max_tokens_per_gpu=BUDGET)
+             for r in range(2)]
+    assert [[p.num_microbatches(k) for k in range(2)] for p in plans] == [[2, 3], [2, 3]]
+    assert [len(p.fillers[1]) for p in plans] == [0, 1] and not any(p.fillers[0] for p in plans)
+
+
+def test_expert_parallel_dynamic_batches_equal_single_process(layouts) -> None:
+    (ra, rw), (ga, gw) = layouts["ep1"], layouts["ep2dp2"]
+    assert ga["dp"] == 2 and ra["dp"] == 1
+    assert ga["logprob_max_abs_diff"] < 1e-5 and ra["logprob_max_abs_diff"] < 1e-5
+    assert [s["num_microbatches"] for s in ga["steps"]] == [2.0, 3.0]  # rank 0: equalised counts
+    assert ra["steps"][0]["grad_norm"] > 0 and abs(ra["steps"][1]["ppo_kl"]) > 1e-5
+    for a, b in zip(ra["steps"], ga["steps"], strict=True):
+        for k in COMPARED:
+            assert math.isfinite(a[k]), (k, a[k])
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a[k], b[k])
+    assert set(gw) == set(rw)
+    assert any(".experts." in n for n in gw)  # the experts of both EP ranks reached the export
+    worst = max(float((gw[n] - rw[n]).abs().max()) for n in gw)
+    assert worst < 1e-5, worst
+
+
+def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
+    """allgather gathers equal-sized chunks from ranks of different DP index, whose micro-batches
+    differ in shape (it aborted on gloo): EP > 1 takes alltoall, and an allgather override is refused."""
+    from rlslurm.errors import ConfigError
+    from rlslurm.model_config import load_model_config
+    from rlslurm.trainer import model as model_mod
+
+    mc = load_model_config(MODEL)
+    assert model_mod.transformer_config(mc, ep=2).moe_token_dispatcher_type == "alltoall"
+    with pytest.raises(ConfigError, match="--megatron-moe-token-dispatcher-type allgather at "
+                                          "--expert-model-parallel-size 2"):
+        model_mod.transformer_config(mc, ep=2, overrides={"moe_token_dispatcher_type": "allgather"})
