@@ -21,7 +21,8 @@ most one sample), only when some rank's every sample is a micro-batch of its own
 
 This is done always, not only at EP > 1: with fixed micro-batches the counts are already equal
 (the global batch must divide into DP x micro_batch_size), with dynamic batching the extra cost is
-a few smaller micro-batches on the rank that had fewer, which was the faster one anyway; and a
+a few smaller micro-batches on the rank that had fewer (usually the one with shorter samples,
+which would otherwise wait for the others at the step's gradient reduction); and a
 plan that does not depend on the model's parallel layout keeps every layout's cut, and so its
 numbers, the same (also for pipeline schedules, whose micro-batch count per step it fixes).
 Routers with an expert bias count routed tokens for their load statistic: filler tokens count
@@ -73,12 +74,17 @@ def split_steps(n: int, num_steps: int, global_batch_size: int | None, where: st
 
 def balance(indices: list[int], lengths: list[int], dp: int) -> list[list[int]]:
     """Indices spread over `dp` ranks: equal counts (+-1), greedy-balanced token totals."""
-    quota = -(-len(indices) // dp)
+    # Exactly len % dp ranks get one sample more. A cap of ceil(n / dp) alone is not enough: a rank
+    # holding one long sample would stay below the others by more than one.
+    base, extra = divmod(len(indices), dp)
     order = sorted(indices, key=lambda i: (-lengths[i], i))
     load = [0] * dp
     out: list[list[int]] = [[] for _ in range(dp)]
     for i in order:
-        r = min((r for r in range(dp) if len(out[r]) < quota), key=lambda r: (load[r], r))
+        room = [r for r in range(dp) if len(out[r]) < base or (len(out[r]) == base and extra > 0)]
+        r = min(room, key=lambda r: (load[r], r))
+        if len(out[r]) == base:
+            extra -= 1
         out[r].append(i)
         load[r] += lengths[i]
     return [sorted(o) for o in out]

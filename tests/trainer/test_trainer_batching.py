@@ -1,4 +1,5 @@
-"""Rollout -> optimizer steps -> per-DP-rank micro-batches: coverage, balance, determinism, errors."""
+"""Rollout -> optimizer steps -> per-DP-rank micro-batches: coverage, balance, determinism, errors,
+and equal micro-batch counts on every DP rank (split micro-batches, then weight-zero fillers)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.trainer.batching import balance, collate, micro_batches, plan_batches
+from rlslurm.trainer.batching import balance, collate, equalize, micro_batches, plan_batches
 
 
 def lengths(n: int, seed: int = 0) -> list[int]:
@@ -39,6 +40,9 @@ def test_balance_is_better_than_round_robin_and_counts_equal() -> None:
     naive = [sum(L[i] for i in range(0, 8, 2)), sum(L[i] for i in range(1, 8, 2))]
     assert max(loads) - min(loads) < max(naive) - min(naive)
     assert max(loads) - min(loads) <= 10
+    # one long sample does not leave its rank more than one sample short of the others
+    parts = balance(list(range(9)), [1000, 9, 9, 9, 9, 9, 9, 9, 9], 4)
+    assert sorted(len(p) for p in parts) == [2, 2, 2, 3] and [0, 8] in parts
 
 
 def test_plan_is_deterministic() -> None:
@@ -73,3 +77,84 @@ def test_collate_right_pads() -> None:
     mb = collate(s, [1, 0], torch.device("cpu"))
     assert mb.tokens.tolist() == [[8, 9, 10, 11], [5, 6, 7, 0]]
     assert mb.prompt_lens == [1, 2] and mb.response_lens == [3, 1] and mb.num_tokens == 7
+
+
+def _check_plans(L: list[int], num_steps: int, dp: int, mbs: int, budget: int | None) -> int:
+    """Every invariant of one layout's plans; returns the number of fillers."""
+    plans = [plan_batches(L, num_steps=num_steps, dp=dp, dp_rank=r, micro_batch_size=mbs, max_tokens_per_gpu=budget)
+             for r in range(dp)]
+    gbs = len(L) // num_steps
+    fillers = 0
+    for k in range(num_steps):
+        shares = balance(list(range(k * gbs, (k + 1) * gbs)), L, dp)
+        natural = [len(micro_batches(sh, L, micro_batch_size=mbs, max_tokens_per_gpu=budget)) for sh in shares]
+        counts = {p.num_microbatches(k) for p in plans}
+        assert counts == {max(natural)}, (k, counts, natural)  # equal, and no more than needed
+        real = sorted(i for p in plans for mb in p.steps[k] for i in mb)
+        assert real == list(range(k * gbs, (k + 1) * gbs))  # every sample once among real micro-batches
+        for r, p in enumerate(plans):
+            assert all(mb for mb in p.steps[k])
+            assert sorted(i for mb in p.steps[k] for i in mb) == shares[r]  # splitting moves no sample
+            if budget is not None:
+                assert all(len(mb) == 1 or len(mb) * max(L[i] for i in mb) <= budget for mb in p.steps[k])
+            elif not p.fillers[k]:
+                assert all(len(mb) == mbs for mb in p.steps[k])
+            if p.fillers[k]:
+                # only where needed: every sample already alone, still short of the target
+                assert all(len(mb) == 1 for mb in p.steps[k]) and len(shares[r]) < max(natural)
+                assert len(p.fillers[k]) == 1  # shares differ by at most one sample
+                assert p.fillers[k][0] == min(shares[r], key=lambda i: (L[i], i))
+                fillers += 1
+    return fillers
+
+
+def test_every_rank_runs_the_same_micro_batch_count_random_layouts() -> None:
+    """Property test over many random rollouts, DP sizes, budgets (fixed seed)."""
+    rng = np.random.default_rng(1234)
+    fillers = splits = 0
+    for _ in range(400):
+        dp = int(rng.integers(1, 9))
+        num_steps = int(rng.integers(1, 4))
+        gbs = int(rng.integers(dp, 6 * dp + 1))
+        hi = int(rng.choice([8, 64, 2000]))
+        L = [int(x) for x in rng.integers(1, hi + 1, gbs * num_steps)]
+        if rng.random() < 0.2 or gbs % dp:
+            budget: int | None = int(rng.integers(1, 4 * hi))
+            mbs = 1
+        else:
+            budget, mbs = None, int(rng.choice([d for d in range(1, gbs // dp + 1) if (gbs // dp) % d == 0]))
+        fillers += _check_plans(L, num_steps, dp, mbs, budget)
+        if budget is not None:
+            splits += 1
+    assert fillers > 10 and splits > 100  # the cases the property is about did occur
+
+
+def test_equalize_splits_the_fullest_micro_batch_first_then_fills() -> None:
+    L = [9, 8, 7, 6, 5, 4, 3]
+    assert equalize([[0, 1, 2, 3], [4, 5]], 3, L) == ([[0, 1], [2, 3], [4, 5]], [])
+    assert equalize([[0, 1], [4, 5]], 3, L) == ([[0], [1], [4, 5]], [])  # ties: the first
+    assert equalize([[0], [4, 6]], 5, L) == ([[0], [4], [6]], [6, 6])    # shortest sample as filler
+    assert equalize([[0, 1]], 1, L) == ([[0, 1]], [])
+    with pytest.raises(ValueError, match="cannot equalise 2 micro-batches to 1"):
+        equalize([[0], [1]], 1, L)
+
+
+def test_filler_adds_nothing_to_loss_metrics_or_gradient() -> None:
+    """A filler is a real sample with an all-zero mask: its share of every value and its gradient are
+    exactly 0, so a step with it equals the step without it (the denominator never sees it)."""
+    import torch
+
+    from rlslurm.trainer.losses import PolicyLossConfig, compute_rl_loss
+
+    g = torch.Generator().manual_seed(0)
+    n = 7
+    for reduction in ("per_sample_mean", "per_token"):
+        cfg = PolicyLossConfig(use_tis=True, kl_loss_coef=0.1, entropy_coef=0.01, loss_reduction=reduction)
+        logp = (-torch.rand(n, generator=g) * 3).requires_grad_()
+        kw = dict(advantages=[torch.randn(n, generator=g)], old_log_probs=[-torch.rand(n, generator=g) * 3],
+                  ref_log_probs=[-torch.rand(n, generator=g) * 3], rollout_log_probs=[-torch.rand(n, generator=g) * 3],
+                  entropy=[torch.rand(n, generator=g).requires_grad_()], global_denominator=torch.tensor(3.0))
+        loss, metrics = compute_rl_loss(cfg, log_probs=[logp], loss_masks=[torch.zeros(n)], **kw)
+        loss.backward()
+        assert loss.item() == 0.0 and all(v.item() == 0.0 for v in metrics.values()), metrics
+        assert torch.equal(logp.grad, torch.zeros(n)) and torch.equal(kw["entropy"][0].grad, torch.zeros(n))
