@@ -20,11 +20,11 @@ its gradient is exactly zero. Fillers occur at most once per rank and step (shar
 most one sample), only when some rank's every sample is a micro-batch of its own.
 
 This is done always, not only at EP > 1: with fixed micro-batches the counts are already equal
-(the global batch must divide into DP x micro_batch_size), with dynamic batching the extra cost is
-a few smaller micro-batches on the rank that had fewer (usually the one with shorter samples,
-which would otherwise wait for the others at the step's gradient reduction); and a
-plan that does not depend on the model's parallel layout keeps every layout's cut, and so its
-numbers, the same (also for pipeline schedules, whose micro-batch count per step it fixes).
+(the global batch must divide into DP x micro_batch_size); with dynamic batching the cost is a few
+smaller micro-batches on the rank that had fewer (usually the one with shorter samples, which
+would otherwise wait for the others at the step's gradient reduction) and at most one filler; and
+a plan that depends on the DP size alone, not on EP, cuts two layouts of the same DP size alike
+(same micro-batches, so the same numbers, and the same micro-batch count for a pipeline schedule).
 Routers with an expert bias count routed tokens for their load statistic: filler tokens count
 there, as padding tokens already do.
 """
