@@ -249,7 +249,9 @@ def local_denominator(loss_masks: list[Tensor], mode: str) -> Tensor:
     per_sample_mean: the number of samples; per_token: the number of loss-masked tokens.
     Sum it over every micro-batch of the optimizer step on this rank, then all_reduce(SUM)
     over the data-parallel group (with context parallel ranks counted once), and pass the
-    result as ``global_denominator`` to every micro-batch of the step.
+    result as ``global_denominator`` to every micro-batch of the step. Filler micro-batches
+    (a sample repeated with an all-zero mask so that every DP rank runs as many micro-batches,
+    see batching.py) are left out: under per_sample_mean a zero mask would still count a sample.
     """
     _check_mode(mode)
     # On the masks' device, so that it can go straight into an NCCL all_reduce.
