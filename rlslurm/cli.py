@@ -137,6 +137,7 @@ def run(
     if existing.run_yaml.exists():
         cfg = load_run_config(existing.path)
         err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
+        _clear_stop(existing.path)
         res = Resolved(cfg, load_model_config(cfg.model.model))
         prepare_run_dir(res, resume=True)
     else:
@@ -151,6 +152,15 @@ def run(
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
                        progress=progress, timeout_s=timeout, console=err)
     raise typer.Exit(result.returncode)
+
+
+def _clear_stop(run_dir: Path) -> None:
+    """Continuing a run is the user's answer to their earlier `rlslurm stop` (or Ctrl-C / --timeout
+    of `rlslurm run`): without clearing it, the new attempt would stop at once."""
+    from rlslurm.buffer.control import Control
+
+    if Control(run_dir).clear_stop():
+        err.print(f"{run_dir}: cleared the earlier stop request")
 
 
 @app.command()
@@ -168,6 +178,7 @@ def resubmit(run_dir: Path = typer.Argument(..., help="an existing run directory
     if RunDir(run_dir).is_finished():
         raise UserError(f"{run_dir}: the run is FINISHED; nothing to resubmit")
     cfg = load_run_config(run_dir)
+    _clear_stop(run_dir)
     sub = do_submit(Resolved(cfg, load_model_config(cfg.model.model)), resume=True)
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
 

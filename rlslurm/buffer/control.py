@@ -10,7 +10,8 @@ reader sees the old or the new version, never a mix. Records:
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
-    stop.json                    anyone (CLI)     StopRequest
+    stop.json                    anyone (CLI)     StopRequest (stays until `rlslurm resubmit`/`run` clears it)
+    stop_ack.json                trainer rank 0   PreemptAck (checkpoint saved; the engines may go)
 """
 
 from __future__ import annotations
@@ -215,6 +216,24 @@ class Control:
 
     def stop_requested(self) -> StopRequest | None:
         return self._read(self.stop_file, StopRequest)
+
+    @property
+    def stop_ack_file(self) -> Path:
+        return self.dir / "stop_ack.json"
+
+    def ack_stop(self, checkpoint_iteration: int) -> None:
+        """The trainer has saved its last trained rollout and is exiting: nothing needs the engines."""
+        self._write("stop_ack.json", PreemptAck(checkpoint_iteration=checkpoint_iteration))
+
+    def stop_ack(self) -> PreemptAck | None:
+        return self._read(self.stop_ack_file, PreemptAck)
+
+    def clear_stop(self) -> bool:
+        """Forget a stop request and its ack (the user continues the run). True if there was one."""
+        had = self.stop_file.exists()
+        for f in (self.stop_file, self.stop_ack_file):
+            unlink_durable(f)
+        return had
 
     def new_attempt(self, restart_count: int) -> None:
         """At the start of attempt `restart_count`: forget the previous attempt's preempt

@@ -43,7 +43,9 @@ DRIVER_STOP_S = 90.0
 def end_reason(rd: RunDir, control: Control) -> str | None:
     if rd.is_finished():
         return "finished"
-    if control.stop_requested() is not None:
+    # A stop, like a preempt, ends the engines only once the trainer is done with them (it saves,
+    # acks and exits); if the trainer is gone instead, the batch script ends this step.
+    if control.stop_requested() is not None and control.stop_ack() is not None:
         return "stop"
     # On USR1 the trainer finishes its step (and any weight sync into our engines), checkpoints and
     # acks; only then may the engines go, or the sync in flight would fail against dead peers.
@@ -56,7 +58,8 @@ def driver_should_stop(rd: RunDir, control: Control) -> bool:
     """The driver stops at a preempt *request*, before the trainer's ack: the trainer needs no
     further rollout (it checkpoints at its next safe point), and a driver that stops early has
     its unfinished groups handed back and saved before the engines go."""
-    return end_reason(rd, control) is not None or control.preempt_requested() is not None
+    return (end_reason(rd, control) is not None or control.preempt_requested() is not None
+            or control.stop_requested() is not None)
 
 
 async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:

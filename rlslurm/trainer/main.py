@@ -122,8 +122,7 @@ class Trainer:
                 if cmd == "preempt":
                     return self._preempt(progress)
                 if cmd == "stop":
-                    log.info("stop requested: exiting without training rollout %d", progress.next_rollout_id)
-                    return 0
+                    return self._stop(progress)
                 rollout = self.reader.read(progress.next_rollout_id)
                 lines = self._train_rollout(rollout, time.perf_counter() - t0)
                 progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
@@ -320,6 +319,16 @@ class Trainer:
         log.info("saved checkpoint %s", d)
         if self.rank == 0 and not self.replay:
             after_checkpoint(self.reader, progress, Retention(keep_trained=self.cfg.rollout.keep_trained_rollouts))
+
+    def _stop(self, progress: TrainerProgress) -> int:
+        """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the
+        rollout group go — it keeps the engines until this ack, so no sync in flight loses its peers."""
+        if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
+            self._save(progress)
+        if self.rank == 0:
+            self.control.ack_stop(checkpoint_iteration=self.last_saved if self.last_saved is not None else -1)
+        log.info("stop requested: saved, exiting before rollout %d", progress.next_rollout_id)
+        return 0
 
     def _preempt(self, progress: TrainerProgress) -> int:
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:

@@ -84,3 +84,15 @@ def test_ledger_skips_and_reports_torn_lines(run):
     got = read_ledger(run, problems)
     assert [r["restart_count"] for r in got] == [0, 1]
     assert [p.where for p in problems] == [f"{run.ledger}:2", f"{run.ledger}:3"]
+
+
+def test_stop_ack_and_clear(run):
+    c = Control(run)
+    assert c.clear_stop() is False and c.stop_ack() is None
+    c.request_stop("user asked")
+    c.ack_stop(checkpoint_iteration=7)
+    assert c.stop_ack().checkpoint_iteration == 7
+    c.new_attempt(1)
+    assert c.stop_requested() is not None and c.stop_ack() is not None  # both outlive an attempt
+    assert c.clear_stop() is True  # `rlslurm resubmit` / `rlslurm run` continuing the run
+    assert c.stop_requested() is None and c.stop_ack() is None

@@ -1,0 +1,82 @@
+"""The README's demo path, `rlslurm run --demo` (local mode: trainer under torchrun + the rollout
+process tree with real SGLang servers and router, no SLURM), stopped by `rlslurm stop` midway and
+continued by running the same command again.
+
+What a stop must guarantee: the trainer saves what it trained before exiting (here
+--save-interval is larger than the run, so only the stop's own checkpoint can carry the progress
+over), the rollout group keeps its engines until the trainer acknowledges, and running the command
+again clears the stop and continues right after the last trained rollout: every rollout id is
+trained exactly once over the two attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.curve import reward_curve
+
+pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+
+NUM_ROLLOUT = 6
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rlslurm_run(run_dir: Path, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
+           "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "1000", "--rollout-batch-size", "8"]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+
+
+def trained_ids(run_dir: Path) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    p = run_dir / "metrics.jsonl"
+    for line in (p.read_text().splitlines() if p.exists() else []):
+        rec = json.loads(line)
+        ids = out.setdefault(rec["attempt"], [])
+        if not ids or ids[-1] != rec["rollout_id"]:
+            ids.append(rec["rollout_id"])
+    return out
+
+
+def finish(proc: subprocess.Popen, log: Path, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"rlslurm run did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}")
+
+
+def test_demo_stops_cleanly_and_continues(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "demo", tmp_path / "run.log"
+    proc = rlslurm_run(run_dir, log)
+    deadline = time.monotonic() + 900
+    while sum(len(v) for v in trained_ids(run_dir).values()) < 2:
+        assert proc.poll() is None, f"rlslurm run ended early (rc={proc.returncode}):\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(1)
+    subprocess.run([sys.executable, "-m", "rlslurm.cli", "stop", str(run_dir)], cwd=ROOT, check=True, timeout=60)
+    assert finish(proc, log, 300) == 0, log.read_text()[-4000:]
+
+    control = run_dir / "control"
+    ack = json.loads((control / "stop_ack.json").read_text())
+    first = trained_ids(run_dir)[0]
+    assert first == list(range(len(first))) and len(first) < NUM_ROLLOUT
+    # the stop's checkpoint holds every trained rollout (the save interval alone would have saved none)
+    assert ack["checkpoint_iteration"] == len(first)
+    assert not (run_dir / "FINISHED").exists()
+
+    proc = rlslurm_run(run_dir, log)  # the same command again: clears the stop, resumes
+    assert finish(proc, log, 900) == 0, log.read_text()[-4000:]
+    assert "cleared the earlier stop request" in log.read_text().replace("\n", " ")  # Rich wraps lines
+    ids = trained_ids(run_dir)
+    assert sorted(ids) == [0, 1] and ids[1][0] == first[-1] + 1, ids
+    assert ids[0] + ids[1] == list(range(NUM_ROLLOUT))
+    assert json.loads((run_dir / "FINISHED").read_text())["trained_rollouts"] == NUM_ROLLOUT
+    assert [r for r, _ in reward_curve(run_dir)] == list(range(NUM_ROLLOUT))
+    assert (run_dir / "reward_curve.png").exists()
