@@ -22,3 +22,12 @@ def _in_groups(pid: int, pgids: list[int]) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def pid_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed child not yet reaped still has a pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

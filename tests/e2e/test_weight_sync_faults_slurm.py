@@ -41,6 +41,7 @@ from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
 
 from tests.e2e.test_grpo_slurm import batch_log, probes
 from tests.launcher.test_slurm_job import ledger, rlslurm
+from tests.process_groups import pid_alive
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -76,14 +77,6 @@ def wait_for(cond, timeout: float, what: str, run_dir: Path, job: int, poll: flo
 
 def _tail(p: Path, n: int = 4000) -> str:
     return p.read_text(errors="replace")[-n:] if p.exists() else f"({p} missing)"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def synced_both(run_dir: Path, version: int):
@@ -174,7 +167,7 @@ def test_kill9_engine_between_syncs_restarts_and_rejoins(slurm_cluster, tmp_path
 
     rec = wait_for(restarted, 400, f"{victim.url} restarted", run_dir, job)
     back_at = last_probe(run_dir)
-    assert not _alive(victim.pid)
+    assert not pid_alive(victim.pid)
     # re-registered: node 0's router routes to it again
     router = RemoteRouter.at(control.router().url, api_key=RunDir(run_dir).api_key(), log_path=tmp_path / "r.log")
     workers = {w["url"]: w for w in router.workers()}
@@ -224,7 +217,7 @@ def test_hung_peer_sync_times_out_within_bound_and_run_recovers(slurm_cluster, t
         back_at = last_probe(run_dir)
         wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
     finally:
-        if _alive(hung.pid):  # the supervisor should have killed it; never leave a stopped tree behind
+        if pid_alive(hung.pid):  # the supervisor should have killed it; never leave a stopped tree behind
             os.killpg(hung.pid, signal.SIGKILL)
     ids, before_stop = stop_and_check(slurm_cluster, run_dir, job)
 

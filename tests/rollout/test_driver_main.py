@@ -18,6 +18,7 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
 from rlslurm.runfile import dump_run_config
+from tests.process_groups import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,14 +51,6 @@ def _start(rd: RunDir) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(rd.path),
                              "--trainer-addr", "127.0.0.1"], env=_env(), stdout=log, stderr=subprocess.STDOUT,
                             cwd=ROOT, start_new_session=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
@@ -110,9 +103,9 @@ def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_m
             os.killpg(proc.pid, 9)
             proc.wait()
     deadline = time.monotonic() + 10
-    while _alive(engine.pid) and time.monotonic() < deadline:
+    while pid_alive(engine.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _alive(engine.pid), "the engine outlived the rollout node"
+    assert not pid_alive(engine.pid), "the engine outlived the rollout node"
 
 
 def test_engine_specs_per_device(tmp_path):

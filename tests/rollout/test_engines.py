@@ -24,6 +24,7 @@ from rlslurm.rollout import sglang_cpu
 from rlslurm.rollout.engine import ENV_API_KEY, EngineSpec
 from rlslurm.rollout.router import RouterProcess
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+from tests.process_groups import pid_alive
 
 
 def _spec(tmp_path, **kw) -> EngineSpec:
@@ -349,14 +350,6 @@ def _wait_restart(deployment, count: int, timeout: float = 240.0, what: str = "e
     raise AssertionError(f"no restart #{count} within {timeout} s: {deployment.restarts}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_dead_router_is_restarted_and_workers_registered_again(deployment):
@@ -364,7 +357,7 @@ def test_dead_router_is_restarted_and_workers_registered_again(deployment):
     old_pid = router.proc.pid
     os.kill(old_pid, signal.SIGKILL)
     ev = _wait_restart(deployment, 1, timeout=90, what="router")
-    assert ev.ok and sup.router_restarts == 1 and router.proc.pid != old_pid and not _alive(old_pid)
+    assert ev.ok and sup.router_restarts == 1 and router.proc.pid != old_pid and not pid_alive(old_pid)
     workers = {w["url"]: w for w in router.workers()}
     for i in sup.engines():
         assert workers[i.url]["is_healthy"] and workers[i.url]["id"] == i.worker_id
@@ -411,7 +404,7 @@ def test_kill9_during_rollout_is_survived_and_restarted(deployment):
     workers = {w["url"]: w for w in router.workers()}
     assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
     assert [w["id"] for w in router.workers()].count(info.worker_id) == 1
-    assert not any(_alive(p) for p in old_tree), "old engine processes survived the restart"
+    assert not any(pid_alive(p) for p in old_tree), "old engine processes survived the restart"
     assert not any(os.path.exists(f) for f in old_files), "old engine's /dev/shm files were left"
     r = _post(info.url, "/generate", key, {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 3}})
     assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
@@ -434,7 +427,7 @@ def test_unresponsive_engine_is_restarted_but_not_inside_a_weight_update(deploym
     ev = _wait_restart(deployment, before + 1)
     assert ev.engine == "engine-0" and ev.reason.startswith("unresponsive"), ev
     info = sup.engines()[0]
-    assert info.restarts == 1 and info.healthy and info.pid != old_pid and not _alive(old_pid)
+    assert info.restarts == 1 and info.healthy and info.pid != old_pid and not pid_alive(old_pid)
     with sup.pause_health_checks():  # entering waits for nothing now and leaves everything running
         pass
     outs = asyncio.run(_rollout(deployment.router.url, deployment.api_key, 8, 8, []))

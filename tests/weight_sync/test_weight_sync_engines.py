@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.rollout.sglang_client import SGLangClient
+from tests.process_groups import pid_alive
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -93,14 +94,6 @@ class Worker:
 
 def _record(engines, name_url: str):
     return next(r for r in engines.control.engines() if r.url == name_url)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _wait(cond, timeout: float, what: str) -> None:
@@ -188,7 +181,7 @@ def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
         assert control.weight_version().version == v
         _wait(lambda: (rec := _record(engines, urls[0])).restarts == restarts0 + 1 and rec.healthy, 240,
               "engine-0 restarted")
-        assert not _alive(hung_pid), "the SIGSTOPped engine survived its restart"
+        assert not pid_alive(hung_pid), "the SIGSTOPped engine survived its restart"
         v += 1
         r = worker.publish(v)
         assert "error" not in r and r["history"][0]["mode"] == "distributed", r
