@@ -38,6 +38,8 @@ POLL_S = 1.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
 # collector waits up to 60 s for aborted requests to come back).
 DRIVER_STOP_S = 90.0
+# How long node 0 waits for the other rollout nodes' engines before the first rollout.
+ALL_NODES_WAIT_S = 600.0
 
 
 def end_reason(rd: RunDir, control: Control) -> str | None:
@@ -68,6 +70,9 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
     driver_task = None
     if node.node == 0:
         from rlslurm.rollout.driver import RolloutDriver
+
+        await asyncio.to_thread(node.wait_for_all_nodes, timeout=ALL_NODES_WAIT_S,
+                                cancel=lambda: driver_should_stop(rd, control))
 
         driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)

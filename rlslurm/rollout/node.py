@@ -43,6 +43,16 @@ _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 WEIGHT_VERSION_ARGS = ("--weight-version", "0")
 
 
+def engines_per_node(cfg: RunConfig) -> int:
+    tp = cfg.rollout.rollout_num_gpus_per_engine
+    if cfg.run.device == "cuda":
+        gpus = cfg.slurm.gpus_per_node
+        if gpus < tp or gpus % tp:
+            raise ConfigError(f"--gpus-per-node {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
+        return gpus // tp
+    return cfg.rollout.engines_per_node or 1
+
+
 def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir: Path,
                  ncpu: int | None = None) -> list[EngineSpec]:
     """This node's SGLang servers. cuda: gpus_per_node / rollout_num_gpus_per_engine
@@ -50,13 +60,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     if cfg.model.hf_checkpoint is None:
         raise ConfigError("--hf-checkpoint is required: the SGLang servers load it")
     tp = cfg.rollout.rollout_num_gpus_per_engine
-    if cfg.run.device == "cuda":
-        gpus = cfg.slurm.gpus_per_node
-        if gpus < tp or gpus % tp:
-            raise ConfigError(f"--gpus-per-node {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
-        n = gpus // tp
-    else:
-        n = cfg.rollout.engines_per_node or 1
+    n = engines_per_node(cfg)
     ncpu = ncpu or os.cpu_count() or 1
     ports = engine_port_block(host, n)
     return [EngineSpec(
@@ -65,7 +69,9 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
         base_gpu_id=i * tp if cfg.run.device == "cuda" else 0, tp_size=tp if cfg.run.device == "cuda" else 1,
         api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
         extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS),
-        cpu_core=(i % ncpu) if cfg.run.device == "cpu" else None,
+        # numbered across nodes: harmless on separate hosts, and virtual nodes sharing one host
+        # (the test cluster) do not stack every node's engine 0 on core 0
+        cpu_core=((node * n + i) % ncpu) if cfg.run.device == "cpu" else None,
     ) for i, p in enumerate(ports)]
 
 
@@ -201,6 +207,25 @@ class RolloutNode:
             self.merge_engines()
         else:
             self.ensure_registered()
+
+    def wait_for_all_nodes(self, *, timeout: float, cancel=lambda: False) -> bool:
+        """Node 0, before the first rollout: wait until every rollout node's engines are healthy
+        in engines.json. A rollout started on some of them would leave the late ones out of the
+        first weight sync and have them serve the checkpoint's weights until the next. Bounded:
+        past `timeout` the run goes on with what is up (a node that never comes is the
+        supervisor's and SLURM's business, not a reason to stall)."""
+        want = (self.cfg.slurm.rollout_nodes or 1) * engines_per_node(self.cfg)
+        deadline = time.monotonic() + timeout
+        while not cancel():
+            self.merge_engines()
+            up = [e for e in self.control.engines() if e.healthy]
+            if len(up) >= want:
+                return True
+            if time.monotonic() > deadline:
+                log.warning("%d of %d engines healthy after %.0f s: starting without the others", len(up), want, timeout)
+                return False
+            time.sleep(1.0)
+        return False
 
     def engine_urls(self) -> list[str]:
         urls = [e.url for e in self.control.engines()]

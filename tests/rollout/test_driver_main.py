@@ -130,6 +130,10 @@ def test_engine_specs_per_device(tmp_path):
     cpu.rollout.engines_per_node = 3
     specs = engine_specs(cpu, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path, ncpu=2)
     assert [(s.cpu_core, s.tp_size, s.device) for s in specs] == [(0, 1, "cpu"), (1, 1, "cpu"), (0, 1, "cpu")]
+    # cores are numbered across nodes: virtual nodes on one host do not all pin engine 0 to core 0
+    cpu.rollout.engines_per_node = 1
+    assert [engine_specs(cpu, node=k, host="127.0.0.1", api_key="k", log_dir=tmp_path, ncpu=2)[0].cpu_core
+            for k in range(3)] == [0, 1, 0]
 
     bad = cfg.model_copy(deep=True)
     bad.rollout.rollout_num_gpus_per_engine = 3
