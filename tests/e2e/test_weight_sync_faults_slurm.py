@@ -136,6 +136,9 @@ def at_next_commit(run_dir: Path, job: int) -> int:
     while manifest(k).exists():  # committed already: its sync may be under way; take the next one
         k += 1
     wait_for(manifest(k).exists, 120, f"rollout {k} committed", run_dir, job, poll=0.01)
+    # version k's probe runs while rollout k is generated (both follow sync k): let it finish, or a
+    # fault injected now is seen by that probe instead of by sync k+1
+    wait_for(lambda: last_probe(run_dir) >= k, 120, f"probe of version {k}", run_dir, job, poll=0.01)
     return k
 
 
