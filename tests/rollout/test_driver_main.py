@@ -63,6 +63,9 @@ def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
             time.sleep(0.2)
         assert (rd.path / "logs/attempt-0/env-rollout-0.json").exists()
         Control(rd).request_stop("test")
+        time.sleep(3)
+        assert proc.poll() is None, "a stop ends the rollout group only once the trainer has acknowledged it"
+        Control(rd).ack_stop(checkpoint_iteration=0)  # what the trainer writes after its last save
         assert proc.wait(timeout=60) == 0, (rd.path / "rollout.log").read_text()
     finally:
         if proc.poll() is None:
@@ -97,6 +100,9 @@ def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_m
         time.sleep(3)
         assert not reader.is_committed(1)  # sync mode: rollout 1 waits for weight version 1
         control.request_stop("test")
+        time.sleep(3)  # the engines stay until the trainer's ack (a sync may still be in flight)
+        assert proc.poll() is None and pid_alive(engine.pid)
+        control.ack_stop(checkpoint_iteration=0)
         assert proc.wait(timeout=60) == 0, (rd.path / "rollout.log").read_text()[-3000:]
     finally:
         if proc.poll() is None:
