@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import HERE, MODEL, REPO, commit_rollouts, make_run, torchrun
+# at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
+from conftest import HERE, MODEL, REPO, commit_rollouts, make_run, metrics, run_trainer, torchrun
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -136,7 +137,6 @@ def test_ppo_kill_and_resume_at_pp2_is_bit_exact(tmp_path: Path, tiny_hf: Path) 
     schedulers and RNG; the critic's restored state reaches the actor through rollout 2's values."""
     from safetensors.torch import load_file
 
-    from conftest import metrics, run_trainer
     from test_trainer_resume import _kill_tree, _start
 
     straight = make_run(tmp_path / "straight", tiny_hf, nproc=2, train=PPO, rollout=dict(num_rollout=3))
