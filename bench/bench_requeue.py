@@ -359,7 +359,7 @@ def write_md(path: Path, events: list[dict], summary: dict) -> None:
     text = f"""# Requeue to first resumed train step (issue #6)
 
 `python3 bench/bench_requeue.py {summary['argv']}` on {summary['machine']} ({summary['cpus']} cores,
-load {summary['loadavg_start']} at start, {summary['loadavg_end']} at end; other helpers' tests shared the box),
+load {summary['loadavg_start']} at start, {summary['loadavg_end']} at end),
 {summary['date']}. Local SLURM test cluster (tests/slurm_cluster), tiny-qwen3 GRPO run of
 tests/e2e/test_grpo_slurm.py: trainer 2 gloo ranks (CPU), 2 real SGLang CPU servers + sglang-router,
 distributed weight sync. Raw lines: `requeue-{summary['host']}.jsonl`.
