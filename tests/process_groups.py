@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from rlslurm.rollout.engine import pid_alive
+
 
 def teardown_deployment(sup, router) -> None:
     pgids = [s.proc.pid for s in sup._slots if s.proc.proc is not None] + [router.proc.pid]
@@ -16,18 +18,6 @@ def teardown_deployment(sup, router) -> None:
 
 def _in_groups(pid: int, pgids: list[int]) -> bool:
     try:
-        if os.getpgid(pid) not in pgids:
-            return False
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a killed child not yet reaped still has a pid)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return os.getpgid(pid) in pgids and pid_alive(pid)
     except OSError:
         return False

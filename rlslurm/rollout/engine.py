@@ -207,10 +207,10 @@ class EngineProcess:
         if self.proc is None:
             return []
         pgid = self.proc.pid
-        pids = {p for p in _all_pids() if _pgid(p) == pgid and _exists(p)}
+        pids = {p for p in _all_pids() if _pgid(p) == pgid and pid_alive(p)}
         if self.is_alive():
             pids.add(self.proc.pid)
-        pids |= {p for p in _descendants(self.proc.pid) if _exists(p)}
+        pids |= {p for p in _descendants(self.proc.pid) if pid_alive(p)}
         return sorted(pids)
 
     def record_owned_files(self) -> None:
@@ -238,7 +238,7 @@ class EngineProcess:
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{self.spec.name}: pid {self.proc.pid} survived SIGKILL for {timeout:g} s") from None
         deadline = time.monotonic() + timeout
-        while any(_exists(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)  # grandchildren are reaped by init; wait until they are really gone
         for path in self._owned_files:
             try:
@@ -269,7 +269,8 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def _exists(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed child not yet reaped still has a pid)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
