@@ -184,13 +184,12 @@ class Trainer:
         """Collective. Rank 0 waits (bounded by --weight-sync-timeout-s) until this attempt's engines
         are registered and healthy; the batch script removed the previous attempt's records. On
         timeout the publish goes ahead and its own failure handling (disk fallback) applies."""
-        if self.cfg.train.weight_sync != "distributed" or self.replay:
+        if not self._needs_engines():
             return
         if self.rank == 0:
             deadline = time.monotonic() + self.cfg.train.weight_sync_timeout_s
             while time.monotonic() < deadline:
-                engines = self.control.engines()
-                if engines and all(e.healthy for e in engines):
+                if self._all_engines_healthy():
                     break
                 time.sleep(1.0)
             else:
@@ -211,10 +210,13 @@ class Trainer:
         wait for them has outlasted --weight-sync-timeout-s); after that, engines that die and restart
         are the publisher's business, not a reason to defer."""
         if not self._engines_up:
-            engines = self.control.engines()
-            self._engines_up = (bool(engines) and all(e.healthy for e in engines)) or \
+            self._engines_up = self._all_engines_healthy() or \
                 time.monotonic() - self._started > self.cfg.train.weight_sync_timeout_s
         return self._engines_up
+
+    def _all_engines_healthy(self) -> bool:
+        engines = self.control.engines()
+        return bool(engines) and all(e.healthy for e in engines)
 
     def _defer(self, version: int) -> None:
         if not self._needs_engines():
