@@ -193,10 +193,16 @@ class Engines:
             log.warning("weight sync cleanup %s: %s", method, e)
 
     def close(self) -> None:
+        async def close_all() -> None:
+            await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
+
+        if not self.loop.loop.is_running():
+            return  # the loop is gone with its sockets; creating the coroutines would only leak them
+        coro = close_all()
         try:
-            self.loop.submit(asyncio.gather(*(c.aclose() for c in self._clients))).result(timeout=5)
+            self.loop.submit(coro).result(timeout=5)
         except Exception:
-            pass
+            coro.close()
 
 
 # --- one stage's leader -------------------------------------------------------------------
