@@ -249,8 +249,10 @@ def status(
                      f"min {min(vals):.3f} max {max(vals):.3f}")
     if st.engines:
         healthy = sum(1 for e in st.engines if e.get("healthy"))
+        waiting = sum(1 for e in st.engines if e.get("awaiting_weights"))
         head.add_row("engines", f"{healthy}/{len(st.engines)} healthy, "
-                     f"{sum(e.get('restarts', 0) for e in st.engines)} restarts")
+                     f"{sum(e.get('restarts', 0) for e in st.engines)} restarts"
+                     + (f", {waiting} awaiting weights (not routed)" if waiting else ""))
     out.print(head)
     t = Table(title=f"attempts ({len(st.attempts) + (1 if st.current_attempt else 0)})")
     for col in ("attempt", "job", "start", "end", "exit", "reason"):

@@ -150,7 +150,6 @@ class RolloutSection(Section):
     rollout_max_concurrency: int = Field(256, ge=1)
     async_buffer_size: int = Field(0, ge=0)           # 0: synchronous (generate N, train N, sync)
     update_weights_interval: int = Field(1, ge=1)
-    max_staleness: int = Field(1, ge=0)
     engine_health_interval_s: float = Field(10.0, gt=0)
     eval_interval: int | None = Field(None, ge=1)
     n_samples_per_eval_prompt: int = Field(1, ge=1)

@@ -51,6 +51,7 @@ class EngineRecord(_Record):
     pid: int | None = None
     healthy: bool = False
     restarts: int = 0
+    awaiting_weights: bool = False  # restarted, not routed until it serves the published weights
 
 
 class EnginesRecord(_Record):

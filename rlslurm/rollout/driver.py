@@ -84,8 +84,9 @@ def gate_open(versions: dict[str, int], need: int, published: int | None) -> boo
     Every engine must serve >= need, except one that is behind the version the trainer
     last published (`published`): it missed an update (restarted since, so back at 0) and
     would block the gate until the trainer's next update, which waits for this rollout.
-    It serves stale weights meanwhile; its samples say so in their weight_version. At
-    least one engine must be current (a new attempt's engines all start behind)."""
+    Its supervisor keeps it out of the router until it has the published weights, so it
+    serves nothing meanwhile. At least one engine must be current (a new attempt's engines
+    all start behind)."""
     if not versions or max(versions.values()) < need:
         return False
     return all(v >= need or (published is not None and v < published) for v in versions.values())
@@ -291,8 +292,8 @@ class RolloutDriver:
             if gate_open(versions, need, None if rec is None else rec.version):
                 behind = {u: v for u, v in versions.items() if v < need}
                 if behind:
-                    log.warning("rollout %d starts although engines %s missed a weight update (need %d)",
-                                rollout_id, behind, need)
+                    log.warning("rollout %d starts without engines %s: they missed a weight update (need %d) "
+                                "and are not routed until they have it", rollout_id, behind, need)
                 return min(versions.values())
             if any(q < rollout_id for q in self.writer.to_regenerate()):
                 raise _RegenerateFirst()

@@ -10,8 +10,9 @@ router but re-registers only its own engines).
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
 the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
 nothing), for at most --weight-sync-timeout-s plus a margin; past it a peer that never answers
-is restarted like any hung engine. A restarted engine serves the HF checkpoint (version 0) until
-it re-joins the group at the next sync.
+is restarted like any hung engine. A restarted engine holds the HF checkpoint (version 0): it
+stays out of the router until it serves the published version (`weights_current`) — the trainer
+publishes again when it sees the restart (trainer/main.py), the driver loads it in disk mode.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.net import engine_port_block, free_port
-from rlslurm.rollout.engine import EngineSpec
+from rlslurm.rollout.engine import EngineProcess, EngineSpec
 from rlslurm.rollout.router import RouterError, RouterProcess
-from rlslurm.rollout.supervisor import EngineInfo, EngineSupervisor, RestartEvent
+from rlslurm.rollout.router_context import parse_weight_version
+from rlslurm.rollout.sglang_client import weight_version_sync
+from rlslurm.rollout.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.rollout.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,19 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     ) for i, p in enumerate(ports)]
 
 
+def weights_current(control: Control, api_key: str):
+    """The supervisor's `admit`: does this (restarted) engine serve the version the trainer last
+    published? Engines of a fresh run, or before any publish, are always current (version 0)."""
+    def admit(proc: EngineProcess) -> bool:
+        rec = control.weight_version()
+        if rec is None or rec.version == 0:
+            return True
+        have = parse_weight_version(weight_version_sync(proc.url, api_key), where=f"{proc.url}/model_info")
+        return have >= rec.version
+
+    return admit
+
+
 class RemoteRouter(RouterProcess):
     """Node 0's router seen from another node: same worker API, no process. `is_alive` is
     True so this node's supervisor never starts a router of its own."""
@@ -94,12 +110,6 @@ class RemoteRouter(RouterProcess):
 
     def kill(self, *, timeout: float = 30.0) -> None:
         return None
-
-
-def engine_records(infos: list[EngineInfo], node: str) -> list[EngineRecord]:
-    return [EngineRecord(url=i.url, node=node,
-                         gpu_ids=[] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size)),
-                         pid=i.pid, healthy=i.healthy, restarts=i.restarts) for i in infos]
 
 
 class RolloutNode:
@@ -133,7 +143,8 @@ class RolloutNode:
         interval = self.cfg.rollout.engine_health_interval_s
         self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
-                                           on_restart=self._on_restart)
+                                           on_restart=self._on_restart,
+                                           admit=weights_current(self.control, self.api_key))
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
@@ -194,7 +205,7 @@ class RolloutNode:
             log.warning("router unreachable: %s", e)
             return
         for info in self.supervisor.engines():
-            if info.healthy and info.url not in known:
+            if info.healthy and not info.awaiting_weights and info.url not in known:
                 log.warning("%s missing from the router: registering it again", info.name)
                 try:
                     self.router.add_worker(info.url, self.api_key)

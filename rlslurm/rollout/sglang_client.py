@@ -53,6 +53,19 @@ def health_sync(base_url: str, *, timeout: float = HEALTH_TIMEOUT_S) -> bool:
         return False
 
 
+def weight_version_sync(base_url: str, api_key: str | None, *, timeout: float = HEALTH_TIMEOUT_S) -> str:
+    """GET /model_info's weight_version, synchronously (the supervisor's health thread)."""
+    try:
+        r = httpx.get(f"{base_url}/model_info", headers=auth_headers(api_key), timeout=timeout, trust_env=TRUST_ENV)
+    except httpx.TimeoutException:
+        raise SGLangTimeout(base_url, timeout) from None
+    except httpx.HTTPError as e:
+        raise SGLangError(base_url, None, str(e)) from None
+    if r.status_code != 200:
+        raise SGLangError(base_url, r.status_code, r.text[:200])
+    return str(r.json()["weight_version"])
+
+
 class SGLangClient:
     """Async client for `base_url` (e.g. `http://10.0.0.5:30000`). Use as an async context
     manager, or call `aclose()`."""

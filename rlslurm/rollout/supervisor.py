@@ -16,6 +16,12 @@ counted and `on_restart` / `on_change` are called. Each restart runs in its own 
 slow restart does not delay detecting a second failure. In-flight requests on a dying engine
 are retried by the router on the others (router retries are on).
 
+A restarted server holds the HF checkpoint, not the weights the others serve. With `admit`
+given (rollout/node.py: "does it serve the published weight version?"), a restarted engine that
+is not admitted yet is healthy but *awaiting weights*: listed for the weight sync (whose next
+publish brings it up to date) and not registered with the router, so no sample comes from stale
+weights. Each health round registers it once `admit` says yes.
+
 The router is checked too: if its process is gone it is started again on the same address
 and every engine is registered with it again (`router_restarts`).
 
@@ -43,7 +49,7 @@ from rlslurm.rollout.router import RouterError, RouterProcess
 from rlslurm.rollout.sglang_client import health_sync
 
 if TYPE_CHECKING:
-    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.control import Control, EngineRecord
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,7 @@ class EngineInfo:
     healthy: bool
     restarts: int
     worker_id: str | None
+    awaiting_weights: bool = False  # healthy, restarted, not routed until it has the published weights
 
 
 @dataclass(frozen=True)
@@ -72,13 +79,14 @@ class RestartEvent:
     url: str
     reason: str              # "exited (code -9)", "unresponsive (3 failed health checks)", ...
     restarts: int            # this engine's restart count after this restart
-    downtime_s: float        # from detection to routed again
+    downtime_s: float        # from detection to healthy again (and routed, unless awaiting weights)
     ok: bool                 # False: the restart attempt itself failed (it will be retried)
     error: str | None = None
 
 
 OnChange = Callable[[list[EngineInfo]], None]
 OnRestart = Callable[[RestartEvent], None]
+Admit = Callable[[EngineProcess], bool]
 
 
 class _Slot:
@@ -91,6 +99,7 @@ class _Slot:
         self.restarts = 0
         self.failures = 0
         self.restarting = False
+        self.awaiting_weights = False
         # serialises kill/start of this engine between its restart thread and close()
         self.lock = threading.Lock()
 
@@ -100,7 +109,8 @@ class EngineSupervisor:
                  health_interval_s: float = 10.0, health_timeout_s: float = 10.0, unhealthy_after: int = 3,
                  start_timeout_s: float = 600.0, register_timeout_s: float = 60.0,
                  restart_backoff_s: float = 5.0,
-                 on_change: OnChange | None = None, on_restart: OnRestart | None = None):
+                 on_change: OnChange | None = None, on_restart: OnRestart | None = None,
+                 admit: Admit | None = None):
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or len({s.url for s in specs}) != len(specs):
             raise ValueError(f"engine names and urls must be unique: {names}")
@@ -113,6 +123,7 @@ class EngineSupervisor:
         self.restart_backoff_s = restart_backoff_s
         self.on_change = on_change
         self.on_restart = on_restart
+        self.admit = admit
         self._slots = [_Slot(s) for s in specs]
         self._cond = threading.Condition()
         self._paused = 0
@@ -145,7 +156,8 @@ class EngineSupervisor:
         sp = s.proc.spec
         return EngineInfo(name=sp.name, url=sp.url, host=sp.host, port=sp.port, nccl_port=sp.nccl_port,
                           base_gpu_id=sp.base_gpu_id, tp_size=sp.tp_size, device=sp.device, pid=s.proc.pid,
-                          healthy=s.healthy and not s.restarting, restarts=s.restarts, worker_id=s.worker_id)
+                          healthy=s.healthy and not s.restarting, restarts=s.restarts, worker_id=s.worker_id,
+                          awaiting_weights=s.awaiting_weights)
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -267,6 +279,8 @@ class EngineSupervisor:
             # exited is in no broadcast, and the sync's next try must not wait for it to join.
             reason = self._exited(s) if paused else self._check(s)
             if reason is None:
+                if s.awaiting_weights and not paused:
+                    self._admit_if_current(s)
                 continue
             with self._cond:
                 if self._stop.is_set():
@@ -276,6 +290,7 @@ class EngineSupervisor:
                     continue
                 s.restarting = True
                 s.healthy = False
+                s.awaiting_weights = False
             t = threading.Thread(target=self._restart, args=(s, reason), name=f"restart-{s.proc.spec.name}",
                                  daemon=True)
             self._restart_threads = [x for x in self._restart_threads if x.is_alive()] + [t]
@@ -319,8 +334,9 @@ class EngineSupervisor:
                         break
                     s.proc.start()
                 s.proc.wait_healthy(self.start_timeout_s)
-                s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
-                s.worker_id = self.router.wait_workers_healthy([s.proc.url], self.register_timeout_s)[s.proc.url]
+                held = not self._weights_current(s)
+                if not held:
+                    self._register(s)
             except Exception as e:  # any failure: report, back off, try again (never leave `restarting` set)
                 if self._stop.is_set():
                     break
@@ -333,7 +349,11 @@ class EngineSupervisor:
                 s.failures = 0
                 s.healthy = True
                 s.restarting = False
+                s.awaiting_weights = held
                 self._cond.notify_all()
+            if held:
+                log.warning("%s is back but not at the published weights: not routed until a weight update "
+                            "brings it up to date", name)
             self._emit(RestartEvent(name, s.proc.url, reason, s.restarts, time.monotonic() - t0, True))
             self._changed()
             return
@@ -348,7 +368,7 @@ class EngineSupervisor:
         try:
             self.router.start()
             with self._cond:
-                live = [s for s in self._slots if not s.restarting]
+                live = [s for s in self._slots if not s.restarting and not s.awaiting_weights]
             for s in live:
                 s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
             ids = self.router.wait_workers_healthy([s.proc.url for s in live], self.register_timeout_s)
@@ -363,6 +383,33 @@ class EngineSupervisor:
         self.router_restarts += 1
         self._emit(RestartEvent("router", self.router.url, f"exited (code {code})", self.router_restarts,
                                 time.monotonic() - t0, True))
+        self._changed()
+
+    def _register(self, s: _Slot) -> None:
+        s.worker_id = self.router.add_worker(s.proc.url, s.proc.spec.api_key)
+        s.worker_id = self.router.wait_workers_healthy([s.proc.url], self.register_timeout_s)[s.proc.url]
+
+    def _weights_current(self, s: _Slot) -> bool:
+        if self.admit is None:
+            return True
+        try:
+            return self.admit(s.proc)
+        except Exception as e:  # cannot tell: keep it out of the router and ask again next round
+            log.warning("%s: weight version check failed: %s", s.proc.spec.name, e)
+            return False
+
+    def _admit_if_current(self, s: _Slot) -> None:
+        """Health thread: route an engine awaiting weights once it has them."""
+        if not self._weights_current(s):
+            return
+        try:
+            self._register(s)
+        except Exception as e:
+            log.warning("%s: registering with the router failed (next round tries again): %s", s.proc.spec.name, e)
+            return
+        with self._cond:
+            s.awaiting_weights = False
+        log.info("%s has the published weights: routed again", s.proc.spec.name)
         self._changed()
 
     def _deregister(self, s: _Slot) -> None:
@@ -388,15 +435,19 @@ class EngineSupervisor:
                 log.exception("engine supervisor: on_restart callback failed")
 
 
-def control_publisher(control: "Control", node: str) -> OnChange:
-    """An `on_change` that writes this node's engines into RUN/control/engines.json."""
+def engine_records(infos: list[EngineInfo], node: str) -> list["EngineRecord"]:
+    """This node's engines as control-file records (what the trainer and `rlslurm status` read)."""
     from rlslurm.buffer.control import EngineRecord
 
-    def publish(infos: list[EngineInfo]) -> None:
-        control.write_engines([
-            EngineRecord(url=i.url, node=node,
+    return [EngineRecord(url=i.url, node=node,
                          gpu_ids=[] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size)),
-                         pid=i.pid, healthy=i.healthy, restarts=i.restarts)
-            for i in infos])
+                         pid=i.pid, healthy=i.healthy, restarts=i.restarts, awaiting_weights=i.awaiting_weights)
+            for i in infos]
+
+
+def control_publisher(control: "Control", node: str) -> OnChange:
+    """An `on_change` that writes this node's engines into RUN/control/engines.json (one node, no merge)."""
+    def publish(infos: list[EngineInfo]) -> None:
+        control.write_engines(engine_records(infos, node))
 
     return publish

@@ -8,6 +8,8 @@ wait for it -> recompute log-probs, advantages -> `num_steps_per_rollout` optimi
 metrics -> publish weights version N+1 -> checkpoint every `save_interval` rollouts. After a
 resume, rollouts already in the buffer are trained while this attempt's engines start; the newest
 version is published to them as soon as they are up (the driver waits for the version it needs).
+An engine restarted mid-run is kept out of the router until it has the published weights; while
+waiting for a rollout the trainer publishes the same version again to bring it back.
 A preempt request checkpoints, acknowledges and exits 0 (SLURM requeues the job); a stop request
 exits 0; once `num_rollout` rollouts are trained the run is marked FINISHED.
 """
@@ -91,6 +93,9 @@ class Trainer:
         self.pending_version: int | None = None
         self._engines_up = False
         self._started = time.monotonic()
+        self._published_version: int | None = None  # in this attempt
+        # (url, restarts) of restarted engines already given a repeated publish: one each
+        self._republished: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------ the loop
 
@@ -103,6 +108,7 @@ class Trainer:
         self.st = st = build_trainer(cfg, self.world)
         log.info("models built; resuming from the latest checkpoint if any")
         progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
+        self.progress = progress  # the same object the loop advances
         if ckpt is not None:
             self.last_saved = progress.trained_rollouts
             log.info("resumed from %s: next rollout %d, weight version %d", ckpt, progress.next_rollout_id,
@@ -198,6 +204,7 @@ class Trainer:
 
     def _publish(self, version: int) -> None:
         self.publisher.publish(self.st.actor.model, version)
+        self._published_version = version
         self.pending_version = None
         if self.cfg.train.verify_weight_sync:
             self._probe(version)
@@ -217,6 +224,15 @@ class Trainer:
     def _all_engines_healthy(self) -> bool:
         engines = self.control.engines()
         return bool(engines) and all(e.healthy for e in engines)
+
+    def _engines_awaiting_weights(self) -> list[tuple[str, int]]:
+        """Rank 0: restarted engines the rollout node keeps out of the router until they serve the
+        published version, when these weights are that version (with --update-weights-interval > 1
+        the trainer may be ahead of it: then the next scheduled publish reaches them)."""
+        if not self._needs_engines() or self._published_version != self.progress.weight_version:
+            return []
+        return [(e.url, e.restarts) for e in self.control.engines()
+                if e.healthy and e.awaiting_weights and (e.url, e.restarts) not in self._republished]
 
     def _defer(self, version: int) -> None:
         if not self._needs_engines():
@@ -281,10 +297,13 @@ class Trainer:
                 msg = [self._poll(rollout_id)]
             dist.broadcast_object_list(msg, src=0)
             cmd = msg[0]
-            if isinstance(cmd, tuple):  # ("error", message): fail on every rank, not just rank 0
+            if isinstance(cmd, tuple) and cmd[0] == "error":  # fail on every rank, not just rank 0
                 raise DataError(str(self.reader.dir), cmd[1])
             if cmd == "publish":  # the engines came up while we waited: give them the deferred version
                 self._publish(self.pending_version)
+                continue
+            if isinstance(cmd, tuple) and cmd[0] == "republish":
+                self._publish(cmd[1])
                 continue
             if cmd != "wait":
                 return cmd
@@ -300,6 +319,11 @@ class Trainer:
             self._last_heartbeat = now
         if self.pending_version is not None and self._engines_ready():
             return "publish"
+        if self.pending_version is None and (behind := self._engines_awaiting_weights()):
+            log.info("engines %s restarted and hold the checkpoint's weights: publishing version %d again",
+                     [u for u, _ in behind], self._published_version)
+            self._republished.update(behind)
+            return ("republish", self._published_version)
         if self.replay:
             if rollout_id not in self.reader.committed_ids():
                 return ("error", f"replay buffer has no rollout {rollout_id} (--num-rollout "

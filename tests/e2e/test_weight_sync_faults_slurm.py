@@ -3,15 +3,19 @@ test_grpo_slurm.py (trainer: 2 gloo ranks; rollout: 2 real SGLang servers + sgla
 
 a) kill -9 of one SGLang server between syncs (right after a rollout is committed, so the
    next sync meets the dead engine first): that sync goes over the broadcast group to the
-   survivor without waiting for the dead one; the rollout node's supervisor restarts it and
-   registers it with the router again, the restart is counted, and the syncs after it reach
-   both engines again (the --verify-weight-sync probe: both at the new version, greedy output
-   equal to the trainer's);
+   survivor without waiting for the dead one; the rollout node's supervisor restarts it, the
+   restart is counted, it is routed again only once it serves the published version, and the
+   syncs after it reach both engines again (the --verify-weight-sync probe: both at the new
+   version, greedy output equal to the trainer's);
 b) a peer that never answers: one server's whole process tree SIGSTOPped right after a rollout
    is committed, i.e. just before the trainer's sync of the next version. The sync's tries
    time out within --weight-sync-timeout-s (plus the bounded cleanup), the version is published
    by the disk fallback and loaded by the engine that answers; the rollout node holds health
    checks for the sync and then restarts the hung server, which re-joins a later sync.
+
+In both, no sample of any rollout comes from weights older than the rollout needs (synchronous
+RL: every sample of rollout k has weight_version k), although an engine restarted mid-run holds
+the HF checkpoint until a sync reaches it.
 
 How long the runs are: a rollout cycle of tiny-qwen3 takes ~1.5-2 s here, while a restarted
 CPU SGLang server needs ~60 s (measured: 59 s on the loaded 2-core box) to be healthy again, and
@@ -37,6 +41,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.demo_task import make_prompts
 from rlslurm.rollout.node import RemoteRouter
+from rlslurm.rollout.sglang_client import weight_version_sync
 from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
 
 from tests.e2e.test_grpo_slurm import batch_log, probes
@@ -144,6 +149,38 @@ def at_next_commit(run_dir: Path, job: int) -> int:
     return k
 
 
+def check_no_stale_samples(run_dir: Path) -> None:
+    lines = [json.loads(l) for l in (run_dir / "rollout_metrics.jsonl").read_text().splitlines()]
+    train = [(l["rollout_id"], l["rollout/weight_version_min"], l["rollout/weight_version_max"])
+             for l in lines if l["kind"] == "train"]
+    assert train and all(lo == hi == rid for rid, lo, hi in train), [t for t in train if not t[0] == t[1] == t[2]]
+
+
+def by_version(recs: list[dict], n_trained: int) -> dict[int, dict]:
+    """The first probe of each version. A version may be probed twice: the trainer publishes it
+    again to an engine that restarted since (kept out of the router until then)."""
+    versions = [r["version"] for r in recs]
+    assert versions == sorted(versions) and set(versions) == set(range(1, n_trained + 1)), versions
+    first: dict[int, dict] = {}
+    for r in recs:
+        first.setdefault(r["version"], r)
+    return first
+
+
+def check_rejoined(control: Control, router: RemoteRouter, url: str, run_dir: Path, job: int) -> None:
+    """Routed again within a few health rounds of the restart, and only at the published version
+    (the record is written after a sync has reached its engines, so a routed engine is never behind it)."""
+    def routed():
+        rec = engine_record(control, url)
+        healthy = {w["url"] for w in router.workers() if w["is_healthy"]}
+        return rec is not None and rec.healthy and not rec.awaiting_weights and url in healthy
+
+    wait_for(routed, 120, f"{url} routed again", run_dir, job, poll=0.05)
+    published = control.weight_version().version
+    have = int(weight_version_sync(url, RunDir(run_dir).api_key(), timeout=60))
+    assert have >= published, (url, have, published)
+
+
 def restarts_in_metrics(run_dir: Path) -> float:
     p = run_dir / "rollout_metrics.jsonl"
     lines = [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
@@ -173,18 +210,17 @@ def test_kill9_engine_between_syncs_restarts_and_rejoins(slurm_cluster, tmp_path
     rec = wait_for(restarted, 400, f"{victim.url} restarted", run_dir, job)
     back_at = last_probe(run_dir)
     assert not pid_alive(victim.pid)
-    # re-registered: node 0's router routes to it again
     router = RemoteRouter.at(control.router().url, api_key=RunDir(run_dir).api_key(), log_path=tmp_path / "r.log")
-    workers = {w["url"]: w for w in router.workers()}
-    assert workers[victim.url]["is_healthy"], workers
+    check_rejoined(control, router, victim.url, run_dir, job)
     # sync back_at + 1 may have begun before the restart was recorded; the two after it may not
     wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
 
     ids, before_stop = stop_and_check(slurm_cluster, run_dir, job)
+    check_no_stale_samples(run_dir)
     recs = probes(run_dir)
-    assert [r["version"] for r in recs] == list(range(1, len(ids) + 1))  # one sync + probe per rollout
+    first = by_version(recs, len(ids))  # one sync + probe per rollout (and per repeated publish)
     check_probe_entries(recs)
-    recs = recs[:before_stop]  # the sync in flight at the stop met engines being shut down
+    recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
     # the surviving engine followed every sync
     assert all(r["engines"][survivor]["tokens"] == r["trainer"] for r in recs), recs
     # before the kill both engines matched; the sync that began after the restart was recorded
@@ -195,7 +231,7 @@ def test_kill9_engine_between_syncs_restarts_and_rejoins(slurm_cluster, tmp_path
     log = (run_dir / "logs/attempt-0/trainer-0.log").read_text(errors="replace")
     assert not [ver for ver, *_ in _TRY.findall(log) if int(ver) != v and int(ver) <= before_stop], log[-3000:]
     assert not [ver for ver, _ in _FALLBACK_START.findall(log) if int(ver) <= before_stop], log[-3000:]
-    assert recs[v - 1]["engines"][survivor]["weight_version"] == str(v)
+    assert first[v]["engines"][survivor]["weight_version"] == str(v)
     later = [r for r in recs if r["version"] >= back_at + 2]
     assert later and all(r["match"] and set(r["engines"]) == {survivor, victim.url} for r in later), later[:2]
     assert restarts_in_metrics(run_dir) >= 1  # counted in the rollout metrics
@@ -220,6 +256,8 @@ def test_hung_peer_sync_times_out_within_bound_and_run_recovers(slurm_cluster, t
 
         wait_for(restarted, 500, f"hung {hung.url} restarted", run_dir, job)
         back_at = last_probe(run_dir)
+        router = RemoteRouter.at(control.router().url, api_key=RunDir(run_dir).api_key(), log_path=tmp_path / "r.log")
+        check_rejoined(control, router, hung.url, run_dir, job)
         wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
     finally:
         if pid_alive(hung.pid):  # the supervisor should have killed it; never leave a stopped tree behind
@@ -244,11 +282,12 @@ def test_hung_peer_sync_times_out_within_bound_and_run_recovers(slurm_cluster, t
     assert [ver for ver, *_ in _TRY.findall(log) if int(ver) <= before_stop] == [str(v)] * ATTEMPTS, \
         "only the hung sync failed"
 
+    check_no_stale_samples(run_dir)
     recs = probes(run_dir)
-    assert [r["version"] for r in recs] == list(range(1, len(ids) + 1))
+    first = by_version(recs, len(ids))
     check_probe_entries(recs)
-    recs = recs[:before_stop]  # the sync in flight at the stop met engines being shut down
-    fallback_probe = recs[v - 1]
+    recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
+    fallback_probe = first[v]
     assert fallback_probe["engines"][other]["tokens"] == fallback_probe["trainer"], fallback_probe
     assert str(fallback_probe["engines"][other]["weight_version"]) == str(v), fallback_probe
     later = [r for r in recs if r["version"] >= back_at + 2]

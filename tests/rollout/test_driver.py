@@ -360,14 +360,18 @@ def test_other_nodes_find_the_router_in_control_and_never_start_one(private_depl
 @pytest.mark.slow
 def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     """The rollout completes (the router and the driver retry on the other engine), the
-    engine is restarted and re-registered, the restart is counted, and the restarted engine
-    (back at version 0) gets the published weights before the next rollout."""
+    engine is restarted and the restart counted; back at version 0 while version 1 is published,
+    it stays out of the router (the rollout node's `weights_current` admission) until the next
+    rollout's driver has loaded version 1 into it, and is routed again after that."""
+    from rlslurm.rollout.node import weights_current
+
     dep = private_deployment
     sup = dep.supervisor
     run = tmp_path / "run"
     RunDir.create(run)
     shutil.copytree(dep.model_path, run / "weights" / "v1")
     Control(run).set_weight_version(1)  # as after the disk test: the trainer trained rollout 0
+    sup.admit = weights_current(Control(run), dep.api_key)  # what RolloutNode gives its supervisor
     cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 16), num_rollout=1, rollout_batch_size=8,
                    n_samples_per_prompt=4, rollout_max_response_len=96)
     victim = sup.process("engine-1")
@@ -393,14 +397,16 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
         time.sleep(0.5)
     info = [i for i in sup.engines() if i.name == "engine-1"][0]
     assert info.restarts == 1 and info.healthy and info.pid != old_pid
-    workers = {w["url"]: w for w in dep.router.workers()}
-    assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
 
     async def version(url):
         async with SGLangClient(url, dep.api_key) as c:
             return await c.get_weight_version()
 
-    assert asyncio.run(version(info.url)) == "0"  # a restarted engine serves the HF weights again
+    assert asyncio.run(version(info.url)) == "0"  # a restarted engine holds the HF weights again
+    time.sleep(3 * sup.health_interval_s)  # health rounds ask it again: still behind, still out
+    info = [i for i in sup.engines() if i.name == "engine-1"][0]
+    assert info.awaiting_weights and info.healthy and info.worker_id is None
+    assert info.url not in {w["url"] for w in dep.router.workers()}
     # the driver restarted for rollout 1 (needs version 1) brings it to version 1 first
     cfg.rollout.num_rollout = 2
     result = asyncio.run(make_driver(dep, cfg, run).run())
@@ -408,3 +414,10 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     assert asyncio.run(version(info.url)) == "1"
     assert {s.weight_version for s in RolloutReader(run).read(1).samples} == {1}
     assert metrics_lines(run)[-1]["rollout/engine/restarts_total"] == 1
+    deadline = time.monotonic() + 30  # admitted at the next health round
+    while [i for i in sup.engines() if i.name == "engine-1"][0].awaiting_weights and time.monotonic() < deadline:
+        time.sleep(0.2)
+    info = [i for i in sup.engines() if i.name == "engine-1"][0]
+    assert not info.awaiting_weights and info.worker_id is not None
+    workers = {w["url"]: w for w in dep.router.workers()}
+    assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id

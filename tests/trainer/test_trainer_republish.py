@@ -1,0 +1,74 @@
+"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`): the rollout node keeps
+such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
+published version; the trainer, while it waits for a rollout, publishes that version again, once
+per restart, and only when its weights are that version. Real run directory and control files;
+no model is built (`_poll` is rank 0's decision, made before any collective)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.control import Control, EngineRecord
+from rlslurm.buffer.progress import TrainerProgress
+from rlslurm.buffer.reader import RolloutReader
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.config import RunConfig, TrainSection
+from rlslurm.trainer.main import Trainer
+
+A, B = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
+
+
+def trainer(tmp_path: Path, *, weight_sync: str = "distributed", published: int | None = 3,
+            trained: int = 3) -> Trainer:
+    rd = RunDir.create(tmp_path / "run")
+    t = Trainer(RunConfig(train=TrainSection(weight_sync=weight_sync)), rd, rank=0, world=1)
+    t.reader = RolloutReader(rd)
+    t.progress = TrainerProgress(next_rollout_id=trained, weight_version=trained, trained_rollouts=trained)
+    t._published_version = published
+    t._engines_up = True
+    return t
+
+
+def engines(control: Control, *, b_restarts: int = 1, b_awaiting: bool = True, b_healthy: bool = True) -> None:
+    control.write_engines([EngineRecord(url=A, node="n0", healthy=True),
+                           EngineRecord(url=B, node="n0", healthy=b_healthy, restarts=b_restarts,
+                                        awaiting_weights=b_awaiting)])
+
+
+def test_restarted_engine_gets_the_published_version_again_once_per_restart(tmp_path):
+    t = trainer(tmp_path)
+    engines(t.control)
+    assert t._poll(3) == ("republish", 3)
+    # the supervisor admits it at its next health round; until then it still says awaiting
+    assert t._poll(3) == "wait"
+    engines(t.control, b_restarts=2)  # restarted again before being admitted: one more publish
+    assert t._poll(3) == ("republish", 3)
+    engines(t.control, b_restarts=2, b_awaiting=False)
+    assert t._poll(3) == "wait"
+
+
+@pytest.mark.parametrize("case", ["not healthy yet", "weights ahead of the published version",
+                                  "nothing published in this attempt", "disk mode", "nobody awaits"])
+def test_no_repeated_publish(tmp_path, case):
+    t = trainer(tmp_path, **{"weights ahead of the published version": dict(published=2),  # interval > 1
+                             "nothing published in this attempt": dict(published=None),
+                             "disk mode": dict(weight_sync="disk")}.get(case, {}))
+    engines(t.control, b_healthy=case != "not healthy yet", b_awaiting=case != "nobody awaits")
+    assert t._poll(3) == "wait"
+
+
+def test_a_deferred_publish_comes_first(tmp_path):
+    """After a resume the deferred version goes to every engine anyway: no second publish for it."""
+    t = trainer(tmp_path, published=None)
+    t.pending_version = 3
+    engines(t.control)
+    assert t._poll(3) == "publish"
+
+
+def test_stop_and_preempt_still_win(tmp_path):
+    t = trainer(tmp_path)
+    engines(t.control)
+    t.control.request_stop("test")
+    assert t._poll(3) == "stop"
