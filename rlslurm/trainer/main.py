@@ -261,7 +261,8 @@ class Trainer:
         prompt = probe_prompt(st.mc.arch.vocab_size)
         mine = trainer_greedy(st.actor.model, prompt, st.mc.arch.vocab_size)
         if self.rank == 0:
-            urls = [e.url for e in self.control.engines() if e.healthy]
+            # an engine awaiting weights was restarted after this sync began: it is not serving
+            urls = [e.url for e in self.control.engines() if e.healthy and not e.awaiting_weights]
             key = self.rd.api_key() if self.rd.api_key_file.exists() else None
             rec = record_probe(self.rd.control_dir / "weight_probe.jsonl", version, mine,
                                engine_greedy(urls, key, prompt))

@@ -9,8 +9,9 @@ restart count and re-joins here) or a sync failed.
 
 One publish, every trainer rank calling `publish(model, version)`:
 
-    stage-0 leader   control/weight_update.json {"state": "updating", "until": ...};
-                     POST /pause_generation, /begin_weight_update to every engine
+    stage-0 leader   control/weight_update.json {"state": "updating", "until": ...}
+    each leader      (re)builds its stage's group if the engine set changed (engines block in the join)
+    stage-0 leader   POST /pause_generation, /begin_weight_update to every engine
     stage s, in turn the DP=0 ranks export (gathered over TP/EP, HF names, `mcore_to_hf`);
                      the leader packs buckets of `bucket_bytes` and for each bucket sends
                      /update_weights_from_distributed (names/dtypes/shapes) to every engine
@@ -26,8 +27,8 @@ version is published by the fallback (disk: `DiskPublisher` writes weights/v<N>/
 leader loads it into every engine that answers), or with no fallback `WeightSyncError` is raised
 so the step fails and SLURM's requeue takes over. It never waits without a bound.
 
-The rollout side must not restart an engine that is blocked in a broadcast (it answers neither
-/health nor /generate): `update_in_progress(control)` says whether weight_update.json is present
+The rollout side must not restart an engine that is blocked in a join or a broadcast (it answers
+neither /health nor /generate): `update_in_progress(control)` says whether weight_update.json is present
 and fresh, and every rollout node's `UpdateWatcher` (rollout/update_watch.py) holds
 `EngineSupervisor.pause_health_checks()` while it is, for at most the timeout plus a margin.
 """
@@ -459,14 +460,19 @@ class DistributedPublisher:
     def _attempt(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str]) -> bool:
         o, s = self.opts, self.sender
         ok = True
-        if r.leader:
+        if r.coordinator:
+            # Before any stage joins: an engine blocked joining a group answers /health no more than
+            # one blocked in a broadcast, and the rollout nodes must not restart it for that.
+            ok = self._step("marking the update", lambda: _mark_updating(self.control, version,
+                                                                         o.timeout_s * (r.stages + 5)), errors)
+        ok = self._agree(ok)
+        if ok and r.leader:
             assert s is not None
             ok = self._step("joining engines", s.ensure_group, errors)
         if ok and r.coordinator:
             assert s is not None
 
             def prologue() -> None:
-                _mark_updating(self.control, version, o.timeout_s * (r.stages + 4))
                 assert s.engines is not None
                 s.engines.call("pause_generation", mode=o.pause_mode, timeout=o.timeout_s)
                 s.engines.call("begin_weight_update", timeout=o.timeout_s)

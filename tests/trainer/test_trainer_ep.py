@@ -76,13 +76,15 @@ def _torchrun(args: list[str], nproc: int) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None) -> tuple[dict, dict]:
+def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None,
+         tp: int = 1) -> tuple[dict, dict]:
     import yaml
 
     from rlslurm.buffer import RolloutMeta, RolloutWriter
 
     run = make_run(tmp / name, hf, nproc=nproc, rollout=dict(rollout_batch_size=2, n_samples_per_prompt=5),
-                   train={**TRAIN, "expert_model_parallel_size": ep, "use_distributed_optimizer": nproc > 1},
+                   train={**TRAIN, "expert_model_parallel_size": ep, "tensor_model_parallel_size": tp,
+                          "use_distributed_optimizer": nproc > tp},
                    megatron=megatron)
     cfg = yaml.safe_load((run / "run.yaml").read_text())
     cfg["model"]["model"] = MODEL
@@ -95,13 +97,30 @@ def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | N
 
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+def moe_hf(tmp_path_factory) -> tuple[Path, Path]:
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("ep")
-    hf = make_tiny_checkpoint(load_model_config(MODEL), tmp / "hf", seed=5)
+    return tmp, make_tiny_checkpoint(load_model_config(MODEL), tmp / "hf", seed=5)
+
+
+@pytest.fixture(scope="module")
+def layouts(moe_hf) -> dict[str, tuple[dict, dict]]:
+    tmp, hf = moe_hf
     return {name: _run(tmp, hf, name, nproc, ep) for name, nproc, ep in (("ep1", 1, 1), ("ep2dp2", 2, 2))}
+
+
+def _assert_equal_runs(ref: tuple[dict, dict], got: tuple[dict, dict]) -> None:
+    (ra, rw), (ga, gw) = ref, got
+    for a, b in zip(ra["steps"], ga["steps"], strict=True):
+        for k in COMPARED:
+            assert math.isfinite(a[k]), (k, a[k])
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a[k], b[k])
+    assert set(gw) == set(rw)
+    assert any(".experts." in n for n in gw)  # the experts of both EP ranks reached the export
+    worst = max(float((gw[n] - rw[n]).abs().max()) for n in gw)
+    assert worst < 1e-5, worst
 
 
 def test_lengths_make_unequal_natural_counts_and_need_a_filler() -> None:
@@ -123,14 +142,17 @@ def test_expert_parallel_dynamic_batches_equal_single_process(layouts) -> None:
     assert ga["logprob_max_abs_diff"] < 1e-5 and ra["logprob_max_abs_diff"] < 1e-5
     assert [s["num_microbatches"] for s in ga["steps"]] == [2.0, 3.0]  # rank 0: equalised counts
     assert ra["steps"][0]["grad_norm"] > 0 and abs(ra["steps"][1]["ppo_kl"]) > 1e-5
-    for a, b in zip(ra["steps"], ga["steps"], strict=True):
-        for k in COMPARED:
-            assert math.isfinite(a[k]), (k, a[k])
-            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (k, a[k], b[k])
-    assert set(gw) == set(rw)
-    assert any(".experts." in n for n in gw)  # the experts of both EP ranks reached the export
-    worst = max(float((gw[n] - rw[n]).abs().max()) for n in gw)
-    assert worst < 1e-5, worst
+    _assert_equal_runs((ra, rw), (ga, gw))
+
+
+def test_expert_parallel_with_tensor_parallel_equals_single_process(layouts, moe_hf) -> None:
+    """EP=2 x TP=2 (4 processes, DP=2, sequence parallel): the token all-to-all runs over the
+    expert group while attention is split over TP, and the export gathers over both; the same
+    dynamic micro-batches as above. Equal to EP=1 x TP=1."""
+    tmp, hf = moe_hf
+    got = _run(tmp, hf, "ep2tp2", 4, 2, tp=2)
+    assert got[0]["dp"] == 2 and got[0]["logprob_max_abs_diff"] < 1e-5
+    _assert_equal_runs(layouts["ep1"], got)
 
 
 def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
