@@ -35,6 +35,12 @@ Patches (name: what it fixes, megatron/core call sites in 0.16.1):
   CPU they stay tensors and gloo's `all_to_all_single` refuses tensors as split sizes
   (transformer/moe/token_dispatcher.py:879-886, moe_utils.py:1093). CPU tensors become numpy
   arrays too, as CUDA ones do. Needed at EP > 1.
+- `sp_uneven_collectives`: with TP > 1 the alltoall dispatcher gathers and reduce-scatters
+  token counts that differ per TP rank (`_gather_along_first_dim` / `_reduce_scatter_along_first_dim`
+  with split sizes, tensor_parallel/mappings.py:127-190, token_dispatcher.py:696); NCCL takes
+  uneven lists, gloo's allgather refuses them ("invalid tensor size") and it has no list
+  reduce-scatter. Those two calls become a padded all_gather and an all_reduce + split.
+  Needed at EP > 1 with TP > 1.
 - `moe_te_general_gemm`: megatron bug: `moe_utils` imports `te_general_gemm` inside
   try/except ImportError and never defines it on failure, so every MoE router without
   transformer-engine raises NameError (transformer/moe/moe_utils.py:1192). Defined as None.
@@ -181,6 +187,33 @@ def _patch_moe_splits() -> None:
     dispatcher.maybe_move_tensor_to_cpu = to_host  # imported by name there
 
 
+def _patch_uneven_collectives() -> None:
+    import megatron.core.tensor_parallel.mappings as mappings
+    import torch.distributed as dist
+
+    gather, reduce_scatter = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather_uneven(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        n = max(output_split_sizes)
+        padded = input_.new_zeros((n, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in output_split_sizes]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([p[:k] for p, k in zip(parts, output_split_sizes)])
+
+    def reduce_scatter_uneven(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group is None or group.size() == 1:
+            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+        total = input_.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        return torch.split(total, input_split_sizes, dim=0)[group.rank()].clone()
+
+    mappings._gather_along_first_dim = gather_uneven
+    mappings._reduce_scatter_along_first_dim = reduce_scatter_uneven
+
+
 def _patch_events() -> None:
     torch.cuda.Event = _FakeEvent  # type: ignore[misc,assignment]
     torch.cuda.Stream = _FakeStream  # type: ignore[misc,assignment]
@@ -240,9 +273,11 @@ def apply() -> None:
     _patch_rng()
     _patch_events()
     _patch_moe_splits()
+    _patch_uneven_collectives()
     _MODE = _CudaToCpuMode()
     _MODE.__enter__()  # stays entered for the life of the process, by design
-    _APPLIED.extend(["current_device", "synchronize", "rng", "cuda_events", "moe_host_splits", "cuda_mode"])
+    _APPLIED.extend(["current_device", "synchronize", "rng", "cuda_events", "moe_host_splits", "sp_uneven_collectives",
+                     "cuda_mode"])
 
 
 def applied() -> list[str]:
