@@ -77,14 +77,14 @@ def _torchrun(args: list[str], nproc: int) -> tuple[int, str]:
 
 
 def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None,
-         tp: int = 1) -> tuple[dict, dict]:
+         tp: int = 1, pp: int = 1) -> tuple[dict, dict]:
     import yaml
 
     from rlslurm.buffer import RolloutMeta, RolloutWriter
 
     run = make_run(tmp / name, hf, nproc=nproc, rollout=dict(rollout_batch_size=2, n_samples_per_prompt=5),
                    train={**TRAIN, "expert_model_parallel_size": ep, "tensor_model_parallel_size": tp,
-                          "use_distributed_optimizer": nproc > tp},
+                          "pipeline_model_parallel_size": pp, "use_distributed_optimizer": nproc > tp * pp},
                    megatron=megatron)
     cfg = yaml.safe_load((run / "run.yaml").read_text())
     cfg["model"]["model"] = MODEL
@@ -145,13 +145,15 @@ def test_expert_parallel_dynamic_batches_equal_single_process(layouts) -> None:
     _assert_equal_runs((ra, rw), (ga, gw))
 
 
-def test_expert_parallel_with_tensor_parallel_equals_single_process(layouts, moe_hf) -> None:
-    """EP=2 x TP=2 (4 processes, DP=2, sequence parallel): the token all-to-all runs over the
-    expert group while attention is split over TP, and the export gathers over both; the same
-    dynamic micro-batches as above. Equal to EP=1 x TP=1."""
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["ep2tp2", "ep2pp2"])
+def test_expert_parallel_with_tensor_or_pipeline_parallel_equals_single_process(layouts, moe_hf, tp, pp) -> None:
+    """EP=2 with TP=2 (sequence parallel) or PP=2, 4 processes, DP=2: the token all-to-all runs
+    over the expert group while attention is split over TP or the layers over stages, and the
+    export gathers over all of them; the same dynamic micro-batches as above. Equal to EP=1."""
     tmp, hf = moe_hf
-    got = _run(tmp, hf, "ep2tp2", 4, 2, tp=2)
-    assert got[0]["dp"] == 2 and got[0]["logprob_max_abs_diff"] < 1e-5
+    got = _run(tmp, hf, f"ep2tp{tp}pp{pp}", 4, 2, tp=tp, pp=pp)
+    assert (got[0]["dp"], got[0]["tp"], got[0]["pp"]) == (2, tp, pp)
+    assert got[0]["logprob_max_abs_diff"] < 1e-5
     _assert_equal_runs(layouts["ep1"], got)
 
 
