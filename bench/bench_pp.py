@@ -1,5 +1,6 @@
-"""Pipeline parallelism check on GPUs: one RL rollout at PP=1 and at PP=N (NCCL) from the same HF
-weights and batch gives the same losses, metrics and updated weights.
+"""Model-parallel layout check on GPUs: one RL rollout at PP=1 and at PP=N (NCCL) from the same HF
+weights and batch gives the same losses, metrics and updated weights; with `--moe`, a Qwen3-MoE
+shaped model at EP=2 combined with TP=2 or PP=2 against EP=1 (alltoall dispatcher over NCCL).
 
 Not a throughput benchmark: the CPU tests (tests/trainer/test_trainer_pp.py) prove the same on
 gloo; this runs megatron's 1F1B schedule over NCCL (batched p2p, variable shapes exchanged
@@ -10,6 +11,8 @@ tight), micro-batches of unequal lengths, KL loss against a reference and an ent
     torchrun --nproc_per_node 1 bench/bench_pp.py run --hf DIR --pp 1 --out pp1.json [--cpu]
     torchrun --nproc_per_node 2 bench/bench_pp.py run --hf DIR --pp 2 --out pp2.json [--cpu]
     python bench/bench_pp.py compare pp1.json pp2.json     # prints one JSON line, exit 1 if they differ
+    python bench/bench_pp.py make-hf DIR --moe; torchrun --nproc_per_node 4 bench/bench_pp.py run --hf DIR
+        --tp 2 --ep 2 --out ep2tp2.json                      # and compare against --ep 1 on 1 GPU
 """
 
 from __future__ import annotations
@@ -44,23 +47,48 @@ arch:
   qk_layernorm: true
   tie_word_embeddings: true
 """
+MODEL_MOE = """
+name: qwen3-moe-ep-check
+hf_architecture: Qwen3MoeForCausalLM
+hf_model_type: qwen3_moe
+arch:
+  num_layers: 4
+  hidden_size: 1024
+  ffn_hidden_size: 3072
+  num_attention_heads: 16
+  num_query_groups: 8
+  kv_channels: 64
+  vocab_size: 151936
+  max_position_embeddings: 4096
+  norm_epsilon: 1.0e-6
+  rotary_base: 1000000
+  qk_layernorm: true
+  tie_word_embeddings: false
+  moe:
+    num_experts: 8
+    router_topk: 2
+    moe_ffn_hidden_size: 768
+    router_score_function: softmax
+    router_topk_norm: true
+"""
 COMPARED = ("loss", "pg_loss", "kl", "entropy", "ppo_kl", "grad_norm")
 
 
-def _model_file(tiny: bool) -> str:
-    if tiny:
+def _model_file(kind: str) -> str:
+    if kind == "tiny":
         return "tiny-qwen3"
-    path = Path(tempfile.gettempdir()) / "qwen3-pp-check.yaml"
-    path.write_text(MODEL)
+    name, text = ("qwen3-moe-ep-check", MODEL_MOE) if kind == "moe" else ("qwen3-pp-check", MODEL)
+    path = Path(tempfile.gettempdir()) / f"{name}.yaml"
+    path.write_text(text)
     return str(path)
 
 
-def make_hf(out: Path, tiny: bool) -> None:
+def make_hf(out: Path, kind: str) -> None:
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
-    make_tiny_checkpoint(load_model_config(_model_file(tiny)), out, seed=11)
-    (out / "bench_model.txt").write_text("tiny" if tiny else "mid")
+    make_tiny_checkpoint(load_model_config(_model_file(kind)), out, seed=11)
+    (out / "bench_model.txt").write_text(kind)
 
 
 def make_rollout(n: int, vocab: int, max_len: int, seed: int = 0):
@@ -89,15 +117,17 @@ def run(a: argparse.Namespace) -> None:
 
     device = "cpu" if a.cpu else "cuda"
     _, world = init_distributed(device)
-    tiny = (a.hf / "bench_model.txt").read_text() == "tiny"
+    kind = (a.hf / "bench_model.txt").read_text()
+    tiny = kind == "tiny"
     tmp = Path(tempfile.mkdtemp())
     cfg = RunConfig.model_validate({
         "run": {"run_dir": str(tmp / "run"), "device": device, "seed": 1},
-        "model": {"model": _model_file(tiny), "hf_checkpoint": str(a.hf)},
+        "model": {"model": _model_file(kind), "hf_checkpoint": str(a.hf)},
         "rollout": {"num_rollout": 1},
         "train": {"micro_batch_size": 2, "global_batch_size": a.samples // 2, "num_steps_per_rollout": 2,
                   "lr": 1e-5, "bf16": False, "use_distributed_optimizer": False, "clip_grad": 1.0,
-                  "pipeline_model_parallel_size": a.pp, "use_kl_loss": True, "kl_loss_coef": 0.05,
+                  "pipeline_model_parallel_size": a.pp, "tensor_model_parallel_size": a.tp,
+                  "expert_model_parallel_size": a.ep, "use_kl_loss": True, "kl_loss_coef": 0.05,
                   "entropy_coef": 0.01, "adam_eps": 1e-3},
         "megatron": {"batch_p2p_comm": False} if a.no_batch_p2p else {},
     })
@@ -128,7 +158,7 @@ def run(a: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         import megatron.core
 
-        out = {"pp": a.pp, "world": world, "batch_p2p_comm": st.tcfg.batch_p2p_comm, "steps": results,
+        out = {"pp": a.pp, "tp": a.tp, "ep": a.ep, "model": kind, "world": world, "batch_p2p_comm": st.tcfg.batch_p2p_comm, "steps": results,
                "digest": digest, "build_s": round(build_s, 1), "prepare_s": round(prep_s, 3), "step_s": [round(x, 3) for x in step_s],
                "microbatches": [len(s) for s in prep.plan.steps],
                "tokens": sum(len(s.tokens) for s in rollout.samples),
@@ -152,7 +182,9 @@ def compare(a_path: Path, b_path: Path) -> int:
                        for n in a["digest"] for u, v in zip(a["digest"][n], b["digest"][n]))
     ok = set(a["digest"]) == set(b["digest"]) and metric_excess <= 0 and worst_weight < 1e-5
     print(json.dumps({
-        "check": "rl_step_pp_equals_pp1", "ok": ok, "pp": [a["pp"], b["pp"]], "gpu": b["gpu"],
+        "check": "rl_step_pp_equals_pp1" if b.get("model", "mid") != "moe" else "rl_step_moe_layout_equals_ep1",
+        "ok": ok, "pp": [a["pp"], b["pp"]], "tp": [a.get("tp", 1), b.get("tp", 1)], "ep": [a.get("ep", 1), b.get("ep", 1)],
+        "gpu": b["gpu"],
         "megatron_core": b["megatron_core"], "torch": b["torch"],
         "losses": {k: [[s[k] for s in a["steps"]], [s[k] for s in b["steps"]]] for k in COMPARED},
         "max_abs_metric_diff": max(abs(u - v) for u, v in pairs),
@@ -170,9 +202,12 @@ def main() -> int:
     m = sub.add_parser("make-hf")
     m.add_argument("dir", type=Path)
     m.add_argument("--tiny", action="store_true")
+    m.add_argument("--moe", action="store_true", help="the Qwen3-MoE shaped model (for --ep)")
     r = sub.add_parser("run")
     r.add_argument("--hf", type=Path, required=True)
-    r.add_argument("--pp", type=int, required=True)
+    r.add_argument("--pp", type=int, default=1)
+    r.add_argument("--tp", type=int, default=1)
+    r.add_argument("--ep", type=int, default=1)
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--samples", type=int, default=16)
     r.add_argument("--max-len", type=int, default=1024)
@@ -183,7 +218,7 @@ def main() -> int:
     c.add_argument("b", type=Path)
     a = ap.parse_args()
     if a.cmd == "make-hf":
-        make_hf(a.dir, a.tiny)
+        make_hf(a.dir, "tiny" if a.tiny else "moe" if a.moe else "mid")
         return 0
     if a.cmd == "run":
         run(a)
