@@ -12,8 +12,9 @@ How it is chosen, first match wins:
 3. the first non-loopback IPv4 that `getaddrinfo(gethostname())` returns;
 4. `127.0.0.1`, only meaningful for a single-node run.
 
-Ports: `free_port` and `allocate_ports` pick ports below the kernel's ephemeral range
-(outbound connections then never steal them between the pick and the server's bind) and hold
+Ports: `free_port` and `allocate_ports` pick ports from 20000 up to the kernel's ephemeral range
+(outbound connections then never steal them between the pick and the server's bind; the batch
+script's trainer rendezvous port lies below 20000, so no engine takes it) and hold
 every probe socket open until the whole block is chosen, so one allocation never hands out
 the same port twice. Another process can still take a port before our server binds it; the
 servers then fail at start with EADDRINUSE and the supervisor reports it.

@@ -72,3 +72,20 @@ def test_extra_sbatch_options_must_be_plain() -> None:
     assert "#SBATCH --constraint=h100" in _render("--model", "tiny-qwen3", "--sbatch-extra=--constraint=h100")
     with pytest.raises(ConfigError, match="--sbatch-extra"):
         _render("--model", "tiny-qwen3", "--sbatch-extra=--constraint=$(id)")
+
+
+def test_trainer_port_is_never_one_rlslurm_picks_for_itself() -> None:
+    """Virtual-node clusters put both het groups on one host: an engine that picked the trainer's
+    rendezvous port first made torchrun's store fail with EADDRINUSE (seen in CI). The batch
+    script's port lies below every port `net.allocate_ports` hands out, and below the ephemeral
+    range, for any job id and attempt."""
+    from rlslurm import net
+
+    [expr] = re.findall(r"^TRAINER_PORT=\$\(\( (.+) \)\)$", _render("--model", "tiny-qwen3", "--nodes", "2"), re.M)
+    ports = subprocess.run(
+        ["bash", "-c", f'for SLURM_JOB_ID in 1 7 4093 65535 999983; do for ATTEMPT in 0 1 2 5; do '
+                       f'echo $(( {expr} )); done; done'], capture_output=True, text=True, check=True).stdout.split()
+    assert len(ports) == 20 and len(set(ports)) > 10
+    assert all(1024 < int(p) < net._LOW_PORT for p in ports), ports
+    assert net._LOW_PORT <= min(net.ephemeral_range())
+    assert all(net._LOW_PORT <= p < net.ephemeral_range()[0] for p in net.allocate_ports("127.0.0.1", 50))
