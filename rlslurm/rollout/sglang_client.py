@@ -9,6 +9,7 @@ caller never has to parse httpx exceptions. Endpoint bodies follow SGLang 0.5.23
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Sequence
 
 import httpx
@@ -54,16 +55,13 @@ def health_sync(base_url: str, *, timeout: float = HEALTH_TIMEOUT_S) -> bool:
 
 
 def weight_version_sync(base_url: str, api_key: str | None, *, timeout: float = HEALTH_TIMEOUT_S) -> str:
-    """GET /model_info's weight_version, synchronously (the supervisor's health thread)."""
-    try:
-        r = httpx.get(f"{base_url}/model_info", headers=auth_headers(api_key), timeout=timeout, trust_env=TRUST_ENV)
-    except httpx.TimeoutException:
-        raise SGLangTimeout(base_url, timeout) from None
-    except httpx.HTTPError as e:
-        raise SGLangError(base_url, None, str(e)) from None
-    if r.status_code != 200:
-        raise SGLangError(base_url, r.status_code, r.text[:200])
-    return str(r.json()["weight_version"])
+    """`SGLangClient.get_weight_version` from synchronous code with no event loop (the supervisor's
+    health thread); the same errors."""
+    async def get() -> str:
+        async with SGLangClient(base_url, api_key) as c:
+            return await c.get_weight_version(timeout=timeout)
+
+    return asyncio.run(get())
 
 
 class SGLangClient:

@@ -395,7 +395,10 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     deadline = time.monotonic() + 240
     while sup.restarts_total < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
-    info = [i for i in sup.engines() if i.name == "engine-1"][0]
+    def victim_info():
+        return next(i for i in sup.engines() if i.name == "engine-1")
+
+    info = victim_info()
     assert info.restarts == 1 and info.healthy and info.pid != old_pid
 
     async def version(url):
@@ -404,7 +407,7 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
 
     assert asyncio.run(version(info.url)) == "0"  # a restarted engine holds the HF weights again
     time.sleep(3 * sup.health_interval_s)  # health rounds ask it again: still behind, still out
-    info = [i for i in sup.engines() if i.name == "engine-1"][0]
+    info = victim_info()
     assert info.awaiting_weights and info.healthy and info.worker_id is None
     assert info.url not in {w["url"] for w in dep.router.workers()}
     # the driver restarted for rollout 1 (needs version 1) brings it to version 1 first
@@ -415,9 +418,9 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     assert {s.weight_version for s in RolloutReader(run).read(1).samples} == {1}
     assert metrics_lines(run)[-1]["rollout/engine/restarts_total"] == 1
     deadline = time.monotonic() + 30  # admitted at the next health round
-    while [i for i in sup.engines() if i.name == "engine-1"][0].awaiting_weights and time.monotonic() < deadline:
+    while victim_info().awaiting_weights and time.monotonic() < deadline:
         time.sleep(0.2)
-    info = [i for i in sup.engines() if i.name == "engine-1"][0]
+    info = victim_info()
     assert not info.awaiting_weights and info.worker_id is not None
     workers = {w["url"]: w for w in dep.router.workers()}
     assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
