@@ -47,39 +47,27 @@ arch:
   qk_layernorm: true
   tie_word_embeddings: true
 """
-MODEL_MOE = """
-name: qwen3-moe-ep-check
-hf_architecture: Qwen3MoeForCausalLM
-hf_model_type: qwen3_moe
-arch:
-  num_layers: 4
-  hidden_size: 1024
-  ffn_hidden_size: 3072
-  num_attention_heads: 16
-  num_query_groups: 8
-  kv_channels: 64
-  vocab_size: 151936
-  max_position_embeddings: 4096
-  norm_epsilon: 1.0e-6
-  rotary_base: 1000000
-  qk_layernorm: true
-  tie_word_embeddings: false
-  moe:
-    num_experts: 8
-    router_topk: 2
-    moe_ffn_hidden_size: 768
-    router_score_function: softmax
-    router_topk_norm: true
-"""
+# The MoE check model: the dense one at half the depth, untied, with routed experts in every layer.
+MOE_CHANGES = {
+    "name": "qwen3-moe-ep-check", "hf_architecture": "Qwen3MoeForCausalLM", "hf_model_type": "qwen3_moe",
+    "arch": {"num_layers": 4, "tie_word_embeddings": False,
+             "moe": {"num_experts": 8, "router_topk": 2, "moe_ffn_hidden_size": 768,
+                     "router_score_function": "softmax", "router_topk_norm": True}},
+}
 COMPARED = ("loss", "pg_loss", "kl", "entropy", "ppo_kl", "grad_norm")
 
 
 def _model_file(kind: str) -> str:
     if kind == "tiny":
         return "tiny-qwen3"
-    name, text = ("qwen3-moe-ep-check", MODEL_MOE) if kind == "moe" else ("qwen3-pp-check", MODEL)
-    path = Path(tempfile.gettempdir()) / f"{name}.yaml"
-    path.write_text(text)
+    import yaml
+
+    model = yaml.safe_load(MODEL)
+    if kind == "moe":
+        model.update({k: v for k, v in MOE_CHANGES.items() if k != "arch"})
+        model["arch"].update(MOE_CHANGES["arch"])
+    path = Path(tempfile.gettempdir()) / f"{model['name']}.yaml"
+    path.write_text(yaml.safe_dump(model, sort_keys=False))
     return str(path)
 
 
