@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from rlslurm.console import make_console
 from rlslurm.errors import UserError
 
 app = typer.Typer(
@@ -27,8 +27,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console()
-err = Console(stderr=True)
+out = make_console()
+err = make_console(stderr=True)
 
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 
 ATTEMPT_ENV = "RLSLURM_LOCAL_ATTEMPT"  # read by rlslurm.slurm.jobenv when SLURM is absent
@@ -111,7 +112,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_terminated)
     rd = RunDir(run_dir)
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     attempt = _next_attempt(rd)
     logs = rd.attempt_log_dir(attempt)
     logs.mkdir(parents=True, exist_ok=True)
