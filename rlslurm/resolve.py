@@ -167,8 +167,25 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size {r.rollout_batch_size}"
         )
 
+    if t.distributed_timeout_minutes * 60 < min_distributed_timeout_s(t.weight_sync_timeout_s):
+        raise ConfigError(
+            f"--distributed-timeout-minutes {t.distributed_timeout_minutes:g} is shorter than rank 0 can spend alone "
+            f"between two collectives with --weight-sync-timeout-s {t.weight_sync_timeout_s:g} "
+            f"(at least {min_distributed_timeout_s(t.weight_sync_timeout_s) / 60:.1f} minutes)")
+
     _check_inputs(res, strict_inputs)
     _check_memory(res)
+
+
+# Rank 0 alone, in one stretch between two trainer collectives: the wait for this attempt's engines
+# (one weight-sync timeout), then a publish whose tries each take at most one timeout, plus slack
+# for a checkpoint's finalisation (trainer/collectives.py).
+SINGLE_RANK_WEIGHT_SYNC_TIMEOUTS = 4
+
+
+def min_distributed_timeout_s(weight_sync_timeout_s: float) -> float:
+    """The smallest trainer process-group timeout that outlasts rank 0's longest lone phase."""
+    return SINGLE_RANK_WEIGHT_SYNC_TIMEOUTS * weight_sync_timeout_s + 60.0
 
 
 def _need(res: Resolved, strict: bool, msg: str) -> None:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from rlslurm.buffer.atomic import fsync_dir, write_json_atomic
 from rlslurm.buffer.progress import TrainerProgress
 from rlslurm.errors import DataError
+from rlslurm.trainer.collectives import collective_device
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def _optimizers_with_state(st) -> set[str]:
     if st.critic is not None and has_optimizer_state(st.critic.optimizer):
         out.add("critic")
     # Every rank must build the same state dict: agree on the union (all ranks step together).
-    flags = torch.tensor([float("actor" in out), float("critic" in out)])
+    flags = torch.tensor([float("actor" in out), float("critic" in out)], device=collective_device())
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return {n for n, f in zip(("actor", "critic"), flags.tolist()) if f > 0}
 

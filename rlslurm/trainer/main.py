@@ -35,6 +35,7 @@ from rlslurm.errors import DataError, UserError
 from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
+from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.setup import init_distributed
 
 log = logging.getLogger("rlslurm.trainer")
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
-    rank, world = init_distributed(cfg.run.device)
+    rank, world = init_distributed(cfg.run.device, cfg.train.distributed_timeout_minutes)
     logging.basicConfig(level=logging.INFO, format=f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")
     write_env_report(rd.path, "trainer", rank, {
         "world_size": world,
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if world != expected:
         raise UserError(f"trainer world size {world} != --trainer-nodes x procs per node = {expected}")
     # Every rank proves the collective path works before any real work.
-    t = torch.ones(1, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    t = torch.ones(1, device=collective_device())
     dist.all_reduce(t)
     assert int(t.item()) == world
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.trainer.collectives import group_timeout
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
 from rlslurm.trainer.losses import PolicyLossConfig
 
@@ -32,13 +34,14 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------ distributed
 
 
-def init_distributed(device: str) -> tuple[int, int]:
-    """Join torchrun's process group: NCCL on GPUs, gloo on CPU."""
+def init_distributed(device: str, timeout_minutes: float) -> tuple[int, int]:
+    """Join torchrun's process group: NCCL on GPUs, gloo on CPU, with an explicit timeout
+    (trainer/collectives.py says why)."""
     use_cuda = device == "cuda" and torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=group_timeout(timeout_minutes))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -108,6 +111,7 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
             pipeline_model_parallel_size=t.pipeline_model_parallel_size,
             context_parallel_size=t.context_parallel_size,
             expert_model_parallel_size=t.expert_model_parallel_size,
+            distributed_timeout_minutes=max(1, math.ceil(t.distributed_timeout_minutes)),
         )
     return Parallel(
         tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size, cp=1, ep=t.expert_model_parallel_size,

@@ -55,6 +55,7 @@ from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
 from rlslurm.rollout.update_watch import UPDATE_FILE, update_in_progress  # noqa: F401 (re-exported)
+from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
@@ -408,8 +409,7 @@ class DistributedPublisher:
         """All ranks: True iff every rank's `ok` is True (also a barrier between phases)."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return ok
-        dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-        t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=dev)
+        t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
 

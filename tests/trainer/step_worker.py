@@ -35,7 +35,7 @@ def main() -> None:
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     cfg = load_run_config(a.run_dir)
-    rank, world = init_distributed("cpu")
+    rank, world = init_distributed("cpu", 10)
     st = build_trainer(cfg, world)
     rollout = RolloutReader(a.run_dir, readonly=True).read(0)
     result: dict = {"tp": st.par.tp, "dp": st.par.dp, "pp": st.par.pp}
