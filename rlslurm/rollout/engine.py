@@ -32,7 +32,7 @@ from typing import Literal
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
-from rlslurm.rollout import sglang_cpu
+from rlslurm.rollout import sglang_cpu, sglang_versions
 from rlslurm.rollout.sglang_client import health_sync
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
@@ -157,6 +157,8 @@ class EngineProcess:
             raise RuntimeError(f"{self.spec.name}: already running (pid {self.pid})")
         if self.spec.device == "cpu":
             sglang_cpu.check_sglang_version()
+        else:
+            sglang_versions.check_gpu_sglang()
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Short on purpose: ZMQ ipc paths must fit in a unix socket address (108 bytes).
         self._tmpdir = tempfile.mkdtemp(prefix=f"rlsl-{self.spec.port}-")

@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import httpx
 
+from rlslurm.rollout.sglang_versions import DEFAULT as DEFAULT_API, SGLangAPI
+
 DEFAULT_TIMEOUT_S = 30.0
 GENERATE_TIMEOUT_S = 600.0
 # A weight update blocks until every rank of the group has received every tensor.
@@ -69,9 +71,10 @@ class SGLangClient:
     manager, or call `aclose()`."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *,
-                 http: httpx.AsyncClient | None = None):
+                 http: httpx.AsyncClient | None = None, api: SGLangAPI = DEFAULT_API):
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.api = api  # the server's SGLang version: which endpoints exist (sglang_versions.py)
         self._own_http = http is None
         # Rollouts send hundreds of concurrent single requests (the router does not split batches).
         self._http = http or httpx.AsyncClient(
@@ -172,9 +175,13 @@ class SGLangClient:
             "world_size": world_size, "group_name": group_name, "backend": backend}, timeout=timeout)
 
     async def begin_weight_update(self, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+        if not self.api.weight_update_session:
+            return {"success": True, "message": f"SGLang {self.api.version} has no weight-update session"}
         return await self._checked("/begin_weight_update", {}, timeout=timeout)
 
     async def end_weight_update(self, *, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+        if not self.api.weight_update_session:
+            return {"success": True, "message": f"SGLang {self.api.version} has no weight-update session"}
         return await self._checked("/end_weight_update", {}, timeout=timeout)
 
     async def update_weights_from_distributed(self, *, names: Sequence[str], dtypes: Sequence[str],

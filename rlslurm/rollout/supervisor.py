@@ -438,8 +438,10 @@ class EngineSupervisor:
 def engine_records(infos: list[EngineInfo], node: str) -> list["EngineRecord"]:
     """This node's engines as control-file records (what the trainer and `rlslurm status` read)."""
     from rlslurm.buffer.control import EngineRecord
+    from rlslurm.rollout.sglang_versions import installed_sglang_version
 
-    return [EngineRecord(url=i.url, node=node,
+    version = installed_sglang_version()  # the engines run in this node's Python environment
+    return [EngineRecord(url=i.url, node=node, sglang_version=version,
                          gpu_ids=[] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size)),
                          pid=i.pid, healthy=i.healthy, restarts=i.restarts, awaiting_weights=i.awaiting_weights)
             for i in infos]

@@ -54,6 +54,7 @@ from rlslurm.buffer.control import Control, EngineRecord, RendezvousRecord, Rend
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+from rlslurm.rollout.sglang_versions import api_for
 from rlslurm.rollout.update_watch import UPDATE_FILE, update_in_progress  # noqa: F401 (re-exported)
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
@@ -101,11 +102,13 @@ class EngineTarget:
     ranks: int           # the engine's TP size: its ranks are rank_offset .. rank_offset+ranks-1
     pid: int | None
     restarts: int
+    sglang_version: str | None = None
 
 
 def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
     """The healthy engines of control/engines.json (one being restarted joins the next sync)."""
-    return [EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts)
+    return [EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
+                         sglang_version=r.sglang_version)
             for r in records if r.healthy]
 
 
@@ -167,7 +170,7 @@ class Engines:
 
     def __init__(self, loop: _Loop, targets: list[EngineTarget], api_key: str | None):
         self.loop, self.targets, self.api_key = loop, targets, api_key
-        self._clients = [SGLangClient(t.url, api_key) for t in targets]
+        self._clients = [SGLangClient(t.url, api_key, api=api_for(t.sglang_version)) for t in targets]
 
     def submit(self, method: str, per_engine: Callable[[int], dict[str, Any]] | None = None,
                **kw: Any) -> list[cf.Future]:

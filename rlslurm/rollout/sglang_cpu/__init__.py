@@ -26,23 +26,16 @@ Used only when the rollout device is cpu.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from pathlib import Path
 
 from rlslurm.errors import ConfigError
+from rlslurm.rollout.sglang_versions import installed_sglang_version
 
 SGLANG_VERSION = "0.5.23"
 STUBS_DIR = Path(__file__).resolve().parent / "stubs"
 # Small and fixed: deterministic, and leaves room for several servers on a 24 GiB box.
 DEFAULT_MAX_TOTAL_TOKENS = 16384
-
-
-def installed_sglang_version() -> str | None:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def check_sglang_version() -> None:
