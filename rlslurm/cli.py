@@ -118,7 +118,7 @@ def run(
       rlslurm run --model tiny-qwen3 --prompt-data prompts.jsonl --device cpu --num-rollout 10
     """
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.local import run_local
+    from rlslurm.local import local_gpus, run_local
     from rlslurm.model_config import load_model_config
     from rlslurm.resolve import Resolved
     from rlslurm.runfile import load_run_config
@@ -147,10 +147,11 @@ def run(
                       config, strict_inputs=True)
         for w in res.warnings:
             err.print(f"[yellow]warning:[/] {w}")
+        local_gpus(res.cfg)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
-                       progress=progress, timeout_s=timeout, console=err)
+                       progress=progress, timeout_s=timeout, console=err, gpus=local_gpus(cfg))
     raise typer.Exit(result.returncode)
 
 

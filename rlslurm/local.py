@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -26,6 +27,10 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
+from rlslurm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlslurm.config import RunConfig
 
 ATTEMPT_ENV = "RLSLURM_LOCAL_ATTEMPT"  # read by rlslurm.slurm.jobenv when SLURM is absent
 FINISH_GRACE_S = 60
@@ -54,6 +59,29 @@ def _clean_env(attempt: int) -> dict[str, str]:
     env[ATTEMPT_ENV] = str(attempt)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else every GPU nvidia-smi lists."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def split_gpus(visible: list[str], trainer: int, rollout: int) -> tuple[list[str], list[str]]:
+    """As the het job gives each group its own nodes, one machine gives each group its own GPUs: the
+    trainer the first `trainer`, the rollout's engines the next `rollout` (each group numbers its
+    GPUs from 0, exactly as on its own node)."""
+    if len(visible) < trainer + rollout:
+        raise ConfigError(f"rlslurm run --device cuda: the trainer ({trainer} GPU(s), --trainer-procs-per-node) and "
+                          f"the rollout engines ({rollout}, --gpus-per-node) need {trainer + rollout} GPUs, "
+                          f"{len(visible)} visible on this machine")
+    return visible[:trainer], visible[trainer:trainer + rollout]
 
 
 def _ledger(rd: RunDir, attempt: int, start: float, rc: int, reason: str) -> None:
@@ -105,8 +133,17 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated(signal.Signals(signum).name)
 
 
+def local_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
+    """(trainer GPUs, rollout GPUs) of `rlslurm run` with --device cuda; None on CPU."""
+    if cfg.run.device != "cuda":
+        return None
+    return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, cfg.slurm.gpus_per_node)
+
+
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
-              timeout_s: float | None = None, console: Console | None = None) -> LocalResult:
+              timeout_s: float | None = None, console: Console | None = None,
+              gpus: tuple[list[str], list[str]] | None = None) -> LocalResult:
+    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (`local_gpus`); None on CPU."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own
     # sessions so that a Ctrl-C reaches only this process, which then stops them in order.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -125,6 +162,10 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     for f in stale:
         f.unlink(missing_ok=True)
     env = _clean_env(attempt)
+    trainer_env, rollout_env = env, env
+    if gpus is not None:
+        trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[0])}
+        rollout_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[1])}
     port = _free_port()
     start = time.time()
     trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0",
@@ -133,8 +174,8 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     rollout_cmd = [sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(rd.path),
                    "--trainer-addr", "127.0.0.1"]
     with open(logs / "trainer-0.log", "ab") as tlog, open(logs / "rollout-0.log", "ab") as rlog:
-        trainer = subprocess.Popen(trainer_cmd, env=env, stdout=tlog, stderr=subprocess.STDOUT, start_new_session=True)
-        rollout = subprocess.Popen(rollout_cmd, env=env, stdout=rlog, stderr=subprocess.STDOUT, start_new_session=True)
+        trainer = subprocess.Popen(trainer_cmd, env=trainer_env, stdout=tlog, stderr=subprocess.STDOUT, start_new_session=True)
+        rollout = subprocess.Popen(rollout_cmd, env=rollout_env, stdout=rlog, stderr=subprocess.STDOUT, start_new_session=True)
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None
