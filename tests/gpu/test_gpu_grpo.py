@@ -1,0 +1,152 @@
+"""GRPO end to end on GPUs through `rlslurm run`: trainer (megatron-core, NCCL) on GPU 0, one real SGLang
+engine behind the real sglang-router on GPU 1, NCCL weight sync between the two processes, the demo task.
+
+* fp32, synchronous: the engine's greedy output equals the trainer's after every sync (identical
+  weights); kill -9 of the trainer mid-run, then the same command: every rollout trained exactly once
+  in the final lineage, at most --save-interval rollouts retrained; the reward rises.
+* bf16, async (--async-buffer-size 2): every rollout's samples come from weights within the bound;
+  the engine reaches every published version; rollout vs train log-probs stay close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlslurm.curve import reward_curve
+from rlslurm.rollout.driver import required_version
+
+# SGLang 0.5.14 on the GPU machines, trimmed bundle (docs/gpu.md): triton attention, no CUDA graphs,
+# no grammar backend; a small KV pool leaves the GPU mostly free.
+SGLANG_GPU_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
+                    "--sglang-disable-cuda-graph", "--sglang-grammar-backend", "none",
+                    "--sglang-mem-fraction-static", "0.3"]
+SAVE_INTERVAL = 4
+MARGIN = 0.15
+
+
+def rlslurm_run(run_dir: Path, log: Path, num_rollout: int, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
+           "--device", "cuda", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
+           "--num-rollout", str(num_rollout), "--save-interval", str(SAVE_INTERVAL), "--verify-weight-sync",
+           *SGLANG_GPU_FLAGS, *extra]
+    return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    p = run_dir / "metrics.jsonl"
+    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+
+
+def trained_ids(run_dir: Path) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for rec in metrics(run_dir):
+        ids = out.setdefault(rec["attempt"], [])
+        if not ids or ids[-1] != rec["rollout_id"]:
+            ids.append(rec["rollout_id"])
+    return out
+
+
+def probes(run_dir: Path) -> list[dict]:
+    p = run_dir / "control" / "weight_probe.jsonl"
+    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+
+
+def tail(p: Path, n: int = 3000) -> str:
+    return p.read_text(errors="replace")[-n:] if p.exists() else ""
+
+
+def logs(run_dir: Path, log: Path) -> str:
+    parts = [f"== {log.name}\n{tail(log)}"]
+    for f in sorted(run_dir.glob("logs/attempt-*/*.log")):
+        parts.append(f"== {f.relative_to(run_dir)}\n{tail(f, 2000)}")
+    return "\n".join(parts)
+
+
+def finish(proc: subprocess.Popen, run_dir: Path, log: Path, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"rlslurm run did not end within {timeout:.0f} s\n{logs(run_dir, log)}")
+
+
+def reward_rose(run_dir: Path) -> tuple[float, float]:
+    curve = [v for _, v in reward_curve(run_dir)]
+    return statistics.mean(curve[:4]), statistics.mean(curve[-4:])
+
+
+def torchrun_pids(run_dir: Path) -> list[int]:
+    """The trainer's torchrun agent and its workers: every process whose argv names this run's trainer."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"rlslurm.trainer.main" in argv and str(run_dir).encode() in argv:
+                out.append(int(d.name))
+    return out
+
+
+def test_sync_fp32_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path) -> None:
+    n = 16
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    extra = ["--no-bf16", "--rollout-dtype", "float32"]
+    proc = rlslurm_run(run_dir, log, n, *extra)
+    deadline = time.monotonic() + 420
+    while len(trained_ids(run_dir).get(0, [])) < SAVE_INTERVAL + 2:
+        assert proc.poll() is None, f"ended early (rc={proc.returncode})\n{logs(run_dir, log)}"
+        assert time.monotonic() < deadline, logs(run_dir, log)
+        time.sleep(0.5)
+    for pid in torchrun_pids(run_dir):
+        os.kill(pid, signal.SIGKILL)
+    assert finish(proc, run_dir, log, 120) != 0  # the trainer died: this attempt failed
+    before = trained_ids(run_dir)[0]
+
+    proc = rlslurm_run(run_dir, log, n, *extra)  # the same command: resumes from the last checkpoint
+    assert finish(proc, run_dir, log, 600) == 0, logs(run_dir, log)
+    ids = trained_ids(run_dir)
+    resumed = ids[max(ids)]
+    assert before[-1] + 1 - SAVE_INTERVAL <= resumed[0] <= before[-1] + 1, (before, resumed)
+    assert before[:resumed[0]] + resumed == list(range(n)), ids  # the final lineage: each rollout once
+    first, last = reward_rose(run_dir)
+    assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    recs = probes(run_dir)
+    assert recs and all(r["match"] for r in recs), [r for r in recs if not r["match"]][:2]
+    assert n in {r["version"] for r in recs}  # the final weights reached the engine too
+    diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
+    assert diffs and max(diffs) < 1e-2, diffs  # fp32 both sides, same weights: only kernel differences
+    print(f"GPU sync fp32: {len(recs)} probes, trainer greedy == engine greedy in all; trained {before} then "
+          f"{resumed}; reward {first:.3f} -> {last:.3f}; max |train - rollout logprob| {max(diffs):.2e}")
+
+
+def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
+    n, k = 16, 2
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = rlslurm_run(run_dir, log, n, "--async-buffer-size", str(k))
+    assert finish(proc, run_dir, log, 600) == 0, logs(run_dir, log)
+    ms = metrics(run_dir)
+    per_rollout = {m["rollout_id"]: m for m in ms}
+    assert sorted(per_rollout) == list(range(n))
+    stale = {r: m["weight_version_min"] for r, m in per_rollout.items()
+             if m["weight_version_min"] < required_version(r, async_buffer_size=k)}
+    assert not stale, stale
+    assert any(m["weight_version_min"] < r for r, m in per_rollout.items()), "never ran ahead: not async"
+    diffs = [m["train_rollout_logprob_abs_diff"] for m in ms if "train_rollout_logprob_abs_diff" in m]
+    # bf16 on both sides and weights up to k versions apart: a bound, not equality
+    assert diffs and max(diffs) < 0.5, diffs
+    recs = probes(run_dir)
+    assert recs and all(all(str(e.get("weight_version")) == str(r["version"]) for e in r["engines"].values())
+                        for r in recs), recs[:2]
+    first, last = reward_rose(run_dir)
+    print(f"GPU async bf16: staleness <= {k} held for {n} rollouts; max |train - rollout logprob| "
+          f"{max(diffs):.4f}; greedy equal in {sum(r['match'] for r in recs)}/{len(recs)} probes; "
+          f"reward {first:.3f} -> {last:.3f}")
