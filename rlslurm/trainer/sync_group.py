@@ -143,8 +143,7 @@ class SyncGroup:
                 opts.rootRank, opts.rootTensor = 0, 0
                 opts.timeout = limit
                 works.append(be.broadcast([t], opts))
-            for w in works:
-                w.wait(limit)
+            _wait_all(works, time.monotonic() + limit.total_seconds())
         except (RuntimeError, dist.DistError) as e:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed or timed out "
                                  f"(limit {limit.total_seconds():g} s): {e}") from e
@@ -170,6 +169,21 @@ class SyncGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _wait_all(works: list, deadline: float) -> None:
+    """Block until every work has completed, or raise at `deadline`. NCCL's `Work.wait(timeout)` does
+    not block the caller (it only orders the current stream after the collective), so a peer that never
+    posts its receive left the trainer stuck at its next synchronisation with no bound (seen on 2xH200,
+    docs/gpu.md); polling `is_completed()` keeps the bound, and `close()` then aborts the communicator."""
+    pause = 1e-4
+    for w in works:
+        while not w.is_completed():
+            if time.monotonic() > deadline:
+                raise SyncGroupError(f"broadcast did not complete by its deadline ({len(works)} tensor(s))")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        w.wait()  # raises the work's own error, if any; completed, so it does not block
 
 
 def iter_buckets(stream: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,

@@ -1,9 +1,11 @@
 """GRPO end to end on GPUs through `rlslurm run`: trainer (megatron-core, NCCL) on GPU 0, one real SGLang
 engine behind the real sglang-router on GPU 1, NCCL weight sync between the two processes, the demo task.
 
-* fp32, synchronous: the engine's greedy output equals the trainer's after every sync (identical
-  weights); kill -9 of the trainer mid-run, then the same command: every rollout trained exactly once
-  in the final lineage, at most --save-interval rollouts retrained; the reward rises.
+* bf16, synchronous: the engine serves every published version (the greedy probe after each sync
+  reads the engine's weight version); kill -9 of the trainer mid-run, then the same command: every
+  rollout trained exactly once in the final lineage, at most --save-interval rollouts retrained; the
+  reward rises. fp32 engines cannot run here: SGLang's GPU rmsnorm kernel has no float32 (docs/gpu.md),
+  so greedy token equality, exact only in fp32, is reported, not asserted.
 * bf16, async (--async-buffer-size 2): every rollout's samples come from weights within the bound;
   the engine reaches every published version; rollout vs train log-probs stay close.
 """
@@ -96,10 +98,10 @@ def torchrun_pids(run_dir: Path) -> list[int]:
     return out
 
 
-def test_sync_fp32_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path) -> None:
+def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path) -> None:
     n = 16
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
-    extra = ["--no-bf16", "--rollout-dtype", "float32"]
+    extra = ["--rollout-dtype", "bfloat16"]
     proc = rlslurm_run(run_dir, log, n, *extra)
     deadline = time.monotonic() + 420
     while len(trained_ids(run_dir).get(0, [])) < SAVE_INTERVAL + 2:
@@ -120,18 +122,20 @@ def test_sync_fp32_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path:
     first, last = reward_rose(run_dir)
     assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
     recs = probes(run_dir)
-    assert recs and all(r["match"] for r in recs), [r for r in recs if not r["match"]][:2]
+    assert recs and all(str(e.get("weight_version")) == str(r["version"]) for r in recs for e in r["engines"].values()), \
+        recs[:2]
     assert n in {r["version"] for r in recs}  # the final weights reached the engine too
     diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
-    assert diffs and max(diffs) < 1e-2, diffs  # fp32 both sides, same weights: only kernel differences
-    print(f"GPU sync fp32: {len(recs)} probes, trainer greedy == engine greedy in all; trained {before} then "
-          f"{resumed}; reward {first:.3f} -> {last:.3f}; max |train - rollout logprob| {max(diffs):.2e}")
+    assert diffs and max(diffs) < 0.1, diffs  # same weights on both sides, bf16 kernels apart
+    print(f"GPU sync bf16: {len(recs)} probes at the trainer's version, greedy tokens equal in "
+          f"{sum(r['match'] for r in recs)}; trained {before} then {resumed}; reward {first:.3f} -> {last:.3f}; "
+          f"max |train - rollout logprob| {max(diffs):.2e}")
 
 
 def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
     n, k = 16, 2
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
-    proc = rlslurm_run(run_dir, log, n, "--async-buffer-size", str(k))
+    proc = rlslurm_run(run_dir, log, n, "--async-buffer-size", str(k), "--rollout-dtype", "bfloat16")
     assert finish(proc, run_dir, log, 600) == 0, logs(run_dir, log)
     ms = metrics(run_dir)
     per_rollout = {m["rollout_id"]: m for m in ms}

@@ -9,10 +9,10 @@ from rlslurm.errors import ConfigError
 from rlslurm.local import split_gpus, visible_gpus
 
 
-def test_trainer_first_then_rollout() -> None:
-    assert split_gpus(["0", "1"], 1, 1) == (["0"], ["1"])
-    assert split_gpus(["3", "5", "6", "7"], 2, 2) == (["3", "5"], ["6", "7"])
-    assert split_gpus(["0", "1", "2"], 1, 1) == (["0"], ["1"])
+def test_each_group_sees_its_own_gpus_first_and_the_others_after() -> None:
+    assert split_gpus(["0", "1"], 1, 1) == (["0", "1"], ["1", "0"])
+    assert split_gpus(["3", "5", "6", "7"], 2, 2) == (["3", "5", "6", "7"], ["6", "7", "3", "5"])
+    assert split_gpus(["0", "1", "2"], 1, 1) == (["0", "1", "2"], ["1", "0", "2"])
 
 
 def test_too_few_gpus_names_both_flags() -> None:
