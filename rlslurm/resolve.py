@@ -14,6 +14,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.model_config import ModelConfig, load_model_config
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
+from rlslurm.slurm.timespec import time_limit_s
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
 _TRAIN_BYTES_PER_PARAM = 18
@@ -104,6 +105,13 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         )
     if s.trainer_nodes < 1 or s.rollout_nodes < 1:
         raise ConfigError(f"--nodes {s.nodes}: the trainer and the rollout group need at least one node each")
+    limit = time_limit_s(s.time)
+    if limit is not None and limit < 2 * s.signal_grace_s:
+        # USR1 would come (almost) at once, and preemption requeues are not failures: it would requeue forever
+        raise ConfigError(
+            f"--time {s.time} ({limit} s) must be at least twice --signal-grace-s {s.signal_grace_s}: USR1 comes "
+            f"that long before the limit to checkpoint and requeue, so the job would do little or no work per attempt"
+        )
 
     world = cfg.trainer_gpus
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
