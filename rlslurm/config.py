@@ -197,7 +197,9 @@ class TrainSection(Section):
     bf16: bool = True
     # None: on whenever the data-parallel size is > 1 (Adam state sharded over DP ranks), on any device.
     use_distributed_optimizer: bool | None = None
-    save_interval: int | None = Field(None, ge=1)
+    # Rollouts between checkpoints: bounds the work a hard kill (node failure, SIGKILL past KillWait)
+    # loses. Preempt, stop, SIGTERM and the end of the run save on their own. null: only those.
+    save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     # RL
     advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"] = "grpo"
