@@ -17,13 +17,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-# SLURM names (partition, account, qos, ...): what sbatch accepts without quoting.
-_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.,:@+=-]+$")
-_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+from rlslurm.slurm.timespec import time_limit_s
+
+# SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
+# used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.,:@+=-]+")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN slips through every ge/gt bound (all comparisons are false) and inf is never a useful setting
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(Section):
@@ -62,22 +65,21 @@ class SlurmSection(Section):
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
     @classmethod
     def _slurm_name(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_NAME.match(v):
+        if v is not None and not _SLURM_NAME.fullmatch(v):
             raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits and _.,:@+=- only)")
         return v
 
     @field_validator("time")
     @classmethod
     def _time(cls, v: str) -> str:
-        if not _SLURM_TIME.match(v):
-            raise ValueError(f"{v!r} is not a SLURM time (MM, HH:MM:SS or D-HH:MM:SS)")
+        time_limit_s(v)  # raises on anything sbatch would not take
         return v
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for k in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
                 raise ValueError(f"{k!r} is not a valid environment variable name")
         return v
 
@@ -85,7 +87,7 @@ class SlurmSection(Section):
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
         for opt in v:
-            if not re.match(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@+=/%-]*)?$", opt):
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:@+=/%-]*)?", opt):
                 raise ValueError(f"{opt!r}: extra sbatch options must look like --key=value with a plain value")
         return v
 
@@ -134,7 +136,7 @@ class RolloutSection(Section):
     rollout_max_response_len: int = Field(1024, ge=1)
     rollout_temperature: float = Field(1.0, ge=0)
     rollout_top_p: float = Field(1.0, gt=0, le=1)
-    rollout_top_k: int = -1
+    rollout_top_k: int = -1   # SGLang: -1 (the whole vocabulary) or >= 1
     rollout_stop: list[str] = Field(default_factory=list)
     rollout_stop_token_ids: list[int] = Field(default_factory=list)
     rollout_num_gpus_per_engine: int = Field(1, ge=1)
@@ -156,6 +158,13 @@ class RolloutSection(Section):
     eval_temperature: float = Field(0.0, ge=0)
     eval_max_response_len: int | None = Field(None, ge=1)
     keep_trained_rollouts: int = Field(4, ge=0)
+
+    @field_validator("rollout_top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v != -1 and v < 1:
+            raise ValueError("must be -1 (no top-k cut) or >= 1 (SGLang refuses other values per request)")
+        return v
 
     @field_validator("mask_offpolicy_in_partial_rollout")
     @classmethod
@@ -181,14 +190,16 @@ class TrainSection(Section):
     lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
     lr_warmup_iters: int = Field(0, ge=0)
     weight_decay: float = Field(0.1, ge=0)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.98, ge=0, lt=1)
+    adam_eps: float = Field(1e-8, gt=0)
     clip_grad: float = Field(1.0, ge=0)
     bf16: bool = True
     # None: on whenever the data-parallel size is > 1 (Adam state sharded over DP ranks), on any device.
     use_distributed_optimizer: bool | None = None
-    save_interval: int | None = Field(None, ge=1)
+    # Rollouts between checkpoints: bounds the work a hard kill (node failure, SIGKILL past KillWait)
+    # loses. Preempt, stop, SIGTERM and the end of the run save on their own. null: only those.
+    save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     # RL
     advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"] = "grpo"

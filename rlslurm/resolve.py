@@ -11,8 +11,10 @@ from pathlib import Path
 
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.flags import FIELDS, Layer, build_config, load_yaml_layer, parse_flags
+from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
+from rlslurm.slurm.timespec import time_limit_s
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
 _TRAIN_BYTES_PER_PARAM = 18
@@ -26,8 +28,12 @@ class Resolved:
 
 
 def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: bool = True) -> Resolved:
-    """`strict_inputs=False` (dry runs) turns missing prompt data / checkpoint into warnings."""
-    user_layers = ([load_yaml_layer(config_file)] if config_file else []) + [parse_flags(argv)]
+    """`strict_inputs=False` (dry runs) turns missing prompt data / checkpoint into warnings.
+
+    Every path of the result is absolute (rlslurm/paths.py says against what)."""
+    user_layers = [absolutize(parse_flags(argv), Path.cwd())]
+    if config_file:
+        user_layers.insert(0, absolutize(load_yaml_layer(config_file), config_file.parent))
     # The model and node count pick the defaults layer, so read them from the user layers first.
     probe = build_config(user_layers)
     mc = load_model_config(probe.model.model)
@@ -71,6 +77,8 @@ def _derive(res: Resolved) -> None:
         # bit-exact with it, tests/trainer/test_trainer_resume.py); with DP=1 it only adds copies.
         mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
         t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
+    if cfg.run.run_dir is None:  # the default, ./runs/<name>, is relative to where submit runs
+        cfg.run.run_dir = Path(absolute(cfg.run_dir, Path.cwd()))
     if s.python is None:
         import sys
 
@@ -97,6 +105,13 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         )
     if s.trainer_nodes < 1 or s.rollout_nodes < 1:
         raise ConfigError(f"--nodes {s.nodes}: the trainer and the rollout group need at least one node each")
+    limit = time_limit_s(s.time)
+    if limit is not None and limit < 2 * s.signal_grace_s:
+        # USR1 would come (almost) at once, and preemption requeues are not failures: it would requeue forever
+        raise ConfigError(
+            f"--time {s.time} ({limit} s) must be at least twice --signal-grace-s {s.signal_grace_s}: USR1 comes "
+            f"that long before the limit to checkpoint and requeue, so the job would do little or no work per attempt"
+        )
 
     world = cfg.trainer_gpus
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
@@ -220,6 +235,15 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
             _need(res, strict, f"{flag} {p} does not exist")
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():
         _need(res, strict, f"--setup-script {cfg.slurm.setup_script} is not a file")
+    replay = cfg.train.load_debug_rollout_data
+    if replay is not None and not replay.is_dir():
+        _need(res, strict, f"--load-debug-rollout-data {replay} is not a directory")
+    for name in PLUGIN_FIELDS:
+        spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)
+        if isinstance(spec, str) and ":" in spec and is_file_plugin(spec):
+            f = Path(spec.rpartition(":")[0])
+            if not f.is_file():
+                _need(res, strict, f"{flag_name(name)} {spec}: {f} is not a file")
 
 
 def _check_memory(res: Resolved) -> None:

@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import math
+import numbers
 import random
 import re
 import threading
@@ -320,19 +321,31 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
+def _as_number(v: Any) -> float | None:
+    """A reward value as a float, or None. Rewards are often computed with numpy (np.float32 from a
+    mean, np.bool_ from a comparison) or are plain bools (`answer == label`): all score as numbers."""
+    if isinstance(v, numbers.Real):  # int, float, bool, numpy ints and floats
+        return float(v)
+    if type(v).__module__ == "numpy" and getattr(v, "shape", None) == () and v.dtype.kind in "biuf":
+        return float(v)  # np.bool_ (not registered with `numbers`) and 0-d arrays
+    return None
+
+
 def check_reward(value: Any, *, reward_key: str | None, name: str, where: str) -> Reward:
     """Validate one reward: a finite number, or a dict of finite numbers holding reward_key."""
     ctx = f"{name} (sample {where})" if where else name
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
+    num = _as_number(value)
+    if num is not None:
+        if not math.isfinite(num):
             raise RewardError(f"{ctx}: returned {value}")
-        return float(value)
+        return num
     if isinstance(value, Mapping) and value:
         out: dict[str, float] = {}
         for k, v in value.items():
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            num = _as_number(v)
+            if num is None or not math.isfinite(num):
                 raise RewardError(f"{ctx}: reward dict entry {k!r} is {v!r}, not a finite number")
-            out[str(k)] = float(v)
+            out[str(k)] = num
         if reward_key is None:
             raise RewardError(f"{ctx}: returned a dict {sorted(out)}; set --reward-key to pick the trained one")
         if reward_key not in out:

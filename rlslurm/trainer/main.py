@@ -10,8 +10,9 @@ resume, rollouts already in the buffer are trained while this attempt's engines 
 version is published to them as soon as they are up (the driver waits for the version it needs).
 An engine restarted mid-run is kept out of the router until it has the published weights; while
 waiting for a rollout the trainer publishes the same version again to bring it back.
-A preempt request checkpoints, acknowledges and exits 0 (SLURM requeues the job); a stop request
-exits 0; once `num_rollout` rollouts are trained the run is marked FINISHED.
+A preempt request (control/preempt.json from the batch shell, or SIGTERM to this process)
+checkpoints, acknowledges and exits 0; a stop request exits 0; once `num_rollout` rollouts are
+trained the run is marked FINISHED.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,11 +45,33 @@ log = logging.getLogger("rlslurm.trainer")
 POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
 HEARTBEAT_S = 10.0
 
+# SLURM ends a job (scancel, scontrol requeue, preemption, the time limit) by TERMing every process
+# and KILLing it KillWait (or the partition's GraceTime) later. Dying at once on TERM would lose
+# everything since the last --save-interval; instead a TERM is a preempt request: finish the step
+# in progress, checkpoint, ack. Requeueing is SLURM's business (PreemptMode=REQUEUE, scontrol
+# requeue); after a scancel the checkpoint lets `rlslurm resubmit` continue.
+_term_at: float | None = None
+
+
+def _on_term(signum: int, frame: object) -> None:
+    global _term_at
+    if _term_at is None:
+        _term_at = time.time()
+    # Ignored (unlike handled) signals stay ignored across fork and exec: megatron's checkpoint writer
+    # spawns helper processes during the save, and a later TERM to the step (torchrun forwards the
+    # TERM it got; slurmstepd signals every process) must not kill them mid-save.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def term_received() -> bool:
+    return _term_at is not None
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlslurm.trainer.main")
     p.add_argument("--run-dir", type=Path, required=True)
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_term)
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
     rank, world = init_distributed(cfg.run.device, cfg.train.distributed_timeout_minutes)
@@ -247,7 +271,8 @@ class Trainer:
         if not self._needs_engines():
             self._publish(version)
             return
-        ready = [self._engines_ready() if self.rank == 0 else None]
+        # after a TERM the engines are being killed too: the checkpoint carries this version instead
+        ready = [self._engines_ready() and not term_received() if self.rank == 0 else None]
         dist.broadcast_object_list(ready, src=0)
         if ready[0]:
             self._publish(version)
@@ -311,7 +336,7 @@ class Trainer:
                 return cmd
 
     def _poll(self, rollout_id: int):
-        if self.control.preempt_requested():
+        if self.control.preempt_requested() or term_received():
             return "preempt"
         if self.control.stop_requested():
             return "stop"
@@ -359,6 +384,8 @@ class Trainer:
         return 0
 
     def _preempt(self, progress: TrainerProgress) -> int:
+        if term_received():
+            log.info("SIGTERM %.1fs ago: checkpointing before SLURM's KILL", time.time() - _term_at)
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
             self._save(progress)
         if self.rank == 0:

@@ -154,3 +154,9 @@ def test_real_submit_requires_inputs_dry_run_only_warns() -> None:
 def test_huge_model_on_few_nodes_warns() -> None:
     res = resolve(["--model", "deepseek-v3", "--nodes", "2"], strict_inputs=False)
     assert any("GiB per trainer GPU" in w for w in res.warnings)
+
+
+def test_checkpoints_every_10_rollouts_by_default(prompts: Path) -> None:
+    """Without a periodic checkpoint a hard kill (node failure, KILL past KillWait) loses the whole run."""
+    assert resolve(_argv(prompts)).cfg.train.save_interval == 10
+    assert resolve(_argv(prompts, "--save-interval", "3")).cfg.train.save_interval == 3

@@ -137,6 +137,16 @@ def test_scontrol_requeue_starts_a_second_attempt(slurm_cluster, tmp_path: Path,
         assert (run_dir / f"logs/attempt-{a}/trainer-0.log").exists()
 
 
+def wait_trainer_polling(run_dir: Path, attempt: int, timeout: float = 120) -> None:
+    """Until trainer rank 0 of `attempt` has written its first heartbeat (from its control-file poll)."""
+    start = json.loads((run_dir / f"logs/attempt-{attempt}/attempt.json").read_text())["start"]
+    hb = run_dir / "control/heartbeats/trainer-0.json"
+    deadline = time.monotonic() + timeout
+    while not (hb.exists() and json.loads(hb.read_text())["time"] >= start):
+        assert time.monotonic() < deadline, f"trainer of attempt {attempt} never polled"
+        time.sleep(0.5)
+
+
 def test_usr1_checkpoint_request_then_self_requeue(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
     run_dir = tmp_path / "run"
     job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
@@ -151,7 +161,37 @@ def test_usr1_checkpoint_request_then_self_requeue(slurm_cluster, tmp_path: Path
     assert not (run_dir / "control/preempt.json").exists()  # a new attempt starts without the old request
     st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
     assert len(st["attempts"]) + 1 == 2
-    assert _stop_and_finish(slurm_cluster, run_dir, job)["JobState"] == "COMPLETED"
+    # SIGTERM (what scancel, scontrol requeue and preemption send) reaching only the batch shell: it
+    # asks the trainer for a checkpoint through control/preempt.json, waits for the ack, then ends
+    # the job without requeueing it (a requeue is SLURM's call when SLURM sends the TERM). The ledger
+    # line is due before SLURM's KILL (KillWait 5 s here), so TERM once the trainer polls its control
+    # files, as it does between rollouts, rather than while it still builds its model.
+    wait_trainer_polling(run_dir, 1)
+    slurm_cluster.signal_batch(job, "TERM")
+    info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "1", info
+    second = ledger(run_dir)[1]
+    assert (second["attempt"], second["exit_code"]) == (1, 143), second
+    assert second["reason"].startswith("terminated (SIGTERM") and second["reason"].endswith("; checkpoint acknowledged")
+    assert json.loads((run_dir / "control/preempt.json").read_text())["reason"] == "TERM"
+    assert (run_dir / "control/preempt_ack.json").exists()
+
+
+def test_refused_requeue_ends_the_job_with_the_reason(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
+    """A failed step asks for a requeue; SLURM refuses it for real for a job that is not requeueable
+    (--no-requeue after the script's own --requeue). The script retries, then ends the attempt with
+    scontrol's answer in the ledger, instead of holding the allocation idle until the time limit."""
+    fail = tmp_path / "fail.sh"
+    fail.write_text("exit 3\n")  # sourced by every step before python: both steps fail at once
+    run_dir = tmp_path / "run"
+    job = submit_tiny(run_dir, prompts, "--setup-script", str(fail), "--sbatch-extra=--no-requeue")
+    info = slurm_cluster.wait_finished(job, 90)
+    batch_log = (run_dir / f"logs/slurm-{job}.out").read_text()
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", batch_log
+    [line] = ledger(run_dir)
+    assert line["exit_code"] == 1 and line["reason"].startswith("requeue failed after 3 tries (scontrol: "), line
+    assert "was: failed: " in line["reason"] and "rlslurm resubmit" in line["reason"]
+    assert "scontrol requeue failed (try 3/3)" in batch_log
 
 
 HOSTILE = "$(touch pwned)`touch pwned2` it's \"q\"\nline2 $HOME"

@@ -265,6 +265,25 @@ def nan(item):
     return float("nan")
 
 not_callable = 3
+
+def numpy_scores(item):
+    import numpy as np
+    return np.float32(np.mean([1.0, 0.5]))
+
+def numpy_dict(item):
+    import numpy as np
+    return {"acc": np.bool_(item.response == item.label), "len": np.int64(len(item.response)), "p": np.array(0.25)}
+
+def plain_bool(item):
+    return item.response == item.label
+
+def numpy_nan(item):
+    import numpy as np
+    return np.float64("nan")
+
+def numpy_vector(item):
+    import numpy as np
+    return np.array([1.0, 2.0])
 '''
 
 
@@ -282,6 +301,22 @@ def test_custom_per_sample_sync_and_async(plugin_path):
     assert r == [pytest.approx(1.0 - 0.09), pytest.approx(-0.01)]
     fn = load_reward_fn(f"{plugin_path}:async_judge")
     assert asyncio.run(score_group([item("yes")], fn, reward_key="acc")) == [{"acc": 1.0, "len": 3.0}]
+
+
+def test_numpy_and_bool_rewards_score_as_floats(plugin_path):
+    """Reward code often computes with numpy (np.float32 from a mean) or returns `answer == label`."""
+    fn = load_reward_fn(f"{plugin_path}:numpy_scores")
+    [r] = asyncio.run(score_group([item("a")], fn))
+    assert r == 0.75 and type(r) is float
+    fn = load_reward_fn(f"{plugin_path}:numpy_dict")
+    [r] = asyncio.run(score_group([item("yes")], fn, reward_key="acc"))
+    assert r == {"acc": 1.0, "len": 3.0, "p": 0.25} and all(type(v) is float for v in r.values())
+    fn = load_reward_fn(f"{plugin_path}:plain_bool")
+    assert asyncio.run(score_group([item("yes"), item("no")], fn)) == [1.0, 0.0]
+    with pytest.raises(RewardError, match=r"numpy_nan \(sample d.jsonl:1\): returned nan"):
+        asyncio.run(score_group([item("a")], load_reward_fn(f"{plugin_path}:numpy_nan")))
+    with pytest.raises(RewardError, match=r"numpy_vector .*returned ndarray"):
+        asyncio.run(score_group([item("a")], load_reward_fn(f"{plugin_path}:numpy_vector")))
 
 
 def test_custom_per_group(plugin_path):

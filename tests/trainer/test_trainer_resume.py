@@ -131,6 +131,48 @@ def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureReq
     assert [l["rollout_id"] for l in lines if l["step"] % 2 == 0] == [0, 1, 2, 3]
 
 
+def test_sigterm_checkpoints_and_acknowledges(tmp_path: Path, tiny_hf: Path) -> None:
+    """SLURM ends a job (scancel, scontrol requeue, preemption) by TERMing every process of its steps,
+    then KILLs them after KillWait: the trainer must save what it trained before then. Here the save
+    interval alone would save nothing, so only the TERM's own checkpoint can hold the 2 rollouts."""
+    import json
+
+    import psutil
+
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train={**TRAIN, "save_interval": 1000}, rollout=ROLLOUT)
+    commit_rollouts(run, range(2))
+    log = tmp_path / "attempt0.log"
+    proc = _start(run, log)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").exists() or len(metrics(run)) < 4:  # 2 rollouts x 2 steps
+            assert proc.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, "2 rollouts not trained"
+            time.sleep(0.3)
+        time.sleep(1.0)  # now waiting for rollout 2, which never comes
+        # TERM the whole step, as slurmstepd does, and keep TERMing every process of it, new ones too
+        # (the helper processes megatron's checkpoint writer spawns must survive a later TERM)
+        known = {proc.pid: psutil.Process(proc.pid)}
+        deadline = time.monotonic() + 60
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in known.values()):
+            assert time.monotonic() < deadline, log.read_text()[-6000:]
+            for p in list(known.values()):
+                try:
+                    known.update({c.pid: c for c in p.children(recursive=True)})
+                    p.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.1)
+            proc.poll()  # reap torchrun
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc)
+    ack = json.loads((run / "control" / "preempt_ack.json").read_text())
+    assert ack["checkpoint_iteration"] == 2, log.read_text()[-6000:]
+    assert '"iter_0000002"' in (run / "checkpoints" / "latest").read_text()
+    assert "SIGTERM" in log.read_text() and not (run / "FINISHED").exists()
+
+
 def test_initial_weights_from_a_megatron_checkpoint(straight: Path, tmp_path: Path, tiny_hf: Path) -> None:
     """--load <checkpoints of another run>: the new run starts from those weights (not the HF
     ones) with fresh progress; a near-zero LR keeps the exported weights where they started."""

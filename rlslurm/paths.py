@@ -1,0 +1,76 @@
+"""Make every file path of a settings layer absolute, before anything checks or stores it.
+
+The job runs in the run directory, not where `rlslurm submit` was typed, so a relative path that
+passed the submit-side checks would name another file (or none) in the job. Bases:
+* flags: the submitting process's working directory;
+* `--config run.yaml`: the YAML file's directory (a config kept beside its data stays valid
+  wherever it is submitted from).
+`~` is expanded (a YAML value never passes through a shell). Symlinks are kept as written: on
+clusters `/home` is often a link into the parallel file system and users recognise their path.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rlslurm.flags import Layer
+
+# Fields holding one local path.
+PATH_FIELDS = ("run_dir", "setup_script", "hf_checkpoint", "ref_load", "load", "prompt_data",
+               "load_debug_rollout_data", "apptainer_image", "python")
+# Plugin specs: `module.path:attr` stays as is, `path/to/file.py:attr` gets an absolute file.
+PLUGIN_FIELDS = ("custom_rm_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
+                 "buffer_filter_path", "data_source_path")
+
+
+def absolute(p: Any, base: Path) -> str:
+    return os.path.abspath(os.path.join(base, os.path.expanduser(str(p))))
+
+
+def is_file_plugin(spec: str) -> bool:
+    target = spec.rpartition(":")[0]
+    return target.endswith(".py") or "/" in target
+
+
+def _plugin(spec: Any, base: Path) -> Any:
+    if not isinstance(spec, str) or ":" not in spec or not is_file_plugin(spec):
+        return spec  # a module spec, or malformed: the plugin loader names the flag
+    target, _, attr = spec.rpartition(":")
+    return f"{absolute(target, base)}:{attr}"
+
+
+def _model(name: Any, base: Path) -> Any:
+    # `--model` is a config name or a path to a model YAML (model_config.load_model_config).
+    if isinstance(name, str) and name.endswith((".yaml", ".yml")):
+        return absolute(name, base)
+    return name
+
+
+def _one(name: str, value: Any, base: Path) -> Any:
+    if value is None or value == "":
+        return value
+    if name == "python":
+        # a bare command name (`python3`) is looked up on the node's PATH: not a path
+        return absolute(value, base) if "/" in str(value) else value
+    if name == "apptainer_image" and "://" in str(value):
+        return value  # docker://..., library://...: not a local file
+    if name in PATH_FIELDS:
+        return absolute(value, base)
+    if name in PLUGIN_FIELDS:
+        return _plugin(value, base)
+    if name == "model":
+        return _model(value, base)
+    if name == "eval_prompt_data" and isinstance(value, list):
+        # NAME PATH pairs: every second item is a path
+        return [absolute(v, base) if i % 2 else v for i, v in enumerate(value)]
+    return value
+
+
+def absolutize(layer: Layer, base: Path) -> Layer:
+    """Rewrite the layer's path values in place against `base`; returns the layer."""
+    base = Path(os.path.abspath(base))
+    for key, value in list(layer.values.items()):
+        layer.values[key] = _one(key[1], value, base)
+    return layer
