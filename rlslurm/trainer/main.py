@@ -56,6 +56,10 @@ def _on_term(signum: int, frame: object) -> None:
     global _term_at
     if _term_at is None:
         _term_at = time.time()
+    # Ignored (unlike handled) signals stay ignored across fork and exec: megatron's checkpoint writer
+    # spawns helper processes during the save, and a later TERM to the step (torchrun forwards the
+    # TERM it got; slurmstepd signals every process) must not kill them mid-save.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def term_received() -> bool:

@@ -137,6 +137,16 @@ def test_scontrol_requeue_starts_a_second_attempt(slurm_cluster, tmp_path: Path,
         assert (run_dir / f"logs/attempt-{a}/trainer-0.log").exists()
 
 
+def wait_trainer_polling(run_dir: Path, attempt: int, timeout: float = 120) -> None:
+    """Until trainer rank 0 of `attempt` has written its first heartbeat (from its control-file poll)."""
+    start = json.loads((run_dir / f"logs/attempt-{attempt}/attempt.json").read_text())["start"]
+    hb = run_dir / "control/heartbeats/trainer-0.json"
+    deadline = time.monotonic() + timeout
+    while not (hb.exists() and json.loads(hb.read_text())["time"] >= start):
+        assert time.monotonic() < deadline, f"trainer of attempt {attempt} never polled"
+        time.sleep(0.5)
+
+
 def test_usr1_checkpoint_request_then_self_requeue(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
     run_dir = tmp_path / "run"
     job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
@@ -153,7 +163,10 @@ def test_usr1_checkpoint_request_then_self_requeue(slurm_cluster, tmp_path: Path
     assert len(st["attempts"]) + 1 == 2
     # SIGTERM (what scancel, scontrol requeue and preemption send) reaching only the batch shell: it
     # asks the trainer for a checkpoint through control/preempt.json, waits for the ack, then ends
-    # the job without requeueing it (a requeue is SLURM's call when SLURM sends the TERM).
+    # the job without requeueing it (a requeue is SLURM's call when SLURM sends the TERM). The ledger
+    # line is due before SLURM's KILL (KillWait 5 s here), so TERM once the trainer polls its control
+    # files, as it does between rollouts, rather than while it still builds its model.
+    wait_trainer_polling(run_dir, 1)
     slurm_cluster.signal_batch(job, "TERM")
     info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "1", info

@@ -150,9 +150,20 @@ def test_sigterm_checkpoints_and_acknowledges(tmp_path: Path, tiny_hf: Path) -> 
             assert time.monotonic() < deadline, "2 rollouts not trained"
             time.sleep(0.3)
         time.sleep(1.0)  # now waiting for rollout 2, which never comes
-        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
-            p.send_signal(signal.SIGTERM)  # the whole step, as slurmstepd signals it
-        proc.wait(60)  # well inside torchrun's own 30 s grace for its workers, plus start-up slack
+        # TERM the whole step, as slurmstepd does, and keep TERMing every process of it, new ones too
+        # (the helper processes megatron's checkpoint writer spawns must survive a later TERM)
+        known = {proc.pid: psutil.Process(proc.pid)}
+        deadline = time.monotonic() + 60
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in known.values()):
+            assert time.monotonic() < deadline, log.read_text()[-6000:]
+            for p in list(known.values()):
+                try:
+                    known.update({c.pid: c for c in p.children(recursive=True)})
+                    p.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.1)
+            proc.poll()  # reap torchrun
     finally:
         if proc.poll() is None:
             _kill_tree(proc)
