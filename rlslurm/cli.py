@@ -136,6 +136,7 @@ def run(
     existing = RunDir(run_dir or Path("runs") / (run_name or ("demo" if demo else "rlslurm")))
     if existing.run_yaml.exists():
         cfg = load_run_config(existing.path)
+        gpus = local_gpus(cfg)
         err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
         _clear_stop(existing.path)
         res = Resolved(cfg, load_model_config(cfg.model.model))
@@ -147,11 +148,11 @@ def run(
                       config, strict_inputs=True)
         for w in res.warnings:
             err.print(f"[yellow]warning:[/] {w}")
-        local_gpus(res.cfg)  # too few GPUs: refused before the run directory exists
+        gpus = local_gpus(res.cfg)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
-                       progress=progress, timeout_s=timeout, console=err, gpus=local_gpus(cfg))
+                       progress=progress, timeout_s=timeout, console=err, gpus=gpus)
     raise typer.Exit(result.returncode)
 
 

@@ -77,9 +77,8 @@ def split_gpus(visible: list[str], trainer: int, rollout: int) -> tuple[list[str
     """As the het job gives each group its own nodes, one machine gives each group its own GPUs: the
     trainer the first `trainer`, the rollout's engines the next `rollout`. Each group's list is its
     CUDA_VISIBLE_DEVICES: its own GPUs first (so it numbers them from 0, exactly as on its own node),
-    then every other GPU of the machine. The others must stay visible: NCCL's weight-sync broadcast
-    between a trainer that saw only GPU 0 and an engine that saw only GPU 1 failed in the engine with
-    "unhandled cuda error ... invalid argument" on 2xH200 (docs/gpu.md)."""
+    then every other GPU of the machine, so that NCCL between the groups may use the peer GPU directly.
+    Hiding the others works too (tools/gpu/nccl_pair_check.py passed both on 2xH200, docs/gpu.md)."""
     if len(visible) < trainer + rollout:
         raise ConfigError(f"rlslurm run --device cuda: the trainer ({trainer} GPU(s), --trainer-procs-per-node) and "
                           f"the rollout engines ({rollout}, --gpus-per-node) need {trainer + rollout} GPUs, "

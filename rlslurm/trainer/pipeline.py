@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlslurm.trainer import logprobs as lp
+from rlslurm.trainer.collectives import collective_device
 
 # (model output on the last stage, the micro-batch) -> (loss share, payload returned to the caller)
 LossFn = Callable[[Tensor, Any], tuple[Tensor, Any]]
@@ -49,12 +50,6 @@ def pp_size() -> int:
 
 def is_last_stage() -> bool:
     return pp_size() == 1 or _ps().is_pipeline_last_stage()
-
-
-def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def run_microbatches(model: torch.nn.Module, mbs: Sequence[Any], loss_fn: LossFn, *, forward_only: bool,
@@ -170,7 +165,7 @@ def stages_to_first(stream: Iterable[tuple[str, Tensor]], *, sender: bool) -> It
     ps = _ps()
     group = ps.get_pipeline_model_parallel_group()
     stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-    dev = _comm_device()
+    dev = collective_device()
     if stage > 0:
         first = dist.get_global_rank(group, 0)
         for name, t in stream:

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig, load_model_config
-from rlslurm.trainer.collectives import group_timeout
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
+from rlslurm.trainer.collectives import group_timeout
 from rlslurm.trainer.losses import PolicyLossConfig
 
 log = logging.getLogger(__name__)

@@ -173,9 +173,11 @@ class SyncGroup:
 
 def _wait_all(works: list, deadline: float) -> None:
     """Block until every work has completed, or raise at `deadline`. NCCL's `Work.wait(timeout)` does
-    not block the caller (it only orders the current stream after the collective), so a peer that never
-    posts its receive left the trainer stuck at its next synchronisation with no bound (seen on 2xH200,
-    docs/gpu.md); polling `is_completed()` keeps the bound, and `close()` then aborts the communicator."""
+    not block the caller (it only orders the current stream after the collective), so a receiver that
+    never completes would surface only at the trainer's next synchronisation, with no bound; polling
+    `is_completed()` keeps the bound, and `close()` then aborts the communicator. A peer that fails
+    inside NCCL's connection set-up blocks the broadcast call itself, before there is a work to poll:
+    that case is not bounded here (docs/gpu.md)."""
     pause = 1e-4
     for w in works:
         while not w.is_completed():

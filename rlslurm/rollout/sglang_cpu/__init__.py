@@ -30,9 +30,9 @@ import os
 from pathlib import Path
 
 from rlslurm.errors import ConfigError
-from rlslurm.rollout.sglang_versions import installed_sglang_version
+from rlslurm.rollout.sglang_versions import SUPPORTED, installed_sglang_version
 
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = next(v for v, api in SUPPORTED.items() if api.cpu_path)
 STUBS_DIR = Path(__file__).resolve().parent / "stubs"
 # Small and fixed: deterministic, and leaves room for several servers on a 24 GiB box.
 DEFAULT_MAX_TOTAL_TOKENS = 16384
