@@ -325,14 +325,14 @@ def logs(
 @app.command()
 def models(as_json: bool = typer.Option(False, "--json")) -> None:
     """List the model configs (architecture, size, default layout for 2 and 4 nodes)."""
-    from rlslurm.model_config import available_models, load_model_config
+    from rlslurm.model_config import MODEL_CONFIG_DIR, available_models, load_model_config
 
     rows = [load_model_config(n) for n in available_models()]
     if as_json:
         print(json.dumps([{"name": m.name, "hf_architecture": m.hf_architecture, "params": m.num_params,
                            "tiny": m.tiny} for m in rows], indent=2))
         return
-    t = Table(title="model configs (model_configs/*.yaml)")
+    t = Table(title=f"model configs ({MODEL_CONFIG_DIR}/*.yaml)")
     for col in ("name", "HF architecture", "params", "layers", "hidden", "heads/kv", "MoE", "defaults @2 / @4 nodes"):
         t.add_column(col)
     for m in rows:
@@ -389,7 +389,7 @@ def convert(ctx: typer.Context) -> None:
             out.print(f"conversion job {job.job_id} finished with exit code {rc}")
             raise typer.Exit(rc)
         return
-    from tools.ckpt_convert.cli import app as convert_app
+    from rlslurm.convert.cli import app as convert_app
 
     convert_app(args=args, prog_name="rlslurm convert")
 

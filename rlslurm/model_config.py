@@ -1,4 +1,4 @@
-"""Model configs: `model_configs/<name>.yaml`.
+"""Model configs: `rlslurm/model_configs/<name>.yaml`, shipped as package data.
 
 A model config carries the architecture (the numbers that change the math, checked against the HF
 checkpoint's `config.json` at start-up) and sensible defaults per node count, so that
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rlslurm.errors import ConfigError
 
-MODEL_CONFIG_DIR = Path(__file__).resolve().parent.parent / "model_configs"
+MODEL_CONFIG_DIR = Path(__file__).resolve().parent / "model_configs"
 
 
 class _Strict(BaseModel):
@@ -154,16 +154,22 @@ def available_models(config_dir: Path = MODEL_CONFIG_DIR) -> list[str]:
     return sorted(p.stem for p in config_dir.glob("*.yaml"))
 
 
-def load_model_config(name_or_path: str, config_dir: Path = MODEL_CONFIG_DIR) -> ModelConfig:
-    """Load by name (`glm4-9B`) or by path to a YAML file."""
+def model_config_path(name_or_path: str, config_dir: Path = MODEL_CONFIG_DIR) -> Path:
+    """The YAML file `--model` names: a path to one, or a shipped config's name (`glm4-9B`)."""
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") and path.exists()):
-        path = config_dir / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise ConfigError(
-                f"--model: unknown model {name_or_path!r}; available: {', '.join(available_models(config_dir))}"
-                f" (or pass a path to a model config YAML)"
-            )
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return path
+    path = config_dir / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ConfigError(
+            f"--model: unknown model {name_or_path!r}; available: {', '.join(available_models(config_dir))}"
+            f" (or pass a path to a model config YAML)"
+        )
+    return path
+
+
+def load_model_config(name_or_path: str, config_dir: Path = MODEL_CONFIG_DIR) -> ModelConfig:
+    path = model_config_path(name_or_path, config_dir)
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

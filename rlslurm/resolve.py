@@ -12,7 +12,7 @@ from pathlib import Path
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
-from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.slurm.timespec import time_limit_s
 
@@ -38,7 +38,7 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     probe = build_config(user_layers)
     mc = load_model_config(probe.model.model)
     defaults = Layer()
-    where = f"model_configs/{mc.name}.yaml (defaults for {probe.slurm.nodes} nodes)"
+    where = f"{model_config_path(probe.model.model)} (defaults for {probe.slurm.nodes} nodes)"
     split = ("trainer_nodes", "rollout_nodes")
     user_split = any(("slurm", n) in layer.values for layer in user_layers for n in split)
     for name, value in mc.defaults_for(probe.slurm.nodes).items():

@@ -1,5 +1,5 @@
 """HF <-> Megatron conversion: the per-family mapping shared by the trainer's HF load, the weight
-sync's export and tools/ckpt_convert.
+sync's export and `rlslurm convert`.
 
 Public API:
 - `check_hf_config(mc, hf_dir)`: config.json vs model config (ConfigError naming the field).

@@ -2,7 +2,7 @@
 
 Three users share it: the trainer's HF load (`hf_to_mcore`, sharded for this rank), the weight
 sync's export (`rlslurm.convert.export.mcore_to_hf`, gathered to full HF tensors), and the
-checkpoint converter (tools/ckpt_convert).
+checkpoint converter (`rlslurm convert`).
 
 A `Rule` ties one Megatron tensor (named as in megatron's *local* layer spec, with `{E}` for an
 expert index) to the HF tensor(s) it is made of, and says how they are laid out:

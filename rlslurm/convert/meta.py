@@ -1,4 +1,4 @@
-"""`rlslurm_model.json`: what a Megatron checkpoint written by tools/ckpt_convert was built for.
+"""`rlslurm_model.json`: what a Megatron checkpoint written by `rlslurm convert` was built for.
 
 Megatron pads the vocabulary to a multiple of `divisible_by x TP` (rlslurm.trainer.model.
 padded_vocab_size), so the padded size is part of the checkpoint's tensor shapes: a reader at

@@ -3,7 +3,7 @@
 A conversion is one node of `tp x pp x ep` processes, exactly what submitit is made for: it
 writes the batch script, pickles the call, and gives back a job handle whose `result()` is the
 torchrun exit code. (The RL run itself is a heterogeneous job, which submitit cannot express; it
-comes from sbatch_templates/.) The processes run the interpreter that submitted, on the node.
+comes from rlslurm/templates/.) The processes run the interpreter that submitted, on the node.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def run_conversion(argv: list[str], nproc: int) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "tools.ckpt_convert", *argv]
+           "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "rlslurm.convert", *argv]
     print("running:", " ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode
 

@@ -1,4 +1,4 @@
-"""Render the heterogeneous sbatch script from `sbatch_templates/hetjob.sbatch.j2`.
+"""Render the heterogeneous sbatch script from `rlslurm/templates/hetjob.sbatch.j2` (package data).
 
 Quoting policy: SLURM directives only carry values validated as plain SLURM names/numbers
 (config.py); every other user value reaches the shell body through the `q` filter
@@ -18,7 +18,7 @@ import jinja2
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 TEMPLATE = "hetjob.sbatch.j2"
 
 

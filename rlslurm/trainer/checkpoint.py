@@ -366,7 +366,7 @@ def resume(st, root: Path) -> tuple[TrainerProgress, Path | None]:
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
     """Initial weights from a Megatron dist checkpoint: one of ours (a checkpoints root with
-    `latest`, or an iter_ directory) or a plain model checkpoint (tools/ckpt_convert hf-to-mcore)."""
+    `latest`, or an iter_ directory) or a plain model checkpoint (`rlslurm convert hf-to-mcore`)."""
     from megatron.core import dist_checkpointing
 
     d = Path(path)

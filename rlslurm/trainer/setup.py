@@ -253,7 +253,7 @@ def _build(mc: ModelConfig, tcfg, vocab_padded: int, device: torch.device, par: 
 
 def _init_weights(model: torch.nn.Module, mc: ModelConfig, cfg: RunConfig, what: str) -> None:
     """HF safetensors (config.json checked) or a Megatron dist checkpoint (`--load` of another run /
-    tools/ckpt_convert); with neither the model keeps its seeded random init."""
+    `rlslurm convert`); with neither the model keeps its seeded random init."""
     from rlslurm.convert import load_hf_checkpoint
 
     load = cfg.model.load

@@ -1,4 +1,4 @@
-"""tools/ckpt_convert end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
+"""`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
 different TP/PP/EP on each side, bit-identical tensors, and the export loads and generates in HF."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
 
 def _convert(nproc: int, *args: str) -> None:
-    check(run_procs(nproc, ["tools.ckpt_convert", *args], module=True, timeout=300))
+    check(run_procs(nproc, ["rlslurm.convert", *args], module=True, timeout=300))
 
 
 def _assert_bit_identical(src: Path, dst: Path, dtype: torch.dtype) -> None:
@@ -88,7 +88,7 @@ def test_deepseek_ep2_to_tp2(tiny_ckpts, tmp_path):
 
 
 def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):
-    from tools.ckpt_convert.cli import app
+    from rlslurm.convert.cli import app
 
     r = CliRunner().invoke(app, ["hf-to-mcore", "--model", "tiny-llama", "--hf", str(tiny_ckpts / "tiny-qwen3"),
                                  "--out", str(tmp_path / "x")])
@@ -98,7 +98,7 @@ def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):
 
 
 def test_checkpoint_of_another_architecture_is_refused(tmp_path):
-    from tools.ckpt_convert.cli import app
+    from rlslurm.convert.cli import app
 
     from rlslurm.convert.meta import write_meta
     from rlslurm.model_config import load_model_config
@@ -125,7 +125,7 @@ def test_padded_vocabulary_must_divide_by_the_reader_tp(tmp_path):
 
 
 def test_world_size_must_match_the_parallel_sizes(tiny_ckpts, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tools.ckpt_convert", "hf-to-mcore", "--model", "tiny-qwen3", "--hf",
+    r = subprocess.run([sys.executable, "-m", "rlslurm.convert", "hf-to-mcore", "--model", "tiny-qwen3", "--hf",
                         str(tiny_ckpts / "tiny-qwen3"), "--out", str(tmp_path / "o"), "--tp", "2"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
-from conftest import HERE, MODEL, REPO, commit_rollouts, make_run, metrics, run_trainer, torchrun
+from conftest import HERE, MODEL, commit_rollouts, make_run, metrics, run_trainer, torchrun
+from rlslurm.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -76,7 +77,7 @@ def dense(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     from rlslurm.tiny import make_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("pp")
-    raw = yaml.safe_load((REPO / "model_configs" / f"{MODEL}.yaml").read_text())
+    raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{MODEL}.yaml").read_text())
     raw["name"] = f"{MODEL}-tied"
     raw["arch"]["tie_word_embeddings"] = True
     model = tmp / f"{MODEL}-tied.yaml"

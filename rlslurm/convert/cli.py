@@ -2,9 +2,9 @@
 
 Run one process per model-parallel rank, e.g. for TP=2:
 
-    torchrun --nproc_per_node 2 -m tools.ckpt_convert hf-to-mcore --model qwen3-8B \\
+    torchrun --nproc_per_node 2 -m rlslurm.convert hf-to-mcore --model qwen3-8B \\
         --hf /ckpt/Qwen3-8B --out /ckpt/qwen3-8B-mcore --tp 2
-    torchrun --nproc_per_node 1 -m tools.ckpt_convert mcore-to-hf --model qwen3-8B \\
+    torchrun --nproc_per_node 1 -m rlslurm.convert mcore-to-hf --model qwen3-8B \\
         --load /ckpt/qwen3-8B-mcore --out /ckpt/qwen3-8B-hf --hf-config-from /ckpt/Qwen3-8B
 
 (also `rlslurm convert ...`). The mapping is `rlslurm.convert`, the same one the trainer loads
@@ -104,7 +104,7 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
     from rlslurm.convert import check_hf_config, load_hf_checkpoint
     from rlslurm.convert.meta import write_meta
     from rlslurm.model_config import load_model_config
-    from tools.ckpt_convert import runtime
+    from rlslurm.convert import runtime
 
     runtime.check_world(tp, pp, ep)
     mc = load_model_config(model_name)
@@ -187,7 +187,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
     from rlslurm.convert.meta import check_meta, read_meta
     from rlslurm.model_config import load_model_config
-    from tools.ckpt_convert import runtime
+    from rlslurm.convert import runtime
 
     runtime.check_world(tp, pp, ep)
     mc = load_model_config(model_name)

@@ -59,7 +59,7 @@ def check_world(tp: int, pp: int, ep: int) -> None:
 def init(tp: int, pp: int, ep: int) -> Runtime:
     """Start torch.distributed + megatron parallel state for the requested sizes."""
     check_world(tp, pp, ep)
-    if "RANK" not in os.environ:  # plain `python -m tools.ckpt_convert`: one process
+    if "RANK" not in os.environ:  # plain `python -m rlslurm.convert`: one process
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     world = int(os.environ["WORLD_SIZE"])
