@@ -140,7 +140,11 @@ def local_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
     """(trainer GPUs, rollout GPUs) of `rlslurm run` with --device cuda; None on CPU."""
     if cfg.run.device != "cuda":
         return None
-    return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, cfg.slurm.gpus_per_node)
+    from rlslurm.rollout.main import no_engines_reason
+
+    # A run without engines (a replay of another run's buffer) needs GPUs for the trainer only.
+    engines = 0 if no_engines_reason(cfg) else cfg.slurm.gpus_per_node
+    return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines)
 
 
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,

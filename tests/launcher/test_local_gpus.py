@@ -25,3 +25,20 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch) -> None:
     assert visible_gpus() == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == []
+
+
+def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> None:
+    """--load-debug-rollout-data starts no engines, so one GPU is enough (it was refused before)."""
+    from rlslurm.local import local_gpus
+    from rlslurm.resolve import resolve
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "say a", "label": "a"}\n')
+    (tmp_path / "replay").mkdir()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",
+            "--nodes", "2", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
+            "--hf-checkpoint", str(tmp_path)]  # with weights to serve, engines are needed
+    with pytest.raises(ConfigError, match="need 2 GPUs, 1 visible"):
+        local_gpus(resolve(base, strict_inputs=False).cfg)
+    replay = resolve(base + ["--load-debug-rollout-data", str(tmp_path / "replay")], strict_inputs=False).cfg
+    assert local_gpus(replay)[0] == ["0"]
