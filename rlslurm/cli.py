@@ -152,7 +152,8 @@ def run(
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
-                       progress=progress, timeout_s=timeout, console=err, gpus=gpus)
+                       progress=progress, timeout_s=timeout, console=err, gpus=gpus,
+                       stop_grace_s=cfg.slurm.signal_grace_s)
     raise typer.Exit(result.returncode)
 
 

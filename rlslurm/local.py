@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 ATTEMPT_ENV = "RLSLURM_LOCAL_ATTEMPT"  # read by rlslurm.slurm.jobenv when SLURM is absent
 FINISH_GRACE_S = 60
+STOP_GRACE_S = 300.0  # the batch script gives the trainer --signal-grace-s (default 300) the same way
 
 
 @dataclass
@@ -147,10 +148,23 @@ def local_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
     return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines)
 
 
+def _wait_for_exit(procs: dict[str, subprocess.Popen], grace_s: float) -> None:
+    """After a stop request: give the processes `grace_s` to checkpoint and exit on their own. Signalling
+    them at once would also reach the helper processes megatron's checkpoint writer starts during the
+    save (a TERM to the process group), and the save would fail. A second Ctrl-C / TERM cuts it short."""
+    deadline = time.time() + grace_s
+    try:
+        while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Terminated):
+        pass
+
+
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
               timeout_s: float | None = None, console: Console | None = None,
-              gpus: tuple[list[str], list[str]] | None = None) -> LocalResult:
-    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (`local_gpus`); None on CPU."""
+              gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S) -> LocalResult:
+    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (`local_gpus`); None on CPU. `stop_grace_s`: how long
+    a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own
     # sessions so that a Ctrl-C reaches only this process, which then stops them in order.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -186,7 +200,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None
-        reason, rc = "", 1
+        reason, rc, interrupted_rc = "", 1, 0
         try:
             if live:
                 live.start()
@@ -202,10 +216,15 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
             deadline = time.time() + FINISH_GRACE_S
             while rd.is_finished() and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
                 time.sleep(0.5)
+            if reason:  # the --timeout stop: let both finish their checkpoint / hand-back first
+                _wait_for_exit(procs, stop_grace_s)
         except (KeyboardInterrupt, _Terminated) as e:
             control.request_stop("rlslurm run: interrupted")
             reason, first = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else e})", None
-            time.sleep(3)
+            interrupted_rc = 130 if isinstance(e, KeyboardInterrupt) else 143  # the shell's 128 + signal
+            console.print(f"{reason}: the trainer checkpoints and both stop (up to {stop_grace_s:.0f} s; "
+                          "interrupt again to stop them at once)")
+            _wait_for_exit(procs, stop_grace_s)
         finally:
             codes = {n: _stop(p) for n, p in procs.items()}
             if live:
@@ -215,6 +234,15 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         rc, reason = 0, "finished"
     elif control.stop_requested() and not reason:
         rc, reason = 0, "stopped by request"
+    elif interrupted_rc:
+        ack = control.stop_ack()
+        rc = interrupted_rc
+        reason += (f"; the trainer checkpointed (iteration {ack.checkpoint_iteration}): run the same command again "
+                   f"to continue" if ack else "; no checkpoint was acknowledged")
+    elif not reason and (ack := control.preempt_ack()) is not None:
+        # its process tree was signalled (kill, an OOM killer's TERM, a scheduler outside rlslurm)
+        reason = (f"preempted: the trainer checkpointed (iteration {ack.checkpoint_iteration}) on a signal and "
+                  f"exited; run the same command again to continue")
     elif not reason:
         reason = f"failed: {first} ended first (trainer rc={codes['trainer']}, rollout rc={codes['rollout']})"
     _ledger(rd, attempt, start, rc, reason)

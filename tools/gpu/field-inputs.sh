@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Here (CPU machine): build the field check's inputs into .field/ (git-ignored, carried to the GPU
+# machine): the rlslurm wheel and a replay source, the buffer of a CPU run of the demo task.
+#   rlslurm run --demo --run-dir /tmp/field-src --num-rollout 12 --keep-trained-rollouts 100 --no-progress
+#   bash tools/gpu/field-inputs.sh /tmp/field-src
+set -euo pipefail
+src="${1:?usage: field-inputs.sh SOURCE_RUN_DIR (a finished CPU run that kept its trained rollouts)}"
+cd "$(dirname "$0")/../.."
+rm -rf .field && mkdir -p .field
+python3 -m pip wheel -q --no-deps --no-build-isolation -w .field .
+rm -rf build  # setuptools leaves its staging tree in the checkout
+n=$(ls "$src"/buffer/train 2>/dev/null | grep -c '\.manifest' || true)
+echo "replay source $src: $n committed rollouts"
+tar -czf .field/replay.tgz -C "$src" --transform 's,^\.,src,' ./buffer ./prompts.jsonl ./hf_init
+du -sh .field/*
