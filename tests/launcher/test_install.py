@@ -8,6 +8,7 @@ wheel, installs it into a fresh venv and runs the CLI from an unrelated director
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -39,20 +40,22 @@ def test_wheel_ships_the_package_data_and_nothing_beside_the_package(wheel):
 
 def test_installed_wheel_lists_models_and_renders_a_job_from_another_directory(wheel, tmp_path):
     venv = tmp_path / "venv"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on it would win
     # system site packages: the dependencies (pydantic, jinja2, ...) without an index; the wheel
     # itself goes into the venv and wins over any editable install of the source tree.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     py, cli = venv / "bin" / "python", venv / "bin" / "rlslurm"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=300)
+    # --force-reinstall: the editable install of the checkout in the system site counts as installed
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--force-reinstall", str(wheel)],
+                   check=True, timeout=300, env=env)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     where = subprocess.run([str(py), "-c", "import rlslurm; print(rlslurm.__file__)"], cwd=elsewhere,
-                           capture_output=True, text=True, check=True).stdout.strip()
+                           capture_output=True, text=True, check=True, env=env).stdout.strip()
     assert where.startswith(str(venv)), where
 
     listed = subprocess.run([str(cli), "models", "--json"], cwd=elsewhere, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=120, env=env)
     assert listed.returncode == 0, listed.stderr
     names = {m["name"] for m in json.loads(listed.stdout)}
     assert {"qwen3-4B", "glm4-9B", "tiny-qwen3"} <= names
@@ -60,7 +63,7 @@ def test_installed_wheel_lists_models_and_renders_a_job_from_another_directory(w
     (elsewhere / "train.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n')
     dry = subprocess.run([str(cli), "submit", "--model", "qwen3-4B", "--nodes", "2", "--prompt-data", "train.jsonl",
                           "--run-dir", "runs/r1", "--dry-run"], cwd=elsewhere, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, env=env)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("#!/bin/bash") and "#SBATCH hetjob" in dry.stdout
     # the job runs in the run directory: the path it is given must not be relative to this shell

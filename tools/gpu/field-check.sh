@@ -21,11 +21,16 @@ rm -rf "$work"
 mkdir -p "$work/user" "$out"
 log() { printf '[field %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$out/field.log"; }
 
-python3 -m venv --system-site-packages "$work/venv"
-"$work/venv/bin/pip" install -q --no-index --no-deps "$field"/rlslurm-*.whl || { log "wheel install failed"; exit 1; }
 # the staged dependencies only: neither this checkout nor its directory is on the path
 export PYTHONPATH="$prefix/site:$prefix/stubs"
-export PATH="$work/venv/bin:$prefix/site/bin:$PATH"
+if python3 -m venv --system-site-packages "$work/venv" 2>>"$out/field.log"; then
+  "$work/venv/bin/pip" install -q --no-index --no-deps --force-reinstall "$field"/rlslurm-*.whl || { log "wheel install failed"; exit 1; }
+  export PATH="$work/venv/bin:$prefix/site/bin:$PATH"
+else  # an image without the venv module: a plain pip install into a target directory
+  log "no venv module: pip install --target"
+  python3 -m pip install -q --no-index --no-deps --target "$work/site" "$field"/rlslurm-*.whl || { log "wheel install failed"; exit 1; }
+  export PYTHONPATH="$work/site:$PYTHONPATH" PATH="$work/site/bin:$prefix/site/bin:$PATH"
+fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$work/user"
 tar -xzf "$field/replay.tgz"
