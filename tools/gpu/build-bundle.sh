@@ -20,6 +20,7 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
   --platform manylinux1_x86_64 --platform any -d "$1" "${@:2}"; }
 # rlslurm's own needs the image lacks, the trainer's megatron-core, the router
 dl "$OUT/all" pydantic==2.14.3 pydantic-core==2.50.4 annotated-types typing-inspection sniffio submitit \
+  typer annotated-doc click shellingham \
   megatron-core==0.19.2 sglang-router==0.3.2
 # SGLang's server and what it imports
 dl "$OUT/all" sglang==0.5.14 flashinfer_python==0.6.12 transformers==5.8.1 tokenizers==0.22.2 fastapi starlette \

@@ -7,7 +7,8 @@
 #     terminal, `kill`) then run again; SIGTERM to the trainer's whole process tree (what slurmstepd
 #     does on scancel/preemption) then run again. --save-interval is larger than the run, so the only
 #     mid-run checkpoint is the one the signal asks for: a rollout trained twice means it failed.
-# Inputs (built here by tools/gpu/field-inputs.sh, carried as .field/): rlslurm-*.whl, replay.tgz.
+# Inputs (built here by tools/gpu/field-inputs.sh, carried as .field/): rlslurm-*.whl, deps/ (the CLI's
+# dependencies the image lacks: typer and its own), replay.tgz.
 # Needs the bundle's part 2 staged first (tools/gpu/stage.sh .gpu-bundle/p2: megatron-core, pydantic, ...).
 # FIELD_DEVICE=cpu rehearses the script on a CPU machine (same flow, gloo instead of NCCL).
 # Writes $OUT/field.json (tools/gpu/field_compare.py) and $OUT/field-runs.tgz (the runs' logs).
@@ -22,19 +23,18 @@ mkdir -p "$work/user" "$out"
 log() { printf '[field %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$out/field.log"; }
 
 # the staged dependencies only: neither this checkout nor its directory is on the path
-export PYTHONPATH="$prefix/site:$prefix/stubs"
-if python3 -m venv --system-site-packages "$work/venv" 2>>"$out/field.log"; then
-  "$work/venv/bin/pip" install -q --no-index --no-deps --force-reinstall "$field"/rlslurm-*.whl || { log "wheel install failed"; exit 1; }
-  export PATH="$work/venv/bin:$prefix/site/bin:$PATH"
-else  # an image without the venv module: a plain pip install into a target directory
-  log "no venv module: pip install --target"
-  python3 -m pip install -q --no-index --no-deps --target "$work/site" "$field"/rlslurm-*.whl || { log "wheel install failed"; exit 1; }
-  export PYTHONPATH="$work/site:$PYTHONPATH" PATH="$work/site/bin:$prefix/site/bin:$PATH"
-fi
+export PYTHONPATH="$prefix/site:$prefix/stubs${PYTHONPATH:+:$PYTHONPATH}"  # the image keeps its packages on it
+# A plain `pip install` of the wheel into its own directory: the image's python3 is a venv itself, and a
+# venv made from it would not see its packages (docs/gpu.md, "The image as a user meets it").
+log "image packages: numpy from $(python3 -c 'import numpy; print(numpy.__file__)' 2>&1 | tail -n 1)"
+python3 -m pip install -q --no-index --no-deps --target "$work/site" "$field"/rlslurm-*.whl "$field"/deps/*.whl \
+  || { log "wheel install failed"; exit 1; }
+export PYTHONPATH="$work/site:$PYTHONPATH" PATH="$work/site/bin:$prefix/site/bin:$PATH"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$work/user"
 tar -xzf "$field/replay.tgz"
 log "rlslurm imported from $(python3 -c 'import rlslurm; print(rlslurm.__file__)')"
+rlslurm --help > /dev/null 2>>"$out/field.log" || { log "the rlslurm command does not start (see above)"; exit 1; }
 
 ARGS=(--model tiny-qwen3 --device "${FIELD_DEVICE:-cuda}" --gpus-per-node 1 --trainer-procs-per-node 1
       --prompt-data src/prompts.jsonl --hf-checkpoint src/hf_init --load-debug-rollout-data src

@@ -9,6 +9,9 @@ cd "$(dirname "$0")/../.."
 rm -rf .field && mkdir -p .field
 python3 -m pip wheel -q --no-deps --no-build-isolation -w .field .
 rm -rf build  # setuptools leaves its staging tree in the checkout
+# the CLI's dependencies the GPU image lacks (it has no typer: measured 2026-11-23, docs/gpu.md)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any \
+  -d .field/deps typer annotated-doc click shellingham rich markdown-it-py mdurl pygments typing-extensions
 n=$(ls "$src"/buffer/train 2>/dev/null | grep -c '\.manifest' || true)
 echo "replay source $src: $n committed rollouts"
 tar -czf .field/replay.tgz -C "$src" --transform 's,^\.,src,' ./buffer ./prompts.jsonl ./hf_init
