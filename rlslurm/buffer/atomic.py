@@ -1,7 +1,7 @@
 """Shared-filesystem primitives: the only way this package puts bytes on disk.
 
-NFS, Lustre and GPFS are not local disks. The rules (DESIGN.md) are enforced here so
-that no other module has to remember them:
+NFS, Lustre and GPFS are not local disks. The rules (docs/shared-filesystem.md) are enforced
+here so that no other module has to remember them:
 
 - a file becomes visible only complete: temp name in the same directory, write,
   fsync, `os.replace` onto the final name, fsync the directory;

@@ -1,6 +1,6 @@
 """Rollout driver side: commit rollout N, all or nothing.
 
-Commit protocol (DESIGN.md shared-filesystem rules):
+Commit protocol (docs/shared-filesystem.md, "Commit and visibility"):
 1. validate the samples (a bad sample is a DataError naming rollout and sample);
 2. write the data file under a temp name, fsync, rename onto a name unique to this
    commit (`<id>.<nonce>.data`) - a crashed or zombie writer never collides with us;

@@ -176,7 +176,8 @@ def layer_rules(mc: ModelConfig, layer: int) -> list[Rule]:
 
 
 # Megatron's transformer-engine spec fuses the pre-attention/pre-MLP norms into the following
-# linear; its parameter names differ from the local spec's (shared/mbridge-cpu-notes.md §3).
+# linear; its parameter names differ from the local spec's (docs/megatron-cpu.md,
+# "Transformer-engine parameter names").
 TE_ALIASES = {
     "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",

@@ -10,7 +10,8 @@ The api key does not go on the command line (any user on the node can read
 sglang.launch_server ARGS`, and this module's `__main__` appends `--api-key` from the
 environment (readable only by the owner) before handing over to SGLang in-process.
 
-SGLang leaves files behind when killed (shared/sglang-notes.md): `/dev/shm/sglang_loads_*`,
+SGLang leaves files behind when killed (docs/sglang-behaviour.md, "Files left behind on kill"):
+`/dev/shm/sglang_loads_*`,
 `/dev/shm/sem.mp-*` and its ZMQ IPC names in the temp dir. Each server gets a private TMPDIR
 (removed with it), and the /dev/shm files are identified by inode from what the server's
 processes have mapped or open, so another server's files are never touched.

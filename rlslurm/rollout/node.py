@@ -2,9 +2,9 @@
 what it publishes in RUN/control/.
 
 Node k writes only its own record, `control/engines-node<k>.json`; node 0 merges every
-node's record into `control/engines.json` (one writer per file, DESIGN.md). The router
-runs on node 0; other nodes read its address from `control/router.json`, register their
-own engines, and register them again if the router lost them (node 0 restarts a dead
+node's record into `control/engines.json` (docs/shared-filesystem.md, "One writer per file").
+The router runs on node 0; other nodes read its address from `control/router.json`, register
+their own engines, and register them again if the router lost them (node 0 restarts a dead
 router but re-registers only its own engines).
 
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while

@@ -1,7 +1,6 @@
 """The real sglang-router (0.3.2, a Rust gateway) as a child process, and its worker REST API.
 
-Measured behaviour this module is built around (shared/sglang-notes.md, sections 4 and
-follow-up 2/5/6):
+Measured behaviour this module is built around (docs/sglang-behaviour.md, "Router"):
 - it binds `--host`, which must be an IP literal reachable by the rollout driver;
 - its `/health` is 200 before any worker is usable: readiness of workers is polled on
   `GET /workers` (`is_healthy`);

@@ -4,7 +4,7 @@
 Every call has an explicit timeout, and every failure raises `SGLangError` naming the URL and
 the HTTP status (None when the server could not be reached or did not answer in time), so a
 caller never has to parse httpx exceptions. Endpoint bodies follow SGLang 0.5.23
-(shared/sglang-notes.md, "HTTP API contract").
+(docs/sglang-behaviour.md, "HTTP API contract").
 """
 
 from __future__ import annotations

@@ -26,13 +26,14 @@ The router is checked too: if its process is gone it is started again on the sam
 and every engine is registered with it again (`router_restarts`).
 
 A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
-(shared/sglang-notes.md), so each update is wrapped in `pause_health_checks()` (by the rollout
-node's `UpdateWatcher`, rollout/update_watch.py, while the trainer's update record is active):
-no `/health` check starts inside it and no failed one counts, and entering it waits for
-restarts in progress to finish. An engine whose process has exited is still restarted inside a
-pause: it is in no broadcast, and marking it unhealthy at once lets the sync's next try leave it
-out instead of waiting out the join timeout for it. `restarts_total` lets
-the weight sync notice that an engine was restarted (and must re-join the update group).
+(docs/sglang-behaviour.md, "Health checks during weight updates"), so each update is wrapped in
+`pause_health_checks()` (by the rollout node's `UpdateWatcher`, rollout/update_watch.py, while
+the trainer's update record is active): no `/health` check starts inside it and no failed one
+counts, and entering it waits for restarts in progress to finish. An engine whose process has
+exited is still restarted inside a pause: it is in no broadcast, and marking it unhealthy at once
+lets the sync's next try leave it out instead of waiting out the join timeout for it.
+`restarts_total` lets the weight sync notice that an engine was restarted (and must re-join the
+update group).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The rollout side of the weight-update bracket.
 
 An SGLang server blocked in a weight-update broadcast answers neither /health nor /generate
-(shared/sglang-notes.md), so the supervisor must not restart it then. The trainer's stage-0
-leader marks the bracket with `control/weight_update.json` {"state": "updating", "version",
-"until", "pid"} (trainer/weight_sync.py); `UpdateWatcher` holds
+(docs/sglang-behaviour.md, "Health checks during weight updates"), so the supervisor must not
+restart it then. The trainer's stage-0 leader marks the bracket with
+`control/weight_update.json` {"state": "updating", "version", "until", "pid"}
+(trainer/weight_sync.py); `UpdateWatcher` holds
 `EngineSupervisor.pause_health_checks()` while that record is present and its `until` has not
 passed.
 

@@ -1,7 +1,7 @@
 """Make megatron-core run on a machine without CUDA (developers' laptops, CI, the CPU demo).
 
 megatron-core 0.16.x calls CUDA-only APIs in a handful of places that matter even when every
-tensor lives on the CPU (shared/megatron-cpu-notes.md lists the measured failures). `apply()`
+tensor lives on the CPU (docs/megatron-cpu.md, "What the CPU shim fakes"). `apply()`
 patches exactly those, once per process, and does nothing at all when CUDA is available, so the
 GPU path never sees any of this. Call it after `import torch` and before building a model.
 

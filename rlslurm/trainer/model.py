@@ -31,8 +31,9 @@ from rlslurm.model_config import ModelConfig
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 
-# Settings that the CPU/local path cannot do (megatron-cpu-notes.md "Config flags") and that do
-# not change the math; the user may still override them when TE is present.
+# Settings that the CPU/local path cannot do, or fusions that do not change the math
+# (docs/megatron-cpu.md, "What the CPU path cannot do"); the user may still override them when
+# TE is present.
 _SAFE_DEFAULTS: dict[str, Any] = {
     "hidden_dropout": 0.0,
     "attention_dropout": 0.0,
@@ -226,7 +227,8 @@ def transformer_config(
         # shapes (measured on gloo: "Received data size doesn't match expected size", abort);
         # megatron also refuses it under variable_seq_lengths (its default even for dense models,
         # where it is never used). The alltoall one exchanges token counts first, and gives the
-        # same outputs (shared/mbridge-cpu-notes.md; the CPU shim fakes its side stream).
+        # same outputs (docs/megatron-cpu.md, "MoE token dispatcher and its side stream"; the CPU
+        # shim fakes that side stream).
         kw["moe_token_dispatcher_type"] = "alltoall"
     # 0.16 calls it original_max_position_embeddings, later versions may rename: keep what exists.
     if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:

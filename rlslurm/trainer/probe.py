@@ -2,8 +2,9 @@
 continuation of a fixed prompt is compared with every engine's (temperature 0, same tokens in).
 
 Equal tokens prove the engines hold exactly the trainer's weights (in fp32; bf16 numerics may
-diverge after a few tokens, see shared notes). Rank 0 appends one line per version to
-RUN/control/weight_probe.jsonl: {version, trainer, engines: {url: {tokens, weight_version}}, match}.
+diverge after a few tokens: docs/sglang-behaviour.md, "Weight updates"). Rank 0 appends one line
+per version to RUN/control/weight_probe.jsonl:
+{version, trainer, engines: {url: {tokens, weight_version}}, match}.
 """
 
 from __future__ import annotations

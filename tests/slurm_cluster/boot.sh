@@ -3,7 +3,7 @@
 # "virtual nodes" (n1..nN, one port each, all on 127.0.0.1) with fake GPUs, and the het-kick
 # nudger. Runnable by hand (as root) and from the pytest session fixture. Idempotent: it first
 # stops a cluster an earlier run of this script started, then wipes that cluster's state.
-# Why each setting: /work/shared/slurm-notes.md (measured on this kind of machine).
+# Why each setting: docs/slurm-test-cluster.md (measured on this kind of machine).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

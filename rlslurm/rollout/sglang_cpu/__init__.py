@@ -2,7 +2,8 @@
 
 SGLang has no official CPU path that installs from PyPI (its CPU engine needs a source build
 of sgl-kernel). What works, measured with SGLang 0.5.23 on torch 2.13.0+cpu
-(shared/sglang-notes.md), and what this module reproduces:
+(docs/sglang-behaviour.md, "CPU install and launch" and "Several servers on one CPU node"),
+and what this module reproduces:
 
 1. install `sglang==0.5.23 --no-deps` plus tools/sglang-cpu-requirements.txt, never
    torchvision (tools/install.sh does this);
