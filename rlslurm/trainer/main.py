@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
-from rlslurm.buffer.progress import Retention, TrainerProgress, after_checkpoint
+from rlslurm.buffer.progress import TrainerProgress, after_checkpoint
 from rlslurm.buffer.reader import BufferTimeout, RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
@@ -371,7 +371,8 @@ class Trainer:
         self.last_saved = progress.trained_rollouts
         log.info("saved checkpoint %s", d)
         if self.rank == 0 and not self.replay:
-            after_checkpoint(self.reader, progress, Retention(keep_trained=self.cfg.rollout.keep_trained_rollouts))
+            after_checkpoint(self.reader, progress,
+                             checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts))
 
     def _stop(self, progress: TrainerProgress) -> int:
         """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the
