@@ -145,7 +145,7 @@ class Trainer:
             # not wait for them here: after a hard requeue the next rollouts are often already in the
             # buffer, so train those while the engines start and publish once they are up.
             self._defer(progress.weight_version)
-        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().restart_count)
+        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().attempt)
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:
                 t0 = time.perf_counter()
@@ -310,7 +310,7 @@ class Trainer:
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
         return DistributedPublisher(st.mc, self.control, api_key=key,
                                     opts=SyncOptions.from_train(self.cfg.train, dtype=st.tcfg.params_dtype),
-                                    fallback=disk, attempt=job_env().restart_count)
+                                    fallback=disk, attempt=job_env().attempt)
 
     def _publish_due(self, progress: TrainerProgress) -> bool:
         last = progress.trained_rollouts == self.cfg.rollout.num_rollout
