@@ -59,8 +59,8 @@ def test_failure_budget_counts_since_the_last_reset_and_bash_agrees(tmp_path: Pa
     awk = _line(_script(), "FAILURES")
 
     def bash_count() -> int:
-        out = subprocess.run(["bash", "-c", f"{awk}\necho $FAILURES"], env={"LEDGER": str(rd.ledger), "PATH": os.environ["PATH"]},
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(["bash", "-c", f"{awk}\necho $FAILURES"], capture_output=True, text=True, check=True,
+                             env={"LEDGER": str(rd.ledger), "PATH": os.environ["PATH"]})
         return int(out.stdout)
 
     assert bash_count() == failures_counted(read_ledger(rd)) == 0  # no ledger yet

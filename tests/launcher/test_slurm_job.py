@@ -208,7 +208,8 @@ def test_resubmit_continues_attempts_and_resets_the_failure_budget_on_request(sl
     def job_ends(restarts: str) -> str:
         job = json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"]
         info = slurm_cluster.wait_finished(int(job), JOB_TIMEOUT)
-        assert (info["JobState"], info["Restarts"]) == ("FAILED", restarts), (run_dir / f"logs/slurm-{job}.out").read_text()
+        batch_log = (run_dir / f"logs/slurm-{job}.out").read_text()
+        assert (info["JobState"], info["Restarts"]) == ("FAILED", restarts), batch_log
         return job
 
     submit_tiny(run_dir, prompts, "--setup-script", str(fail), "--max-failures", "1")
