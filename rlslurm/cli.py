@@ -167,22 +167,38 @@ def _clear_stop(run_dir: Path) -> None:
 
 
 @app.command()
-def resubmit(run_dir: Path = typer.Argument(..., help="an existing run directory")) -> None:
+def resubmit(
+    run_dir: Path = typer.Argument(..., help="an existing run directory"),
+    reset_failures: bool = typer.Option(False, "--reset-failures", help="give the run a new failure budget "
+                                        "(--max-failures); without it, earlier failed attempts still count"),
+) -> None:
     """Submit an existing run again (after its failure budget ran out or it was cancelled).
 
-    It resumes from the run directory: checkpoints, buffer and data cursor. run.yaml is reused as is.
+    It resumes from the run directory: checkpoints, buffer and data cursor. run.yaml is reused as is;
+    attempt numbers continue after the run's last attempt.
     """
+    from rlslurm.buffer.attempts import failures_counted
+    from rlslurm.buffer.ledger import read_ledger
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.model_config import load_model_config
     from rlslurm.resolve import Resolved
     from rlslurm.runfile import load_run_config
-    from rlslurm.slurm.submit import submit as do_submit
+    from rlslurm.slurm.status import job_alive
+    from rlslurm.slurm.submit import current_job_id, submit as do_submit
 
     if RunDir(run_dir).is_finished():
         raise UserError(f"{run_dir}: the run is FINISHED; nothing to resubmit")
     cfg = load_run_config(run_dir)
+    job = current_job_id(run_dir)
+    if job and (state := job_alive(job)):
+        raise UserError(f"{run_dir}: its job {job} is still {state}; two jobs must not share a run directory "
+                        f"(`rlslurm cancel {run_dir}` first, or let it end)")
+    failed = failures_counted(read_ledger(run_dir))
+    if not reset_failures and failed >= cfg.slurm.max_failures:
+        err.print(f"[yellow]warning:[/] {failed} failed attempts count against --max-failures "
+                  f"{cfg.slurm.max_failures}: the first failure ends the job; --reset-failures gives a new budget")
     _clear_stop(run_dir)
-    sub = do_submit(Resolved(cfg, load_model_config(cfg.model.model)), resume=True)
+    sub = do_submit(Resolved(cfg, load_model_config(cfg.model.model)), resume=True, reset_failures=reset_failures)
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
 
 
@@ -261,7 +277,12 @@ def status(
     for col in ("attempt", "job", "start", "end", "exit", "reason"):
         t.add_column(col)
     fmt = lambda ts: time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if ts and ts > 0 else "-"  # noqa: E731
-    for a in sorted(st.attempts, key=lambda a: a.get("attempt", 0)):
+    rows = [(a.get("attempt", 0), 1, a) for a in st.attempts] + [(r.get("next_attempt", 0), 0, r) for r in st.resubmits]
+    for _, _, a in sorted(rows, key=lambda r: r[:2]):
+        if "event" in a:  # a resubmit: before the attempt it numbered
+            t.add_row("", "", fmt(a.get("at")), "", "", "resubmitted" + (", new failure budget"
+                                                                          if a.get("reset_failures") else ""))
+            continue
         t.add_row(str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), fmt(a.get("end")),
                   str(a.get("exit_code")), str(a.get("reason")))
     if st.current_attempt:

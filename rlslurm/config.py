@@ -157,6 +157,8 @@ class RolloutSection(Section):
     n_samples_per_eval_prompt: int = Field(1, ge=1)
     eval_temperature: float = Field(0.0, ge=0)
     eval_max_response_len: int | None = Field(None, ge=1)
+    # Trained rollouts kept in the buffer after a checkpoint, at least: rollouts a kept checkpoint
+    # (--keep-checkpoints) would train again after a fallback stay as well (docs/buffer-retention.md).
     keep_trained_rollouts: int = Field(4, ge=0)
 
     @field_validator("rollout_top_k")

@@ -23,16 +23,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlslurm.buffer.attempts import next_attempt
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.errors import ConfigError
+from rlslurm.slurm.jobenv import ATTEMPT_ENV
 
 if TYPE_CHECKING:
     from rlslurm.config import RunConfig
 
-ATTEMPT_ENV = "RLSLURM_LOCAL_ATTEMPT"  # read by rlslurm.slurm.jobenv when SLURM is absent
 FINISH_GRACE_S = 60
 STOP_GRACE_S = 300.0  # the batch script gives the trainer --signal-grace-s (default 300) the same way
 
@@ -48,11 +49,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _next_attempt(rd: RunDir) -> int:
-    done = [int(p.name.split("-")[-1]) for p in rd.logs_dir.glob("attempt-*") if p.name.split("-")[-1].isdigit()]
-    return max(done) + 1 if done else 0
 
 
 def _clean_env(attempt: int) -> dict[str, str]:
@@ -171,7 +167,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         signal.signal(sig, _raise_terminated)
     rd = RunDir(run_dir)
     console = console or make_console(stderr=True)
-    attempt = _next_attempt(rd)
+    attempt = next_attempt(rd)
     logs = rd.attempt_log_dir(attempt)
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "attempt.json").write_text(json.dumps({"attempt": attempt, "job_id": "local", "start": int(time.time())}))
@@ -179,7 +175,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     # As the batch script does: no record of the previous attempt's processes survives into this one.
     stale = [control.preempt_file, control.preempt_ack_file, rd.control_dir / "engines.json",
              rd.control_dir / "router.json", rd.control_dir / "weight_update.json",
-             *rd.control_dir.glob("engines-node*.json")]
+             *rd.control_dir.glob("engines-node*.json"), *rd.control_dir.glob("rendezvous-*.json")]
     for f in stale:
         f.unlink(missing_ok=True)
     env = _clean_env(attempt)

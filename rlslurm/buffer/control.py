@@ -5,7 +5,8 @@ reader sees the old or the new version, never a mix. Records:
 
     engines.json                 rollout driver   EnginesRecord
     router.json                  rollout driver   RouterRecord
-    rendezvous-<attempt>.json    trainer rank 0   RendezvousRecord (created once per attempt, O_EXCL)
+    rendezvous-<attempt>.json    trainer rank 0   RendezvousRecord (created once per attempt, O_EXCL;
+                                                  every attempt's start removes the earlier ones)
     weight_version.json          trainer rank 0   WeightVersionRecord
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}

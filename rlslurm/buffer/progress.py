@@ -68,16 +68,26 @@ class TrainerProgress:
 
 @dataclass
 class Retention:
-    """Keep the last `keep_trained` trained rollouts and every untrained one; the
-    newest committed rollout is always kept (its manifest holds the driver's data
-    cursor). `export_dir`: write each retired rollout there as JSONL first."""
+    """Which committed rollouts stay in the buffer after a checkpoint. Kept: every untrained one;
+    every one from `keep_from` on; at least the last `keep_trained` trained ones; and the newest
+    committed one (its manifest holds the driver's data cursor). `export_dir`: write each retired
+    rollout there as JSONL first.
+
+    `keep_from` is the first rollout the OLDEST checkpoint still on disk trains after a resume
+    (trainer/checkpoint.py `retention`). The trainer falls back to an older checkpoint when the
+    newest is corrupt, and then trains again every rollout after it - from the buffer, since the
+    driver never regenerates a committed rollout; retiring one of those would end the run with
+    "already trained and retired". None: only the checkpoint just taken counts."""
 
     keep_trained: int = 2
     export_dir: Path | None = None
+    keep_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.keep_trained < 0:
             raise ConfigError(f"buffer retention keep_trained must be >= 0, got {self.keep_trained}")
+        if self.keep_from is not None and self.keep_from < 0:
+            raise ConfigError(f"buffer retention keep_from must be >= 0, got {self.keep_from}")
 
 
 def after_checkpoint(reader: RolloutReader, progress: TrainerProgress, retention: Retention | None = None) -> list[int]:
@@ -96,6 +106,8 @@ def retire(reader: RolloutReader, last_trained: int, retention: Retention) -> li
     if not ids:
         return []
     cutoff = last_trained - retention.keep_trained  # ids <= cutoff go
+    if retention.keep_from is not None:
+        cutoff = min(cutoff, retention.keep_from - 1)
     doomed = [i for i in ids if i <= cutoff and i != ids[-1]]
     if doomed and retention.export_dir is not None:
         Path(retention.export_dir).mkdir(parents=True, exist_ok=True)

@@ -132,13 +132,14 @@ class RolloutReader(BufferStore):
                 sleep_or_cancel(poll_interval, cancel)
 
     def _check_not_retired(self, rollout_id: int) -> None:
-        # Waiting for a rollout that was trained and retired would hang forever: the
-        # trainer loaded an older checkpoint than the one retention trusted.
+        # Waiting for a rollout that was trained and retired would hang forever: the trainer
+        # loaded no checkpoint retention kept rollouts for (every kept one unusable or deleted:
+        # retention keeps what the oldest checkpoint on disk trains again, docs/buffer-retention.md).
         last = self.last_trained()
         if last is not None and rollout_id <= last and not self.is_committed(rollout_id):
             raise ConfigError(
                 f"{self.trained_file}: rollout {rollout_id} was already trained (last trained {last}) and retired "
-                f"from {self.dir}; the trainer resumed from an older checkpoint than the newest one - "
+                f"from {self.dir}; the trainer resumed from before the oldest kept checkpoint - "
                 f"load the newest checkpoint or replay from an export"
             )
 

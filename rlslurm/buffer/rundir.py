@@ -114,11 +114,11 @@ class RunDir:
     def api_key_file(self) -> Path:
         return self.control_dir / "api_key"
 
-    def attempt_log_dir(self, restart_count: int) -> Path:
-        """logs/attempt-<n>, n = SLURM_RESTART_COUNT (0 for the first attempt)."""
-        if restart_count < 0:
-            raise ConfigError(f"restart count must be >= 0, got {restart_count}")
-        return self.logs_dir / f"attempt-{restart_count}"
+    def attempt_log_dir(self, attempt: int) -> Path:
+        """logs/attempt-<n>, n = the run's attempt number (0 for the first; buffer/attempts.py)."""
+        if attempt < 0:
+            raise ConfigError(f"attempt number must be >= 0, got {attempt}")
+        return self.logs_dir / f"attempt-{attempt}"
 
     # --- api key ------------------------------------------------------------------------
     def ensure_api_key(self) -> str:

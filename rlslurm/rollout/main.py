@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlslurm.rollout.node import RolloutNode
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
-    node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.restart_count)
+    node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.attempt)
     tokenizer_job = None
     if env.procid == 0:  # the driver's tokenizer loads while the engines start (seconds, every attempt)
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")

@@ -11,10 +11,14 @@ import socket
 from dataclasses import asdict, dataclass
 
 
+ATTEMPT_ENV = "RLSLURM_ATTEMPT"
+
+
 @dataclass(frozen=True)
 class JobEnv:
     job_id: str | None
-    restart_count: int
+    restart_count: int  # SLURM_RESTART_COUNT: this job's runs so far
+    attempt: int  # the run's attempt number: names logs/attempt-N, the rendezvous record, metrics lines
     het_size: int
     nodelist_het: dict[int, str]
     step_nodelist: str | None
@@ -38,8 +42,9 @@ def job_env(env: dict[str, str] | None = None) -> JobEnv:
             het[int(key.rsplit("_", 1)[1])] = value
     return JobEnv(
         job_id=job_id,
-        # Local mode (`rlslurm run`, no SLURM) numbers its attempts itself.
-        restart_count=int(env.get("SLURM_RESTART_COUNT") or env.get("RLSLURM_LOCAL_ATTEMPT") or 0),
+        restart_count=int(env.get("SLURM_RESTART_COUNT") or 0),
+        # Set by the batch script (continuing across `rlslurm resubmit`) and by `rlslurm run`.
+        attempt=int(env.get(ATTEMPT_ENV) or env.get("SLURM_RESTART_COUNT") or 0),
         het_size=int(env.get("SLURM_HET_SIZE", "1")),
         nodelist_het=het,
         step_nodelist=env.get("SLURM_STEP_NODELIST"),

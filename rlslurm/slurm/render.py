@@ -45,8 +45,11 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render(cfg: RunConfig, run_dir: Path) -> str:
+def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
+    """`attempt_base`: the job's first attempt number (`rlslurm resubmit`: the run's next free one)."""
     s = cfg.slurm
+    if not isinstance(attempt_base, int) or attempt_base < 0:
+        raise ConfigError(f"attempt base must be an integer >= 0, got {attempt_base!r}")
     if "%" in str(run_dir):
         # srun/sbatch expand %j, %t, ... in --output paths.
         raise ConfigError(f"--run-dir {str(run_dir)!r}: '%' is not allowed in the run directory path")
@@ -60,4 +63,5 @@ def render(cfg: RunConfig, run_dir: Path) -> str:
         slurm=s,
         groups=groups,
         run_dir=str(run_dir.resolve()),
+        attempt_base=attempt_base,
     )

@@ -18,7 +18,7 @@ from rlslurm.slurm.jobenv import job_env
 def write_env_report(run_dir: Path, role: str, rank: int, extra: dict[str, Any]) -> Path:
     env = job_env()
     rd = RunDir(run_dir)
-    path = rd.attempt_log_dir(env.restart_count) / f"env-{role}-{rank}.json"
+    path = rd.attempt_log_dir(env.attempt) / f"env-{role}-{rank}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"role": role, "rank": rank, "pid": os.getpid(), **env.as_dict(), **extra})
     return path

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlslurm.buffer.attempts import is_event
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
@@ -64,6 +65,17 @@ def slurm_state(job_id: str) -> dict[str, Any]:
     return {"source": None, "state": "UNKNOWN", "components": []}
 
 
+# States in which a job may still run its batch script (again); a resubmit must wait for it to leave them.
+_ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "CONFIGURING", "RESIZING",
+          "SIGNALING", "STAGE_OUT"}
+
+
+def job_alive(job_id: str) -> str | None:
+    """The job's state if it is pending or running, else None (also when SLURM does not answer)."""
+    state = slurm_state(job_id)["state"]
+    return state if state in _ALIVE else None
+
+
 @dataclass
 class RunStatus:
     run_dir: str
@@ -77,6 +89,7 @@ class RunStatus:
     weight_version: int | None = None
     engines: list[dict[str, Any]] = field(default_factory=list)
     reward_trend: list[tuple[int, float]] = field(default_factory=list)  # (rollout id, mean reward), last 50
+    resubmits: list[dict[str, Any]] = field(default_factory=list)  # `rlslurm resubmit` records of the ledger
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +99,8 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
     rd = RunDir(run_dir)
     job_id = current_job_id(rd.path)
     slurm = slurm_state(job_id) if (job_id and query_slurm) else {"source": None, "state": "UNKNOWN", "components": []}
-    attempts = read_ledger(rd)
+    ledger = read_ledger(rd)
+    attempts = [r for r in ledger if not is_event(r)]
     current = _current_attempt(rd, attempts)
     control = Control(rd)
     wv = control.weight_version()
@@ -109,6 +123,7 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         weight_version=wv.version if wv else None,
         engines=[e.model_dump() for e in control.engines()],
         reward_trend=reward_curve(rd.path)[-50:],
+        resubmits=[r for r in ledger if is_event(r)],
     )
 
 

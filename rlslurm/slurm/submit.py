@@ -62,13 +62,19 @@ def sbatch(script_path: Path, cwd: Path, *extra: str) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def submit(res: Resolved, *, resume: bool = False) -> Submission:
+def submit(res: Resolved, *, resume: bool = False, reset_failures: bool = False) -> Submission:
+    """`resume` (`rlslurm resubmit`): the job's attempts continue the run's numbering, and a
+    `resubmitted` ledger record (with `reset_failures`: a new failure budget) precedes it."""
     rd = prepare_run_dir(res, resume=resume)
+    from rlslurm.buffer.attempts import next_attempt, record_resubmit
     from rlslurm.runfile import load_run_config
 
     cfg = load_run_config(rd.path)  # submit exactly what the processes will read
-    script = render(cfg, rd.path)
+    base = next_attempt(rd) if resume else 0
+    script = render(cfg, rd.path, attempt_base=base)
     write_bytes_atomic(rd.job_sbatch, script.encode(), mode=0o700)
+    if resume:
+        record_resubmit(rd, base, reset_failures)
     job_id = sbatch(rd.job_sbatch, rd.path)
     jobs = (read_json(rd.path / "jobs.json") or {"jobs": []})["jobs"]
     jobs.append({"job_id": job_id, "submitted_at": time.time()})

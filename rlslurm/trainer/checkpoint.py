@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.buffer.atomic import fsync_dir, write_json_atomic
-from rlslurm.buffer.progress import TrainerProgress
+from rlslurm.buffer.progress import Retention, TrainerProgress
 from rlslurm.errors import DataError
 from rlslurm.trainer.collectives import collective_device
 
@@ -167,6 +167,18 @@ def prune(root: Path, keep: int) -> list[Path]:
     if doomed:
         fsync_dir(root)
     return doomed
+
+
+def retention(root: Path, keep_trained: int) -> Retention:
+    """The buffer retention to apply once a checkpoint in `root` is saved and pruned: keep every
+    rollout from the first one the OLDEST complete checkpoint on disk trains after a resume. Any
+    checkpoint left on disk is one `find_resume` may fall back to (the newer ones corrupt), so the
+    number kept follows --keep-checkpoints. Dirs without META are never loaded and do not count.
+    A checkpoint is named after `progress.trained_rollouts`, which equals its `next_rollout_id`:
+    `TrainerProgress.record_trained` takes rollouts only in order, from 0."""
+    dirs = [p for p in root.iterdir() if p.is_dir() and (p / META).exists()] if root.is_dir() else []
+    its = [it for it in (_iteration_of(p.name) for p in dirs) if it is not None]
+    return Retention(keep_trained=keep_trained, keep_from=min(its) if its else None)
 
 
 # ------------------------------------------------------------------------------ state

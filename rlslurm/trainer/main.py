@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
-from rlslurm.buffer.progress import Retention, TrainerProgress, after_checkpoint
+from rlslurm.buffer.progress import TrainerProgress, after_checkpoint
 from rlslurm.buffer.reader import BufferTimeout, RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
@@ -145,7 +145,7 @@ class Trainer:
             # not wait for them here: after a hard requeue the next rollouts are often already in the
             # buffer, so train those while the engines start and publish once they are up.
             self._defer(progress.weight_version)
-        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().restart_count)
+        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().attempt)
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:
                 t0 = time.perf_counter()
@@ -310,7 +310,7 @@ class Trainer:
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
         return DistributedPublisher(st.mc, self.control, api_key=key,
                                     opts=SyncOptions.from_train(self.cfg.train, dtype=st.tcfg.params_dtype),
-                                    fallback=disk, attempt=job_env().restart_count)
+                                    fallback=disk, attempt=job_env().attempt)
 
     def _publish_due(self, progress: TrainerProgress) -> bool:
         last = progress.trained_rollouts == self.cfg.rollout.num_rollout
@@ -371,7 +371,8 @@ class Trainer:
         self.last_saved = progress.trained_rollouts
         log.info("saved checkpoint %s", d)
         if self.rank == 0 and not self.replay:
-            after_checkpoint(self.reader, progress, Retention(keep_trained=self.cfg.rollout.keep_trained_rollouts))
+            after_checkpoint(self.reader, progress,
+                             checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts))
 
     def _stop(self, progress: TrainerProgress) -> int:
         """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the

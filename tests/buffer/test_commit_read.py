@@ -164,6 +164,23 @@ def test_retention_keeps_last_k_trained_and_all_untrained(run, tmp_path):
         Retention(keep_trained=-1)
 
 
+def test_retention_keeps_from_the_oldest_kept_checkpoint_and_at_least_keep_trained(run):
+    w, r = RolloutWriter(run), RolloutReader(run)
+    for rid in range(10):
+        w.commit(rid, make_samples(rid))
+    p = TrainerProgress()
+    for rid in range(8):
+        p.record_trained(r.read(rid))
+    # a kept checkpoint resumes at rollout 3: 3..7 would be trained again after a fallback to it
+    assert after_checkpoint(r, p, Retention(keep_trained=2, keep_from=3)) == [0, 1, 2]
+    # keep_trained reaching further back than the oldest checkpoint wins
+    assert after_checkpoint(r, p, Retention(keep_trained=5, keep_from=6)) == []
+    assert after_checkpoint(r, p, Retention(keep_trained=4, keep_from=6)) == [3]
+    assert r.committed_ids() == list(range(4, 10))
+    with pytest.raises(ConfigError, match="keep_from"):
+        Retention(keep_from=-1)
+
+
 def test_waiting_for_a_retired_rollout_is_an_error_not_a_hang(run):
     w, r = RolloutWriter(run), RolloutReader(run)
     for rid in range(4):

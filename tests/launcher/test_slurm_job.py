@@ -194,6 +194,59 @@ def test_refused_requeue_ends_the_job_with_the_reason(slurm_cluster, tmp_path: P
     assert "scontrol requeue failed (try 3/3)" in batch_log
 
 
+def test_resubmit_continues_attempts_and_resets_the_failure_budget_on_request(slurm_cluster, tmp_path: Path,
+                                                                             prompts: Path) -> None:
+    """Issue 15 item 8: a resubmitted run restarted at attempt 0 (its logs and ledger lines taken for
+    the old ones'), gave up at its first failure once the budget was used up, and tripped over the
+    old attempt's rendezvous record. Every step fails at once here (a failing setup script), so each
+    attempt takes seconds: job 1 uses up --max-failures 1 (attempts 0, 1); a plain resubmit gives up
+    at its first failure (attempt 2); a resubmit with --reset-failures is requeued again (3, 4)."""
+    fail = tmp_path / "fail.sh"
+    fail.write_text("exit 3\n")  # sourced by every step before python: both steps fail at once
+    run_dir = tmp_path / "run"
+
+    def job_ends(restarts: str) -> str:
+        job = json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"]
+        info = slurm_cluster.wait_finished(int(job), JOB_TIMEOUT)
+        batch_log = (run_dir / f"logs/slurm-{job}.out").read_text()
+        assert (info["JobState"], info["Restarts"]) == ("FAILED", restarts), batch_log
+        return job
+
+    submit_tiny(run_dir, prompts, "--setup-script", str(fail), "--max-failures", "1")
+    job1 = job_ends("1")
+    assert [(l["attempt"], l["reason"].split("; ")[-1]) for l in ledger(run_dir)] == [
+        (0, "requeue 1/1"), (1, "rlslurm resubmit --reset-failures continues with a new budget")]
+    # what a trainer of attempts 1 and 2 would have left (a run resubmitted before this fix reused 2)
+    for a in (1, 2):
+        (run_dir / f"control/rendezvous-{a}.json").write_text(json.dumps(
+            {"master_addr": "127.0.0.1", "master_port": 29500 + a, "world_size": 2, "group_name": "old", "attempt": a}))
+
+    p = rlslurm("resubmit", str(run_dir))
+    assert "--reset-failures gives a new budget" in p.stderr, p.stderr
+    job2 = job_ends("0")  # the old count stands: the first failure ends the job
+    lines = ledger(run_dir)
+    assert lines[2] == {**lines[2], "event": "resubmitted", "next_attempt": 2, "reset_failures": False}
+    assert lines[3]["attempt"] == 2 and lines[3]["job_id"] == job2 and "budget (1) exhausted" in lines[3]["reason"]
+    assert not list((run_dir / "control").glob("rendezvous-*.json"))  # cleared at the attempt's start
+
+    rlslurm("resubmit", "--reset-failures", str(run_dir))
+    job3 = job_ends("1")  # a new budget: requeued once more
+    lines = ledger(run_dir)
+    assert lines[4] == {**lines[4], "event": "resubmitted", "next_attempt": 3, "reset_failures": True}
+    attempts = [l for l in lines if "event" not in l]
+    assert [(l["attempt"], l["job_id"]) for l in attempts] == [
+        (0, job1), (1, job1), (2, job2), (3, job3), (4, job3)]
+    assert attempts[3]["reason"].endswith("requeue 1/1") and "exhausted" in attempts[4]["reason"]
+    for a, job in enumerate((job1, job1, job2, job3, job3)):  # each attempt's own logs, none reused
+        assert json.loads((run_dir / f"logs/attempt-{a}/attempt.json").read_text())["job_id"] == job
+    assert sorted(p.name for p in (run_dir / "logs").glob("attempt-*")) == [f"attempt-{a}" for a in range(5)]
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert [a["attempt"] for a in st["attempts"]] == [0, 1, 2, 3, 4] and st["current_attempt"] is None
+    assert [r["reset_failures"] for r in st["resubmits"]] == [False, True]
+    human = rlslurm("status", str(run_dir)).stdout
+    assert "attempts (5)" in human and human.count("resubmitted") == 2
+
+
 HOSTILE = "$(touch pwned)`touch pwned2` it's \"q\"\nline2 $HOME"
 
 

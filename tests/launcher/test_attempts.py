@@ -1,0 +1,110 @@
+"""Attempt numbers across `rlslurm resubmit` and the failure budget's reset (issue 15 item 8), without
+SLURM: the numbering, the ledger record, the batch script's own lines run by bash, `rlslurm status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.attempts import failures_counted, next_attempt, record_resubmit
+from rlslurm.buffer.ledger import read_ledger
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.errors import ConfigError
+from rlslurm.resolve import resolve
+from rlslurm.slurm.jobenv import job_env
+from rlslurm.slurm.render import render
+from rlslurm.slurm.status import run_status
+
+
+def _script(attempt_base: int = 0) -> str:
+    res = resolve(["--model", "tiny-qwen3", "--nodes", "2"], strict_inputs=False)
+    return render(res.cfg, res.cfg.run_dir.resolve(), attempt_base=attempt_base)
+
+
+def _line(script: str, var: str) -> str:
+    [line] = re.findall(rf"^{var}=.*$", script, re.M)
+    return line
+
+
+def _attempt(rd: RunDir, n: int, reason: str) -> None:
+    """An attempt as the batch script leaves it: its log dir and its ledger line (the script's format)."""
+    rd.attempt_log_dir(n).mkdir(parents=True)
+    with open(rd.ledger, "a") as f:
+        f.write(json.dumps({"attempt": n, "job_id": "7", "restart_count": n, "start": 1, "end": 2,
+                            "exit_code": 1, "reason": reason, "trainer_nodes": "n1", "rollout_nodes": "n2"}) + "\n")
+
+
+FAILED = "failed: trainer step ended first (trainer rc=1, rollout rc=0); requeue 1/2"
+
+
+def test_next_attempt_continues_after_dirs_and_ledger_lines(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path / "run")
+    assert next_attempt(rd) == 0
+    _attempt(rd, 0, FAILED)
+    _attempt(rd, 1, "stopped by request")
+    assert next_attempt(rd) == 2
+    rd.attempt_log_dir(4).mkdir()  # started, killed before its ledger line
+    assert next_attempt(rd) == 5
+    record_resubmit(rd, 5, reset_failures=False)  # a record is not an attempt
+    assert next_attempt(rd) == 5
+
+
+def test_failure_budget_counts_since_the_last_reset_and_bash_agrees(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path / "run")
+    awk = _line(_script(), "FAILURES")
+
+    def bash_count() -> int:
+        out = subprocess.run(["bash", "-c", f"{awk}\necho $FAILURES"], capture_output=True, text=True, check=True,
+                             env={"LEDGER": str(rd.ledger), "PATH": os.environ["PATH"]})
+        return int(out.stdout)
+
+    assert bash_count() == failures_counted(read_ledger(rd)) == 0  # no ledger yet
+    _attempt(rd, 0, FAILED)
+    _attempt(rd, 1, "lost: no end record (node failure or hard kill)")
+    _attempt(rd, 2, "requeue failed after 3 tries (scontrol: x); was: failed: y")
+    _attempt(rd, 3, FAILED)
+    assert bash_count() == failures_counted(read_ledger(rd)) == 2
+    record_resubmit(rd, 4, reset_failures=False)  # the old count stands
+    _attempt(rd, 4, FAILED)
+    assert bash_count() == failures_counted(read_ledger(rd)) == 3
+    record_resubmit(rd, 5, reset_failures=True)
+    assert bash_count() == failures_counted(read_ledger(rd)) == 0
+    _attempt(rd, 5, FAILED)
+    assert bash_count() == failures_counted(read_ledger(rd)) == 1
+
+
+def test_the_job_numbers_its_attempts_from_the_rendered_base() -> None:
+    for base, restarts, want in ((0, None, 0), (0, 2, 2), (5, None, 5), (5, 3, 8)):
+        line = _line(_script(base), "ATTEMPT")
+        env = {} if restarts is None else {"SLURM_RESTART_COUNT": str(restarts)}
+        out = subprocess.run(["bash", "-uc", f"{line}\necho $ATTEMPT"], env=env, capture_output=True, text=True,
+                             check=True)
+        assert int(out.stdout) == want, (line, env)
+    assert 'export RLSLURM_ATTEMPT="$ATTEMPT"' in _script(5)
+    with pytest.raises(ConfigError, match="attempt base"):
+        _script(-1)
+
+
+def test_processes_take_the_scripts_attempt_number() -> None:
+    env = job_env({"SLURM_RESTART_COUNT": "1", "RLSLURM_ATTEMPT": "6", "SLURM_JOB_ID": "9"})
+    assert (env.attempt, env.restart_count) == (6, 1)
+    assert job_env({"SLURM_RESTART_COUNT": "2"}).attempt == 2  # a script from before the base
+    assert job_env({}).attempt == 0
+
+
+def test_status_shows_resubmits_apart_from_attempts(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path / "run")
+    _attempt(rd, 0, FAILED)
+    _attempt(rd, 1, FAILED + "; failure budget (1) exhausted")
+    record_resubmit(rd, 2, reset_failures=True)
+    rd.attempt_log_dir(2).mkdir()
+    (rd.attempt_log_dir(2) / "attempt.json").write_text(json.dumps({"attempt": 2, "job_id": "8", "start": 3}))
+    st = run_status(rd.path, query_slurm=False)
+    assert [a["attempt"] for a in st.attempts] == [0, 1]
+    assert st.current_attempt == {"attempt": 2, "job_id": "8", "start": 3}
+    assert [(r["next_attempt"], r["reset_failures"]) for r in st.resubmits] == [(2, True)]
