@@ -5,7 +5,7 @@ or one `rlslurm run`. Its number names logs/attempt-N/, its ledger line, its wei
 rendezvous record (control/rendezvous-N.json, created O_EXCL) and its metrics lines, so it must
 never repeat within a run. SLURM_RESTART_COUNT starts at 0 in every job: `rlslurm resubmit`
 therefore renders the job script with the next free number as its base, and the job's attempt is
-base + SLURM_RESTART_COUNT (sbatch_templates/hetjob.sbatch.j2).
+base + SLURM_RESTART_COUNT (rlslurm/templates/hetjob.sbatch.j2).
 
 The batch script gives up after `--max-failures` failed attempts. A resubmit writes a
 `resubmitted` record into the ledger; with `--reset-failures` it also restarts that count from

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+# at import time: at test time `conftest` in sys.modules is whichever directory's pytest loaded last
+from conftest import commit_rollouts
 from rlslurm.trainer import checkpoint as ck
 
 
@@ -76,8 +78,6 @@ def test_retention_keeps_what_a_fallback_to_any_kept_checkpoint_trains(tmp_path:
     fell back to iter_5 and stopped with "rollout 5 was already trained ... and retired". Here the
     trainer's save sequence (META, latest, prune, retention) runs on the real buffer; every kept
     checkpoint but the oldest is then corrupted, and the fallback must find its rollouts."""
-    from conftest import commit_rollouts
-
     from rlslurm.buffer import RolloutReader, RunDir, TrainerProgress, after_checkpoint
     from rlslurm.errors import ConfigError
 
