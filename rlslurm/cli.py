@@ -289,6 +289,11 @@ def status(
         a = st.current_attempt
         t.add_row(str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), "-", "-", "[green]running[/]")
     out.print(t)
+    if st.user_error:  # on a line of its own: a table cell wraps; the message is the user's text
+        ue = st.user_error
+        where = ", ".join(f"{k} {ue[k]}" for k in ("attempt", "role", "host") if ue.get(k) is not None)
+        out.print(f"{ue['reason']} ({where}); the job was not requeued: fix it, then rlslurm resubmit",
+                  markup=False, highlight=False)
 
 
 @app.command()

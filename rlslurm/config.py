@@ -17,11 +17,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from rlslurm.rl_settings import ESTIMATOR_NAMES
 from rlslurm.slurm.timespec import time_limit_s
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
 # used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.,:@+=-]+")
+# --rm-type's built-in rewards (rollout/rewards.py implements them).
+RM_TYPES = ("exact", "math", "remote")
 
 
 class Section(BaseModel):
@@ -142,7 +145,7 @@ class RolloutSection(Section):
     rollout_num_gpus_per_engine: int = Field(1, ge=1)
     engines_per_node: int | None = Field(None, ge=1)  # CPU: how many servers per rollout node
     rollout_dtype: str | None = None                  # engines' --dtype, e.g. float32 for exact CPU tests
-    rm_type: str = "math"                              # exact | math | remote
+    rm_type: Literal[RM_TYPES] = "math"  # type: ignore[valid-type]  # rollout/rewards.py; --custom-rm-path wins
     rm_url: str | None = None
     custom_rm_path: str | None = None
     custom_generate_function_path: str | None = None
@@ -204,7 +207,7 @@ class TrainSection(Section):
     save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     # RL
-    advantage_estimator: Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"] = "grpo"
+    advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     grpo_std_normalization: bool = True
     normalize_advantages: bool = False
     eps_clip: float = Field(0.2, gt=0)

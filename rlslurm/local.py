@@ -3,7 +3,8 @@
 het-group 0 becomes `torchrun --standalone`-style on 127.0.0.1 (`rlslurm.trainer.main`), het-group 1
 one `rlslurm.rollout.main` process tree; both read RUN/run.yaml exactly as in the SLURM job. This
 process plays the batch script's part: one ledger line per attempt, per-attempt logs, FINISHED
-or stop ends it, a failure ends it (run it again to resume: the run directory is the state).
+or stop ends it, a failure ends it (run it again to resume: the run directory is the state); a user
+error a role recorded ends it with that error's exit code and message (rlslurm/user_error.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.errors import ConfigError
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
+from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
 
 if TYPE_CHECKING:
     from rlslurm.config import RunConfig
@@ -235,6 +237,8 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         rc = interrupted_rc
         reason += (f"; the trainer checkpointed (iteration {ack.checkpoint_iteration}): run the same command again "
                    f"to continue" if ack else "; no checkpoint was acknowledged")
+    elif (user_error := read_user_error(logs)) is not None:
+        rc, reason = USER_ERROR_EXIT_CODE, user_error["reason"]  # as the batch script: final
     elif not reason and (ack := control.preempt_ack()) is not None:
         # its process tree was signalled (kill, an OOM killer's TERM, a scheduler outside rlslurm)
         reason = (f"preempted: the trainer checkpointed (iteration {ack.checkpoint_iteration}) on a signal and "

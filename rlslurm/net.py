@@ -123,7 +123,8 @@ def allocate_ports(host: str, count: int, *, rng: random.Random | None = None) -
                 ports.append(port)
                 if len(ports) == count:
                     return ports
-        raise ConfigError(f"could not find {count} free ports on {host} in {lo}-{hi}")
+        # not the user's error (a UserError ends the job for good): another node may have ports
+        raise OSError(f"could not find {count} free ports on {host} in {lo}-{hi}")
     finally:
         for s in held:
             s.close()

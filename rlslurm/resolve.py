@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlslurm import preflight
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
+from rlslurm.preflight import context_parallel_refusal
+from rlslurm.rl_settings import check_rl_settings
 from rlslurm.slurm.timespec import time_limit_s
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
@@ -113,6 +116,8 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"that long before the limit to checkpoint and requeue, so the job would do little or no work per attempt"
         )
 
+    if t.context_parallel_size > 1:
+        raise ConfigError(context_parallel_refusal(t.context_parallel_size, None))
     world = cfg.trainer_gpus
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
     if world % mp:
@@ -171,8 +176,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     elif not r.engines_per_node:
         raise ConfigError("--device cpu needs --engines-per-node (how many SGLang servers each rollout node runs)")
 
-    if t.use_kl_loss and t.kl_loss_coef > 0 and t.kl_coef > 0:
-        raise ConfigError("--use-kl-loss (with --kl-loss-coef) and --kl-coef (KL-shaped rewards) are exclusive: pick one")
+    check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
     if t.eps_clip > 1:
         raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
     if r.rm_type == "remote" and not r.rm_url and not r.custom_rm_path:
@@ -188,6 +192,8 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"between two collectives with --weight-sync-timeout-s {t.weight_sync_timeout_s:g} "
             f"(at least {min_distributed_timeout_s(t.weight_sync_timeout_s) / 60:.1f} minutes)")
 
+    preflight.check_sglang_args(cfg, res.warnings)
+    preflight.check_megatron_fields(cfg, mc, res.warnings)
     _check_inputs(res, strict_inputs)
     _check_memory(res)
 
@@ -233,17 +239,25 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
     for flag, p in (("--hf-checkpoint", m.hf_checkpoint), ("--ref-load", m.ref_load), ("--load", m.load)):
         if p is not None and not p.exists():
             _need(res, strict, f"{flag} {p} does not exist")
+        elif p is not None and flag != "--load":
+            preflight.check_hf_dir(flag, p, mc)
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():
         _need(res, strict, f"--setup-script {cfg.slurm.setup_script} is not a file")
     replay = cfg.train.load_debug_rollout_data
     if replay is not None and not replay.is_dir():
         _need(res, strict, f"--load-debug-rollout-data {replay} is not a directory")
+    elif replay is not None:
+        preflight.check_replay_buffer(replay)
+    missing_plugin = False
     for name in PLUGIN_FIELDS:
         spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)
         if isinstance(spec, str) and ":" in spec and is_file_plugin(spec):
             f = Path(spec.rpartition(":")[0])
             if not f.is_file():
+                missing_plugin = True
                 _need(res, strict, f"{flag_name(name)} {spec}: {f} is not a file")
+    if not missing_plugin:
+        preflight.check_plugins(cfg, res.warnings)
 
 
 def _check_memory(res: Resolved) -> None:

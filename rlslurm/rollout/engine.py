@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,15 +34,12 @@ from typing import Literal
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
-from rlslurm.rollout import sglang_cpu, sglang_versions
+from rlslurm.rollout import sglang_cpu, sglang_flags, sglang_versions
 from rlslurm.rollout.sglang_client import health_sync
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
 SGLANG_MODULE = "sglang.launch_server"
 DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")
-# Flags rlslurm sets itself; a passthrough of one of them would silently fight the supervisor.
-OWNED_FLAGS = ("--model-path", "--host", "--port", "--nccl-port", "--base-gpu-id", "--tp-size",
-               "--tensor-parallel-size", "--api-key", "--device", "--dtype")
 _SHM_PATTERNS = (re.compile(r"^/dev/shm/sglang_loads_.*\.shm$"), re.compile(r"^/dev/shm/sem\.mp-[^/]+$"))
 
 
@@ -83,11 +81,7 @@ class EngineSpec:
             raise ConfigError(f"{self.name}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"{self.name}: device {self.device!r} must be cuda or cpu")
-        for arg in self.extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in OWNED_FLAGS:
-                raise ConfigError(f"--sglang-{flag[2:]}: rlslurm sets {flag} for every engine itself; "
-                                  f"remove it from the passthrough flags")
+        sglang_flags.check_owned(self.extra_args)
 
     @property
     def url(self) -> str:
@@ -187,6 +181,9 @@ class EngineProcess:
             # during start-up has already created its /dev/shm files.
             self.record_owned_files()
             if not self.is_alive():
+                refused = self.refused_arguments()
+                if refused:
+                    raise ConfigError(f"--sglang-* passthrough: SGLang on {socket.gethostname()} refused it: {refused}")
                 raise EngineStartError(f"{self.spec.name} ({self.url}) exited with code {self.proc.returncode} "
                                        f"before it became healthy; log {self.spec.log_path}:\n{self.log_tail()}")
             if health_sync(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
@@ -196,6 +193,18 @@ class EngineProcess:
                 raise EngineStartError(f"{self.spec.name} ({self.url}) not healthy after {timeout:g} s; "
                                        f"log {self.spec.log_path}:\n{self.log_tail()}")
             time.sleep(poll_s)
+
+    def refused_arguments(self) -> str | None:
+        """argparse's one-line complaint when the server exited refusing its arguments (exit code 2:
+        a passthrough flag this node's SGLang does not know, or a bad value), else None."""
+        if self.proc is None or self.proc.returncode != 2:
+            return None
+        try:
+            text = self.spec.log_path.read_text(errors="replace")
+        except OSError:
+            return None
+        m = re.search(r"^[^\n]*?: error: ((?:unrecognized arguments|argument --)[^\n]*)$", text, re.MULTILINE)
+        return m.group(1).strip() if m else None
 
     def log_tail(self, n: int = 20) -> str:
         try:

@@ -20,13 +20,11 @@ import concurrent.futures
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.errors import UserError
 from rlslurm.net import node_ip
 from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
@@ -182,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"rlslurm rollout: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    # A UserError ends the job without requeue (rlslurm/user_error.py).
+    from rlslurm.user_error import run_dir_arg, run_role
+
+    run_role("rollout", main, run_dir_arg)

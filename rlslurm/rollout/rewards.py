@@ -28,13 +28,14 @@ from typing import Any
 
 import httpx
 
+from rlslurm.config import RM_TYPES
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
 
 log = logging.getLogger(__name__)
 
 Reward = float | dict[str, float]
-BUILTIN_REWARDS = ("exact", "math", "remote")
+BUILTIN_REWARDS = RM_TYPES  # the names --rm-type accepts (rlslurm/config.py)
 
 
 class RewardError(UserError):

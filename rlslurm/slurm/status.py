@@ -13,6 +13,7 @@ from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.curve import reward_curve
 from rlslurm.slurm.submit import current_job_id
+from rlslurm.user_error import REASON_PREFIX, read_user_error
 
 _TIMEOUT_S = 20
 
@@ -90,6 +91,8 @@ class RunStatus:
     engines: list[dict[str, Any]] = field(default_factory=list)
     reward_trend: list[tuple[int, float]] = field(default_factory=list)  # (rollout id, mean reward), last 50
     resubmits: list[dict[str, Any]] = field(default_factory=list)  # `rlslurm resubmit` records of the ledger
+    # The user error that ended the last attempt (rlslurm/user_error.py): its record, or None.
+    user_error: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,7 +127,20 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         engines=[e.model_dump() for e in control.engines()],
         reward_trend=reward_curve(rd.path)[-50:],
         resubmits=[r for r in ledger if is_event(r)],
+        user_error=_last_user_error(rd, attempts),
     )
+
+
+def _last_user_error(rd: RunDir, ended: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of the user error that ended the newest ended attempt, if one did."""
+    if not ended:
+        return None
+    last = max(ended, key=lambda a: a.get("attempt", -1))
+    reason = last.get("reason")
+    if not isinstance(reason, str) or not reason.startswith(REASON_PREFIX):
+        return None
+    rec = read_user_error(rd.attempt_log_dir(int(last.get("attempt", 0))))
+    return {**(rec or {}), "attempt": last.get("attempt"), "reason": reason}
 
 
 def _current_attempt(rd: RunDir, ended: list[dict[str, Any]]) -> dict[str, Any] | None:

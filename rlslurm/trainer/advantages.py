@@ -20,21 +20,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Mapping, Protocol
+from typing import Mapping, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.rl_settings import ESTIMATOR_NAMES, check_rl_settings, estimator, names_where
 from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, kl_estimate
 
-Estimator = Literal["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"]
-ESTIMATORS: tuple[str, ...] = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+# The names and what each estimator needs live in one registry (rlslurm/rl_settings.py).
+ESTIMATORS: tuple[str, ...] = ESTIMATOR_NAMES
 # Estimators whose scalar reward is centred on its prompt group before use.
-GROUP_BASELINE_ESTIMATORS: tuple[str, ...] = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+GROUP_BASELINE_ESTIMATORS: tuple[str, ...] = names_where(group_baseline=True)
+# ... and divided by the group's std (unless --no-grpo-std-normalization: Dr.GRPO).
+GROUP_STD_ESTIMATORS: tuple[str, ...] = names_where(group_std=True)
 # Estimators with per-token rewards, where a KL penalty can shape the reward.
-KL_SHAPED_ESTIMATORS: tuple[str, ...] = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+KL_SHAPED_ESTIMATORS: tuple[str, ...] = names_where(per_token_rewards=True)
 
 GROUP_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
@@ -52,7 +55,7 @@ class AdvantageConfig:
     ``num_critic_only_steps`` (PPO): the first rollouts train only the critic.
     """
 
-    estimator: Estimator = "grpo"
+    estimator: str = "grpo"   # a name of rlslurm/rl_settings.ESTIMATORS
     rewards_normalization: bool = True
     grpo_std_normalization: bool = True
     kl_coef: float = 0.0
@@ -63,41 +66,25 @@ class AdvantageConfig:
     num_critic_only_steps: int = 0
 
     def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
-            raise ConfigError(f"--advantage-estimator must be one of {ESTIMATORS}, got {self.estimator!r}")
+        # Rules across settings (--kl-coef vs the estimator, REINFORCE++ vs --normalize-advantages,
+        # --num-critic-only-steps vs PPO, ...) are rlslurm/rl_settings.check_rl_settings's.
+        estimator(self.estimator)
         if self.kl_coef < 0.0:
             raise ConfigError(f"--kl-coef must be >= 0, got {self.kl_coef}")
-        if self.kl_coef > 0.0 and self.estimator not in KL_SHAPED_ESTIMATORS:
-            raise ConfigError(
-                f"--kl-coef shapes per-token rewards, which --advantage-estimator {self.estimator} "
-                f"does not have; use --use-kl-loss --kl-loss-coef instead"
-            )
         if self.kl_estimator not in KL_KINDS:
             raise ConfigError(f"--kl-loss-type must be one of {KL_KINDS}, got {self.kl_estimator!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"--gamma must be in [0, 1], got {self.gamma}")
         if not 0.0 <= self.lam <= 1.0:
             raise ConfigError(f"--lambd must be in [0, 1], got {self.lam}")
-        if self.estimator.startswith("reinforce_plus_plus") and not self.normalize_advantages:
-            # REINFORCE++ has no learned or group baseline for the token returns; without
-            # whitening the advantages' scale follows the raw reward scale.
-            raise ConfigError(
-                f"--advantage-estimator {self.estimator} needs --normalize-advantages"
-            )
         if self.num_critic_only_steps < 0:
             raise ConfigError(f"--num-critic-only-steps must be >= 0, got {self.num_critic_only_steps}")
-        if self.num_critic_only_steps > 0 and self.estimator != "ppo":
-            raise ConfigError("--num-critic-only-steps needs --advantage-estimator ppo (only PPO has a critic)")
 
 
 def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
-    """Cross-checks between the advantage and the loss settings (call once at startup)."""
-    if adv.kl_coef > 0.0 and loss.kl_loss_coef > 0.0:
-        raise ConfigError(
-            f"--kl-coef ({adv.kl_coef}) and --use-kl-loss/--kl-loss-coef ({loss.kl_loss_coef}) are both set; "
-            f"penalise the KL either in the reward or in the loss, not both"
-        )
-    if (adv.estimator == "gspo") != (loss.estimator == "gspo"):
+    """The two configs were built from the same settings (the user-facing rules across settings are
+    rlslurm/rl_settings.check_rl_settings's)."""
+    if estimator(adv.estimator).sequence_ratio != estimator(loss.estimator).sequence_ratio:
         raise ConfigError(
             f"the policy loss was built for estimator {loss.estimator!r} but --advantage-estimator is "
             f"{adv.estimator!r}; GSPO needs its sequence-level ratio in both"
@@ -125,6 +112,7 @@ class TrainKnobs(Protocol):
     use_tis: bool
     tis_clip_low: float
     tis_clip: float
+    use_rollout_logprobs: bool
 
 
 def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLossConfig]:
@@ -136,11 +124,9 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
     Typed by a Protocol so this module does not import the CLI's config.
     """
     t = train
-    if getattr(t, "use_rollout_logprobs", False) and getattr(t, "use_tis", False):
-        raise ConfigError("--use-rollout-logprobs and --use-tis are exclusive: TIS corrects the trainer's "
-                          "old log-probs towards the engine's, which --use-rollout-logprobs already uses")
+    check_rl_settings(t)  # the same rules resolve() checked at submit
     adv = AdvantageConfig(
-        estimator=t.advantage_estimator,  # type: ignore[arg-type]  # validated in __post_init__
+        estimator=t.advantage_estimator,
         rewards_normalization=getattr(t, "rewards_normalization", True),
         grpo_std_normalization=t.grpo_std_normalization,
         kl_coef=t.kl_coef,
@@ -169,7 +155,7 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
 
 def actor_trains(cfg: AdvantageConfig, rollout_id: int) -> bool:
     """False during PPO's critic-only warm-up: the critic learns values before the actor uses them."""
-    return cfg.estimator != "ppo" or rollout_id >= cfg.num_critic_only_steps
+    return not estimator(cfg.estimator).critic or rollout_id >= cfg.num_critic_only_steps
 
 
 def reward_from(sample_reward: float | Mapping[str, object], key: str | None, where: str = "reward") -> float:
@@ -344,12 +330,12 @@ def compute_advantages_and_returns(
     masks = [m.float() for m in loss_masks]
 
     if cfg.rewards_normalization and cfg.estimator in GROUP_BASELINE_ESTIMATORS:
-        divide = cfg.grpo_std_normalization and cfg.estimator in ("grpo", "gspo")
+        divide = cfg.grpo_std_normalization and cfg.estimator in GROUP_STD_ESTIMATORS
         rewards = group_normalize(rewards, group_index.to(device), divide_by_std=divide)
 
     kl = _shaping_kl(cfg, masks, log_probs, ref_log_probs)
 
-    if cfg.estimator in ("grpo", "gspo"):
+    if cfg.estimator in names_where(per_token_rewards=False):  # grpo, gspo: one advantage per sample
         advantages = [torch.full_like(m, float(r)) for m, r in zip(masks, rewards.tolist())]
         returns = advantages
     elif cfg.estimator == "reinforce_plus_plus_baseline":

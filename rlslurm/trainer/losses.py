@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from rlslurm.errors import ConfigError
+from rlslurm.rl_settings import estimator
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 LossReduction = Literal["per_sample_mean", "per_token"]
@@ -71,17 +72,10 @@ class PolicyLossConfig:
         if self.eps_clip_c is not None and not self.eps_clip_c > 1.0:
             # A cap at or below 1 would cut the loss of ordinary unclipped tokens too.
             raise ConfigError(f"--eps-clip-c (dual-clip bound) must be > 1.0, got {self.eps_clip_c}")
-        if self.eps_clip_c is not None and self.eps_clip_c <= 1.0 + self.eps_clip_high:
-            raise ConfigError(
-                f"--eps-clip-c ({self.eps_clip_c}) must exceed 1 + --eps-clip-high "
-                f"({1.0 + self.eps_clip_high}), else dual-clip cuts inside the PPO trust region"
-            )
+        # --eps-clip-c vs --eps-clip-high and --tis-clip vs --tis-clip-low are rules across settings:
+        # rlslurm/rl_settings.check_rl_settings.
         if self.tis_clip_low < 0.0:
             raise ConfigError(f"--tis-clip-low must be >= 0, got {self.tis_clip_low}")
-        if not self.tis_clip_high > self.tis_clip_low:
-            raise ConfigError(
-                f"--tis-clip ({self.tis_clip_high}) must be > --tis-clip-low ({self.tis_clip_low})"
-            )
         if self.kl_loss_coef < 0.0:
             raise ConfigError(f"--kl-loss-coef must be >= 0, got {self.kl_loss_coef}")
         if self.kl_loss_type not in KL_KINDS:
@@ -348,7 +342,7 @@ def compute_rl_loss(
     def reduce(xs: list[Tensor]) -> Tensor:
         return reduce_masked(xs, loss_masks, cfg.loss_reduction, global_denominator)
 
-    if cfg.estimator == "gspo":
+    if estimator(cfg.estimator).sequence_ratio:  # GSPO
         pg, clipfrac, ppo_kl = gspo_policy_loss(
             log_probs, old_log_probs, advantages, loss_masks, cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
         )

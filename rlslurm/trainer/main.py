@@ -21,7 +21,6 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -397,8 +396,7 @@ class Trainer:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"rlslurm trainer: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    # A UserError ends the job without requeue (rlslurm/user_error.py).
+    from rlslurm.user_error import run_dir_arg, run_role
+
+    run_role("trainer", main, run_dir_arg)

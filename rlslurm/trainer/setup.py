@@ -24,6 +24,8 @@ import torch.distributed as dist
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.preflight import context_parallel_refusal
+from rlslurm.rl_settings import check_rl_settings, estimator
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
 from rlslurm.trainer.collectives import group_timeout
 from rlslurm.trainer.losses import PolicyLossConfig
@@ -77,20 +79,13 @@ class Parallel:
 
 
 def check_context_parallel(cp: int) -> None:
-    """CP > 1 is refused: say exactly why, depending on whether transformer-engine is here."""
+    """CP > 1 is refused (resolve() refuses it at submit too): say exactly why, depending on whether
+    transformer-engine is here."""
     if cp <= 1:
         return
     from rlslurm.trainer.model import HAVE_TE
 
-    if not HAVE_TE:
-        raise ConfigError(
-            f"--context-parallel-size {cp}: context parallelism needs transformer-engine's attention "
-            "(megatron-core's local DotProductAttention has no context-parallel path: it would attend "
-            "within each rank's sequence chunk only), and transformer_engine is not importable here")
-    raise ConfigError(
-        f"--context-parallel-size {cp}: not implemented in the RL trainer loop (its log-prob, entropy "
-        "and loss code assumes every rank holds whole sequences; CP would split them and needs "
-        "per-chunk response slicing and load-balanced sequence splits)")
+    raise ConfigError(context_parallel_refusal(cp, HAVE_TE))
 
 
 def init_parallel(cfg: RunConfig, world: int) -> Parallel:
@@ -313,6 +308,7 @@ def needs_ref(adv: AdvantageConfig, loss: PolicyLossConfig) -> bool:
 
 def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     """Everything but the resume: parallel state, seeds, actor (+ref, +critic), optimizers."""
+    check_rl_settings(cfg.train, cfg.model)  # as resolve() did at submit, with the reference-model rule
     adv_cfg, loss_cfg = rl_configs_from_train(cfg.train)
     par = init_parallel(cfg, world)
     set_seeds(cfg.run.seed)
@@ -327,8 +323,6 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     device = _device()
 
     with_ref = needs_ref(adv_cfg, loss_cfg)
-    if with_ref and cfg.model.ref_load is None and cfg.model.hf_checkpoint is None:
-        raise ConfigError("--use-kl-loss / --kl-coef need a reference model: pass --hf-checkpoint or --ref-load")
 
     actor_model = _build(mc, tcfg, vpad, device, par)
     _init_weights(actor_model, mc, cfg, "actor")
@@ -345,7 +339,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
         ref.eval().requires_grad_(False)
 
     critic = None
-    if adv_cfg.estimator == "ppo":
+    if estimator(adv_cfg.estimator).critic:  # PPO
         # slime initialises the critic's trunk from the actor's checkpoint; the value head starts at 0
         # so the first advantages are the plain returns.
         # Untied on every stage: its output layer becomes the value head, so there is no LM head

@@ -29,6 +29,7 @@ from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
 from rlslurm.trainer.advantages import (
     GROUP_BASELINE_ESTIMATORS,
+    GROUP_STD_ESTIMATORS,
     actor_trains,
     compute_advantages_and_returns,
     group_normalize,
@@ -135,7 +136,7 @@ def rewards_of(st: TrainerSetup, rollout: Rollout) -> Tensor:
         # The group baseline needs every sample of a group; groups span DP ranks, so do it over
         # the whole rollout here (every rank has it) and let the local call skip it.
         gi = torch.tensor([s.group_index for s in rollout.samples])
-        r = group_normalize(r, gi, divide_by_std=cfg.grpo_std_normalization and cfg.estimator in ("grpo", "gspo"))
+        r = group_normalize(r, gi, divide_by_std=cfg.grpo_std_normalization and cfg.estimator in GROUP_STD_ESTIMATORS)
     return r
 
 

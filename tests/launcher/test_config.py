@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.resolve import resolve
 
@@ -19,7 +20,8 @@ def prompts(tmp_path: Path) -> Path:
 
 
 def _argv(prompts: Path, *extra: str) -> list[str]:
-    return ["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(prompts), "--hf-checkpoint", str(prompts.parent),
+    return ["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(prompts), "--hf-checkpoint",
+            str(hf_shaped_dir(prompts.parent / "hf", "qwen3-4B")),
             *extra]
 
 
@@ -69,8 +71,8 @@ def test_gpus_per_engine_must_divide_rollout_gpus(prompts: Path) -> None:
 
 def test_model_parallel_must_divide_trainer_gpus(prompts: Path) -> None:
     with pytest.raises(ConfigError) as e:
-        resolve(_argv(prompts, "--tensor-model-parallel-size", "4", "--context-parallel-size", "3"))
-    assert "--tensor-model-parallel-size 4" in str(e.value) and "--context-parallel-size 3" in str(e.value)
+        resolve(_argv(prompts, "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "3"))
+    assert "--tensor-model-parallel-size 4" in str(e.value) and "--pipeline-model-parallel-size 3" in str(e.value)
     assert "8 trainer GPUs" in str(e.value)
 
 
@@ -140,7 +142,7 @@ def test_unsafe_slurm_names_are_refused() -> None:
 
 
 def test_kl_loss_and_kl_reward_are_exclusive() -> None:
-    with pytest.raises(ConfigError, match="--use-kl-loss.*--kl-coef"):
+    with pytest.raises(ConfigError, match="--kl-coef 0.01 .*--use-kl-loss --kl-loss-coef 0.01 .*exclusive"):
         resolve(["--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-coef", "0.01"], strict_inputs=False)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hf_shape import hf_shaped_dir
 from rlslurm.resolve import resolve
 
 
@@ -26,7 +27,7 @@ def prompts(tmp_path: Path) -> Path:
 ])
 def test_cuda_default_follows_the_data_parallel_size(prompts: Path, extra: list[str], expected: bool) -> None:
     cfg = resolve(["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(prompts), "--hf-checkpoint",
-                   str(prompts.parent), *extra]).cfg
+                   str(hf_shaped_dir(prompts.parent / "hf", "qwen3-4B")), *extra]).cfg
     assert cfg.train.use_distributed_optimizer is expected
 
 

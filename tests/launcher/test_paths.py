@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.runfile import dump_run_config
@@ -24,7 +25,7 @@ def project(tmp_path: Path) -> Path:
     """A user's project dir: prompts, an HF dir, a setup script, a reward plugin file."""
     d = tmp_path / "proj"
     (d / "data").mkdir(parents=True)
-    (d / "ckpt").mkdir()
+    hf_shaped_dir(d / "ckpt", "tiny-qwen3")
     line = json.dumps({"prompt": "say a", "label": "a"}) + "\n"
     (d / "data/p.jsonl").write_text(line)
     (d / "data/eval.jsonl").write_text(line)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.model_config import available_models
+from rlslurm.user_error import USER_ERROR_EXIT_CODE
 
 pytestmark = pytest.mark.slurm
 
@@ -245,6 +246,33 @@ def test_resubmit_continues_attempts_and_resets_the_failure_budget_on_request(sl
     assert [r["reset_failures"] for r in st["resubmits"]] == [False, True]
     human = rlslurm("status", str(run_dir)).stdout
     assert "attempts (5)" in human and human.count("resubmitted") == 2
+
+
+def test_user_error_found_on_a_node_ends_the_job_without_requeue(slurm_cluster, tmp_path: Path,
+                                                                   prompts: Path) -> None:
+    """What only a node can find is final (rlslurm/user_error.py): here a --megatron-* field, which
+    submit cannot check because the job runs another environment (a --setup-script may switch to
+    another megatron-core), refused by the trainer's megatron at start-up. No requeue, the message
+    in the ledger and in `rlslurm status`."""
+    setup = tmp_path / "env.sh"
+    setup.write_text("true\n")
+    run_dir = tmp_path / "run"
+    p = rlslurm("submit", *tiny_args(run_dir, prompts, "--setup-script", str(setup), "--max-failures", "3",
+                                     "--megatron-no-such-field", "1"))
+    assert "--megatron-* fields not checked here" in p.stderr, p.stderr
+    job = json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"]
+    info = slurm_cluster.wait_finished(int(job), JOB_TIMEOUT)
+    batch_log = (run_dir / f"logs/slurm-{job}.out").read_text()
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", batch_log
+    assert info["ExitCode"] == f"{USER_ERROR_EXIT_CODE}:0", (info["ExitCode"], batch_log, ledger(run_dir))
+    [line] = ledger(run_dir)
+    assert line["exit_code"] == USER_ERROR_EXIT_CODE, line
+    assert line["reason"].startswith("user error: --megatron-no-such-field: 'no_such_field' is not a megatron-core"), line
+    human = rlslurm("status", str(run_dir)).stdout
+    assert f"{line['reason']} (attempt 0, role trainer, host " in human, human
+    assert "the job was not requeued" in human
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert st["user_error"]["reason"] == line["reason"] and st["user_error"]["role"] == "trainer"
 
 
 HOSTILE = "$(touch pwned)`touch pwned2` it's \"q\"\nline2 $HOME"

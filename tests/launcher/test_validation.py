@@ -4,6 +4,7 @@ each is refused at resolve with one line naming the flag."""
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,175 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
     else:
         with pytest.raises(ConfigError, match=r"^--rollout-top-k: must be -1 .* or >= 1"):
             resolve(argv + ["--rollout-top-k", value])
+
+
+# ------------------------------------------------------------------ rules across RL settings (rlslurm/rl_settings.py)
+# Each used to pass submit and stop the trainer at start-up, after the queue wait.
+
+@pytest.mark.parametrize("extra,flags", [
+    (["--advantage-estimator", "reinforce_plus_plus"], ["--advantage-estimator reinforce_plus_plus", "--normalize-advantages"]),
+    (["--advantage-estimator", "reinforce_plus_plus_baseline"], ["--advantage-estimator", "--normalize-advantages"]),
+    (["--num-critic-only-steps", "2"], ["--num-critic-only-steps 2", "--advantage-estimator ppo", "grpo"]),
+    (["--use-tis", "--use-rollout-logprobs"], ["--use-tis", "--use-rollout-logprobs", "exclusive"]),
+    (["--advantage-estimator", "gspo", "--kl-coef", "0.1"], ["--kl-coef", "--advantage-estimator gspo"]),
+    (["--advantage-estimator", "ppo", "--kl-coef", "0.1", "--use-kl-loss", "--kl-loss-coef", "0.2"],
+     ["--kl-coef 0.1", "--use-kl-loss --kl-loss-coef 0.2", "exclusive"]),
+    (["--tis-clip", "0.5", "--tis-clip-low", "1.0"], ["--tis-clip 0.5", "--tis-clip-low 1"]),
+    (["--eps-clip-c", "1.1"], ["--eps-clip-c 1.1", "--eps-clip-high"]),
+    (["--eps-clip-c", "1.3", "--eps-clip-high", "0.3"], ["--eps-clip-c 1.3", "--eps-clip-high (1.3"]),
+    (["--use-kl-loss", "--kl-loss-coef", "0.1"], ["--use-kl-loss --kl-loss-coef", "--hf-checkpoint", "--ref-load"]),
+])
+def test_rl_rule_is_checked_at_submit(argv: list[str], extra: list[str], flags: list[str]) -> None:
+    with pytest.raises(ConfigError) as e:
+        resolve(argv + extra)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for f in flags:
+        assert f in msg, (f, msg)
+
+
+@pytest.mark.parametrize("ok", [
+    ["--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages"],
+    ["--advantage-estimator", "ppo", "--num-critic-only-steps", "2"],
+    ["--use-tis"], ["--use-rollout-logprobs"],
+    ["--advantage-estimator", "ppo", "--kl-coef", "0.1", "--hf-checkpoint", "HF"],
+    ["--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
+    ["--use-kl-loss", "--kl-loss-coef", "0"],
+    ["--eps-clip-c", "3"],
+])
+def test_rl_rule_neighbours_pass(argv: list[str], tmp_path: Path, ok: list[str]) -> None:
+    from tests.hf_shape import hf_shaped_dir
+
+    hf = str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))
+    resolve(argv + [hf if a == "HF" else a for a in ok])
+
+
+def test_trainer_rechecks_with_the_same_validator() -> None:
+    from rlslurm.config import TrainSection
+    from rlslurm.trainer.advantages import rl_configs_from_train
+
+    with pytest.raises(ConfigError, match="--advantage-estimator reinforce_plus_plus needs --normalize-advantages"):
+        rl_configs_from_train(TrainSection(advantage_estimator="reinforce_plus_plus"))
+
+
+def test_estimator_names_come_from_one_registry() -> None:
+    from rlslurm import rl_settings
+    from rlslurm.config import TrainSection
+    from rlslurm.trainer import advantages
+
+    literal = typing.get_args(TrainSection.model_fields["advantage_estimator"].annotation)
+    assert literal == rl_settings.ESTIMATOR_NAMES == advantages.ESTIMATORS
+    assert rl_settings.names_where(critic=True) == ("ppo",)
+
+
+# ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)
+
+
+def _one_line_naming(argv: list[str], *names: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        resolve(argv)
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    for n in names:
+        assert n in msg, (n, msg)
+    return msg
+
+
+@pytest.mark.parametrize("body,attr,names", [
+    ("import no_such_module_for_rlslurm\ndef rm(s):\n    return 1.0\n", "rm", ["no_such_module_for_rlslurm"]),
+    ("def rm(s:\n", "rm", ["SyntaxError"]),
+    ("raise RuntimeError('needs a GPU')\n", "rm", ["RuntimeError: needs a GPU"]),
+    ("def other(s):\n    return 1.0\n", "rm", ["has no attribute 'rm'", "other"]),
+    ("def rm():\n    return 1.0\n", "rm", ["cannot be called with 1 positional"]),
+])
+def test_plugin_that_does_not_import_is_refused(argv: list[str], tmp_path: Path, body: str, attr: str,
+                                                names: list[str]) -> None:
+    f = tmp_path / "reward_plugin.py"
+    f.write_text(body)
+    _one_line_naming(argv + ["--custom-rm-path", f"{f}:{attr}"], "--custom-rm-path", str(f), *names)
+
+
+def test_plugin_module_missing_here_is_a_warning_when_the_job_runs_another_environment(
+        argv: list[str], tmp_path: Path) -> None:
+    _one_line_naming(argv + ["--custom-rm-path", "no_such_pkg_for_rlslurm.rewards:rm"], "--custom-rm-path",
+                     "no_such_pkg_for_rlslurm")
+    env = tmp_path / "env.sh"
+    env.write_text("export PYTHONPATH=/opt/site\n")
+    res = resolve(argv + ["--custom-rm-path", "no_such_pkg_for_rlslurm.rewards:rm", "--setup-script", str(env)])
+    assert any("--custom-rm-path" in w and "no_such_pkg_for_rlslurm" in w for w in res.warnings), res.warnings
+
+
+def test_rm_type_must_be_a_builtin(argv: list[str]) -> None:
+    _one_line_naming(argv + ["--rm-type", "fancy"], "--rm-type", "fancy", "math")
+
+
+@pytest.mark.parametrize("flag,owned", [("--sglang-api-key", "--api-key"), ("--sglang-port", "--port"),
+                                        ("--sglang-model", "--model"), ("--sglang-tp", None)])
+def test_sglang_flags_rlslurm_owns_are_refused(argv: list[str], flag: str, owned: str | None) -> None:
+    if owned is None:  # an abbreviation SGLang's parser would expand: not one of its flags
+        pytest.importorskip("sglang")
+        _one_line_naming(argv + [flag, "2"], flag, "not a flag of SGLang")
+        return
+    _one_line_naming(argv + [flag, "x"], flag, f"rlslurm sets {owned}")
+
+
+def test_unknown_sglang_flag_is_refused_with_a_suggestion(argv: list[str]) -> None:
+    pytest.importorskip("sglang")
+    _one_line_naming(argv + ["--sglang-mem-fraction-statc", "0.7"], "--sglang-mem-fraction-statc",
+                     "did you mean --sglang-mem-fraction-static")
+    resolve(argv + ["--sglang-mem-fraction-static", "0.7", "--sglang-disable-radix-cache"])
+
+
+def test_unknown_megatron_field_is_refused(argv: list[str]) -> None:
+    pytest.importorskip("megatron.core")
+    _one_line_naming(argv + ["--megatron-recompute-granularty", "full"], "--megatron-recompute-granularty",
+                     "did you mean --megatron-recompute-granularity")
+    resolve(argv + ["--megatron-recompute-granularity", "full", "--megatron-apply-wd-to-qk-layernorm", "true"])
+
+
+def test_megatron_fields_read_from_source_are_the_dataclass_fields() -> None:
+    """The submit host reads the field names from megatron-core's source (importing it takes seconds)."""
+    pytest.importorskip("megatron.core")
+    import dataclasses
+
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    from rlslurm.preflight import megatron_fields
+
+    opt = {f.name for f in dataclasses.fields(OptimizerConfig)}
+    assert megatron_fields(mla=False) == {f.name for f in dataclasses.fields(TransformerConfig)} | opt
+    assert megatron_fields(mla=True) == {f.name for f in dataclasses.fields(MLATransformerConfig)} | opt
+
+
+def test_context_parallel_is_refused_at_submit(argv: list[str]) -> None:
+    _one_line_naming(argv + ["--context-parallel-size", "2", "--device", "cpu", "--engines-per-node", "1",
+                             "--gpus-per-node", "0", "--trainer-procs-per-node", "2"],
+                     "--context-parallel-size 2", "not implemented")
+
+
+@pytest.mark.parametrize("content", ["empty", "readme", "config_only", "other_model"])
+def test_hf_checkpoint_must_be_an_hf_directory_of_the_model(argv: list[str], tmp_path: Path, content: str) -> None:
+    from tests.hf_shape import hf_shaped_dir
+
+    d = tmp_path / "hf"
+    d.mkdir()
+    if content == "readme":
+        (d / "README.md").write_text("weights elsewhere\n")
+    if content == "config_only":
+        hf_shaped_dir(d, "tiny-qwen3")
+        (d / "model.safetensors").unlink()
+    if content == "other_model":
+        hf_shaped_dir(d, "tiny-llama")
+    why = {"empty": "no config.json", "readme": "no config.json", "config_only": "no *.safetensors",
+           "other_model": "does not match"}[content]
+    _one_line_naming(argv + ["--hf-checkpoint", str(d)], "--hf-checkpoint", str(d), why)
+    _one_line_naming(argv + ["--ref-load", str(d)], "--ref-load", str(d), why)
+    resolve(argv + ["--hf-checkpoint", str(hf_shaped_dir(tmp_path / "good", "tiny-qwen3"))])
+
+
+def test_replay_buffer_must_hold_committed_rollouts(argv: list[str], tmp_path: Path) -> None:
+    empty = tmp_path / "old-run"
+    empty.mkdir()
+    _one_line_naming(argv + ["--load-debug-rollout-data", str(empty)], "--load-debug-rollout-data", str(empty),
+                     "buffer")

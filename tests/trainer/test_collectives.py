@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import min_distributed_timeout_s, resolve
 from rlslurm.trainer.collectives import collective_device, group_timeout
@@ -41,7 +42,8 @@ def test_group_timeout_is_minutes() -> None:
 def _argv(tmp_path: Path, *extra: str) -> list[str]:
     p = tmp_path / "train.jsonl"
     p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
-    return ["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(p), "--hf-checkpoint", str(tmp_path), *extra]
+    return ["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(p), "--hf-checkpoint",
+            str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), *extra]
 
 
 def test_default_timeout_outlasts_a_lone_weight_sync(tmp_path: Path) -> None:

@@ -1,0 +1,206 @@
+"""Submit-time checks of what the nodes would otherwise find only after the queue wait.
+
+`resolve()` runs these; each raises a one-line ConfigError naming the flag. What this host cannot
+know stays for the nodes, where a user error ends the job without requeue (docs/user-errors.md):
+* a plugin whose import needs a module that is not installed here is a warning when the job runs
+  another Python environment (--python, --setup-script, --env PYTHONPATH, a container), which
+  may have it; every other import failure is an error;
+* `--sglang-*` flags are checked against this host's SGLang only when the job runs this host's
+  Python environment (job_env_is_ours); `--megatron-*` fields likewise, read from megatron-core's
+  source without importing it (importing takes seconds).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rlslurm.errors import ConfigError, UserError
+from rlslurm.flags import flag_name
+
+if TYPE_CHECKING:
+    from rlslurm.config import RunConfig
+    from rlslurm.model_config import ModelConfig
+
+# Plugin flag -> positional arguments its callable must take (None: a class or factory, checked by
+# the node that builds it). The same numbers the rollout's loaders use.
+PLUGIN_ARGS: dict[str, int | None] = {
+    "custom_rm_path": 1,                   # rollout/rewards.py
+    "custom_generate_function_path": 3,    # rollout/generate_api.py
+    "dynamic_sampling_filter_path": 1,     # rollout/filters.py
+    "buffer_filter_path": None,            # rollout/data.py
+    "data_source_path": None,              # rollout/data.py
+}
+
+
+def job_env_is_ours(cfg: "RunConfig") -> bool:
+    """Whether the job's processes run this host's Python environment: then what is not installed
+    here is not installed there either."""
+    s = cfg.slurm
+    same_python = s.python is None or Path(s.python).resolve() == Path(sys.executable).resolve()
+    return (same_python and s.setup_script is None and not s.container_image and not s.apptainer_image
+            and "PYTHONPATH" not in s.env)
+
+
+# ------------------------------------------------------------------------------------ plugins
+
+
+def check_plugins(cfg: "RunConfig", warnings: list[str]) -> None:
+    """Import every plugin as the rollout will (a file plugin is executed, as on the node)."""
+    from rlslurm.plugins import load_callable, load_object
+
+    for name, min_args in PLUGIN_ARGS.items():
+        spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)
+        if not spec:
+            continue
+        flag = flag_name(name)
+        try:
+            if min_args is None:
+                load_object(spec, what=flag)
+            else:
+                load_callable(spec, what=flag, min_args=min_args)
+        except UserError as e:
+            missing = _missing_module(e)
+            if missing is None or job_env_is_ours(cfg):
+                raise
+            warnings.append(f"{flag} {spec}: not checked here, module {missing!r} is not installed on this host "
+                            f"(the job's environment must have it)")
+
+
+def _missing_module(e: BaseException) -> str | None:
+    """The module name when `e` (or its cause) is a ModuleNotFoundError."""
+    cause = e.__cause__
+    return cause.name if isinstance(cause, ModuleNotFoundError) else None
+
+
+# ------------------------------------------------------------------------------------ sglang
+
+
+def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
+    from rlslurm.rollout import sglang_flags, sglang_versions
+
+    args = cfg.sglang_args
+    sglang_flags.check_owned(args)
+    if not sglang_flags.passthrough_flags(args):
+        return
+    version = sglang_versions.installed_sglang_version()
+    if version is None or not job_env_is_ours(cfg):
+        warnings.append(f"--sglang-* flags ({' '.join(sglang_flags.passthrough_flags(args))}) not checked here: "
+                        f"{'SGLang is not installed on this host' if version is None else 'the job runs another environment'}"
+                        f"; the rollout nodes check them")
+        return
+    known = sglang_flags.sglang_server_flags()
+    unknown = sglang_flags.unknown_flags(args, known)
+    if unknown:
+        raise ConfigError(sglang_flags.unknown_flags_message(unknown, known, version))
+
+
+# ------------------------------------------------------------------------------------ megatron
+
+_MEGATRON_FILES = ("model_parallel_config.py", "transformer/transformer_config.py", "optimizer/optimizer_config.py")
+
+
+def megatron_fields(mla: bool) -> frozenset[str] | None:
+    """The fields `--megatron-<field>` may set (trainer/setup.split_megatron_overrides): the
+    TransformerConfig's (MLATransformerConfig's for MLA models) and the OptimizerConfig's, read from
+    the installed megatron-core's source; None when it is not installed or laid out otherwise."""
+    spec = importlib.util.find_spec("megatron.core") if importlib.util.find_spec("megatron") else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    classes: dict[str, tuple[list[str], list[str]]] = {}
+    try:
+        for rel in _MEGATRON_FILES:
+            classes.update(_dataclass_fields(root / rel))
+    except (OSError, SyntaxError):
+        return None
+
+    def fields(name: str) -> list[str]:
+        bases, own = classes[name]
+        return [f for b in bases if b in classes for f in fields(b)] + own
+
+    wanted = ("MLATransformerConfig" if mla else "TransformerConfig", "OptimizerConfig")
+    if not all(w in classes for w in wanted):
+        return None
+    return frozenset(f for w in wanted for f in fields(w))
+
+
+def _dataclass_fields(path: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """class name -> (base class names, annotated class attributes) of a module's top level."""
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+            own = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                   and not _is_classvar(s.annotation)]
+            out[node.name] = (bases, own)
+    return out
+
+
+def _is_classvar(annotation: ast.expr) -> bool:
+    node = annotation.value if isinstance(annotation, ast.Subscript) else annotation
+    return (isinstance(node, ast.Name) and node.id == "ClassVar") or (isinstance(node, ast.Attribute) and node.attr == "ClassVar")
+
+
+def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[str]) -> None:
+    if not cfg.megatron:
+        return
+    import difflib
+
+    known = megatron_fields(mla=bool(mc.arch.mla))
+    if known is None or not job_env_is_ours(cfg):
+        warnings.append("--megatron-* fields not checked here: "
+                        f"{'megatron-core is not installed on this host' if known is None else 'the job runs another environment'}"
+                        "; the trainer checks them")
+        return
+    for key in cfg.megatron:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean --megatron-{close[0].replace('_', '-')}?)" if close else ""
+            raise ConfigError(f"--megatron-{key.replace('_', '-')}: {key!r} is not a megatron-core "
+                              f"TransformerConfig or OptimizerConfig field{hint}")
+
+
+# ------------------------------------------------------------------------------------ checkpoints, CP
+
+
+def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> None:
+    """An HF model directory the trainer and the engines can load: config.json matching the model
+    config, and safetensors weights."""
+    from rlslurm.convert.hf_config import check_hf_config
+    from rlslurm.convert.hf_io import INDEX_NAME
+
+    if not path.is_dir():
+        raise ConfigError(f"{flag} {path}: not a directory (a Hugging Face model directory is expected)")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{flag} {path}: no config.json, so not a Hugging Face model directory")
+    if not (path / INDEX_NAME).is_file() and not any(path.glob("*.safetensors")):
+        raise ConfigError(f"{flag} {path}: no *.safetensors weights (nor {INDEX_NAME})")
+    try:
+        check_hf_config(mc, path)
+    except UserError as e:
+        raise ConfigError(f"{flag} {path}: {e}") from None
+
+
+def check_replay_buffer(path: Path) -> None:
+    """--load-debug-rollout-data: a run directory whose buffer has committed rollouts to train from."""
+    from rlslurm.buffer.reader import RolloutReader
+
+    try:
+        RolloutReader.replay(path)
+    except UserError as e:
+        raise ConfigError(f"--load-debug-rollout-data {path}: {e}") from None
+
+
+def context_parallel_refusal(cp: int, have_te: bool | None) -> str:
+    """Why --context-parallel-size > 1 is refused (have_te None: not known on this host)."""
+    if have_te is False:
+        return (f"--context-parallel-size {cp}: context parallelism needs transformer-engine's attention "
+                "(megatron-core's local DotProductAttention has no context-parallel path: it would attend "
+                "within each rank's sequence chunk only), and transformer_engine is not importable here")
+    return (f"--context-parallel-size {cp}: not implemented in the RL trainer loop (its log-prob, entropy "
+            "and loss code assumes every rank holds whole sequences; CP would split them and needs "
+            "per-chunk response slicing and load-balanced sequence splits)")

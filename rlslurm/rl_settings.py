@@ -1,0 +1,119 @@
+"""The RL settings' estimator registry and their one cross-field validator.
+
+Every rule that ties two or more RL settings together lives in `check_rl_settings`: `resolve()`
+runs it before anything is submitted, and the trainer runs the same function again at start-up
+(`trainer/advantages.rl_configs_from_train`), so a combination the trainer refuses can never wait
+in the queue first. Rules on one field alone are bounds in `rlslurm/config.py`. No torch here:
+this module is imported on the submit host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from rlslurm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """What an advantage estimator needs and does (semantics: trainer/advantages.py)."""
+
+    name: str
+    group_baseline: bool        # the scalar reward is centred on its prompt group
+    group_std: bool             # ... and divided by the group's std (--grpo-std-normalization)
+    per_token_rewards: bool     # token-level rewards, which a KL penalty (--kl-coef) can shape
+    critic: bool                # a learned value model (--num-critic-only-steps, --critic-lr)
+    needs_whitening: bool       # no baseline for the token returns: --normalize-advantages required
+    sequence_ratio: bool        # GSPO's sequence-level importance ratio in the policy loss
+
+
+_ALL = (
+    Estimator("grpo", group_baseline=True, group_std=True, per_token_rewards=False, critic=False,
+              needs_whitening=False, sequence_ratio=False),
+    Estimator("gspo", group_baseline=True, group_std=True, per_token_rewards=False, critic=False,
+              needs_whitening=False, sequence_ratio=True),
+    Estimator("reinforce_plus_plus", group_baseline=False, group_std=False, per_token_rewards=True, critic=False,
+              needs_whitening=True, sequence_ratio=False),
+    Estimator("reinforce_plus_plus_baseline", group_baseline=True, group_std=False, per_token_rewards=True,
+              critic=False, needs_whitening=True, sequence_ratio=False),
+    Estimator("ppo", group_baseline=False, group_std=False, per_token_rewards=True, critic=True,
+              needs_whitening=False, sequence_ratio=False),
+)
+ESTIMATORS: dict[str, Estimator] = {e.name: e for e in _ALL}
+ESTIMATOR_NAMES: tuple[str, ...] = tuple(ESTIMATORS)
+
+
+def estimator(name: str) -> Estimator:
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ConfigError(f"--advantage-estimator must be one of {', '.join(ESTIMATOR_NAMES)}, got {name!r}") from None
+
+
+def names_where(**want: bool) -> tuple[str, ...]:
+    """Estimator names with the given properties, e.g. names_where(critic=True)."""
+    return tuple(e.name for e in _ALL if all(getattr(e, k) == v for k, v in want.items()))
+
+
+class RLKnobs(Protocol):
+    """The fields of `rlslurm.config.TrainSection` the rules read."""
+
+    advantage_estimator: str
+    normalize_advantages: bool
+    eps_clip: float
+    eps_clip_high: float | None
+    eps_clip_c: float | None
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_coef: float
+    num_critic_only_steps: int
+    use_tis: bool
+    tis_clip_low: float
+    tis_clip: float
+    use_rollout_logprobs: bool
+
+
+class ModelSources(Protocol):
+    hf_checkpoint: Path | None
+    ref_load: Path | None
+
+
+def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
+    """Raise a one-line ConfigError naming the flags of the first cross-field rule `t` breaks.
+
+    `model` (the run config's model section) adds the rule that a KL penalty needs a reference
+    model; without it that rule is skipped."""
+    est = estimator(t.advantage_estimator)
+    kl_loss = t.kl_loss_coef if t.use_kl_loss else 0.0
+    if t.kl_coef > 0 and kl_loss > 0:
+        raise ConfigError(
+            f"--kl-coef {t.kl_coef:g} (KL in the reward) and --use-kl-loss --kl-loss-coef {kl_loss:g} (KL in the "
+            f"loss) are exclusive: penalise the KL in one place")
+    if t.kl_coef > 0 and not est.per_token_rewards:
+        raise ConfigError(
+            f"--kl-coef shapes per-token rewards, which --advantage-estimator {est.name} does not have; use "
+            f"--use-kl-loss --kl-loss-coef instead (or an estimator of {', '.join(names_where(per_token_rewards=True))})")
+    if est.needs_whitening and not t.normalize_advantages:
+        # REINFORCE++ has no learned or group baseline for the token returns; without whitening
+        # the advantages' scale follows the raw reward scale.
+        raise ConfigError(f"--advantage-estimator {est.name} needs --normalize-advantages")
+    if t.num_critic_only_steps > 0 and not est.critic:
+        raise ConfigError(
+            f"--num-critic-only-steps {t.num_critic_only_steps} needs --advantage-estimator "
+            f"{' or '.join(names_where(critic=True))} (only it has a critic), not {est.name}")
+    if t.use_tis and t.use_rollout_logprobs:
+        raise ConfigError(
+            "--use-tis and --use-rollout-logprobs are exclusive: TIS corrects the trainer's old log-probs "
+            "towards the engine's, which --use-rollout-logprobs already uses")
+    if not t.tis_clip > t.tis_clip_low:
+        raise ConfigError(f"--tis-clip {t.tis_clip:g} must be > --tis-clip-low {t.tis_clip_low:g}")
+    high = t.eps_clip if t.eps_clip_high is None else t.eps_clip_high
+    if t.eps_clip_c is not None and t.eps_clip_c <= 1.0 + high:
+        raise ConfigError(
+            f"--eps-clip-c {t.eps_clip_c:g} must exceed 1 + --eps-clip-high ({1.0 + high:g}; --eps-clip-high "
+            f"defaults to --eps-clip), else dual-clip cuts inside the PPO trust region")
+    if model is not None and (kl_loss > 0 or t.kl_coef > 0) and model.hf_checkpoint is None and model.ref_load is None:
+        what = "--use-kl-loss --kl-loss-coef" if kl_loss > 0 else "--kl-coef"
+        raise ConfigError(f"{what} needs a reference model: pass --hf-checkpoint or --ref-load")
