@@ -35,7 +35,7 @@ def attempt_dir(run_dir: Path) -> Path:
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.slurm.jobenv import job_env
 
-    return RunDir(run_dir).attempt_log_dir(job_env().restart_count)
+    return RunDir(run_dir).attempt_log_dir(job_env().attempt)
 
 
 def record_user_error(run_dir: Path, role: str, error: BaseException) -> Path:

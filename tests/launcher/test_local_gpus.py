@@ -30,14 +30,17 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch) -> None:
 def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> None:
     """--load-debug-rollout-data starts no engines, so one GPU is enough (it was refused before)."""
     from rlslurm.local import local_gpus
+    from rlslurm.buffer import RolloutWriter, RunDir
     from rlslurm.resolve import resolve
+    from tests.buffer.helpers import make_meta, make_samples
+    from tests.hf_shape import hf_shaped_dir
 
     (tmp_path / "p.jsonl").write_text('{"prompt": "say a", "label": "a"}\n')
-    (tmp_path / "replay").mkdir()
+    RolloutWriter(RunDir.create(tmp_path / "replay")).commit(0, make_samples(0), make_meta(0))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",
             "--nodes", "2", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
-            "--hf-checkpoint", str(tmp_path)]  # with weights to serve, engines are needed
+            "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))]  # weights to serve: engines
     with pytest.raises(ConfigError, match="need 2 GPUs, 1 visible"):
         local_gpus(resolve(base, strict_inputs=False).cfg)
     replay = resolve(base + ["--load-debug-rollout-data", str(tmp_path / "replay")], strict_inputs=False).cfg

@@ -23,7 +23,7 @@ NASTY = 'chat template failed: TemplateError: "role" must be \\user\\ or $(touch
 @pytest.fixture
 def attempt_env(monkeypatch) -> None:
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    monkeypatch.setenv("RLSLURM_LOCAL_ATTEMPT", "2")
+    monkeypatch.setenv("RLSLURM_ATTEMPT", "2")
 
 
 def test_record_is_one_ascii_line_the_first_writer_wins(tmp_path: Path, attempt_env) -> None:
@@ -57,7 +57,7 @@ def test_a_role_that_raises_a_user_error_records_it_and_exits_with_the_code(tmp_
     code = ("import sys\nfrom rlslurm.errors import DataError\nfrom rlslurm.user_error import run_dir_arg, run_role\n"
             "def main(argv=None):\n    raise DataError('p.jsonl:3', 'chat template failed')\n"
             "run_role('rollout', main, run_dir_arg)\n")
-    env = {"PATH": "/usr/bin:/bin", "RLSLURM_LOCAL_ATTEMPT": "0", "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {"PATH": "/usr/bin:/bin", "RLSLURM_ATTEMPT": "0", "PYTHONPATH": str(Path(__file__).parents[2])}
     p = subprocess.run([sys.executable, "-c", code, "--run-dir", str(tmp_path)], capture_output=True, text=True,
                        env=env, timeout=60)
     assert p.returncode == USER_ERROR_EXIT_CODE, p.stderr
