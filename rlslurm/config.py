@@ -15,9 +15,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rlslurm.rl_settings import ESTIMATOR_NAMES
+from rlslurm.secret_env import looks_secret
 from rlslurm.slurm.timespec import time_limit_s
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
@@ -63,6 +64,9 @@ class SlurmSection(Section):
     python: str | None = None                  # interpreter on the nodes; default: the submitting one
     setup_script: Path | None = None           # sourced by every step before python (module load, venv)
     env: dict[str, str] = Field(default_factory=dict)
+    # Names passed by file, not by run.yaml (rlslurm/secret_env.py): secret-looking --env names
+    # are moved here at validation; a name only listed here takes its value from the environment.
+    secret_env: list[str] = Field(default_factory=list)
     sbatch_extra: list[str] = Field(default_factory=list)  # extra `--key=value` sbatch options
 
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
@@ -78,13 +82,31 @@ class SlurmSection(Section):
         time_limit_s(v)  # raises on anything sbatch would not take
         return v
 
-    @field_validator("env")
+    @field_validator("env", "secret_env")
     @classmethod
-    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+    def _env(cls, v: dict[str, str] | list[str]) -> dict[str, str] | list[str]:
         for k in v:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
                 raise ValueError(f"{k!r} is not a valid environment variable name")
         return v
+
+    # Values of the secrets given as --env NAME=VALUE: a private attribute, so model_dump (run.yaml,
+    # the rendered script) never carries them; submit writes them to RUN/control/secret_env (0600).
+    _secret_given: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _secrets_out_of_env(self) -> "SlurmSection":
+        moved = {k: v for k, v in self.env.items() if k in self.secret_env or looks_secret(k)}
+        if moved:
+            self._secret_given.update(moved)
+            # through __dict__: an assignment would re-run this validator (validate_assignment)
+            self.__dict__["env"] = {k: v for k, v in self.env.items() if k not in moved}
+            self.__dict__["secret_env"] = list(dict.fromkeys([*self.secret_env, *moved]))
+        return self
+
+    def secret_given(self) -> dict[str, str]:
+        """The secret values given as `--env NAME=VALUE` in this process (never from run.yaml)."""
+        return dict(self._secret_given)
 
     @field_validator("sbatch_extra")
     @classmethod

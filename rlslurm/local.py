@@ -25,6 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rlslurm.buffer.attempts import next_attempt
+from rlslurm.buffer.atomic import LOG_DIR_MODE, PRIVATE_UMASK, open_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
@@ -32,6 +33,8 @@ from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.errors import ConfigError
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
+from rlslurm.runfile import load_run_config
+from rlslurm.secret_env import read_secret_env
 
 if TYPE_CHECKING:
     from rlslurm.config import RunConfig
@@ -53,8 +56,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _clean_env(attempt: int) -> dict[str, str]:
+def _clean_env(attempt: int, rd: RunDir | None = None) -> dict[str, str]:
+    """This environment without SLURM's variables, plus the run's --env values and its secrets
+    (RUN/control/secret_env), as the batch script exports them under SLURM."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    if rd is not None:
+        env.update(load_run_config(rd.path).slurm.env)
+        env.update(read_secret_env(rd.path))
     env[ATTEMPT_ENV] = str(attempt)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -171,7 +179,8 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     console = console or make_console(stderr=True)
     attempt = next_attempt(rd)
     logs = rd.attempt_log_dir(attempt)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(logs, LOG_DIR_MODE)  # as `mkdir -p` under the batch script's umask 077
     (logs / "attempt.json").write_text(json.dumps({"attempt": attempt, "job_id": "local", "start": int(time.time())}))
     control = Control(rd)
     # As the batch script does: no record of the previous attempt's processes survives into this one.
@@ -180,21 +189,25 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
              *rd.control_dir.glob("engines-node*.json"), *rd.control_dir.glob("rendezvous-*.json")]
     for f in stale:
         f.unlink(missing_ok=True)
-    env = _clean_env(attempt)
+    env = _clean_env(attempt, rd)
     trainer_env, rollout_env = env, env
     if gpus is not None:
         trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[0])}
         rollout_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[1])}
     port = _free_port()
     start = time.time()
-    trainer_cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0",
+    # torchrun, its rendezvous store bound to 127.0.0.1 only (rlslurm/slurm/torchrun.py)
+    trainer_cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0",
                    f"--nproc-per-node={trainer_procs}", "--master-addr=127.0.0.1", f"--master-port={port}",
                    "-m", "rlslurm.trainer.main", "--run-dir", str(rd.path)]
     rollout_cmd = [sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(rd.path),
                    "--trainer-addr", "127.0.0.1"]
-    with open(logs / "trainer-0.log", "ab") as tlog, open(logs / "rollout-0.log", "ab") as rlog:
-        trainer = subprocess.Popen(trainer_cmd, env=trainer_env, stdout=tlog, stderr=subprocess.STDOUT, start_new_session=True)
-        rollout = subprocess.Popen(rollout_cmd, env=rollout_env, stdout=rlog, stderr=subprocess.STDOUT, start_new_session=True)
+    # umask: the batch script's `umask 077`, so what the children create (logs, checkpoints) is private
+    with open_log(logs / "trainer-0.log") as tlog, open_log(logs / "rollout-0.log") as rlog:
+        trainer = subprocess.Popen(trainer_cmd, env=trainer_env, stdout=tlog, stderr=subprocess.STDOUT,
+                                   start_new_session=True, umask=PRIVATE_UMASK)
+        rollout = subprocess.Popen(rollout_cmd, env=rollout_env, stdout=rlog, stderr=subprocess.STDOUT,
+                                   start_new_session=True, umask=PRIVATE_UMASK)
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None

@@ -130,6 +130,24 @@ def allocate_ports(host: str, count: int, *, rng: random.Random | None = None) -
             s.close()
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (an address of this node), not yet listening: for
+    torch's TCPStore(master_listen_fd=...), which otherwise binds every interface (`::`, measured
+    with torch 2.13, docs/security.md). SO_REUSEADDR as torch sets it: a port whose previous
+    store left TIME_WAIT connections is free again. Raises OSError when no address of `host` binds."""
+    err: OSError | None = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        s = socket.socket(family, kind, proto)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+            return s
+        except OSError as e:
+            s.close()
+            err = e
+    raise err or OSError(f"{host}: no address to bind")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     return allocate_ports(host, 1)[0]
 

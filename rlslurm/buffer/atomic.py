@@ -23,7 +23,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable
 
 from rlslurm.errors import DataError, UserError
 
@@ -186,6 +186,31 @@ def _publish_exclusive_no_links(path: Path, data: bytes, mode: int) -> bool:
         raise _storage_error(path, e) from e
     os.close(fd)
     return True
+
+
+# Process logs hold whatever third-party code prints (SGLang prints its whole config); they are the
+# owner's only, in a group-shared run too, as the batch script's `umask 077` makes them under SLURM.
+LOG_FILE_MODE = 0o600
+LOG_DIR_MODE = 0o700
+# The umask of everything `rlslurm run` starts: the batch script's (`umask 077`), so files that
+# third-party code creates in the run directory (checkpoints, logs) are private on both paths.
+PRIVATE_UMASK = 0o077
+
+
+def open_log(path: str | Path) -> BinaryIO:
+    """Open a process log for appending, 0600 whatever the umask (an older log that was created
+    wider is narrowed). Its directory is created 0700 if missing."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        path.parent.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
+        os.chmod(path.parent, LOG_DIR_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_FILE_MODE)
+    try:
+        os.fchmod(fd, LOG_FILE_MODE)
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab")
 
 
 def ensure_dir(path: str | Path) -> Path:

@@ -8,7 +8,9 @@ detokenizer together even when the main process is already gone.
 The api key does not go on the command line (any user on the node can read
 /proc/<pid>/cmdline): the server is launched as `python -m rlslurm.rollout.engine
 sglang.launch_server ARGS`, and this module's `__main__` appends `--api-key` from the
-environment (readable only by the owner) before handing over to SGLang in-process.
+environment (readable only by the owner) before handing over to SGLang in-process. SGLang logs
+its config, key included; `__main__` sends the server's output through a filter that masks the
+key (rollout/log_scrub.py), and the log file itself is 0600 (buffer/atomic.py `open_log`).
 
 SGLang leaves files behind when killed (docs/sglang-behaviour.md, "Files left behind on kill"):
 `/dev/shm/sglang_loads_*`,
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from rlslurm.buffer.atomic import open_log
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
 from rlslurm.rollout import sglang_cpu, sglang_flags, sglang_versions
@@ -154,10 +157,9 @@ class EngineProcess:
             sglang_cpu.check_sglang_version()
         else:
             sglang_versions.check_gpu_sglang()
-        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Short on purpose: ZMQ ipc paths must fit in a unix socket address (108 bytes).
         self._tmpdir = tempfile.mkdtemp(prefix=f"rlsl-{self.spec.port}-")
-        with open(self.spec.log_path, "ab") as log:
+        with open_log(self.spec.log_path) as log:
             log.write(f"\n==== rlslurm: start #{self.starts + 1} of {self.spec.name} at {time.ctime()}: "
                       f"{' '.join(self.spec.argv())}\n".encode())
             log.flush()
@@ -181,6 +183,7 @@ class EngineProcess:
             # during start-up has already created its /dev/shm files.
             self.record_owned_files()
             if not self.is_alive():
+                wait_group_gone(self.proc.pid)  # the log filter writes the server's last words
                 refused = self.refused_arguments()
                 if refused:
                     raise ConfigError(f"--sglang-* passthrough: SGLang on {socket.gethostname()} refused it: {refused}")
@@ -281,6 +284,13 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+def wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
+    """Wait (bounded) until no live process is left in process group `pgid`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(_pgid(p) == pgid and pid_alive(p) for p in _all_pids()):
+        time.sleep(0.05)
+
+
 def pid_alive(pid: int) -> bool:
     """A process that exists and is not a zombie (a killed child not yet reaped still has a pid)."""
     try:
@@ -359,11 +369,19 @@ def _main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m rlslurm.rollout.engine MODULE [ARGS...]")
     module, args = argv[0], argv[1:]
     key = os.environ.pop(ENV_API_KEY, None)
+    scrubber = None
     if key:
+        from rlslurm.rollout import log_scrub
+
         # One token: a key starting with '-' would otherwise be parsed as an option.
         args = [*args, f"--api-key={key}"]
+        scrubber = log_scrub.redirect_through_scrubber(key)  # before SGLang starts any thread
     sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        if scrubber is not None:
+            log_scrub.finish(scrubber)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "sglang_args": cfg.sglang_args,
         "prompt_data": str(cfg.data.prompt_data) if cfg.data.prompt_data else None,
         "user_env": {k: os.environ.get(k) for k in cfg.slurm.env},
+        "secret_env_set": [k for k in cfg.slurm.secret_env if k in os.environ],  # names only: the file is 0640
     })
     control = Control(rd)
     if end_reason(rd, control) is not None:

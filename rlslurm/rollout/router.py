@@ -10,7 +10,8 @@ Measured behaviour this module is built around (docs/sglang-behaviour.md, "Route
 - Prometheus binds 0.0.0.0:29000 unless told otherwise: here 127.0.0.1 and a free port;
 - a dead worker is marked unhealthy only after the health-check interval (default 60 s);
   retries (on by default) re-send its in-flight requests to another worker meanwhile.
-The api key reaches the router through the environment, not argv (see rollout/engine.py).
+The api key reaches the router through the environment, not argv, and is masked in its log
+(see rollout/engine.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Any
 
 import httpx
 
+from rlslurm.buffer.atomic import open_log
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal, free_port
-from rlslurm.rollout.engine import ENV_API_KEY
+from rlslurm.rollout.engine import ENV_API_KEY, wait_group_gone
 from rlslurm.rollout.sglang_client import TRUST_ENV, auth_headers
 
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -100,9 +102,8 @@ class RouterProcess:
         env.pop(ENV_API_KEY, None)
         if self.api_key:
             env[ENV_API_KEY] = self.api_key
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = self.argv()
-        with open(self.log_path, "ab") as log:
+        with open_log(self.log_path) as log:
             log.write(f"\n==== rlslurm: router start at {time.ctime()}: {' '.join(argv)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -115,6 +116,7 @@ class RouterProcess:
         deadline = time.monotonic() + timeout
         while True:
             if not self.is_alive():
+                wait_group_gone(self.proc.pid)  # the log filter writes the router's last words
                 raise RouterError(f"router {self.url} exited with code {self.proc.returncode} at start; "
                                   f"log {self.log_path}:\n{_tail(self.log_path)}")
             try:

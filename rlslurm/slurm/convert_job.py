@@ -71,7 +71,8 @@ def run_conversion(argv: list[str], nproc: int) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
+    # torchrun with its rendezvous store on 127.0.0.1 only (rlslurm/slurm/torchrun.py)
+    cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0", f"--nproc-per-node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "rlslurm.convert", *argv]
     print("running:", " ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode

@@ -24,7 +24,8 @@ def trainer_argv(run_dir: Path, master_addr: str, master_port: int) -> list[str]
     step = SlurmJobEnvironment()
     nnodes, node_rank = step.num_tasks, step.global_rank
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        # torchrun with its rendezvous store bound to the master address (slurm/torchrun.py)
+        sys.executable, "-m", "rlslurm.slurm.torchrun",
         f"--nnodes={nnodes}",
         f"--node-rank={node_rank}",
         f"--nproc-per-node={cfg.trainer_procs_per_node}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.resolve import Resolved
 from rlslurm.runfile import dump_run_config
+from rlslurm.secret_env import render_env_file, secret_env_file, secret_values
 from rlslurm.slurm.render import render
 
 SBATCH_TIMEOUT_S = 60
@@ -25,8 +27,9 @@ class Submission:
 
 
 def prepare_run_dir(res: Resolved, *, resume: bool = False) -> RunDir:
-    """Create RUN (0700), write run.yaml (immutable once written), the api key, and, for tiny
-    models without a checkpoint, a random-init HF checkpoint in RUN/hf_init."""
+    """Create RUN (0700), write run.yaml (immutable once written), the api key, the secret
+    environment (control/secret_env, 0600; never in run.yaml) and, for tiny models without a
+    checkpoint, a random-init HF checkpoint in RUN/hf_init."""
     cfg = res.cfg
     run_dir = cfg.run_dir.resolve()
     rd = RunDir(run_dir)
@@ -35,7 +38,15 @@ def prepare_run_dir(res: Resolved, *, resume: bool = False) -> RunDir:
             f"--run-dir {run_dir} already holds a run (run.yaml exists); resubmit it with "
             f"`rlslurm resubmit {run_dir}` or pick another --run-name/--run-dir"
         )
+    secrets = None
+    if not resume:  # checked before anything is created: a missing value is the user's to fix first
+        secrets = secret_values(cfg.slurm.secret_env, cfg.slurm.secret_given(), os.environ)
+    elif cfg.slurm.secret_env and not secret_env_file(run_dir).exists():
+        raise ConfigError(f"{secret_env_file(run_dir)} is missing: run.yaml names secret variables "
+                          f"({', '.join(cfg.slurm.secret_env)}) whose values were kept there")
     rd = RunDir.create(run_dir, group_shared=cfg.run.group_shared)
+    if secrets:
+        write_bytes_atomic(secret_env_file(run_dir), render_env_file(secrets).encode(), mode=0o600)
     if not resume:
         if cfg.model.hf_checkpoint is None and cfg.model.load is None and res.model.tiny:
             from rlslurm.tiny import make_tiny_checkpoint

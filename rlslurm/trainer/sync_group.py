@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.errors import ConfigError
+from rlslurm.net import bound_socket
 
 log = logging.getLogger("rlslurm.trainer.sync_group")
 
@@ -90,12 +91,19 @@ class SyncGroup:
 
     def open(self) -> "SyncGroup":
         s = self.spec
+        sock = None
         try:
+            # Bound to the address the engines dial, not every interface (torch's own bind): the store
+            # has no authentication (docs/security.md). torch takes the fd over and closes it.
+            sock = bound_socket(s.master_addr, s.master_port)
             # wait_for_workers=False: the engines connect when their HTTP init arrives, which the
             # caller sends after this returns; `join()` is where we wait for them.
             self._store = dist.TCPStore(s.master_addr, s.master_port, s.world_size, True, s.timeout,
-                                        wait_for_workers=False)
+                                        wait_for_workers=False, master_listen_fd=sock.fileno())
+            sock.detach()
         except (RuntimeError, OSError) as e:
+            if sock is not None:
+                sock.close()
             raise SyncGroupError(f"cannot host the weight-sync store on {s.master_addr}:{s.master_port}: {e}") from e
         self._prefixed = dist.PrefixStore(f"{s.group_name}/", dist.PrefixStore(s.group_name, self._store))
         return self

@@ -87,3 +87,9 @@ def test_demo_stops_cleanly_and_continues(tmp_path: Path) -> None:
     assert json.loads((run_dir / "FINISHED").read_text())["trained_rollouts"] == NUM_ROLLOUT
     assert [r for r, _ in reward_curve(run_dir)] == list(range(NUM_ROLLOUT))
     assert (run_dir / "reward_curve.png").exists()
+    # logs are the owner's only, as under SLURM's umask 077, and no file but control/api_key holds the key
+    key = (control / "api_key").read_bytes().strip()
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert [p for p in files if key in p.read_bytes()] == [control / "api_key"]
+    logs = [p for p in (run_dir / "logs").rglob("*") if p.suffix == ".log"]
+    assert len(logs) >= 8 and all(oct(p.stat().st_mode & 0o777) == "0o600" for p in logs), logs

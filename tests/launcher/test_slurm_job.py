@@ -279,13 +279,15 @@ HOSTILE = "$(touch pwned)`touch pwned2` it's \"q\"\nline2 $HOME"
 
 
 def test_hostile_values_arrive_intact_and_nothing_executes(slurm_cluster, tmp_path: Path) -> None:
+    # and a secret, passed by control/secret_env (0600): set in the job, written nowhere else
+    secret = "hf_" + os.urandom(8).hex() + HOSTILE.replace("pwned", "pwned5")
     base = tmp_path / "a b'c"
     base.mkdir()
     prompts = base / "p $(touch pwned3) `x`.jsonl"
     prompts.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
     run_dir = base / "run $(touch pwned4) 'q' `y`"
     job = submit_tiny(run_dir, prompts, "--num-rollout", "0", "--run-name", HOSTILE,
-                      f"--sglang-chat-template={HOSTILE}", "--env", f"RL_TEST_VAR={HOSTILE}")
+                      f"--sglang-chat-template={HOSTILE}", "--env", f"RL_TEST_VAR={HOSTILE}", f"HF_TOKEN={secret}")
     info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
     assert info["JobState"] == "COMPLETED", (run_dir / f"logs/slurm-{job}.out").read_text()
     reps = env_reports(run_dir, 0)
@@ -294,5 +296,11 @@ def test_hostile_values_arrive_intact_and_nothing_executes(slurm_cluster, tmp_pa
         assert r["sglang_args"] == ["--chat-template", HOSTILE]
         assert r["prompt_data"] == str(prompts)
         assert r["user_env"] == {"RL_TEST_VAR": HOSTILE}
+        assert r["secret_env_set"] == ["HF_TOKEN"]
+    holders = [p for p in run_dir.rglob("*") if p.is_file() and secret.split("$")[0].encode() in p.read_bytes()]
+    assert holders == [run_dir / "control" / "secret_env"], holders
+    key = (run_dir / "control" / "api_key").read_bytes().strip()  # the engines printed it: masked in their logs
+    assert list((run_dir / "logs" / "attempt-0").glob("engine-*.log"))
+    assert [p for p in run_dir.rglob("*") if p.is_file() and key in p.read_bytes()] == [run_dir / "control" / "api_key"]
     leaked = [p for d in (tmp_path, base, run_dir, Path.cwd(), Path.home()) for p in d.glob("pwned*")]
     assert not leaked, leaked
