@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import random
 import shutil
 import sys
@@ -260,10 +261,29 @@ def _optimizers_with_state(st) -> set[str]:
     return {n for n, f in zip(("actor", "critic"), flags.tolist()) if f > 0}
 
 
+def _in_process_write_results() -> None:
+    """Have megatron's checkpoint writer hand its results back through a queue in this process
+    instead of a `multiprocessing.Manager` server.
+
+    megatron-core's torch_dist writer (`filesystem_async`) keeps one Manager process for the life of
+    the trainer, spawned at the first save, to carry write results from an async save's background
+    process. SLURM ends a job by TERMing every process of the step (proctrack/linuxproc, cgroup):
+    the Manager, a fresh interpreter with SIGTERM at its default, dies at once, and the TERM's own
+    checkpoint then fails with BrokenPipeError when the writer reports its results (measured on a
+    real `scontrol requeue`: docs/slurm-preemption.md). rlslurm only saves synchronously, where the
+    results are put and read by this very process, so a plain queue is all that is needed. The
+    writer's forked worker processes inherit the trainer's own TERM handling and survive."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory."""
     from megatron.core import dist_checkpointing
 
+    _in_process_write_results()
     rank = dist.get_rank()
     d = root / ckpt_name(progress.trained_rollouts)
     if rank == 0:

@@ -19,6 +19,7 @@ CTLD_PORT="${RLSLURM_CI_CTLD_PORT:-6817}"
 SLURMD_PORT="${RLSLURM_CI_SLURMD_PORT:-17001}" # first slurmd port; node i uses SLURMD_PORT+i-1
 MIN_JOB_AGE="${RLSLURM_CI_MIN_JOB_AGE:-600}"   # seconds finished jobs stay visible to scontrol
 REQUEUE_EXIT="${RLSLURM_CI_REQUEUE_EXIT:-}"    # optional RequeueExit= exit code(s)
+PREEMPT_GRACE="${RLSLURM_CI_PREEMPT_GRACE:-30}" # GraceTime (s) of jobs preempted in 'preemptible'
 INSTALL="${RLSLURM_CI_INSTALL:-1}"             # 1 = apt-get install missing packages
 CONF_DIR="${RLSLURM_CI_CONF_DIR:-/etc/slurm}"  # where client commands look by default
 OWNER_PID="${RLSLURM_CI_OWNER_PID:-}"          # process that owns the cluster (the pytest session)
@@ -47,6 +48,7 @@ need_int RLSLURM_CI_BOOT_TIMEOUT "$BOOT_TIMEOUT" 1
 need_int RLSLURM_CI_CTLD_PORT "$CTLD_PORT" 1
 need_int RLSLURM_CI_SLURMD_PORT "$SLURMD_PORT" 1
 need_int RLSLURM_CI_MIN_JOB_AGE "$MIN_JOB_AGE" 2
+need_int RLSLURM_CI_PREEMPT_GRACE "$PREEMPT_GRACE" 0
 case "$HET_KICK" in 0|1) ;; *) die "env var RLSLURM_CI_HET_KICK='$HET_KICK' must be 0 or 1" ;; esac
 case "$INSTALL" in 0|1) ;; *) die "env var RLSLURM_CI_INSTALL='$INSTALL' must be 0 or 1" ;; esac
 case "$FORCE" in 0|1) ;; *) die "env var RLSLURM_CI_FORCE='$FORCE' must be 0 or 1" ;; esac
@@ -183,6 +185,11 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 JobRequeue=1
 KillWait=5
+# Preemption (docs/slurm-preemption.md): a job in 'urgent' (higher PriorityTier) requeues jobs of
+# 'preemptible' that hold the resources it needs, after their GraceTime. 'debug', the default
+# partition every other test uses, is never preempted (PreemptMode=OFF).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 MinJobAge=$MIN_JOB_AGE
 MailProg=/bin/true
 AccountingStorageType=accounting_storage/none
@@ -195,7 +202,9 @@ EOF
   if [ -n "$REQUEUE_EXIT" ]; then echo "RequeueExit=$REQUEUE_EXIT"; fi
   if [ "$GPUS" -gt 0 ]; then echo "GresTypes=gpu"; fi
   echo "NodeName=$node_names NodeHostname=localhost NodeAddr=127.0.0.1 Port=$node_ports CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB$gres_line State=UNKNOWN"
-  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF"
+  echo "PartitionName=preemptible Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE"
+  echo "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF"
 } >>"$conf"
 
 if [ "$GPUS" -gt 0 ]; then

@@ -133,23 +133,25 @@ def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureReq
 
 def test_sigterm_checkpoints_and_acknowledges(tmp_path: Path, tiny_hf: Path) -> None:
     """SLURM ends a job (scancel, scontrol requeue, preemption) by TERMing every process of its steps,
-    then KILLs them after KillWait: the trainer must save what it trained before then. Here the save
-    interval alone would save nothing, so only the TERM's own checkpoint can hold the 2 rollouts."""
+    then KILLs them after KillWait: the trainer must save what it trained before then. The periodic
+    save at rollout 2 comes first (the helper processes megatron's checkpoint writer keeps from it are
+    TERMed too, as on a real requeue: docs/slurm-preemption.md), and only the TERM's own checkpoint
+    can hold rollout 3."""
     import json
 
     import psutil
 
-    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train={**TRAIN, "save_interval": 1000}, rollout=ROLLOUT)
-    commit_rollouts(run, range(2))
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=ROLLOUT)
+    commit_rollouts(run, range(3))
     log = tmp_path / "attempt0.log"
     proc = _start(run, log)
     try:
         deadline = time.monotonic() + 240
-        while not (run / "metrics.jsonl").exists() or len(metrics(run)) < 4:  # 2 rollouts x 2 steps
+        while not (run / "metrics.jsonl").exists() or len(metrics(run)) < 6:  # 3 rollouts x 2 steps
             assert proc.poll() is None, log.read_text()[-6000:]
-            assert time.monotonic() < deadline, "2 rollouts not trained"
+            assert time.monotonic() < deadline, "3 rollouts not trained"
             time.sleep(0.3)
-        time.sleep(1.0)  # now waiting for rollout 2, which never comes
+        time.sleep(1.0)  # now waiting for rollout 3, which never comes
         # TERM the whole step, as slurmstepd does, and keep TERMing every process of it, new ones too
         # (the helper processes megatron's checkpoint writer spawns must survive a later TERM)
         known = {proc.pid: psutil.Process(proc.pid)}
@@ -168,8 +170,8 @@ def test_sigterm_checkpoints_and_acknowledges(tmp_path: Path, tiny_hf: Path) -> 
         if proc.poll() is None:
             _kill_tree(proc)
     ack = json.loads((run / "control" / "preempt_ack.json").read_text())
-    assert ack["checkpoint_iteration"] == 2, log.read_text()[-6000:]
-    assert '"iter_0000002"' in (run / "checkpoints" / "latest").read_text()
+    assert ack["checkpoint_iteration"] == 3, log.read_text()[-6000:]
+    assert '"iter_0000003"' in (run / "checkpoints" / "latest").read_text()
     assert "SIGTERM" in log.read_text() and not (run / "FINISHED").exists()
 
 
