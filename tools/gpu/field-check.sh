@@ -5,8 +5,9 @@
 #   - the trainer on the GPU (NCCL) replaying a CPU run's buffer (--load-debug-rollout-data);
 #   - three runs side by side on the GPU: straight; stopped by SIGTERM to `rlslurm run` (a closed
 #     terminal, `kill`) then run again; SIGTERM to the trainer's whole process tree (what slurmstepd
-#     does on scancel/preemption) then run again. --save-interval is larger than the run, so the only
-#     mid-run checkpoint is the one the signal asks for: a rollout trained twice means it failed.
+#     does on scancel/preemption) then run again. Runs straight and a save only at the end, b every 4
+#     rollouts (so the TERM's save is not the trainer's first); a step trained twice means the signal's
+#     checkpoint failed.
 # Inputs (built here by tools/gpu/field-inputs.sh, carried as .field/): rlslurm-*.whl, deps/ (the CLI's
 # dependencies the image lacks: typer and its own), replay.tgz.
 # Needs the bundle's part 2 staged first (tools/gpu/stage.sh .gpu-bundle/p2: megatron-core, pydantic, ...).
@@ -38,7 +39,7 @@ rlslurm --help > /dev/null 2>>"$out/field.log" || { log "the rlslurm command doe
 
 ARGS=(--model tiny-qwen3 --device "${FIELD_DEVICE:-cuda}" --gpus-per-node 1 --trainer-procs-per-node 1
       --prompt-data src/prompts.jsonl --hf-checkpoint src/hf_init --load-debug-rollout-data src
-      --num-rollout 12 --save-interval 100 --no-progress)
+      --num-rollout 12 --no-progress)
 
 trained() {  # distinct rollout ids in a run's metrics
   python3 -c 'import json,sys
@@ -55,11 +56,11 @@ wait_trained() {  # $1 run dir  $2 count  $3 pid that must stay alive  $4 deadli
 }
 
 log "start: straight, a (TERM to rlslurm run), b (TERM to the trainer tree)"
-rlslurm run "${ARGS[@]}" --run-dir runs/straight > straight.out 2>&1 &
+rlslurm run "${ARGS[@]}" --save-interval 100 --run-dir runs/straight > straight.out 2>&1 &
 p_s=$!
-rlslurm run "${ARGS[@]}" --run-dir runs/a > a1.out 2>&1 &
+rlslurm run "${ARGS[@]}" --save-interval 100 --run-dir runs/a > a1.out 2>&1 &
 p_a=$!
-rlslurm run "${ARGS[@]}" --run-dir runs/b > b1.out 2>&1 &
+rlslurm run "${ARGS[@]}" --save-interval 4 --run-dir runs/b > b1.out 2>&1 &
 p_b=$!
 
 if wait_trained runs/a 5 "$p_a" 300; then
@@ -67,9 +68,10 @@ if wait_trained runs/a 5 "$p_a" 300; then
   kill -TERM "$p_a"
 fi
 if wait_trained runs/b 5 "$p_b" 300; then
-  tpid=$(pgrep -f "torch[.]distributed[.]run.*$work/user/runs/b" | head -n 1)
-  log "b: $(trained runs/b) trained; SIGTERM to the trainer's process group ($tpid: torchrun, ranks, their children)"
-  [ -n "$tpid" ] && kill -TERM -- "-$tpid"
+  # the trainer's launcher: rlslurm's torchrun wrapper (rlslurm/slurm/torchrun.py) or torchrun itself
+  tpid=$(pgrep -f "(rlslurm[.]slurm[.]torchrun|torch[.]distributed[.]run).*$work/user/runs/b" | head -n 1)
+  log "b: $(trained runs/b) trained; SIGTERM to the trainer's process group (${tpid:-NOT FOUND}: torchrun, ranks, their children)"
+  if [ -n "$tpid" ]; then kill -TERM -- "-$tpid"; else log "b: no trainer process found: the check is void"; fi
 fi
 wait "$p_a"; rc_a1=$?
 wait "$p_b"; rc_b1=$?
