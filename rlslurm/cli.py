@@ -123,6 +123,7 @@ def run(
     from rlslurm.resolve import Resolved
     from rlslurm.runfile import load_run_config
     from rlslurm.slurm.submit import prepare_run_dir
+    from rlslurm.watchdog import hang_timeout_s
 
     argv = _collect(ctx, model=model, prompt_data=prompt_data, run_name=run_name, run_dir=run_dir)
     if demo:
@@ -153,7 +154,7 @@ def run(
     cfg = load_run_config(res.cfg.run_dir)
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
                        progress=progress, timeout_s=timeout, console=err, gpus=gpus,
-                       stop_grace_s=cfg.slurm.signal_grace_s)
+                       stop_grace_s=cfg.slurm.signal_grace_s, hang_timeout_s=hang_timeout_s(cfg.train))
     raise typer.Exit(result.returncode)
 
 

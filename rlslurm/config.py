@@ -255,6 +255,8 @@ class TrainSection(Section):
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     distributed_timeout_minutes: float = Field(60.0, gt=0)   # every trainer process group (trainer/collectives.py)
+    # the attempt's watchdog (rlslurm/watchdog.py): None = distributed timeout + 10 min, 0 = off
+    hang_timeout_minutes: float | None = Field(None, ge=0)
     verify_weight_sync: bool = False   # after each sync compare trainer vs engine greedy output (control/weight_probe.jsonl)
     load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
 

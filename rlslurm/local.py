@@ -33,6 +33,7 @@ from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.errors import ConfigError
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
+from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 from rlslurm.runfile import load_run_config
 from rlslurm.secret_env import read_secret_env
 
@@ -168,9 +169,11 @@ def _wait_for_exit(procs: dict[str, subprocess.Popen], grace_s: float) -> None:
 
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
               timeout_s: float | None = None, console: Console | None = None,
-              gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S) -> LocalResult:
+              gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
+              hang_timeout_s: float = 0.0) -> LocalResult:
     """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (`local_gpus`); None on CPU. `stop_grace_s`: how long
-    a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled."""
+    a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled.
+    `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own
     # sessions so that a Ctrl-C reaches only this process, which then stops them in order.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -186,7 +189,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     # As the batch script does: no record of the previous attempt's processes survives into this one.
     stale = [control.preempt_file, control.preempt_ack_file, rd.control_dir / "engines.json",
              rd.control_dir / "router.json", rd.control_dir / "weight_update.json",
-             *rd.control_dir.glob("engines-node*.json"), *rd.control_dir.glob("rendezvous-*.json")]
+             *rd.control_dir.glob("engines-node*.json"), *rd.control_dir.glob("heartbeats/*.json"), *rd.control_dir.glob("rendezvous-*.json")]
     for f in stale:
         f.unlink(missing_ok=True)
     env = _clean_env(attempt, rd)
@@ -215,11 +218,19 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         try:
             if live:
                 live.start()
+            next_hang_check, hung = start + CHECK_EVERY_S, []
             while all(p.poll() is None for p in procs.values()):
                 if timeout_s is not None and time.time() - start > timeout_s:
                     control.request_stop(f"rlslurm run: --timeout {timeout_s:.0f}s reached")
                     reason = f"timeout after {timeout_s:.0f}s"
                     break
+                if hang_timeout_s and time.time() >= next_hang_check:
+                    next_hang_check = time.time() + CHECK_EVERY_S
+                    hung = silent_roles(rd.control_dir / "heartbeats", hang_timeout_s, start)
+                    if hung:
+                        reason = (f"failed: hung: {', '.join(hung)} silent for more than {hang_timeout_s:.0f}s, "
+                                  f"stopped by the watchdog")
+                        break
                 if live:
                     live.update(_status_table(rd, num_rollout, start))
                 time.sleep(1.0)
@@ -227,7 +238,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
             deadline = time.time() + FINISH_GRACE_S
             while rd.is_finished() and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
                 time.sleep(0.5)
-            if reason:  # the --timeout stop: let both finish their checkpoint / hand-back first
+            if reason and not hung:  # the --timeout stop: let both finish their checkpoint / hand-back first
                 _wait_for_exit(procs, stop_grace_s)
         except (KeyboardInterrupt, _Terminated) as e:
             control.request_stop("rlslurm run: interrupted")

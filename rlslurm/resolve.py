@@ -191,6 +191,11 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"--distributed-timeout-minutes {t.distributed_timeout_minutes:g} is shorter than rank 0 can spend alone "
             f"between two collectives with --weight-sync-timeout-s {t.weight_sync_timeout_s:g} "
             f"(at least {min_distributed_timeout_s(t.weight_sync_timeout_s) / 60:.1f} minutes)")
+    if t.hang_timeout_minutes and t.hang_timeout_minutes <= t.distributed_timeout_minutes:
+        raise ConfigError(
+            f"--hang-timeout-minutes {t.hang_timeout_minutes:g} must be longer than --distributed-timeout-minutes "
+            f"{t.distributed_timeout_minutes:g}: a rank may wait that long in a collective without a heartbeat "
+            f"(0 turns the watchdog off)")
 
     preflight.check_sglang_args(cfg, res.warnings)
     preflight.check_megatron_fields(cfg, mc, res.warnings)

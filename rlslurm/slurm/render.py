@@ -18,6 +18,7 @@ import jinja2
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE
+from rlslurm.watchdog import hang_timeout_s
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 TEMPLATE = "hetjob.sbatch.j2"
@@ -66,4 +67,5 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
         run_dir=str(run_dir.resolve()),
         attempt_base=attempt_base,
         user_error_exit=USER_ERROR_EXIT_CODE, user_error_file=USER_ERROR_FILE,
+        hang_timeout_s=int(hang_timeout_s(cfg.train)),
     )

@@ -148,6 +148,7 @@ class Trainer:
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().attempt)
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:
+                self._beat()
                 t0 = time.perf_counter()
                 cmd = self._next_command(progress.next_rollout_id)
                 if cmd == "preempt":
@@ -335,15 +336,20 @@ class Trainer:
             if cmd != "wait":
                 return cmd
 
+    def _beat(self) -> None:
+        """This rank's heartbeat (control/heartbeats/trainer-<rank>.json), read by the attempt's
+        watchdog (rlslurm/watchdog.py): written while waiting for rollouts and once per trained rollout."""
+        now = time.monotonic()
+        if now - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
+            self.control.heartbeat("trainer", self.rank)
+            self._last_heartbeat = now
+
     def _poll(self, rollout_id: int):
         if self.control.preempt_requested() or term_received():
             return "preempt"
         if self.control.stop_requested():
             return "stop"
-        now = time.monotonic()
-        if now - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
-            self.control.heartbeat("trainer", self.rank)
-            self._last_heartbeat = now
+        self._beat()
         if self.pending_version is not None and self._engines_ready():
             return "publish"
         if self.pending_version is None and (behind := self._engines_awaiting_weights()):
