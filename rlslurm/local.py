@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.errors import ConfigError
+from rlslurm.net import rendezvous_port
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
@@ -49,12 +49,6 @@ class LocalResult:
     returncode: int
     reason: str
     attempt: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clean_env(attempt: int, rd: RunDir | None = None) -> dict[str, str]:
@@ -197,7 +191,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     if gpus is not None:
         trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[0])}
         rollout_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[1])}
-    port = _free_port()
+    port = rendezvous_port("127.0.0.1")  # the batch script's range: no engine takes it first
     start = time.time()
     # torchrun, its rendezvous store bound to 127.0.0.1 only (rlslurm/slurm/torchrun.py)
     trainer_cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0",

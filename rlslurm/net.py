@@ -33,6 +33,9 @@ from rlslurm.errors import ConfigError
 ENV_NODE_IP = "RLSLURM_NODE_IP"
 ENV_ROUTE_PROBE = "RLSLURM_ROUTE_PROBE"
 _LOW_PORT = 20000
+# A trainer rendezvous store (torchrun's, the checkpoint converter's): below the engines' ports, the
+# range the batch script picks its rendezvous port from, so an engine never takes it first.
+RENDEZVOUS_PORTS = (15000, _LOW_PORT)
 
 
 def check_ip_literal(value: str, *, where: str) -> str:
@@ -102,12 +105,14 @@ def _try_bind(host: str, port: int) -> socket.socket | None:
         return None
 
 
-def allocate_ports(host: str, count: int, *, rng: random.Random | None = None) -> list[int]:
-    """`count` distinct ports that are free on `host` right now, below the ephemeral range."""
+def allocate_ports(host: str, count: int, *, rng: random.Random | None = None,
+                   port_range: tuple[int, int] | None = None) -> list[int]:
+    """`count` distinct ports that are free on `host` right now, in `port_range` (default: from 20000 to
+    the ephemeral range)."""
     if count < 1:
         raise ConfigError(f"port count must be >= 1, got {count}")
     host = check_ip_literal(host, where="port allocation host")
-    lo, hi = _LOW_PORT, ephemeral_range()[0]
+    lo, hi = port_range or (_LOW_PORT, ephemeral_range()[0])
     if hi - lo < count:
         lo, hi = 1024, 65536
     rng = rng or random.Random()
@@ -150,6 +155,11 @@ def bound_socket(host: str, port: int) -> socket.socket:
 
 def free_port(host: str = "127.0.0.1") -> int:
     return allocate_ports(host, 1)[0]
+
+
+def rendezvous_port(host: str = "127.0.0.1") -> int:
+    """A port for a trainer rendezvous store on this node (RENDEZVOUS_PORTS)."""
+    return allocate_ports(host, 1, port_range=RENDEZVOUS_PORTS)[0]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,8 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.errors import ConfigError
+from rlslurm.net import rendezvous_port
 from rlslurm.model_config import ModelConfig
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -61,7 +55,7 @@ def init(tp: int, pp: int, ep: int) -> Runtime:
     check_world(tp, pp, ep)
     if "RANK" not in os.environ:  # plain `python -m rlslurm.convert`: one process
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
+                          MASTER_PORT=str(rendezvous_port("127.0.0.1")))
     world = int(os.environ["WORLD_SIZE"])
     from rlslurm.trainer import cpu_shim
 

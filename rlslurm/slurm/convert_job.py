@@ -66,11 +66,9 @@ def split_submit_args(args: list[str]) -> ConvertJob:
 
 def run_conversion(argv: list[str], nproc: int) -> int:
     """Runs inside the job: torchrun with one process per model-parallel rank."""
-    import socket
+    from rlslurm.net import rendezvous_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = rendezvous_port("127.0.0.1")
     # torchrun with its rendezvous store on 127.0.0.1 only (rlslurm/slurm/torchrun.py)
     cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0", f"--nproc-per-node={nproc}",
            "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "rlslurm.convert", *argv]
