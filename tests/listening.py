@@ -30,4 +30,7 @@ if __name__ == "__main__":  # run by torchrun in tests/launcher/test_listeners.p
     import os
 
     port = int(os.environ["MASTER_PORT"])
-    print(f"rank {os.environ['RANK']} rendezvous {port} listens on {listening_addresses(port)}", flush=True)
+    line = f"rank {os.environ['RANK']} rendezvous {port} listens on {listening_addresses(port)}\n"
+    # one write(2) of the whole line: both ranks share the pipe, and print() may write the text and its
+    # newline separately (the lines came out interleaved once in a full CI run)
+    os.write(1, line.encode())
