@@ -291,10 +291,20 @@ class Trainer:
             # an engine awaiting weights was restarted after this sync began: it is not serving
             urls = [e.url for e in self.control.engines() if e.healthy and not e.awaiting_weights]
             key = self.rd.api_key() if self.rd.api_key_file.exists() else None
-            rec = record_probe(self.rd.control_dir / "weight_probe.jsonl", version, mine,
-                               engine_greedy(urls, key, prompt))
+            answers = engine_greedy(urls, key, prompt)
+            if any("error" in a for a in answers.values()) and self._attempt_ending():
+                # SLURM TERMs every process of the job at once: engines that stopped answering while
+                # this attempt ends say nothing about the weights they held (a flaky "mismatch" before)
+                log.info("weight probe v%d not recorded: the attempt is ending and engines are going (%s)",
+                         version, answers)
+                return
+            rec = record_probe(self.rd.control_dir / "weight_probe.jsonl", version, mine, answers)
             (log.info if rec["match"] else log.warning)("weight probe v%d: %s", version,
                                                        "engines match" if rec["match"] else rec)
+
+    def _attempt_ending(self) -> bool:
+        return term_received() or self.control.preempt_requested() is not None or \
+            self.control.stop_requested() is not None
 
     def _publisher(self):
         from rlslurm.trainer.publish import DiskPublisher, NullPublisher
