@@ -135,10 +135,15 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
                 f"--expert-model-parallel-size {t.expert_model_parallel_size} does not divide "
                 f"{mc.name}'s {mc.arch.moe.num_experts} experts"
             )
-        if (world // t.pipeline_model_parallel_size) % t.expert_model_parallel_size:
+        # The trainer leaves megatron's expert tensor parallel size at its default, TP, so the
+        # expert grid is TP x EP x PP ranks (docs/parallel-layouts.md).
+        expert_grid = t.tensor_model_parallel_size * t.expert_model_parallel_size * t.pipeline_model_parallel_size
+        if world % expert_grid:
             raise ConfigError(
-                f"--expert-model-parallel-size {t.expert_model_parallel_size} does not divide the "
-                f"{world // t.pipeline_model_parallel_size} GPUs of a pipeline stage"
+                f"--expert-model-parallel-size {t.expert_model_parallel_size} x --tensor-model-parallel-size "
+                f"{t.tensor_model_parallel_size} (experts are tensor-parallel as the dense layers) x "
+                f"--pipeline-model-parallel-size {t.pipeline_model_parallel_size} = {expert_grid} does not divide "
+                f"the {world} trainer GPUs"
             )
     if mc.arch.num_attention_heads % t.tensor_model_parallel_size or mc.arch.num_query_groups % t.tensor_model_parallel_size:
         if not (mc.arch.mla and mc.arch.num_attention_heads % t.tensor_model_parallel_size == 0):
@@ -164,6 +169,12 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     if cfg.run.device == "cuda":
         if s.gpus_per_node < 1:
             raise ConfigError("--gpus-per-node must be >= 1 with --device cuda")
+        if r.rollout_num_gpus_per_engine > s.gpus_per_node:
+            # rollout/node.py starts each node's engines on that node's GPUs only
+            raise ConfigError(
+                f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} is more than --gpus-per-node "
+                f"{s.gpus_per_node}: engines spanning nodes are not supported yet (each engine runs within one node)"
+            )
         if cfg.rollout_gpus % r.rollout_num_gpus_per_engine:
             raise ConfigError(
                 f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide the "
