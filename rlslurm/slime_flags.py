@@ -3,7 +3,8 @@ instead of the ones rlslurm deliberately does not have.
 
 rlslurm/flags.py reads both tables: an alias sets its field, and an unknown flag found in
 `SLIME_INSTEAD` is refused with the rlslurm way to get the same thing. Flag names are without the
-leading `--`, in field form (`_`, not `-`). Names checked against `slime/utils/arguments.py`.
+leading `--`, in field form (`_`, not `-`). Names checked against `slime/utils/arguments.py`;
+the list for users: docs/slime-flags.md.
 """
 
 from __future__ import annotations

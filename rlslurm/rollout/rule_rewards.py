@@ -203,8 +203,9 @@ def gpqa_reward(item: RewardInput) -> float:
     texts = [meta.get("correct_answer"), meta.get("answer_text"), label_text]
     if correct and choices and correct in letters and letters.index(correct) < len(choices):
         texts.insert(0, choices[letters.index(correct)])
-    answer = _plain(response.rsplit(THINK_END, 1)[-1])
-    return 1.0 if any(t and _plain(t) and _plain(t) in answer for t in texts) else 0.0
+    # whole words, and no single characters: slime's substring test finds a label "E" in "the"
+    answer = f" {_plain(response.rsplit(THINK_END, 1)[-1])} "
+    return 1.0 if any(t and len(_plain(t)) > 1 and f" {_plain(t)} " in answer for t in texts) else 0.0
 
 
 # --------------------------------------------------------------------------- random
