@@ -18,14 +18,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rlslurm.rl_settings import ESTIMATOR_NAMES
+from rlslurm.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
 from rlslurm.slurm.timespec import time_limit_s
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
 # used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.,:@+=-]+")
-# --rm-type's built-in rewards (rollout/rewards.py implements them).
-RM_TYPES = ("exact", "math", "remote")
 
 
 class Section(BaseModel):
@@ -159,6 +158,11 @@ class RolloutSection(Section):
     # ... and tokens that weights older than a sample's newest segment generated get loss_mask 0
     mask_offpolicy_in_partial_rollout: bool = False
     rollout_max_response_len: int = Field(1024, ge=1)
+    # prompt + response tokens, at most (slime's name); prompts longer than this - 1 are dropped
+    rollout_max_context_len: int | None = Field(None, ge=2)
+    # the reward's response text without special tokens (slime's flag; its default is False, rlslurm's
+    # reward text has always skipped them: --no-rollout-skip-special-tokens keeps them)
+    rollout_skip_special_tokens: bool = True
     rollout_temperature: float = Field(1.0, ge=0)
     rollout_top_p: float = Field(1.0, gt=0, le=1)
     rollout_top_k: int = -1   # SGLang: -1 (the whole vocabulary) or >= 1
@@ -167,7 +171,7 @@ class RolloutSection(Section):
     rollout_num_gpus_per_engine: int = Field(1, ge=1)
     engines_per_node: int | None = Field(None, ge=1)  # CPU: how many servers per rollout node
     rollout_dtype: str | None = None                  # engines' --dtype, e.g. float32 for exact CPU tests
-    rm_type: Literal[RM_TYPES] = "math"  # type: ignore[valid-type]  # rollout/rewards.py; --custom-rm-path wins
+    rm_type: Literal[RM_TYPES] = "math"  # type: ignore[valid-type]  # rlslurm/rm_types.py; --custom-rm-path wins
     rm_url: str | None = None
     custom_rm_path: str | None = None
     custom_generate_function_path: str | None = None
@@ -182,14 +186,23 @@ class RolloutSection(Section):
     n_samples_per_eval_prompt: int = Field(1, ge=1)
     eval_temperature: float = Field(0.0, ge=0)
     eval_max_response_len: int | None = Field(None, ge=1)
+    eval_top_p: float | None = Field(None, gt=0, le=1)   # None: --rollout-top-p
+    eval_top_k: int | None = None                        # None: --rollout-top-k
     # Trained rollouts kept in the buffer after a checkpoint, at least: rollouts a kept checkpoint
     # (--keep-checkpoints) would train again after a fallback stay as well (docs/buffer-retention.md).
     keep_trained_rollouts: int = Field(4, ge=0)
 
-    @field_validator("rollout_top_k")
+    @field_validator("rm_type", mode="before")
     @classmethod
-    def _top_k(cls, v: int) -> int:
-        if v != -1 and v < 1:
+    def _rm_type(cls, v: Any) -> Any:
+        if isinstance(v, str) and v in RM_REFUSED:
+            raise ValueError(f"{v!r} is {RM_REFUSED[v]}")
+        return v
+
+    @field_validator("rollout_top_k", "eval_top_k")
+    @classmethod
+    def _top_k(cls, v: int | None) -> int | None:
+        if v is not None and v != -1 and v < 1:
             raise ValueError("must be -1 (no top-k cut) or >= 1 (SGLang refuses other values per request)")
         return v
 
@@ -231,6 +244,7 @@ class TrainSection(Section):
     # RL
     advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     grpo_std_normalization: bool = True
+    rewards_normalization: bool = True   # the group baseline at all (slime: --disable-rewards-normalization)
     normalize_advantages: bool = False
     eps_clip: float = Field(0.2, gt=0)
     eps_clip_high: float | None = Field(None, gt=0)

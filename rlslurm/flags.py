@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlslurm.config import SECTIONS, RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.slime_flags import SLIME_ALIASES, slime_instead
 
 SGLANG_PREFIX = "--sglang-"
 MEGATRON_PREFIX = "--megatron-"
@@ -73,6 +74,12 @@ class Layer:
 
 
 def _suggest(name: str) -> str:
+    instead = slime_instead(name)
+    if instead:
+        return f" (a slime flag rlslurm does not have: {instead})"
+    if name in SLIME_ALIASES:  # a YAML key: aliases are command-line spellings
+        field_name, value = SLIME_ALIASES[name]
+        return f" (slime's spelling of {field_name}" + ("" if value is None else f": {value}") + ")"
     close = difflib.get_close_matches(name, list(FIELDS), n=1)
     return f" (did you mean {flag_name(close[0])}?)" if close else ""
 
@@ -108,15 +115,20 @@ def parse_flags(argv: list[str]) -> Layer:
             continue
         field_name = name.replace("-", "_")
         negated = False
+        switch: Any = None
+        if field_name in SLIME_ALIASES and field_name not in FIELDS:
+            field_name, switch = SLIME_ALIASES[field_name]  # slime's spelling of the same setting
         if field_name not in FIELDS and field_name.startswith("no_") and field_name[3:] in FIELDS:
             field_name, negated = field_name[3:], True
         if field_name not in FIELDS:
             raise ConfigError(f"unknown flag --{name}{_suggest(field_name)}")
         kind = _kind(FIELDS[field_name][1])
-        origin = flag_name(field_name)
-        if kind == "bool":
+        origin = f"--{name}" if switch is not None or name.replace("-", "_") in SLIME_ALIASES else flag_name(field_name)
+        if switch is not None:
+            value: Any = switch  # a switch: takes no value
+        elif kind == "bool":
             if negated:
-                value: Any = False
+                value = False
             elif eq:
                 value = inline
             elif has_next and argv[i + 1].lower() in ("true", "false", "1", "0", "yes", "no"):

@@ -17,6 +17,7 @@ from rlslurm.model_config import ModelConfig, load_model_config, model_config_pa
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.preflight import context_parallel_refusal
 from rlslurm.rl_settings import check_rl_settings
+from rlslurm.rm_types import RM_REGISTRY
 from rlslurm.slurm.timespec import time_limit_s
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
@@ -190,8 +191,17 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
     if t.eps_clip > 1:
         raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
-    if r.rm_type == "remote" and not r.rm_url and not r.custom_rm_path:
-        raise ConfigError("--rm-type remote needs --rm-url")
+    rm = RM_REGISTRY[r.rm_type]
+    if rm.needs_url and not r.rm_url and not r.custom_rm_path:
+        raise ConfigError(f"--rm-type {r.rm_type} needs --rm-url")
+    if rm.dict_keys and not r.custom_rm_path and r.reward_key not in rm.dict_keys:
+        raise ConfigError(f"--rm-type {r.rm_type} returns the scores {', '.join(rm.dict_keys)}: pick the trained one "
+                          f"with --reward-key (slime's recipes use --reward-key {rm.dict_keys[0]}), "
+                          f"got {r.reward_key!r}")
+    ctx = r.rollout_max_context_len
+    if ctx is not None and d.max_prompt_len is not None and d.max_prompt_len > ctx - 1:
+        raise ConfigError(f"--max-prompt-len {d.max_prompt_len} must be < --rollout-max-context-len {ctx}: a prompt "
+                          f"must leave room for at least one generated token")
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
         raise ConfigError(
             f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size {r.rollout_batch_size}"

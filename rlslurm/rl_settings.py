@@ -61,6 +61,8 @@ class RLKnobs(Protocol):
     """The fields of `rlslurm.config.TrainSection` the rules read."""
 
     advantage_estimator: str
+    grpo_std_normalization: bool
+    rewards_normalization: bool
     normalize_advantages: bool
     eps_clip: float
     eps_clip_high: float | None
@@ -95,6 +97,15 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
         raise ConfigError(
             f"--kl-coef shapes per-token rewards, which --advantage-estimator {est.name} does not have; use "
             f"--use-kl-loss --kl-loss-coef instead (or an estimator of {', '.join(names_where(per_token_rewards=True))})")
+    if not t.rewards_normalization and not est.group_baseline:
+        # slime ignores it there; a setting that does nothing is a misunderstanding to point out
+        raise ConfigError(
+            f"--disable-rewards-normalization (--no-rewards-normalization) turns off the group baseline, which "
+            f"--advantage-estimator {est.name} does not have (only {', '.join(names_where(group_baseline=True))})")
+    if not t.grpo_std_normalization and t.rewards_normalization and not est.group_std:
+        raise ConfigError(
+            f"--disable-grpo-std-normalization (--no-grpo-std-normalization) turns off the division by the group's "
+            f"std, which --advantage-estimator {est.name} does not do (only {', '.join(names_where(group_std=True))})")
     if est.needs_whitening and not t.normalize_advantages:
         # REINFORCE++ has no learned or group baseline for the token returns; without whitening
         # the advantages' scale follows the raw reward scale.

@@ -98,8 +98,8 @@ def sampling_params(cfg: RunConfig, *, eval: bool = False) -> dict[str, Any]:
     r = cfg.rollout
     sp: dict[str, Any] = {
         "temperature": r.eval_temperature if eval else r.rollout_temperature,
-        "top_p": r.rollout_top_p,
-        "top_k": r.rollout_top_k,
+        "top_p": r.eval_top_p if eval and r.eval_top_p is not None else r.rollout_top_p,
+        "top_k": r.eval_top_k if eval and r.eval_top_k is not None else r.rollout_top_k,
         "max_new_tokens": (r.eval_max_response_len or r.rollout_max_response_len) if eval
         else r.rollout_max_response_len,
         # the trained response is the engine's tokens: never trim a matched stop from them
@@ -113,6 +113,13 @@ def sampling_params(cfg: RunConfig, *, eval: bool = False) -> dict[str, Any]:
     return sp
 
 
+def max_prompt_len(cfg: RunConfig) -> int | None:
+    """--max-prompt-len; with --rollout-max-context-len alone, that - 1 (slime's default: a prompt
+    must leave room for one generated token)."""
+    ctx = cfg.rollout.rollout_max_context_len
+    return cfg.data.max_prompt_len if cfg.data.max_prompt_len is not None or ctx is None else ctx - 1
+
+
 def build_source(cfg: RunConfig, tokenizer: Any) -> DataSource:
     d = cfg.data
     if d.data_source_path:
@@ -121,7 +128,7 @@ def build_source(cfg: RunConfig, tokenizer: Any) -> DataSource:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
     return PromptSource(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
                         tool_key=d.tool_key, tokenizer=tokenizer, apply_chat_template=d.apply_chat_template,
-                        chat_template_kwargs=d.apply_chat_template_kwargs, max_prompt_len=d.max_prompt_len,
+                        chat_template_kwargs=d.apply_chat_template_kwargs, max_prompt_len=max_prompt_len(cfg),
                         shuffle=d.rollout_shuffle, seed=d.rollout_seed, num_epochs=d.num_epoch,
                         strict=d.data_strict, buffer_filter=cfg.rollout.buffer_filter_path)
 
@@ -352,7 +359,9 @@ class RolloutDriver:
             return await generate_group(self.ctx, prompt, n=r.n_samples_per_prompt, sampling_params=sp,
                                         reward_fn=self.reward_fn, generate_fn=self.generate_fn,
                                         reward_key=r.reward_key, reward_executor=self.reward_executor,
-                                        mask_offpolicy=r.mask_offpolicy_in_partial_rollout)
+                                        mask_offpolicy=r.mask_offpolicy_in_partial_rollout,
+                                        max_context_len=r.rollout_max_context_len,
+                                        skip_special_tokens=r.rollout_skip_special_tokens)
 
         collector = GroupCollector(self.source, run_group, rollout_batch_size=r.rollout_batch_size,
                                    over_sampling_batch_size=r.over_sampling_batch_size, filters=self.filters,
@@ -428,7 +437,9 @@ class RolloutDriver:
         for _ in range(EVAL_ABORT_RETRIES):
             group = await generate_group(self.ctx, prompt, n=k, sampling_params=sp, reward_fn=self.reward_fn,
                                          generate_fn=self.generate_fn, reward_key=r.reward_key,
-                                         reward_executor=self.reward_executor)
+                                         reward_executor=self.reward_executor,
+                                         max_context_len=r.rollout_max_context_len,
+                                         skip_special_tokens=r.rollout_skip_special_tokens)
             if not any(s.status == SampleStatus.ABORTED for s in group):
                 return group
         raise DataError(where, f"prompt {prompt.where or prompt.index} aborted {EVAL_ABORT_RETRIES} times in a row")

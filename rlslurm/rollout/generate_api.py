@@ -288,10 +288,26 @@ async def run_generate(fn: GenerateFn, ctx: GenerateContext, prompt: Prompt, sam
     return gen
 
 
+def with_context_cap(sampling_params: dict[str, Any], prompt_len: int, max_context_len: int | None,
+                     where: str) -> dict[str, Any]:
+    """`sampling_params` with max_new_tokens cut so that prompt + response fit `max_context_len`
+    (slime's --rollout-max-context-len). The response budget bounds tool tokens too
+    (`remaining_budget`), so a multi-turn generate function stays inside the cap as well."""
+    if max_context_len is None:
+        return sampling_params
+    room = max_context_len - prompt_len
+    if room < 1:
+        raise DataError(where, f"the prompt is {prompt_len} tokens, which leaves no room for a response within "
+                               f"--rollout-max-context-len {max_context_len} (training prompts longer than "
+                               f"{max_context_len - 1} tokens are dropped; this one came from another source)")
+    return {**sampling_params, "max_new_tokens": min(int(sampling_params["max_new_tokens"]), room)}
+
+
 async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampling_params: dict[str, Any],
                          reward_fn: RewardFn, generate_fn: GenerateFn = default_generate,
                          reward_key: str | None = None, reward_executor: Any = None,
-                         seed_per_sample: bool = False, mask_offpolicy: bool = False) -> list[Sample]:
+                         seed_per_sample: bool = False, mask_offpolicy: bool = False,
+                         max_context_len: int | None = None, skip_special_tokens: bool = True) -> list[Sample]:
     """Generate and score one prompt's group of `n` samples (the usual `run_group`).
 
     Samples continue `prompt.partial` when it is set. If any sample was aborted the group
@@ -303,12 +319,19 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
     `sampling_seed` = k so that n samples differ under deterministic inference.
     `mask_offpolicy` (partial rollout) masks each finished sample's tokens that older
     weights generated; it is applied only once the whole group is done, because a
-    continued segment may still come from newer weights.
+    continued segment may still come from newer weights. `max_context_len`
+    (--rollout-max-context-len) caps prompt + response tokens: the response budget
+    (`max_new_tokens`) shrinks to what the prompt leaves. `skip_special_tokens`
+    (--rollout-skip-special-tokens): how the response is decoded for the reward.
     """
     partials: Sequence[PartialSample | None] = prompt.partial or [None] * n
     if len(partials) != n:
         raise DataError(prompt.where or f"prompt {prompt.index}",
                         f"handed back with {len(partials)} partial samples but n_samples_per_prompt is {n}")
+
+    prompt_ids = prompt_token_ids(ctx, prompt)
+    sampling_params = with_context_cap(sampling_params, len(prompt_ids), max_context_len,
+                                       prompt.where or f"prompt {prompt.index}")
 
     def params(k: int) -> dict[str, Any]:
         return {**sampling_params, "sampling_seed": k} if seed_per_sample else dict(sampling_params)
@@ -320,7 +343,6 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
             masked = g.mask_offpolicy(f"{prompt.where or f'prompt {prompt.index}'} sample {k}")
             if masked:
                 g.metadata[META_MASKED] = masked
-    prompt_ids = prompt_token_ids(ctx, prompt)
     samples = [g.to_sample(prompt_ids, group_index=prompt.index, index=k, label=prompt.label,
                            metadata=prompt.metadata) for k, g in enumerate(gens)]
     for s in samples:
@@ -330,7 +352,8 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
     todo = [k for k, g in enumerate(gens) if g.reward is None]
     if todo:
         items = [RewardInput(prompt=prompt.prompt, label=prompt.label, metadata=prompt.metadata,
-                             response=ctx.tokenizer.decode(gens[k].response_ids, skip_special_tokens=True),
+                             response=ctx.tokenizer.decode(gens[k].response_ids,
+                                                             skip_special_tokens=skip_special_tokens),
                              response_ids=list(gens[k].response_ids), status=gens[k].status.value,
                              where=prompt.where) for k in todo]
         rewards = await score_group(items, reward_fn, reward_key=reward_key, executor=reward_executor)

@@ -1,4 +1,4 @@
-"""Reward functions: built-ins (`exact`, `math`, `remote`) and user plugins.
+"""Reward functions: built-ins (`exact`, `math`, `remote`; slime's rules in rule_rewards.py) and user plugins.
 
 A reward is a float, or a dict of named floats of which `reward_key` is trained on.
 Per-sample functions take one `RewardInput`; per-group functions (GRPO-style
@@ -28,14 +28,14 @@ from typing import Any
 
 import httpx
 
-from rlslurm.config import RM_TYPES
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
+from rlslurm.rm_types import RM_REGISTRY, RM_TYPES, rm_type_error
 
 log = logging.getLogger(__name__)
 
 Reward = float | dict[str, float]
-BUILTIN_REWARDS = RM_TYPES  # the names --rm-type accepts (rlslurm/config.py)
+BUILTIN_REWARDS = RM_TYPES  # the names --rm-type accepts (rlslurm/rm_types.py)
 
 
 class RewardError(UserError):
@@ -251,7 +251,11 @@ class RewardFn:
     name: str = ""
 
 
-RULES: dict[str, Callable[[str, Any], float]] = {"exact": exact_reward, "math": math_reward}
+def _rules() -> dict[str, Callable[[RewardInput], Reward]]:
+    # rule_rewards builds on this module's exact/math rules, so it is imported when first needed
+    from rlslurm.rollout.rule_rewards import RULES
+
+    return RULES
 
 
 @dataclass(frozen=True)
@@ -265,12 +269,13 @@ class RuleReward:
 
     name: str
 
-    def __call__(self, item: RewardInput) -> float:
+    def __call__(self, item: RewardInput) -> Reward:
         rm_type = item.metadata.get("rm_type", self.name) if isinstance(item.metadata, dict) else self.name
-        rule = RULES.get(rm_type)
+        rules = _rules()
+        rule = rules.get(rm_type)
         if rule is None:
-            raise RewardError(f"{item.where or 'prompt'}: metadata rm_type {rm_type!r} is not one of {sorted(RULES)}")
-        return rule(item.response, item.label)
+            raise RewardError(f"{item.where or 'prompt'}: metadata rm_type {rm_type!r} is not one of {sorted(rules)}")
+        return rule(item)
 
 
 def _builtin(name: str) -> RewardFn:
@@ -304,13 +309,13 @@ def build_reward_fn(rm_type: str | None = None, *, custom_rm_path: str | None = 
     """The reward function the flags ask for (a custom path wins over --rm-type)."""
     if custom_rm_path:
         return load_reward_fn(custom_rm_path, group=group_rm)
-    if rm_type in RULES:
+    if rm_type in _rules():
         return _builtin(rm_type)
-    if rm_type == "remote":
+    if rm_type in RM_REGISTRY and RM_REGISTRY[rm_type].needs_url:  # remote, or slime's remote_rm
         if not rm_url:
-            raise ConfigError("--rm-type remote needs --rm-url")
+            raise ConfigError(f"--rm-type {rm_type} needs --rm-url")
         return RewardFn(RemoteRM(rm_url, rm_timeout, rm_retries, rm_api_key), group=False, name=f"--rm-url {rm_url}")
-    raise ConfigError(f"--rm-type {rm_type!r}: choose one of {', '.join(BUILTIN_REWARDS)} or set --custom-rm-path")
+    raise ConfigError(f"--rm-type {rm_type!r}: {rm_type_error(str(rm_type)) or 'not a built-in rule'}")
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

@@ -96,6 +96,7 @@ class TrainKnobs(Protocol):
 
     advantage_estimator: str
     grpo_std_normalization: bool
+    rewards_normalization: bool
     normalize_advantages: bool
     eps_clip: float
     eps_clip_high: float | None
@@ -127,7 +128,7 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
     check_rl_settings(t)  # the same rules resolve() checked at submit
     adv = AdvantageConfig(
         estimator=t.advantage_estimator,
-        rewards_normalization=getattr(t, "rewards_normalization", True),
+        rewards_normalization=t.rewards_normalization,
         grpo_std_normalization=t.grpo_std_normalization,
         kl_coef=t.kl_coef,
         kl_estimator=t.kl_loss_type,

@@ -1,0 +1,60 @@
+"""slime's flag spellings that are not rlslurm field names: the ones that mean the same, and what to use
+instead of the ones rlslurm deliberately does not have.
+
+rlslurm/flags.py reads both tables: an alias sets its field, and an unknown flag found in
+`SLIME_INSTEAD` is refused with the rlslurm way to get the same thing. Flag names are without the
+leading `--`, in field form (`_`, not `-`). Names checked against `slime/utils/arguments.py`;
+the list for users: docs/slime-flags.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# slime flag -> (rlslurm field, value). value None: the flag takes its value as the field would;
+# otherwise the flag is a switch that sets the field to this value.
+SLIME_ALIASES: dict[str, tuple[str, Any]] = {
+    # slime: action="store_false", dest="grpo_std_normalization" (Dr.GRPO)
+    "disable_grpo_std_normalization": ("grpo_std_normalization", False),
+    # slime: action="store_false", dest="rewards_normalization" (no group baseline at all)
+    "disable_rewards_normalization": ("rewards_normalization", False),
+    # slime drops prompts longer than this at load; so does --max-prompt-len
+    "rollout_max_prompt_len": ("max_prompt_len", None),
+}
+
+_RESUME = "rlslurm resumes from the run directory (rlslurm resubmit RUN)"
+
+# slime flag -> what to use in rlslurm instead (one clause, shown after the flag).
+SLIME_INSTEAD: dict[str, str] = {
+    "start_rollout_id": f"{_RESUME}: the next rollout follows the last trained one, and a new run "
+                        "starts at 0; to start from other weights use --load or --hf-checkpoint",
+    "actor_num_nodes": "use --trainer-nodes (het group 0) and --rollout-nodes",
+    "actor_num_gpus_per_node": "use --gpus-per-node (and --trainer-procs-per-node)",
+    "rollout_num_gpus": "use --rollout-nodes (times --gpus-per-node)",
+    "num_gpus_per_node": "use --gpus-per-node",
+    "colocate": "trainer and engines always run on separate nodes (two het groups); nothing to colocate",
+    "offload": "trainer and engines never share GPUs here; nothing to offload",
+    "offload_train": "trainer and engines never share GPUs here; nothing to offload",
+    "offload_rollout": "trainer and engines never share GPUs here; nothing to offload",
+    "save": "checkpoints go to RUN/checkpoints (--run-dir); use --save-interval and --keep-checkpoints",
+    "model_name": "use --model (a model config name, rlslurm/model_configs)",
+    "update_weight_mode": "use --weight-sync distributed|disk",
+    "update_weight_transport": "use --weight-sync distributed|disk",
+    "update_weight_disk_dir": "--weight-sync disk writes to RUN/weights",
+    "group_rm": "decorate the --custom-rm-path function with @rlslurm.rollout.rewards.group_reward",
+    "rollout_function_path": "use --custom-generate-function-path (one prompt's generation) or "
+                             "--data-source-path",
+    "save_debug_rollout_data": "every rollout is kept in RUN/buffer already; replay one with "
+                               "--load-debug-rollout-data RUN",
+    "debug_train_only": "use --load-debug-rollout-data RUN (train from another run's buffer, no engines)",
+    "use_fault_tolerance": "preemption and failures are handled by SLURM requeue (--max-failures)",
+    "use_wandb": "metrics are written to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (and TensorBoard "
+                 "when installed)",
+    "eval_max_context_len": "eval uses --rollout-max-context-len",
+    "skip_eval_before_train": "eval runs at rollouts divisible by --eval-interval (0 included)",
+}
+
+
+def slime_instead(field_name: str) -> str | None:
+    """The hint for a slime flag rlslurm does not have (None when `field_name` is not one)."""
+    return SLIME_INSTEAD.get(field_name)
