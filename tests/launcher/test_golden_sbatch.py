@@ -15,7 +15,7 @@ from rlslurm.slurm.render import render
 from tests.hf_shape import hf_shaped_dir
 
 GOLDEN = Path(__file__).parent / "golden" / "hetjob-qwen3-4B-4nodes.sbatch"
-RUN_DIR = Path("/shared/runs/golden")
+RUN_DIR = Path("/gpfs/runs/golden")
 
 
 def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypatch) -> None:
@@ -25,7 +25,7 @@ def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypa
     argv = ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(prompts),
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), "--run-dir", str(RUN_DIR),
             "--run-name", "golden run", "--python", "/opt/venv/bin/python", "--partition", "gpu", "--account", "proj",
-            "--time", "1-00:00:00", "--setup-script", "/shared/env.sh", "--env", "NCCL_DEBUG=WARN",
+            "--time", "1-00:00:00", "--setup-script", "/gpfs/env.sh", "--env", "NCCL_DEBUG=WARN",
             "--secret-env", "HF_TOKEN", "--max-failures", "2", "--signal-grace-s", "600"]
     script = render(resolve(argv, strict_inputs=False).cfg, RUN_DIR)
     assert "hf_not_in_the_script" not in script
