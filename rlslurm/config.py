@@ -24,6 +24,16 @@ from rlslurm.slurm.timespec import time_limit_s
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
 # used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.,:@+=-]+")
+
+
+def check_slurm_name(v: str) -> str:
+    """A partition/account/qos value as sbatch takes it unquoted (also `rlslurm convert --submit`'s);
+    ValueError otherwise."""
+    if not _SLURM_NAME.fullmatch(v):
+        raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits and _.,:@+=- only)")
+    return v
+
+
 # --rm-type's built-in rewards (rollout/rewards.py implements them).
 RM_TYPES = ("exact", "math", "remote")
 
@@ -72,9 +82,7 @@ class SlurmSection(Section):
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
     @classmethod
     def _slurm_name(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits and _.,:@+=- only)")
-        return v
+        return None if v is None else check_slurm_name(v)
 
     @field_validator("time")
     @classmethod
