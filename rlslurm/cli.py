@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from rlslurm.console import make_console
@@ -429,7 +430,8 @@ def main() -> None:
     try:
         app()
     except UserError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # escaped: a message quoting user input ("'[full'") is not rich markup
+        err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -27,6 +27,14 @@ from rlslurm.slurm.timespec import time_limit_s
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.,:@+=-]+")
 
 
+def check_slurm_name(v: str) -> str:
+    """A partition/account/qos value as sbatch takes it unquoted (also `rlslurm convert --submit`'s);
+    ValueError otherwise."""
+    if not _SLURM_NAME.fullmatch(v):
+        raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits and _.,:@+=- only)")
+    return v
+
+
 class Section(BaseModel):
     # NaN slips through every ge/gt bound (all comparisons are false) and inf is never a useful setting
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -71,9 +79,7 @@ class SlurmSection(Section):
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
     @classmethod
     def _slurm_name(cls, v: str | None) -> str | None:
-        if v is not None and not _SLURM_NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a valid SLURM name (letters, digits and _.,:@+=- only)")
-        return v
+        return None if v is None else check_slurm_name(v)
 
     @field_validator("time")
     @classmethod

@@ -108,7 +108,7 @@ def parse_flags(argv: list[str]) -> Layer:
             if eq or has_next:
                 raw = inline if eq else argv[i + 1]
                 i += 0 if eq else 1
-                layer.megatron[key] = yaml.safe_load(raw) if raw else raw
+                layer.megatron[key] = _yaml_value(raw, f"--megatron-{name[len('megatron-'):]}") if raw else raw
             else:
                 layer.megatron[key] = True
             i += 1
@@ -160,6 +160,17 @@ def parse_flags(argv: list[str]) -> Layer:
     return layer
 
 
+def _yaml_value(raw: str, origin: str) -> Any:
+    """A passthrough value is YAML (`--megatron-foo '[1, 2]'`); a bad one is the flag's error."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        mark = getattr(e, "problem_mark", None)
+        at = f" at column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{origin}: invalid YAML value {raw!r}: {problem}{at}") from None
+
+
 def _is_number(s: str) -> bool:
     try:
         float(s)
@@ -207,7 +218,15 @@ def load_yaml_layer(path: Path) -> Layer:
     """A run YAML: sections (`rollout: {...}`) and/or flat field names; `megatron:`, `sglang_args:`."""
     if not path.exists():
         raise ConfigError(f"--config: {path} does not exist")
-    data, lines = _yaml_lines(path.read_text(), path)
+    if not path.is_file():
+        raise ConfigError(f"--config: {path} is not a file (a YAML file of settings is expected)")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config: {path} is not a text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path}: {e.strerror or e}") from None
+    data, lines = _yaml_lines(text, path)
     if data is None:
         return Layer()
     if not isinstance(data, dict):

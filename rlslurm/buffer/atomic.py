@@ -74,6 +74,39 @@ def _storage_error(path: Path, e: OSError) -> StorageError:
     return StorageError(f"{path}: cannot write: {e.strerror or e}")
 
 
+_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def append_line(path: Path, line: bytes, what: str) -> None:
+    """Append + fsync one line of a JSON Lines log with one writer (metrics.jsonl: trainer rank 0;
+    rollout_metrics.jsonl: the driver). The line is whole or absent: a write the disk refuses
+    (ENOSPC, quota) is cut back off and raised as a StorageError naming the file, and a torn last
+    line a crash left behind is ended first, so that it never swallows this one."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # RDWR: pread of the last byte
+    except OSError as e:
+        raise StorageError(f"{path}: cannot open it to append {what}: {e.strerror or e}") from None
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            if start and os.pread(fd, 1, start - 1) != b"\n":
+                line = b"\n" + line
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:
+            try:
+                os.ftruncate(fd, start)  # no part of this line stays behind
+            except OSError:
+                pass
+            reason = _NO_SPACE.get(e.errno, e.strerror or str(e))
+            raise StorageError(f"{path}: {reason} while appending {what}; the lines before it are intact "
+                               f"(free space on {path.parent}, then `rlslurm resubmit`)") from None
+    finally:
+        os.close(fd)
+
+
 _IOV_MAX = 1024  # Linux UIO_MAXIOV; writev refuses more buffers per call
 
 

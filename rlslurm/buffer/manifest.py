@@ -27,8 +27,9 @@ from rlslurm.errors import DataError
 
 MANIFEST_FORMAT = "rlslurm-manifest-v1"
 ID_WIDTH = 8
-_MANIFEST_RE = re.compile(r"^(\d+)\.manifest\.json$")
-_DATA_RE = re.compile(r"^(\d+)\.([0-9a-f]+)\.data$")
+# used with fullmatch: `$` would also match before a trailing newline
+_MANIFEST_RE = re.compile(r"([0-9]+)\.manifest\.json")
+_DATA_RE = re.compile(r"([0-9]+)\.([0-9a-f]+)\.data")
 KINDS = ("train", "eval")
 
 
@@ -49,12 +50,12 @@ def data_name(rollout_id: int, nonce: str) -> str:
 
 
 def parse_manifest_name(name: str) -> int | None:
-    m = _MANIFEST_RE.match(name)
+    m = _MANIFEST_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 
 def parse_data_name(name: str) -> int | None:
-    m = _DATA_RE.match(name)
+    m = _DATA_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 
@@ -111,6 +112,10 @@ class Manifest:
             if body["rollout_id"] != rollout_id:
                 raise ValueError(f"manifest says rollout {body['rollout_id']}, file name says {rollout_id}")
             d = body["data"]
+            # The data file is opened, and deleted by retention, as buffer_dir/<file>: only a name the
+            # writer makes (data_name) for this rollout, never a path, may come from a manifest.
+            if not isinstance(d["file"], str) or parse_data_name(d["file"]) != rollout_id:
+                raise ValueError(f"data file name {d['file']!r} is not <{rollout_id:0{ID_WIDTH}d}>.<nonce>.data")
             return cls(
                 rollout_id=body["rollout_id"],
                 kind=body["kind"],

@@ -42,6 +42,10 @@ CURSOR_VERSION = 1
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 _INDEX_CHUNK = 16 << 20
+# One record (line) of a JSON Lines prompt file is read whole; past this it is refused instead. A
+# prompt fits a model's context (128k tokens are < 1 MiB of text, an inline base64 image a few MiB):
+# a longer line is a file that is not JSON Lines (one JSON array, no newlines), read whole otherwise.
+MAX_LINE_BYTES = 64 << 20
 _FINGERPRINT_BYTES = 64 << 10
 _MAX_LENIENT_WARNINGS = 10
 
@@ -268,8 +272,10 @@ class _JsonlRecords:
         """The record's object, None for a whitespace-only line; _BadRecord if unparseable."""
         offset = int(self.offsets[i])
         self._fh.seek(offset)
-        raw = self._fh.readline()
+        raw = self._fh.readline(MAX_LINE_BYTES + 1)
         where = self.where(i)
+        if _too_long(raw):
+            raise _BadRecord(where, _too_long_message(raw))
         try:
             # editors on Windows start files with a byte-order mark; json.loads rejects it
             text = raw.decode("utf-8-sig" if offset == 0 else "utf-8")
@@ -654,12 +660,15 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
     checked = 0
     if fmt == "jsonl":
         with open(p, "rb") as f:
-            for line_no, raw in enumerate(f, start=1):
-                if checked >= n_lines:
-                    break
+            line_no = 0
+            # bounded reads: a file that is one huge line is refused, not read whole into memory
+            while checked < n_lines and (raw := f.readline(MAX_LINE_BYTES + 1)):
+                line_no += 1
+                where = f"{p}:{line_no}"
+                if _too_long(raw):
+                    raise DataError(where, _too_long_message(raw))
                 if not raw.strip():
                     continue
-                where = f"{p}:{line_no}"
                 try:
                     obj = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
                 except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -681,6 +690,18 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
     if checked == 0:
         raise DataError(str(p), "prompt file has no records")
     return checked
+
+
+def _too_long(raw: bytes) -> bool:
+    """`raw` came from readline(MAX_LINE_BYTES + 1): the line went on past the limit."""
+    return len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
+
+
+def _too_long_message(raw: bytes) -> str:
+    hint = " (a JSON array file is not JSON Lines: write one object per line)" if raw.lstrip()[:1] == b"[" else \
+        " (JSON Lines: one prompt record per line)"
+    limit = f"{MAX_LINE_BYTES >> 20} MiB" if MAX_LINE_BYTES % (1 << 20) == 0 else f"{MAX_LINE_BYTES} bytes"
+    return f"line is longer than {limit}{hint}"
 
 
 def _check_keys(obj: Mapping[str, Any], where: str, input_key: str, label_key: str | None) -> None:

@@ -33,14 +33,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlslurm.buffer.atomic import ensure_dir
+from rlslurm.buffer.atomic import append_line, ensure_dir
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
@@ -451,10 +450,7 @@ class RolloutDriver:
         ensure_dir(self.metrics_path.parent)
         line = json.dumps({"rollout_id": rollout_id, "kind": kind, "time": time.time(), **metrics},
                           sort_keys=True) + "\n"
-        with open(self.metrics_path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.metrics_path, line.encode(), f"the metrics of {kind} rollout {rollout_id}")
 
 
 def number_samples(groups: Sequence[list[Sample]], prompts: Sequence[Prompt], *, first_group: int = 0) -> list[Sample]:

@@ -37,7 +37,7 @@ from typing import Literal
 from rlslurm.buffer.atomic import open_log
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
-from rlslurm.rollout import sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.rollout import log_scrub, sglang_cpu, sglang_flags, sglang_versions
 from rlslurm.rollout.sglang_client import health_sync
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
@@ -163,7 +163,9 @@ class EngineProcess:
             log.write(f"\n==== rlslurm: start #{self.starts + 1} of {self.spec.name} at {time.ctime()}: "
                       f"{' '.join(self.spec.argv())}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.spec.argv(), env=self.spec.env(tmpdir=self._tmpdir), stdin=subprocess.DEVNULL,
+            # the log filter (rollout/log_scrub.py) rotates the log past its size bound
+            env = {**self.spec.env(tmpdir=self._tmpdir), **log_scrub.rotate_env(self.spec.log_path)}
+            self.proc = subprocess.Popen(self.spec.argv(), env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
         self.started_at = time.monotonic()
@@ -369,13 +371,12 @@ def _main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m rlslurm.rollout.engine MODULE [ARGS...]")
     module, args = argv[0], argv[1:]
     key = os.environ.pop(ENV_API_KEY, None)
+    rotate = log_scrub.parse_rotate_env(os.environ.pop(log_scrub.ENV_LOG_ROTATE, None))
     scrubber = None
     if key:
-        from rlslurm.rollout import log_scrub
-
         # One token: a key starting with '-' would otherwise be parsed as an option.
         args = [*args, f"--api-key={key}"]
-        scrubber = log_scrub.redirect_through_scrubber(key)  # before SGLang starts any thread
+        scrubber = log_scrub.redirect_through_scrubber(key, rotate)  # before SGLang starts any thread
     sys.argv = [module, *args]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)

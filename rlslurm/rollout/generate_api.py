@@ -32,7 +32,7 @@ from rlslurm.buffer.sample import Sample, SampleStatus
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import PartialSample, Prompt
-from rlslurm.rollout.rewards import RewardFn, RewardInput, score_group
+from rlslurm.rollout.rewards import RewardFn, RewardInput, check_reward, score_group
 
 # version_runs entry of tokens the model did not generate (tool output, user turns)
 ENV_VERSION = -1
@@ -349,6 +349,10 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
         s.reward_key = reward_key
     if aborted:
         return samples
+    for k, g in enumerate(gens):
+        if g.reward is not None:  # the generate function's own score: checked like a reward function's
+            samples[k].reward = check_reward(g.reward, reward_key=reward_key, name="generate function reward",
+                                             where=f"{prompt.where or f'prompt {prompt.index}'} #{k}")
     todo = [k for k, g in enumerate(gens) if g.reward is None]
     if todo:
         items = [RewardInput(prompt=prompt.prompt, label=prompt.label, metadata=prompt.metadata,

@@ -11,6 +11,11 @@ the same filter, whatever prints it (Python logging, print, C++ code, a crash).
 
 The filter is in the server's process group, so the supervisor's killpg ends it with the server;
 otherwise it ends when every writer has closed the pipe (end of file).
+
+Being the log's only writer, the filter also bounds it: past MAX_LOG_BYTES it renames the log to
+`<log>.1` (replacing an older one) at a line end and starts a new one, so one server keeps at most
+twice that. The launcher passes the log's path (and the size) in ENV_LOG_ROTATE. Why the engine and
+router logs need it, and the other logs of an attempt do not: docs/logs.md.
 """
 
 from __future__ import annotations
@@ -21,6 +26,17 @@ import sys
 
 MASK = b"***"
 _CHUNK = 65536
+MAX_LOG_BYTES = 256 << 20
+ENV_LOG_ROTATE = "RLSLURM_LOG_ROTATE"  # "<max bytes>:<log path>", set by the launcher
+
+
+def rotate_env(log_path: str | os.PathLike[str], max_bytes: int = MAX_LOG_BYTES) -> dict[str, str]:
+    return {ENV_LOG_ROTATE: f"{max_bytes}:{os.fspath(log_path)}"}
+
+
+def parse_rotate_env(value: str | None) -> tuple[str, int] | None:
+    size, sep, path = (value or "").partition(":")
+    return (path, int(size)) if sep and path and size.isdigit() and int(size) > 0 else None
 
 
 class Scrubber:
@@ -57,9 +73,45 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def copy_scrubbed(src: int, dst: int, secret: bytes) -> None:
-    """Copy `src` to `dst` until end of file, the secret masked."""
+class _RotatingLog:
+    """Writes to `fd` (the log at `path`); once it holds `max_bytes`, the next line end closes it:
+    it becomes `path`.1 and a new file (0600) takes its place on the same descriptor number."""
+
+    def __init__(self, fd: int, path: str, max_bytes: int):
+        self.fd, self.path, self.max_bytes = fd, path, max_bytes
+        self.size = os.fstat(fd).st_size
+
+    def write(self, data: bytes) -> None:
+        # rotate at the first line end at or past max_bytes; a line without one yet goes on as is
+        while self.size + len(data) >= self.max_bytes:
+            nl = data.find(b"\n", max(0, self.max_bytes - self.size - 1))
+            if nl < 0:
+                break
+            _write_all(self.fd, data[:nl + 1])
+            data = data[nl + 1:]
+            self._rotate()
+        _write_all(self.fd, data)
+        self.size += len(data)
+
+    def _rotate(self) -> None:
+        try:
+            os.replace(self.path, self.path + ".1")
+            new = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError:  # keep writing where we are; tried again after another max_bytes
+            self.size = 0
+            return
+        os.fchmod(new, 0o600)
+        os.dup2(new, self.fd)
+        os.close(new)
+        self.size = 0
+
+
+def copy_scrubbed(src: int, dst: int, secret: bytes, rotate: tuple[str, int] | None = None) -> None:
+    """Copy `src` to `dst` until end of file, the secret masked; with `rotate` = (path of dst, max
+    bytes), dst is rotated to path.1 whenever it reaches that size."""
     s = Scrubber(secret)
+    out = _RotatingLog(dst, *rotate) if rotate else None
+    write = out.write if out else (lambda data: _write_all(dst, data))
     while True:
         try:
             chunk = os.read(src, _CHUNK)
@@ -67,13 +119,14 @@ def copy_scrubbed(src: int, dst: int, secret: bytes) -> None:
             continue
         if not chunk:
             break
-        _write_all(dst, s.feed(chunk))
-    _write_all(dst, s.flush())
+        write(s.feed(chunk))
+    write(s.flush())
 
 
-def redirect_through_scrubber(secret: str) -> int:
+def redirect_through_scrubber(secret: str, rotate: tuple[str, int] | None = None) -> int:
     """Fork the filter and point this process's fds 1 and 2 at it; returns the filter's pid.
-    Call before any thread is started (fork)."""
+    `rotate`: (path of the log on fd 1, max bytes), see copy_scrubbed. Call before any thread is
+    started (fork)."""
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -85,7 +138,7 @@ def redirect_through_scrubber(secret: str) -> int:
             # the filter ends at end of file (or by the supervisor's SIGKILL to the group).
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_IGN)
-            copy_scrubbed(read_end, 1, secret.encode())
+            copy_scrubbed(read_end, 1, secret.encode(), rotate)
         finally:
             os._exit(0)
     os.close(read_end)

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_term)
 
     from rlslurm.rollout.node import RolloutNode
+    from rlslurm.rollout.supervisor import EngineFailure
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
     node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.attempt)
@@ -173,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         node.start(cancel=lambda: end_reason(rd, control) is not None)
         log.info("node %d: %d engine(s) up in %.1f s", env.procid, len(node.supervisor.urls), time.monotonic() - t0)
         tokenizer = tokenizer_job.result() if tokenizer_job is not None else None
-        reason = asyncio.run(serve(node, rd, control, cfg, tokenizer))
+        try:
+            reason = asyncio.run(serve(node, rd, control, cfg, tokenizer))
+        except EngineFailure as e:  # a failure, not a user error: SLURM requeues within --max-failures
+            log.error("node %d: %s", env.procid, e)
+            return 1
         log.info("node %d: run ends (%s)", env.procid, reason)
         return 0
     finally:

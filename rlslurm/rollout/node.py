@@ -213,6 +213,10 @@ class RolloutNode:
                     log.warning("re-registering %s failed: %s", info.name, e)
 
     def housekeeping(self) -> None:
+        """Every poll of the rollout process. Raises EngineFailure once an engine or the router is
+        past its restart budget (rollout/supervisor.py): the attempt then ends as a failure."""
+        if self.supervisor is not None:
+            self.supervisor.raise_if_failed()
         self.control.heartbeat("rollout", self.node)
         if self.node == 0:
             self.merge_engines()

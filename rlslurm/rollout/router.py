@@ -31,6 +31,7 @@ from rlslurm.buffer.atomic import open_log
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal, free_port
 from rlslurm.rollout.engine import ENV_API_KEY, wait_group_gone
+from rlslurm.rollout.log_scrub import rotate_env
 from rlslurm.rollout.sglang_client import TRUST_ENV, auth_headers
 
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -102,6 +103,7 @@ class RouterProcess:
         env.pop(ENV_API_KEY, None)
         if self.api_key:
             env[ENV_API_KEY] = self.api_key
+        env.update(rotate_env(self.log_path))  # the log filter bounds the log (rollout/log_scrub.py)
         argv = self.argv()
         with open_log(self.log_path) as log:
             log.write(f"\n==== rlslurm: router start at {time.ctime()}: {' '.join(argv)}\n".encode())

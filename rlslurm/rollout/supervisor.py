@@ -25,6 +25,14 @@ weights. Each health round registers it once `admit` says yes.
 The router is checked too: if its process is gone it is started again on the same address
 and every engine is registered with it again (`router_restarts`).
 
+Restarts are bounded: each engine, and the router, may be restarted (each try counts, a failed
+one too) at most `max_restarts` times within `restart_window_s` (default 5 within an hour).
+Past that - a crash loop, a GPU gone bad, a start that keeps failing - the supervisor stops
+restarting anything and sets `failure`; the rollout node's next housekeeping round raises it as
+`EngineFailure`, the rollout role exits non-zero, and the attempt ends as a failure: the batch
+script requeues the job within --max-failures (fresh processes, perhaps other nodes) instead of
+holding the allocation while one engine is retried forever. An occasional crash never runs out.
+
 A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
 (docs/sglang-behaviour.md, "Health checks during weight updates"), so each update is wrapped in
 `pause_health_checks()` (by the rollout node's `UpdateWatcher`, rollout/update_watch.py, while
@@ -41,6 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -53,6 +62,36 @@ if TYPE_CHECKING:
     from rlslurm.buffer.control import Control, EngineRecord
 
 log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 3600.0
+
+
+class EngineFailure(RuntimeError):
+    """An engine (or the router) used up its restart budget; the message says which and why."""
+
+
+class RestartBudget:
+    """At most `max_tries` restart tries within any `window_s` seconds."""
+
+    def __init__(self, max_tries: int, window_s: float):
+        if max_tries < 1 or window_s <= 0:
+            raise ValueError(f"restart budget needs max_tries >= 1 and window_s > 0, got {max_tries}, {window_s}")
+        self.max_tries, self.window_s = max_tries, window_s
+        self._tries: deque[float] = deque()
+
+    def take(self, now: float | None = None) -> bool:
+        """Count one try now; False (nothing counted) when the window already holds `max_tries`."""
+        now = time.monotonic() if now is None else now
+        while self._tries and now - self._tries[0] >= self.window_s:
+            self._tries.popleft()
+        if len(self._tries) >= self.max_tries:
+            return False
+        self._tries.append(now)
+        return True
+
+    def describe(self) -> str:
+        return f"{self.max_tries} restarts within {self.window_s / 60:g} min"
 
 
 @dataclass(frozen=True)
@@ -93,8 +132,9 @@ Admit = Callable[[EngineProcess], bool]
 class _Slot:
     """Supervisor-side state of one engine."""
 
-    def __init__(self, spec: EngineSpec):
+    def __init__(self, spec: EngineSpec, budget: RestartBudget):
         self.proc = EngineProcess(spec)
+        self.budget = budget
         self.worker_id: str | None = None
         self.healthy = False
         self.restarts = 0
@@ -110,6 +150,7 @@ class EngineSupervisor:
                  health_interval_s: float = 10.0, health_timeout_s: float = 10.0, unhealthy_after: int = 3,
                  start_timeout_s: float = 600.0, register_timeout_s: float = 60.0,
                  restart_backoff_s: float = 5.0,
+                 max_restarts: int = MAX_RESTARTS, restart_window_s: float = RESTART_WINDOW_S,
                  on_change: OnChange | None = None, on_restart: OnRestart | None = None,
                  admit: Admit | None = None):
         names = [s.name for s in specs]
@@ -125,13 +166,17 @@ class EngineSupervisor:
         self.on_change = on_change
         self.on_restart = on_restart
         self.admit = admit
-        self._slots = [_Slot(s) for s in specs]
+        self._slots = [_Slot(s, RestartBudget(max_restarts, restart_window_s)) for s in specs]
+        self._router_budget = RestartBudget(max_restarts, restart_window_s)
+        # set once an engine or the router used up its budget: nothing is restarted any more
+        self.failure: str | None = None
         self._cond = threading.Condition()
         self._paused = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._restart_threads: list[threading.Thread] = []
         self.router_restarts = 0
+        self._router_error: str | None = None
 
     # --- public view ----------------------------------------------------------------------
     @property
@@ -260,6 +305,20 @@ class EngineSupervisor:
     def paused(self) -> bool:
         return self._paused > 0
 
+    def raise_if_failed(self) -> None:
+        """EngineFailure once an engine or the router used up its restart budget."""
+        if self.failure is not None:
+            raise EngineFailure(self.failure)
+
+    def _give_up(self, what: str, budget: RestartBudget, reason: str, error: str | None) -> None:
+        last = f"; the last try failed: {error.splitlines()[0].rstrip(':')}" if error else ""
+        with self._cond:
+            if self.failure is None:
+                self.failure = (f"{what}: {budget.describe()} ({reason}{last}); not restarted again, "
+                                "this attempt ends")
+            self._cond.notify_all()
+        log.error("%s", self.failure)
+
     # --- health loop ----------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.wait(self.health_interval_s):
@@ -269,6 +328,8 @@ class EngineSupervisor:
                 log.exception("engine supervisor: health round failed")
 
     def _tick(self) -> None:
+        if self.failure is not None:  # the node ends this attempt: no more restarts
+            return
         if not self.router.is_alive() and not self._paused:
             self._restart_router()
         for s in self._slots:
@@ -325,7 +386,13 @@ class EngineSupervisor:
         t0 = time.monotonic()
         log.warning("%s (%s): %s; restarting", name, s.proc.url, reason)
         self._changed()
+        error: str | None = None
         while not self._stop.is_set():
+            if not s.budget.take():
+                self._give_up(f"{name} ({s.proc.url})", s.budget, reason, error)
+                self._emit(RestartEvent(name, s.proc.url, reason, s.restarts, time.monotonic() - t0, False,
+                                        self.failure))
+                break
             try:
                 with s.lock:
                     s.proc.kill_tree()
@@ -342,6 +409,7 @@ class EngineSupervisor:
                 if self._stop.is_set():
                     break
                 log.error("%s: restart failed: %s", name, e)
+                error = str(e)
                 self._emit(RestartEvent(name, s.proc.url, reason, s.restarts, time.monotonic() - t0, False, str(e)))
                 self._stop.wait(self.restart_backoff_s)
                 continue
@@ -364,6 +432,10 @@ class EngineSupervisor:
 
     def _restart_router(self) -> None:
         code = self.router.proc.returncode if self.router.proc else None
+        if not self._router_budget.take():
+            self._give_up(f"router {self.router.url}", self._router_budget, f"exited (code {code})",
+                          self._router_error)
+            return
         log.warning("router %s exited (code %s); restarting it", self.router.url, code)
         t0 = time.monotonic()
         try:
@@ -377,6 +449,7 @@ class EngineSupervisor:
                 s.worker_id = ids[s.proc.url]
         except (RouterError, OSError) as e:
             log.error("router restart failed: %s", e)
+            self._router_error = str(e)
             self.router.kill()  # so that the next tick starts it again from scratch
             self._emit(RestartEvent("router", self.router.url, f"exited (code {code})", self.router_restarts,
                                     time.monotonic() - t0, False, str(e)))

@@ -13,10 +13,27 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlslurm.config import check_slurm_name
 from rlslurm.errors import ConfigError
 
-_SUBMIT_FLAGS = {"--partition": str, "--account": str, "--time": int, "--gpus-per-node": int,
-                 "--cpus-per-task": int, "--job-dir": Path}
+
+def _int_at_least(low: int):
+    def convert(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{raw!r} is not an integer") from None
+        if value < low:
+            raise ValueError(f"must be >= {low}, got {value}")
+        return value
+
+    return convert
+
+
+# submitit writes these into #SBATCH lines: partition and account pass the run config's own check
+# (rlslurm/config.py), so a newline or a space cannot end the line or add a directive.
+_SUBMIT_FLAGS = {"--partition": check_slurm_name, "--account": check_slurm_name, "--time": _int_at_least(1),
+                 "--gpus-per-node": _int_at_least(0), "--cpus-per-task": _int_at_least(1), "--job-dir": Path}
 
 
 @dataclass
@@ -48,8 +65,8 @@ def split_submit_args(args: list[str]) -> ConvertJob:
                 raise ConfigError(f"{name} needs a value")
             try:
                 opts[name[2:].replace("-", "_")] = _SUBMIT_FLAGS[name](raw)
-            except ValueError:
-                raise ConfigError(f"{name}: invalid value {raw!r}") from None
+            except ValueError as e:
+                raise ConfigError(f"{name}: {e}") from None
             i += 1 if eq else 2
             continue
         conv.append(a)
@@ -58,9 +75,11 @@ def split_submit_args(args: list[str]) -> ConvertJob:
     for flag in ("--tp", "--pp", "--ep"):
         if flag in conv:
             try:
-                nproc *= int(conv[conv.index(flag) + 1])
-            except (IndexError, ValueError):
+                nproc *= _int_at_least(1)(conv[conv.index(flag) + 1])
+            except IndexError:
                 raise ConfigError(f"{flag} needs an integer") from None
+            except ValueError as e:
+                raise ConfigError(f"{flag}: {e}") from None
     return ConvertJob(argv=conv, nproc=nproc, **opts)  # type: ignore[arg-type]
 
 

@@ -1,5 +1,7 @@
 """Per-step metrics: one JSON line per optimizer step in RUN/metrics.jsonl and TensorBoard
 scalars in RUN/tb/, written by global rank 0 only (single writer: no locks on shared storage).
+Lines are appended whole or not at all (buffer/atomic.py `append_line`): a full disk ends the
+trainer with a StorageError naming the file, after the checkpoint of that rollout if one was due.
 
 A resumed attempt re-trains the rollouts after its checkpoint, so their steps appear again in
 metrics.jsonl; every line carries `attempt` so readers keep the last attempt's line per step.
@@ -9,10 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
+
+from rlslurm.buffer.atomic import append_line
 
 
 class MetricsLogger:
@@ -35,13 +38,7 @@ class MetricsLogger:
         rec = {"step": step, "attempt": self.attempt, "time": time.time()}
         for k, v in values.items():
             rec[k] = None if isinstance(v, float) and not math.isfinite(v) else v
-        line = json.dumps(rec, sort_keys=False) + "\n"
-        # Append + fsync: a line is either whole or (after a crash mid-write) a torn last line that
-        # readers skip; rank 0 is the only writer.
-        with open(self.path, "a") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path, (json.dumps(rec, sort_keys=False) + "\n").encode(), f"the metrics of step {step}")
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):

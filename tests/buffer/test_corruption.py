@@ -12,8 +12,9 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from rlslurm.buffer import CorruptRollout, RolloutReader, RolloutWriter
+from rlslurm.buffer import CorruptRollout, Retention, RolloutReader, RolloutWriter, TrainerProgress, after_checkpoint
 from rlslurm.buffer.cli import app
+from rlslurm.buffer.manifest import _self_checksum
 from rlslurm.errors import ConfigError
 
 from .helpers import assert_same, make_meta, make_samples
@@ -183,3 +184,30 @@ def test_quarantine_record_is_written_before_uncommitting(run, monkeypatch):
     assert not r.is_committed(1)
     rp = RolloutWriter(run).resume_point()
     assert rp.to_regenerate == [1] and rp.next_rollout_id == 3
+
+
+@pytest.mark.parametrize("name", ["../../../victim.txt", "<absolute path>", "00000000.abc.data/../../victim.txt",
+                                  "00000001.abc.data", "00000000.abc.data\n", "00000000.ABC.data", "victim.txt", 7])
+def test_manifest_data_name_is_a_buffer_file_or_the_rollout_is_corrupt(run, tmp_path, name):
+    """A manifest is opened and its data file deleted by retention as buffer/train/<file>: a manifest
+    whose checksum was recomputed after an edit (or a writer bug) must not point anywhere else."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the buffer's")
+    w = RolloutWriter(run)
+    for rid in range(3):
+        w.commit(rid, make_samples(rid), make_meta(rid))
+    p = w.manifest_path(0)
+    body = json.loads(p.read_bytes())
+    body.pop("manifest_checksum")
+    body["data"]["file"] = str(victim) if name == "<absolute path>" else name
+    body["manifest_checksum"] = _self_checksum(body)  # a consistent manifest, only the name is wrong
+    p.write_text(json.dumps(body))
+
+    r = RolloutReader(run)
+    with pytest.raises(CorruptRollout, match=r"rollout 0 is corrupt: bad manifest: data file name"):
+        r.manifest(0)
+    progress = TrainerProgress()
+    for rid in range(3):
+        progress.record_trained(rid)
+    assert after_checkpoint(r, progress, Retention(keep_trained=0)) == [0, 1]
+    assert victim.read_text() == "not the buffer's"

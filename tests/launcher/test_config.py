@@ -134,6 +134,39 @@ def test_yaml_errors_name_file_and_line(tmp_path: Path) -> None:
         resolve([], y, strict_inputs=False)
 
 
+@pytest.mark.parametrize("value, needle", [
+    ("{a:", r"^--megatron-foo: invalid YAML value '\{a:': expected the node content"),
+    ("[full", r"^--megatron-foo: invalid YAML value '\[full': expected ',' or '\]'"),
+    ("@x", r"^--megatron-foo: invalid YAML value '@x': found character '@'"),
+])
+def test_bad_megatron_yaml_value_names_the_flag(value: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        resolve(["--megatron-foo", value], strict_inputs=False)
+
+
+def test_config_that_is_not_a_yaml_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--config: .* is not a file"):
+        resolve([], tmp_path, strict_inputs=False)
+    b = tmp_path / "run.yaml"
+    b.write_bytes(b"\xd7\x00\xff binary")
+    with pytest.raises(ConfigError, match=r"^--config: .*run\.yaml is not a text file"):
+        resolve([], b, strict_inputs=False)
+
+
+def test_cli_prints_a_bracketed_value_verbatim(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", "submit", "--dry-run", "--model", "tiny-qwen3",
+                        "--megatron-recompute-granularity", "[full"], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    # one line, and "[full" is not swallowed as console markup
+    assert p.stderr.strip().splitlines() == [
+        "error: --megatron-recompute-granularity: invalid YAML value '[full': expected ',' or ']', "
+        "but got '<stream end>' at column 6"], p.stderr
+
+
 def test_unsafe_slurm_names_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"^--partition: .*not a valid SLURM name"):
         resolve(["--partition", "gpu; rm -rf /"], strict_inputs=False)

@@ -358,6 +358,31 @@ def test_validate_prompt_file(tmp_path):
         validate_prompt_file(arr, "prompt", "label")
 
 
+def test_a_line_past_the_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    # the limit is 64 MiB; a small one keeps the files small (the code reads it at call time)
+    from rlslurm.rollout import data
+
+    monkeypatch.setattr(data, "MAX_LINE_BYTES", 1000, raising=False)
+    fits = json.dumps({"prompt": "", "label": "0"})
+    fits = json.dumps({"prompt": "x" * (1000 - len(fits)), "label": "0"})
+    assert len(fits) == 1000
+    long = json.dumps({"prompt": "x" * 1000, "label": "1"})
+    path = tmp_path / "d.jsonl"
+    path.write_text(f"{fits}\n{long}\n{fits}")
+    assert validate_prompt_file(path, "prompt", "label", n_lines=1) == 1
+    with pytest.raises(DataError, match=r"d.jsonl:2: line is longer than 1000 bytes \(JSON Lines: one prompt"):
+        validate_prompt_file(path, "prompt", "label")
+    arr = tmp_path / "arr.json"
+    arr.write_text(json.dumps([json.loads(long)] * 3))  # one line, no newline at the end
+    with pytest.raises(DataError, match=r"arr.json:1: line is longer than 1000 bytes.*JSON array file is not"):
+        validate_prompt_file(arr, "prompt", "label")
+    # the job's reader refuses the same line (strict) or skips it as malformed (lenient)
+    with pytest.raises(DataError, match=r"d.jsonl:2: line is longer than 1000 bytes"):
+        PromptSource(path, shuffle=False).take(3)
+    lenient = PromptSource(path, shuffle=False, strict=False)
+    assert labels(lenient.take(3)) == ["0", "0"] and lenient.counters["malformed"] == 1
+
+
 def test_load_custom_source_from_file(tmp_path):
     plugin = tmp_path / "my_source.py"
     plugin.write_text(

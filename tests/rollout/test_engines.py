@@ -226,6 +226,50 @@ def test_client_errors_name_the_url():
     asyncio.run(go())
 
 
+def test_restart_budget_counts_tries_in_a_sliding_window():
+    from rlslurm.rollout.supervisor import RestartBudget
+
+    b = RestartBudget(3, 100.0)
+    assert [b.take(t) for t in (0.0, 10.0, 20.0, 30.0)] == [True, True, True, False]
+    assert b.take(100.0) and not b.take(105.0)  # the try at 0 left the window, the one at 100 took its place
+    assert b.take(110.0)  # 10 left too
+
+
+def test_an_engine_that_never_comes_back_ends_the_attempt_after_its_restart_budget(tmp_path):
+    """A restart that keeps failing (here: a start that exits at once - taskset refuses a core this
+    host does not have) used to be retried every backoff for as long as the job ran."""
+    from rlslurm.rollout.node import RemoteRouter
+    from rlslurm.rollout.supervisor import EngineFailure, EngineSupervisor
+
+    port = free_port("127.0.0.1")
+    spec = _spec(tmp_path, host="127.0.0.1", port=port, nccl_port=free_port("127.0.0.1"),
+                 model_path=str(tmp_path / "model"), cpu_core=(os.cpu_count() or 1) + 4096)
+    # nothing listens there: deregistering before each try fails fast and is only logged
+    router = RemoteRouter.at(f"http://127.0.0.1:{free_port('127.0.0.1')}", api_key=None, log_path=tmp_path / "r.log")
+    events = []
+    sup = EngineSupervisor([spec], router, restart_backoff_s=0.0, max_restarts=3, restart_window_s=3600.0,
+                           on_restart=events.append)
+    try:
+        sup.raise_if_failed()  # nothing wrong yet
+        sup._tick()  # the health round: the engine's process is gone, so its restart thread starts
+        for t in list(sup._restart_threads):
+            t.join(timeout=120)  # three tries, each a start that exits at once
+        assert not any(t.is_alive() for t in sup._restart_threads), "still retrying"
+        with pytest.raises(EngineFailure) as ei:
+            sup.raise_if_failed()
+        msg = str(ei.value)
+        assert msg.startswith(f"engine-0 (http://127.0.0.1:{port}): 3 restarts within 60 min (exited (code None); "
+                              "the last try failed: engine-0 (") and "\n" not in msg, msg
+        assert msg.endswith("not restarted again, this attempt ends")
+        assert spec.log_path.read_text().count("==== rlslurm: start #") == 3  # exactly the budget
+        assert [e.ok for e in events] == [False, False, False, False] and events[-1].error == msg
+        sup._tick()  # given up: no fourth try
+        assert not any(t.is_alive() for t in sup._restart_threads)
+        assert spec.log_path.read_text().count("==== rlslurm: start #") == 3
+    finally:
+        sup.close()
+
+
 # --- a real deployment -----------------------------------------------------------------------
 
 

@@ -201,6 +201,31 @@ def test_generate_group_leaves_aborted_groups_unscored_and_keeps_env_rewards():
                                    reward_fn=RewardFn(reward)))
 
 
+def test_a_generate_functions_own_numpy_reward_is_stored_as_a_number():
+    import numpy as np
+
+    from rlslurm.rollout.generate_api import Generation
+    from rlslurm.rollout.rewards import RewardError, RewardFn
+
+    def scored(value):
+        async def gen(ctx, prompt, sampling_params):
+            return Generation(response_ids=[5], response_logprobs=[-0.1], loss_mask=[1], reward=value)
+        return gen
+
+    def run(value, reward_key=None):
+        return asyncio.run(generate_group(Scripted(), prompt_for("add 3 4 ?"), n=2, sampling_params={"max_new_tokens": 4},
+                                          reward_fn=RewardFn(lambda item: 1.0), generate_fn=scored(value),
+                                          reward_key=reward_key))
+
+    for value, want in ((np.float32(0.25), 0.25), (np.bool_(True), 1.0), ({"acc": np.float64(1)}, {"acc": 1.0})):
+        group = run(value, "acc" if isinstance(value, dict) else None)
+        assert [s.reward for s in group] == [want, want] and all(type(s.reward) in (float, dict) for s in group)
+        for i, s in enumerate(group):
+            s.validate(f"sample {i}")  # what the buffer's commit checks: np.float32 was refused here
+    with pytest.raises(RewardError, match=r"generate function reward \(sample .*#0\): returned nan"):
+        run(np.float32("nan"))
+
+
 # --------------------------------------------------------------------------- the real engine
 
 

@@ -70,3 +70,51 @@ def test_launcher_masks_the_key_in_the_whole_tree_and_logs_are_0600(tmp_path: Pa
     assert "server_args={'api_key': '***'}" in text and "'--api-key=***'" in text, text
     assert text.count("***") == 4, text
     assert stat.S_IMODE(log.stat().st_mode) == 0o600 and stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+def _lines(n: int) -> list[bytes]:
+    return [(f"line {i:05d} " + ("key " + KEY if i % 7 == 0 else "x" * (i % 50)) + "\n").encode() for i in range(n)]
+
+
+def test_the_filter_rotates_the_log_at_a_line_end(tmp_path: Path) -> None:
+    from rlslurm.rollout.log_scrub import copy_scrubbed
+
+    lines = _lines(400)
+    src = tmp_path / "server-output"
+    src.write_bytes(b"".join(lines))
+    log = tmp_path / "engine.log"
+    with open(src, "rb") as fin, open_log(log) as fout:
+        fout.write(b"==== an earlier start\n")
+        fout.flush()
+        copy_scrubbed(fin.fileno(), fout.fileno(), KEY.encode(), (str(log), 4000))
+    old, new = Path(f"{log}.1").read_bytes(), log.read_bytes()
+    longest = max(len(x) for x in lines)
+    assert 4000 <= len(old) < 4000 + longest and len(new) < 4000 + longest
+    assert old.endswith(b"\n") and new.endswith(b"\n")  # cut between lines, never inside one
+    want = [x.replace(KEY.encode(), b"***") for x in lines]
+    kept = (old + new).splitlines(keepends=True)
+    assert kept == want[len(want) - len(kept):]  # the newest output, whole and in order
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and stat.S_IMODE(Path(f"{log}.1").stat().st_mode) == 0o600
+
+
+SPAMMY = r'''
+import sys
+key = sys.argv[-1].split("=", 1)[1]
+for i in range(300):
+    print(f"request {i:04d} " + (key if i % 11 == 0 else "ok"), flush=True)
+'''
+
+
+def test_the_launcher_passes_the_log_bound_to_its_filter(tmp_path: Path) -> None:
+    from rlslurm.rollout.log_scrub import rotate_env
+
+    (tmp_path / "spammy_server.py").write_text(SPAMMY)
+    log = tmp_path / "logs" / "engine.log"
+    with open_log(log) as f:
+        env = {**os.environ, ENV_API_KEY: KEY, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", **rotate_env(log, 2000)}
+        rc = subprocess.run([sys.executable, "-m", "rlslurm.rollout.engine", "spammy_server"], env=env,
+                            stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=60).returncode
+    assert rc == 0
+    old, new = Path(f"{log}.1").read_text(), log.read_text()
+    assert KEY not in old + new and len(old) < 2100 and len(new) < 2100
+    assert new.splitlines()[-1] == "request 0299 ok" and old.endswith("\n")
