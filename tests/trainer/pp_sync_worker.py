@@ -49,7 +49,7 @@ def main() -> None:
     load_hf_checkpoint(model, mc, a.hf)
     rd = RunDir(a.run_dir)
     control = Control(rd)
-    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=SyncOptions(timeout_s=60, attempts=1),
+    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=SyncOptions(timeout_s=240, attempts=1),
                                fallback=None, attempt=0, host="127.0.0.1")
     prompt = probe_prompt(mc.arch.vocab_size)
     before = trainer_greedy(model, prompt, mc.arch.vocab_size)
