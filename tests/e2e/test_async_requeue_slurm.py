@@ -1,0 +1,123 @@
+"""Async GRPO (--async-buffer-size 2) on the real SLURM test cluster, hard-requeued mid-run.
+
+The bound (rlslurm/rollout/driver.py `required_version`, `gate_open`): version N is the weights
+after training rollouts 0..N-1. The driver starts rollout r only when every routed engine serves
+version >= max(0, r - k), and an engine's version never goes back while it is routed (a restarted
+one is kept out of the router until it has the published weights). Versions are numbered by the
+rollouts trained, not by attempt: after a hard requeue the trainer resumes from a checkpoint and
+trains the same committed rollouts again, so version N still means "trained on rollouts
+0..N-1". Version r + 1 needs rollout r trained, hence committed. So every sample of rollout r
+comes from weights max(0, r - k) <= v <= r: the policy that trains on rollout r (version r) is
+at most k versions newer than the one that generated it.
+
+A requeue kills the attempt while the driver is up to k rollouts ahead of the trainer; the
+committed rollouts the trainer had not trained (or trained after its last checkpoint) must be
+trained by the next attempt from the buffer, unchanged, and the driver must go on after the last
+commit without generating any rollout again.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.store import BufferStore
+from rlslurm.curve import reward_curve
+from rlslurm.demo_task import make_prompts
+
+from tests.e2e.test_grpo_slurm import MARGIN, batch_log, probes, submit_grpo
+from tests.e2e.test_preemption_slurm import trained_per_attempt
+from tests.launcher.test_slurm_job import ledger, wait_reports
+
+pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
+
+K = 2
+NUM_ROLLOUT = 24  # as the sync run: its reward criterion holds (a rollout takes ~1.5 s, a start ~30 s)
+SAVE_INTERVAL = 4
+REQUEUE_AFTER = 2 * SAVE_INTERVAL + 2  # trained rollouts: past two periodic saves
+
+
+def committed_manifests(run_dir: Path) -> dict[int, bytes]:
+    store = BufferStore(run_dir)
+    return {i: store.manifest_path(i).read_bytes() for i in store.committed_ids()}
+
+
+def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollout_once(
+        slurm_cluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=64)
+    # every manifest stays (none retired), so the end state shows each commit
+    job = submit_grpo(run_dir, prompts, "--async-buffer-size", str(K), "--num-rollout", str(NUM_ROLLOUT),
+                      "--save-interval", str(SAVE_INTERVAL), "--keep-trained-rollouts", str(NUM_ROLLOUT))
+    deadline = time.monotonic() + 600
+    while len(reward_curve(run_dir)) < REQUEUE_AFTER:
+        assert time.monotonic() < deadline, f"rollouts not trained: {batch_log(run_dir, job)}"
+        time.sleep(0.5)
+    before = committed_manifests(run_dir)  # committed before the requeue (a subset of them)
+    slurm_cluster.requeue(job)
+    wait_reports(run_dir, 1, {"trainer-0", "trainer-1", "rollout-0"}, timeout=300)
+    info = slurm_cluster.wait_finished(job, 15 * 60)
+    assert info["JobState"] == "COMPLETED", batch_log(run_dir, job)
+    lines = ledger(run_dir)
+    assert [l["attempt"] for l in lines] == [0, 1] and lines[0]["reason"].startswith("terminated"), lines
+    assert lines[1]["reason"] == "finished", lines
+
+    # The trainer's record: attempt 1 resumes from a checkpoint at or before attempt 0's last step;
+    # the final lineage trains each rollout exactly once.
+    steps = trained_per_attempt(run_dir)
+    assert sorted(steps) == [0, 1], steps
+    for ids in steps.values():
+        assert ids == list(range(ids[0], ids[-1] + 1)), steps
+    assert steps[0][0] == 0 and steps[1][0] <= steps[0][-1] + 1, steps
+    lineage = steps[0][: steps[1][0]] + steps[1]
+    assert lineage == list(range(NUM_ROLLOUT)), steps
+    finished = json.loads((run_dir / "FINISHED").read_text())
+    assert finished["trained_rollouts"] == NUM_ROLLOUT and finished["weight_version"] == NUM_ROLLOUT
+
+    # The driver's record: every rollout committed once (attempt 0 a prefix, attempt 1 the rest),
+    # none lost or generated again: what was committed before the requeue is still there, unchanged.
+    after = committed_manifests(run_dir)
+    assert sorted(after) == list(range(NUM_ROLLOUT)), sorted(after)
+    assert before and all(after[i] == b for i, b in before.items()), "a rollout committed before the requeue changed"
+    store = BufferStore(run_dir)
+    manifests = {i: store.manifest(i) for i in after}
+    writers = [manifests[i].writer["attempt"] for i in sorted(manifests)]
+    assert writers == sorted(writers) and set(writers) == {0, 1}, writers
+    assert not store.quarantined()
+
+    # What the trainer trained on is what was committed (last attempt's line per rollout).
+    trained = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        trained[rec["rollout_id"]] = rec
+    for i, m in manifests.items():
+        assert trained[i]["weight_version_min"] == min(m.meta.weight_versions), (i, m.meta.weight_versions)
+        assert trained[i]["reward_mean"] == pytest.approx(m.stats.reward_mean, abs=1e-9), i
+
+    # The staleness bound, from the committed manifests.
+    versions = {i: m.meta.weight_versions for i, m in manifests.items()}
+    outside = {i: v for i, v in versions.items() if not (max(0, i - K) <= min(v) and max(v) <= i)}
+    assert not outside, f"outside [rollout - {K}, rollout]: {outside}"
+    assert any(min(v) < i for i, v in versions.items()), f"the driver never ran ahead (not async): {versions}"
+
+    # Every published version reached both engines (greedy tokens equal), the final one included.
+    # The one exception: the requeue may kill the engines while the trainer probes the version it
+    # published last in attempt 0 (before attempt 1 started); an engine that answered must match.
+    recs = probes(run_dir)
+    cut = [r for r in recs if not r["match"]]
+    attempt0 = [r for r in recs if r["time"] < lines[1]["start"]]
+    assert cut in ([], attempt0[-1:]), cut
+    for r in cut:
+        answered = [e for e in r["engines"].values() if "error" not in e]
+        assert len(answered) < len(r["engines"]), r
+        assert all(e["tokens"] == r["trainer"] and e["weight_version"] == str(r["version"]) for e in answered), r
+    assert recs and recs[-1]["version"] == NUM_ROLLOUT and recs[-1]["match"], [r["version"] for r in recs]
+
+    curve = reward_curve(run_dir)
+    first, last = statistics.mean(v for _, v in curve[:5]), statistics.mean(v for _, v in curve[-5:])
+    print(f"async k={K}: trained {steps}; versions {versions}; probes cut {cut}; reward {first:.3f} -> {last:.3f}")
+    assert last - first > MARGIN, f"reward did not rise: first5 {first:.3f} last5 {last:.3f}: {curve}"
