@@ -3,7 +3,7 @@
 Boots the real single-host SLURM cluster (tests/slurm_cluster/boot.sh; stopped by pid at the end,
 also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2:
 trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the real sglang-router
-+ the rollout driver, distributed weight sync) with --num-rollout 30, and injects a seeded random
++ the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
 sequence of faults (every kind once, the rest drawn at random, shuffled):
 
 | kind | how | expected recovery |
@@ -17,12 +17,17 @@ sequence of faults (every kind once, the rest drawn at random, shuffled):
 | requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
 | hang_engine | SIGSTOP of one SGLang server | the supervisor finds it unresponsive and restarts it; if it has not within HANG_BOUND_S the bench sends SIGCONT and reports it |
 
-Each fault is injected once the system is whole again (every process of the current attempt found,
-both engines healthy and routed in control/engines.json, no preempt pending) and the run has
-trained 1-2 more rollouts since the previous recovery, then after a random 0-3 s more, so faults
-land in different phases (generation, training, weight sync). Processes are found by their command
-lines, narrowed to this run (its run dir, or the engines' model path RUN/hf_init, or a child of
-this run's rollout process); nothing is killed by name.
+Each fault is injected once the run has trained 1-2 more rollouts since the previous fault's recovery
+and the current attempt is up (both trainer ranks, the rollout process and its router found, at least
+one engine healthy and routed in control/engines.json, no preempt pending), then after a random
+0-3 s more, so faults land in different phases (generation, training, weight sync). An engine still
+being restarted after an earlier fault is not waited for (the next fault may hit the other one).
+Processes are found by their command lines, narrowed to this run (its run dir, the engines' model
+path RUN/hf_init, a child of this run's rollout process); nothing is killed by name.
+
+Why 100 rollouts and not the issue's minimum of 30: on this CPU box a tiny rollout trains in ~1 s
+once the engines are up, so 30 rollouts are done within a minute of healthy running, before ten
+faults with their ~1 min recoveries can be placed. 100 leaves room; the run trains the rest at the end.
 
 recovery_s of a fault = (first rollout trained after the fault, metrics.jsonl `time`) - injection,
 counting only a rollout trained by a later attempt or committed to the buffer after the fault (a
@@ -37,7 +42,7 @@ trained (no gap); the reward curve has a point per rollout; every weight probe m
 figure = faults survived (recovered), reference = faults injected, ratio = survived / injected.
 Prints one JSON line per fault and a summary line; appends them to bench/results/chaos-<tag>.jsonl
 (--out) and writes bench/results/chaos.md.
-Usage: python3 bench/bench_chaos.py [--faults 10 --seed 15 --num-rollout 30 --no-boot --out PATH]
+Usage: python3 bench/bench_chaos.py [--faults 10 --seed 15 --num-rollout 100 --no-boot --out PATH]
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from rlslurm.buffer.control import Control  # noqa: E402
 from rlslurm.buffer.store import BufferStore  # noqa: E402
 from rlslurm.curve import reward_curve  # noqa: E402
 from rlslurm.demo_task import make_prompts  # noqa: E402
+from rlslurm.errors import DataError  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmError  # noqa: E402
 
@@ -75,7 +81,7 @@ ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue"}
 FIRST_ATTEMPT_TIMEOUT_S = 600.0
 RECOVERY_TIMEOUT_S = 420.0   # a requeue here takes ~60-70 s (bench/results/requeue.md); SGLang start-up dominates
 READY_TIMEOUT_S = 420.0      # an engine restart is a full SGLang CPU start-up (~45 s on 2 loaded cores)
-HANG_BOUND_S = 120.0         # supervisor: 3 failed checks x (interval 2 s + timeout 5 s) ~ 21 s, then a restart
+HANG_BOUND_S = 90.0          # supervisor: 3 failed checks x (interval 2 s + timeout 5 s) ~ 21 s, then a restart
 FINISH_TIMEOUT_S = 900.0
 BATCH_SAMPLES = 8 * 4        # tiny-qwen3's defaults at --nodes 2: 8 prompts x 4 samples per rollout
 NOTES = "## Notes (hand-written"
@@ -222,7 +228,8 @@ class Procs:
                 if "taskset" not in cmdline(p)]
 
     def router(self, driver: int) -> list[int]:
-        return pgrep("sglang_router[.]launch_router", parent=driver)
+        # The router retitles itself "sglang::router" (its log filter, a fork, keeps the launch line).
+        return pgrep("^sglang::router|sglang_router[.]launch_router", parent=driver)
 
 
 # ------------------------------------------------------------------------------ driving the run
@@ -267,7 +274,11 @@ class Soak:
         deadline = time.monotonic() + timeout
         while True:
             self.commits.poll()
-            got = cond()
+            try:
+                got = cond()
+            except (OSError, ValueError, DataError) as e:  # a record read mid-replace: look again
+                print(f"[bench] (retrying a read: {e})", flush=True)
+                got = None
             if got:
                 return got
             if time.monotonic() > deadline:
@@ -284,25 +295,29 @@ class Soak:
     def trained_since(self, t: float) -> list[dict]:
         return [r for r in metrics(self.run_dir) if r["time"] > t]
 
-    def whole(self) -> dict | None:
-        """Every process of the current attempt present, both engines healthy and routed, nothing pending."""
+    def ready(self) -> dict | None:
+        """The current attempt's processes are all there (2 trainer ranks, the rollout process, its router)
+        and at least one engine is healthy, routed and not stopped; no preempt pending. Engines being
+        restarted after an earlier fault are not waited for: the run would train on meanwhile."""
         if self.control.preempt_requested() is not None or (self.run_dir / "FINISHED").exists():
             return None
         ranks, driver = self.procs.trainer_ranks(), self.procs.driver()
         if len(ranks) != 2 or len(driver) != 1:
             return None
-        engines = self.procs.engines()
         router = self.procs.router(driver[0])
-        recs = self.control.engines()
-        if len(recs) != 2 or not all(e.healthy and not e.awaiting_weights for e in recs) or len(router) != 1:
+        if len(router) != 1:
             return None
-        live = [p for p in engines if ppid(p) == driver[0]]
-        if len(live) != 2 or any(proc_state(p) == "T" for p in live):
+        engines = self.procs.engines()
+        live = [p for p in engines if ppid(p) == driver[0] and proc_state(p) not in (None, "T", "Z")]
+        recs = {e.pid: e for e in self.control.engines()}
+        serving = [p for p in live if p in recs and recs[p].healthy and not recs[p].awaiting_weights]
+        if not serving:
             return None
-        # SGLang's forked children share their server's command line; a server whose parent is no
-        # server of this run and not this attempt's rollout process was left behind by an earlier one.
-        orphans = [p for p in engines if p not in live and ppid(p) not in engines]
-        return {"ranks": ranks, "driver": driver[0], "engines": live, "router": router[0], "orphan_engines": orphans}
+        # SGLang's forked children (its log filter) share their server's command line; a server whose
+        # parent is neither a server of this run nor this attempt's rollout process outlived an earlier one.
+        orphans = [p for p in engines if ppid(p) != driver[0] and ppid(p) not in engines]
+        return {"ranks": ranks, "driver": driver[0], "engines": serving, "router": router[0],
+                "engines_serving": len(serving), "orphan_engines": orphans}
 
     def inject(self, kind: str, who: dict, rng: random.Random) -> dict:
         """Send the fault; returns what was hit."""
@@ -341,12 +356,12 @@ class Soak:
 
 
 def run_fault(soak: Soak, no: int, kind: str, rng: random.Random, gap: int, t_prev: float) -> dict:
-    """Wait for progress and a whole system, inject `kind`, wait for its recovery; the fault's record."""
+    """Wait for progress and a running attempt, inject `kind`, wait for its recovery; the fault's record."""
     rd = soak.run_dir
     soak.wait(lambda: len({r["rollout_id"] for r in soak.trained_since(t_prev)}) >= gap, RECOVERY_TIMEOUT_S,
               f"fault {no}: {gap} more rollout(s) trained")
     time.sleep(rng.uniform(0.0, 3.0))
-    who = soak.wait(soak.whole, READY_TIMEOUT_S, f"fault {no}: every process up, engines healthy")
+    who = soak.wait(soak.ready, READY_TIMEOUT_S, f"fault {no}: every process up, an engine serving")
     old = current_attempt(rd)
     before = metrics(rd)
     last_trained = before[-1]["rollout_id"] if before else None
@@ -356,7 +371,8 @@ def run_fault(soak: Soak, no: int, kind: str, rng: random.Random, gap: int, t_pr
     print(f"[bench] fault {no}: {kind} -> {hit} (attempt {old}, last trained rollout {last_trained})", flush=True)
     rec: dict[str, Any] = {"bench": "chaos_soak", "fault": no, "kind": kind, **hit, "attempt": old,
                            "last_trained_before": last_trained, "t_inject": round(t_inject, 3),
-                           "loadavg_1m": round(load, 2), "orphans_at_inject": who["orphan_engines"]}
+                           "loadavg_1m": round(load, 2), "engines_serving_at_inject": who["engines_serving"],
+                           "orphans_at_inject": who["orphan_engines"]}
     try:
         return _recover(soak, kind, rec, hit, t_inject, old, last_trained)
     except (TimeoutError, RunEnded) as e:
@@ -533,7 +549,7 @@ trained by a later attempt or generated after the fault): median {rs.get('median
 
 {checks or '- (the run did not get that far)'}
 
-Stalls (the system was not whole again before a fault): {summary.get('stalls') and [x['error'] for x in summary['stalls']] or 'none'}.
+Stalls (the attempt was not up again before a fault): {summary.get('stalls') and [x['error'] for x in summary['stalls']] or 'none'}.
 Attempts (first..last trained id): {run.get('attempts')}; lineage problems: {run.get('lineage_problems')};
 reward first 5 -> last 5: {run.get('reward_first5')} -> {run.get('reward_last5')}; weight probes: {run.get('probes')}.
 """
@@ -556,7 +572,7 @@ def schedule(n: int, rng: random.Random) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_chaos.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--faults", type=int, default=10, help="faults to inject (every kind once from 8 on)")
-    p.add_argument("--num-rollout", type=int, default=30, help="rollouts of the run")
+    p.add_argument("--num-rollout", type=int, default=100, help="rollouts of the run (>= 30: the issue's minimum)")
     p.add_argument("--seed", type=int, default=15, help="seed of the fault sequence, targets and timing")
     p.add_argument("--max-failures", type=int, default=20, help="the run's --max-failures (hard kills count)")
     p.add_argument("--finish-timeout", type=float, default=FINISH_TIMEOUT_S,
@@ -579,7 +595,12 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or ROOT / f"bench/results/chaos-{host}.jsonl"
     rng = random.Random(a.seed)
     kinds = schedule(a.faults, rng)
-    machine = {"host": host, "machine": f"{platform.machine()} VM, CPU engines", "cpus": os.cpu_count(),
+    try:
+        from importlib.metadata import version
+        sglang = f"SGLang {version('sglang')} CPU"
+    except Exception:  # noqa: BLE001 (a label only)
+        sglang = "SGLang ? CPU"
+    machine = {"host": host, "machine": f"{platform.machine()} VM, {sglang} engines", "cpus": os.cpu_count(),
                "python": platform.python_version(), "loadavg_start": round(os.getloadavg()[0], 2),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "argv": f"--faults {a.faults} --num-rollout {a.num_rollout} --seed {a.seed}", "sequence": kinds}
