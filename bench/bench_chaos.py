@@ -1,7 +1,8 @@
 """Chaos soak on the local SLURM test cluster (issue #15): a tiny GRPO run survives injected faults.
 
 Boots the real single-host SLURM cluster (tests/slurm_cluster/boot.sh; stopped by pid at the end,
-also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2:
+also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2,
+--weight-sync-timeout-s 20 (see SYNC_TIMEOUT_S), --max-failures 20:
 trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the real sglang-router
 + the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
 sequence of faults (every kind once, the rest drawn at random, shuffled):
@@ -15,7 +16,7 @@ sequence of faults (every kind once, the rest drawn at random, shuffled):
 | usr1 | `scancel --signal=USR1 --batch` | checkpoint, self-requeue |
 | sigterm | `scancel --signal=TERM` (the steps) | checkpoint, requeue ("steps terminated") |
 | requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
-| hang_engine | SIGSTOP of one SGLang server | the supervisor finds it unresponsive and restarts it; if it has not within HANG_BOUND_S the bench sends SIGCONT and reports it |
+| hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within HANG_BOUND_S (120 s) the bench sends SIGCONT and reports it |
 
 Each fault is injected once the run has trained 1-2 more rollouts since the previous fault's recovery
 and the current attempt is up (both trainer ranks, the rollout process and its router found, at least
@@ -81,7 +82,12 @@ ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue"}
 FIRST_ATTEMPT_TIMEOUT_S = 600.0
 RECOVERY_TIMEOUT_S = 420.0   # a requeue here takes ~60-70 s (bench/results/requeue.md); SGLang start-up dominates
 READY_TIMEOUT_S = 420.0      # an engine restart is a full SGLang CPU start-up (~45 s on 2 loaded cores)
-HANG_BOUND_S = 90.0          # supervisor: 3 failed checks x (interval 2 s + timeout 5 s) ~ 21 s, then a restart
+# A hung engine is found after 3 failed checks x (interval 2 s + timeout 5 s) ~ 21 s, but no check runs
+# while a weight update is under way (rollout/update_watch.py): that pause lasts up to the sync timeout
+# + 30 s. The bench's sync timeout is that of tests/e2e/test_weight_sync_faults_slurm.py's hung-peer run
+# (x2): with the default 300 s a hang inside a sync is found only after ~5.5 min, by design.
+SYNC_TIMEOUT_S = 20
+HANG_BOUND_S = 120.0
 FINISH_TIMEOUT_S = 900.0
 BATCH_SAMPLES = 8 * 4        # tiny-qwen3's defaults at --nodes 2: 8 prompts x 4 samples per rollout
 NOTES = "## Notes (hand-written"
@@ -253,7 +259,8 @@ def submit(run_dir: Path, prompts: Path, num_rollout: int, max_failures: int) ->
             "--signal-grace-s", "120", "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout",
             str(num_rollout), "--num-epoch", "100", "--rollout-dtype", "float32", "--weight-sync", "distributed",
             "--verify-weight-sync", "--no-use-distributed-optimizer", "--save-interval", "4",
-            "--engine-health-interval-s", "2", "--max-failures", str(max_failures))
+            "--engine-health-interval-s", "2", "--max-failures", str(max_failures),
+            "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
     return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
 
 
@@ -327,7 +334,10 @@ class Soak:
             return {"target": f"trainer rank {rank}", "pid": who["ranks"][rank]}
         if kind in ("kill_engine", "hang_engine"):
             pid = rng.choice(who["engines"])
-            os.kill(pid, signal.SIGKILL if kind == "kill_engine" else signal.SIGSTOP)
+            if kind == "kill_engine":  # a crash of the server's main process; its children are the supervisor's to clean
+                os.kill(pid, signal.SIGKILL)
+            else:  # a hang: the server's whole process group (its own session), as tests/e2e does
+                os.killpg(pid, signal.SIGSTOP)
             return {"target": "sglang server", "pid": pid}
         if kind == "kill_router":
             os.kill(who["router"], signal.SIGKILL)
@@ -393,7 +403,7 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
             hang = {"restarted_by_supervisor": True, "killed_after_s": round(time.time() - t_inject, 1)}
         except TimeoutError:
             still = proc_state(pid)
-            os.kill(pid, signal.SIGCONT)
+            os.killpg(pid, signal.SIGCONT)
             hang = {"restarted_by_supervisor": False, "sigcont_after_s": HANG_BOUND_S, "state_before_cont": still}
             print(f"[bench] FINDING: hung engine {pid} not restarted within {HANG_BOUND_S:.0f} s; sent SIGCONT",
                   flush=True)
