@@ -275,6 +275,7 @@ class Soak:
         self.procs = Procs(run_dir)
         self.control = Control(run_dir)
         self.commits = CommitTimes(run_dir)
+        self.routers_seen: set[int] = set()  # the router names no run dir: remembered to find leftovers
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll `cond` (also recording commit times) until truthy; RunEnded if the job ended first."""
@@ -314,6 +315,7 @@ class Soak:
         router = self.procs.router(driver[0])
         if len(router) != 1:
             return None
+        self.routers_seen.add(router[0])
         engines = self.procs.engines()
         live = [p for p in engines if ppid(p) == driver[0] and proc_state(p) not in (None, "T", "Z")]
         recs = {e.pid: e for e in self.control.engines()}
@@ -428,6 +430,20 @@ class FaultFailed(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ end checks
+
+
+def end_leftovers(soak: Soak) -> dict[str, list[int]]:
+    """This run's SGLang servers and routers still alive after the job ended (a process that
+    outlived its rollout node escapes a proctrack/linuxproc step kill): reported, then SIGKILLed
+    by pid (their process group: each server and router runs in its own session)."""
+    engines = soak.procs.engines()
+    routers = [p for p in soak.routers_seen if "sglang::router" in cmdline(p) or "launch_router" in cmdline(p)]
+    for pid in engines + routers:
+        try:
+            os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return {"engines": engines, "routers": routers}
 
 
 def lineage(rows: list[dict]) -> tuple[list[int], dict[int, list[int]], list[str]]:
@@ -664,8 +680,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.cancel(job)
         result = verify(run_dir, a.num_rollout, BATCH_SAMPLES, soak.commits)
         result["job_state"] = state
-        leftover = Procs(run_dir).engines()
-        result["engines_left_running"] = leftover
+        result["left_running"] = end_leftovers(soak)
         print(json.dumps({"bench": "chaos_soak", "end_checks": result}), flush=True)
     finally:
         if faults:
@@ -679,8 +694,16 @@ def main(argv: list[str] | None = None) -> int:
                 for line in [*faults, summary]:
                     fh.write(json.dumps(line) + "\n")
             write_md(ROOT / "bench/results/chaos.md", faults, summary, out.name)
+        if soak is not None and result is None:  # failed part-way: our job must not run on
+            try:
+                cluster.cancel(soak.job)
+            except SlurmError:
+                pass
         if not a.no_boot and cluster.booted:
             print(cluster.stop().strip(), flush=True)
+        if soak is not None and result is None:
+            time.sleep(2)
+            print(f"[bench] left running, killed: {end_leftovers(soak)}", flush=True)
         ok = result is not None and result["all_ok"] and all(f.get("survived") for f in faults)
         if ok and not a.keep_run:
             shutil.rmtree(work, ignore_errors=True)
