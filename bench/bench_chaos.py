@@ -136,6 +136,10 @@ def supervisor_lines(run_dir: Path, attempt: int, since: float) -> list[str]:
     return out
 
 
+def _line_time(line: str) -> float:
+    return datetime.strptime(_ROLLOUT_TS.match(line).group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 class CommitTimes:
     """committed_at of every rollout seen in the buffer (retention prunes trained ones: poll often)."""
 
@@ -405,7 +409,10 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
             hang = {"restarted_by_supervisor": True, "killed_after_s": round(time.time() - t_inject, 1)}
         except TimeoutError:
             still = proc_state(pid)
-            os.killpg(pid, signal.SIGCONT)
+            try:
+                os.killpg(pid, signal.SIGCONT)
+            except ProcessLookupError:  # killed at the last moment after all
+                pass
             hang = {"restarted_by_supervisor": False, "sigcont_after_s": HANG_BOUND_S, "state_before_cont": still}
             print(f"[bench] FINDING: hung engine {pid} not restarted within {HANG_BOUND_S:.0f} s; sent SIGCONT",
                   flush=True)
@@ -419,6 +426,8 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
     if r["attempt"] != old:
         rec["retrained"] = None if last_trained is None else last_trained + 1 - r["rollout_id"]
     rec["supervisor"] = supervisor_lines(rd, old, t_inject)[:8]
+    back = [_line_time(l) for l in rec["supervisor"] if "routed again" in l]
+    rec["engine_routed_again_s"] = round(back[0] - t_inject, 1) if back else None  # as of the recovery
     rec["expected_new_attempt"] = kind in ENDS_ATTEMPT
     return rec
 
