@@ -425,11 +425,20 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
     rec["old_attempt_end"] = ended.get("reason") if ended and r["attempt"] != old else None
     if r["attempt"] != old:
         rec["retrained"] = None if last_trained is None else last_trained + 1 - r["rollout_id"]
-    rec["supervisor"] = supervisor_lines(rd, old, t_inject)[:8]
-    back = [_line_time(l) for l in rec["supervisor"] if "routed again" in l]
-    rec["engine_routed_again_s"] = round(back[0] - t_inject, 1) if back else None  # as of the recovery
+    rec["supervisor"] = supervisor_lines(rd, old, t_inject)[:8]  # so far; refresh_supervisor() completes it
     rec["expected_new_attempt"] = kind in ENDS_ATTEMPT
     return rec
+
+
+def refresh_supervisor(faults: list[dict], run_dir: Path) -> None:
+    """Each fault's supervisor lines up to the next fault (an engine restart outlasts the recovery),
+    and when the restarted engine was routed again."""
+    for i, f in enumerate(faults):
+        until = faults[i + 1]["t_inject"] if i + 1 < len(faults) else float("inf")
+        lines = [l for l in supervisor_lines(run_dir, f["attempt"], f["t_inject"]) if _line_time(l) < until]
+        f["supervisor"] = lines[:10]
+        back = [_line_time(l) for l in lines if "routed again" in l]
+        f["engine_routed_again_s"] = round(back[0] - f["t_inject"], 1) if back else None
 
 
 class FaultFailed(RuntimeError):
@@ -695,6 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         if faults:
             machine["loadavg_end"] = round(os.getloadavg()[0], 2)
             machine["wall_s"] = round(time.monotonic() - t0, 1)
+            refresh_supervisor(faults, run_dir)
             summary = summarize(faults, result, a.faults, machine)
             summary["stalls"] = stalls
             print(json.dumps(summary), flush=True)
