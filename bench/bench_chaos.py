@@ -362,11 +362,13 @@ class Soak:
             return {"target": "job (scontrol requeue)"}
         raise ValueError(kind)
 
-    def recovered(self, t: float, old_attempt: int) -> dict | None:
-        """The first rollout trained after `t` by a later attempt, or generated after `t`."""
+    def recovered(self, t: float, old_attempt: int, new_attempt: bool) -> dict | None:
+        """The first rollout trained after `t` by a later attempt, or (`new_attempt` False: a fault
+        the attempt should ride out) generated after `t`. A fault that ends the attempt counts only a
+        later attempt's step: the driver may still commit a rollout the old trainer trains before it acks."""
         for r in self.trained_since(t):
             at = self.commits.at.get(r["rollout_id"])
-            if r["attempt"] > old_attempt or (at is not None and at > t):
+            if r["attempt"] > old_attempt or (not new_attempt and at is not None and at > t):
                 return r
         return None
 
@@ -417,7 +419,7 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
             print(f"[bench] FINDING: hung engine {pid} not restarted within {HANG_BOUND_S:.0f} s; sent SIGCONT",
                   flush=True)
         rec["hang"] = hang
-    r = soak.wait(lambda: soak.recovered(t_inject, old), RECOVERY_TIMEOUT_S, f"fault {rec['fault']} ({kind}) recovery")
+    r = soak.wait(lambda: soak.recovered(t_inject, old, kind in ENDS_ATTEMPT), RECOVERY_TIMEOUT_S, f"fault {rec['fault']} ({kind}) recovery")
     rec.update(survived=True, recovery_s=round(r["time"] - t_inject, 2), t_recovered=round(r["time"], 3),
                recovered_by={"attempt": r["attempt"], "rollout_id": r["rollout_id"]},
                new_attempt=r["attempt"] != old)
