@@ -240,11 +240,16 @@ class Trainer:
 
     def _engines_ready(self) -> bool:
         """Rank 0 only. True once this attempt's engines have all been registered and healthy (or the
-        wait for them has outlasted --weight-sync-timeout-s); after that, engines that die and restart
-        are the publisher's business, not a reason to defer."""
+        wait for them has outlasted --weight-sync-timeout-s and some are); after that, engines that
+        die and restart are the publisher's business, not a reason to defer. With none healthy the
+        deferral goes on past the timeout: a publish then reaches nobody, and engines that come up
+        later serve the HF weights while the driver waits for this version and the trainer for the
+        driver's next rollout (bench/bench_chaos.py hit that deadlock after a USR1 requeue, with SGLang
+        CPU start-up 41 s > a 20 s sync timeout)."""
         if not self._engines_up:
+            timed_out = time.monotonic() - self._started > self.cfg.train.weight_sync_timeout_s
             self._engines_up = self._all_engines_healthy() or \
-                time.monotonic() - self._started > self.cfg.train.weight_sync_timeout_s
+                (timed_out and any(e.healthy for e in self.control.engines()))
         return self._engines_up
 
     def _all_engines_healthy(self) -> bool:

@@ -67,6 +67,22 @@ def test_a_deferred_publish_comes_first(tmp_path):
     assert t._poll(3) == "publish"
 
 
+def test_deferred_publish_waits_for_an_engine_even_past_the_sync_timeout(tmp_path):
+    """A resumed trainer whose engines start slower than --weight-sync-timeout-s must not publish to
+    nobody: engines that come up afterwards would serve the HF weights, the driver would wait for the
+    deferred version and the trainer for the driver's rollout (a deadlock seen by bench/bench_chaos.py)."""
+    t = trainer(tmp_path, published=None)
+    t._engines_up = False
+    t._started -= t.cfg.train.weight_sync_timeout_s + 1  # the wait has outlasted the timeout
+    t.pending_version = 3
+    assert t._poll(3) == "wait"  # engines.json lists none yet
+    t.control.write_engines([EngineRecord(url=A, node="n0", healthy=False)])
+    assert t._poll(3) == "wait"  # registered, still starting
+    t.control.write_engines([EngineRecord(url=A, node="n0", healthy=True),
+                             EngineRecord(url=B, node="n0", healthy=False)])
+    assert t._poll(3) == "publish"  # past the timeout, the healthy ones get it; B is the publisher's business
+
+
 def test_stop_and_preempt_still_win(tmp_path):
     t = trainer(tmp_path)
     engines(t.control)
