@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.rl_settings import ESTIMATOR_NAMES, check_rl_settings, estimator, names_where
+from rlslurm.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator, names_where
 from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, kl_estimate
 
 # The names and what each estimator needs live in one registry (rlslurm/rl_settings.py).
@@ -91,29 +91,15 @@ def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
         )
 
 
-class TrainKnobs(Protocol):
-    """The RL fields of ``rlslurm.config.TrainSection`` that the two configs are built from."""
+class TrainKnobs(RLKnobs, Protocol):
+    """The RL fields of ``rlslurm.config.TrainSection`` that the two configs are built from: those the
+    cross-field rules read (``rl_settings.RLKnobs``) and these."""
 
-    advantage_estimator: str
-    grpo_std_normalization: bool
-    rewards_normalization: bool
-    normalize_advantages: bool
-    eps_clip: float
-    eps_clip_high: float | None
-    eps_clip_c: float | None
-    use_kl_loss: bool
-    kl_loss_coef: float
     kl_loss_type: str
-    kl_coef: float
     entropy_coef: float
     calculate_per_token_loss: bool
     gamma: float
     lambd: float
-    num_critic_only_steps: int
-    use_tis: bool
-    tis_clip_low: float
-    tis_clip: float
-    use_rollout_logprobs: bool
 
 
 def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLossConfig]:

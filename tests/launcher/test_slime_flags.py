@@ -13,6 +13,7 @@ from rlslurm.flags import FIELDS, flag_name, parse_flags
 from rlslurm.resolve import resolve
 from rlslurm.rm_types import RM_REGISTRY
 from rlslurm.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
+from tests.config_errors import one_line_naming
 
 
 @pytest.fixture
@@ -22,14 +23,6 @@ def argv(tmp_path: Path) -> list[str]:
     return ["--model", "tiny-qwen3", "--prompt-data", str(p)]
 
 
-def _one_line_naming(argv: list[str], *names: str) -> str:
-    with pytest.raises(ConfigError) as e:
-        resolve(argv)
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    for n in names:
-        assert n in msg, (n, msg)
-    return msg
 
 
 def test_slime_normalization_switches_set_the_fields(argv: list[str]) -> None:
@@ -64,7 +57,7 @@ def test_unsupported_slime_flag_says_what_to_use_instead(slime: str) -> None:
 
 
 def test_start_rollout_id_points_at_resubmit(argv: list[str]) -> None:
-    _one_line_naming(argv + ["--start-rollout-id", "100"], "--start-rollout-id", "rlslurm resubmit RUN")
+    one_line_naming(argv + ["--start-rollout-id", "100"], "--start-rollout-id", "rlslurm resubmit RUN")
 
 
 def test_slime_keys_in_yaml_name_the_field(tmp_path: Path) -> None:
@@ -86,10 +79,10 @@ def test_every_registered_rm_type_resolves(argv: list[str], rm_type: str) -> Non
 
 
 def test_rm_type_errors_name_the_flag(argv: list[str]) -> None:
-    _one_line_naming(argv + ["--rm-type", "ifbench"], "--rm-type", "ifbench", "--custom-rm-path")
-    _one_line_naming(argv + ["--rm-type", "remote_rm"], "--rm-type remote_rm needs --rm-url")
-    _one_line_naming(argv + ["--rm-type", "dapo"], "--rm-type dapo", "--reward-key score")
-    _one_line_naming(argv + ["--rm-type", "dapo", "--reward-key", "reward"], "--rm-type dapo", "'reward'")
+    one_line_naming(argv + ["--rm-type", "ifbench"], "--rm-type", "ifbench", "--custom-rm-path")
+    one_line_naming(argv + ["--rm-type", "remote_rm"], "--rm-type remote_rm needs --rm-url")
+    one_line_naming(argv + ["--rm-type", "dapo"], "--rm-type dapo", "--reward-key score")
+    one_line_naming(argv + ["--rm-type", "dapo", "--reward-key", "reward"], "--rm-type dapo", "'reward'")
     # a custom reward function replaces the rule, and with it the rule's keys
     plugin = Path(argv[-1]).parent / "rm.py"
     plugin.write_text("def rm(sample):\n    return 1.0\n")
@@ -97,9 +90,9 @@ def test_rm_type_errors_name_the_flag(argv: list[str]) -> None:
 
 
 def test_normalization_switches_an_estimator_ignores_are_refused(argv: list[str]) -> None:
-    _one_line_naming(argv + ["--disable-rewards-normalization", "--advantage-estimator", "ppo"],
+    one_line_naming(argv + ["--disable-rewards-normalization", "--advantage-estimator", "ppo"],
                      "--disable-rewards-normalization", "ppo", "grpo")
-    _one_line_naming(argv + ["--disable-grpo-std-normalization", "--advantage-estimator",
+    one_line_naming(argv + ["--disable-grpo-std-normalization", "--advantage-estimator",
                              "reinforce_plus_plus_baseline", "--normalize-advantages"],
                      "--disable-grpo-std-normalization", "reinforce_plus_plus_baseline")
     # Dr.GRPO, and no baseline at all for the estimator that has one
@@ -119,14 +112,14 @@ def test_trainer_gets_rewards_normalization() -> None:
 
 
 def test_context_len_and_eval_sampling_are_validated(argv: list[str]) -> None:
-    _one_line_naming(argv + ["--rollout-max-context-len", "1"], "--rollout-max-context-len")
-    _one_line_naming(argv + ["--rollout-max-context-len", "64", "--max-prompt-len", "64"],
+    one_line_naming(argv + ["--rollout-max-context-len", "1"], "--rollout-max-context-len")
+    one_line_naming(argv + ["--rollout-max-context-len", "64", "--max-prompt-len", "64"],
                      "--max-prompt-len 64", "--rollout-max-context-len 64")
-    _one_line_naming(argv + ["--rollout-max-context-len", "64", "--rollout-max-prompt-len", "80"],
+    one_line_naming(argv + ["--rollout-max-context-len", "64", "--rollout-max-prompt-len", "80"],
                      "--max-prompt-len 80", "--rollout-max-context-len 64")
-    _one_line_naming(argv + ["--eval-top-k", "0"], "--eval-top-k", "-1")
-    _one_line_naming(argv + ["--eval-top-p", "1.5"], "--eval-top-p")
-    _one_line_naming(argv + ["--eval-top-p", "0"], "--eval-top-p")
+    one_line_naming(argv + ["--eval-top-k", "0"], "--eval-top-k", "-1")
+    one_line_naming(argv + ["--eval-top-p", "1.5"], "--eval-top-p")
+    one_line_naming(argv + ["--eval-top-p", "0"], "--eval-top-p")
 
 
 def test_eval_sampling_falls_back_to_the_rollout_values(argv: list[str]) -> None:

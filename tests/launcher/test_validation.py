@@ -12,6 +12,7 @@ import pytest
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.timespec import time_limit_s
+from tests.config_errors import one_line_naming
 
 
 @pytest.fixture
@@ -154,14 +155,6 @@ def test_estimator_names_come_from_one_registry() -> None:
 # ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)
 
 
-def _one_line_naming(argv: list[str], *names: str) -> str:
-    with pytest.raises(ConfigError) as e:
-        resolve(argv)
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    for n in names:
-        assert n in msg, (n, msg)
-    return msg
 
 
 @pytest.mark.parametrize("body,attr,names", [
@@ -175,12 +168,12 @@ def test_plugin_that_does_not_import_is_refused(argv: list[str], tmp_path: Path,
                                                 names: list[str]) -> None:
     f = tmp_path / "reward_plugin.py"
     f.write_text(body)
-    _one_line_naming(argv + ["--custom-rm-path", f"{f}:{attr}"], "--custom-rm-path", str(f), *names)
+    one_line_naming(argv + ["--custom-rm-path", f"{f}:{attr}"], "--custom-rm-path", str(f), *names)
 
 
 def test_plugin_module_missing_here_is_a_warning_when_the_job_runs_another_environment(
         argv: list[str], tmp_path: Path) -> None:
-    _one_line_naming(argv + ["--custom-rm-path", "no_such_pkg_for_rlslurm.rewards:rm"], "--custom-rm-path",
+    one_line_naming(argv + ["--custom-rm-path", "no_such_pkg_for_rlslurm.rewards:rm"], "--custom-rm-path",
                      "no_such_pkg_for_rlslurm")
     env = tmp_path / "env.sh"
     env.write_text("export PYTHONPATH=/opt/site\n")
@@ -189,7 +182,7 @@ def test_plugin_module_missing_here_is_a_warning_when_the_job_runs_another_envir
 
 
 def test_rm_type_must_be_a_builtin(argv: list[str]) -> None:
-    _one_line_naming(argv + ["--rm-type", "fancy"], "--rm-type", "fancy", "math")
+    one_line_naming(argv + ["--rm-type", "fancy"], "--rm-type", "fancy", "math")
 
 
 @pytest.mark.parametrize("flag,owned", [("--sglang-api-key", "--api-key"), ("--sglang-port", "--port"),
@@ -197,21 +190,21 @@ def test_rm_type_must_be_a_builtin(argv: list[str]) -> None:
 def test_sglang_flags_rlslurm_owns_are_refused(argv: list[str], flag: str, owned: str | None) -> None:
     if owned is None:  # an abbreviation SGLang's parser would expand: not one of its flags
         pytest.importorskip("sglang")
-        _one_line_naming(argv + [flag, "2"], flag, "not a flag of SGLang")
+        one_line_naming(argv + [flag, "2"], flag, "not a flag of SGLang")
         return
-    _one_line_naming(argv + [flag, "x"], flag, f"rlslurm sets {owned}")
+    one_line_naming(argv + [flag, "x"], flag, f"rlslurm sets {owned}")
 
 
 def test_unknown_sglang_flag_is_refused_with_a_suggestion(argv: list[str]) -> None:
     pytest.importorskip("sglang")
-    _one_line_naming(argv + ["--sglang-mem-fraction-statc", "0.7"], "--sglang-mem-fraction-statc",
+    one_line_naming(argv + ["--sglang-mem-fraction-statc", "0.7"], "--sglang-mem-fraction-statc",
                      "did you mean --sglang-mem-fraction-static")
     resolve(argv + ["--sglang-mem-fraction-static", "0.7", "--sglang-disable-radix-cache"])
 
 
 def test_unknown_megatron_field_is_refused(argv: list[str]) -> None:
     pytest.importorskip("megatron.core")
-    _one_line_naming(argv + ["--megatron-recompute-granularty", "full"], "--megatron-recompute-granularty",
+    one_line_naming(argv + ["--megatron-recompute-granularty", "full"], "--megatron-recompute-granularty",
                      "did you mean --megatron-recompute-granularity")
     resolve(argv + ["--megatron-recompute-granularity", "full", "--megatron-apply-wd-to-qk-layernorm", "true"])
 
@@ -232,7 +225,7 @@ def test_megatron_fields_read_from_source_are_the_dataclass_fields() -> None:
 
 
 def test_context_parallel_is_refused_at_submit(argv: list[str]) -> None:
-    _one_line_naming(argv + ["--context-parallel-size", "2", "--device", "cpu", "--engines-per-node", "1",
+    one_line_naming(argv + ["--context-parallel-size", "2", "--device", "cpu", "--engines-per-node", "1",
                              "--gpus-per-node", "0", "--trainer-procs-per-node", "2"],
                      "--context-parallel-size 2", "not implemented")
 
@@ -252,13 +245,13 @@ def test_hf_checkpoint_must_be_an_hf_directory_of_the_model(argv: list[str], tmp
         hf_shaped_dir(d, "tiny-llama")
     why = {"empty": "no config.json", "readme": "no config.json", "config_only": "no *.safetensors",
            "other_model": "does not match"}[content]
-    _one_line_naming(argv + ["--hf-checkpoint", str(d)], "--hf-checkpoint", str(d), why)
-    _one_line_naming(argv + ["--ref-load", str(d)], "--ref-load", str(d), why)
+    one_line_naming(argv + ["--hf-checkpoint", str(d)], "--hf-checkpoint", str(d), why)
+    one_line_naming(argv + ["--ref-load", str(d)], "--ref-load", str(d), why)
     resolve(argv + ["--hf-checkpoint", str(hf_shaped_dir(tmp_path / "good", "tiny-qwen3"))])
 
 
 def test_replay_buffer_must_hold_committed_rollouts(argv: list[str], tmp_path: Path) -> None:
     empty = tmp_path / "old-run"
     empty.mkdir()
-    _one_line_naming(argv + ["--load-debug-rollout-data", str(empty)], "--load-debug-rollout-data", str(empty),
+    one_line_naming(argv + ["--load-debug-rollout-data", str(empty)], "--load-debug-rollout-data", str(empty),
                      "buffer")
