@@ -10,7 +10,8 @@ The api key does not go on the command line (any user on the node can read
 sglang.launch_server ARGS`, and this module's `__main__` appends `--api-key` from the
 environment (readable only by the owner) before handing over to SGLang in-process. SGLang logs
 its config, key included; `__main__` sends the server's output through a filter that masks the
-key (rollout/log_scrub.py), and the log file itself is 0600 (buffer/atomic.py `open_log`).
+key (rollout/log_scrub.py), and the log file itself is 0600 (buffer/atomic.py `open_log`). It
+also forks a watcher that ends the server if the rollout process dies (rollout/owner_watch.py).
 
 SGLang leaves files behind when killed (docs/sglang-behaviour.md, "Files left behind on kill"):
 `/dev/shm/sglang_loads_*`,
@@ -37,7 +38,7 @@ from typing import Literal
 from rlslurm.buffer.atomic import open_log
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
-from rlslurm.rollout import log_scrub, sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.rollout import log_scrub, owner_watch, sglang_cpu, sglang_flags, sglang_versions
 from rlslurm.rollout.sglang_client import health_sync
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
@@ -377,6 +378,7 @@ def _main(argv: list[str]) -> None:
         # One token: a key starting with '-' would otherwise be parsed as an option.
         args = [*args, f"--api-key={key}"]
         scrubber = log_scrub.redirect_through_scrubber(key, rotate)  # before SGLang starts any thread
+    owner_watch.start()  # ends this server if the rollout process dies without stopping it
     sys.argv = [module, *args]
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)

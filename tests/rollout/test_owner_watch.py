@@ -1,0 +1,81 @@
+"""A server started through the launcher (`python -m rlslurm.rollout.engine`) ends when the process
+that started it is killed with SIGKILL (rollout/owner_watch.py), and not while that process lives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlslurm.rollout.engine import pid_alive
+
+# stands in for SGLang: a server process with a child of its own, both in the launcher's group
+SERVER = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print("server up", flush=True)
+time.sleep(600)
+"""
+
+# stands in for the rollout driver: starts the server in a session of its own, as the supervisor does
+OWNER = """
+import subprocess, sys
+p = subprocess.Popen([sys.executable, "-m", "rlslurm.rollout.engine", "slow_server"], start_new_session=True,
+                     stdout=open("server.log", "ab"), stderr=subprocess.STDOUT)
+print(p.pid, flush=True)
+p.wait()
+"""
+
+
+def _group(pgid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) == pgid and pid_alive(int(name)):
+                    out.append(int(name))
+            except (ProcessLookupError, PermissionError):
+                pass
+    return out
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    repo = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])}
+
+
+def test_a_server_outlives_no_owner_killed_with_sigkill(tmp_path: Path) -> None:
+    (tmp_path / "slow_server.py").write_text(SERVER)
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
+                             text=True)
+    server = int(owner.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while "server up" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)  # several polls of the watcher while the owner lives
+        assert len(_group(server)) >= 2, "the server and its child should still be running"
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while _group(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _group(server) == [], "the server's processes outlived their owner"
+        assert "is gone; ending the server" in (tmp_path / "server.log").read_text()
+    finally:
+        for pid in _group(server):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_watcher_ends_with_a_server_that_ends(tmp_path: Path) -> None:
+    (tmp_path / "quick_server.py").write_text("print('served', flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-m", "rlslurm.rollout.engine", "quick_server"], cwd=tmp_path,
+                         env=_env(tmp_path), start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert p.communicate(timeout=60)[0].strip() == "served"
+    deadline = time.monotonic() + 10
+    while _group(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group(p.pid) == []
