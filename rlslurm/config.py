@@ -46,6 +46,9 @@ class RunSection(Section):
     seed: int = 1234
     device: Literal["cuda", "cpu"] = "cuda"
     group_shared: bool = False           # run dir 0750 + setgid instead of 0700
+    # `rlslurm run` only: the trainer and the engines share this machine's GPU(s) as separate processes
+    # (a one-GPU box); weight sync then goes over gloo, NCCL refuses two ranks on one GPU (docs/gpu.md)
+    shared_gpu: bool = False
 
 
 class SlurmSection(Section):
@@ -272,6 +275,8 @@ class TrainSection(Section):
     use_rollout_logprobs: bool = False
     # weight sync
     weight_sync: Literal["distributed", "disk"] = "distributed"
+    # the trainer -> engines broadcast group; auto: nccl on CUDA, gloo on CPU and with --shared-gpu
+    weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     distributed_timeout_minutes: float = Field(60.0, gt=0)   # every trainer process group (trainer/collectives.py)

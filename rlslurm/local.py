@@ -89,6 +89,14 @@ def split_gpus(visible: list[str], trainer: int, rollout: int) -> tuple[list[str
     return (own_t + [g for g in visible if g not in own_t], own_r + [g for g in visible if g not in own_r])
 
 
+def shared_gpus(visible: list[str], need: int) -> tuple[list[str], list[str]]:
+    """--shared-gpu: the trainer and the engines each number the same GPUs from 0."""
+    if len(visible) < need:
+        raise ConfigError(f"rlslurm run --shared-gpu: the trainer and the engines share {need} GPU(s) "
+                          f"(the larger of --trainer-procs-per-node and --gpus-per-node), {len(visible)} visible")
+    return list(visible), list(visible)
+
+
 def _ledger(rd: RunDir, attempt: int, start: float, rc: int, reason: str) -> None:
     rec = {"attempt": attempt, "job_id": "local", "restart_count": attempt, "start": int(start),
            "end": int(time.time()), "exit_code": rc, "reason": reason, "trainer_nodes": "local",
@@ -146,6 +154,8 @@ def local_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
 
     # A run without engines (a replay of another run's buffer) needs GPUs for the trainer only.
     engines = 0 if no_engines_reason(cfg) else cfg.slurm.gpus_per_node
+    if cfg.run.shared_gpu:  # both groups on the same GPUs (weight sync over gloo, resolve.py)
+        return shared_gpus(visible_gpus(), max(cfg.trainer_procs_per_node, engines))
     return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines)
 
 

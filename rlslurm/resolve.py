@@ -119,6 +119,8 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
 
     if t.context_parallel_size > 1:
         raise ConfigError(context_parallel_refusal(t.context_parallel_size, None))
+    if cfg.run.shared_gpu:
+        _check_shared_gpu(cfg)
     world = cfg.trainer_gpus
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
     if world % mp:
@@ -228,6 +230,18 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
 # (one weight-sync timeout), then a publish whose tries each take at most one timeout, plus slack
 # for a checkpoint's finalisation (trainer/collectives.py).
 SINGLE_RANK_WEIGHT_SYNC_TIMEOUTS = 4
+
+
+def _check_shared_gpu(cfg: RunConfig) -> None:
+    """--shared-gpu: the trainer and the engines are separate processes on the same GPU(s) (docs/gpu.md)."""
+    if cfg.run.device != "cuda":
+        raise ConfigError("--shared-gpu shares GPUs between the trainer and the engines: it needs --device cuda")
+    if cfg.train.weight_sync_backend == "nccl":
+        raise ConfigError("--shared-gpu with --weight-sync-backend nccl: NCCL refuses two ranks on one GPU (the "
+                          "trainer and an engine); leave it auto (gloo) or use gloo")
+    if not any(a.split("=", 1)[0] == "--mem-fraction-static" for a in cfg.sglang_args):
+        raise ConfigError("--shared-gpu: pass --sglang-mem-fraction-static (e.g. 0.3) so that the engines leave "
+                          "GPU memory to the trainer on the same GPU")
 
 
 def min_distributed_timeout_s(weight_sync_timeout_s: float) -> float:

@@ -52,6 +52,9 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
     s = cfg.slurm
     if not isinstance(attempt_base, int) or attempt_base < 0:
         raise ConfigError(f"attempt base must be an integer >= 0, got {attempt_base!r}")
+    if cfg.run.shared_gpu:
+        raise ConfigError("--shared-gpu is for `rlslurm run` on one machine: a SLURM job gives the trainer and the "
+                          "rollout engines nodes of their own")
     if "%" in str(run_dir):
         # srun/sbatch expand %j, %t, ... in --output paths.
         raise ConfigError(f"--run-dir {str(run_dir)!r}: '%' is not allowed in the run directory path")

@@ -325,7 +325,7 @@ class Trainer:
 
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
         return DistributedPublisher(st.mc, self.control, api_key=key,
-                                    opts=SyncOptions.from_train(self.cfg.train, dtype=st.tcfg.params_dtype),
+                                    opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
                                     fallback=disk, attempt=job_env().attempt)
 
     def _publish_due(self, progress: TrainerProgress) -> bool:

@@ -89,9 +89,15 @@ class SyncOptions:
             raise ConfigError(f"weight sync attempts must be >= 1, got {self.attempts}")
 
     @classmethod
-    def from_train(cls, train: Any, **kw: Any) -> "SyncOptions":
-        """From the run config's `train` section (update_weight_buffer_size, weight_sync_timeout_s)."""
-        return cls(bucket_bytes=train.update_weight_buffer_size, timeout_s=train.weight_sync_timeout_s, **kw)
+    def from_config(cls, cfg: Any, **kw: Any) -> "SyncOptions":
+        """From the run config: train.update_weight_buffer_size, weight_sync_timeout_s and
+        weight_sync_backend. Its `auto` is NCCL on CUDA, except with run.shared_gpu: an engine on the
+        trainer's own GPU cannot join an NCCL group with it (docs/gpu.md), gloo can."""
+        t = cfg.train
+        backend = t.weight_sync_backend
+        if backend == "auto":
+            backend = "gloo" if cfg.run.shared_gpu else None
+        return cls(bucket_bytes=t.update_weight_buffer_size, timeout_s=t.weight_sync_timeout_s, backend=backend, **kw)
 
 
 # --- engines ------------------------------------------------------------------------------

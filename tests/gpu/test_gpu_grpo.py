@@ -1,5 +1,6 @@
 """GRPO end to end on GPUs through `rlslurm run`: trainer (megatron-core, NCCL) on GPU 0, one real SGLang
 engine behind the real sglang-router on GPU 1, NCCL weight sync between the two processes, the demo task.
+On a one-GPU machine both share GPU 0 (--shared-gpu) and the weight sync goes over gloo (docs/gpu.md).
 
 * bf16, synchronous: the engine serves every published version (the greedy probe after each sync
   reads the engine's weight version); kill -9 of the trainer mid-run, then the same command: every
@@ -33,11 +34,22 @@ SAVE_INTERVAL = 4
 MARGIN = 0.15
 
 
+def placement() -> list[str]:
+    """Trainer and engine on GPUs of their own where there are two, else both on the one."""
+    import torch
+
+    return [] if torch.cuda.device_count() >= 2 else ["--shared-gpu"]
+
+
+def where() -> str:
+    return "one shared GPU, gloo weight sync" if placement() else "trainer and engine on GPUs of their own, NCCL"
+
+
 def rlslurm_run(run_dir: Path, log: Path, num_rollout: int, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
            "--device", "cuda", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
            "--num-rollout", str(num_rollout), "--save-interval", str(SAVE_INTERVAL), "--verify-weight-sync",
-           *SGLANG_GPU_FLAGS, *extra]
+           *SGLANG_GPU_FLAGS, *placement(), *extra]
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -127,7 +139,7 @@ def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path
     assert n in {r["version"] for r in recs}  # the final weights reached the engine too
     diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
     assert diffs and max(diffs) < 0.1, diffs  # same weights on both sides, bf16 kernels apart
-    print(f"GPU sync bf16: {len(recs)} probes at the trainer's version, greedy tokens equal in "
+    print(f"GPU sync bf16 ({where()}): {len(recs)} probes at the trainer's version, greedy tokens equal in "
           f"{sum(r['match'] for r in recs)}; trained {before} then {resumed}; reward {first:.3f} -> {last:.3f}; "
           f"max |train - rollout logprob| {max(diffs):.2e}")
 
@@ -151,6 +163,6 @@ def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
     assert recs and all(all(str(e.get("weight_version")) == str(r["version"]) for e in r["engines"].values())
                         for r in recs), recs[:2]
     first, last = reward_rose(run_dir)
-    print(f"GPU async bf16: staleness <= {k} held for {n} rollouts; max |train - rollout logprob| "
+    print(f"GPU async bf16 ({where()}): staleness <= {k} held for {n} rollouts; max |train - rollout logprob| "
           f"{max(diffs):.4f}; greedy equal in {sum(r['match'] for r in recs)}/{len(recs)} probes; "
           f"reward {first:.3f} -> {last:.3f}")

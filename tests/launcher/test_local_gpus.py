@@ -45,3 +45,30 @@ def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> 
         local_gpus(resolve(base, strict_inputs=False).cfg)
     replay = resolve(base + ["--load-debug-rollout-data", str(tmp_path / "replay")], strict_inputs=False).cfg
     assert local_gpus(replay)[0] == ["0"]
+
+
+def test_shared_gpu_puts_both_groups_on_one_gpu_and_syncs_over_gloo(tmp_path, monkeypatch) -> None:
+    """A one-GPU box: --shared-gpu runs the trainer and the engine on GPU 0 as separate processes. NCCL
+    refuses two ranks on one GPU, so the weight-sync group is gloo (docs/gpu.md); submit refuses it."""
+    from rlslurm.local import local_gpus
+    from rlslurm.resolve import resolve
+    from rlslurm.slurm.render import render
+    from rlslurm.trainer.weight_sync import SyncOptions
+    from tests.config_errors import one_line_naming
+    from tests.hf_shape import hf_shaped_dir
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "say a", "label": "a"}\n')
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",
+            "--nodes", "2", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
+            "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))]
+    shared = base + ["--shared-gpu", "--sglang-mem-fraction-static", "0.3"]
+    cfg = resolve(shared, strict_inputs=False).cfg
+    assert local_gpus(cfg) == (["0"], ["0"])
+    assert SyncOptions.from_config(cfg).backend == "gloo"
+    assert SyncOptions.from_config(resolve(base, strict_inputs=False).cfg).backend is None  # nccl on CUDA
+    with pytest.raises(ConfigError, match="--shared-gpu is for `rlslurm run`"):
+        render(cfg, tmp_path / "run")
+    one_line_naming(base + ["--shared-gpu"], "--shared-gpu", "--sglang-mem-fraction-static")
+    one_line_naming(shared + ["--weight-sync-backend", "nccl"], "--shared-gpu", "--weight-sync-backend nccl")
+    one_line_naming(shared + ["--device", "cpu"], "--shared-gpu", "--device cuda")
