@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+log = logging.getLogger("rlslurm.curve")
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
@@ -34,7 +36,9 @@ def sparkline(values: list[float], lo: float | None = None, hi: float | None = N
 
 
 def plot_png(points: list[tuple[int, float]], out: Path, title: str) -> Path | None:
-    """Write the reward curve as a PNG; None when matplotlib is not installed."""
+    """Write the reward curve as a PNG; None when matplotlib is not installed or drawing fails. The
+    picture is a convenience: a run that trained must not end in error because of it (on the GPU
+    machines matplotlib's backend set-up once raised on a stand-in IPython module, docs/gpu.md)."""
     try:
         import matplotlib
 
@@ -42,14 +46,20 @@ def plot_png(points: list[tuple[int, float]], out: Path, title: str) -> Path | N
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=120)
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5)
-    ax.set_xlabel("rollout")
-    ax.set_ylabel("mean reward")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    try:
+        fig, ax = plt.subplots(figsize=(6, 3.2), dpi=120)
+        try:
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5)
+            ax.set_xlabel("rollout")
+            ax.set_ylabel("mean reward")
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            fig.tight_layout()
+            fig.savefig(out)
+        finally:
+            plt.close(fig)
+    except Exception as e:  # noqa: BLE001 -- any failure to draw, reported in one line
+        log.warning("reward curve not drawn (%s: %s)", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return None
     return out

@@ -14,6 +14,7 @@ if compgen -G "$part/*.whl" >/dev/null; then
     "$part"/*.whl 2>&1 | grep -v -e "^WARNING: Target directory" -e "already exists" || true
 fi
 # SGLang 0.5.14 imports IPython.display for notebook helpers only; the image has no IPython.
-: > "$prefix/stubs/IPython/__init__.py"
 printf 'def display(*a, **k):\n    pass\n\n\nclass HTML(str):\n    pass\n' > "$prefix/stubs/IPython/display.py"
+# matplotlib asks a loaded IPython module for its shell (pyplot's REPL hook): none here.
+printf 'def get_ipython():\n    return None\n' > "$prefix/stubs/IPython/__init__.py"
 echo "staged $(basename "$part") into $prefix: $(ls "$prefix/site" | wc -l) entries"
