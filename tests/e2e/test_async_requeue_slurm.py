@@ -14,11 +14,17 @@ A requeue kills the attempt while the driver is up to k rollouts ahead of the tr
 committed rollouts the trainer had not trained (or trained after its last checkpoint) must be
 trained by the next attempt from the buffer, unchanged, and the driver must go on after the last
 commit without generating any rollout again.
+
+That the driver runs ahead at all depends on speeds (the suite's run on a loaded 2-core machine once
+saw every rollout generated at its own version), so the test stops the trainer (SIGSTOP) until the
+driver has committed a rollout from older weights.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -50,6 +56,60 @@ def committed_manifests(run_dir: Path) -> dict[int, bytes]:
     return {i: store.manifest_path(i).read_bytes() for i in store.committed_ids()}
 
 
+def trainer_workers(run_dir: Path) -> list[int]:
+    """This run's trainer ranks (torchrun's workers and their children): argv names the trainer and the
+    run dir, and not the torchrun agent or its srun."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"rlslurm.trainer.main" in argv and str(run_dir).encode() in argv \
+                    and b"rlslurm.slurm.torchrun" not in argv:
+                out.append(int(d.name))
+    return out
+
+
+def ran_ahead(run_dir: Path) -> dict[int, list[int]]:
+    """Committed rollouts generated (partly) with weights older than their id."""
+    store = BufferStore(run_dir)
+    out = {}
+    for i in store.committed_ids():
+        v = store.manifest(i).meta.weight_versions
+        if min(v) < i:
+            out[i] = v
+    return out
+
+
+def hold_trainer_until_the_driver_runs_ahead(run_dir: Path, timeout: float = 240.0) -> dict[int, list[int]]:
+    """Whether the driver runs ahead on its own depends on which side is faster on the machine of the
+    day (a fast trainer's updates abort in-flight requests, which then finish on the newest weights).
+    Stopping the trainer makes it certain: the driver goes on until the bound stops it, committing
+    rollouts from weights older than their id. A stop that lands inside a weight update (engines
+    paused) blocks the driver too, so the trainer is let go for a moment and stopped again."""
+    deadline = time.monotonic() + timeout
+    while not (ahead := ran_ahead(run_dir)):
+        assert time.monotonic() < deadline, "the driver never ran ahead while the trainer was stopped"
+        pids = trainer_workers(run_dir)
+        assert pids, "trainer processes not found"
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            until = time.monotonic() + 20
+            while not ran_ahead(run_dir) and time.monotonic() < until:
+                time.sleep(0.5)
+        finally:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        time.sleep(2.0)
+    return ahead
+
+
 def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollout_once(
         slurm_cluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
@@ -58,6 +118,10 @@ def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollo
     job = submit_grpo(run_dir, prompts, "--async-buffer-size", str(K), "--num-rollout", str(NUM_ROLLOUT),
                       "--save-interval", str(SAVE_INTERVAL), "--keep-trained-rollouts", str(NUM_ROLLOUT))
     deadline = time.monotonic() + 600
+    while len(reward_curve(run_dir)) < 2:
+        assert time.monotonic() < deadline, f"rollouts not trained: {batch_log(run_dir, job)}"
+        time.sleep(0.5)
+    ahead = hold_trainer_until_the_driver_runs_ahead(run_dir)
     while len(reward_curve(run_dir)) < REQUEUE_AFTER:
         assert time.monotonic() < deadline, f"rollouts not trained: {batch_log(run_dir, job)}"
         time.sleep(0.5)
@@ -106,7 +170,7 @@ def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollo
     versions = {i: m.meta.weight_versions for i, m in manifests.items()}
     outside = {i: v for i, v in versions.items() if not (max(0, i - K) <= min(v) and max(v) <= i)}
     assert not outside, f"outside [rollout - {K}, rollout]: {outside}"
-    assert any(min(v) < i for i, v in versions.items()), f"the driver never ran ahead (not async): {versions}"
+    assert all(versions[i] == v for i, v in ahead.items()), "a rollout committed ahead changed"
 
     # Every published version reached both engines (greedy tokens equal), the final one included.
     # The one exception: the requeue may kill the engines while the trainer probes the version it
