@@ -77,6 +77,8 @@ from rlslurm.errors import DataError  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmError  # noqa: E402
 
+from bench.slurm_run import batch_log_tail, read_ledger, submit_tiny_grpo  # noqa: E402
+
 KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine"]
 ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue"}
 FIRST_ATTEMPT_TIMEOUT_S = 600.0
@@ -111,17 +113,6 @@ def metrics(run_dir: Path) -> list[dict]:
 def current_attempt(run_dir: Path) -> int:
     ns = [int(p.name.split("-", 1)[1]) for p in (run_dir / "logs").glob("attempt-*") if p.name[8:].isdigit()]
     return max(ns, default=0)
-
-
-def read_ledger(run_dir: Path) -> list[dict]:
-    p = run_dir / "ledger.jsonl"
-    out = []
-    for line in p.read_text().splitlines() if p.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def supervisor_lines(run_dir: Path, attempt: int, since: float) -> list[str]:
@@ -245,32 +236,10 @@ class Procs:
 # ------------------------------------------------------------------------------ driving the run
 
 
-def rlslurm(*args: str) -> subprocess.CompletedProcess[str]:
-    # sbatch exports this environment to the job: its processes import this checkout's rlslurm.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"rlslurm {' '.join(args)} failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
 def submit(run_dir: Path, prompts: Path, num_rollout: int, max_failures: int) -> int:
-    """The run of tests/e2e/test_grpo_slurm.py:submit_grpo (tiny-qwen3's small default batches:
-    8 prompts x 4 samples), with a failure budget for the hard kills."""
-    rlslurm("submit", "--model", "tiny-qwen3", "--nodes", "2", "--prompt-data", str(prompts), "--run-dir",
-            str(run_dir), "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "30",
-            "--signal-grace-s", "120", "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout",
-            str(num_rollout), "--num-epoch", "100", "--rollout-dtype", "float32", "--weight-sync", "distributed",
-            "--verify-weight-sync", "--no-use-distributed-optimizer", "--save-interval", "4",
-            "--engine-health-interval-s", "2", "--max-failures", str(max_failures),
-            "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
-    return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
-
-
-def batch_log_tail(run_dir: Path, job: int, n: int = 3000) -> str:
-    p = run_dir / f"logs/slurm-{job}.out"
-    return p.read_text(errors="replace")[-n:] if p.exists() else "(no batch log)"
+    """The tiny GRPO run with a failure budget for the hard kills."""
+    return submit_tiny_grpo(run_dir, prompts, num_rollout, "--max-failures", str(max_failures),
+                            "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
 
 
 class Soak:

@@ -59,6 +59,8 @@ from rlslurm.demo_task import make_prompts  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import SlurmCluster, SlurmError  # noqa: E402
 
+from bench.slurm_run import batch_log_tail, read_ledger, rlslurm, submit_tiny_grpo  # noqa: E402
+
 TARGET_S = 30.0
 NUM_ROLLOUT = 400  # far more than the bench needs; it ends the run with `rlslurm stop`
 FIRST_ATTEMPT_TIMEOUT_S = 600.0
@@ -118,17 +120,6 @@ def mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except FileNotFoundError:
         return None
-
-
-def read_ledger(run_dir: Path) -> list[dict]:
-    p = run_dir / "ledger.jsonl"
-    out = []
-    for line in p.read_text().splitlines() if p.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a torn append; the ledger reader in rlslurm skips it too
-    return out
 
 
 def trained_in_attempt(run_dir: Path, attempt: int) -> list[dict]:
@@ -237,31 +228,9 @@ def measure_event(run_dir: Path, kind: str, old: int, new: int, t_signal: float)
 # ------------------------------------------------------------------------------ driving the run
 
 
-def rlslurm(*args: str) -> subprocess.CompletedProcess[str]:
-    # sbatch exports this environment to the job: its processes import this checkout's rlslurm
-    # whatever the installed (editable) package points at.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True, timeout=300,
-                       cwd=ROOT, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"rlslurm {' '.join(args)} failed (rc={p.returncode}):\n{p.stdout}\n{p.stderr}")
-    return p
-
-
 def submit(run_dir: Path, prompts: Path) -> int:
-    """The run of tests/e2e/test_grpo_slurm.py:submit_grpo, with a num_rollout the bench never reaches."""
-    rlslurm("submit", "--model", "tiny-qwen3", "--nodes", "2", "--prompt-data", str(prompts), "--run-dir",
-            str(run_dir), "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "30",
-            "--signal-grace-s", "120", "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout",
-            str(NUM_ROLLOUT), "--num-epoch", "100", "--rollout-dtype", "float32", "--weight-sync", "distributed",
-            "--verify-weight-sync", "--no-use-distributed-optimizer", "--save-interval", "4",
-            "--engine-health-interval-s", "2")
-    return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
-
-
-def batch_log_tail(run_dir: Path, job: int, n: int = 4000) -> str:
-    p = run_dir / f"logs/slurm-{job}.out"
-    return p.read_text(errors="replace")[-n:] if p.exists() else "(no batch log)"
+    """The tiny GRPO run, with a num_rollout the bench never reaches."""
+    return submit_tiny_grpo(run_dir, prompts, NUM_ROLLOUT)
 
 
 def wait_trained(cluster: SlurmCluster, run_dir: Path, job: int, attempt: int, n: int, timeout: float) -> None:
