@@ -35,9 +35,8 @@ from rlslurm.buffer.store import BufferStore
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
-from tests.e2e.test_grpo_slurm import batch_log, probes, submit_grpo
-from tests.e2e.test_preemption_slurm import trained_per_attempt
-from tests.launcher.test_slurm_job import ledger, wait_reports
+from tests.e2e.helpers import batch_log, probes, submit_grpo, trained_per_attempt
+from tests.slurm_runs import ledger, wait_reports
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 

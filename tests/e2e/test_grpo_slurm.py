@@ -20,31 +20,13 @@ import pytest
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
-from tests.launcher.test_slurm_job import ledger, rlslurm, wait_reports
+from tests.e2e.helpers import GRPO_NUM_ROLLOUT, batch_log, probes, submit_grpo
+from tests.slurm_runs import ledger, wait_reports
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
-NUM_ROLLOUT = 24
+NUM_ROLLOUT = GRPO_NUM_ROLLOUT
 MARGIN = 0.15
-
-
-def submit_grpo(run_dir: Path, prompts: Path, *extra: str) -> int:
-    rlslurm("submit", "--model", "tiny-qwen3", "--nodes", "2", "--prompt-data", str(prompts), "--run-dir", str(run_dir),
-            "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "30", "--signal-grace-s", "120",
-            "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(NUM_ROLLOUT), "--num-epoch", "100",
-            "--rollout-dtype", "float32", "--weight-sync", "distributed", "--verify-weight-sync",
-            "--no-use-distributed-optimizer", "--save-interval", "4", "--engine-health-interval-s", "2", *extra)
-    return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
-
-
-def probes(run_dir: Path) -> list[dict]:
-    p = run_dir / "control" / "weight_probe.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
-
-
-def batch_log(run_dir: Path, job: int) -> str:
-    p = run_dir / f"logs/slurm-{job}.out"
-    return p.read_text() if p.exists() else ""
 
 
 def test_grpo_learns_and_engines_follow_every_sync(slurm_cluster, tmp_path: Path) -> None:

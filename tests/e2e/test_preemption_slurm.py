@@ -20,24 +20,13 @@ import pytest
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
-from tests.e2e.test_grpo_slurm import batch_log, submit_grpo
-from tests.launcher.test_slurm_job import ledger, wait_reports
+from tests.e2e.helpers import batch_log, submit_grpo, trained_per_attempt
+from tests.slurm_runs import ledger, wait_reports
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
 NUM_ROLLOUT = 6
 SAVE_INTERVAL = 2  # a periodic save comes before the preemption, as in a real run
-
-
-def trained_per_attempt(run_dir: Path) -> dict[int, list[int]]:
-    """The trainer's record: per attempt, the rollout ids it trained, in order."""
-    out: dict[int, list[int]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        ids = out.setdefault(rec["attempt"], [])
-        if not ids or ids[-1] != rec["rollout_id"]:
-            ids.append(rec["rollout_id"])
-    return out
 
 
 def test_preemption_by_a_higher_priority_partition_loses_nothing(slurm_cluster, tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 
 from rlslurm.demo_task import make_prompts
 
-from tests.e2e.test_grpo_slurm import batch_log, probes
-from tests.launcher.test_slurm_job import env_reports, ledger, rlslurm
+from tests.e2e.helpers import batch_log, probes
+from tests.slurm_runs import env_reports, ledger, rlslurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 

@@ -44,8 +44,8 @@ from rlslurm.rollout.node import RemoteRouter
 from rlslurm.rollout.sglang_client import weight_version_sync
 from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
 
-from tests.e2e.test_grpo_slurm import batch_log, probes
-from tests.launcher.test_slurm_job import ledger, rlslurm
+from tests.e2e.helpers import batch_log, probes
+from tests.slurm_runs import ledger, rlslurm
 from tests.process_groups import pid_alive
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,18 +13,11 @@ import pytest
 
 from rlslurm.model_config import available_models
 from rlslurm.user_error import USER_ERROR_EXIT_CODE
+from tests.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 
 pytestmark = pytest.mark.slurm
 
 JOB_TIMEOUT = 120
-
-
-def rlslurm(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True, cwd=cwd,
-                       timeout=180)
-    if check and p.returncode != 0:
-        raise AssertionError(f"rlslurm {' '.join(args)} failed rc={p.returncode}\n{p.stdout}\n{p.stderr}")
-    return p
 
 
 @pytest.fixture
@@ -47,27 +38,6 @@ def submit_tiny(run_dir: Path, prompts: Path, *extra: str) -> int:
     job = json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"]
     assert f"submitted job {job}" in out.stdout
     return int(job)
-
-
-def env_reports(run_dir: Path, attempt: int) -> dict[str, dict]:
-    d = run_dir / "logs" / f"attempt-{attempt}"
-    return {p.stem.removeprefix("env-"): json.loads(p.read_text()) for p in d.glob("env-*.json")}
-
-
-def wait_reports(run_dir: Path, attempt: int, want: set[str], timeout: float = 90) -> dict[str, dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reps = env_reports(run_dir, attempt)
-        if want <= set(reps):
-            return reps
-        time.sleep(0.5)
-    logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(run_dir.glob("logs/**/*.*")) if p.is_file())
-    raise AssertionError(f"attempt {attempt}: reports {sorted(env_reports(run_dir, attempt))}, want {sorted(want)}\n{logs}")
-
-
-def ledger(run_dir: Path) -> list[dict]:
-    p = run_dir / "ledger.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
 
 
 ALL = {"trainer-0", "trainer-1", "rollout-0"}
