@@ -1,32 +1,15 @@
 """ENOSPC while committing gives a clear error and leaves the committed state intact.
-Uses a 1 MiB tmpfs (root) or a loop-mounted filesystem; skipped only outside CI."""
+Uses a 1 MiB tmpfs (tests/small_fs.py, root); skipped only outside CI."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from rlslurm.buffer import Retention, RolloutReader, RolloutWriter, RunDir, StorageError, TrainerProgress, after_checkpoint
 
 from .helpers import assert_same, make_meta, make_samples
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        msg = f"cannot mount a tmpfs for the ENOSPC test: {res.stderr.strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _debris(d):

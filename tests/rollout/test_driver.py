@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,13 +22,12 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
-from rlslurm.config import DataSection, RolloutSection, RunConfig, TrainSection
+from rlslurm.config import RolloutSection, RunConfig
 from rlslurm.errors import DataError
-from rlslurm.rollout.driver import RolloutDriver, eval_metrics, gate_open, required_version, sampling_params
+from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
-
-WORDS = "abcdefghijklmnopqrstuvwxyz"
+from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, write_prompts
 
 
 # --- no servers ------------------------------------------------------------------------------
@@ -93,43 +91,6 @@ def test_unreachable_router_is_retried_then_fails_naming_the_url():
 
     stats = asyncio.run(go())
     assert stats.requests == 3 and stats.retries == 2
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def write_prompts(path: Path, n: int, *, offset: int = 0) -> Path:
-    lines = []
-    for i in range(n):
-        a, b = WORDS[(i + offset) % 26], WORDS[(3 * i + offset + 1) % 26]
-        lines.append(json.dumps({"prompt": f"say {a} {b} answer :", "label": a}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def make_cfg(prompts: Path, **rollout) -> RunConfig:
-    base = dict(num_rollout=1, rollout_batch_size=4, n_samples_per_prompt=4, rollout_max_response_len=8,
-                rollout_temperature=1.0, rm_type="exact", rollout_max_concurrency=16)
-    base.update(rollout)
-    weight_sync = base.pop("weight_sync", "disk")
-    eval_data = base.pop("eval_prompt_data", [])
-    return RunConfig(data=DataSection(prompt_data=prompts, rollout_seed=7, eval_prompt_data=eval_data),
-                     rollout=RolloutSection(**base), train=TrainSection(weight_sync=weight_sync))
-
-
-def make_driver(dep, cfg: RunConfig, run: Path, **kw) -> RolloutDriver:
-    from transformers import AutoTokenizer
-
-    rd = RunDir.create(run)
-    tok = AutoTokenizer.from_pretrained(str(dep.model_path))
-    sup = dep.supervisor
-    return RolloutDriver(cfg, rd, router_url=dep.router.url, engine_urls=lambda: sup.urls, api_key=dep.api_key,
-                         tokenizer=tok, engine_restarts=lambda: sup.restarts_total, poll_s=0.05, **kw)
-
-
-def metrics_lines(run: Path) -> list[dict]:
-    p = run / "rollout_metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
 # --- real servers ----------------------------------------------------------------------------

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,15 +17,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
 from rlslurm.runfile import dump_run_config
 from tests.process_groups import pid_alive
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env["RLSLURM_ROLLOUT_HOST"] = "127.0.0.1"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+from tests.rollout.helpers import start_rollout_main
 
 
 def _run_dir(tmp_path: Path, **model) -> RunDir:
@@ -46,16 +36,9 @@ def _run_dir(tmp_path: Path, **model) -> RunDir:
     return rd
 
 
-def _start(rd: RunDir) -> subprocess.Popen:
-    log = open(rd.path / "rollout.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(rd.path),
-                             "--trainer-addr", "127.0.0.1"], env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                            cwd=ROOT, start_new_session=True)
-
-
 def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
     rd = _run_dir(tmp_path)
-    proc = _start(rd)
+    proc = start_rollout_main(rd)
     try:
         deadline = time.monotonic() + 60
         while not Control(rd).heartbeats():  # it is alive and waiting
@@ -82,7 +65,7 @@ def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_m
     if sglang_cpu.installed_sglang_version() is None:
         pytest.skip("sglang is not installed")
     rd = _run_dir(tmp_path, hf_checkpoint=tiny_model)
-    proc = _start(rd)
+    proc = start_rollout_main(rd)
     reader = RolloutReader(rd)
     control = Control(rd)
     try:

@@ -32,8 +32,8 @@ from rlslurm.rollout.generate_api import (
     Generation,
 )
 from rlslurm.rollout.sglang_client import SGLangClient
-from tests.buffer.test_corruption import flip_data_middle
-from tests.rollout.test_driver import make_cfg, make_driver, metrics_lines, write_prompts
+from tests.buffer.damage import flip_data_middle
+from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, start_rollout_main, write_prompts
 
 # --- no servers ------------------------------------------------------------------------------
 
@@ -274,7 +274,6 @@ def test_rollout_main_stops_the_driver_at_a_preempt_request_and_keeps_its_groups
     from rlslurm.buffer.control import Control
     from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
     from rlslurm.runfile import dump_run_config
-    from tests.rollout.test_driver_main import _start
 
     cfg = RunConfig(run=RunSection(device="cpu"), slurm=SlurmSection(gpus_per_node=0),
                     model=ModelSection(model="tiny-qwen3", hf_checkpoint=tiny_model),
@@ -288,7 +287,7 @@ def test_rollout_main_stops_the_driver_at_a_preempt_request_and_keeps_its_groups
     rd.ensure_api_key()
     rd.run_yaml.write_text(dump_run_config(cfg))
     control, writer = Control(rd), RolloutWriter(rd)
-    proc = _start(rd)
+    proc = start_rollout_main(rd)
     log = rd.path / "rollout.log"
     try:
         deadline = time.monotonic() + 400

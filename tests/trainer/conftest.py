@@ -1,10 +1,11 @@
 """Shared pieces of the trainer-loop tests: a tiny HF checkpoint, run directories with a
-run.yaml, deterministic synthetic rollouts, and torchrun launches with free ports."""
+run.yaml, deterministic synthetic rollouts, torchrun launches with free ports, and a 1 MiB tmpfs."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from rlslurm.buffer import RolloutMeta, RolloutWriter, RunDir, Sample, SampleStatus
 from rlslurm.config import RunConfig
 from rlslurm.runfile import dump_run_config
+from tests.small_fs import small_fs  # noqa: F401  (registers the fixture here)
 
 MODEL = "tiny-qwen3"
 VOCAB = 64
@@ -100,3 +102,27 @@ def run_trainer(run_dir: Path, nproc: int = 1, timeout: float = 180, check: bool
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def start_trainer(run: Path, log: Path) -> subprocess.Popen:
+    """The trainer on 2 ranks under torchrun, in a session of its own, logging to `log`."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "rlslurm.trainer.main", "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    with open(log, "w") as out:  # a file, not a pipe nobody drains (megatron is chatty)
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its workers, like a node failure (torchrun starts each worker in a
+    session of its own, so killing its process group is not enough)."""
+    import psutil
+
+    victims = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    psutil.wait_procs([psutil.Process(p) for p in victims[1:] if psutil.pid_exists(p)], timeout=30)

@@ -9,7 +9,6 @@ import pytest
 
 from rlslurm.buffer.atomic import StorageError
 from rlslurm.trainer.metrics import MetricsLogger, read_metrics
-from tests.buffer.test_enospc import small_fs  # noqa: F401  (a 1 MiB tmpfs; pytest fixture)
 
 
 def _fill(fs) -> None:
@@ -23,7 +22,7 @@ def _fill(fs) -> None:
         os.close(fd)
 
 
-def test_enospc_names_the_file_and_leaves_whole_lines(small_fs) -> None:  # noqa: F811
+def test_enospc_names_the_file_and_leaves_whole_lines(small_fs) -> None:
     path = small_fs / "metrics.jsonl"
     m = MetricsLogger(path, None, enabled=True)
     m.log(0, {"loss": 1.0})

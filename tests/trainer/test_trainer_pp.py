@@ -20,7 +20,7 @@ import pytest
 import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
-from conftest import HERE, MODEL, commit_rollouts, make_run, metrics, run_trainer, torchrun
+from conftest import HERE, MODEL, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer, torchrun
 from rlslurm.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -138,8 +138,6 @@ def test_ppo_kill_and_resume_at_pp2_is_bit_exact(tmp_path: Path, tiny_hf: Path) 
     schedulers and RNG; the critic's restored state reaches the actor through rollout 2's values."""
     from safetensors.torch import load_file
 
-    from test_trainer_resume import _kill_tree, _start
-
     straight = make_run(tmp_path / "straight", tiny_hf, nproc=2, train=PPO, rollout=dict(num_rollout=3))
     commit_rollouts(straight, range(3))
     run_trainer(straight, nproc=2, timeout=400)
@@ -156,7 +154,7 @@ def test_ppo_kill_and_resume_at_pp2_is_bit_exact(tmp_path: Path, tiny_hf: Path) 
     run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=PPO, rollout=dict(num_rollout=3))
     commit_rollouts(run, range(2))
     log = tmp_path / "attempt0.log"
-    proc = _start(run, log)
+    proc = start_trainer(run, log)
     try:
         import time
 
@@ -169,7 +167,7 @@ def test_ppo_kill_and_resume_at_pp2_is_bit_exact(tmp_path: Path, tiny_hf: Path) 
         time.sleep(1.0)  # now waiting for rollout 2, which this attempt never gets
         assert proc.poll() is None, log.read_text()[-6000:]
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     assert not (run / "weights" / "v3").exists()
     commit_rollouts(run, range(2, 3))
     p = run_trainer(run, nproc=2, timeout=400)

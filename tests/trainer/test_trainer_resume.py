@@ -5,17 +5,14 @@ with the plain and with megatron's distributed optimizer."""
 from __future__ import annotations
 
 import math
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from conftest import REPO, commit_rollouts, free_port, make_run, metrics, run_trainer
+from conftest import commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -74,29 +71,6 @@ def test_replay_trains_without_engines_and_logs_metrics(straight: Path) -> None:
     assert not [p.name for p in (straight.parent / "source" / "buffer").rglob("*trained*")]
 
 
-def _start(run: Path, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), "-m", "rlslurm.trainer.main", "--run-dir", str(run)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    with open(log, "w") as out:  # a file, not a pipe nobody drains (megatron is chatty)
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL torchrun and its workers, like a node failure (torchrun starts each worker in a
-    session of its own, so killing its process group is not enough)."""
-    import psutil
-
-    victims = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.wait()
-    psutil.wait_procs([psutil.Process(p) for p in victims[1:] if psutil.pid_exists(p)], timeout=30)
-
-
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureRequest, tmp_path: Path,
                                       tiny_hf: Path) -> None:
@@ -104,7 +78,7 @@ def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureReq
     run = make_run(tmp_path / "run", tiny_hf, nproc=2, train={**TRAIN, **OPTIMIZERS[optimizer]}, rollout=ROLLOUT)
     commit_rollouts(run, range(2))
     log = tmp_path / "attempt0.log"
-    proc = _start(run, log)
+    proc = start_trainer(run, log)
     try:
         deadline = time.monotonic() + 240
         latest = run / "checkpoints" / "latest"
@@ -115,7 +89,7 @@ def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureReq
         time.sleep(1.0)  # it is now waiting for rollout 2, which is never committed in this attempt
         assert proc.poll() is None, log.read_text()[-6000:]
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     assert not (run / "FINISHED").exists()
     assert not (run / "weights" / "v3").exists()  # really stopped before rollout 2
     commit_rollouts(run, range(2, 4))
@@ -144,7 +118,7 @@ def test_sigterm_checkpoints_and_acknowledges(tmp_path: Path, tiny_hf: Path) -> 
     run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=ROLLOUT)
     commit_rollouts(run, range(3))
     log = tmp_path / "attempt0.log"
-    proc = _start(run, log)
+    proc = start_trainer(run, log)
     try:
         deadline = time.monotonic() + 240
         while not (run / "metrics.jsonl").exists() or len(metrics(run)) < 6:  # 3 rollouts x 2 steps
@@ -168,7 +142,7 @@ def test_sigterm_checkpoints_and_acknowledges(tmp_path: Path, tiny_hf: Path) -> 
             proc.poll()  # reap torchrun
     finally:
         if proc.poll() is None:
-            _kill_tree(proc)
+            kill_tree(proc)
     ack = json.loads((run / "control" / "preempt_ack.json").read_text())
     assert ack["checkpoint_iteration"] == 3, log.read_text()[-6000:]
     assert '"iter_0000003"' in (run / "checkpoints" / "latest").read_text()
