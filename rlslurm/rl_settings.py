@@ -11,9 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from rlslurm.errors import ConfigError
+
+
+# How an estimator turns the (group-normalised) scalar rewards into per-token advantages
+# (trainer/advantages.compute_advantages_and_returns):
+#   sequence          - the sample's reward on every token
+#   shaped_reward     - the reward minus kl_coef * KL, token by token, not discounted
+#   discounted_return - the discounted return of the token rewards (reward on the last trainable token)
+#   gae               - generalised advantage estimation against a learned critic's values
+AdvantageKind = Literal["sequence", "shaped_reward", "discounted_return", "gae"]
 
 
 @dataclass(frozen=True)
@@ -21,25 +30,31 @@ class Estimator:
     """What an advantage estimator needs and does (semantics: trainer/advantages.py)."""
 
     name: str
+    advantage: AdvantageKind    # how the rewards become per-token advantages (above)
     group_baseline: bool        # the scalar reward is centred on its prompt group
     group_std: bool             # ... and divided by the group's std (--grpo-std-normalization)
-    per_token_rewards: bool     # token-level rewards, which a KL penalty (--kl-coef) can shape
-    critic: bool                # a learned value model (--num-critic-only-steps, --critic-lr)
     needs_whitening: bool       # no baseline for the token returns: --normalize-advantages required
     sequence_ratio: bool        # GSPO's sequence-level importance ratio in the policy loss
 
+    @property
+    def per_token_rewards(self) -> bool:
+        """Token-level rewards, which a KL penalty (--kl-coef) can shape."""
+        return self.advantage != "sequence"
+
+    @property
+    def critic(self) -> bool:
+        """A learned value model (--num-critic-only-steps, --critic-lr)."""
+        return self.advantage == "gae"
+
 
 _ALL = (
-    Estimator("grpo", group_baseline=True, group_std=True, per_token_rewards=False, critic=False,
-              needs_whitening=False, sequence_ratio=False),
-    Estimator("gspo", group_baseline=True, group_std=True, per_token_rewards=False, critic=False,
-              needs_whitening=False, sequence_ratio=True),
-    Estimator("reinforce_plus_plus", group_baseline=False, group_std=False, per_token_rewards=True, critic=False,
+    Estimator("grpo", "sequence", group_baseline=True, group_std=True, needs_whitening=False, sequence_ratio=False),
+    Estimator("gspo", "sequence", group_baseline=True, group_std=True, needs_whitening=False, sequence_ratio=True),
+    Estimator("reinforce_plus_plus", "discounted_return", group_baseline=False, group_std=False, needs_whitening=True,
+              sequence_ratio=False),
+    Estimator("reinforce_plus_plus_baseline", "shaped_reward", group_baseline=True, group_std=False,
               needs_whitening=True, sequence_ratio=False),
-    Estimator("reinforce_plus_plus_baseline", group_baseline=True, group_std=False, per_token_rewards=True,
-              critic=False, needs_whitening=True, sequence_ratio=False),
-    Estimator("ppo", group_baseline=False, group_std=False, per_token_rewards=True, critic=True,
-              needs_whitening=False, sequence_ratio=False),
+    Estimator("ppo", "gae", group_baseline=False, group_std=False, needs_whitening=False, sequence_ratio=False),
 )
 ESTIMATORS: dict[str, Estimator] = {e.name: e for e in _ALL}
 ESTIMATOR_NAMES: tuple[str, ...] = tuple(ESTIMATORS)

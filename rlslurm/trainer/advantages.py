@@ -27,17 +27,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator, names_where
+from rlslurm.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator
 from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, kl_estimate
 
-# The names and what each estimator needs live in one registry (rlslurm/rl_settings.py).
+# The names and what each estimator needs and does live in one registry (rlslurm/rl_settings.py).
 ESTIMATORS: tuple[str, ...] = ESTIMATOR_NAMES
-# Estimators whose scalar reward is centred on its prompt group before use.
-GROUP_BASELINE_ESTIMATORS: tuple[str, ...] = names_where(group_baseline=True)
-# ... and divided by the group's std (unless --no-grpo-std-normalization: Dr.GRPO).
-GROUP_STD_ESTIMATORS: tuple[str, ...] = names_where(group_std=True)
-# Estimators with per-token rewards, where a KL penalty can shape the reward.
-KL_SHAPED_ESTIMATORS: tuple[str, ...] = names_where(per_token_rewards=True)
 
 GROUP_STD_EPS = 1e-6
 WHITEN_EPS = 1e-8
@@ -194,6 +188,16 @@ def group_normalize(rewards: Tensor, group_index: Tensor, divide_by_std: bool) -
     return centred / (std[inverse] + GROUP_STD_EPS)
 
 
+def group_baseline(cfg: AdvantageConfig, rewards: Tensor, group_index: Tensor) -> Tensor:
+    """The scalar rewards after the estimator's group baseline: ``group_normalize``d (divided by
+    the std for estimators with ``group_std`` unless Dr.GRPO), or unchanged for an estimator
+    without a baseline or with --no-rewards-normalization. Every sample of a group must be given."""
+    est = estimator(cfg.estimator)
+    if not (cfg.rewards_normalization and est.group_baseline):
+        return rewards
+    return group_normalize(rewards, group_index, divide_by_std=cfg.grpo_std_normalization and est.group_std)
+
+
 def last_masked_index(mask: Tensor) -> int:
     """Where the sequence reward lands: the last loss-masked token (last token if none is)."""
     idx = torch.nonzero(mask, as_tuple=False)
@@ -316,24 +320,23 @@ def compute_advantages_and_returns(
     rewards = rewards.to(device)
     masks = [m.float() for m in loss_masks]
 
-    if cfg.rewards_normalization and cfg.estimator in GROUP_BASELINE_ESTIMATORS:
-        divide = cfg.grpo_std_normalization and cfg.estimator in GROUP_STD_ESTIMATORS
-        rewards = group_normalize(rewards, group_index.to(device), divide_by_std=divide)
+    rewards = group_baseline(cfg, rewards, group_index.to(device))
 
     kl = _shaping_kl(cfg, masks, log_probs, ref_log_probs)
 
-    if cfg.estimator in names_where(per_token_rewards=False):  # grpo, gspo: one advantage per sample
+    kind = estimator(cfg.estimator).advantage  # the kinds: rlslurm/rl_settings.py
+    if kind == "sequence":  # one advantage per sample
         advantages = [torch.full_like(m, float(r)) for m, r in zip(masks, rewards.tolist())]
         returns = advantages
-    elif cfg.estimator == "reinforce_plus_plus_baseline":
+    elif kind == "shaped_reward":
         advantages = [float(r) - cfg.kl_coef * k for r, k in zip(rewards.tolist(), kl)]
         returns = advantages
-    elif cfg.estimator == "reinforce_plus_plus":
+    elif kind == "discounted_return":
         returns = discounted_returns(_token_rewards(cfg, rewards, masks, kl), cfg.gamma)
         advantages = returns
-    else:  # ppo
+    else:  # gae
         if values is None:
-            raise ValueError("the ppo estimator needs the critic's values")
+            raise ValueError(f"the {cfg.estimator} estimator needs the critic's values")
         _check_aligned(masks, values=values)
         advantages, returns = gae(
             _token_rewards(cfg, rewards, masks, kl), [v.detach().float() for v in values], cfg.gamma, cfg.lam

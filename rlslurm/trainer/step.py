@@ -27,14 +27,7 @@ from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
 from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
-from rlslurm.trainer.advantages import (
-    GROUP_BASELINE_ESTIMATORS,
-    GROUP_STD_ESTIMATORS,
-    actor_trains,
-    compute_advantages_and_returns,
-    group_normalize,
-    reward_from,
-)
+from rlslurm.trainer.advantages import actor_trains, compute_advantages_and_returns, group_baseline, reward_from
 from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, plan_batches
 from rlslurm.trainer.losses import compute_rl_loss, compute_value_loss, local_denominator
 from rlslurm.trainer.setup import Trained, TrainerSetup
@@ -131,13 +124,9 @@ def rewards_of(st: TrainerSetup, rollout: Rollout) -> Tensor:
     key = st.cfg.rollout.reward_key
     r = torch.tensor([reward_from(s.reward, s.reward_key or key, _where(rollout, i))
                       for i, s in enumerate(rollout.samples)], dtype=torch.float32)
-    cfg = st.adv_cfg
-    if cfg.rewards_normalization and cfg.estimator in GROUP_BASELINE_ESTIMATORS:
-        # The group baseline needs every sample of a group; groups span DP ranks, so do it over
-        # the whole rollout here (every rank has it) and let the local call skip it.
-        gi = torch.tensor([s.group_index for s in rollout.samples])
-        r = group_normalize(r, gi, divide_by_std=cfg.grpo_std_normalization and cfg.estimator in GROUP_STD_ESTIMATORS)
-    return r
+    # The group baseline needs every sample of a group; groups span DP ranks, so do it over the
+    # whole rollout here (every rank has it) and let the local call skip it (`prepare`).
+    return group_baseline(st.adv_cfg, r, torch.tensor([s.group_index for s in rollout.samples]))
 
 
 def prepare(st: TrainerSetup, rollout: Rollout) -> Prepared:

@@ -3,6 +3,7 @@ small hand-built batches (unequal groups, tool tokens masked out, truncated samp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -20,10 +21,12 @@ from rlslurm.trainer.advantages import (
     check_rl_configs,
     compute_advantages_and_returns,
     discounted_cumsum,
+    group_baseline,
     masked_whiten,
     reward_from,
     rl_configs_from_train,
 )
+from rlslurm.rl_settings import ESTIMATOR_NAMES, estimator
 from rlslurm.trainer.losses import PolicyLossConfig
 
 # Six samples in three prompt groups of unequal size, ids not contiguous and interleaved.
@@ -107,6 +110,27 @@ def test_zero_std_and_singleton_groups_give_zero_not_nan() -> None:
 def test_rewards_normalization_off_broadcasts_raw_reward() -> None:
     adv, _ = _run(AdvantageConfig(estimator="grpo", rewards_normalization=False))
     _assert_lists_close(adv, [[r * mm for mm in m] for r, m in zip(REWARDS, MASKS)])
+
+
+@pytest.mark.parametrize("name", ESTIMATOR_NAMES)
+@pytest.mark.parametrize("std", [True, False])
+def test_baseline_over_the_rollout_then_a_call_without_it_is_one_call(name: str, std: bool) -> None:
+    """The trainer's split (trainer/step.py: `group_baseline` over the whole rollout, then the
+    per-rank call with --no-rewards-normalization) gives bit for bit what one call gives."""
+    est = estimator(name)
+    cfg = AdvantageConfig(estimator=name, grpo_std_normalization=std, normalize_advantages=est.needs_whitening)
+    rewards, groups = torch.tensor(REWARDS), torch.tensor(GROUPS)
+    baselined = group_baseline(cfg, rewards, groups)
+    if est.group_baseline:
+        np.testing.assert_allclose(baselined.double().numpy(),
+                                   _ref_group_norm(REWARDS, GROUPS, divide=std and est.group_std), atol=1e-6)
+    else:
+        assert torch.equal(baselined, rewards)
+    kw = {"values": [torch.linspace(-1, 1, len(m)) for m in MASKS]} if est.critic else {}
+    one_adv, one_ret = _run(cfg, **kw)
+    split_adv, split_ret = _run(dataclasses.replace(cfg, rewards_normalization=False), rewards=baselined, **kw)
+    for a, b in zip(one_adv + one_ret, split_adv + split_ret):
+        assert torch.equal(a, b)
 
 
 def _ref_kl_k1(lp: list[list[float]], ref: list[list[float]], masks) -> list[list[float]]:
