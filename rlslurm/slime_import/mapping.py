@@ -185,9 +185,6 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
 def _sglang(f: Flag, out: Mapped, emit, drop) -> None:
     from rlslurm.rollout import sglang_flags, sglang_versions
 
-    if f.field in NOT_MAPPED:
-        drop(f, NOT_MAPPED[f.field])
-        return
     flag = "--" + f.name[len("sglang-"):]
     if flag in sglang_flags.OWNED_FLAGS:
         drop(f, f"rlslurm sets {flag} for every engine itself")
