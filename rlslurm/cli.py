@@ -393,6 +393,24 @@ def flags() -> None:
     out.print(t)
 
 
+@app.command("import-slime")
+def import_slime(
+    script: Path = typer.Argument(..., help="a slime launch script (run-*.sh); it is read, never run"),
+    as_yaml: bool = typer.Option(False, "--yaml", help="print a run YAML for `rlslurm submit --config` instead"),
+) -> None:
+    """Print the `rlslurm submit` command of a slime launch script (its *_ARGS arrays and train.py line).
+
+    Every slime flag it does not map is listed on stderr with the script's line and the reason
+    (docs/slime-flags.md). Example: rlslurm import-slime scripts/run-qwen3-4B.sh > submit.sh
+    """
+    from rlslurm.slime_import import as_command, as_yaml as to_yaml, import_script
+
+    imp = import_script(script)
+    sys.stdout.write(to_yaml(imp) if as_yaml else as_command(imp))
+    for line in imp.report_lines():
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _mount_subapps() -> None:
     from rlslurm.buffer.cli import app as buffer_app
 

@@ -1,0 +1,613 @@
+"""A reader for the bash of slime's launch scripts that never runs it.
+
+It knows what those scripts use: `NAME=value` and `NAME=( ... )` assignments (comments and line
+continuations inside), `$NAME` / `${NAME}` / `${NAME:-default}` / `${NAME[@]}` references to what
+the script set earlier, `source FILE`, and the `... python3 train.py ARGS` command. A value it
+cannot know without running something (a command substitution, a variable the script does not
+set, one set inside an if/for block) stays `Unresolved` with the reason; nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rlslurm.errors import UserError
+
+_OPS = ("&&", "||", ";;", ">>", "<<", "&>", ";", "&", "|", "(", ")", "<", ">")
+_SEPARATORS = {"&&", "||", ";", ";;", "&", "|"}
+_OPENERS = {"if", "for", "while", "until", "case", "{"}
+_CLOSERS = {"fi", "done", "esac", "}"}
+_LEADS = {"then", "do", "else", "elif", "!"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
+LAUNCHERS = ("train.py", "train_async.py")
+
+
+class ScriptError(UserError):
+    """The script cannot be read as the supported bash; the message names file:line."""
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    reason: str
+
+
+@dataclass
+class Lit:
+    text: str
+    quoted: bool
+
+
+@dataclass
+class Var:
+    name: str
+    index: str | None      # "@", "*", a number, or None
+    op: str | None         # ":-", "-", or None; anything else is refused at expansion
+    arg: "Word | None"
+    quoted: bool
+    source: str            # as written, for messages
+
+
+@dataclass
+class Sub:
+    text: str              # `$(...)`, backticks or `$((...))`, as written
+
+
+@dataclass
+class Word:
+    parts: list
+    line: int
+
+    def literal(self) -> str | None:
+        """The word's text when it has no expansion at all."""
+        if all(isinstance(p, Lit) for p in self.parts):
+            return "".join(p.text for p in self.parts)
+        return None
+
+    def literal_tail(self) -> str:
+        """The literal text after the word's last expansion (`${DIR}/models/x.sh` -> `/models/x.sh`)."""
+        tail = []
+        for p in reversed(self.parts):
+            if not isinstance(p, Lit):
+                break
+            tail.append(p.text)
+        return "".join(reversed(tail))
+
+
+class _Lexer:
+    def __init__(self, text: str, path: str):
+        self.s, self.i, self.line, self.path = text, 0, 1, path
+
+    def fail(self, line: int, msg: str) -> ScriptError:
+        return ScriptError(f"{self.path}:{line}: {msg}")
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.s[j] if j < len(self.s) else ""
+
+    def tokens(self) -> list:
+        out: list = []
+        heredocs: list[str] = []
+        while self.i < len(self.s):
+            c = self.peek()
+            if c in " \t\r":
+                self.i += 1
+            elif c == "\\" and self.peek(1) == "\n":
+                self.i += 2
+                self.line += 1
+            elif c == "\n":
+                out.append(("nl", self.line))
+                self.i += 1
+                self.line += 1
+                for delim in heredocs:
+                    self._skip_heredoc(delim)
+                heredocs = []
+            elif c == "#":
+                while self.i < len(self.s) and self.peek() != "\n":
+                    self.i += 1
+            elif op := next((o for o in _OPS if self.s.startswith(o, self.i)), None):
+                self.i += len(op)
+                out.append(("op", op, self.line))
+                if op == "<<":
+                    start = self.line
+                    while self.peek() in " \t-":
+                        self.i += 1
+                    delim = self.word()
+                    text = delim.literal() if delim.parts else None
+                    if not text:
+                        raise self.fail(start, "a here-document whose delimiter is not plain text")
+                    heredocs.append(text)
+            else:
+                out.append(("word", self.word()))
+        return out
+
+    def _skip_heredoc(self, delim: str) -> None:
+        start = self.line
+        while self.i < len(self.s):
+            end = self.s.find("\n", self.i)
+            end = len(self.s) if end < 0 else end
+            body = self.s[self.i:end]
+            self.i, self.line = end + 1, self.line + 1
+            if body.strip("\t") == delim:
+                return
+        raise self.fail(start, f"here-document never ends (no line {delim!r})")
+
+    def word(self) -> Word:
+        w = Word([], self.line)
+        while self.i < len(self.s):
+            c = self.peek()
+            if c in " \t\r\n;&|()<>":
+                break
+            if c == "\\":
+                if self.peek(1) == "\n":
+                    self.i += 2
+                    self.line += 1
+                    continue
+                w.parts.append(Lit(self.peek(1), True))
+                self.i += 2
+            elif c == "'":
+                end = self.s.find("'", self.i + 1)
+                if end < 0:
+                    raise self.fail(self.line, "unterminated single quote")
+                text = self.s[self.i + 1:end]
+                w.parts.append(Lit(text, True))
+                self.line += text.count("\n")
+                self.i = end + 1
+            elif c == '"':
+                self._double(w)
+            elif c == "$":
+                w.parts.append(self.dollar(quoted=False))
+            elif c == "`":
+                w.parts.append(self._backtick())
+            else:
+                w.parts.append(Lit(c, False))
+                self.i += 1
+        return w
+
+    def _double(self, w: Word) -> None:
+        start = self.line
+        self.i += 1
+        while True:
+            c = self.peek()
+            if c == "":
+                raise self.fail(start, "unterminated double quote")
+            if c == '"':
+                self.i += 1
+                return
+            if c == "\\" and self.peek(1) in '$`"\\\n':
+                if self.peek(1) == "\n":
+                    self.line += 1
+                else:
+                    w.parts.append(Lit(self.peek(1), True))
+                self.i += 2
+            elif c == "$":
+                w.parts.append(self.dollar(quoted=True))
+            elif c == "`":
+                w.parts.append(self._backtick())
+            else:
+                self.line += c == "\n"
+                w.parts.append(Lit(c, True))
+                self.i += 1
+
+    def _backtick(self) -> Sub:
+        start = self.line
+        end = self.i + 1
+        while end < len(self.s) and self.s[end] != "`":
+            end += 2 if self.s[end] == "\\" else 1
+        if end >= len(self.s):
+            raise self.fail(start, "unterminated backquote")
+        text = self.s[self.i:end + 1]
+        self.line += text.count("\n")
+        self.i = end + 1
+        return Sub(text)
+
+    def _balanced(self, open_: str, close: str) -> int:
+        """The index just past the bracket closing the one at self.i (quotes skipped)."""
+        depth, j, start = 0, self.i, self.line
+        while j < len(self.s):
+            c = self.s[j]
+            if c == "\\":
+                j += 2
+                continue
+            if c in "'\"":
+                end = self.s.find(c, j + 1)
+                if end < 0:
+                    break
+                j = end + 1
+                continue
+            if c == open_:
+                depth += 1
+            elif c == close:
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        raise self.fail(start, f"unterminated {open_}")
+
+    def dollar(self, quoted: bool) -> Lit | Var | Sub:
+        nxt = self.peek(1)
+        if nxt == "(":
+            self.i += 1
+            end = self._balanced("(", ")")
+            text = "$" + self.s[self.i:end]
+            self.line += text.count("\n")
+            self.i = end
+            return Sub(text)
+        if nxt == "{":
+            self.i += 1
+            end = self._balanced("{", "}")
+            inner = self.s[self.i + 1:end - 1]
+            line = self.line
+            self.line += inner.count("\n")
+            self.i = end
+            return self._braced(inner, quoted, line)
+        m = _NAME.match(self.s, self.i + 1)
+        if m:
+            self.i = m.end()
+            return Var(m.group(), None, None, None, quoted, "$" + m.group())
+        if nxt and (nxt.isdigit() or nxt in "@*#?$!-"):
+            self.i += 2
+            return Var(nxt, None, None, None, quoted, "$" + nxt)
+        self.i += 1
+        return Lit("$", quoted)
+
+    def _braced(self, inner: str, quoted: bool, line: int) -> Var:
+        source = "${" + inner + "}"
+        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!])(\[([^\]]*)\])?", inner)
+        if not m or inner.startswith(("#", "!")) and len(inner) > 1:
+            return Var("", None, "?", None, quoted, source)  # ${#X}, ${!X}: refused at expansion
+        rest = inner[m.end():]
+        op, arg = None, None
+        if rest:
+            om = re.match(r":?[-=+?]", rest)
+            if om is None:
+                return Var(m.group(1), m.group(3), rest, None, quoted, source)
+            op = om.group()
+            sub = _Lexer(rest[om.end():], self.path)
+            sub.line = line
+            arg = sub.word() if sub.s else Word([], line)
+            if quoted:  # inside "...", the default's own quotes are the only quoting left
+                for p in arg.parts:
+                    if isinstance(p, (Lit, Var)):
+                        p.quoted = True
+        return Var(m.group(1), m.group(3), op, arg, quoted, source)
+
+
+# ------------------------------------------------------------------------------------ expansion
+
+
+@dataclass
+class Element:
+    """One argument of an array or of the launch command: its text, or why it has none."""
+
+    text: str | None
+    unresolved: str | None
+    line: int
+    array: str | None = None
+
+
+@dataclass
+class Script:
+    path: str
+    scalars: dict[str, "str | Unresolved"] = field(default_factory=dict)
+    arrays: dict[str, "list[Element] | Unresolved"] = field(default_factory=dict)
+    sources: list[Word] = field(default_factory=list)
+    launch: tuple[str, list[Element], int] | None = None   # (launcher, args, line)
+    notes: list[tuple[int, str]] = field(default_factory=list)
+    _noted: set[str] = field(default_factory=set)
+
+
+class _Expander:
+    def __init__(self, script: Script):
+        self.sc = script
+
+    def var(self, v: Var, line: int) -> list[str] | str:
+        """A list for `${A[@]}`, else the variable's text; raises _Stop when unknown."""
+        if v.op not in (None, ":-", "-") or not v.name:
+            raise _Stop(f"{v.source}: this parameter expansion is not supported")
+        if not _NAME.fullmatch(v.name):
+            raise _Stop(f"{v.source}: a positional or special parameter has no value outside a run")
+        if v.index is not None:
+            arr = self.sc.arrays.get(v.name)
+            if isinstance(arr, Unresolved):
+                raise _Stop(f"{v.source}: {arr.reason}")
+            if arr is None:
+                raise _Stop(f"{v.source}: the array {v.name} is not set in the script")
+            for e in arr:
+                if e.text is None:
+                    raise _Stop(f"{v.source}: {e.unresolved}")
+            texts = [e.text for e in arr if e.text is not None]
+            if v.index in ("@", "*"):
+                return texts
+            if v.index.isdigit():
+                return texts[int(v.index)] if int(v.index) < len(texts) else ""
+            raise _Stop(f"{v.source}: only [@], [*] and numeric subscripts are supported")
+        have = v.name in self.sc.scalars or v.name in self.sc.arrays
+        if have:
+            val = self.sc.scalars.get(v.name)
+            if val is None:  # an array used as a scalar is its first element
+                arr = self.sc.arrays[v.name]
+                if isinstance(arr, Unresolved):
+                    raise _Stop(f"{v.source}: {arr.reason}")
+                val = arr[0].text if arr and arr[0].text is not None else ""
+            if isinstance(val, Unresolved):
+                raise _Stop(f"{v.source}: {val.reason}")
+            if v.op == ":-" and val == "":
+                return self.single(v.arg, line) if v.arg else ""
+            return val
+        if v.op in (":-", "-"):
+            default = self.single(v.arg, line) if v.arg else ""
+            if v.name not in self.sc._noted:
+                self.sc._noted.add(v.name)
+                self.sc.notes.append((line, f"{v.source}: {v.name} is not set in the script; took its default "
+                                            f"{default!r} (an environment {v.name} would win when the script runs)"))
+            return default
+        raise _Stop(f"{v.source}: {v.name} is not set in the script (an environment variable?)")
+
+    def fields(self, w: Word) -> list[str]:
+        """The words `w` becomes (unquoted expansions split on blanks, an empty unquoted one dropped)."""
+        out: list[str] = []
+        cur: list[str] = []
+        started = False
+        for p in w.parts:
+            if isinstance(p, Sub):
+                raise _Stop(f"{_short(p.text)}: a command substitution is not run")
+            if isinstance(p, Lit):
+                cur.append(p.text)
+                started = True
+                continue
+            val = self.var(p, w.line)
+            if isinstance(val, list):
+                if p.quoted:
+                    val = [" ".join(val)] if p.index == "*" else val
+                for k, item in enumerate(val):
+                    if k:
+                        out.append("".join(cur))
+                        cur = []
+                    cur.append(item)
+                    started = True
+                continue
+            if p.quoted:
+                cur.append(val)
+                started = True
+                continue
+            pieces = val.split()
+            if val[:1].isspace() and (cur or started):
+                out.append("".join(cur))
+                cur, started = [], False
+            for k, piece in enumerate(pieces):
+                if k:
+                    out.append("".join(cur))
+                    cur = []
+                cur.append(piece)
+                started = True
+            if val[-1:].isspace() and pieces:
+                out.append("".join(cur))
+                cur, started = [], False
+        if started:
+            out.append("".join(cur))
+        return out
+
+    def single(self, w: Word, line: int) -> str:
+        """An assignment's value: one string, no splitting."""
+        out = []
+        for p in w.parts:
+            if isinstance(p, Sub):
+                raise _Stop(f"{_short(p.text)}: a command substitution is not run")
+            if isinstance(p, Lit):
+                out.append(p.text)
+            else:
+                val = self.var(p, line)
+                out.append(" ".join(val) if isinstance(val, list) else val)
+        return "".join(out)
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ------------------------------------------------------------------------------------ statements
+
+
+def read_script(text: str, path: str) -> Script:
+    """Walk the script's top level in order, recording what a run of it would have set."""
+    toks = _Lexer(text, path).tokens()
+    sc = Script(path)
+    ex = _Expander(sc)
+    depth = 0
+    block_line: list[int] = []
+    i = 0
+    launches: list[int] = []
+    while i < len(toks):
+        t = toks[i]
+        if t[0] != "word":
+            i += 1
+            continue
+        # one simple command: words up to a separator
+        words: list[Word] = []
+        while i < len(toks):
+            t = toks[i]
+            if t[0] == "nl" or (t[0] == "op" and t[1] in _SEPARATORS | {")"}):
+                i += 1
+                break
+            if t[0] == "op" and t[1] == "(" and words and _ASSIGN.fullmatch(words[-1].literal() or ""):
+                name_word = words.pop()
+                elems, i = _array_body(toks, i + 1, path, name_word.line)
+                _assign_array(sc, ex, name_word, elems, depth, block_line)
+                continue
+            if t[0] == "op" and t[1] == "(":
+                # a subshell, `for ((...))` or `name() {`: the body that follows is read as a block
+                i += 1
+                continue
+            if t[0] == "word":
+                words.append(t[1])
+            i += 1
+        if not words:
+            continue
+        head = words[0].literal()
+        while head in _LEADS and words:
+            words = words[1:]
+            head = words[0].literal() if words else None
+        if not words:
+            continue
+        if head in _OPENERS:
+            depth += 1
+            block_line.append(words[0].line)
+            if head == "{" and len(words) > 1:
+                words = words[1:]
+                head = words[0].literal()
+            else:
+                if head in ("for", "case"):
+                    continue
+                words = words[1:]
+                if not words:
+                    continue
+                head = words[0].literal()
+        if head in _CLOSERS:
+            depth = max(0, depth - 1)
+            if block_line:
+                block_line.pop()
+            continue
+        if head in ("export", "declare", "local", "readonly", "typeset"):
+            for w in words[1:]:
+                if _ASSIGN.match(_first_lit(w)):
+                    _assign_scalar(sc, ex, w, depth, block_line)
+            continue
+        k = 0
+        while k < len(words) and _ASSIGN.match(_first_lit(words[k])):
+            k += 1
+        if k == len(words):
+            for w in words:
+                _assign_scalar(sc, ex, w, depth, block_line)
+            continue
+        cmd = words[k:]
+        if cmd[0].literal() in ("source", "."):
+            if len(cmd) > 1:
+                sc.sources.append(cmd[1])
+            continue
+        for j, w in enumerate(cmd):
+            base = w.literal_tail().rsplit("/", 1)[-1]
+            if base in LAUNCHERS and (j == 0 or w.literal_tail().endswith("/" + base) or w.literal() == base):
+                launches.append(w.line)
+                sc.launch = (base, _launch_args(sc, ex, cmd[j + 1:]), w.line)
+                break
+    if len(launches) > 1:
+        raise ScriptError(f"{path}:{launches[1]}: a second {sc.launch[0] if sc.launch else 'train.py'} launch "
+                          f"(the first is at line {launches[0]}); import a script with one")
+    return sc
+
+
+def _first_lit(w: Word) -> str:
+    out = []
+    for p in w.parts:
+        if not isinstance(p, Lit) or p.quoted:
+            break
+        out.append(p.text)
+    return "".join(out)
+
+
+def _array_body(toks: list, i: int, path: str, line: int) -> tuple[list[Word], int]:
+    elems: list[Word] = []
+    while i < len(toks):
+        t = toks[i]
+        if t[0] == "op" and t[1] == ")":
+            return elems, i + 1
+        if t[0] == "word":
+            elems.append(t[1])
+        elif t[0] == "op":
+            raise ScriptError(f"{path}:{t[2]}: {t[1]!r} inside an array assignment")
+        i += 1
+    raise ScriptError(f"{path}:{line}: the array assignment never ends (no ')')")
+
+
+def _block_reason(depth: int, block_line: list[int]) -> str | None:
+    if depth <= 0:
+        return None
+    return f"set inside an if/loop block or function (line {block_line[-1] if block_line else '?'}), so its value depends on the run"
+
+
+def _assign_scalar(sc: Script, ex: _Expander, w: Word, depth: int, block_line: list[int]) -> None:
+    m = _ASSIGN.match(_first_lit(w))
+    assert m is not None
+    name, append = m.group(1), m.group(2)
+    value = _strip_prefix(w, m.end())
+    reason = _block_reason(depth, block_line)
+    if reason:
+        sc.scalars[name] = Unresolved(f"{name} is {reason}")
+        sc.arrays.pop(name, None)
+        return
+    try:
+        text = ex.single(value, w.line)
+    except _Stop as e:
+        sc.scalars[name] = Unresolved(f"{name} (line {w.line}) has no known value: {e.reason}")
+        return
+    old = sc.scalars.get(name, "")
+    if append and isinstance(old, Unresolved):
+        return
+    sc.scalars[name] = (old + text) if append else text
+    sc.arrays.pop(name, None)
+
+
+def _strip_prefix(w: Word, n: int) -> Word:
+    parts, left = [], n
+    for p in w.parts:
+        if left > 0 and isinstance(p, Lit):
+            take = min(left, len(p.text))
+            left -= take
+            if take < len(p.text):
+                parts.append(Lit(p.text[take:], p.quoted))
+            continue
+        parts.append(p)
+    return Word(parts, w.line)
+
+
+def _assign_array(sc: Script, ex: _Expander, name_word: Word, elems: list[Word], depth: int,
+                  block_line: list[int]) -> None:
+    m = _ASSIGN.fullmatch(name_word.literal() or "")
+    assert m is not None
+    name, append = m.group(1), m.group(2)
+    reason = _block_reason(depth, block_line)
+    if reason:
+        sc.arrays[name] = Unresolved(f"{name} is {reason}")
+        sc.scalars.pop(name, None)
+        return
+    items: list[Element] = []
+    for w in elems:
+        try:
+            items += [Element(f, None, w.line, name) for f in ex.fields(w)]
+        except _Stop as e:
+            items.append(Element(None, e.reason, w.line, name))
+    old = sc.arrays.get(name)
+    if append and isinstance(old, list):
+        items = old + items
+    elif append and isinstance(old, Unresolved):
+        return
+    sc.arrays[name] = items
+    sc.scalars.pop(name, None)
+
+
+def _launch_args(sc: Script, ex: _Expander, words: list[Word]) -> list[Element]:
+    """The launch command's arguments; `${A[@]}` keeps each element's own line and array."""
+    out: list[Element] = []
+    for w in words:
+        only = w.parts[0] if len(w.parts) == 1 else None
+        if isinstance(only, Var) and only.index in ("@", "*") and only.op is None:
+            arr = sc.arrays.get(only.name)
+            if isinstance(arr, list):
+                out += arr
+                continue
+            reason = arr.reason if isinstance(arr, Unresolved) else f"the array {only.name} is not set in the script"
+            out.append(Element(None, f"{only.source}: {reason}", w.line, only.name))
+            continue
+        try:
+            out += [Element(f, None, w.line) for f in ex.fields(w)]
+        except _Stop as e:
+            out.append(Element(None, e.reason, w.line))
+    return out

@@ -1,0 +1,240 @@
+"""slime's train.py arguments -> rlslurm submit flags, with the reason for each one left out.
+
+Order of the rules: architecture flags of MODEL_ARGS (rlslurm has them in --model's config), the
+layout flags (trainer and engines on their own nodes here), slime's checkpoint and plugin flags
+whose meaning differs, rlslurm's own fields and slime's aliases (rlslurm/slime_flags.py), the
+--sglang-* passthrough, the SLIME_INSTEAD hints, then megatron-core fields as --megatron-*.
+Every flag that is passed on is checked alone by rlslurm's own parser first. The list for users:
+docs/slime-flags.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlslurm.errors import ConfigError
+from rlslurm.flags import FIELDS, build_config, parse_flags
+from rlslurm.preflight import context_parallel_refusal, megatron_fields
+from rlslurm.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
+from rlslurm.slime_import.bash import Element
+
+# slime's own plugins with an rlslurm built-in of the same rule.
+PLUGIN_EQUIVALENTS = {
+    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std":
+        "rlslurm.rollout.filters:zero_std_filter",
+}
+PLUGIN_FLAGS = ("custom_rm_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
+                "buffer_filter_path", "data_source_path")
+
+# Megatron-LM command-line names whose TransformerConfig field is spelled otherwise.
+MEGATRON_LM_RENAMES = {
+    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+}
+
+_METRICS = "metrics go to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (TensorBoard when installed)"
+
+# Flags with nothing to pass on, and why (checked before the megatron-core fields).
+NOT_MAPPED = {
+    "balance_data": "slime's balancing of tokens across data-parallel ranks; rlslurm has no such switch",
+    "accumulate_allreduce_grads_in_fp32": "a Megatron-LM DistributedDataParallelConfig setting; the "
+                                          "--megatron-* passthrough sets TransformerConfig/OptimizerConfig "
+                                          "fields only (rlslurm reduces gradients in fp32 already)",
+    "attention_backend": "megatron-core's field is an AttnBackend enum the --megatron-* passthrough cannot "
+                         "give; rlslurm's layer specs use transformer-engine when it is importable",
+    "use_tensorboard": _METRICS,
+    "sglang_server_concurrency": "slime's own per-server request cap; rlslurm's is --rollout-max-concurrency "
+                                 "(in flight over all engines), not set by the import",
+    "sglang_router_ip": "rlslurm starts its own sglang-router on the rollout nodes",
+    "sglang_router_port": "rlslurm starts its own sglang-router on the rollout nodes",
+}
+_PREFIX_NOT_MAPPED = {"wandb_": _METRICS, "tb_": _METRICS}
+
+_LAYOUT = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "colocate")
+_ARCH = "model architecture: rlslurm takes it from the --model config (rlslurm/model_configs/)"
+
+
+@dataclass
+class Flag:
+    name: str                      # as written, without the dashes
+    values: list[str]
+    line: int
+    array: str | None
+    unresolved: str | None = None  # why a value is not known
+
+    @property
+    def field(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def shown(self) -> str:
+        return f"--{self.name}"
+
+
+@dataclass
+class Mapped:
+    argv: list[str] = field(default_factory=list)
+    dropped: list[tuple[int, str]] = field(default_factory=list)   # (line, "--flag: why")
+    notes: list[tuple[int, str]] = field(default_factory=list)
+
+
+def group_flags(args: list[Element], dropped: list[tuple[int, str]]) -> list[Flag]:
+    """`--flag v1 v2` / `--flag=v` / `--switch` out of the launch arguments, in order."""
+    flags: list[Flag] = []
+    for e in args:
+        if e.text is not None and e.text.startswith("--"):
+            name, eq, inline = e.text[2:].partition("=")
+            flags.append(Flag(name, [inline] if eq else [], e.line, e.array))
+        elif flags and flags[-1].array == e.array:
+            if e.text is None:
+                flags[-1].unresolved = flags[-1].unresolved or e.unresolved
+            else:
+                flags[-1].values.append(e.text)
+        elif e.text is None and e.array == "MODEL_ARGS":
+            continue  # the sourced model script's array: the --model config stands for it
+        elif e.text is None:
+            dropped.append((e.line, f"{e.unresolved} (cannot tell which flag this is)"))
+        else:
+            dropped.append((e.line, f"{e.text!r}: an argument that follows no flag"))
+    return flags
+
+
+def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
+    out = Mapped()
+    known_megatron = megatron_fields(mla)
+    if known_megatron is None:
+        out.notes.append((0, "megatron-core is not installed here: Megatron flags were passed as --megatron-* "
+                             "unchecked (the trainer checks them)"))
+    by_field = {f.field: f for f in flags}
+    save = by_field.get("save")
+    layout: dict[str, Flag] = {}
+
+    def drop(f: Flag, why: str) -> None:
+        out.dropped.append((f.line, f"{f.shown}: {why}"))
+
+    def emit(f: Flag, argv: list[str]) -> None:
+        try:  # alone through rlslurm's parser and field validation
+            build_config([parse_flags(argv)])
+        except ConfigError as e:
+            drop(f, f"refused by rlslurm: {e}")
+            return
+        out.argv += argv
+
+    for f in flags:
+        n = f.field
+        if f.array == "MODEL_ARGS":
+            drop(f, _ARCH)
+            continue
+        if n == "ref_load":
+            drop(f, "a Megatron torch_dist checkpoint in slime; rlslurm's --ref-load is a Hugging Face "
+                    "directory and defaults to --hf-checkpoint")
+            continue
+        fixed = NOT_MAPPED.get(n) or next((r for p, r in _PREFIX_NOT_MAPPED.items() if n.startswith(p)), None)
+        if n in SLIME_INSTEAD and n not in _LAYOUT:
+            fixed = SLIME_INSTEAD[n]
+        if fixed:  # the same whatever the value
+            drop(f, fixed)
+            continue
+        if f.unresolved:
+            drop(f, f"value not known without running the script: {f.unresolved}")
+            continue
+        if n in _LAYOUT:
+            layout[n] = f
+            continue
+        if n == "load":
+            if save is not None and not save.unresolved and save.values == f.values:
+                drop(f, "the same directory as --save: slime's way to resume; rlslurm resumes from "
+                        "RUN/checkpoints (rlslurm resubmit RUN)")
+            else:
+                drop(f, "a Megatron-LM checkpoint (iter_*/) in slime; rlslurm's --load takes an rlslurm "
+                        "run's checkpoint or `rlslurm convert hf-to-mcore` output")
+            continue
+        if n in PLUGIN_FLAGS and f.values:
+            spec = f.values[0]
+            if spec in PLUGIN_EQUIVALENTS:
+                emit(f, [f.shown, PLUGIN_EQUIVALENTS[spec]])
+            else:
+                drop(f, f"{spec} is a slime plugin (slime calls it with its own arguments); port it to "
+                        "rlslurm's plugin interface and name it module.path:attr")
+            continue
+        if n == "context_parallel_size" and f.values and f.values[0] != "1":
+            drop(f, context_parallel_refusal(int(f.values[0]) if f.values[0].isdigit() else 2, None))
+            continue
+        if n in FIELDS or n in SLIME_ALIASES:
+            emit(f, [f.shown, *f.values])
+            continue
+        if n.startswith("sglang_"):
+            _sglang(f, out, emit, drop)
+            continue
+        key = MEGATRON_LM_RENAMES.get(n, n)
+        if known_megatron is None or key in known_megatron:
+            flag = "--megatron-" + key.replace("_", "-")
+            if len(f.values) > 1:
+                emit(f, [flag, "[" + ", ".join(f.values) + "]"])
+            else:
+                emit(f, [flag, *f.values])
+            continue
+        drop(f, "not an rlslurm flag (rlslurm flags), a slime flag rlslurm maps, nor a megatron-core "
+                "TransformerConfig/OptimizerConfig field (--megatron-*)")
+    _layout(layout, out)
+    if model is not None:
+        out.argv = ["--model", model] + out.argv
+    return out
+
+
+def _sglang(f: Flag, out: Mapped, emit, drop) -> None:
+    from rlslurm.rollout import sglang_flags, sglang_versions
+
+    flag = "--" + f.name[len("sglang-"):]
+    if flag in sglang_flags.OWNED_FLAGS:
+        drop(f, f"rlslurm sets {flag} for every engine itself")
+        return
+    if sglang_flags.sglang_installed():
+        if flag not in sglang_flags.sglang_server_flags():
+            version = sglang_versions.installed_sglang_version()
+            drop(f, f"not a flag of SGLang {version} `launch_server` (slime's own, or another SGLang version's)")
+            return
+    emit(f, [f.shown, *f.values])
+
+
+def _int(f: Flag | None, out: Mapped) -> int | None:
+    if f is None:
+        return None
+    if len(f.values) == 1 and f.values[0].isdigit():
+        return int(f.values[0])
+    out.dropped.append((f.line, f"{f.shown}: expected one whole number, got {' '.join(f.values)!r}"))
+    return None
+
+
+def _layout(layout: dict[str, Flag], out: Mapped) -> None:
+    """slime's Ray placement -> the two het groups: the trainer's nodes, then the engines' own."""
+    trainer = _int(layout.get("actor_num_nodes"), out)
+    gpus = _int(layout.get("actor_num_gpus_per_node"), out)
+    rollout_gpus = _int(layout.get("rollout_num_gpus"), out)
+    rollout = None
+    if rollout_gpus is not None:
+        f = layout["rollout_num_gpus"]
+        if gpus and rollout_gpus % gpus == 0:
+            rollout = rollout_gpus // gpus
+            out.notes.append((f.line, f"{f.shown} {rollout_gpus}: --rollout-nodes {rollout} of "
+                                      f"--gpus-per-node {gpus}"))
+        else:
+            out.dropped.append((f.line, f"{f.shown} {rollout_gpus}: not a whole number of nodes of "
+                                        f"--actor-num-gpus-per-node's GPUs; set --rollout-nodes"))
+    if "colocate" in layout:
+        f = layout["colocate"]
+        extra = ""
+        if rollout is None and trainer is not None:
+            rollout = trainer
+            extra = f"; the engines get --rollout-nodes {trainer} of their own, as many as the trainer's"
+        out.dropped.append((f.line, f"{f.shown}: {SLIME_INSTEAD['colocate']}{extra}"))
+    argv: list[str] = []
+    if trainer is not None and rollout is not None:
+        argv += ["--nodes", str(trainer + rollout)]
+    if trainer is not None:
+        argv += ["--trainer-nodes", str(trainer)]
+    if rollout is not None:
+        argv += ["--rollout-nodes", str(rollout)]
+    if gpus is not None:
+        argv += ["--gpus-per-node", str(gpus)]
+    out.argv = argv + out.argv

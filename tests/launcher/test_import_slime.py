@@ -1,0 +1,209 @@
+"""`rlslurm import-slime` (issue 16 item 6): slime's published launch scripts (fixtures in
+slime_scripts/, copied from THUDM/slime) become `rlslurm submit` commands rlslurm's own parser
+accepts, the model is recognised, and every flag left out is named on its line with a reason."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlslurm.errors import UserError
+from rlslurm.flags import build_config, load_yaml_layer, parse_flags
+from rlslurm.slime_import import as_command, as_yaml, import_script
+from rlslurm.slime_import.bash import read_script
+
+SCRIPTS = Path(__file__).parent / "slime_scripts"
+MODELS = {"run-qwen3-4B": "qwen3-4B", "run-qwen3-30B-A3B": "qwen3-30B-A3B", "run-glm4-9B": "glm4-9B",
+          "run-deepseek-r1": "deepseek-v3"}
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def _argv(command: str) -> list[str]:
+    words = shlex.split(command.replace("\\\n", " "))
+    assert words[:2] == ["rlslurm", "submit"], words[:2]
+    return words[2:]
+
+
+def _line_of(path: Path, flag: str) -> int:
+    """The line of the script where `flag` is written (outside comments)."""
+    for n, text in enumerate(path.read_text().splitlines(), 1):
+        code = text.split("#", 1)[0]
+        if re.search(rf"(^|\s){re.escape(flag)}(\s|=|$)", code):
+            return n
+    raise AssertionError(f"{flag} not in {path}")
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_script_imports_to_flags_rlslurm_accepts(name: str) -> None:
+    path = SCRIPTS / f"{name}.sh"
+    imp = import_script(path)
+    assert imp.model == MODELS[name]
+    argv = _argv(as_command(imp))
+    assert argv == imp.argv
+    assert argv[:2] == ["--model", MODELS[name]]
+    cfg = build_config([parse_flags(argv)])   # the parser submit uses, and its field validation
+    assert cfg.rollout.rm_type == "deepscaler" and cfg.train.advantage_estimator == "grpo"
+    assert cfg.train.eps_clip_high == 0.28 and cfg.train.use_kl_loss is True
+
+    # every launch flag of the script is either passed on or reported on its own line
+    sc = read_script(path.read_text(), str(path))
+    slime_flags = {e.text.split("=")[0] for e in sc.launch[1] if e.text and e.text.startswith("--")}
+    reported = {m.group(1): int(m.group(0).split(":")[1]) for line in imp.report_lines()
+                if (m := re.match(rf"{re.escape(str(path))}:\d+: not mapped: (--[a-z0-9-]+): \S", line))}
+    for flag in slime_flags:
+        passed = flag in argv or "--megatron-" + flag[2:] in argv or flag in {
+            "--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--decoder-last-pipeline-num-layers"}
+        assert passed or flag in reported, flag
+        if flag in reported:
+            assert reported[flag] == _line_of(path, flag), flag
+    for line in imp.report_lines():
+        assert "\n" not in line and line.startswith(str(path))
+
+
+def test_checkpoints_layout_and_unknowns_of_the_qwen3_4b_script() -> None:
+    path = SCRIPTS / "run-qwen3-4B.sh"
+    imp = import_script(path)
+    cfg = build_config([parse_flags(imp.argv)])
+    assert (cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (2, 1, 1)
+    assert str(cfg.model.hf_checkpoint) == "/root/Qwen3-4B" and cfg.model.ref_load is None and cfg.model.load is None
+    assert cfg.data.eval_prompt_data == ["aime", "/root/aime-2024/aime-2024.jsonl"]
+    assert cfg.megatron["recompute_granularity"] == "full" and cfg.megatron["sequence_parallel"] is True
+    assert cfg.sglang_args == ["--mem-fraction-static", "0.7"]
+    report = "\n".join(imp.report_lines())
+    # NUM_GPUS comes out of an if block fed by nvidia-smi: reported, not guessed
+    assert re.search(r":\d+: not mapped: --actor-num-gpus-per-node: value not known .*NUM_GPUS is set inside an "
+                     r"if/loop block", report)
+    assert "--gpus-per-node" not in imp.argv
+    assert re.search(r"not mapped: --load: the same directory as --save: slime's way to resume", report)
+    assert re.search(r"not mapped: --ref-load: a Megatron torch_dist checkpoint", report)
+    assert re.search(r"not mapped: --colocate: .*--rollout-nodes 1 of their own", report)
+    assert re.search(r"not mapped: --balance-data: ", report)
+    assert imp.refusal is None
+
+
+# qwen3-4B's has --sglang-* flags: the dry run imports SGLang to check them (a minute on a loaded CPU)
+@pytest.mark.parametrize("name", ["run-glm4-9B", pytest.param("run-qwen3-4B", marks=pytest.mark.slow)])
+def test_imported_command_passes_submit_dry_run(name: str, tmp_path: Path) -> None:
+    p = _cli("import-slime", str(SCRIPTS / f"{name}.sh"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert all(line.startswith(str(SCRIPTS)) for line in p.stderr.strip().splitlines()), p.stderr
+    dry = _cli("submit", "--dry-run", *_argv(p.stdout), cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH" in dry.stdout
+    assert not (tmp_path / "runs").exists()   # a dry run creates nothing
+
+
+def test_glm4_context_parallel_is_reported_and_left_out() -> None:
+    path = SCRIPTS / "run-glm4-9B.sh"
+    imp = import_script(path)
+    cfg = build_config([parse_flags(imp.argv)])
+    assert cfg.train.context_parallel_size == 1 and cfg.slurm.gpus_per_node == 4 and cfg.slurm.rollout_nodes == 1
+    line = _line_of(path, "--context-parallel-size")
+    assert any(l.startswith(f"{path}:{line}: not mapped: --context-parallel-size: --context-parallel-size 2: not "
+                            "implemented") for l in imp.report_lines())
+
+
+def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
+    path = SCRIPTS / "run-deepseek-r1.sh"
+    imp = import_script(path)
+    cfg = build_config([parse_flags(imp.argv)])
+    assert cfg.rollout.dynamic_sampling_filter_path == "rlslurm.rollout.filters:zero_std_filter"
+    assert cfg.rollout.over_sampling_batch_size == 256 and cfg.train.num_steps_per_rollout == 4
+    assert cfg.megatron["num_layers_in_last_pipeline_stage"] == 13
+    assert (cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes, cfg.slurm.nodes) == (16, 16, 32)
+    report = "\n".join(imp.report_lines())
+    for flag in ("--hf-checkpoint", "--prompt-data", "--eval-prompt-data"):
+        assert f"{path}:{_line_of(path, flag)}: not mapped: {flag}: value not known without running the script: " \
+               "$BASE_DIR: BASE_DIR is not set in the script" in report, flag
+    assert "not mapped: --sglang-server-concurrency: slime's own" in report
+    assert cfg.data.prompt_data is None and cfg.model.hf_checkpoint is None
+    # the layout slime ran (16 nodes of experts x TP x PP) is what rlslurm's check refuses: said, not hidden
+    assert imp.refusal and "--expert-model-parallel-size 32" in imp.refusal
+    assert report.endswith(imp.refusal)
+
+
+def test_command_substitution_value_is_reported() -> None:
+    path = SCRIPTS / "run-qwen3-30B-A3B.sh"
+    imp = import_script(path)
+    line = _line_of(path, "--sglang-cuda-graph-bs")
+    assert f"{path}:{line}: not mapped: --sglang-cuda-graph-bs: value not known without running the script: " \
+           "$(seq 16 8 256): a command substitution is not run" in imp.report_lines()
+    assert not any(a.startswith("--sglang-cuda-graph-bs") for a in imp.argv)
+
+
+def test_yaml_output_is_the_same_run_config(tmp_path: Path) -> None:
+    path = SCRIPTS / "run-glm4-9B.sh"
+    imp = import_script(path)
+    y = tmp_path / "run.yaml"
+    y.write_text(as_yaml(imp))
+    assert "\n# not imported:\n" in y.read_text()
+    assert build_config([load_yaml_layer(y)]) == build_config([parse_flags(imp.argv)])
+    p = _cli("import-slime", str(path), "--yaml", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout == as_yaml(imp), p.stderr
+
+
+def test_bash_forms_and_quoting(tmp_path: Path) -> None:
+    s = tmp_path / "run.sh"
+    s.write_text(
+        'BASE="/data/my runs"\n'
+        'TP=2\n'
+        'source "$(dirname $0)/models/qwen3-8B.sh"\n'
+        "ARGS=(\n"
+        "   --prompt-data \"${BASE}/train.jsonl\"   # a comment\n"
+        "   --tensor-model-parallel-size=$TP \\\n"
+        "   --rollout-batch-size ${BS:-16}\n"
+        "   # --num-rollout 7\n"
+        "   --use-dynamic-batch-size --max-tokens-per-gpu 4096\n"
+        "   --lr $LR\n"
+        "   --rollout-stop '</answer>' 'Q: '\n"
+        ")\n"
+        "python3 /opt/slime/train.py ${ARGS[@]} --no-such-flag 3\n")
+    imp = import_script(s)
+    assert imp.model == "qwen3-8B"
+    cfg = build_config([parse_flags(_argv(as_command(imp)))])
+    assert str(cfg.data.prompt_data) == "/data/my runs/train.jsonl"
+    assert cfg.train.tensor_model_parallel_size == 2 and cfg.rollout.rollout_batch_size == 16
+    assert cfg.rollout.num_rollout == 100 and cfg.train.max_tokens_per_gpu == 4096
+    assert cfg.rollout.rollout_stop == ["</answer>", "Q: "]
+    assert "'/data/my runs/train.jsonl'" in as_command(imp)
+    report = imp.report_lines()
+    assert f"{s}:10: not mapped: --lr: value not known without running the script: $LR: LR is not set in the " \
+           "script (an environment variable?)" in report
+    assert any(l.startswith(f"{s}:13: not mapped: --no-such-flag: not an rlslurm flag") for l in report)
+    assert any(l.startswith(f"{s}:7: note: ${{BS:-16}}: BS is not set in the script; took its default '16'")
+               for l in report)
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("X=1\necho hi\n", r"no `python3 train.py ...` \(or train_async.py\) command found"),
+    ("A=(\n --lr 1\n", r":1: the array assignment never ends"),
+    ("echo 'oops\npython3 train.py\n", r":1: unterminated single quote"),
+    ("python3 train.py --lr 1\npython3 train.py --lr 2\n", r":2: a second train.py launch \(the first is at line 1\)"),
+])
+def test_unsupported_input_is_one_line_naming_file_and_line(tmp_path: Path, text: str, msg: str) -> None:
+    s = tmp_path / "run.sh"
+    s.write_text(text)
+    with pytest.raises(UserError, match=rf"^{re.escape(str(s))}.*{msg}"):
+        import_script(s)
+    p = _cli("import-slime", str(s), cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and str(s) in p.stderr, p.stderr
+
+
+def test_unreadable_input(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"missing\.sh: no such file$"):
+        import_script(tmp_path / "missing.sh")
+    b = tmp_path / "bin.sh"
+    b.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UserError, match=r"bin\.sh: not a text file"):
+        import_script(b)
+    with pytest.raises(UserError, match=r"is a directory"):
+        import_script(tmp_path)
