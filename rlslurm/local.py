@@ -9,11 +9,9 @@ error a role recorded ends it with that error's exit code and message (rlslurm/u
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +21,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlslurm.attempt import LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
 from rlslurm.buffer.attempts import next_attempt
-from rlslurm.buffer.atomic import LOG_DIR_MODE, PRIVATE_UMASK, open_log
+from rlslurm.buffer.atomic import PRIVATE_UMASK, open_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
@@ -97,14 +96,14 @@ def shared_gpus(visible: list[str], need: int) -> tuple[list[str], list[str]]:
     return list(visible), list(visible)
 
 
-def _ledger(rd: RunDir, attempt: int, start: float, rc: int, reason: str) -> None:
-    rec = {"attempt": attempt, "job_id": "local", "restart_count": attempt, "start": int(start),
-           "end": int(time.time()), "exit_code": rc, "reason": reason, "trainer_nodes": "local",
-           "rollout_nodes": "local"}
-    with open(rd.ledger, "a") as f:  # single writer: this process (or, under SLURM, the batch shell)
-        f.write(json.dumps(rec) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+LOCAL_ADDR = "127.0.0.1"
+
+
+def role_commands(rd: RunDir, trainer_procs: int, port: int) -> dict[str, list[str]]:
+    """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node."""
+    return {"trainer": trainer_argv(rd.path, nnodes=1, node_rank=0, procs_per_node=trainer_procs,
+                                    master_addr=LOCAL_ADDR, master_port=port),
+            "rollout": rollout_argv(rd.path, trainer_addr=LOCAL_ADDR)}
 
 
 def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
@@ -185,35 +184,26 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     rd = RunDir(run_dir)
     console = console or make_console(stderr=True)
     attempt = next_attempt(rd)
+    this = Attempt(attempt, LOCAL, int(time.time()), LOCAL, LOCAL)
     logs = rd.attempt_log_dir(attempt)
-    logs.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
-    os.chmod(logs, LOG_DIR_MODE)  # as `mkdir -p` under the batch script's umask 077
-    (logs / "attempt.json").write_text(json.dumps({"attempt": attempt, "job_id": "local", "start": int(time.time())}))
+    if (why := begin(rd, this)) is not None:  # FINISHED, or a stop requested since `rlslurm run` began
+        end_attempt(rd, this, 0, why)
+        console.print(f"{rd.path}: {why}; nothing to do")
+        return LocalResult(0, why, attempt)
     control = Control(rd)
-    # As the batch script does: no record of the previous attempt's processes survives into this one.
-    stale = [control.preempt_file, control.preempt_ack_file, rd.control_dir / "engines.json",
-             rd.control_dir / "router.json", rd.control_dir / "weight_update.json",
-             *rd.control_dir.glob("engines-node*.json"), *rd.control_dir.glob("heartbeats/*.json"), *rd.control_dir.glob("rendezvous-*.json")]
-    for f in stale:
-        f.unlink(missing_ok=True)
     env = _clean_env(attempt, rd)
     trainer_env, rollout_env = env, env
     if gpus is not None:
         trainer_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[0])}
         rollout_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[1])}
-    port = rendezvous_port("127.0.0.1")  # the batch script's range: no engine takes it first
+    port = rendezvous_port(LOCAL_ADDR)  # the batch script's range: no engine takes it first
     start = time.time()
-    # torchrun, its rendezvous store bound to 127.0.0.1 only (rlslurm/slurm/torchrun.py)
-    trainer_cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0",
-                   f"--nproc-per-node={trainer_procs}", "--master-addr=127.0.0.1", f"--master-port={port}",
-                   "-m", "rlslurm.trainer.main", "--run-dir", str(rd.path)]
-    rollout_cmd = [sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(rd.path),
-                   "--trainer-addr", "127.0.0.1"]
+    cmds = role_commands(rd, trainer_procs, port)
     # umask: the batch script's `umask 077`, so what the children create (logs, checkpoints) is private
     with open_log(logs / "trainer-0.log") as tlog, open_log(logs / "rollout-0.log") as rlog:
-        trainer = subprocess.Popen(trainer_cmd, env=trainer_env, stdout=tlog, stderr=subprocess.STDOUT,
+        trainer = subprocess.Popen(cmds["trainer"], env=trainer_env, stdout=tlog, stderr=subprocess.STDOUT,
                                    start_new_session=True, umask=PRIVATE_UMASK)
-        rollout = subprocess.Popen(rollout_cmd, env=rollout_env, stdout=rlog, stderr=subprocess.STDOUT,
+        rollout = subprocess.Popen(cmds["rollout"], env=rollout_env, stdout=rlog, stderr=subprocess.STDOUT,
                                    start_new_session=True, umask=PRIVATE_UMASK)
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
@@ -273,7 +263,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
                   f"exited; run the same command again to continue")
     elif not reason:
         reason = f"failed: {first} ended first (trainer rc={codes['trainer']}, rollout rc={codes['rollout']})"
-    _ledger(rd, attempt, start, rc, reason)
+    end_attempt(rd, this, rc, reason)
     pts = reward_curve(rd.path)
     if pts:
         console.print(f"reward per rollout: {sparkline([p[1] for p in pts], 0.0, 1.0)}  "

@@ -1,4 +1,5 @@
-"""Per-node launcher, run by `srun` in each het group (one task per node).
+"""Per-node launcher, run by `srun` in each het group (one task per node), as the batch script's
+step command (rlslurm/attempt.py: `step_argv`).
 
 `trainer`: execs torchrun with the node rank and world shape taken from the SLURM step and the
 rendezvous (head address + per-attempt port) chosen by the batch script.
@@ -15,42 +16,29 @@ from pathlib import Path
 
 from submitit.slurm.slurm import SlurmJobEnvironment
 
+from rlslurm.attempt import rollout_argv, trainer_argv
 from rlslurm.runfile import load_run_config
 
 
-def trainer_argv(run_dir: Path, master_addr: str, master_port: int) -> list[str]:
-    cfg = load_run_config(run_dir)
-    # One srun task per node, so the task's rank is the node rank (submitit parses the step's env).
-    step = SlurmJobEnvironment()
-    nnodes, node_rank = step.num_tasks, step.global_rank
-    return [
-        # torchrun with its rendezvous store bound to the master address (slurm/torchrun.py)
-        sys.executable, "-m", "rlslurm.slurm.torchrun",
-        f"--nnodes={nnodes}",
-        f"--node-rank={node_rank}",
-        f"--nproc-per-node={cfg.trainer_procs_per_node}",
-        f"--master-addr={master_addr}",
-        f"--master-port={master_port}",
-        "-m", "rlslurm.trainer.main", "--run-dir", str(run_dir),
-    ]
-
-
-def rollout_argv(run_dir: Path, master_addr: str, master_port: int) -> list[str]:
-    return [sys.executable, "-m", "rlslurm.rollout.main", "--run-dir", str(run_dir),
-            "--trainer-addr", master_addr]
-
-
-def main(argv: list[str] | None = None) -> None:
+def role_argv(argv: list[str] | None = None) -> list[str]:
+    """The command this node of the step runs, from the step's arguments and its SLURM environment."""
     p = argparse.ArgumentParser(prog="python -m rlslurm.slurm.launch")
     p.add_argument("role", choices=["trainer", "rollout"])
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--master-addr", required=True)
     p.add_argument("--master-port", type=int, required=True)
     a = p.parse_args(argv)
-    if a.role == "trainer":
-        cmd = trainer_argv(a.run_dir, a.master_addr, a.master_port)
-    else:
-        cmd = rollout_argv(a.run_dir, a.master_addr, a.master_port)
+    if a.role == "rollout":
+        return rollout_argv(a.run_dir, trainer_addr=a.master_addr)
+    # One srun task per node, so the task's rank is the node rank (submitit parses the step's env).
+    step = SlurmJobEnvironment()
+    return trainer_argv(a.run_dir, nnodes=step.num_tasks, node_rank=step.global_rank,
+                        procs_per_node=load_run_config(a.run_dir).trainer_procs_per_node,
+                        master_addr=a.master_addr, master_port=a.master_port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cmd = role_argv(argv)
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
 

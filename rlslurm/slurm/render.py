@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 
+from rlslurm import attempt
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE
@@ -22,6 +23,49 @@ from rlslurm.watchdog import hang_timeout_s
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 TEMPLATE = "hetjob.sbatch.j2"
+
+
+@dataclass(frozen=True)
+class ShellVar:
+    """A word of a rendered command that is one of the script's variables: "$NAME"."""
+    name: str
+
+
+def shell_words(words: list[object]) -> str:
+    """One command line: the script's variables double-quoted, every other word shell-quoted."""
+    return " ".join(f'"${w.name}"' if isinstance(w, ShellVar) else shlex.quote(str(w)) for w in words)
+
+
+def stale_records(control_var: str = "CONTROL") -> str:
+    """attempt.STALE_RECORDS as `rm` arguments: each name quoted, only a pattern's glob left outside."""
+    out = []
+    for pattern in attempt.STALE_RECORDS:
+        if not re.fullmatch(r"[A-Za-z0-9_.*/-]+", pattern):  # nothing the shell would read twice
+            raise ValueError(f"stale record {pattern!r}: not a plain name or glob")
+        out.append(f'"${control_var}"/{pattern}' if "*" in pattern else f'"${control_var}/{pattern}"')
+    return " ".join(out)
+
+
+def _fixed_text(text: str) -> str:
+    """One of our own fixed strings, double-quoted as the script's other reasons are: nothing in it
+    that the shell would expand or JSON would escape."""
+    if not re.fullmatch(r"[A-Za-z0-9 :;,()._/+-]*", text):
+        raise ValueError(f"{text!r}: not a plain fixed text")
+    return f'"{text}"'
+
+
+def _attempt_values() -> dict[str, object]:
+    """What the script's attempt lines take from rlslurm/attempt.py (see its docstring)."""
+    step = {role: shell_words(attempt.step_argv(role, python=ShellVar("PYTHON"), run_dir=ShellVar("RUN_DIR"),
+                                                master_addr=ShellVar("TRAINER_ADDR"),
+                                                master_port=ShellVar("TRAINER_PORT")))
+            for role in ("trainer", "rollout")}
+    return dict(stale_records=stale_records(), step_command=step,
+                ledger_format=shlex.quote(attempt.printf_format(attempt.LEDGER_FIELDS)),
+                start_format=shlex.quote(attempt.printf_format(attempt.START_FIELDS)),
+                reason=dict(finished=_fixed_text(attempt.FINISHED), stopped=_fixed_text(attempt.STOPPED),
+                            lost=_fixed_text(attempt.LOST)),
+                lost_exit_code=attempt.LOST_EXIT_CODE)
 
 
 @dataclass(frozen=True)
@@ -71,4 +115,5 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
         attempt_base=attempt_base,
         user_error_exit=USER_ERROR_EXIT_CODE, user_error_file=USER_ERROR_FILE,
         hang_timeout_s=int(hang_timeout_s(cfg.train)),
+        **_attempt_values(),
     )
