@@ -53,7 +53,7 @@ class EngineRecord(_Record):
     healthy: bool = False
     restarts: int = 0
     awaiting_weights: bool = False  # restarted, not routed until it serves the published weights
-    sglang_version: str | None = None  # its HTTP API (rollout/sglang_versions.py); None: written before recorded
+    sglang_version: str | None = None  # its HTTP API (engines/sglang_versions.py); None: written before recorded
 
 
 class EnginesRecord(_Record):

@@ -29,7 +29,7 @@ so the step fails and SLURM's requeue takes over. It never waits without a bound
 
 The rollout side must not restart an engine that is blocked in a join or a broadcast (it answers
 neither /health nor /generate): `update_in_progress(control)` says whether weight_update.json is present
-and fresh, and every rollout node's `UpdateWatcher` (rollout/update_watch.py) holds
+and fresh, and every rollout node's `UpdateWatcher` (engines/update_watch.py) holds
 `EngineSupervisor.pause_health_checks()` while it is, for at most the timeout plus a margin.
 """
 
@@ -51,11 +51,11 @@ import torch.distributed as dist
 
 from rlslurm.buffer.atomic import unlink_durable, write_json_atomic
 from rlslurm.buffer.control import Control, EngineRecord, RendezvousRecord, RendezvousTaken
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
+from rlslurm.engines.sglang_versions import api_for
+from rlslurm.engines.update_watch import UPDATE_FILE, update_in_progress  # noqa: F401 (re-exported)
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
-from rlslurm.rollout.sglang_versions import api_for
-from rlslurm.rollout.update_watch import UPDATE_FILE, update_in_progress  # noqa: F401 (re-exported)
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
 

@@ -15,11 +15,11 @@ import pytest
 from rlslurm.buffer.atomic import unlink_durable, write_json_atomic
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.engines.engine import EngineSpec
+from rlslurm.engines.router import RouterProcess
+from rlslurm.engines.supervisor import EngineSupervisor
+from rlslurm.engines.update_watch import UPDATE_FILE, UpdateWatcher, active_update, update_in_progress
 from rlslurm.net import engine_port_block, free_port
-from rlslurm.rollout.engine import EngineSpec
-from rlslurm.rollout.router import RouterProcess
-from rlslurm.rollout.supervisor import EngineSupervisor
-from rlslurm.rollout.update_watch import UPDATE_FILE, UpdateWatcher, active_update, update_in_progress
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_hung_sync_holds_at_most_the_cap_then_a_new_try_is_honoured(setup, caplo
     cap = 0.5
     w = UpdateWatcher(control, sup, cap_s=cap, poll_s=0.01).start()
     try:
-        with caplog.at_level(logging.WARNING, logger="rlslurm.rollout.update_watch"):
+        with caplog.at_level(logging.WARNING, logger="rlslurm.engines.update_watch"):
             _mark(control, 4, 3600)  # a trainer that hangs: its record says "updating" for an hour
             assert _wait(lambda: sup.paused)
             t0 = time.monotonic()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.rollout.sglang_client import SGLangClient
+from rlslurm.engines.sglang_client import SGLangClient
 from tests.process_groups import pid_alive
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]

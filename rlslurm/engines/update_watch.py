@@ -28,7 +28,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.errors import DataError
 
 if TYPE_CHECKING:
-    from rlslurm.rollout.supervisor import EngineSupervisor
+    from rlslurm.engines.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 
