@@ -9,10 +9,10 @@ import asyncio
 import pytest
 
 from rlslurm.buffer.control import EngineRecord
+from rlslurm.engines.fanout import engine_targets
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.engines.sglang_versions import DEFAULT, SUPPORTED, api_for
 from rlslurm.errors import ConfigError
-from rlslurm.trainer.weight_sync import engine_targets
 
 NOWHERE = "http://127.0.0.1:9"  # discard port: nothing listens, a request fails at once
 
