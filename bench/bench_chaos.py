@@ -85,7 +85,7 @@ FIRST_ATTEMPT_TIMEOUT_S = 600.0
 RECOVERY_TIMEOUT_S = 420.0   # a requeue here takes ~60-70 s (bench/results/requeue.md); SGLang start-up dominates
 READY_TIMEOUT_S = 420.0      # an engine restart is a full SGLang CPU start-up (~45 s on 2 loaded cores)
 # A hung engine is found after 3 failed checks x (interval 2 s + timeout 5 s) ~ 21 s, but no check runs
-# while a weight update is under way (rollout/update_watch.py): that pause lasts up to the sync timeout
+# while a weight update is under way (engines/update_watch.py): that pause lasts up to the sync timeout
 # + 30 s. The bench's sync timeout is that of tests/e2e/test_weight_sync_faults_slurm.py's hung-peer run
 # (x2): with the default 300 s a hang inside a sync is found only after ~5.5 min, by design.
 SYNC_TIMEOUT_S = 20

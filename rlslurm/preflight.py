@@ -80,7 +80,7 @@ def _missing_module(e: BaseException) -> str | None:
 
 
 def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
-    from rlslurm.rollout import sglang_flags, sglang_versions
+    from rlslurm.engines import sglang_flags, sglang_versions
 
     args = cfg.sglang_args
     sglang_flags.check_owned(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from rlslurm.rollout.engine import pid_alive
+from rlslurm.engines.engine import pid_alive
 
 
 def teardown_deployment(sup, router) -> None:

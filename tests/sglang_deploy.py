@@ -34,14 +34,14 @@ def deploy(model_path: Path, log_dir: Path, *, api_key: str, extra_args: tuple[s
            on_change: Callable[[list], None] | None = None) -> Iterator[Deployment]:
     """`on_change` is called after the deployment's own record of each change (e.g. the weight
     sync tests publish control/engines.json from it, as the rollout node does)."""
-    from rlslurm.rollout import sglang_cpu
+    from rlslurm.engines import sglang_cpu
 
     if sglang_cpu.installed_sglang_version() is None:
         pytest.skip("sglang is not installed (tools/install.sh installs it)")
     from rlslurm.net import engine_port_block, free_port
-    from rlslurm.rollout.engine import EngineSpec
-    from rlslurm.rollout.router import RouterProcess
-    from rlslurm.rollout.supervisor import EngineSupervisor
+    from rlslurm.engines.engine import EngineSpec
+    from rlslurm.engines.router import RouterProcess
+    from rlslurm.engines.supervisor import EngineSupervisor
 
     log_dir.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"

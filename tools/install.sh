@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the demo and the test suite need on a fresh Debian 12 / Python 3.11
 # machine (root, no GPU): SLURM + munge from Debian, torch (local CPU build) first, then
-# the package with its test extras, then SGLang's CPU path (see rlslurm/rollout/sglang_cpu).
+# the package with its test extras, then SGLang's CPU path (see rlslurm/engines/sglang_cpu).
 # Idempotent: a second run only checks.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

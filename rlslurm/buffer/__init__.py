@@ -24,7 +24,7 @@ corrupt rollout is detected by size + block checksums and never returned (rank 0
 quarantines it, the driver regenerates it); each rollout is trained exactly once as far
 as the checkpointed model is concerned. Errors name the file.
 
-Control plane: `Control(run)` (engines, router, rendezvous, weight version, heartbeats,
+Control plane: `Control(run)` (engines, router, rendezvous, weight version and update, heartbeats,
 preempt/stop), `read_ledger(run)`, `RunDir.mark_finished`. CLI: `rlslurm buffer ls|show|export`.
 """
 
@@ -49,6 +49,7 @@ _CONTROL = (
     "RendezvousTaken",
     "RouterRecord",
     "StopRequest",
+    "WeightUpdateRecord",
     "WeightVersionRecord",
 )
 
@@ -89,6 +90,7 @@ __all__ = [
     "StopRequest",
     "StorageError",
     "TrainerProgress",
+    "WeightUpdateRecord",
     "WeightVersionRecord",
     "after_checkpoint",
     "export_jsonl",

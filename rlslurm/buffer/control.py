@@ -8,6 +8,8 @@ reader sees the old or the new version, never a mix. Records:
     rendezvous-<attempt>.json    trainer rank 0   RendezvousRecord (created once per attempt, O_EXCL;
                                                   every attempt's start removes the earlier ones)
     weight_version.json          trainer rank 0   WeightVersionRecord
+    weight_update.json           trainer leader   WeightUpdateRecord (the stage-0 leader, only while it writes
+                                                  weights into the engines; engines/update_watch.py reads it)
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
@@ -21,7 +23,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -53,7 +55,7 @@ class EngineRecord(_Record):
     healthy: bool = False
     restarts: int = 0
     awaiting_weights: bool = False  # restarted, not routed until it serves the published weights
-    sglang_version: str | None = None  # its HTTP API (rollout/sglang_versions.py); None: written before recorded
+    sglang_version: str | None = None  # its HTTP API (engines/sglang_versions.py); None: written before recorded
 
 
 class EnginesRecord(_Record):
@@ -77,6 +79,14 @@ class RendezvousRecord(_Record):
 class WeightVersionRecord(_Record):
     version: int
     updated_at: float = Field(default_factory=time.time)
+
+
+class WeightUpdateRecord(_Record):
+    """The weight-update bracket: the engines are being written and may answer nothing until `until`."""
+    state: Literal["updating"] = "updating"
+    version: int
+    until: float  # the trainer's wall clock (time.time()); readers bound it by their own clock too
+    pid: int = Field(default_factory=os.getpid)
 
 
 class Heartbeat(_Record):
@@ -169,6 +179,23 @@ class Control:
 
     def weight_version(self) -> WeightVersionRecord | None:
         return self._read(self.dir / "weight_version.json", WeightVersionRecord)
+
+    @property
+    def weight_update_file(self) -> Path:
+        return self.dir / "weight_update.json"
+
+    def mark_weight_update(self, version: int, budget_s: float) -> WeightUpdateRecord:
+        """Open the bracket: version `version` is being written for at most `budget_s` from now."""
+        rec = WeightUpdateRecord(version=version, until=time.time() + budget_s)
+        self._write(self.weight_update_file.name, rec)
+        return rec
+
+    def clear_weight_update(self) -> None:
+        unlink_durable(self.weight_update_file)
+
+    def weight_update(self) -> WeightUpdateRecord | None:
+        """The bracket's record, stale or not (its reader decides); DataError if it is corrupt."""
+        return self._read(self.weight_update_file, WeightUpdateRecord)
 
     # --- heartbeats -------------------------------------------------------------------
     def heartbeat(self, role: str, rank: int = 0) -> Heartbeat:

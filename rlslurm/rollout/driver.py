@@ -45,6 +45,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.config import RunConfig
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
 from rlslurm.rollout.filters import GroupCollector, GroupFilter, load_filter
@@ -57,7 +58,6 @@ from rlslurm.rollout.generate_api import (
 )
 from rlslurm.rollout.rewards import RewardFn, build_reward_fn
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_term)
 
     from rlslurm.rollout.node import RolloutNode
-    from rlslurm.rollout.supervisor import EngineFailure
+    from rlslurm.engines.supervisor import EngineFailure
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
     node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.attempt)

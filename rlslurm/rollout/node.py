@@ -28,14 +28,14 @@ from rlslurm.buffer.atomic import ensure_dir, listdir_fresh, read_json, write_js
 from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
+from rlslurm.engines.engine import EngineProcess, EngineSpec
+from rlslurm.engines.router import RouterError, RouterProcess
+from rlslurm.engines.sglang_client import weight_version_sync
+from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
+from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
 from rlslurm.net import engine_port_block, free_port
-from rlslurm.rollout.engine import EngineProcess, EngineSpec
-from rlslurm.rollout.router import RouterError, RouterProcess
 from rlslurm.rollout.router_context import parse_weight_version
-from rlslurm.rollout.sglang_client import weight_version_sync
-from rlslurm.rollout.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
-from rlslurm.rollout.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class RolloutNode:
 
     def housekeeping(self) -> None:
         """Every poll of the rollout process. Raises EngineFailure once an engine or the router is
-        past its restart budget (rollout/supervisor.py): the attempt then ends as a failure."""
+        past its restart budget (engines/supervisor.py): the attempt then ends as a failure."""
         if self.supervisor is not None:
             self.supervisor.raise_if_failed()
         self.control.heartbeat("rollout", self.node)

@@ -19,9 +19,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import DataError
 from rlslurm.rollout.generate_api import GenerateOutput
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
 
 log = logging.getLogger(__name__)
 

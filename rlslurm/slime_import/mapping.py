@@ -183,7 +183,7 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
 
 
 def _sglang(f: Flag, out: Mapped, emit, drop) -> None:
-    from rlslurm.rollout import sglang_flags, sglang_versions
+    from rlslurm.engines import sglang_flags, sglang_versions
 
     flag = "--" + f.name[len("sglang-"):]
     if flag in sglang_flags.OWNED_FLAGS:

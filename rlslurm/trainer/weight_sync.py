@@ -9,7 +9,7 @@ restart count and re-joins here) or a sync failed.
 
 One publish, every trainer rank calling `publish(model, version)`:
 
-    stage-0 leader   control/weight_update.json {"state": "updating", "until": ...}
+    stage-0 leader   control/weight_update.json (Control.mark_weight_update: "updating" until ...)
     each leader      (re)builds its stage's group if the engine set changed (engines block in the join)
     stage-0 leader   POST /pause_generation, /begin_weight_update to every engine
     stage s, in turn the DP=0 ranks export (gathered over TP/EP, HF names, `mcore_to_hf`);
@@ -17,7 +17,7 @@ One publish, every trainer rank calling `publish(model, version)`:
                      /update_weights_from_distributed (names/dtypes/shapes) to every engine
                      at once while broadcasting the bucket's tensors
     stage-0 leader   /end_weight_update, /update_weight_version, /continue_generation;
-                     Control.set_weight_version(version); remove weight_update.json
+                     Control.set_weight_version(version); Control.clear_weight_update()
 
 Ranks agree on success after each phase (an all-reduce over the default group), so a failure on
 one leader is seen by every rank at the same point. Every HTTP call and collective is bounded by
@@ -28,41 +28,42 @@ leader loads it into every engine that answers), or with no fallback `WeightSync
 so the step fails and SLURM's requeue takes over. It never waits without a bound.
 
 The rollout side must not restart an engine that is blocked in a join or a broadcast (it answers
-neither /health nor /generate): `update_in_progress(control)` says whether weight_update.json is present
-and fresh, and every rollout node's `UpdateWatcher` (rollout/update_watch.py) holds
-`EngineSupervisor.pause_health_checks()` while it is, for at most the timeout plus a margin.
+neither /health nor /generate): every rollout node's `UpdateWatcher` (engines/update_watch.py) holds
+`EngineSupervisor.pause_health_checks()` while weight_update.json is present and fresh, for at
+most the timeout plus a margin.
+
+The HTTP side (engine targets, one call to every engine at once, releasing them after a failure)
+is engines/fanout.py; this module is the torch.distributed side and the protocol's order.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures as cf
 import logging
-import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Coroutine, Iterable, Iterator, Literal
-from urllib.parse import urlsplit
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import torch
 import torch.distributed as dist
 
-from rlslurm.buffer.atomic import unlink_durable, write_json_atomic
-from rlslurm.buffer.control import Control, EngineRecord, RendezvousRecord, RendezvousTaken
+from rlslurm.buffer.control import Control, RendezvousRecord, RendezvousTaken
+from rlslurm.engines.fanout import (
+    REFUSED_TIMEOUT_S,
+    Engines,
+    EngineTarget,
+    HttpLoop,
+    dtype_name,
+    engine_targets,
+    refusing,
+    release,
+)
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
-from rlslurm.rollout.sglang_versions import api_for
-from rlslurm.rollout.update_watch import UPDATE_FILE, update_in_progress  # noqa: F401 (re-exported)
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
-
-# Cleanup calls on engines that may be hung must not stretch a failure much past its bound.
-CLEANUP_TIMEOUT_S = 10.0
 
 
 class WeightSyncError(UserError):
@@ -100,127 +101,7 @@ class SyncOptions:
         return cls(bucket_bytes=t.update_weight_buffer_size, timeout_s=t.weight_sync_timeout_s, backend=backend, **kw)
 
 
-# --- engines ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class EngineTarget:
-    url: str
-    ranks: int           # the engine's TP size: its ranks are rank_offset .. rank_offset+ranks-1
-    pid: int | None
-    restarts: int
-    sglang_version: str | None = None
-
-
-def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
-    """The healthy engines of control/engines.json (one being restarted joins the next sync)."""
-    return [EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
-                         sglang_version=r.sglang_version)
-            for r in records if r.healthy]
-
-
-REFUSED_TIMEOUT_S = 2.0
-
-
-async def _refusing(urls: list[str]) -> list[str]:
-    """The urls where nothing listens (connection refused). A connect that times out says
-    nothing (a hung or far engine): the join's own timeout decides about those."""
-    async def one(url: str) -> bool:
-        u = urlsplit(url)
-        try:
-            _, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port), REFUSED_TIMEOUT_S)
-        except ConnectionRefusedError:
-            return True
-        except (OSError, asyncio.TimeoutError):
-            return False
-        w.close()
-        return False
-
-    refused = await asyncio.gather(*(one(u) for u in urls))
-    return [u for u, r in zip(urls, refused) if r]
-
-
-# --- rollout-side coordination ------------------------------------------------------------
-
-def _mark_updating(control: Control, version: int, budget_s: float) -> None:
-    write_json_atomic(control.dir / UPDATE_FILE, {"state": "updating", "version": version,
-                                                  "until": time.time() + budget_s, "pid": os.getpid()})
-
-
-def _mark_done(control: Control) -> None:
-    unlink_durable(control.dir / UPDATE_FILE)
-
-
-# --- the HTTP side ------------------------------------------------------------------------
-
-class _Loop:
-    """An asyncio loop in a daemon thread: HTTP calls to all engines run there concurrently
-    while the calling thread blocks in a broadcast (waiting for one engine before calling the
-    next deadlocks the group)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="weight-sync-http", daemon=True)
-        self._thread.start()
-
-    def submit(self, coro: Coroutine) -> cf.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-
-
-class Engines:
-    """HTTP to a fixed set of engines; `call(name, ...)` runs one client method on all of them at
-    once and raises the first failure after all have finished or `timeout` passed."""
-
-    def __init__(self, loop: _Loop, targets: list[EngineTarget], api_key: str | None):
-        self.loop, self.targets, self.api_key = loop, targets, api_key
-        self._clients = [SGLangClient(t.url, api_key, api=api_for(t.sglang_version)) for t in targets]
-
-    def submit(self, method: str, per_engine: Callable[[int], dict[str, Any]] | None = None,
-               **kw: Any) -> list[cf.Future]:
-        return [self.loop.submit(getattr(c, method)(**kw, **(per_engine(i) if per_engine else {})))
-                for i, c in enumerate(self._clients)]
-
-    @staticmethod
-    def wait(futs: list[cf.Future], timeout: float, what: str) -> None:
-        done, pending = cf.wait(futs, timeout=timeout)
-        for f in pending:
-            f.cancel()
-        errors = [f.exception() for f in done if f.exception() is not None]
-        if errors:
-            raise errors[0]
-        if pending:
-            raise TimeoutError(f"{what}: {len(pending)} engine(s) did not answer within {timeout:g} s")
-
-    def call(self, method: str, *, timeout: float, **kw: Any) -> None:
-        self.wait(self.submit(method, timeout=timeout, **kw), timeout + 5, method)
-
-    def best_effort(self, method: str, **kw: Any) -> None:
-        try:
-            self.call(method, timeout=CLEANUP_TIMEOUT_S, **kw)
-        except Exception as e:
-            log.warning("weight sync cleanup %s: %s", method, e)
-
-    def close(self) -> None:
-        async def close_all() -> None:
-            await asyncio.gather(*(c.aclose() for c in self._clients), return_exceptions=True)
-
-        if not self.loop.loop.is_running():
-            return  # the loop is gone with its sockets; creating the coroutines would only leak them
-        coro = close_all()
-        try:
-            self.loop.submit(coro).result(timeout=5)
-        except Exception:
-            coro.close()
-
-
 # --- one stage's leader -------------------------------------------------------------------
-
-def _dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")  # SGLang does getattr(torch, name)
-
 
 @dataclass
 class SendStats:
@@ -242,7 +123,7 @@ class StageSender:
         self.device = device or torch.device("cpu")
         backend = opts.backend or ("nccl" if self.device.type == "cuda" else "gloo")
         self.backend: Literal["gloo", "nccl"] = backend
-        self._loop = _Loop()
+        self._loop = HttpLoop()
         self.engines: Engines | None = None
         self.group: SyncGroup | None = None
         self._builds = 0
@@ -257,7 +138,7 @@ class StageSender:
         Engines that refuse connections are left out: engines.json lags a kill by up to the
         supervisor's health interval, and a dead engine would hold the join for its timeout."""
         targets = self.current_targets() if targets is None else targets
-        gone = self._loop.submit(_refusing([t.url for t in targets])).result(timeout=REFUSED_TIMEOUT_S + 5)
+        gone = self._loop.submit(refusing([t.url for t in targets])).result(timeout=REFUSED_TIMEOUT_S + 5)
         if gone:
             log.warning("weight sync: leaving out %s (connection refused: exited or restarting; a later sync "
                         "includes it again)", gone)
@@ -352,7 +233,7 @@ class StageSender:
         to = self.opts.timeout_s
         futs = self.engines.submit(
             "update_weights_from_distributed", names=[n for n, _ in bucket],
-            dtypes=[_dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
+            dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
             group_name=self.group.spec.group_name, flush_cache=True, timeout=to)
         try:
             self.group.broadcast([t for _, t in bucket])
@@ -451,7 +332,7 @@ class DistributedPublisher:
             if self._attempt(model, version, r, errors):
                 if r.coordinator:
                     self.control.set_weight_version(version)
-                    _mark_done(self.control)
+                    self.control.clear_weight_update()
                     log.info("weights v%d broadcast to %d engine(s) in %.2f s (%d bytes, %d buckets)", version,
                              len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
                              time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
@@ -472,8 +353,8 @@ class DistributedPublisher:
         if r.coordinator:
             # Before any stage joins: an engine blocked joining a group answers /health no more than
             # one blocked in a broadcast, and the rollout nodes must not restart it for that.
-            ok = self._step("marking the update", lambda: _mark_updating(self.control, version,
-                                                                         o.timeout_s * (r.stages + 5)), errors)
+            ok = self._step("marking the update", lambda: self.control.mark_weight_update(
+                version, o.timeout_s * (r.stages + 5)), errors)
         ok = self._agree(ok)
         if ok and r.leader:
             assert s is not None
@@ -531,37 +412,17 @@ class DistributedPublisher:
                              "seconds": time.monotonic() - t0, "errors": errors, "loaded": loaded})
 
     def _release_engines(self, path: Path | None, version: int) -> list[str]:
-        """After a failed broadcast: close the session, load `path` (disk fallback) and resume
-        generation on every engine that answers; an engine that does not is left to the rollout
-        supervisor (restarted once the update file is gone) and to the driver's disk sync."""
+        """After a failed broadcast: `fanout.release` on the engines of engines.json, then close
+        the update bracket (a supervisor may restart an engine that did not answer)."""
         targets = engine_targets(self.control.engines())
         loaded: list[str] = []
         if targets:
-            loop = self.sender._loop if self.sender is not None else _Loop()
-            engines = Engines(loop, targets, self.api_key)
-
-            async def one(c: SGLangClient) -> bool:
-                try:
-                    await c.end_weight_update(timeout=CLEANUP_TIMEOUT_S)
-                except SGLangError:
-                    pass  # no session open on this engine
-                try:
-                    if path is not None:
-                        await c.update_weights_from_disk(str(path), weight_version=str(version),
-                                                         timeout=self.opts.timeout_s)
-                    await c.continue_generation(timeout=CLEANUP_TIMEOUT_S)
-                    return True
-                except SGLangError as e:
-                    log.warning("weight sync fallback: %s did not take version %d: %s", c.base_url, version, e)
-                    return False
-
-            futs = [loop.submit(one(c)) for c in engines._clients]
-            done, _ = cf.wait(futs, timeout=self.opts.timeout_s + 2 * CLEANUP_TIMEOUT_S + 5)
-            loaded = [t.url for t, f in zip(targets, futs) if f in done and f.exception() is None and f.result()]
-            engines.close()
-            if loop is not (self.sender._loop if self.sender is not None else None):
+            own = self.sender._loop if self.sender is not None else None
+            loop = own or HttpLoop()
+            loaded = release(loop, targets, self.api_key, path=path, version=version, timeout_s=self.opts.timeout_s)
+            if loop is not own:
                 loop.close()
-        _mark_done(self.control)
+        self.control.clear_weight_update()
         return loaded
 
     def close(self) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -96,3 +97,29 @@ def test_stop_ack_and_clear(run):
     assert c.stop_requested() is not None and c.stop_ack() is not None  # both outlive an attempt
     assert c.clear_stop() is True  # `rlslurm resubmit` / `rlslurm run` continuing the run
     assert c.stop_requested() is None and c.stop_ack() is None
+
+
+def test_weight_update_bracket(run):
+    c = Control(run)
+    assert c.weight_update() is None
+    t0 = time.time()
+    c.mark_weight_update(4, budget_s=60)
+    # the on-disk format engines/update_watch.py has always read
+    raw = json.loads(c.weight_update_file.read_text())
+    assert set(raw) == {"state", "version", "until", "pid"} and raw["state"] == "updating"
+    rec = c.weight_update()
+    assert (rec.version, rec.pid) == (4, os.getpid()) and t0 + 60 <= rec.until <= time.time() + 60
+    c.clear_weight_update()
+    assert c.weight_update() is None and not c.weight_update_file.exists()
+    c.clear_weight_update()  # idempotent: the failure path clears it again
+
+
+@pytest.mark.parametrize("body", ['{"state": "updating", "until": "soon"}',
+                                  '{"state": "done", "version": 1, "until": 1, "pid": 2}', "not json"])
+def test_corrupt_weight_update_is_one_line_naming_the_file(run, body):
+    c = Control(run)
+    run.control_dir.mkdir(parents=True, exist_ok=True)
+    c.weight_update_file.write_text(body)
+    with pytest.raises(DataError, match="weight_update.json") as e:
+        c.weight_update()
+    assert "\n" not in str(e.value)

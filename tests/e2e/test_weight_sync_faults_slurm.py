@@ -40,9 +40,9 @@ import pytest
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.demo_task import make_prompts
+from rlslurm.engines.fanout import CLEANUP_TIMEOUT_S
+from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.rollout.node import RemoteRouter
-from rlslurm.rollout.sglang_client import weight_version_sync
-from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
 
 from tests.e2e.helpers import batch_log, probes
 from tests.slurm_runs import ledger, rlslurm

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from rlslurm.rollout.sglang_versions import SUPPORTED, installed_sglang_version
+from rlslurm.engines.sglang_versions import SUPPORTED, installed_sglang_version
 
 
 def _why_not() -> str | None:

@@ -26,7 +26,7 @@ from rlslurm.config import RolloutSection, RunConfig
 from rlslurm.errors import DataError
 from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, write_prompts
 
 
@@ -294,7 +294,7 @@ def test_requests_aborted_by_a_weight_update_pause_are_generated_again(private_d
 def test_other_nodes_find_the_router_in_control_and_never_start_one(private_deployment, tmp_path):
     from rlslurm.config import RunConfig
     from rlslurm.rollout.node import RemoteRouter, RolloutNode
-    from rlslurm.rollout.router import RouterError
+    from rlslurm.engines.router import RouterError
 
     dep = private_deployment
     rd = RunDir.create(tmp_path / "run")

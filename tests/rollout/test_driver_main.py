@@ -60,7 +60,7 @@ def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_model):
-    from rlslurm.rollout import sglang_cpu
+    from rlslurm.engines import sglang_cpu
 
     if sglang_cpu.installed_sglang_version() is None:
         pytest.skip("sglang is not installed")
@@ -135,7 +135,7 @@ def test_engine_specs_per_device(tmp_path):
 
 def test_node_zero_merges_every_nodes_engines(tmp_path):
     from rlslurm.rollout.node import RolloutNode
-    from rlslurm.rollout.supervisor import EngineInfo
+    from rlslurm.engines.supervisor import EngineInfo
 
     rd = _run_dir(tmp_path)
     cfg = RunConfig()

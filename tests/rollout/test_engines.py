@@ -19,12 +19,12 @@ import time
 import httpx
 import pytest
 
+from rlslurm.engines import sglang_cpu
+from rlslurm.engines.engine import ENV_API_KEY, EngineSpec
+from rlslurm.engines.router import RouterProcess
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError
 from rlslurm.net import allocate_ports, engine_port_block, free_port, node_ip
-from rlslurm.rollout import sglang_cpu
-from rlslurm.rollout.engine import ENV_API_KEY, EngineSpec
-from rlslurm.rollout.router import RouterProcess
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
 from tests.process_groups import pid_alive
 
 
@@ -166,7 +166,7 @@ def test_torchvision_stub_imports_but_refuses_to_run():
 def test_bad_passthrough_flag_fails_start_with_the_flag_in_the_error(tmp_path, tiny_model):
     """A flag this node's SGLang refuses is the user's error (rlslurm/errors.py: final, no requeue),
     in one line naming the passthrough flag, not an engine crash."""
-    from rlslurm.rollout.engine import EngineProcess
+    from rlslurm.engines.engine import EngineProcess
 
     if sglang_cpu.installed_sglang_version() is None:
         pytest.skip("sglang is not installed")
@@ -187,7 +187,7 @@ def test_health_check_ignores_a_proxy_from_the_environment(monkeypatch):
     import http.server
     import threading
 
-    from rlslurm.rollout.sglang_client import health_sync
+    from rlslurm.engines.sglang_client import health_sync
 
     class Ok(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -227,7 +227,7 @@ def test_client_errors_name_the_url():
 
 
 def test_restart_budget_counts_tries_in_a_sliding_window():
-    from rlslurm.rollout.supervisor import RestartBudget
+    from rlslurm.engines.supervisor import RestartBudget
 
     b = RestartBudget(3, 100.0)
     assert [b.take(t) for t in (0.0, 10.0, 20.0, 30.0)] == [True, True, True, False]
@@ -239,7 +239,7 @@ def test_an_engine_that_never_comes_back_ends_the_attempt_after_its_restart_budg
     """A restart that keeps failing (here: a start that exits at once - taskset refuses a core this
     host does not have) used to be retried every backoff for as long as the job ran."""
     from rlslurm.rollout.node import RemoteRouter
-    from rlslurm.rollout.supervisor import EngineFailure, EngineSupervisor
+    from rlslurm.engines.supervisor import EngineFailure, EngineSupervisor
 
     port = free_port("127.0.0.1")
     spec = _spec(tmp_path, host="127.0.0.1", port=port, nccl_port=free_port("127.0.0.1"),
@@ -283,7 +283,7 @@ def _post(url: str, path: str, key: str | None, body: dict, timeout: float = 60.
 def test_engines_healthy_registered_and_published(deployment, tmp_path):
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.rollout.supervisor import control_publisher
+    from rlslurm.engines.supervisor import control_publisher
 
     sup, router = deployment.supervisor, deployment.router
     infos = sup.engines()
@@ -331,7 +331,7 @@ def test_requests_without_the_job_key_are_rejected(deployment):
 @pytest.mark.slow
 def test_logs_never_hold_the_key_and_are_private(deployment):
     """Real SGLang 0.5.23 logs `server_args={..., 'api_key': '<key>', ...}` at start; the launcher's
-    filter masks it (rollout/log_scrub.py) and the logs are 0600 whatever the umask."""
+    filter masks it (engines/log_scrub.py) and the logs are 0600 whatever the umask."""
     logs = sorted(deployment.log_dir.glob("*.log"))
     assert {p.name for p in logs} >= {"engine-0.log", "engine-1.log", "router.log"}
     for p in logs:

@@ -236,7 +236,7 @@ class RouterContext:
         self.url, self.api_key, self.tokenizer = url, api_key, TOK
 
     async def generate(self, input_ids, sampling_params) -> GenerateOutput:
-        from rlslurm.rollout.sglang_client import SGLangClient
+        from rlslurm.engines.sglang_client import SGLangClient
 
         async with SGLangClient(self.url, self.api_key) as c:
             out = await c.generate(list(input_ids), sampling_params, timeout=120)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.buffer.atomic import open_log
-from rlslurm.rollout.engine import ENV_API_KEY
-from rlslurm.rollout.log_scrub import Scrubber
+from rlslurm.engines.engine import ENV_API_KEY
+from rlslurm.engines.log_scrub import Scrubber
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "-3c35ef26a4f47d29cd3f51eaae81e2fb842a96074eb930a7049a4346b8acc9ae"
@@ -59,7 +59,7 @@ def test_launcher_masks_the_key_in_the_whole_tree_and_logs_are_0600(tmp_path: Pa
     try:
         with open_log(log) as f:
             env = {**os.environ, ENV_API_KEY: KEY, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
-            rc = subprocess.run([sys.executable, "-m", "rlslurm.rollout.engine", "leaky_server", "--x"], env=env,
+            rc = subprocess.run([sys.executable, "-m", "rlslurm.engines.engine", "leaky_server", "--x"], env=env,
                                 stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=60).returncode
     finally:
         os.umask(old)
@@ -77,7 +77,7 @@ def _lines(n: int) -> list[bytes]:
 
 
 def test_the_filter_rotates_the_log_at_a_line_end(tmp_path: Path) -> None:
-    from rlslurm.rollout.log_scrub import copy_scrubbed
+    from rlslurm.engines.log_scrub import copy_scrubbed
 
     lines = _lines(400)
     src = tmp_path / "server-output"
@@ -106,13 +106,13 @@ for i in range(300):
 
 
 def test_the_launcher_passes_the_log_bound_to_its_filter(tmp_path: Path) -> None:
-    from rlslurm.rollout.log_scrub import rotate_env
+    from rlslurm.engines.log_scrub import rotate_env
 
     (tmp_path / "spammy_server.py").write_text(SPAMMY)
     log = tmp_path / "logs" / "engine.log"
     with open_log(log) as f:
         env = {**os.environ, ENV_API_KEY: KEY, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}", **rotate_env(log, 2000)}
-        rc = subprocess.run([sys.executable, "-m", "rlslurm.rollout.engine", "spammy_server"], env=env,
+        rc = subprocess.run([sys.executable, "-m", "rlslurm.engines.engine", "spammy_server"], env=env,
                             stdout=f, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=60).returncode
     assert rc == 0
     old, new = Path(f"{log}.1").read_text(), log.read_text()

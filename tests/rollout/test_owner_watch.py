@@ -1,5 +1,5 @@
-"""A server started through the launcher (`python -m rlslurm.rollout.engine`) ends when the process
-that started it is killed with SIGKILL (rollout/owner_watch.py), and not while that process lives."""
+"""A server started through the launcher (`python -m rlslurm.engines.engine`) ends when the process
+that started it is killed with SIGKILL (engines/owner_watch.py), and not while that process lives."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlslurm.rollout.engine import pid_alive
+from rlslurm.engines.engine import pid_alive
 
 # stands in for SGLang: a server process with a child of its own, both in the launcher's group
 SERVER = """
@@ -23,7 +23,7 @@ time.sleep(600)
 # stands in for the rollout driver: starts the server in a session of its own, as the supervisor does
 OWNER = """
 import subprocess, sys
-p = subprocess.Popen([sys.executable, "-m", "rlslurm.rollout.engine", "slow_server"], start_new_session=True,
+p = subprocess.Popen([sys.executable, "-m", "rlslurm.engines.engine", "slow_server"], start_new_session=True,
                      stdout=open("server.log", "ab"), stderr=subprocess.STDOUT)
 print(p.pid, flush=True)
 p.wait()
@@ -72,7 +72,7 @@ def test_a_server_outlives_no_owner_killed_with_sigkill(tmp_path: Path) -> None:
 
 def test_the_watcher_ends_with_a_server_that_ends(tmp_path: Path) -> None:
     (tmp_path / "quick_server.py").write_text("print('served', flush=True)\n")
-    p = subprocess.Popen([sys.executable, "-m", "rlslurm.rollout.engine", "quick_server"], cwd=tmp_path,
+    p = subprocess.Popen([sys.executable, "-m", "rlslurm.engines.engine", "quick_server"], cwd=tmp_path,
                          env=_env(tmp_path), start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert p.communicate(timeout=60)[0].strip() == "served"
     deadline = time.monotonic() + 10

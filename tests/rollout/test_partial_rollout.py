@@ -21,6 +21,7 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
+from rlslurm.engines.sglang_client import SGLangClient
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import PartialSample
 from rlslurm.rollout.generate_api import (
@@ -31,7 +32,7 @@ from rlslurm.rollout.generate_api import (
     GenerateOutput,
     Generation,
 )
-from rlslurm.rollout.sglang_client import SGLangClient
+from rlslurm.engines.sglang_client import SGLangClient
 from tests.buffer.damage import flip_data_middle
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, start_rollout_main, write_prompts
 

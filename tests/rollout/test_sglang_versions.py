@@ -1,4 +1,4 @@
-"""SGLang version differences live in rollout/sglang_versions.py: the weight-update session exists in
+"""SGLang version differences live in engines/sglang_versions.py: the weight-update session exists in
 0.5.23 and not in 0.5.14 (the GPU machines' version), and the trainer's clients follow the version each
 engine recorded."""
 
@@ -9,10 +9,10 @@ import asyncio
 import pytest
 
 from rlslurm.buffer.control import EngineRecord
+from rlslurm.engines.fanout import engine_targets
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
+from rlslurm.engines.sglang_versions import DEFAULT, SUPPORTED, api_for
 from rlslurm.errors import ConfigError
-from rlslurm.rollout.sglang_client import SGLangClient, SGLangError
-from rlslurm.rollout.sglang_versions import DEFAULT, SUPPORTED, api_for
-from rlslurm.trainer.weight_sync import engine_targets
 
 NOWHERE = "http://127.0.0.1:9"  # discard port: nothing listens, a request fails at once
 

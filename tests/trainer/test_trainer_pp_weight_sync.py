@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 def test_pp2_broadcast_reaches_engines(tmp_path: Path, tiny_hf: Path) -> None:
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.rollout.supervisor import control_publisher
-    from rlslurm.rollout.update_watch import UpdateWatcher
+    from rlslurm.engines.supervisor import control_publisher
+    from rlslurm.engines.update_watch import UpdateWatcher
     from tests.sglang_deploy import deploy
 
     run = RunDir.create(tmp_path / "run")

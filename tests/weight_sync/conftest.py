@@ -26,7 +26,7 @@ class Engines:
     control: object      # Control
     router: object       # RouterProcess
     supervisor: object   # EngineSupervisor
-    watcher: object      # rlslurm.rollout.update_watch.UpdateWatcher
+    watcher: object      # rlslurm.engines.update_watch.UpdateWatcher
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +41,8 @@ def tiny_model(tmp_path_factory) -> Path:
 def engines(tmp_path_factory, tiny_model) -> Engines:
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.rollout.supervisor import control_publisher
-    from rlslurm.rollout.update_watch import UpdateWatcher
+    from rlslurm.engines.supervisor import control_publisher
+    from rlslurm.engines.update_watch import UpdateWatcher
 
     run = RunDir.create(tmp_path_factory.mktemp("wsync") / "run")
     control = Control(run)

@@ -12,11 +12,12 @@ import torch
 
 from rlslurm.buffer.control import Control, EngineRecord
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.engines import fanout
+from rlslurm.engines.fanout import engine_targets
+from rlslurm.engines.update_watch import update_in_progress
 from rlslurm.errors import ConfigError
 from rlslurm.net import free_port
-from rlslurm.trainer import weight_sync
-from rlslurm.trainer.weight_sync import (DistributedPublisher, SyncOptions, WeightSyncError, _Roles, engine_targets,
-                                         update_in_progress)
+from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, WeightSyncError, _Roles
 
 
 def _publisher(control: Control, opts: SyncOptions) -> DistributedPublisher:
@@ -35,7 +36,7 @@ def _publisher(control: Control, opts: SyncOptions) -> DistributedPublisher:
 
 def test_engine_that_never_answers_fails_within_bound_and_raises(tmp_path, monkeypatch):
     cleanup_s = 1.0  # the cleanup calls' own bound (10 s in production), short to keep the test short
-    monkeypatch.setattr(weight_sync, "CLEANUP_TIMEOUT_S", cleanup_s)
+    monkeypatch.setattr(fanout, "CLEANUP_TIMEOUT_S", cleanup_s)
     control = Control(RunDir.create(tmp_path / "run"))
     # a peer that accepts connections and never answers (like a SIGSTOPped server: the kernel
     # still completes the handshake into the listen backlog)
@@ -111,12 +112,10 @@ def test_sync_options_reject(kw, msg):
 
 
 def test_update_in_progress_expires(tmp_path):
-    from rlslurm.trainer.weight_sync import _mark_done, _mark_updating
-
     control = Control(RunDir.create(tmp_path / "run"))
     assert not update_in_progress(control)
-    _mark_updating(control, 3, budget_s=60)
+    control.mark_weight_update(3, budget_s=60)
     assert update_in_progress(control)
     assert not update_in_progress(control, now=time.time() + 61)  # a crashed trainer's file goes stale
-    _mark_done(control)
+    control.clear_weight_update()
     assert not update_in_progress(control)

@@ -50,7 +50,7 @@ def test_join_without_engines_times_out_within_bound():
 
 
 def _receiver(port: int, rank: int, world: int, group: str, buckets: list, *, stall_at: int = -1) -> subprocess.Popen:
-    from rlslurm.rollout.sglang_cpu import cpu_env
+    from rlslurm.engines.sglang_cpu import cpu_env
 
     env = cpu_env(dict(os.environ, PYTHONPATH=str(REPO)))
     return subprocess.Popen([sys.executable, str(HERE / "sglang_receiver.py"), str(port), str(rank), str(world),
@@ -60,7 +60,7 @@ def _receiver(port: int, rank: int, world: int, group: str, buckets: list, *, st
 
 @pytest.mark.sglang
 def test_sglang_receivers_get_the_tensors_and_a_stalled_one_is_bounded():
-    from rlslurm.rollout import sglang_cpu
+    from rlslurm.engines import sglang_cpu
 
     if sglang_cpu.installed_sglang_version() is None:
         pytest.skip("sglang is not installed (tools/install.sh installs it)")

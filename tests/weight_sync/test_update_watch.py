@@ -15,11 +15,11 @@ import pytest
 from rlslurm.buffer.atomic import unlink_durable, write_json_atomic
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.engines.engine import EngineSpec
+from rlslurm.engines.router import RouterProcess
+from rlslurm.engines.supervisor import EngineSupervisor
+from rlslurm.engines.update_watch import UpdateWatcher, active_update, update_in_progress
 from rlslurm.net import engine_port_block, free_port
-from rlslurm.rollout.engine import EngineSpec
-from rlslurm.rollout.router import RouterProcess
-from rlslurm.rollout.supervisor import EngineSupervisor
-from rlslurm.rollout.update_watch import UPDATE_FILE, UpdateWatcher, active_update, update_in_progress
 
 
 @pytest.fixture
@@ -34,8 +34,9 @@ def setup(tmp_path: Path):
 
 
 def _mark(control: Control, version: int, until_s: float, pid: int | None = None) -> None:
-    # the record DistributedPublisher writes (trainer/weight_sync.py `_mark_updating`)
-    write_json_atomic(control.dir / UPDATE_FILE, {"state": "updating", "version": version,
+    # written raw: the on-disk format of the record DistributedPublisher writes
+    # (Control.mark_weight_update), so that a format change shows here
+    write_json_atomic(control.weight_update_file, {"state": "updating", "version": version,
                                                   "until": time.time() + until_s, "pid": pid or os.getpid()})
 
 
@@ -58,7 +59,7 @@ def test_holds_while_active_and_releases_when_removed(setup):
         assert _wait(lambda: sup.paused), "the watcher did not pause the health checks"
         time.sleep(0.2)
         assert sup.paused and w.held == 1
-        unlink_durable(control.dir / UPDATE_FILE)
+        unlink_durable(control.weight_update_file)
         assert _wait(lambda: not sup.paused), "the watcher did not resume the health checks"
         assert w.held == 1 and w.capped == 0
     finally:
@@ -71,7 +72,7 @@ def test_hung_sync_holds_at_most_the_cap_then_a_new_try_is_honoured(setup, caplo
     cap = 0.5
     w = UpdateWatcher(control, sup, cap_s=cap, poll_s=0.01).start()
     try:
-        with caplog.at_level(logging.WARNING, logger="rlslurm.rollout.update_watch"):
+        with caplog.at_level(logging.WARNING, logger="rlslurm.engines.update_watch"):
             _mark(control, 4, 3600)  # a trainer that hangs: its record says "updating" for an hour
             assert _wait(lambda: sup.paused)
             t0 = time.monotonic()
@@ -95,9 +96,9 @@ def test_stale_or_foreign_records_do_not_pause(setup):
     control, sup = setup
     _mark(control, 5, -1)  # a crashed trainer's record, past its `until`
     assert active_update(control) is None and not update_in_progress(control)
-    (control.dir / UPDATE_FILE).write_text("not json")  # torn/foreign: ignored, not fatal
+    (control.weight_update_file).write_text("not json")  # torn/foreign: ignored, not fatal
     assert active_update(control) is None
-    write_json_atomic(control.dir / UPDATE_FILE, {"state": "updating", "until": "soon"})
+    write_json_atomic(control.weight_update_file, {"state": "updating", "until": "soon"})
     assert active_update(control) is None
     w = UpdateWatcher(control, sup, cap_s=30.0, poll_s=0.01).start()
     try:
@@ -119,7 +120,7 @@ def test_a_restart_in_progress_does_not_delay_the_hold(setup):
     try:
         _mark(control, 6, 60)
         assert _wait(lambda: sup.paused and w.held == 1, 2.0), "the hold waited for the restart"
-        unlink_durable(control.dir / UPDATE_FILE)
+        unlink_durable(control.weight_update_file)
         assert _wait(lambda: not sup.paused, 2.0)
     finally:
         w.close()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.rollout.sglang_client import SGLangClient
+from rlslurm.engines.sglang_client import SGLangClient
 from tests.process_groups import pid_alive
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
@@ -159,7 +159,7 @@ def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
         assert h["errors"][1].startswith("joining engines") and "did not join" in h["errors"][1], h
         # bound: each try costs at most its step timeout plus the bounded cleanup; then the
         # fallback's own bounded loads
-        from rlslurm.trainer.weight_sync import CLEANUP_TIMEOUT_S
+        from rlslurm.engines.fanout import CLEANUP_TIMEOUT_S
         bound = attempts * (timeout_s + 5 + CLEANUP_TIMEOUT_S) + (timeout_s + 2 * CLEANUP_TIMEOUT_S + 5) + 30
         assert r["seconds"] < bound, (r["seconds"], bound)
         assert h["loaded"] == [urls[1]], h

@@ -6,12 +6,12 @@ process group, so one SIGKILL to the group ends the HTTP process, the scheduler(
 detokenizer together even when the main process is already gone.
 
 The api key does not go on the command line (any user on the node can read
-/proc/<pid>/cmdline): the server is launched as `python -m rlslurm.rollout.engine
+/proc/<pid>/cmdline): the server is launched as `python -m rlslurm.engines.engine
 sglang.launch_server ARGS`, and this module's `__main__` appends `--api-key` from the
 environment (readable only by the owner) before handing over to SGLang in-process. SGLang logs
 its config, key included; `__main__` sends the server's output through a filter that masks the
-key (rollout/log_scrub.py), and the log file itself is 0600 (buffer/atomic.py `open_log`). It
-also forks a watcher that ends the server if the rollout process dies (rollout/owner_watch.py).
+key (engines/log_scrub.py), and the log file itself is 0600 (buffer/atomic.py `open_log`). It
+also forks a watcher that ends the server if the rollout process dies (engines/owner_watch.py).
 
 SGLang leaves files behind when killed (docs/sglang-behaviour.md, "Files left behind on kill"):
 `/dev/shm/sglang_loads_*`,
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Literal
 
 from rlslurm.buffer.atomic import open_log
+from rlslurm.engines import log_scrub, owner_watch, sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.engines.sglang_client import health_sync
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
-from rlslurm.rollout import log_scrub, owner_watch, sglang_cpu, sglang_flags, sglang_versions
-from rlslurm.rollout.sglang_client import health_sync
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
 SGLANG_MODULE = "sglang.launch_server"
@@ -109,7 +109,7 @@ class EngineSpec:
         return args + list(self.extra_args)
 
     def argv(self) -> list[str]:
-        cmd = [sys.executable, "-m", "rlslurm.rollout.engine", SGLANG_MODULE, *self.server_args()]
+        cmd = [sys.executable, "-m", "rlslurm.engines.engine", SGLANG_MODULE, *self.server_args()]
         if self.cpu_core is not None:
             cmd = ["taskset", "-c", str(self.cpu_core), *cmd]
         return cmd
@@ -164,7 +164,7 @@ class EngineProcess:
             log.write(f"\n==== rlslurm: start #{self.starts + 1} of {self.spec.name} at {time.ctime()}: "
                       f"{' '.join(self.spec.argv())}\n".encode())
             log.flush()
-            # the log filter (rollout/log_scrub.py) rotates the log past its size bound
+            # the log filter (engines/log_scrub.py) rotates the log past its size bound
             env = {**self.spec.env(tmpdir=self._tmpdir), **log_scrub.rotate_env(self.spec.log_path)}
             self.proc = subprocess.Popen(self.spec.argv(), env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -364,12 +364,12 @@ def _files_held_by(pids: list[int]) -> set[str]:
 
 
 def _main(argv: list[str]) -> None:
-    """`python -m rlslurm.rollout.engine MODULE ARGS...`: run MODULE as __main__ with
+    """`python -m rlslurm.engines.engine MODULE ARGS...`: run MODULE as __main__ with
     `--api-key $RLSLURM_SGLANG_API_KEY` appended, so the key never appears in argv."""
     import runpy
 
     if not argv:
-        raise SystemExit("usage: python -m rlslurm.rollout.engine MODULE [ARGS...]")
+        raise SystemExit("usage: python -m rlslurm.engines.engine MODULE [ARGS...]")
     module, args = argv[0], argv[1:]
     key = os.environ.pop(ENV_API_KEY, None)
     rotate = log_scrub.parse_rotate_env(os.environ.pop(log_scrub.ENV_LOG_ROTATE, None))

@@ -11,7 +11,7 @@ Measured behaviour this module is built around (docs/sglang-behaviour.md, "Route
 - a dead worker is marked unhealthy only after the health-check interval (default 60 s);
   retries (on by default) re-send its in-flight requests to another worker meanwhile.
 The api key reaches the router through the environment, not argv, and is masked in its log
-(see rollout/engine.py).
+(see engines/engine.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 
 from rlslurm.buffer.atomic import open_log
+from rlslurm.engines.engine import ENV_API_KEY, wait_group_gone
+from rlslurm.engines.log_scrub import rotate_env
+from rlslurm.engines.sglang_client import TRUST_ENV, auth_headers
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal, free_port
-from rlslurm.rollout.engine import ENV_API_KEY, wait_group_gone
-from rlslurm.rollout.log_scrub import rotate_env
-from rlslurm.rollout.sglang_client import TRUST_ENV, auth_headers
 
 ROUTER_MODULE = "sglang_router.launch_router"
 OWNED_FLAGS = ("--host", "--port", "--api-key", "--prometheus-host", "--prometheus-port", "--worker-urls",
@@ -79,7 +79,7 @@ class RouterProcess:
     def argv(self) -> list[str]:
         if self.prometheus_port is None:
             self.prometheus_port = free_port("127.0.0.1")
-        return [sys.executable, "-m", "rlslurm.rollout.engine", ROUTER_MODULE,
+        return [sys.executable, "-m", "rlslurm.engines.engine", ROUTER_MODULE,
                 "--host", self.host, "--port", str(self.port), "--policy", self.policy,
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.prometheus_port),
                 "--health-check-interval-secs", str(self.health_check_interval_s),
@@ -103,7 +103,7 @@ class RouterProcess:
         env.pop(ENV_API_KEY, None)
         if self.api_key:
             env[ENV_API_KEY] = self.api_key
-        env.update(rotate_env(self.log_path))  # the log filter bounds the log (rollout/log_scrub.py)
+        env.update(rotate_env(self.log_path))  # the log filter bounds the log (engines/log_scrub.py)
         argv = self.argv()
         with open_log(self.log_path) as log:
             log.write(f"\n==== rlslurm: router start at {time.ctime()}: {' '.join(argv)}\n".encode())

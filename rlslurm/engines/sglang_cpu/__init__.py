@@ -30,8 +30,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rlslurm.engines.sglang_versions import SUPPORTED, installed_sglang_version
 from rlslurm.errors import ConfigError
-from rlslurm.rollout.sglang_versions import SUPPORTED, installed_sglang_version
 
 SGLANG_VERSION = next(v for v, api in SUPPORTED.items() if api.cpu_path)
 STUBS_DIR = Path(__file__).resolve().parent / "stubs"
@@ -45,7 +45,7 @@ def check_sglang_version() -> None:
     if found != SGLANG_VERSION:
         what = "is not installed" if found is None else f"is {found}"
         raise ConfigError(
-            f"rollout device cpu: SGLang {what}, but the CPU path (rlslurm/rollout/sglang_cpu) is "
+            f"rollout device cpu: SGLang {what}, but the CPU path (rlslurm/engines/sglang_cpu) is "
             f"pinned to sglang=={SGLANG_VERSION}; run tools/install.sh (it installs "
             f"sglang=={SGLANG_VERSION} --no-deps with its CPU dependency set)"
         )

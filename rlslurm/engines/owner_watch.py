@@ -1,6 +1,6 @@
 """End a server whose owner died, so a kill -9 of the rollout process leaves no engine or router behind.
 
-Engines and the router are started in their own process group (rollout/engine.py) so that the
+Engines and the router are started in their own process group (engines/engine.py) so that the
 supervisor can kill a whole server at once; the price is that nothing ends them when the process
 that started them (the owner: the rollout driver) is killed without a chance to clean up. They
 then keep their ports, their /dev/shm files and, on a GPU, their memory, and under `rlslurm run`
@@ -8,7 +8,7 @@ the next attempt cannot start (a SLURM step is cleaned up by slurmstepd, a local
 
 `prctl(PR_SET_PDEATHSIG)` does not fit: it fires when the *thread* that forked the child ends, and
 the supervisor restarts engines from short-lived threads. So the launcher (`python -m
-rlslurm.rollout.engine`) forks a small watcher into the server's process group. It polls the
+rlslurm.engines.engine`) forks a small watcher into the server's process group. It polls the
 launcher's parent pid: once the launcher has been re-parented (its owner is gone; a pid does not
 come back as one's parent, so pid reuse cannot fool it), it sends SIGTERM to the group, gives the
 server `grace_s` to go, then SIGKILL to the group (itself included). The watcher ends by itself

@@ -3,7 +3,7 @@
 SGLang (0.5.23, engine.py `_server_args_for_logging`) logs its whole config at start:
 `server_args={..., 'api_key': '<KEY>', ...}` -- it redacts only watermark secrets. The key cannot
 be kept from SGLang (it needs it to check requests), so what the server prints is filtered: the
-launcher (`python -m rlslurm.rollout.engine`, which knows the key) forks a filter process before
+launcher (`python -m rlslurm.engines.engine`, which knows the key) forks a filter process before
 handing over to SGLang and points its own stdout and stderr (fds 1, 2) at a pipe into that
 filter, which copies everything to the real log with every occurrence of the key replaced by
 `***`. SGLang's scheduler and detokenizer processes inherit fds 1 and 2, so their output passes

@@ -3,7 +3,7 @@
 SGLang 0.5.23 imports torchvision at module level in its multimodal processors, which the
 text-only server still imports. The only torchvision wheel on the registries is a CUDA build
 that breaks `import sglang` on CPU torch (`operator torchvision::nms does not exist`), so this
-package is put on the SGLang server's PYTHONPATH instead (rlslurm.rollout.sglang_cpu.cpu_env).
+package is put on the SGLang server's PYTHONPATH instead (rlslurm.engines.sglang_cpu.cpu_env).
 
 Every `torchvision.*` submodule imports, and every attribute is a placeholder that can be
 referenced at import time (`InterpolationMode.BICUBIC`, type hints) but raises a clear error
@@ -19,7 +19,7 @@ import types
 
 __version__ = "0.0.0+rlslurm.stub"
 _MSG = ("torchvision is not available on rlslurm's SGLang CPU path (import-only stub in "
-        "rlslurm/rollout/sglang_cpu/stubs); vision models are not supported there")
+        "rlslurm/engines/sglang_cpu/stubs); vision models are not supported there")
 
 
 class _PlaceholderMeta(type):

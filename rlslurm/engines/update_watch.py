@@ -3,8 +3,8 @@
 An SGLang server blocked in a weight-update broadcast answers neither /health nor /generate
 (docs/sglang-behaviour.md, "Health checks during weight updates"), so the supervisor must not
 restart it then. The trainer's stage-0 leader marks the bracket with
-`control/weight_update.json` {"state": "updating", "version", "until", "pid"}
-(trainer/weight_sync.py); `UpdateWatcher` holds
+`control/weight_update.json` (`WeightUpdateRecord` in buffer/control.py, written by
+trainer/weight_sync.py); `UpdateWatcher` holds
 `EngineSupervisor.pause_health_checks()` while that record is present and its `until` has not
 passed.
 
@@ -21,18 +21,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from rlslurm.buffer.atomic import read_json
-from rlslurm.buffer.control import Control
+from rlslurm.buffer.control import Control, WeightUpdateRecord
 from rlslurm.errors import DataError
 
 if TYPE_CHECKING:
-    from rlslurm.rollout.supervisor import EngineSupervisor
+    from rlslurm.engines.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 
-UPDATE_FILE = "weight_update.json"
 # How long past --weight-sync-timeout-s one update record may hold the health checks: the
 # bracket's HTTP calls and a bucket's broadcast are each bounded by the timeout, and the
 # teardown of a failed try by CLEANUP_TIMEOUT_S (10 s) per call.
@@ -43,29 +41,25 @@ PAUSE_MARGIN_S = 30.0
 POLL_S = 0.05
 
 
-def active_update(control: Control, *, now: float | None = None) -> dict[str, Any] | None:
-    """The update record while a trainer writes weights into the engines: present, "updating",
-    and not past its `until`; else None."""
+def active_update(control: Control, *, now: float | None = None) -> WeightUpdateRecord | None:
+    """The update record while a trainer writes weights into the engines: present and not past
+    its `until`; else None."""
     try:
-        rec = read_json(control.dir / UPDATE_FILE)
+        rec = control.weight_update()
     except DataError as e:  # a foreign or torn file must not stop health checking
         log.warning("ignoring %s", e)
         return None
-    if not rec or rec.get("state") != "updating":
+    if rec is None:
         return None
-    try:
-        until = float(rec.get("until", 0))
-    except (TypeError, ValueError):
-        return None
-    return rec if until > (time.time() if now is None else now) else None
+    return rec if rec.until > (time.time() if now is None else now) else None
 
 
 def update_in_progress(control: Control, *, now: float | None = None) -> bool:
     return active_update(control, now=now) is not None
 
 
-def _key(rec: dict[str, Any]) -> tuple:
-    return rec.get("version"), rec.get("until"), rec.get("pid")
+def _key(rec: WeightUpdateRecord) -> tuple:
+    return rec.version, rec.until, rec.pid
 
 
 class UpdateWatcher:
@@ -100,7 +94,7 @@ class UpdateWatcher:
             except Exception:  # the watcher must outlive a bad read; the supervisor keeps checking
                 log.exception("weight-update watcher: round failed")
 
-    def _hold(self, rec: dict[str, Any]) -> None:
+    def _hold(self, rec: WeightUpdateRecord) -> None:
         key, t0 = _key(rec), time.monotonic()
         deadline = t0 + self.cap_s
         # The trainer is already sending: waiting for a restart in progress (~60 s on CPU) would
@@ -112,7 +106,7 @@ class UpdateWatcher:
                 cur = active_update(self.control)
                 if cur is None:
                     log.info("weight update v%s: engine health checks were paused for %.2f s",
-                             rec.get("version"), time.monotonic() - t0)
+                             rec.version, time.monotonic() - t0)
                     return
                 if _key(cur) != key:  # the trainer's next try: it is alive, honour it afresh
                     rec, key, deadline = cur, _key(cur), time.monotonic() + self.cap_s
@@ -120,9 +114,9 @@ class UpdateWatcher:
                     self._give_up(rec, key)
                     return
 
-    def _give_up(self, rec: dict[str, Any], key: tuple) -> None:
+    def _give_up(self, rec: WeightUpdateRecord, key: tuple) -> None:
         self._given_up = key
         self.capped += 1
         log.warning("weight update v%s (trainer pid %s) still marked in progress after %.0f s, the cap "
                     "(--weight-sync-timeout-s + margin): resuming engine health checks so that a peer that "
-                    "never answers is restarted", rec.get("version"), rec.get("pid"), self.cap_s)
+                    "never answers is restarted", rec.version, rec.pid, self.cap_s)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from rlslurm.rollout.sglang_versions import DEFAULT as DEFAULT_API, SGLangAPI
+from rlslurm.engines.sglang_versions import DEFAULT as DEFAULT_API, SGLangAPI
 
 DEFAULT_TIMEOUT_S = 30.0
 GENERATE_TIMEOUT_S = 600.0

@@ -1,6 +1,6 @@
 """The SGLang versions rlslurm supports and every way they differ, in one place (docs/sglang-versions.md).
 
-0.5.23 is the CPU/CI version (rlslurm/rollout/sglang_cpu pins it). 0.5.14 is the GPU machines' version:
+0.5.23 is the CPU/CI version (rlslurm/engines/sglang_cpu pins it). 0.5.14 is the GPU machines' version:
 the last SGLang whose pin, torch==2.11.0, is the image's own torch (docs/gpu.md). Between the two, the
 HTTP contract rlslurm uses differs in one place: 0.5.23 wraps a weight update in a session
 (/begin_weight_update, /end_weight_update: in-place-quantised weights become loadable between them);
@@ -23,7 +23,7 @@ from rlslurm.errors import ConfigError
 class SGLangAPI:
     version: str
     weight_update_session: bool   # /begin_weight_update + /end_weight_update exist
-    cpu_path: bool                # rlslurm's CPU device path runs it (rollout/sglang_cpu)
+    cpu_path: bool                # rlslurm's CPU device path runs it (engines/sglang_cpu)
 
 
 SUPPORTED: dict[str, SGLangAPI] = {

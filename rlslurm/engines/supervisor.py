@@ -35,7 +35,7 @@ holding the allocation while one engine is retried forever. An occasional crash 
 
 A server blocked in a weight-update broadcast answers neither `/health` nor `/generate`
 (docs/sglang-behaviour.md, "Health checks during weight updates"), so each update is wrapped in
-`pause_health_checks()` (by the rollout node's `UpdateWatcher`, rollout/update_watch.py, while
+`pause_health_checks()` (by the rollout node's `UpdateWatcher`, engines/update_watch.py, while
 the trainer's update record is active): no `/health` check starts inside it and no failed one
 counts, and entering it waits for restarts in progress to finish. An engine whose process has
 exited is still restarted inside a pause: it is in no broadcast, and marking it unhealthy at once
@@ -54,9 +54,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from rlslurm.rollout.engine import EngineProcess, EngineSpec
-from rlslurm.rollout.router import RouterError, RouterProcess
-from rlslurm.rollout.sglang_client import health_sync
+from rlslurm.engines.engine import EngineProcess, EngineSpec
+from rlslurm.engines.router import RouterError, RouterProcess
+from rlslurm.engines.sglang_client import health_sync
 
 if TYPE_CHECKING:
     from rlslurm.buffer.control import Control, EngineRecord
@@ -512,7 +512,7 @@ class EngineSupervisor:
 def engine_records(infos: list[EngineInfo], node: str) -> list["EngineRecord"]:
     """This node's engines as control-file records (what the trainer and `rlslurm status` read)."""
     from rlslurm.buffer.control import EngineRecord
-    from rlslurm.rollout.sglang_versions import installed_sglang_version
+    from rlslurm.engines.sglang_versions import installed_sglang_version
 
     version = installed_sglang_version()  # the engines run in this node's Python environment
     return [EngineRecord(url=i.url, node=node, sglang_version=version,

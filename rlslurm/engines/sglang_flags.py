@@ -13,7 +13,7 @@ import importlib.util
 
 from rlslurm.errors import ConfigError
 
-# Flags rlslurm sets itself (rollout/engine.py), with SGLang's aliases of them (--model is
+# Flags rlslurm sets itself (engines/engine.py), with SGLang's aliases of them (--model is
 # --model-path's, --tensor-parallel-size --tp-size's); a passthrough of one would silently fight
 # the supervisor, and --api-key would put the run's secret on a command line.
 OWNED_FLAGS = ("--model-path", "--model", "--host", "--port", "--nccl-port", "--base-gpu-id", "--tp-size",
