@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rlslurm.rl_settings import ESTIMATOR_NAMES
+from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
 from rlslurm.slurm.timespec import time_limit_s
@@ -153,6 +154,15 @@ class DataSection(Section):
     def _pairs(cls, v: list[str]) -> list[str]:
         if len(v) % 2:
             raise ValueError("expects NAME PATH pairs")
+        for path in v[1::2]:
+            parse_prompt_spec(path, "--eval-prompt-data")
+        return v
+
+    @field_validator("prompt_data")
+    @classmethod
+    def _slice(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            parse_prompt_spec(v)  # slime's PATH@[START:END]: a malformed slice is refused here, at submit
         return v
 
 

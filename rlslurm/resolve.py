@@ -16,6 +16,7 @@ from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_laye
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.preflight import context_parallel_refusal
+from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
 from rlslurm.rm_types import RM_REGISTRY
 from rlslurm.slurm.timespec import time_limit_s
@@ -264,7 +265,8 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         else:
             from rlslurm.rollout.data import validate_prompt_file
 
-            if d.prompt_data.exists() or strict:
+            # the file without slime's @[START:END] slice (rlslurm/prompt_slice.py)
+            if parse_prompt_spec(d.prompt_data).path.exists() or strict:
                 validate_prompt_file(d.prompt_data, d.input_key, d.label_key)
             else:
                 res.warnings.append(f"--prompt-data {d.prompt_data} does not exist (here)")
@@ -272,8 +274,8 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
     for name, path in zip(pairs[::2], pairs[1::2]):
         from rlslurm.rollout.data import validate_prompt_file
 
-        if Path(path).exists() or strict:
-            validate_prompt_file(Path(path), d.input_key, d.label_key)
+        if parse_prompt_spec(path, "--eval-prompt-data").path.exists() or strict:
+            validate_prompt_file(path, d.input_key, d.label_key, flag="--eval-prompt-data")
     if m.hf_checkpoint is None and m.load is None and not mc.tiny:
         _need(res, strict, f"--hf-checkpoint is required for {mc.name} (the HF directory with the initial weights)")
     for flag, p in (("--hf-checkpoint", m.hf_checkpoint), ("--ref-load", m.ref_load), ("--load", m.load)):

@@ -409,7 +409,7 @@ class RolloutDriver:
             src = PromptSource(path, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
                                tool_key=d.tool_key, tokenizer=self.tokenizer, apply_chat_template=d.apply_chat_template,
                                chat_template_kwargs=d.apply_chat_template_kwargs, shuffle=False, num_epochs=1,
-                               strict=d.data_strict)
+                               strict=d.data_strict, flag="--eval-prompt-data")
             prompts = src.take(src.num_records)
             src.close()
             groups = await asyncio.gather(*(self._eval_group(p, k, sp, f"eval dataset {name} ({path})")
