@@ -202,6 +202,8 @@ class RolloutSection(Section):
     update_weights_interval: int = Field(1, ge=1)
     engine_health_interval_s: float = Field(10.0, gt=0)
     eval_interval: int | None = Field(None, ge=1)
+    # slime's flag: no eval at rollout 0 (the weights before training); later evals are unchanged
+    skip_eval_before_train: bool = False
     n_samples_per_eval_prompt: int = Field(1, ge=1)
     eval_temperature: float = Field(0.0, ge=0)
     eval_max_response_len: int | None = Field(None, ge=1)

@@ -51,7 +51,6 @@ SLIME_INSTEAD: dict[str, str] = {
     "use_wandb": "metrics are written to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (and TensorBoard "
                  "when installed)",
     "eval_max_context_len": "eval uses --rollout-max-context-len",
-    "skip_eval_before_train": "eval runs at rollouts divisible by --eval-interval (0 included)",
 }
 
 

@@ -9,7 +9,8 @@ One rollout at a time, in id order:
    attempt start at 0 whatever the record from the previous attempt says. In disk mode
    the driver moves the engines itself: when Control's version is ahead of an engine, it
    loads RUN/weights/v<N> there (all lagging engines concurrently).
-2. **Eval** every `eval_interval` rollouts, against the weights that passed the gate.
+2. **Eval** every `eval_interval` rollouts, against the weights that passed the gate (rollout 0's
+   not with --skip-eval-before-train).
 3. **Generate** `rollout_batch_size` groups of `n_samples_per_prompt` (GroupCollector:
    over-sampling, dynamic-sampling filters, aborted groups handed back).
 4. **Commit** with the data cursor after it, then append a metrics line to
@@ -130,6 +131,15 @@ def build_source(cfg: RunConfig, tokenizer: Any) -> DataSource:
                         chat_template_kwargs=d.apply_chat_template_kwargs, max_prompt_len=max_prompt_len(cfg),
                         shuffle=d.rollout_shuffle, seed=d.rollout_seed, num_epochs=d.num_epoch,
                         strict=d.data_strict, buffer_filter=cfg.rollout.buffer_filter_path)
+
+
+def eval_due(rollout_id: int, cfg: RunConfig) -> bool:
+    """Eval before rollouts divisible by --eval-interval; rollout 0's (the untrained weights, slime's
+    "eval before train") not with --skip-eval-before-train."""
+    r = cfg.rollout
+    if not r.eval_interval or rollout_id % r.eval_interval:
+        return False
+    return not (rollout_id == 0 and r.skip_eval_before_train)
 
 
 def eval_datasets(cfg: RunConfig) -> list[tuple[str, Path]]:
@@ -256,8 +266,7 @@ class RolloutDriver:
             version = await self.wait_for_weights(rollout_id)
         except _RegenerateFirst:
             return "deferred"
-        ev = self.cfg.rollout.eval_interval
-        if self._eval and ev and rollout_id % ev == 0:
+        if self._eval and eval_due(rollout_id, self.cfg):
             if await self.evaluate(rollout_id, version):
                 result.evaluated.append(rollout_id)
         committed = await self.generate_rollout(rollout_id, version)
