@@ -20,6 +20,7 @@ from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
 from rlslurm.rm_types import RM_REGISTRY
 from rlslurm.slurm.timespec import time_limit_s
+from rlslurm.trainer.replay_subsample import check_subsample
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
 _TRAIN_BYTES_PER_PARAM = 18
@@ -290,6 +291,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         _need(res, strict, f"--load-debug-rollout-data {replay} is not a directory")
     elif replay is not None:
         preflight.check_replay_buffer(replay)
+    check_subsample(cfg)
     missing_plugin = False
     for name in PLUGIN_FIELDS:
         spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)
