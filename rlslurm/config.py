@@ -148,6 +148,7 @@ class DataSection(Section):
     data_strict: bool = True
     data_source_path: str | None = None   # module:Class of a custom prompt source
     eval_prompt_data: list[str] = Field(default_factory=list)  # NAME PATH [NAME PATH ...]
+    eval_config: Path | None = None   # slime's per-dataset eval YAML, instead of eval_prompt_data (rlslurm/eval_config.py)
 
     @field_validator("eval_prompt_data")
     @classmethod

@@ -12,6 +12,7 @@ from pathlib import Path
 from rlslurm import preflight
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
@@ -271,12 +272,15 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
                 validate_prompt_file(d.prompt_data, d.input_key, d.label_key)
             else:
                 res.warnings.append(f"--prompt-data {d.prompt_data} does not exist (here)")
-    pairs = d.eval_prompt_data
-    for name, path in zip(pairs[::2], pairs[1::2]):
-        from rlslurm.rollout.data import validate_prompt_file
+    if d.eval_config is not None and not d.eval_config.is_file() and not strict:
+        res.warnings.append(f"--eval-config {d.eval_config} does not exist (here)")
+    else:
+        flag = "--eval-config" if d.eval_config is not None else "--eval-prompt-data"
+        for ds in eval_datasets(cfg):
+            from rlslurm.rollout.data import validate_prompt_file
 
-        if parse_prompt_spec(path, "--eval-prompt-data").path.exists() or strict:
-            validate_prompt_file(path, d.input_key, d.label_key, flag="--eval-prompt-data")
+            if parse_prompt_spec(ds.path, flag).path.exists() or strict:
+                validate_prompt_file(ds.path, ds.input_key, ds.label_key, flag=flag)
     if m.hf_checkpoint is None and m.load is None and not mc.tiny:
         _need(res, strict, f"--hf-checkpoint is required for {mc.name} (the HF directory with the initial weights)")
     for flag, p in (("--hf-checkpoint", m.hf_checkpoint), ("--ref-load", m.ref_load), ("--load", m.load)):
