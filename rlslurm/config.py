@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rlslurm.rl_settings import ESTIMATOR_NAMES
+from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
 from rlslurm.slurm.timespec import time_limit_s
@@ -147,12 +148,22 @@ class DataSection(Section):
     data_strict: bool = True
     data_source_path: str | None = None   # module:Class of a custom prompt source
     eval_prompt_data: list[str] = Field(default_factory=list)  # NAME PATH [NAME PATH ...]
+    eval_config: Path | None = None   # slime's per-dataset eval YAML, instead of eval_prompt_data (rlslurm/eval_config.py)
 
     @field_validator("eval_prompt_data")
     @classmethod
     def _pairs(cls, v: list[str]) -> list[str]:
         if len(v) % 2:
             raise ValueError("expects NAME PATH pairs")
+        for path in v[1::2]:
+            parse_prompt_spec(path, "--eval-prompt-data")
+        return v
+
+    @field_validator("prompt_data")
+    @classmethod
+    def _slice(cls, v: Path | None) -> Path | None:
+        if v is not None:
+            parse_prompt_spec(v)  # slime's PATH@[START:END]: a malformed slice is refused here, at submit
         return v
 
 
@@ -192,6 +203,8 @@ class RolloutSection(Section):
     update_weights_interval: int = Field(1, ge=1)
     engine_health_interval_s: float = Field(10.0, gt=0)
     eval_interval: int | None = Field(None, ge=1)
+    # slime's flag: no eval at rollout 0 (the weights before training); later evals are unchanged
+    skip_eval_before_train: bool = False
     n_samples_per_eval_prompt: int = Field(1, ge=1)
     eval_temperature: float = Field(0.0, ge=0)
     eval_max_response_len: int | None = Field(None, ge=1)
@@ -284,6 +297,8 @@ class TrainSection(Section):
     hang_timeout_minutes: float | None = Field(None, ge=0)
     verify_weight_sync: bool = False   # after each sync compare trainer vs engine greedy output (control/weight_probe.jsonl)
     load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
+    # ... on this fraction of each replayed rollout's groups (rlslurm/trainer/replay_subsample.py)
+    load_debug_rollout_data_subsample: float | None = Field(None, gt=0, le=1)
 
 
 class RunConfig(Section):

@@ -12,13 +12,16 @@ from pathlib import Path
 from rlslurm import preflight
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.preflight import context_parallel_refusal
+from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
 from rlslurm.rm_types import RM_REGISTRY
 from rlslurm.slurm.timespec import time_limit_s
+from rlslurm.trainer.replay_subsample import check_subsample
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
 _TRAIN_BYTES_PER_PARAM = 18
@@ -264,16 +267,20 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         else:
             from rlslurm.rollout.data import validate_prompt_file
 
-            if d.prompt_data.exists() or strict:
+            # the file without slime's @[START:END] slice (rlslurm/prompt_slice.py)
+            if parse_prompt_spec(d.prompt_data).path.exists() or strict:
                 validate_prompt_file(d.prompt_data, d.input_key, d.label_key)
             else:
                 res.warnings.append(f"--prompt-data {d.prompt_data} does not exist (here)")
-    pairs = d.eval_prompt_data
-    for name, path in zip(pairs[::2], pairs[1::2]):
-        from rlslurm.rollout.data import validate_prompt_file
+    if d.eval_config is not None and not d.eval_config.is_file() and not strict:
+        res.warnings.append(f"--eval-config {d.eval_config} does not exist (here)")
+    else:
+        flag = "--eval-config" if d.eval_config is not None else "--eval-prompt-data"
+        for ds in eval_datasets(cfg):
+            from rlslurm.rollout.data import validate_prompt_file
 
-        if Path(path).exists() or strict:
-            validate_prompt_file(Path(path), d.input_key, d.label_key)
+            if parse_prompt_spec(ds.path, flag).path.exists() or strict:
+                validate_prompt_file(ds.path, ds.input_key, ds.label_key, flag=flag)
     if m.hf_checkpoint is None and m.load is None and not mc.tiny:
         _need(res, strict, f"--hf-checkpoint is required for {mc.name} (the HF directory with the initial weights)")
     for flag, p in (("--hf-checkpoint", m.hf_checkpoint), ("--ref-load", m.ref_load), ("--load", m.load)):
@@ -288,6 +295,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         _need(res, strict, f"--load-debug-rollout-data {replay} is not a directory")
     elif replay is not None:
         preflight.check_replay_buffer(replay)
+    check_subsample(cfg)
     missing_plugin = False
     for name in PLUGIN_FIELDS:
         spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)

@@ -26,6 +26,9 @@ _RESUME = "rlslurm resumes from the run directory (rlslurm resubmit RUN)"
 
 # slime flag -> what to use in rlslurm instead (one clause, shown after the flag).
 SLIME_INSTEAD: dict[str, str] = {
+    # Not a field: rollout ids number the weight versions (version N = after training rollouts 0..N-1),
+    # the checkpoints and the buffer, so a run always starts at 0 and a resume always wins
+    # (docs/slime-flags.md).
     "start_rollout_id": f"{_RESUME}: the next rollout follows the last trained one, and a new run "
                         "starts at 0; to start from other weights use --load or --hf-checkpoint",
     "actor_num_nodes": "use --trainer-nodes (het group 0) and --rollout-nodes",
@@ -51,7 +54,6 @@ SLIME_INSTEAD: dict[str, str] = {
     "use_wandb": "metrics are written to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (and TensorBoard "
                  "when installed)",
     "eval_max_context_len": "eval uses --rollout-max-context-len",
-    "skip_eval_before_train": "eval runs at rollouts divisible by --eval-interval (0 included)",
 }
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_object
+from rlslurm.prompt_slice import PromptSpec, parse_prompt_spec
 
 log = logging.getLogger(__name__)
 
@@ -419,8 +420,11 @@ class PromptSource:
         num_epochs: int = 1,
         strict: bool = True,
         buffer_filter: BufferFilter | str | None = None,
+        flag: str = "--prompt-data",
     ):
-        self.path = Path(path)
+        # `path` may carry slime's @[START:END] slice (rlslurm/prompt_slice.py)
+        self.spec: PromptSpec = parse_prompt_spec(path, flag)
+        self.path = self.spec.path
         _check_exists(self.path)
         self.format = _file_format(self.path)
         if num_epochs < 1:
@@ -453,10 +457,15 @@ class PromptSource:
             wanted = [input_key, label_key, metadata_key, tool_key]
             required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
             self._records = _ParquetRecords(self.path, [c for c in wanted if c], required)
-        self.num_records = len(self._records)
-        if self.num_records == 0:
+        self.file_records = len(self._records)
+        if self.file_records == 0:
             raise DataError(str(self.path), "prompt file has no records")
-        self._fingerprint = _fingerprint(self.path, self.num_records)
+        self._fingerprint = _fingerprint(self.path, self.file_records)
+        # the records served: [lo, hi) of the file; record numbers (Prompt.index) stay the file's
+        self._lo, self._hi = self.spec.bounds(self.file_records)
+        self.num_records = self._hi - self._lo
+        if self.num_records == 0:
+            raise ConfigError(f"{flag} {self.spec}: {_empty_slice(self.file_records)}")
 
         self.epoch = 0
         self.position = 0
@@ -470,18 +479,21 @@ class PromptSource:
         """Record numbers in the order epoch `epoch` serves them."""
         if self._order_cache is not None and self._order_cache[0] == epoch:
             return self._order_cache[1]
-        n = self.num_records
+        n, lo, hi = self.num_records, self._lo, self._hi
         if not self.shuffle:
-            order = np.arange(n, dtype=np.int64)
+            order = np.arange(lo, hi, dtype=np.int64)
         else:
             rng = np.random.default_rng([self.seed, epoch])
             if isinstance(self._records, _ParquetRecords) and len(self._records.group_sizes) > 1:
-                starts, sizes = self._records.group_starts, self._records.group_sizes
+                # each row group clipped to the slice (empty ones kept: the draws of an unsliced file
+                # must not change, or a resumed cursor would point into another order)
+                g0 = np.clip(self._records.group_starts[:-1], lo, hi)
+                sizes = np.clip(self._records.group_starts[1:], lo, hi) - g0
                 order = np.concatenate(
-                    [starts[g] + rng.permutation(int(sizes[g])) for g in rng.permutation(len(sizes))]
+                    [g0[g] + rng.permutation(int(sizes[g])) for g in rng.permutation(len(sizes))]
                 ).astype(np.int64)
             else:
-                order = rng.permutation(n).astype(np.int64)
+                order = lo + rng.permutation(n).astype(np.int64)
         self._order_cache = (epoch, order)
         return order
 
@@ -612,6 +624,7 @@ class PromptSource:
             "position": self.position,
             "counters": dict(self.counters),
             "pending": [p.to_json() for p in self._pending],
+            **({"slice": [self._lo, self._hi]} if self.spec.sliced else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -629,6 +642,12 @@ class PromptSource:
                 f"--rollout-shuffle/--rollout-seed changed since the cursor was saved (saved shuffle="
                 f"{state.get('shuffle')} seed={state.get('seed')}, now shuffle={self.shuffle} seed={self.seed}); "
                 "the data order would change and prompts would be skipped or repeated"
+            )
+        saved = state.get("slice") or [0, self.file_records]
+        if list(saved) != [self._lo, self._hi]:
+            raise ConfigError(
+                f"--prompt-data {self.spec}: serves records [{self._lo}, {self._hi}) of the file but the cursor was "
+                f"saved for records [{saved[0]}, {saved[1]}); resuming would skip or repeat prompts"
             )
         epoch, position = int(state["epoch"]), int(state["position"])
         if position < 0 or position > self.num_records or epoch < 0:
@@ -651,12 +670,16 @@ class PromptSource:
 
 
 def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt", label_key: str | None = "label",
-                         n_lines: int = 20) -> int:
+                         n_lines: int = 20, flag: str = "--prompt-data") -> int:
     """Pre-submit check: the file exists, its suffix is known, and the first `n_lines`
-    records parse and carry the keys. Returns how many records were checked."""
-    p = Path(path)
+    records (of the @[START:END] slice, if any) parse and carry the keys. Returns how many
+    records were checked."""
+    spec = parse_prompt_spec(path, flag)
+    p = spec.path
     _check_exists(p)
     fmt = _file_format(p)
+    if spec.sliced:
+        return _validate_slice(spec, fmt, input_key, label_key, n_lines, flag)
     checked = 0
     if fmt == "jsonl":
         with open(p, "rb") as f:
@@ -690,6 +713,37 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
     if checked == 0:
         raise DataError(str(p), "prompt file has no records")
     return checked
+
+
+def _validate_slice(spec: PromptSpec, fmt: str, input_key: str, label_key: str | None, n_lines: int,
+                    flag: str) -> int:
+    """The sliced form of validate_prompt_file: the slice's bounds need the file's record count,
+    so the file is indexed (one pass, as the driver does at start) and the slice's first records read."""
+    required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
+    records = _JsonlRecords(spec.path) if fmt == "jsonl" else \
+        _ParquetRecords(spec.path, [k for k in (input_key, label_key) if k], required)
+    try:
+        if len(records) == 0:
+            raise DataError(str(spec.path), "prompt file has no records")
+        lo, hi = spec.bounds(len(records))
+        if lo == hi:
+            raise ConfigError(f"{flag} {spec}: {_empty_slice(len(records))}")
+        checked = 0
+        for i in range(lo, min(hi, lo + n_lines)):
+            try:
+                obj = records.read(i)
+            except _BadRecord as e:
+                raise DataError(e.where, e.message) from None
+            if obj is not None:
+                _check_keys(obj, records.where(i), input_key, label_key)
+                checked += 1
+        return checked
+    finally:
+        records.close()
+
+
+def _empty_slice(n_records: int) -> str:
+    return f"the slice selects no records (the file has {n_records}; a slice is PATH@[START:END] over its records)"
 
 
 def _too_long(raw: bytes) -> bool:

@@ -9,7 +9,8 @@ One rollout at a time, in id order:
    attempt start at 0 whatever the record from the previous attempt says. In disk mode
    the driver moves the engines itself: when Control's version is ahead of an engine, it
    loads RUN/weights/v<N> there (all lagging engines concurrently).
-2. **Eval** every `eval_interval` rollouts, against the weights that passed the gate.
+2. **Eval** every `eval_interval` rollouts, against the weights that passed the gate (rollout 0's
+   not with --skip-eval-before-train).
 3. **Generate** `rollout_batch_size` groups of `n_samples_per_prompt` (GroupCollector:
    over-sampling, dynamic-sampling filters, aborted groups handed back).
 4. **Commit** with the data cursor after it, then append a metrics line to
@@ -47,6 +48,7 @@ from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.config import RunConfig
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.eval_config import EvalDataset, eval_datasets
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
 from rlslurm.rollout.filters import GroupCollector, GroupFilter, load_filter
 from rlslurm.rollout.generate_api import (
@@ -132,14 +134,25 @@ def build_source(cfg: RunConfig, tokenizer: Any) -> DataSource:
                         strict=d.data_strict, buffer_filter=cfg.rollout.buffer_filter_path)
 
 
-def eval_datasets(cfg: RunConfig) -> list[tuple[str, Path]]:
-    pairs = cfg.data.eval_prompt_data
-    out = [(pairs[i], Path(pairs[i + 1])) for i in range(0, len(pairs), 2)]
-    names = [n for n, _ in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"--eval-prompt-data: dataset name(s) {dup} given twice")
-    return out
+def eval_due(rollout_id: int, cfg: RunConfig) -> bool:
+    """Eval before rollouts divisible by --eval-interval; rollout 0's (the untrained weights, slime's
+    "eval before train") not with --skip-eval-before-train."""
+    r = cfg.rollout
+    if not r.eval_interval or rollout_id % r.eval_interval:
+        return False
+    return not (rollout_id == 0 and r.skip_eval_before_train)
+
+
+def eval_sampling_params(cfg: RunConfig, ds: EvalDataset) -> dict[str, Any]:
+    """One eval dataset's SGLang params: the run's eval params with the dataset's settings."""
+    sp = sampling_params(cfg, eval=True)
+    sp.update(temperature=ds.temperature, top_p=ds.top_p, top_k=ds.top_k, max_new_tokens=ds.max_response_len)
+    for key, value in (("stop", ds.stop), ("stop_token_ids", ds.stop_token_ids)):
+        if value:
+            sp[key] = list(value)
+        else:
+            sp.pop(key, None)
+    return sp
 
 
 @dataclass
@@ -256,8 +269,7 @@ class RolloutDriver:
             version = await self.wait_for_weights(rollout_id)
         except _RegenerateFirst:
             return "deferred"
-        ev = self.cfg.rollout.eval_interval
-        if self._eval and ev and rollout_id % ev == 0:
+        if self._eval and eval_due(rollout_id, self.cfg):
             if await self.evaluate(rollout_id, version):
                 result.evaluated.append(rollout_id)
         committed = await self.generate_rollout(rollout_id, version)
@@ -398,20 +410,21 @@ class RolloutDriver:
         writer = RolloutWriter(self.rd, kind="eval")
         if writer.is_committed(rollout_id):
             return False
-        r = self.cfg.rollout
-        sp = sampling_params(self.cfg, eval=True)
-        k = r.n_samples_per_eval_prompt
         samples: list[Sample] = []
         metrics: dict[str, float] = {"eval/engine_version": float(engine_version)}
         t0 = time.perf_counter()
-        for name, path in self._eval:
-            d = self.cfg.data
-            src = PromptSource(path, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
-                               tool_key=d.tool_key, tokenizer=self.tokenizer, apply_chat_template=d.apply_chat_template,
+        for ds in self._eval:
+            d, name, path, k = self.cfg.data, ds.name, ds.path, ds.n_samples_per_eval_prompt
+            sp = eval_sampling_params(self.cfg, ds)
+            src = PromptSource(path, input_key=ds.input_key, label_key=ds.label_key, metadata_key=ds.metadata_key,
+                               tool_key=ds.tool_key, tokenizer=self.tokenizer, apply_chat_template=ds.apply_chat_template,
                                chat_template_kwargs=d.apply_chat_template_kwargs, shuffle=False, num_epochs=1,
-                               strict=d.data_strict)
+                               strict=d.data_strict, flag="--eval-config" if d.eval_config else "--eval-prompt-data")
             prompts = src.take(src.num_records)
             src.close()
+            if ds.rm_type is not None:  # slime's per-dataset rm_type: the record's rule (rollout/rewards.py)
+                for p in prompts:
+                    p.metadata = {**p.metadata, "rm_type": ds.rm_type}
             groups = await asyncio.gather(*(self._eval_group(p, k, sp, f"eval dataset {name} ({path})")
                                             for p in prompts))
             for g in groups:

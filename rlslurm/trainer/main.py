@@ -37,6 +37,7 @@ from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
 from rlslurm.trainer.collectives import collective_device
+from rlslurm.trainer.replay_subsample import subsample
 from rlslurm.trainer.setup import init_distributed
 
 log = logging.getLogger("rlslurm.trainer")
@@ -156,6 +157,8 @@ class Trainer:
                 if cmd == "stop":
                     return self._stop(progress)
                 rollout = self.reader.read(progress.next_rollout_id)
+                if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
+                    rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
                 lines = self._train_rollout(rollout, time.perf_counter() - t0)
                 progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
                 t1 = time.perf_counter()

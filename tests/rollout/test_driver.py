@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -385,3 +386,37 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     assert not info.awaiting_weights and info.worker_id is not None
     workers = {w["url"]: w for w in dep.router.workers()}
     assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_sliced_prompts_and_eval_config_through_the_driver(private_deployment, tmp_path):
+    """--prompt-data PATH@[4:10], --eval-config (two datasets: one sliced with its own sample count,
+    max lengths from defaults and the entry) and --skip-eval-before-train: the rollouts use only the
+    slice, the cursor records it, and eval runs before rollout 1 but not 0."""
+    dep = private_deployment
+    run = tmp_path / "run"
+    prompts = write_prompts(tmp_path / "p.jsonl", 12)
+    write_prompts(tmp_path / "a.jsonl", 5, offset=3)
+    write_prompts(tmp_path / "b.jsonl", 2, offset=9)
+    (tmp_path / "eval.yaml").write_text(
+        "eval:\n  defaults: {max_response_len: 3}\n  datasets:\n"
+        "    - {name: a, path: 'a.jsonl@[-2:]', n_samples_per_eval_prompt: 2}\n"
+        "    - {name: b, path: b.jsonl, max_response_len: 5, rm_type: exact}\n")
+    cfg = make_cfg(Path(f"{prompts}@[4:10]"), num_rollout=2, rollout_batch_size=3, n_samples_per_prompt=2,
+                   eval_interval=1, skip_eval_before_train=True, async_buffer_size=4)
+    cfg.data.eval_config = tmp_path / "eval.yaml"
+    r = asyncio.run(make_driver(dep, cfg, run).run())
+    assert r.reason == "done" and r.committed == [0, 1] and r.evaluated == [1]
+    reader = RolloutReader(run)
+    used = sorted(s.metadata["prompt_index"] for rid in range(2) for s in reader.read(rid).samples[::2])
+    assert used == [4, 5, 6, 7, 8, 9]
+    assert reader.read(1).meta.data_cursor["slice"] == [4, 10]
+    e1 = RolloutReader(run, kind="eval").read(1)
+    by = {n: [s for s in e1.samples if s.metadata["eval_dataset"] == n] for n in "ab"}
+    assert len(by["a"]) == 4 and len(by["b"]) == 2
+    assert sorted({s.metadata["prompt_index"] for s in by["a"]}) == [3, 4]
+    assert all(s.response_length <= 3 for s in by["a"]) and all(s.response_length <= 5 for s in by["b"])
+    evals = [m for m in metrics_lines(run) if m["kind"] == "eval"]
+    assert [m["rollout_id"] for m in evals] == [1]
+    assert evals[0]["eval/a/prompts"] == 2 and "eval/a/pass@2" in evals[0] and "eval/b/pass@1" in evals[0]
