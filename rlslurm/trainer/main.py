@@ -37,6 +37,8 @@ from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
 from rlslurm.trainer.collectives import collective_device
+from rlslurm.trainer.commands import Command, Failed, Next
+from rlslurm.trainer.delivery import Publish, WeightDelivery
 from rlslurm.trainer.replay_subsample import subsample
 from rlslurm.trainer.setup import init_distributed
 
@@ -113,15 +115,8 @@ class Trainer:
         self.replay = cfg.train.load_debug_rollout_data is not None
         self.last_saved: int | None = None
         self._last_heartbeat = -HEARTBEAT_S
-        # A trained version the engines of this attempt have not received because they were not up
-        # yet; published as soon as they are (or, past --weight-sync-timeout-s, through the
-        # publisher's own failure handling).
-        self.pending_version: int | None = None
-        self._engines_up = False
-        self._started = time.monotonic()
-        self._published_version: int | None = None  # in this attempt
-        # (url, restarts) of restarted engines already given a repeated publish: one each
-        self._republished: set[tuple[str, int]] = set()
+        self.delivery = WeightDelivery(self.control, needs_engines=self._needs_engines(),
+                                       sync_timeout_s=cfg.train.weight_sync_timeout_s)
 
     # ------------------------------------------------------------------ the loop
 
@@ -152,9 +147,9 @@ class Trainer:
                 self._beat()
                 t0 = time.perf_counter()
                 cmd = self._next_command(progress.next_rollout_id)
-                if cmd == "preempt":
+                if cmd is Next.PREEMPT:
                     return self._preempt(progress)
-                if cmd == "stop":
+                if cmd is Next.STOP:
                     return self._stop(progress)
                 rollout = self.reader.read(progress.next_rollout_id)
                 if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
@@ -172,9 +167,9 @@ class Trainer:
                     values.update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
                 for step, values in lines:
                     self.metrics.log(step, values)
-            if self.pending_version is not None:  # the engines never came up while we trained
+            if self.delivery.pending is not None:  # the engines never came up while we trained
                 self._wait_for_engines()
-                self._publish(self.pending_version)
+                self._publish(self.delivery.pending)
             if self.last_saved != progress.trained_rollouts:
                 self._save(progress)
             if self.rank == 0:
@@ -224,7 +219,7 @@ class Trainer:
         if self.rank == 0:
             deadline = time.monotonic() + self.cfg.train.weight_sync_timeout_s
             while time.monotonic() < deadline:
-                if self._all_engines_healthy():
+                if self.delivery.all_engines_healthy():
                     break
                 time.sleep(1.0)
             else:
@@ -233,47 +228,18 @@ class Trainer:
 
     def _publish(self, version: int) -> None:
         self.publisher.publish(self.st.actor.model, version)
-        self._published_version = version
-        self.pending_version = None
+        self.delivery.delivered(version)
         if self.cfg.train.verify_weight_sync:
             self._probe(version)
 
     def _needs_engines(self) -> bool:
         return self.cfg.train.weight_sync == "distributed" and not self.replay
 
-    def _engines_ready(self) -> bool:
-        """Rank 0 only. True once this attempt's engines have all been registered and healthy (or the
-        wait for them has outlasted --weight-sync-timeout-s and some are); after that, engines that
-        die and restart are the publisher's business, not a reason to defer. With none healthy the
-        deferral goes on past the timeout: a publish then reaches nobody, and engines that come up
-        later serve the HF weights while the driver waits for this version and the trainer for the
-        driver's next rollout (bench/bench_chaos.py hit that deadlock after a USR1 requeue, with SGLang
-        CPU start-up 41 s > a 20 s sync timeout)."""
-        if not self._engines_up:
-            timed_out = time.monotonic() - self._started > self.cfg.train.weight_sync_timeout_s
-            self._engines_up = self._all_engines_healthy() or \
-                (timed_out and any(e.healthy for e in self.control.engines()))
-        return self._engines_up
-
-    def _all_engines_healthy(self) -> bool:
-        engines = self.control.engines()
-        return bool(engines) and all(e.healthy for e in engines)
-
-    def _engines_awaiting_weights(self) -> list[tuple[str, int]]:
-        """Rank 0: restarted engines the rollout node keeps out of the router until they serve the
-        published version, when these weights are that version (with --update-weights-interval > 1
-        the trainer may be ahead of it: then the next scheduled publish reaches them)."""
-        if not self._needs_engines() or self._published_version != self.progress.weight_version:
-            return []
-        return [(e.url, e.restarts) for e in self.control.engines()
-                if e.healthy and e.awaiting_weights and (e.url, e.restarts) not in self._republished]
-
     def _defer(self, version: int) -> None:
         if not self._needs_engines():
             self._publish(version)
             return
-        self.pending_version = version
-        log.info("weight version %d will be published once this attempt's engines are up", version)
+        self.delivery.defer(version)
 
     def _publish_or_defer(self, version: int) -> None:
         """Collective: publish now if the engines are up, else keep the version for `_poll`."""
@@ -281,7 +247,7 @@ class Trainer:
             self._publish(version)
             return
         # after a TERM the engines are being killed too: the checkpoint carries this version instead
-        ready = [self._engines_ready() and not term_received() if self.rank == 0 else None]
+        ready = [self.delivery.engines_ready() and not term_received() if self.rank == 0 else None]
         dist.broadcast_object_list(ready, src=0)
         if ready[0]:
             self._publish(version)
@@ -335,23 +301,21 @@ class Trainer:
         last = progress.trained_rollouts == self.cfg.rollout.num_rollout
         return last or progress.trained_rollouts % self.cfg.rollout.update_weights_interval == 0
 
-    def _next_command(self, rollout_id: int) -> str:
-        """Collective: rank 0 polls the control files and the buffer, every rank gets its verdict."""
+    def _next_command(self, rollout_id: int) -> Next:
+        """Collective: rank 0 polls the control files and the buffer, every rank gets its verdict
+        (trainer/commands.py); publishes due meanwhile (trainer/delivery.py) are made here."""
         while True:
             msg: list = [None]
             if self.rank == 0:
                 msg = [self._poll(rollout_id)]
             dist.broadcast_object_list(msg, src=0)
-            cmd = msg[0]
-            if isinstance(cmd, tuple) and cmd[0] == "error":  # fail on every rank, not just rank 0
-                raise DataError(str(self.reader.dir), cmd[1])
-            if cmd == "publish":  # the engines came up while we waited: give them the deferred version
-                self._publish(self.pending_version)
+            cmd: Command = msg[0]
+            if isinstance(cmd, Failed):
+                raise DataError(str(self.reader.dir), cmd.message)
+            if isinstance(cmd, Publish):
+                self._publish(cmd.version)
                 continue
-            if isinstance(cmd, tuple) and cmd[0] == "republish":
-                self._publish(cmd[1])
-                continue
-            if cmd != "wait":
+            if cmd is not Next.WAIT:
                 return cmd
 
     def _beat(self) -> None:
@@ -362,29 +326,25 @@ class Trainer:
             self.control.heartbeat("trainer", self.rank)
             self._last_heartbeat = now
 
-    def _poll(self, rollout_id: int):
+    def _poll(self, rollout_id: int) -> Command:
+        """Rank 0's verdict: a stop or preempt first, then a publish due, then the rollout."""
         if self.control.preempt_requested() or term_received():
-            return "preempt"
+            return Next.PREEMPT
         if self.control.stop_requested():
-            return "stop"
+            return Next.STOP
         self._beat()
-        if self.pending_version is not None and self._engines_ready():
-            return "publish"
-        if self.pending_version is None and (behind := self._engines_awaiting_weights()):
-            log.info("engines %s restarted and hold the checkpoint's weights: publishing version %d again",
-                     [u for u, _ in behind], self._published_version)
-            self._republished.update(behind)
-            return ("republish", self._published_version)
+        if (due := self.delivery.due(self.progress.weight_version)) is not None:
+            return due
         if self.replay:
             if rollout_id not in self.reader.committed_ids():
-                return ("error", f"replay buffer has no rollout {rollout_id} (--num-rollout "
-                                 f"{self.cfg.rollout.num_rollout}, committed: {self.reader.committed_ids()[-5:]})")
-            return "ready"
+                return Failed(f"replay buffer has no rollout {rollout_id} (--num-rollout "
+                              f"{self.cfg.rollout.num_rollout}, committed: {self.reader.committed_ids()[-5:]})")
+            return Next.READY
         try:
             self.reader.wait_for(rollout_id, timeout=POLL_S)
-            return "ready"
+            return Next.READY
         except BufferTimeout:
-            return "wait"
+            return Next.WAIT
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -1,4 +1,4 @@
-"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`): the rollout node keeps
+"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/delivery.py): the rollout node keeps
 such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
 published version; the trainer, while it waits for a rollout, publishes that version again, once
 per restart, and only when its weights are that version. Real run directory and control files;
@@ -15,6 +15,8 @@ from rlslurm.buffer.progress import TrainerProgress
 from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig, TrainSection
+from rlslurm.trainer.commands import Next
+from rlslurm.trainer.delivery import Publish
 from rlslurm.trainer.main import Trainer
 
 A, B = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
@@ -26,8 +28,8 @@ def trainer(tmp_path: Path, *, weight_sync: str = "distributed", published: int 
     t = Trainer(RunConfig(train=TrainSection(weight_sync=weight_sync)), rd, rank=0, world=1)
     t.reader = RolloutReader(rd)
     t.progress = TrainerProgress(next_rollout_id=trained, weight_version=trained, trained_rollouts=trained)
-    t._published_version = published
-    t._engines_up = True
+    t.delivery.published = published
+    t.delivery.engines_up = True
     return t
 
 
@@ -40,13 +42,13 @@ def engines(control: Control, *, b_restarts: int = 1, b_awaiting: bool = True, b
 def test_restarted_engine_gets_the_published_version_again_once_per_restart(tmp_path):
     t = trainer(tmp_path)
     engines(t.control)
-    assert t._poll(3) == ("republish", 3)
+    assert t._poll(3) == Publish(3, again=True)
     # the supervisor admits it at its next health round; until then it still says awaiting
-    assert t._poll(3) == "wait"
+    assert t._poll(3) is Next.WAIT
     engines(t.control, b_restarts=2)  # restarted again before being admitted: one more publish
-    assert t._poll(3) == ("republish", 3)
+    assert t._poll(3) == Publish(3, again=True)
     engines(t.control, b_restarts=2, b_awaiting=False)
-    assert t._poll(3) == "wait"
+    assert t._poll(3) is Next.WAIT
 
 
 @pytest.mark.parametrize("case", ["not healthy yet", "weights ahead of the published version",
@@ -56,15 +58,15 @@ def test_no_repeated_publish(tmp_path, case):
                              "nothing published in this attempt": dict(published=None),
                              "disk mode": dict(weight_sync="disk")}.get(case, {}))
     engines(t.control, b_healthy=case != "not healthy yet", b_awaiting=case != "nobody awaits")
-    assert t._poll(3) == "wait"
+    assert t._poll(3) is Next.WAIT
 
 
 def test_a_deferred_publish_comes_first(tmp_path):
     """After a resume the deferred version goes to every engine anyway: no second publish for it."""
     t = trainer(tmp_path, published=None)
-    t.pending_version = 3
+    t.delivery.pending = 3
     engines(t.control)
-    assert t._poll(3) == "publish"
+    assert t._poll(3) == Publish(3)
 
 
 def test_deferred_publish_waits_for_an_engine_even_past_the_sync_timeout(tmp_path):
@@ -72,19 +74,19 @@ def test_deferred_publish_waits_for_an_engine_even_past_the_sync_timeout(tmp_pat
     nobody: engines that come up afterwards would serve the HF weights, the driver would wait for the
     deferred version and the trainer for the driver's rollout (a deadlock seen by bench/bench_chaos.py)."""
     t = trainer(tmp_path, published=None)
-    t._engines_up = False
-    t._started -= t.cfg.train.weight_sync_timeout_s + 1  # the wait has outlasted the timeout
-    t.pending_version = 3
-    assert t._poll(3) == "wait"  # engines.json lists none yet
+    t.delivery.engines_up = False
+    t.delivery.started -= t.cfg.train.weight_sync_timeout_s + 1  # the wait has outlasted the timeout
+    t.delivery.pending = 3
+    assert t._poll(3) is Next.WAIT  # engines.json lists none yet
     t.control.write_engines([EngineRecord(url=A, node="n0", healthy=False)])
-    assert t._poll(3) == "wait"  # registered, still starting
+    assert t._poll(3) is Next.WAIT  # registered, still starting
     t.control.write_engines([EngineRecord(url=A, node="n0", healthy=True),
                              EngineRecord(url=B, node="n0", healthy=False)])
-    assert t._poll(3) == "publish"  # past the timeout, the healthy ones get it; B is the publisher's business
+    assert t._poll(3) == Publish(3)  # past the timeout, the healthy ones get it; B is the publisher's business
 
 
 def test_stop_and_preempt_still_win(tmp_path):
     t = trainer(tmp_path)
     engines(t.control)
     t.control.request_stop("test")
-    assert t._poll(3) == "stop"
+    assert t._poll(3) is Next.STOP

@@ -1,0 +1,26 @@
+"""What rank 0 tells every trainer rank to do next (trainer/main.py `_next_command`): it alone reads
+the control files and the buffer, and broadcasts one of these (pickled: module-level types)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from rlslurm.trainer.delivery import Publish
+
+
+class Next(Enum):
+    READY = "ready"      # the next rollout is committed: train it
+    WAIT = "wait"        # not yet: poll again
+    PREEMPT = "preempt"  # USR1/TERM or a preempt request: checkpoint, acknowledge, exit for requeue
+    STOP = "stop"        # a user stop: checkpoint, acknowledge, exit
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A data error rank 0 found: every rank fails with it, not rank 0 alone."""
+
+    message: str
+
+
+Command = Next | Publish | Failed

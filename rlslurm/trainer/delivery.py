@@ -1,0 +1,87 @@
+"""Getting each trained weight version to this attempt's engines: rank 0's decisions, which the
+trainer loop (trainer/main.py) makes collective.
+
+A version is published as soon as it is trained, unless this attempt's engines are not up yet (a
+requeued job trains the rollouts already in the buffer while its engines start): then it is
+*pending* here and goes out once they are. An engine restarted mid-run comes back with the
+checkpoint's weights and is kept out of the router until it serves the published version
+(`awaiting_weights` in control/engines.json); it is given that version again, once per restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from rlslurm.buffer.control import Control
+
+log = logging.getLogger("rlslurm.trainer.delivery")
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish `version` now; `again`: to engines restarted since it was first published."""
+
+    version: int
+    again: bool = False
+
+
+class WeightDelivery:
+    def __init__(self, control: Control, *, needs_engines: bool, sync_timeout_s: float):
+        self.control = control
+        self.needs_engines = needs_engines  # False: disk sync or a replay, nobody to wait for
+        self.sync_timeout_s = sync_timeout_s
+        self.pending: int | None = None     # trained, held until this attempt's engines are up
+        self.published: int | None = None   # the last version published in this attempt
+        self.engines_up = False
+        self.started = time.monotonic()
+        # (url, restarts) of restarted engines already given a repeated publish: one each
+        self._republished: set[tuple[str, int]] = set()
+
+    def defer(self, version: int) -> None:
+        self.pending = version
+        log.info("weight version %d will be published once this attempt's engines are up", version)
+
+    def delivered(self, version: int) -> None:
+        self.published, self.pending = version, None
+
+    def engines_ready(self) -> bool:
+        """True once this attempt's engines have all been registered and healthy (or the wait for them
+        has outlasted --weight-sync-timeout-s and some are); after that, engines that die and restart
+        are the publisher's business, not a reason to defer. With none healthy the deferral goes on
+        past the timeout: a publish then reaches nobody, and engines that come up later serve the HF
+        weights while the driver waits for this version and the trainer for the driver's next rollout
+        (bench/bench_chaos.py hit that deadlock after a USR1 requeue, with SGLang CPU start-up 41 s >
+        a 20 s sync timeout)."""
+        if not self.engines_up:
+            timed_out = time.monotonic() - self.started > self.sync_timeout_s
+            self.engines_up = self.all_engines_healthy() or \
+                (timed_out and any(e.healthy for e in self.control.engines()))
+        return self.engines_up
+
+    def all_engines_healthy(self) -> bool:
+        engines = self.control.engines()
+        return bool(engines) and all(e.healthy for e in engines)
+
+    def due(self, weight_version: int) -> Publish | None:
+        """What to publish while the trainer waits for a rollout, if anything; `weight_version`: the
+        trainer's weights now."""
+        if self.pending is not None:
+            return Publish(self.pending) if self.engines_ready() else None
+        behind = self._awaiting(weight_version)
+        if not behind:
+            return None
+        log.info("engines %s restarted and hold the checkpoint's weights: publishing version %d again",
+                 [u for u, _ in behind], self.published)
+        self._republished.update(behind)
+        return Publish(self.published, again=True)  # type: ignore[arg-type]  # _awaiting: published is set
+
+    def _awaiting(self, weight_version: int) -> list[tuple[str, int]]:
+        """Restarted engines kept out of the router until they serve the published version, when the
+        trainer's weights are that version (with --update-weights-interval > 1 the trainer may be ahead
+        of it: then the next scheduled publish reaches them)."""
+        if not self.needs_engines or self.published is None or self.published != weight_version:
+            return []
+        return [(e.url, e.restarts) for e in self.control.engines()
+                if e.healthy and e.awaiting_weights and (e.url, e.restarts) not in self._republished]
