@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ class OfflineRun:
     name: str = ""
     config: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)  # one dict per row, "_step" included
+    exited: bool = False  # the run's exit record is in the file (run.finish() was written out)
 
     @property
     def steps(self) -> list[int]:
@@ -74,13 +76,24 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
         elif kind == "config":
             for item in rec.config.update:
                 out.config[item.key] = json.loads(item.value_json)
+        elif kind == "exit":
+            out.exited = True
         elif kind == "history":
             out.history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
                                 for i in rec.history.item})
     return out
 
 
-def offline_runs(wandb_dir: Path, run_id: str) -> list[OfflineRun]:
-    """Every attempt's offline run of `run_id` under a W&B `dir`, oldest first."""
+def offline_runs(wandb_dir: Path, run_id: str, *, wait_s: float = 60.0) -> list[OfflineRun]:
+    """Every attempt's offline run of `run_id` under a W&B `dir`, oldest first. In a process that
+    goes on, `run.finish()` may return before wandb-core has written the file out (measured with
+    wandb 0.31: 1 run in 8 had no history rows yet when read at once; 8 of 8 were complete once the
+    logging process had exited), so each is read again until its exit record is there."""
     dirs = sorted((Path(wandb_dir) / "wandb").glob(f"offline-run-*-{run_id}"))
-    return [read_offline_run(d) for d in dirs]
+    deadline = time.monotonic() + wait_s
+    runs = [read_offline_run(d) for d in dirs]
+    while not all(r.exited for r in runs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        runs = [read_offline_run(d) for d in dirs]
+    assert all(r.exited for r in runs), f"wandb did not finish writing {[str(r.path) for r in runs if not r.exited]}"
+    return runs
