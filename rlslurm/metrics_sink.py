@@ -7,13 +7,14 @@ its failure (a full disk) is the caller's error; TensorBoard and W&B are views o
 failure (no network, a bad key) is logged once and turns that sink off; training goes on.
 
 W&B: each role logs its own run, `<--wandb-run-id>-trainer` and `<--wandb-run-id>-rollout`, in
-one group (--wandb-group, default the run name). Two processes logging into one run need W&B's
-shared mode, which is online only; two runs of a group work offline as well. The W&B step is the
-rollout id. W&B steps must grow within a run, and an offline run cannot be resumed on the node
-(each attempt writes its own offline-run-* directory; `wandb sync --append` joins them only when
+one group (--wandb-group, default the run name): two writers of one run need W&B's shared mode,
+and offline they would overwrite each other; two runs of a group work offline as well. The W&B
+step is the rollout id. W&B steps must grow within a run, and an offline run cannot be resumed on
+the node (each attempt writes its own offline-run-* directory, uploadable as one run only when
 their steps are disjoint), so each role keeps the highest step it gave W&B in
 RUN/wandb/<role>.last_step and a later attempt skips the steps at or below it: the rollouts a
 resumed trainer trains again after its checkpoint are in the JSONL file twice, in W&B once.
+docs/wandb.md has the measurements and the flags.
 """
 
 from __future__ import annotations
