@@ -50,6 +50,35 @@ class RunSection(Section):
     # `rlslurm run` only: the trainer and the engines share this machine's GPU(s) as separate processes
     # (a one-GPU box); weight sync then goes over gloo, NCCL refuses two ranks on one GPU (docs/gpu.md)
     shared_gpu: bool = False
+    # Weights & Biases (slime's flags; docs/wandb.md). Read by rlslurm/metrics_sink.py only; the
+    # API key is never a field: WANDB_API_KEY goes through --secret-env (docs/security.md).
+    use_wandb: bool = False
+    wandb_mode: Literal["online", "offline", "disabled"] | None = None   # None: WANDB_MODE in --env, else online
+    wandb_project: str | None = None
+    wandb_group: str | None = None       # default: --run-name
+    wandb_team: str | None = None        # W&B entity
+    wandb_host: str | None = None        # W&B server (self-hosted), e.g. https://wandb.example.org
+    wandb_dir: Path | None = None        # default: RUN/wandb
+    # Base of the two runs' ids (<id>-trainer, <id>-rollout); resolve derives it from the run
+    # name and directory, and run.yaml keeps it, so every attempt resumes the same runs.
+    wandb_run_id: str | None = None
+
+    @field_validator("wandb_run_id")
+    @classmethod
+    def _wandb_run_id(cls, v: str | None) -> str | None:
+        # wandb 0.31 refuses :;,#?/' in an id; a plain charset and a length that leaves room for
+        # the role suffix keep it a valid id (and a file name) everywhere
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,54}", v):
+            raise ValueError("a W&B run id here is 1-55 letters, digits, '_', '.', '-' (the roles add -trainer "
+                             "and -rollout)")
+        return v
+
+    @field_validator("wandb_host")
+    @classmethod
+    def _wandb_host(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", v):
+            raise ValueError("not an http(s):// URL of a W&B server")
+        return v
 
 
 class SlurmSection(Section):

@@ -76,6 +76,59 @@ def _missing_module(e: BaseException) -> str | None:
     return cause.name if isinstance(cause, ModuleNotFoundError) else None
 
 
+# ------------------------------------------------------------------------------------ W&B
+
+_WANDB_FIELDS = ("wandb_mode", "wandb_project", "wandb_group", "wandb_team", "wandb_host", "wandb_dir", "wandb_run_id")
+WANDB_KEY_ENV = "WANDB_API_KEY"
+
+
+def wandb_run_id(run_name: str, run_dir: Path) -> str:
+    """The default --wandb-run-id: the run name (cut to what an id takes) and a hash of the run
+    directory, so two runs of one name in different directories are different W&B runs."""
+    import hashlib
+    import re
+
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", run_name).strip("-.")[:40] or "run"
+    digest = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:8]
+    return f"{slug}-{digest}"
+
+
+def check_wandb(cfg: "RunConfig", warnings: list[str]) -> None:
+    """--wandb-* only with --use-wandb; wandb importable where the job runs; a key for online mode."""
+    r = cfg.run
+    if not r.use_wandb:
+        for name in _WANDB_FIELDS:
+            if getattr(r, name) is not None:
+                raise ConfigError(f"{flag_name(name)} needs --use-wandb (without it nothing is logged to W&B)")
+        return
+    if r.wandb_mode == "disabled":
+        return
+    if importlib.util.find_spec("wandb") is None:
+        msg = ("--use-wandb: the wandb package is not installed on this host (pip install wandb, or "
+               "--wandb-mode disabled)")
+        if job_env_is_ours(cfg):
+            raise ConfigError(msg)
+        warnings.append(f"{msg}; the job runs another environment, which must have it")
+    mode = r.wandb_mode or cfg.slurm.env.get("WANDB_MODE", "online")
+    if mode == "online" and WANDB_KEY_ENV not in cfg.slurm.secret_env and not _netrc_has(r.wandb_host):
+        warnings.append(f"--use-wandb: no W&B key for the job ({WANDB_KEY_ENV} is not passed and ~/.netrc has no "
+                        f"entry): export {WANDB_KEY_ENV} and add --secret-env {WANDB_KEY_ENV}, or use "
+                        "--wandb-mode offline (docs/wandb.md)")
+
+
+def _netrc_has(host: str | None) -> bool:
+    """Whether ~/.netrc (where `wandb login` keeps the key) has the W&B server; the nodes see it
+    when home directories are shared."""
+    import netrc
+    from urllib.parse import urlparse
+
+    machine = urlparse(host).hostname if host else "api.wandb.ai"
+    try:
+        return netrc.netrc().authenticators(machine) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 # ------------------------------------------------------------------------------------ sglang
 
 

@@ -90,6 +90,8 @@ def _derive(res: Resolved) -> None:
         import sys
 
         s.python = sys.executable
+    if cfg.run.use_wandb and cfg.run.wandb_run_id is None:
+        cfg.run.wandb_run_id = preflight.wandb_run_id(cfg.run.run_name, cfg.run_dir)
 
 
 def _check(res: Resolved, strict_inputs: bool) -> None:
@@ -223,6 +225,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"{t.distributed_timeout_minutes:g}: a rank may wait that long in a collective without a heartbeat "
             f"(0 turns the watchdog off)")
 
+    preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
     _check_inputs(res, strict_inputs)

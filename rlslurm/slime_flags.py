@@ -51,8 +51,15 @@ SLIME_INSTEAD: dict[str, str] = {
                                "--load-debug-rollout-data RUN",
     "debug_train_only": "use --load-debug-rollout-data RUN (train from another run's buffer, no engines)",
     "use_fault_tolerance": "preemption and failures are handled by SLURM requeue (--max-failures)",
-    "use_wandb": "metrics are written to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (and TensorBoard "
-                 "when installed)",
+    # W&B (docs/wandb.md): --use-wandb and --wandb-{mode,project,group,team,host,dir,run-id} are fields
+    "wandb_key": "a key on the command line is kept in shell history and visible in /proc; export "
+                 "WANDB_API_KEY and add --secret-env WANDB_API_KEY (docs/security.md)",
+    "disable_wandb_random_suffix": "W&B run names carry no random suffix here: <run-name>-trainer and "
+                                   "<run-name>-rollout, ids from --wandb-run-id",
+    "wandb_always_use_train_step": "the W&B step is always the rollout id; the trainer's optimizer step is "
+                                   "in RUN/metrics.jsonl and TensorBoard",
+    "log_passrate": "eval logs eval/<name>/pass@k with every eval (k = --n-samples-per-eval-prompt)",
+    "use_tensorboard": "the trainer writes TensorBoard scalars to RUN/tb whenever tensorboard is installed",
     "eval_max_context_len": "eval uses --rollout-max-context-len",
 }
 

@@ -14,7 +14,8 @@ One rollout at a time, in id order:
 3. **Generate** `rollout_batch_size` groups of `n_samples_per_prompt` (GroupCollector:
    over-sampling, dynamic-sampling filters, aborted groups handed back).
 4. **Commit** with the data cursor after it, then append a metrics line to
-   RUN/rollout_metrics.jsonl (RUN/metrics.jsonl is the trainer's: one writer per file).
+   RUN/rollout_metrics.jsonl (RUN/metrics.jsonl is the trainer's: one writer per file) and, with
+   --use-wandb, to the rollout's W&B run (rlslurm/metrics_sink.py).
 
 Between rollouts (and while waiting at the weight gate) the driver regenerates rollouts the
 trainer quarantined as corrupt: in sync mode the trainer waits for exactly that rollout,
@@ -32,7 +33,6 @@ them instead of generating them again.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlslurm.buffer.atomic import append_line, ensure_dir
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
@@ -49,6 +48,7 @@ from rlslurm.config import RunConfig
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.eval_config import EvalDataset, eval_datasets
+from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
 from rlslurm.rollout.filters import GroupCollector, GroupFilter, load_filter
 from rlslurm.rollout.generate_api import (
@@ -60,6 +60,7 @@ from rlslurm.rollout.generate_api import (
 )
 from rlslurm.rollout.rewards import RewardFn, build_reward_fn
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
+from rlslurm.slurm.jobenv import job_env
 
 log = logging.getLogger(__name__)
 
@@ -204,11 +205,18 @@ class RolloutDriver:
         self.writer = RolloutWriter(self.rd, kind="train")
         self._eval = eval_datasets(cfg)
         self.metrics_path = self.rd.path / METRICS_FILE
+        self._sinks: MetricSinks | None = None  # opened at the first record (W&B starts a process)
         self.ctx: RouterContext | None = None
 
     # ------------------------------------------------------------------ main loop
 
     async def run(self, should_stop: ShouldStop = lambda: False) -> DriverResult:
+        try:
+            return await self._run(should_stop)
+        finally:
+            self.close_metrics()
+
+    async def _run(self, should_stop: ShouldStop) -> DriverResult:
         resume = self.writer.resume_point()
         if resume.data_cursor:
             self.source.load_state_dict(resume.data_cursor)
@@ -459,11 +467,19 @@ class RolloutDriver:
     # ------------------------------------------------------------------ metrics
 
     def log_metrics(self, rollout_id: int, kind: str, metrics: dict[str, float]) -> None:
-        """One JSON line per rollout; appended and fsynced (a requeue may follow at any time)."""
-        ensure_dir(self.metrics_path.parent)
-        line = json.dumps({"rollout_id": rollout_id, "kind": kind, "time": time.time(), **metrics},
-                          sort_keys=True) + "\n"
-        append_line(self.metrics_path, line.encode(), f"the metrics of {kind} rollout {rollout_id}")
+        """One JSON line per rollout, appended and fsynced (a requeue may follow at any time), and
+        the same record to the rollout's W&B run with --use-wandb (rlslurm/metrics_sink.py)."""
+        if self._sinks is None:
+            jsonl = JsonlSink(self.metrics_path, lambda rec: f"the metrics of {rec['kind']} rollout {rec['rollout_id']}",
+                              sort_keys=True)
+            self._sinks = open_sinks("rollout", jsonl, cfg=self.cfg, attempt=job_env().attempt)
+        self._sinks.log({"rollout_id": rollout_id, "kind": kind, "time": time.time(), **metrics},
+                        step=rollout_id, rollout_id=rollout_id)
+
+    def close_metrics(self) -> None:
+        if self._sinks is not None:
+            self._sinks.close()
+            self._sinks = None
 
 
 def number_samples(groups: Sequence[list[Sample]], prompts: Sequence[Prompt], *, first_group: int = 0) -> list[Sample]:

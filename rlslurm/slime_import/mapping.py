@@ -48,7 +48,9 @@ NOT_MAPPED = {
     "sglang_router_ip": "rlslurm starts its own sglang-router on the rollout nodes",
     "sglang_router_port": "rlslurm starts its own sglang-router on the rollout nodes",
 }
-_PREFIX_NOT_MAPPED = {"wandb_": _METRICS, "tb_": _METRICS}
+# --use-wandb and --wandb-* are rlslurm fields (docs/wandb.md) and pass as written; --wandb-key and
+# slime's other W&B switches are SLIME_INSTEAD hints
+_PREFIX_NOT_MAPPED = {"tb_": _METRICS}
 
 _LAYOUT = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "colocate")
 _ARCH = "model architecture: rlslurm takes it from the --model config (rlslurm/model_configs/)"

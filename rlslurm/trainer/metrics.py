@@ -1,7 +1,8 @@
-"""Per-step metrics: one JSON line per optimizer step in RUN/metrics.jsonl and TensorBoard
-scalars in RUN/tb/, written by global rank 0 only (single writer: no locks on shared storage).
-Lines are appended whole or not at all (buffer/atomic.py `append_line`): a full disk ends the
-trainer with a StorageError naming the file, after the checkpoint of that rollout if one was due.
+"""Per-step metrics: one JSON line per optimizer step in RUN/metrics.jsonl, TensorBoard scalars in
+RUN/tb/ and, with --use-wandb, the trainer's W&B run (rlslurm/metrics_sink.py), written by global
+rank 0 only (single writer: no locks on shared storage). Lines are appended whole or not at all
+(buffer/atomic.py `append_line`): a full disk ends the trainer with a StorageError naming the
+file, after the checkpoint of that rollout if one was due.
 
 A resumed attempt re-trains the rollouts after its checkpoint, so their steps appear again in
 metrics.jsonl; every line carries `attempt` so readers keep the last attempt's line per step.
@@ -13,41 +14,36 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlslurm.buffer.atomic import append_line
+from rlslurm.metrics_sink import JsonlSink, open_sinks
+
+if TYPE_CHECKING:
+    from rlslurm.config import RunConfig
 
 
 class MetricsLogger:
-    def __init__(self, metrics_file: Path, tb_dir: Path | None, *, enabled: bool, attempt: int = 0):
+    def __init__(self, metrics_file: Path, tb_dir: Path | None, *, enabled: bool, attempt: int = 0,
+                 cfg: "RunConfig | None" = None):
         self.enabled = enabled
         self.attempt = attempt
         self.path = Path(metrics_file)
-        self._tb = None
-        if enabled and tb_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is optional: metrics.jsonl is the record
-                SummaryWriter = None
-            if SummaryWriter is not None:
-                self._tb = SummaryWriter(log_dir=str(tb_dir))
+        self.sinks = None
+        if enabled:
+            jsonl = JsonlSink(self.path, lambda rec: f"the metrics of step {rec['step']}")
+            self.sinks = open_sinks("trainer", jsonl, tb_dir=tb_dir, cfg=cfg, attempt=attempt)
 
     def log(self, step: int, values: dict[str, Any]) -> None:
-        if not self.enabled:
+        if self.sinks is None:
             return
         rec = {"step": step, "attempt": self.attempt, "time": time.time()}
         for k, v in values.items():
             rec[k] = None if isinstance(v, float) and not math.isfinite(v) else v
-        append_line(self.path, (json.dumps(rec, sort_keys=False) + "\n").encode(), f"the metrics of step {step}")
-        if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        self.sinks.log(rec, step=step, rollout_id=int(values.get("rollout_id", step)))
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        if self.sinks is not None:
+            self.sinks.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -207,3 +207,26 @@ def test_unreadable_input(tmp_path: Path) -> None:
         import_script(b)
     with pytest.raises(UserError, match=r"is a directory"):
         import_script(tmp_path)
+
+
+def test_wandb_flags_pass_and_the_key_is_left_out_unprinted(tmp_path: Path) -> None:
+    """slime's W&B block: the rlslurm fields pass as written (docs/wandb.md); --wandb-key is left out
+    with the secret-env hint, and its value appears nowhere in the command or the report."""
+    s = tmp_path / "run.sh"
+    s.write_text(
+        "WANDB_KEY=k3y-do-not-print\n"
+        "WANDB_ARGS=(\n"
+        "   --use-wandb\n"
+        "   --wandb-project slime-dev\n"
+        "   --wandb-group qwen3-4B-test\n"
+        "   --wandb-key ${WANDB_KEY}\n"
+        "   --disable-wandb-random-suffix\n"
+        ")\n"
+        "python3 train.py --actor-num-nodes 1 --actor-num-gpus-per-node 8 ${WANDB_ARGS[@]}\n")
+    imp = import_script(s)
+    cfg = build_config([parse_flags(imp.argv)])
+    assert cfg.run.use_wandb and cfg.run.wandb_project == "slime-dev" and cfg.run.wandb_group == "qwen3-4B-test"
+    report = "\n".join(imp.report_lines())
+    assert f"{s}:6: not mapped: --wandb-key: " in report and "--secret-env WANDB_API_KEY" in report
+    assert f"{s}:7: not mapped: --disable-wandb-random-suffix: " in report
+    assert "k3y-do-not-print" not in as_command(imp) + report
