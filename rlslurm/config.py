@@ -260,6 +260,7 @@ class TrainSection(Section):
     eps_clip_c: float | None = Field(None, gt=1)
     use_kl_loss: bool = False
     kl_loss_coef: float = Field(0.0, ge=0)
+    use_unbiased_kl: bool = False   # the KL loss weighted by the new/old ratio (trainer/losses.kl_estimate)
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     kl_coef: float = Field(0.0, ge=0)
     entropy_coef: float = Field(0.0, ge=0)

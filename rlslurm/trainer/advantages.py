@@ -1,4 +1,4 @@
-"""Advantage estimators: GRPO (and Dr.GRPO), GSPO, REINFORCE++ (+baseline), PPO with GAE.
+"""Advantage estimators: GRPO (and Dr.GRPO), GSPO, CISPO, REINFORCE++ (+baseline), PPO with GAE.
 
 Semantics follow slime (``slime/ray/rollout.py::_post_process_rewards`` for the group
 normalisation, ``slime/utils/ppo_utils.py`` and ``backends/megatron_utils/loss.py`` for the
@@ -78,10 +78,10 @@ class AdvantageConfig:
 def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
     """The two configs were built from the same settings (the user-facing rules across settings are
     rlslurm/rl_settings.check_rl_settings's)."""
-    if estimator(adv.estimator).sequence_ratio != estimator(loss.estimator).sequence_ratio:
+    if estimator(adv.estimator).policy_gradient != estimator(loss.estimator).policy_gradient:
         raise ConfigError(
             f"the policy loss was built for estimator {loss.estimator!r} but --advantage-estimator is "
-            f"{adv.estimator!r}; GSPO needs its sequence-level ratio in both"
+            f"{adv.estimator!r}; their policy-gradient terms differ"
         )
 
 
@@ -126,6 +126,7 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
         tis_clip_high=t.tis_clip,
         kl_loss_coef=t.kl_loss_coef if t.use_kl_loss else 0.0,
         kl_loss_type=t.kl_loss_type,  # type: ignore[arg-type]  # validated in __post_init__
+        use_unbiased_kl=t.use_unbiased_kl,
         entropy_coef=t.entropy_coef,
         loss_reduction="per_token" if t.calculate_per_token_loss else "per_sample_mean",
         estimator=t.advantage_estimator,

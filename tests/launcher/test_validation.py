@@ -108,6 +108,9 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
     (["--eps-clip-c", "1.1"], ["--eps-clip-c 1.1", "--eps-clip-high"]),
     (["--eps-clip-c", "1.3", "--eps-clip-high", "0.3"], ["--eps-clip-c 1.3", "--eps-clip-high (1.3"]),
     (["--use-kl-loss", "--kl-loss-coef", "0.1"], ["--use-kl-loss --kl-loss-coef", "--hf-checkpoint", "--ref-load"]),
+    (["--use-unbiased-kl"], ["--use-unbiased-kl", "--use-kl-loss --kl-loss-coef"]),
+    (["--use-unbiased-kl", "--use-kl-loss", "--kl-loss-coef", "0"], ["--use-unbiased-kl", "--kl-loss-coef > 0"]),
+    (["--advantage-estimator", "cispo", "--eps-clip-c", "3"], ["--eps-clip-c", "--advantage-estimator cispo"]),
 ])
 def test_rl_rule_is_checked_at_submit(argv: list[str], extra: list[str], flags: list[str]) -> None:
     with pytest.raises(ConfigError) as e:
@@ -126,6 +129,8 @@ def test_rl_rule_is_checked_at_submit(argv: list[str], extra: list[str], flags: 
     ["--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
     ["--use-kl-loss", "--kl-loss-coef", "0"],
     ["--eps-clip-c", "3"],
+    ["--use-unbiased-kl", "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
+    ["--advantage-estimator", "cispo", "--eps-clip", "1", "--eps-clip-high", "4"],
 ])
 def test_rl_rule_neighbours_pass(argv: list[str], tmp_path: Path, ok: list[str]) -> None:
     from tests.hf_shape import hf_shaped_dir

@@ -80,7 +80,7 @@ def _assert_lists_close(got: list[torch.Tensor], want: list[list[float]], atol: 
         np.testing.assert_allclose(g.double().numpy(), np.array(w), atol=atol, err_msg=f"sample {i}")
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gspo"])
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "cispo"])
 @pytest.mark.parametrize("std", [True, False])
 def test_group_baseline_per_group_and_zero_on_masked_tokens(estimator: str, std: bool) -> None:
     adv, ret = _run(AdvantageConfig(estimator=estimator, grpo_std_normalization=std))
@@ -318,6 +318,8 @@ def test_whitening_statistics_are_global_across_data_parallel_ranks() -> None:
 def test_gspo_must_be_set_in_both_configs() -> None:
     with pytest.raises(ConfigError, match="gspo"):
         check_rl_configs(AdvantageConfig(estimator="gspo"), PolicyLossConfig(estimator="grpo"))
+    with pytest.raises(ConfigError, match="cispo"):
+        check_rl_configs(AdvantageConfig(estimator="grpo"), PolicyLossConfig(estimator="cispo"))
 
 
 @pytest.mark.parametrize(

@@ -355,6 +355,72 @@ def test_gspo_estimator_in_compute_rl_loss_uses_sequence_ratio() -> None:
     assert m_gspo["ppo_kl"].item() == pytest.approx(want, rel=1e-5)
 
 
+def _cispo_reference(b, eps_lo: float, eps_hi: float, kl_coef: float, unbiased: bool):
+    """Per-token float64 scalars with torch autograd on each token alone: CISPO's loss is
+    -w * A * log p with w = clamp(exp(log p - old)) a constant, plus the (ratio-weighted) k3 KL;
+    per-sample means, then the mean over samples."""
+    lp64 = [x.detach().double().requires_grad_() for x in b["log_probs"]]
+    total, clipped = 0.0, 0.0
+    for i, x in enumerate(lp64):
+        m = b["loss_masks"][i].tolist()
+        s, c = 0.0, 0.0
+        for t in range(x.numel()):
+            if not m[t]:
+                continue
+            a, old, ref = (float(b[k][i][t]) for k in ("advantages", "old_log_probs", "ref_log_probs"))
+            r = math.exp(x[t].item() - old)
+            w = min(max(r, 1.0 - eps_lo), 1.0 + eps_hi)
+            c += float(w != r)
+            d = ref - x[t]
+            k3 = torch.exp(d) - 1 - d
+            if unbiased:
+                k3 = torch.exp(x[t] - old) * k3
+            s = s - w * a * x[t] + kl_coef * k3
+        total = total + s / max(sum(m), 1)
+        clipped += c / max(sum(m), 1)
+    n = len(lp64)
+    (total / n).backward()
+    return float(total) / n, clipped / n, [x.grad for x in lp64]
+
+
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_cispo_loss_and_gradient_match_reference(unbiased: bool) -> None:
+    b = _batch(4)
+    b.pop("entropy")
+    cfg = PolicyLossConfig(eps_clip=0.05, eps_clip_high=0.1, estimator="cispo", kl_loss_coef=0.3, kl_loss_type="k3",
+                           use_unbiased_kl=unbiased)
+    lp = [x.clone().requires_grad_() for x in b["log_probs"]]
+    loss, m = compute_rl_loss(cfg, global_denominator=None, **{**b, "log_probs": lp})
+    loss.backward()
+    want, clipfrac, grads = _cispo_reference(b, 0.05, 0.1, 0.3, unbiased)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    assert m["pg_clipfrac"].item() == pytest.approx(clipfrac, rel=1e-6) and 0 < clipfrac < 1
+    for g, w in zip(lp, grads):
+        np.testing.assert_allclose(g.grad.numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+    # unlike PPO's clipped branch, a clipped CISPO token still has a gradient: -w * A / count
+    i, t = next((i, t) for i in range(4) for t in range(lp[i].numel())
+                if b["loss_masks"][i][t]
+                and not 0.95 <= math.exp(float(b["log_probs"][i][t] - b["old_log_probs"][i][t])) <= 1.1)
+    assert lp[i].grad[t].item() != 0.0
+
+
+def test_unbiased_kl_weights_by_the_new_old_ratio_before_the_clamp() -> None:
+    logp, ref, old = torch.tensor([-1.0, -30.0]), torch.tensor([-1.5, -1.0]), torch.tensor([-1.2, -29.0])
+    w = torch.exp(logp - old)
+    for kind in KL_KINDS_UNDER_TEST:
+        plain = kl_estimate(logp, ref, kind, clamp=1e30)  # unclamped
+        got = kl_estimate(logp, ref, kind, importance_ratio=w)
+        want = [math.exp(a - o) * float(p) for a, o, p in zip(logp.tolist(), old.tolist(), plain.tolist())]
+        if kind == "low_var_kl":
+            want = [min(max(x, -10.0), 10.0) for x in want]
+        np.testing.assert_allclose(got.tolist(), want, rtol=1e-6)
+    # on the first step on a batch (old = new) it is the plain estimate
+    assert torch.equal(kl_estimate(logp, ref, "k3", importance_ratio=torch.ones(2)), kl_estimate(logp, ref, "k3"))
+
+
+KL_KINDS_UNDER_TEST = ("k1", "k2", "k3", "low_var_kl")
+
+
 def test_kl_to_reference_is_reported_without_entering_the_loss_when_coef_is_zero() -> None:
     b = _batch(3)
     b.pop("entropy")
