@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from rlslurm.rl_settings import ESTIMATOR_NAMES
+from rlslurm.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
 from rlslurm.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
 from rlslurm.slurm.timespec import time_limit_s
@@ -251,6 +251,8 @@ class TrainSection(Section):
     save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     # RL
+    loss_type: Literal[LOSS_TYPE_NAMES] = "policy_loss"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+    custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)
     advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     grpo_std_normalization: bool = True
     rewards_normalization: bool = True   # the group baseline at all (slime: --disable-rewards-normalization)

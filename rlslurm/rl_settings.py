@@ -95,6 +95,32 @@ def names_where(**want: bool) -> tuple[str, ...]:
     return tuple(e.name for e in _ALL if all(getattr(e, k) == v for k, v in want.items()))
 
 
+@dataclass(frozen=True)
+class LossType:
+    """What an actor loss (--loss-type) reads (the functions: trainer/actor_loss.py)."""
+
+    name: str
+    policy_gradient: bool   # the RL loss: advantages, clipping, TIS, KL and entropy terms
+    plugin: bool            # the function comes from --custom-loss-function-path
+
+
+_LOSS_TYPES = (
+    LossType("policy_loss", policy_gradient=True, plugin=False),
+    # negative log-likelihood of the loss-masked response tokens; no advantages
+    LossType("sft_loss", policy_gradient=False, plugin=False),
+    LossType("custom_loss", policy_gradient=False, plugin=True),
+)
+LOSS_TYPES: dict[str, LossType] = {t.name: t for t in _LOSS_TYPES}
+LOSS_TYPE_NAMES: tuple[str, ...] = tuple(LOSS_TYPES)
+
+
+def loss_type(name: str) -> LossType:
+    try:
+        return LOSS_TYPES[name]
+    except KeyError:
+        raise ConfigError(f"--loss-type must be one of {', '.join(LOSS_TYPE_NAMES)}, got {name!r}") from None
+
+
 class RLKnobs(Protocol):
     """The fields of `rlslurm.config.TrainSection` the rules read."""
 
@@ -114,6 +140,9 @@ class RLKnobs(Protocol):
     tis_clip_low: float
     tis_clip: float
     use_rollout_logprobs: bool
+    entropy_coef: float
+    loss_type: str
+    custom_loss_function_path: str | None
 
 
 class ModelSources(Protocol):
@@ -127,7 +156,21 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
     `model` (the run config's model section) adds the rule that a KL penalty needs a reference
     model; without it that rule is skipped."""
     est = estimator(t.advantage_estimator)
+    loss = loss_type(t.loss_type)
     kl_loss = t.kl_loss_coef if t.use_kl_loss else 0.0
+    if loss.plugin and not t.custom_loss_function_path:
+        raise ConfigError(f"--loss-type {loss.name} needs --custom-loss-function-path module.path:fn (or file.py:fn)")
+    if t.custom_loss_function_path and not loss.plugin:
+        raise ConfigError(
+            f"--custom-loss-function-path is used only with --loss-type "
+            f"{' or '.join(n for n, x in LOSS_TYPES.items() if x.plugin)}, not {loss.name}")
+    if not loss.policy_gradient and not loss.plugin:
+        unused = [flag for flag, on in (("--use-kl-loss --kl-loss-coef", kl_loss > 0), ("--kl-coef", t.kl_coef > 0),
+                                        ("--use-tis", t.use_tis), ("--entropy-coef", t.entropy_coef > 0)) if on]
+        if unused:
+            raise ConfigError(
+                f"--loss-type {loss.name} is the log-likelihood of the responses alone; {', '.join(unused)} "
+                f"would do nothing (use --loss-type policy_loss)")
     if t.kl_coef > 0 and kl_loss > 0:
         raise ConfigError(
             f"--kl-coef {t.kl_coef:g} (KL in the reward) and --use-kl-loss --kl-loss-coef {kl_loss:g} (KL in the "

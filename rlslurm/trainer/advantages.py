@@ -130,6 +130,8 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
         entropy_coef=t.entropy_coef,
         loss_reduction="per_token" if t.calculate_per_token_loss else "per_sample_mean",
         estimator=t.advantage_estimator,
+        loss_type=t.loss_type,
+        custom_loss_function_path=t.custom_loss_function_path,
     )
     check_rl_configs(adv, loss)
     return adv, loss

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rlslurm.errors import ConfigError
-from rlslurm.rl_settings import estimator
+from rlslurm.rl_settings import estimator, loss_type
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 LossReduction = Literal["per_sample_mean", "per_token"]
@@ -59,8 +59,11 @@ class PolicyLossConfig:
     entropy_coef: float = 0.0
     loss_reduction: LossReduction = "per_sample_mean"
     estimator: str = "grpo"
+    loss_type: str = "policy_loss"                  # a name of rlslurm/rl_settings.LOSS_TYPES
+    custom_loss_function_path: str | None = None    # --loss-type custom_loss (trainer/actor_loss.py)
 
     def __post_init__(self) -> None:
+        loss_type(self.loss_type)
         if self.eps_clip_high is None:
             object.__setattr__(self, "eps_clip_high", self.eps_clip)
         # The lower bound 1 - eps_clip must stay a ratio a policy can have (>= 0); eps 0 would

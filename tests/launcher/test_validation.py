@@ -157,6 +157,45 @@ def test_estimator_names_come_from_one_registry() -> None:
     assert rl_settings.names_where(critic=True) == ("ppo",)
 
 
+# ------------------------------------------------------------------ --loss-type (rlslurm/rl_settings.LOSS_TYPES)
+
+@pytest.mark.parametrize("extra,names", [
+    (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),
+    (["--custom-loss-function-path", "LOSS"], ["--custom-loss-function-path", "--loss-type custom_loss",
+                                              "not policy_loss"]),
+    (["--loss-type", "sft_loss", "--custom-loss-function-path", "LOSS"], ["--custom-loss-function-path",
+                                                                          "not sft_loss"]),
+    (["--loss-type", "sft_loss", "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
+     ["--loss-type sft_loss", "--use-kl-loss --kl-loss-coef"]),
+    (["--loss-type", "sft_loss", "--use-tis", "--entropy-coef", "0.01"],
+     ["--loss-type sft_loss", "--use-tis, --entropy-coef"]),
+    (["--loss-type", "sft_loss", "--advantage-estimator", "ppo", "--kl-coef", "0.1", "--ref-load", "HF"],
+     ["--loss-type sft_loss", "--kl-coef"]),
+    (["--loss-type", "dpo"], ["--loss-type", "dpo", "sft_loss"]),
+])
+def test_loss_type_rules(argv: list[str], tmp_path: Path, extra: list[str], names: list[str]) -> None:
+    from tests.hf_shape import hf_shaped_dir
+
+    plugin = tmp_path / "loss.py"
+    plugin.write_text("def nll(inputs):\n    return -inputs.reduce(inputs.log_probs), {}\n")
+    hf = str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))
+    sub = {"HF": hf, "LOSS": f"{plugin}:nll"}
+    one_line_naming(argv + [sub.get(a, a) for a in extra], *names)
+
+
+def test_loss_type_neighbours_pass_and_the_plugin_is_checked(argv: list[str], tmp_path: Path) -> None:
+    plugin = tmp_path / "loss.py"
+    plugin.write_text("def nll(inputs):\n    return -inputs.reduce(inputs.log_probs), {}\n"
+                      "def two(inputs, extra):\n    pass\n")
+    assert resolve(argv + ["--loss-type", "sft_loss"]).cfg.train.loss_type == "sft_loss"
+    cfg = resolve(argv + ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{plugin}:nll"]).cfg
+    assert cfg.train.custom_loss_function_path == f"{plugin}:nll"
+    one_line_naming(argv + ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{plugin}:two"],
+                    "--custom-loss-function-path", "cannot be called with 1 positional")
+    one_line_naming(argv + ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{tmp_path}/none.py:f"],
+                    "--custom-loss-function-path", "none.py")
+
+
 # ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)
 
 
