@@ -254,6 +254,7 @@ class TrainSection(Section):
     loss_type: Literal[LOSS_TYPE_NAMES] = "policy_loss"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)
     advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+    custom_advantage_function_path: str | None = None      # replaces the estimator's advantages (trainer/advantages.py)
     grpo_std_normalization: bool = True
     rewards_normalization: bool = True   # the group baseline at all (slime: --disable-rewards-normalization)
     normalize_advantages: bool = False

@@ -34,6 +34,7 @@ PLUGIN_ARGS: dict[str, int | None] = {
     "buffer_filter_path": None,            # rollout/data.py
     "data_source_path": None,              # rollout/data.py
     "custom_loss_function_path": 1,        # trainer/actor_loss.py
+    "custom_advantage_function_path": 1,   # trainer/advantages.py
 }
 
 

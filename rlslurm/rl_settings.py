@@ -143,6 +143,7 @@ class RLKnobs(Protocol):
     entropy_coef: float
     loss_type: str
     custom_loss_function_path: str | None
+    custom_advantage_function_path: str | None
 
 
 class ModelSources(Protocol):
@@ -166,7 +167,9 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
             f"{' or '.join(n for n, x in LOSS_TYPES.items() if x.plugin)}, not {loss.name}")
     if not loss.policy_gradient and not loss.plugin:
         unused = [flag for flag, on in (("--use-kl-loss --kl-loss-coef", kl_loss > 0), ("--kl-coef", t.kl_coef > 0),
-                                        ("--use-tis", t.use_tis), ("--entropy-coef", t.entropy_coef > 0)) if on]
+                                        ("--use-tis", t.use_tis), ("--entropy-coef", t.entropy_coef > 0),
+                                        ("--custom-advantage-function-path", bool(t.custom_advantage_function_path)))
+                  if on]
         if unused:
             raise ConfigError(
                 f"--loss-type {loss.name} is the log-likelihood of the responses alone; {', '.join(unused)} "
@@ -179,7 +182,10 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
         raise ConfigError(
             "--use-unbiased-kl weights the KL loss by the new/old ratio; it needs --use-kl-loss --kl-loss-coef > 0 "
             "(--kl-coef's KL in the reward is computed before training and has no ratio)")
-    if t.kl_coef > 0 and not est.per_token_rewards:
+    # A custom advantage function replaces the estimator's advantages: it gets the --kl-coef KL
+    # whatever the estimator, and whether its advantages need whitening is its own business.
+    custom_adv = bool(t.custom_advantage_function_path)
+    if t.kl_coef > 0 and not est.per_token_rewards and not custom_adv:
         raise ConfigError(
             f"--kl-coef shapes per-token rewards, which --advantage-estimator {est.name} does not have; use "
             f"--use-kl-loss --kl-loss-coef instead (or an estimator of {', '.join(names_where(per_token_rewards=True))})")
@@ -192,7 +198,7 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
         raise ConfigError(
             f"--disable-grpo-std-normalization (--no-grpo-std-normalization) turns off the division by the group's "
             f"std, which --advantage-estimator {est.name} does not do (only {', '.join(names_where(group_std=True))})")
-    if est.needs_whitening and not t.normalize_advantages:
+    if est.needs_whitening and not t.normalize_advantages and not custom_adv:
         # REINFORCE++ has no learned or group baseline for the token returns; without whitening
         # the advantages' scale follows the raw reward scale.
         raise ConfigError(f"--advantage-estimator {est.name} needs --normalize-advantages")

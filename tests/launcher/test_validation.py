@@ -196,6 +196,27 @@ def test_loss_type_neighbours_pass_and_the_plugin_is_checked(argv: list[str], tm
                     "--custom-loss-function-path", "none.py")
 
 
+def test_custom_advantage_function_rules(argv: list[str], tmp_path: Path) -> None:
+    from tests.hf_shape import hf_shaped_dir
+
+    plugin = tmp_path / "adv.py"
+    plugin.write_text("def adv(inputs):\n    return inputs.loss_masks, inputs.loss_masks\n"
+                      "def none():\n    pass\n")
+    hf = str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))
+    spec = ["--custom-advantage-function-path", f"{plugin}:adv"]
+    # it replaces the estimator's advantages: the KL in the reward reaches it whatever the estimator,
+    # and whether its output needs whitening is its own business
+    resolve(argv + spec + ["--kl-coef", "0.1", "--hf-checkpoint", hf])
+    resolve(argv + spec + ["--advantage-estimator", "reinforce_plus_plus"])
+    one_line_naming(argv + ["--kl-coef", "0.1", "--hf-checkpoint", hf], "--kl-coef", "--advantage-estimator grpo")
+    one_line_naming(argv + spec + ["--loss-type", "sft_loss"], "--loss-type sft_loss",
+                    "--custom-advantage-function-path")
+    one_line_naming(argv + ["--custom-advantage-function-path", f"{plugin}:none"],
+                    "--custom-advantage-function-path", "cannot be called with 1 positional")
+    one_line_naming(argv + ["--custom-advantage-function-path", "adv_plugin_nowhere:adv"],
+                    "--custom-advantage-function-path", "adv_plugin_nowhere")
+
+
 # ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)
 
 
