@@ -381,7 +381,7 @@ def _cispo_reference(b, eps_lo: float, eps_hi: float, kl_coef: float, unbiased: 
         clipped += c / max(sum(m), 1)
     n = len(lp64)
     (total / n).backward()
-    return float(total) / n, clipped / n, [x.grad for x in lp64]
+    return total.item() / n, clipped / n, [x.grad for x in lp64]
 
 
 @pytest.mark.parametrize("unbiased", [False, True])
