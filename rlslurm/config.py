@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from rlslurm.rl_settings import ESTIMATOR_NAMES
 from rlslurm.prompt_slice import parse_prompt_spec
+from rlslurm.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
 from rlslurm.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
 from rlslurm.slurm.timespec import time_limit_s
@@ -293,7 +293,10 @@ class TrainSection(Section):
     save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     # RL
+    loss_type: Literal[LOSS_TYPE_NAMES] = "policy_loss"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+    custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)
     advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+    custom_advantage_function_path: str | None = None      # replaces the estimator's advantages (trainer/advantages.py)
     grpo_std_normalization: bool = True
     rewards_normalization: bool = True   # the group baseline at all (slime: --disable-rewards-normalization)
     normalize_advantages: bool = False
@@ -302,6 +305,7 @@ class TrainSection(Section):
     eps_clip_c: float | None = Field(None, gt=1)
     use_kl_loss: bool = False
     kl_loss_coef: float = Field(0.0, ge=0)
+    use_unbiased_kl: bool = False   # the KL loss weighted by the new/old ratio (trainer/losses.kl_estimate)
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     kl_coef: float = Field(0.0, ge=0)
     entropy_coef: float = Field(0.0, ge=0)

@@ -33,6 +33,8 @@ PLUGIN_ARGS: dict[str, int | None] = {
     "dynamic_sampling_filter_path": 1,     # rollout/filters.py
     "buffer_filter_path": None,            # rollout/data.py
     "data_source_path": None,              # rollout/data.py
+    "custom_loss_function_path": 1,        # trainer/actor_loss.py
+    "custom_advantage_function_path": 1,   # trainer/advantages.py
 }
 
 
@@ -53,7 +55,7 @@ def check_plugins(cfg: "RunConfig", warnings: list[str]) -> None:
     from rlslurm.plugins import load_callable, load_object
 
     for name, min_args in PLUGIN_ARGS.items():
-        spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)
+        spec = plugin_spec(cfg, name)
         if not spec:
             continue
         flag = flag_name(name)
@@ -68,6 +70,11 @@ def check_plugins(cfg: "RunConfig", warnings: list[str]) -> None:
                 raise
             warnings.append(f"{flag} {spec}: not checked here, module {missing!r} is not installed on this host "
                             f"(the job's environment must have it)")
+
+
+def plugin_spec(cfg: "RunConfig", name: str) -> str | None:
+    """The value of plugin field `name`, whichever section holds it."""
+    return getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None) or getattr(cfg.train, name, None)
 
 
 def _missing_module(e: BaseException) -> str | None:

@@ -301,7 +301,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
     check_subsample(cfg)
     missing_plugin = False
     for name in PLUGIN_FIELDS:
-        spec = getattr(cfg.rollout, name, None) or getattr(cfg.data, name, None)
+        spec = preflight.plugin_spec(cfg, name)
         if isinstance(spec, str) and ":" in spec and is_file_plugin(spec):
             f = Path(spec.rpartition(":")[0])
             if not f.is_file():

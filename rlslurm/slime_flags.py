@@ -61,6 +61,11 @@ SLIME_INSTEAD: dict[str, str] = {
     "log_passrate": "eval logs eval/<name>/pass@k with every eval (k = --n-samples-per-eval-prompt)",
     "use_tensorboard": "the trainer writes TensorBoard scalars to RUN/tb whenever tensorboard is installed",
     "eval_max_context_len": "eval uses --rollout-max-context-len",
+    "keep_old_actor": "no third model is kept: the old log-probs are the actor's before the rollout's first "
+                      "step, or the engine's with --use-rollout-logprobs",
+    "ref_update_interval": "the reference model stays the --ref-load (or --hf-checkpoint) weights for the whole run",
+    "disable_compute_advantages_and_returns": "advantages are always computed; --loss-type sft_loss or "
+                                              "custom_loss need not use them",
 }
 
 

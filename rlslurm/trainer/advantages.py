@@ -1,4 +1,4 @@
-"""Advantage estimators: GRPO (and Dr.GRPO), GSPO, REINFORCE++ (+baseline), PPO with GAE.
+"""Advantage estimators: GRPO (and Dr.GRPO), GSPO, CISPO, REINFORCE++ (+baseline), PPO with GAE.
 
 Semantics follow slime (``slime/ray/rollout.py::_post_process_rewards`` for the group
 normalisation, ``slime/utils/ppo_utils.py`` and ``backends/megatron_utils/loss.py`` for the
@@ -13,14 +13,23 @@ rest); the code is our own. Differences from slime, on purpose:
   train on tool tokens;
 - ``--kl-coef`` with grpo/gspo is an error (slime silently ignores it there).
 
+``--custom-advantage-function-path module.path:fn`` (or ``file.py:fn``) replaces the
+estimator's per-token advantages: ``fn(inputs) -> (advantages, returns)``, ``inputs`` an
+``AdvantageInputs``, both results lists of 1-D tensors shaped like ``inputs.loss_masks``. It is
+called once per rollout on each data-parallel rank with that rank's samples (every sample of a
+prompt group is on the ranks' union, not necessarily on one: a group statistic must come from
+``rewards``, which already carry the estimator's group baseline). --normalize-advantages and the
+zeroing of masked tokens apply to what it returns; ``returns`` are the critic's targets (PPO).
+
 Every per-sample tensor is 1-D over that sample's response tokens; math is fp32.
 """
 
 from __future__ import annotations
 
 import math
+import functools
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import torch
 import torch.distributed as dist
@@ -58,6 +67,7 @@ class AdvantageConfig:
     lam: float = 1.0
     normalize_advantages: bool = False
     num_critic_only_steps: int = 0
+    custom_advantage_function_path: str | None = None
 
     def __post_init__(self) -> None:
         # Rules across settings (--kl-coef vs the estimator, REINFORCE++ vs --normalize-advantages,
@@ -78,10 +88,10 @@ class AdvantageConfig:
 def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
     """The two configs were built from the same settings (the user-facing rules across settings are
     rlslurm/rl_settings.check_rl_settings's)."""
-    if estimator(adv.estimator).sequence_ratio != estimator(loss.estimator).sequence_ratio:
+    if estimator(adv.estimator).policy_gradient != estimator(loss.estimator).policy_gradient:
         raise ConfigError(
             f"the policy loss was built for estimator {loss.estimator!r} but --advantage-estimator is "
-            f"{adv.estimator!r}; GSPO needs its sequence-level ratio in both"
+            f"{adv.estimator!r}; their policy-gradient terms differ"
         )
 
 
@@ -116,6 +126,7 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
         lam=t.lambd,
         normalize_advantages=t.normalize_advantages,
         num_critic_only_steps=t.num_critic_only_steps,
+        custom_advantage_function_path=t.custom_advantage_function_path,
     )
     loss = PolicyLossConfig(
         eps_clip=t.eps_clip,
@@ -126,12 +137,68 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
         tis_clip_high=t.tis_clip,
         kl_loss_coef=t.kl_loss_coef if t.use_kl_loss else 0.0,
         kl_loss_type=t.kl_loss_type,  # type: ignore[arg-type]  # validated in __post_init__
+        use_unbiased_kl=t.use_unbiased_kl,
         entropy_coef=t.entropy_coef,
         loss_reduction="per_token" if t.calculate_per_token_loss else "per_sample_mean",
         estimator=t.advantage_estimator,
+        loss_type=t.loss_type,
+        custom_loss_function_path=t.custom_loss_function_path,
     )
     check_rl_configs(adv, loss)
     return adv, loss
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What --custom-advantage-function-path's function gets, per sample over its response tokens.
+
+    ``rewards`` [n]: the scalar rewards after the estimator's group baseline (raw with
+    --disable-rewards-normalization or an estimator without one). ``kl``: the per-token KL to
+    the reference of --kl-coef shaping (--kl-loss-type, zero on masked tokens; all zeros when
+    --kl-coef is 0). ``log_probs``: the old policy's (no gradient), ``ref_log_probs`` the
+    reference model's when a KL setting loads it, ``values`` the critic's (PPO).
+    """
+
+    cfg: AdvantageConfig
+    rewards: Tensor
+    group_index: Tensor
+    loss_masks: list[Tensor]
+    kl: list[Tensor]
+    log_probs: list[Tensor] | None
+    ref_log_probs: list[Tensor] | None
+    values: list[Tensor] | None
+
+
+AdvantageFn = Callable[[AdvantageInputs], tuple[list[Tensor], list[Tensor]]]
+
+
+@functools.lru_cache(maxsize=None)
+def _custom_advantage_fn(spec: str) -> AdvantageFn:
+    from rlslurm.plugins import load_callable
+
+    return load_callable(spec, what="--custom-advantage-function-path", min_args=1)
+
+
+def _custom_advantages(cfg: AdvantageConfig, inputs: AdvantageInputs) -> tuple[list[Tensor], list[Tensor]]:
+    spec = cfg.custom_advantage_function_path
+    assert spec
+    out = _custom_advantage_fn(spec)(inputs)
+    n = len(inputs.loss_masks)
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, (list, tuple)) for x in out)):
+        raise ConfigError(f"--custom-advantage-function-path {spec}: must return (advantages, returns), two lists "
+                          f"of {n} per-token tensors; got {type(out).__name__}")
+    for name, xs in zip(("advantages", "returns"), out):
+        if not all(isinstance(x, Tensor) for x in xs):
+            raise ConfigError(f"--custom-advantage-function-path {spec}: {name} must be torch tensors")
+        try:
+            _check_aligned(inputs.loss_masks, **{name: list(xs)})
+        except ValueError as e:
+            raise ConfigError(f"--custom-advantage-function-path {spec}: returned {e}") from None
+        bad = next((i for i, x in enumerate(xs) if not bool(torch.isfinite(x).all())), None)
+        if bad is not None:
+            raise ConfigError(f"--custom-advantage-function-path {spec}: {name}[{bad}] is not finite")
+    device = inputs.loss_masks[0].device
+    return ([a.detach().float().to(device) for a in out[0]], [r.detach().float().to(device) for r in out[1]])
 
 
 def actor_trains(cfg: AdvantageConfig, rollout_id: int) -> bool:
@@ -325,7 +392,16 @@ def compute_advantages_and_returns(
     kl = _shaping_kl(cfg, masks, log_probs, ref_log_probs)
 
     kind = estimator(cfg.estimator).advantage  # the kinds: rlslurm/rl_settings.py
-    if kind == "sequence":  # one advantage per sample
+    if cfg.custom_advantage_function_path:
+        if values is not None:
+            _check_aligned(masks, values=values)
+        advantages, returns = _custom_advantages(cfg, AdvantageInputs(
+            cfg=cfg, rewards=rewards.clone(), group_index=group_index.clone(), loss_masks=[m.clone() for m in masks],
+            kl=kl, log_probs=[x.detach() for x in log_probs] if log_probs is not None else None,
+            ref_log_probs=[x.detach() for x in ref_log_probs] if ref_log_probs is not None else None,
+            values=[v.detach().float() for v in values] if values is not None else None,
+        ))
+    elif kind == "sequence":  # one advantage per sample
         advantages = [torch.full_like(m, float(r)) for m, r in zip(masks, rewards.tolist())]
         returns = advantages
     elif kind == "shaped_reward":

@@ -1,4 +1,4 @@
-"""RL losses of the actor and the critic: clipped policy gradient, GSPO, TIS, KL, entropy, value.
+"""RL losses of the actor and the critic: clipped policy gradient, GSPO, CISPO, TIS, KL, entropy, value.
 
 Semantics follow slime (``slime/utils/ppo_utils.py`` and ``backends/megatron_utils/loss.py``);
 the code is our own. Every per-sample tensor is 1-D over that sample's *response* tokens, a
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rlslurm.errors import ConfigError
-from rlslurm.rl_settings import estimator
+from rlslurm.rl_settings import estimator, loss_type
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 LossReduction = Literal["per_sample_mean", "per_token"]
@@ -55,11 +55,15 @@ class PolicyLossConfig:
     tis_clip_high: float = 2.0
     kl_loss_coef: float = 0.0
     kl_loss_type: KLKind = "k1"
+    use_unbiased_kl: bool = False
     entropy_coef: float = 0.0
     loss_reduction: LossReduction = "per_sample_mean"
     estimator: str = "grpo"
+    loss_type: str = "policy_loss"                  # a name of rlslurm/rl_settings.LOSS_TYPES
+    custom_loss_function_path: str | None = None    # --loss-type custom_loss (trainer/actor_loss.py)
 
     def __post_init__(self) -> None:
+        loss_type(self.loss_type)
         if self.eps_clip_high is None:
             object.__setattr__(self, "eps_clip_high", self.eps_clip)
         # The lower bound 1 - eps_clip must stay a ratio a policy can have (>= 0); eps 0 would
@@ -99,12 +103,19 @@ class PolicyLossConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str, clamp: float | None = None) -> Tensor:
+def kl_estimate(
+    logp: Tensor, ref_logp: Tensor, kind: str, clamp: float | None = None, importance_ratio: Tensor | None = None
+) -> Tensor:
     """Per-token estimate of KL(pi || ref) from the sampled token's log-probs (Schulman's k1/k2/k3).
 
     k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) - 1 + log r with log r = logp - ref_logp.
     k3 ("low_var_kl") is unbiased and never negative. ``low_var_kl`` is clamped to
     [-10, 10] as in slime; ``clamp`` overrides the bound (or adds one to the other kinds).
+
+    ``importance_ratio`` (--use-unbiased-kl, DeepSeek-V3.2): the tokens were sampled from the old
+    policy, not from pi, so the estimate is weighted by pi/pi_old to stay unbiased after the
+    first step on a batch. The weight keeps its gradient (the estimate's expectation under
+    pi_old is the KL, so its gradient is the KL's) and is applied before the clamp, as in slime.
     """
     log_ratio = logp.float() - ref_logp.float()
     if kind == "k1":
@@ -115,6 +126,8 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str, clamp: float | None =
         kl = torch.expm1(-log_ratio) + log_ratio
     else:
         raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_KINDS}")
+    if importance_ratio is not None:
+        kl = importance_ratio.float() * kl
     bound = clamp if clamp is not None else (LOW_VAR_KL_CLAMP if kind == "low_var_kl" else None)
     if bound is not None:
         kl = kl.clamp(-bound, bound)
@@ -162,6 +175,23 @@ def policy_loss(
     ppo_kl = old_log_probs.float() - log_probs.float()
     loss, clipfrac = clipped_surrogate(torch.exp(-ppo_kl), advantages, eps_clip, eps_clip_high, eps_clip_c)
     return loss, clipfrac, ppo_kl
+
+
+def cispo_policy_loss(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, eps_clip: float, eps_clip_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """CISPO (MiniMax-M1): loss -sg(clamp(ratio, 1 - eps_clip, 1 + eps_clip_high)) * A * log_prob.
+
+    The ratio is clipped under stop-gradient and only weighs the REINFORCE gradient -w * A * grad
+    log_prob, so a clipped token still trains (PPO's clipped branch gives it no gradient). The
+    loss *value* is not PPO's. A token counts as clipped when the clamp changed its ratio.
+    Returns (per-token loss, per-token clip indicator, per-token ``old - new`` log-ratio).
+    """
+    ppo_kl = old_log_probs.float() - log_probs.float()
+    ratio = torch.exp(-ppo_kl.detach())
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    loss = -weight * advantages.float() * log_probs.float()
+    return loss, (weight != ratio).float(), ppo_kl
 
 
 def sequence_log_ratio(log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> Tensor:
@@ -342,16 +372,22 @@ def compute_rl_loss(
     def reduce(xs: list[Tensor]) -> Tensor:
         return reduce_masked(xs, loss_masks, cfg.loss_reduction, global_denominator)
 
-    if estimator(cfg.estimator).sequence_ratio:  # GSPO
+    kind = estimator(cfg.estimator).policy_gradient  # the kinds: rlslurm/rl_settings.py
+    if kind == "sequence_clip":  # GSPO
         pg, clipfrac, ppo_kl = gspo_policy_loss(
             log_probs, old_log_probs, advantages, loss_masks, cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
         )
     else:
         # One fused elementwise pass over the micro-batch instead of a few kernels per sample.
         lengths = [lp.numel() for lp in log_probs]
-        flat = policy_loss(
-            _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
-        )
+        if kind == "cispo":
+            flat = cispo_policy_loss(
+                _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high
+            )
+        else:
+            flat = policy_loss(
+                _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
+            )
         pg, clipfrac, ppo_kl = (list(t.split(lengths)) for t in flat)
 
     metrics: dict[str, Tensor] = {}
@@ -391,7 +427,11 @@ def compute_rl_loss(
         # Reported whenever the reference is at hand: the drift from it is worth watching
         # even when it is penalised in the reward (--kl-coef) or not at all.
         _check_same_lengths(log_probs, ref_log_probs=ref_log_probs)
-        kl = reduce([kl_estimate(lp, ref, cfg.kl_loss_type) for lp, ref in zip(log_probs, ref_log_probs)])
+        # --use-unbiased-kl: the ratio to the policy that sampled the tokens (1 on the first step)
+        weights = ([torch.exp(lp.float() - old.float()) for lp, old in zip(log_probs, old_log_probs)]
+                   if cfg.use_unbiased_kl else [None] * len(log_probs))
+        kl = reduce([kl_estimate(lp, ref, cfg.kl_loss_type, importance_ratio=w)
+                     for lp, ref, w in zip(log_probs, ref_log_probs, weights)])
         metrics["kl"] = kl
         if cfg.kl_loss_coef > 0.0:
             loss = loss + cfg.kl_loss_coef * kl

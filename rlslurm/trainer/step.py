@@ -25,11 +25,12 @@ from torch import Tensor
 
 from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
+from rlslurm.trainer import actor_loss
 from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
 from rlslurm.trainer.advantages import actor_trains, compute_advantages_and_returns, group_baseline, reward_from
 from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, plan_batches
-from rlslurm.trainer.losses import compute_rl_loss, compute_value_loss, local_denominator
+from rlslurm.trainer.losses import compute_value_loss, local_denominator
 from rlslurm.trainer.setup import Trained, TrainerSetup
 
 
@@ -182,17 +183,13 @@ def _global_denominator(st: TrainerSetup, prep: Prepared, step: list[list[int]])
 
 
 def actor_metric_keys(st: TrainerSetup, prep: Prepared) -> list[str]:
-    keys = ["loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy"]
-    if st.ref is not None:
-        keys.append("kl")
-    if st.loss_cfg.use_tis:
-        keys += ["tis", "tis_clipfrac", "tis_abs", "ois"]
-    if prep.rollout_logprobs is not None:
-        keys.append("train_rollout_logprob_abs_diff")
-    return keys
+    return actor_loss.metric_keys(st.loss_cfg, have_ref=st.ref is not None,
+                                  have_rollout_logprobs=prep.rollout_logprobs is not None)
 
 
 def _actor_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.LossFn:
+    fn = actor_loss.loss_function(st.loss_cfg)
+
     def loss_fn(logits: Tensor, mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
         if st.loss_cfg.entropy_coef > 0.0:
@@ -202,17 +199,18 @@ def _actor_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.Los
                 ent = lp.vocab_parallel_entropy(x.detach())
         logp = lp.token_logprobs(x, mb.tokens)
         idx = mb.indices
-        return compute_rl_loss(
-            st.loss_cfg,
+        return fn(actor_loss.LossInputs(
+            cfg=st.loss_cfg,
             log_probs=lp.response_slices(logp, mb),
-            advantages=[prep.advantages[i] for i in idx],
+            entropy=lp.response_slices(ent, mb),
             loss_masks=_masks(prep, mb),
-            global_denominator=denom,
+            advantages=[prep.advantages[i] for i in idx],
+            returns=[prep.returns[i] for i in idx],
             old_log_probs=[prep.old_logprobs[i] for i in idx],
             ref_log_probs=[prep.ref_logprobs[i] for i in idx] if prep.ref_logprobs is not None else None,
             rollout_log_probs=[prep.rollout_logprobs[i] for i in idx] if prep.rollout_logprobs is not None else None,
-            entropy=lp.response_slices(ent, mb),
-        )
+            global_denominator=denom,
+        ))
     return loss_fn
 
 

@@ -108,6 +108,9 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
     (["--eps-clip-c", "1.1"], ["--eps-clip-c 1.1", "--eps-clip-high"]),
     (["--eps-clip-c", "1.3", "--eps-clip-high", "0.3"], ["--eps-clip-c 1.3", "--eps-clip-high (1.3"]),
     (["--use-kl-loss", "--kl-loss-coef", "0.1"], ["--use-kl-loss --kl-loss-coef", "--hf-checkpoint", "--ref-load"]),
+    (["--use-unbiased-kl"], ["--use-unbiased-kl", "--use-kl-loss --kl-loss-coef"]),
+    (["--use-unbiased-kl", "--use-kl-loss", "--kl-loss-coef", "0"], ["--use-unbiased-kl", "--kl-loss-coef > 0"]),
+    (["--advantage-estimator", "cispo", "--eps-clip-c", "3"], ["--eps-clip-c", "--advantage-estimator cispo"]),
 ])
 def test_rl_rule_is_checked_at_submit(argv: list[str], extra: list[str], flags: list[str]) -> None:
     with pytest.raises(ConfigError) as e:
@@ -126,6 +129,8 @@ def test_rl_rule_is_checked_at_submit(argv: list[str], extra: list[str], flags: 
     ["--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
     ["--use-kl-loss", "--kl-loss-coef", "0"],
     ["--eps-clip-c", "3"],
+    ["--use-unbiased-kl", "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
+    ["--advantage-estimator", "cispo", "--eps-clip", "1", "--eps-clip-high", "4"],
 ])
 def test_rl_rule_neighbours_pass(argv: list[str], tmp_path: Path, ok: list[str]) -> None:
     from tests.hf_shape import hf_shaped_dir
@@ -150,6 +155,66 @@ def test_estimator_names_come_from_one_registry() -> None:
     literal = typing.get_args(TrainSection.model_fields["advantage_estimator"].annotation)
     assert literal == rl_settings.ESTIMATOR_NAMES == advantages.ESTIMATORS
     assert rl_settings.names_where(critic=True) == ("ppo",)
+
+
+# ------------------------------------------------------------------ --loss-type (rlslurm/rl_settings.LOSS_TYPES)
+
+@pytest.mark.parametrize("extra,names", [
+    (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),
+    (["--custom-loss-function-path", "LOSS"], ["--custom-loss-function-path", "--loss-type custom_loss",
+                                              "not policy_loss"]),
+    (["--loss-type", "sft_loss", "--custom-loss-function-path", "LOSS"], ["--custom-loss-function-path",
+                                                                          "not sft_loss"]),
+    (["--loss-type", "sft_loss", "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-load", "HF"],
+     ["--loss-type sft_loss", "--use-kl-loss --kl-loss-coef"]),
+    (["--loss-type", "sft_loss", "--use-tis", "--entropy-coef", "0.01"],
+     ["--loss-type sft_loss", "--use-tis, --entropy-coef"]),
+    (["--loss-type", "sft_loss", "--advantage-estimator", "ppo", "--kl-coef", "0.1", "--ref-load", "HF"],
+     ["--loss-type sft_loss", "--kl-coef"]),
+    (["--loss-type", "dpo"], ["--loss-type", "dpo", "sft_loss"]),
+])
+def test_loss_type_rules(argv: list[str], tmp_path: Path, extra: list[str], names: list[str]) -> None:
+    from tests.hf_shape import hf_shaped_dir
+
+    plugin = tmp_path / "loss.py"
+    plugin.write_text("def nll(inputs):\n    return -inputs.reduce(inputs.log_probs), {}\n")
+    hf = str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))
+    sub = {"HF": hf, "LOSS": f"{plugin}:nll"}
+    one_line_naming(argv + [sub.get(a, a) for a in extra], *names)
+
+
+def test_loss_type_neighbours_pass_and_the_plugin_is_checked(argv: list[str], tmp_path: Path) -> None:
+    plugin = tmp_path / "loss.py"
+    plugin.write_text("def nll(inputs):\n    return -inputs.reduce(inputs.log_probs), {}\n"
+                      "def two(inputs, extra):\n    pass\n")
+    assert resolve(argv + ["--loss-type", "sft_loss"]).cfg.train.loss_type == "sft_loss"
+    cfg = resolve(argv + ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{plugin}:nll"]).cfg
+    assert cfg.train.custom_loss_function_path == f"{plugin}:nll"
+    one_line_naming(argv + ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{plugin}:two"],
+                    "--custom-loss-function-path", "cannot be called with 1 positional")
+    one_line_naming(argv + ["--loss-type", "custom_loss", "--custom-loss-function-path", f"{tmp_path}/none.py:f"],
+                    "--custom-loss-function-path", "none.py")
+
+
+def test_custom_advantage_function_rules(argv: list[str], tmp_path: Path) -> None:
+    from tests.hf_shape import hf_shaped_dir
+
+    plugin = tmp_path / "adv.py"
+    plugin.write_text("def adv(inputs):\n    return inputs.loss_masks, inputs.loss_masks\n"
+                      "def none():\n    pass\n")
+    hf = str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))
+    spec = ["--custom-advantage-function-path", f"{plugin}:adv"]
+    # it replaces the estimator's advantages: the KL in the reward reaches it whatever the estimator,
+    # and whether its output needs whitening is its own business
+    resolve(argv + spec + ["--kl-coef", "0.1", "--hf-checkpoint", hf])
+    resolve(argv + spec + ["--advantage-estimator", "reinforce_plus_plus"])
+    one_line_naming(argv + ["--kl-coef", "0.1", "--hf-checkpoint", hf], "--kl-coef", "--advantage-estimator grpo")
+    one_line_naming(argv + spec + ["--loss-type", "sft_loss"], "--loss-type sft_loss",
+                    "--custom-advantage-function-path")
+    one_line_naming(argv + ["--custom-advantage-function-path", f"{plugin}:none"],
+                    "--custom-advantage-function-path", "cannot be called with 1 positional")
+    one_line_naming(argv + ["--custom-advantage-function-path", "adv_plugin_nowhere:adv"],
+                    "--custom-advantage-function-path", "adv_plugin_nowhere")
 
 
 # ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import socket
 
 import numpy as np
@@ -80,7 +81,7 @@ def _assert_lists_close(got: list[torch.Tensor], want: list[list[float]], atol: 
         np.testing.assert_allclose(g.double().numpy(), np.array(w), atol=atol, err_msg=f"sample {i}")
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "gspo"])
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "cispo"])
 @pytest.mark.parametrize("std", [True, False])
 def test_group_baseline_per_group_and_zero_on_masked_tokens(estimator: str, std: bool) -> None:
     adv, ret = _run(AdvantageConfig(estimator=estimator, grpo_std_normalization=std))
@@ -318,6 +319,8 @@ def test_whitening_statistics_are_global_across_data_parallel_ranks() -> None:
 def test_gspo_must_be_set_in_both_configs() -> None:
     with pytest.raises(ConfigError, match="gspo"):
         check_rl_configs(AdvantageConfig(estimator="gspo"), PolicyLossConfig(estimator="grpo"))
+    with pytest.raises(ConfigError, match="cispo"):
+        check_rl_configs(AdvantageConfig(estimator="grpo"), PolicyLossConfig(estimator="cispo"))
 
 
 @pytest.mark.parametrize(
@@ -393,3 +396,72 @@ def test_configs_from_the_run_config_train_section() -> None:
         rl_configs_from_train(TrainSection(advantage_estimator="ppo", kl_coef=0.1, use_kl_loss=True, kl_loss_coef=0.1))
     with pytest.raises(ConfigError, match="--use-tis and --use-rollout-logprobs"):
         rl_configs_from_train(TrainSection(use_rollout_logprobs=True, use_tis=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# --custom-advantage-function-path
+# ---------------------------------------------------------------------------------------------
+
+_CUSTOM = '''
+import torch
+
+def discounted_to_go(inputs):
+    """Per token: the reward discounted by 0.5 per token before the last masked one, minus the KL."""
+    advs = []
+    for r, m, k in zip(inputs.rewards.tolist(), inputs.loss_masks, inputs.kl):
+        last = int(torch.nonzero(m)[-1])
+        steps = (last - torch.arange(m.numel())).clamp_min(0).float()
+        advs.append(r * 0.5 ** steps - k)
+    return advs, [a + 1.0 for a in advs]
+'''
+
+
+def _f32(xs: list[list[float]]) -> list[torch.Tensor]:
+    return [torch.tensor(x, dtype=torch.float32) for x in xs]
+
+
+def _custom_plugin(tmp_path, body: str = _CUSTOM) -> str:
+    f = tmp_path / "adv_plugin.py"
+    f.write_text(body)
+    return f"{f}:discounted_to_go"
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_custom_advantage_function_replaces_the_estimator(tmp_path, whiten: bool) -> None:
+    rewards, groups = [1.0, 0.0, 3.0], [0, 0, 1]
+    masks = [[1, 1, 0, 1], [1, 0], [0, 1, 1]]
+    lp = [[-1.0, -0.5, -2.0, -0.3], [-0.2, -1.1], [-0.7, -0.4, -0.9]]
+    ref = [[-1.2, -0.5, -1.0, -0.1], [-0.3, -1.0], [-0.2, -0.6, -0.8]]
+    cfg = AdvantageConfig(estimator="grpo", kl_coef=0.1, kl_estimator="k1", normalize_advantages=whiten,
+                          custom_advantage_function_path=_custom_plugin(tmp_path))
+    adv, ret = compute_advantages_and_returns(
+        cfg, rewards=torch.tensor(rewards), group_index=torch.tensor(groups), loss_masks=_f32(masks),
+        log_probs=_f32(lp), ref_log_probs=_f32(ref))
+    # float64 reference: the plugin's rule on the group-normalised rewards and the masked k1 KL
+    base = _ref_group_norm(rewards, groups, divide=True)
+    want = []
+    for r, m, a, b in zip(base, masks, lp, ref):
+        last = max(i for i, k in enumerate(m) if k)
+        want.append([r * 0.5 ** max(last - t, 0) - (a[t] - b[t]) * m[t] for t in range(len(m))])
+    want_ret = [[w + 1.0 for w in ws] for ws in want]
+    if whiten:
+        want = _ref_whiten(want, masks)
+    for got, w, m in zip(adv, want, masks):
+        np.testing.assert_allclose(got.tolist(), [x * k for x, k in zip(w, m)], rtol=1e-5, atol=1e-6)
+    for got, w in zip(ret, want_ret):
+        np.testing.assert_allclose(got.tolist(), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("body,why", [
+    ("def discounted_to_go(inputs):\n    return inputs.loss_masks\n", "must return (advantages, returns)"),
+    ("def discounted_to_go(inputs):\n    return [m[:1] for m in inputs.loss_masks], inputs.loss_masks\n",
+     "advantages[0] has shape (1,)"),
+    ("def discounted_to_go(inputs):\n    a = [m / 0 for m in inputs.loss_masks]\n    return a, a\n",
+     "advantages[0] is not finite"),
+])
+def test_custom_advantage_function_output_is_checked(tmp_path, body: str, why: str) -> None:
+    cfg = AdvantageConfig(custom_advantage_function_path=_custom_plugin(tmp_path, body))
+    with pytest.raises(ConfigError, match=re.escape(why)) as e:
+        compute_advantages_and_returns(cfg, rewards=torch.tensor([1.0]), group_index=torch.tensor([0]),
+                                       loss_masks=[torch.ones(2)])
+    assert "--custom-advantage-function-path" in str(e.value) and "\n" not in str(e.value)

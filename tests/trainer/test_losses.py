@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlslurm.errors import ConfigError
+from rlslurm.trainer.actor_loss import LossInputs, loss_function, metric_keys
 from rlslurm.trainer.losses import (
     PolicyLossConfig,
     clipped_surrogate,
@@ -355,6 +356,72 @@ def test_gspo_estimator_in_compute_rl_loss_uses_sequence_ratio() -> None:
     assert m_gspo["ppo_kl"].item() == pytest.approx(want, rel=1e-5)
 
 
+def _cispo_reference(b, eps_lo: float, eps_hi: float, kl_coef: float, unbiased: bool):
+    """Per-token float64 scalars with torch autograd on each token alone: CISPO's loss is
+    -w * A * log p with w = clamp(exp(log p - old)) a constant, plus the (ratio-weighted) k3 KL;
+    per-sample means, then the mean over samples."""
+    lp64 = [x.detach().double().requires_grad_() for x in b["log_probs"]]
+    total, clipped = 0.0, 0.0
+    for i, x in enumerate(lp64):
+        m = b["loss_masks"][i].tolist()
+        s, c = 0.0, 0.0
+        for t in range(x.numel()):
+            if not m[t]:
+                continue
+            a, old, ref = (float(b[k][i][t]) for k in ("advantages", "old_log_probs", "ref_log_probs"))
+            r = math.exp(x[t].item() - old)
+            w = min(max(r, 1.0 - eps_lo), 1.0 + eps_hi)
+            c += float(w != r)
+            d = ref - x[t]
+            k3 = torch.exp(d) - 1 - d
+            if unbiased:
+                k3 = torch.exp(x[t] - old) * k3
+            s = s - w * a * x[t] + kl_coef * k3
+        total = total + s / max(sum(m), 1)
+        clipped += c / max(sum(m), 1)
+    n = len(lp64)
+    (total / n).backward()
+    return total.item() / n, clipped / n, [x.grad for x in lp64]
+
+
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_cispo_loss_and_gradient_match_reference(unbiased: bool) -> None:
+    b = _batch(4)
+    b.pop("entropy")
+    cfg = PolicyLossConfig(eps_clip=0.05, eps_clip_high=0.1, estimator="cispo", kl_loss_coef=0.3, kl_loss_type="k3",
+                           use_unbiased_kl=unbiased)
+    lp = [x.clone().requires_grad_() for x in b["log_probs"]]
+    loss, m = compute_rl_loss(cfg, global_denominator=None, **{**b, "log_probs": lp})
+    loss.backward()
+    want, clipfrac, grads = _cispo_reference(b, 0.05, 0.1, 0.3, unbiased)
+    assert loss.item() == pytest.approx(want, rel=1e-5)
+    assert m["pg_clipfrac"].item() == pytest.approx(clipfrac, rel=1e-6) and 0 < clipfrac < 1
+    for g, w in zip(lp, grads):
+        np.testing.assert_allclose(g.grad.numpy(), w.numpy(), rtol=1e-4, atol=1e-6)
+    # unlike PPO's clipped branch, a clipped CISPO token still has a gradient: -w * A / count
+    i, t = next((i, t) for i in range(4) for t in range(lp[i].numel())
+                if b["loss_masks"][i][t]
+                and not 0.95 <= math.exp(float(b["log_probs"][i][t] - b["old_log_probs"][i][t])) <= 1.1)
+    assert lp[i].grad[t].item() != 0.0
+
+
+def test_unbiased_kl_weights_by_the_new_old_ratio_before_the_clamp() -> None:
+    logp, ref, old = torch.tensor([-1.0, -30.0]), torch.tensor([-1.5, -1.0]), torch.tensor([-1.2, -29.0])
+    w = torch.exp(logp - old)
+    for kind in KL_KINDS_UNDER_TEST:
+        plain = kl_estimate(logp, ref, kind, clamp=1e30)  # unclamped
+        got = kl_estimate(logp, ref, kind, importance_ratio=w)
+        want = [math.exp(a - o) * float(p) for a, o, p in zip(logp.tolist(), old.tolist(), plain.tolist())]
+        if kind == "low_var_kl":
+            want = [min(max(x, -10.0), 10.0) for x in want]
+        np.testing.assert_allclose(got.tolist(), want, rtol=1e-6)
+    # on the first step on a batch (old = new) it is the plain estimate
+    assert torch.equal(kl_estimate(logp, ref, "k3", importance_ratio=torch.ones(2)), kl_estimate(logp, ref, "k3"))
+
+
+KL_KINDS_UNDER_TEST = ("k1", "k2", "k3", "low_var_kl")
+
+
 def test_kl_to_reference_is_reported_without_entering_the_loss_when_coef_is_zero() -> None:
     b = _batch(3)
     b.pop("entropy")
@@ -432,3 +499,72 @@ def test_missing_inputs_are_named() -> None:
         compute_rl_loss(PolicyLossConfig(), **{**base, "advantages": [torch.ones(3)]})
     with pytest.raises(ConfigError, match="--value-clip"):
         value_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# --loss-type: sft_loss and custom_loss (rlslurm/trainer/actor_loss.py)
+# ---------------------------------------------------------------------------------------------
+
+
+def _inputs(b, cfg: PolicyLossConfig, denom, log_probs=None) -> LossInputs:
+    return LossInputs(cfg=cfg, log_probs=log_probs or b["log_probs"], entropy=b["entropy"], loss_masks=b["loss_masks"],
+                      advantages=b["advantages"], returns=b["advantages"], old_log_probs=b["old_log_probs"],
+                      ref_log_probs=b["ref_log_probs"], rollout_log_probs=b["rollout_log_probs"],
+                      global_denominator=denom)
+
+
+@pytest.mark.parametrize("reduction", ["per_sample_mean", "per_token"])
+def test_sft_loss_is_the_masked_negative_log_likelihood(reduction: str) -> None:
+    b = _batch(5)
+    cfg = PolicyLossConfig(loss_type="sft_loss", loss_reduction=reduction)
+    lp = [x.clone().requires_grad_() for x in b["log_probs"]]
+    denom = 8.0 if reduction == "per_sample_mean" else float(sum(m.sum() for m in b["loss_masks"])) + 5.0
+    loss, metrics = loss_function(cfg)(_inputs(b, cfg, denom, lp))
+    loss.backward()
+    # float64 reference: per token -log p, no advantage anywhere; the global denominator as in RL
+    per_sample = [[-v for v, k in zip(x.double().tolist(), m.tolist()) if k]
+                  for x, m in zip(b["log_probs"], b["loss_masks"])]
+    if reduction == "per_token":
+        want = sum(sum(s) for s in per_sample) / denom
+        grads = [[-1.0 / denom * k for k in m.tolist()] for m in b["loss_masks"]]
+    else:
+        want = sum(sum(s) / max(len(s), 1) for s in per_sample) / denom
+        grads = [[-k / max(m.sum().item(), 1) / denom for k in m.tolist()] for m in b["loss_masks"]]
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    assert list(metrics) == ["loss"] and metrics["loss"].item() == loss.item()
+    for g, w in zip(lp, grads):
+        np.testing.assert_allclose(g.grad.numpy(), w, rtol=1e-6)
+    assert metric_keys(cfg, have_ref=True, have_rollout_logprobs=True) == ["loss"]
+
+
+def test_policy_loss_type_is_compute_rl_loss() -> None:
+    b = _batch(6)
+    cfg = PolicyLossConfig(kl_loss_coef=0.1, entropy_coef=0.01)
+    got, m = loss_function(cfg)(_inputs(b, cfg, 8.0))
+    want, m2 = compute_rl_loss(cfg, global_denominator=8.0, **b)
+    assert got.item() == want.item() and m.keys() == m2.keys()
+    assert metric_keys(cfg, have_ref=True, have_rollout_logprobs=True) == [
+        "loss", "pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl", "train_rollout_logprob_abs_diff"]
+
+
+def test_custom_loss_function_is_loaded_from_a_file_and_called_per_micro_batch(tmp_path) -> None:
+    plugin = tmp_path / "my_loss.py"
+    plugin.write_text(
+        "def weighted_nll(inputs):\n"
+        "    loss = inputs.reduce([-a * lp for a, lp in zip(inputs.advantages, inputs.log_probs)])\n"
+        "    return loss, {'loss': loss.detach(), 'adv': inputs.reduce(inputs.advantages)}\n"
+        "weighted_nll.metric_keys = ('adv',)\n"
+    )
+    b = _batch(7)
+    cfg = PolicyLossConfig(loss_type="custom_loss", custom_loss_function_path=f"{plugin}:weighted_nll",
+                           loss_reduction="per_token")
+    loss, metrics = loss_function(cfg)(_inputs(b, cfg, None))
+    num = sum(-a * lp * k for x, y, m in zip(b["advantages"], b["log_probs"], b["loss_masks"])
+              for a, lp, k in zip(x.double().tolist(), y.double().tolist(), m.tolist()))
+    assert loss.item() == pytest.approx(num / sum(m.sum().item() for m in b["loss_masks"]), rel=1e-5)
+    assert metric_keys(cfg, have_ref=False, have_rollout_logprobs=True) == ["loss", "adv"]
+
+
+def test_unknown_loss_type_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match="--loss-type must be one of policy_loss, sft_loss, custom_loss"):
+        PolicyLossConfig(loss_type="dpo_loss")
