@@ -264,15 +264,3 @@ class Control:
         for f in (self.stop_file, self.stop_ack_file):
             unlink_durable(f)
         return had
-
-    def new_attempt(self, restart_count: int) -> None:
-        """At the start of attempt `restart_count`: forget the previous attempt's preempt
-        request and ack (a stop request stays: the user asked to stop the run)."""
-        for f in (self.preempt_file, self.preempt_ack_file):
-            unlink_durable(f)
-        ensure_dir(self.dir)
-        write_json_atomic(self.dir / "attempt.json", {"restart_count": restart_count, "started_at": time.time()})
-
-    def attempt(self) -> int | None:
-        rec = read_json(self.dir / "attempt.json")
-        return None if rec is None else int(rec["restart_count"])

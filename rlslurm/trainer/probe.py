@@ -14,8 +14,9 @@ import os
 import time
 from pathlib import Path
 
-import httpx
 import torch
+
+from rlslurm.engines import greedy
 
 PROBE_NEW_TOKENS = 8
 
@@ -52,19 +53,8 @@ def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int, n
 
 def engine_greedy(urls: list[str], api_key: str | None, prompt: list[int], n_new: int = PROBE_NEW_TOKENS,
                   timeout: float = 60.0) -> dict[str, dict]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}}
-    out: dict[str, dict] = {}
-    with httpx.Client(timeout=timeout, trust_env=False, headers=headers) as c:
-        for url in urls:
-            try:
-                r = c.post(f"{url}/generate", json=body)
-                r.raise_for_status()
-                data = r.json()
-                out[url] = {"tokens": data["output_ids"], "weight_version": data["meta_info"].get("weight_version")}
-            except (httpx.HTTPError, KeyError, ValueError) as e:
-                out[url] = {"error": f"{type(e).__name__}: {e}"}
-    return out
+    """Every engine's greedy continuation of `prompt` (rlslurm/engines/greedy.py)."""
+    return greedy.engine_greedy(urls, api_key, prompt, n_new, timeout)
 
 
 def record_probe(path: Path, version: int, trainer: list[int], engines: dict[str, dict]) -> dict:

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from rlslurm.buffer import Control, EngineRecord, RendezvousRecord, RendezvousTaken, read_ledger
+from rlslurm.attempt import clear_stale
 from rlslurm.buffer.ledger import LedgerProblem
 from rlslurm.errors import DataError
 
@@ -55,6 +56,7 @@ def test_heartbeats(run):
 
 
 def test_preempt_ack_stop_and_new_attempt(run):
+    """An attempt's start (rlslurm/attempt.py) clears the preempt request and ack; a stop stays."""
     c = Control(run)
     assert c.preempt_requested() is None and c.stop_requested() is None
     # written by the batch script (tmp + mv), shape fixed by the lead
@@ -65,10 +67,9 @@ def test_preempt_ack_stop_and_new_attempt(run):
     c.ack_preempt(checkpoint_iteration=40)
     assert json.loads((run.control_dir / "preempt_ack.json").read_text())["checkpoint_iteration"] == 40
     c.request_stop("user asked")
-    c.new_attempt(1)
+    clear_stale(run)
     assert c.preempt_requested() is None and c.preempt_ack() is None
     assert c.stop_requested().reason == "user asked"  # a stop outlives the attempt
-    assert c.attempt() == 1
 
 
 def test_ledger_skips_and_reports_torn_lines(run):
@@ -93,7 +94,7 @@ def test_stop_ack_and_clear(run):
     c.request_stop("user asked")
     c.ack_stop(checkpoint_iteration=7)
     assert c.stop_ack().checkpoint_iteration == 7
-    c.new_attempt(1)
+    clear_stale(run)
     assert c.stop_requested() is not None and c.stop_ack() is not None  # both outlive an attempt
     assert c.clear_stop() is True  # `rlslurm resubmit` / `rlslurm run` continuing the run
     assert c.stop_requested() is None and c.stop_ack() is None

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, commit_rollouts, free_port, make_run, metrics, run_trainer
-from rlslurm.buffer import Control
+from rlslurm.attempt import clear_stale
+from rlslurm.buffer import Control, RunDir
 from rlslurm.buffer.atomic import write_json_atomic
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -57,7 +58,7 @@ def test_ppo_critic_preempt_and_resume(tmp_path: Path, tiny_hf: Path) -> None:
     for l in warm:  # critic-only warm-up: the actor did not step
         assert "pg_loss" not in l and math.isfinite(l["value_loss"]) and l["critic_grad_norm"] > 0
 
-    Control(run).new_attempt(1)
+    clear_stale(RunDir(run))  # as the next attempt's start does
     commit_rollouts(run, range(1, 3))
     p = run_trainer(run, nproc=2)
     assert "resumed from" in p.stderr

@@ -1,0 +1,24 @@
+"""Greedy continuations from each engine (`--verify-weight-sync`, trainer/probe.py): temperature 0,
+the same token ids in, the served weight version out, so the trainer can compare them with its own."""
+
+from __future__ import annotations
+
+import httpx
+
+
+def engine_greedy(urls: list[str], api_key: str | None, prompt: list[int], n_new: int,
+                  timeout: float = 60.0) -> dict[str, dict]:
+    """{url: {tokens, weight_version}} or {url: {error}} for an engine that did not answer."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True}}
+    out: dict[str, dict] = {}
+    with httpx.Client(timeout=timeout, trust_env=False, headers=headers) as c:
+        for url in urls:
+            try:
+                r = c.post(f"{url}/generate", json=body)
+                r.raise_for_status()
+                data = r.json()
+                out[url] = {"tokens": data["output_ids"], "weight_version": data["meta_info"].get("weight_version")}
+            except (httpx.HTTPError, KeyError, ValueError) as e:
+                out[url] = {"error": f"{type(e).__name__}: {e}"}
+    return out
