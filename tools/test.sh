@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash tools/install.sh
 export RLSLURM_REQUIRE_SLURM=1
 set +e
-python3 -m pytest tests "$@"
+python3 -m pytest tests --durations=30 "$@"  # the slowest tests, to keep the suite under 60 min
 rc=$?
 set -e
 # pytest exit 5 = no tests collected: that is a failure here, never a silent pass.
