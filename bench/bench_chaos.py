@@ -73,12 +73,14 @@ sys.path.insert(0, str(ROOT))
 from rlslurm.buffer.control import Control  # noqa: E402
 from rlslurm.buffer.store import BufferStore  # noqa: E402
 from rlslurm.curve import reward_curve  # noqa: E402
+from rlslurm.buffer import read_ledger  # noqa: E402
 from rlslurm.demo_task import make_prompts  # noqa: E402
+from rlslurm.engines import procfs  # noqa: E402
 from rlslurm.errors import DataError  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmError  # noqa: E402
 
-from bench.slurm_run import batch_log_tail, read_ledger, submit_tiny_grpo  # noqa: E402
+from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
 
 KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine"]
 ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue"}
@@ -178,20 +180,6 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def proc_state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def ppid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def env_var(pid: int, name: str) -> str | None:
     try:
         for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
@@ -214,7 +202,7 @@ class Procs:
         torchrun = {p for p in pids if "torchrun" in cmdline(p)}
         out = {}
         for pid in pids:
-            if pid in torchrun or ppid(pid) not in torchrun:  # a rank's own forks share its command line
+            if pid in torchrun or procfs.parent_of(pid) not in torchrun:  # a rank's own forks share its command line
                 continue
             rank = env_var(pid, "RANK")
             if rank is not None and rank.isdigit():
@@ -291,14 +279,14 @@ class Soak:
             return None
         self.routers_seen.add(router[0])
         engines = self.procs.engines()
-        live = [p for p in engines if ppid(p) == driver[0] and proc_state(p) not in (None, "T", "Z")]
+        live = [p for p in engines if procfs.parent_of(p) == driver[0] and procfs.state(p) not in (None, "T", "Z")]
         recs = {e.pid: e for e in self.control.engines()}
         serving = [p for p in live if p in recs and recs[p].healthy and not recs[p].awaiting_weights]
         if not serving:
             return None
         # SGLang's forked children (its log filter) share their server's command line; a server whose
         # parent is neither a server of this run nor this attempt's rollout process outlived an earlier one.
-        orphans = [p for p in engines if ppid(p) != driver[0] and ppid(p) not in engines]
+        orphans = [p for p in engines if procfs.parent_of(p) != driver[0] and procfs.parent_of(p) not in engines]
         return {"ranks": ranks, "driver": driver[0], "engines": serving, "router": router[0],
                 "engines_serving": len(serving), "orphan_engines": orphans}
 
@@ -375,12 +363,12 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
     if kind == "hang_engine":
         pid = hit["pid"]
         # The supervisor's answer is a SIGKILL of the stopped server's group (the pid goes away).
-        gone = lambda: proc_state(pid) in (None, "Z") or "launch_server" not in cmdline(pid)  # noqa: E731
+        gone = lambda: procfs.state(pid) in (None, "Z") or "launch_server" not in cmdline(pid)  # noqa: E731
         try:
             soak.wait(gone, HANG_BOUND_S, "the hung engine restarted")
             hang = {"restarted_by_supervisor": True, "killed_after_s": round(time.time() - t_inject, 1)}
         except TimeoutError:
-            still = proc_state(pid)
+            still = procfs.state(pid)
             try:
                 os.killpg(pid, signal.SIGCONT)
             except ProcessLookupError:  # killed at the last moment after all

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Literal
 
 from rlslurm.buffer.atomic import open_log
-from rlslurm.engines import log_scrub, owner_watch, sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.engines import log_scrub, owner_watch, procfs, sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.engines.procfs import pid_alive
 from rlslurm.engines.sglang_client import health_sync
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal
@@ -225,10 +226,10 @@ class EngineProcess:
         if self.proc is None:
             return []
         pgid = self.proc.pid
-        pids = {p for p in _all_pids() if _pgid(p) == pgid and pid_alive(p)}
+        pids = {p for p in procfs.all_pids() if procfs.pgid(p) == pgid and pid_alive(p)}
         if self.is_alive():
             pids.add(self.proc.pid)
-        pids |= {p for p in _descendants(self.proc.pid) if pid_alive(p)}
+        pids |= {p for p in procfs.descendants(self.proc.pid) if pid_alive(p)}
         return sorted(pids)
 
     def record_owned_files(self) -> None:
@@ -275,51 +276,11 @@ class EngineProcess:
         self.start()
 
 
-# --- /proc helpers (Linux only, like SLURM) -------------------------------------------------
-def _all_pids() -> list[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except (ProcessLookupError, PermissionError):
-        return None
-
-
 def wait_group_gone(pgid: int, timeout_s: float = 5.0) -> None:
     """Wait (bounded) until no live process is left in process group `pgid`."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and any(_pgid(p) == pgid and pid_alive(p) for p in _all_pids()):
+    while time.monotonic() < deadline and procfs.group_alive(pgid):
         time.sleep(0.05)
-
-
-def pid_alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a killed child not yet reaped still has a pid)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid in _all_pids():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(pid)
-    out: set[int] = set()
-    stack = [root]
-    while stack:
-        for c in children.get(stack.pop(), []):
-            if c not in out:
-                out.add(c)
-                stack.append(c)
-    return out
 
 
 def _files_held_by(pids: list[int]) -> set[str]:

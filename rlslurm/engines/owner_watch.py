@@ -22,30 +22,10 @@ import signal
 import sys
 import time
 
+from rlslurm.engines import procfs
+
 GRACE_S = 10.0
 POLL_S = 0.5
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _group_has_others(pgid: int, me: int) -> bool:
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[3]) == pgid:
-            return True
-    return False
 
 
 def start(*, grace_s: float = GRACE_S, poll_s: float = POLL_S) -> int | None:
@@ -73,13 +53,13 @@ def _watch(owner: int, leader: int, grace_s: float, poll_s: float) -> None:
         time.sleep(poll_s)
         if os.getppid() != leader:
             return  # the launcher ended: nothing left to guard
-        if _parent_of(leader) not in (owner, None):
+        if procfs.parent_of(leader) not in (owner, None):
             break
     pgid = os.getpgid(0)
     print(f"rlslurm: the process that started this server (pid {owner}) is gone; ending the server "
           f"(process group {pgid})", file=sys.stderr, flush=True)
     os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and _group_has_others(pgid, os.getpid()):
+    while time.monotonic() < deadline and procfs.group_alive(pgid, besides=os.getpid()):
         time.sleep(0.1)
     os.killpg(pgid, signal.SIGKILL)

@@ -36,6 +36,7 @@ from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
 from tests.e2e.helpers import batch_log, probes, submit_grpo, trained_per_attempt
+from tests.process_groups import trainer_pids
 from tests.slurm_runs import ledger, wait_reports
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
@@ -53,22 +54,6 @@ MARGIN = 0.05
 def committed_manifests(run_dir: Path) -> dict[int, bytes]:
     store = BufferStore(run_dir)
     return {i: store.manifest_path(i).read_bytes() for i in store.committed_ids()}
-
-
-def trainer_workers(run_dir: Path) -> list[int]:
-    """This run's trainer ranks (torchrun's workers and their children): argv names the trainer and the
-    run dir, and not the torchrun agent or its srun."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"rlslurm.trainer.main" in argv and str(run_dir).encode() in argv \
-                    and b"rlslurm.slurm.torchrun" not in argv:
-                out.append(int(d.name))
-    return out
 
 
 def ran_ahead(run_dir: Path) -> dict[int, list[int]]:
@@ -91,7 +76,7 @@ def hold_trainer_until_the_driver_runs_ahead(run_dir: Path, timeout: float = 240
     deadline = time.monotonic() + timeout
     while not (ahead := ran_ahead(run_dir)):
         assert time.monotonic() < deadline, "the driver never ran ahead while the trainer was stopped"
-        pids = trainer_workers(run_dir)
+        pids = trainer_pids(run_dir, agent=False)
         assert pids, "trainer processes not found"
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)

@@ -25,6 +25,8 @@ from pathlib import Path
 from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
 
+from tests.process_groups import trainer_pids
+
 # SGLang 0.5.14 on the GPU machines, trimmed bundle (docs/gpu.md): triton attention, no CUDA graphs,
 # no grammar backend; a small KV pool leaves the GPU mostly free.
 SGLANG_GPU_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
@@ -96,20 +98,6 @@ def reward_rose(run_dir: Path) -> tuple[float, float]:
     return statistics.mean(curve[:4]), statistics.mean(curve[-4:])
 
 
-def torchrun_pids(run_dir: Path) -> list[int]:
-    """The trainer's torchrun agent and its workers: every process whose argv names this run's trainer."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"rlslurm.trainer.main" in argv and str(run_dir).encode() in argv:
-                out.append(int(d.name))
-    return out
-
-
 def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path) -> None:
     n = 16
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
@@ -120,7 +108,7 @@ def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path
         assert proc.poll() is None, f"ended early (rc={proc.returncode})\n{logs(run_dir, log)}"
         assert time.monotonic() < deadline, logs(run_dir, log)
         time.sleep(0.5)
-    for pid in torchrun_pids(run_dir):
+    for pid in trainer_pids(run_dir):  # torchrun's agent and its workers
         os.kill(pid, signal.SIGKILL)
     assert finish(proc, run_dir, log, 120) != 0  # the trainer died: this attempt failed
     before = trained_ids(run_dir)[0]

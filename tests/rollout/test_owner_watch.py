@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlslurm.engines.engine import pid_alive
+from tests.process_groups import group_members
 
 # stands in for SGLang: a server process with a child of its own, both in the launcher's group
 SERVER = """
@@ -30,18 +30,6 @@ p.wait()
 """
 
 
-def _group(pgid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.getpgid(int(name)) == pgid and pid_alive(int(name)):
-                    out.append(int(name))
-            except (ProcessLookupError, PermissionError):
-                pass
-    return out
-
-
 def _env(tmp_path: Path) -> dict[str, str]:
     repo = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])}
@@ -57,16 +45,16 @@ def test_a_server_outlives_no_owner_killed_with_sigkill(tmp_path: Path) -> None:
         while "server up" not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(2.0)  # several polls of the watcher while the owner lives
-        assert len(_group(server)) >= 2, "the server and its child should still be running"
+        assert len(group_members(server)) >= 2, "the server and its child should still be running"
         owner.send_signal(signal.SIGKILL)
         owner.wait()
         deadline = time.monotonic() + 20
-        while _group(server) and time.monotonic() < deadline:
+        while group_members(server) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _group(server) == [], "the server's processes outlived their owner"
+        assert group_members(server) == [], "the server's processes outlived their owner"
         assert "is gone; ending the server" in (tmp_path / "server.log").read_text()
     finally:
-        for pid in _group(server):
+        for pid in group_members(server):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -76,6 +64,6 @@ def test_the_watcher_ends_with_a_server_that_ends(tmp_path: Path) -> None:
                          env=_env(tmp_path), start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert p.communicate(timeout=60)[0].strip() == "served"
     deadline = time.monotonic() + 10
-    while _group(p.pid) and time.monotonic() < deadline:
+    while group_members(p.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _group(p.pid) == []
+    assert group_members(p.pid) == []

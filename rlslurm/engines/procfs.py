@@ -1,0 +1,67 @@
+"""Reading processes from /proc (Linux only, like SLURM): what ending a server's whole process tree
+(engines/engine.py) and the owner watch (engines/owner_watch.py) need to know."""
+
+from __future__ import annotations
+
+import os
+
+
+def all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (which may hold spaces and parentheses):
+    [state, ppid, pgrp, ...]."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter (R, S, T: stopped, Z: zombie, ...); None when there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def pid_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed child not yet reaped still has a pid)."""
+    return state(pid) not in (None, "Z")
+
+
+def parent_of(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def group_alive(group: int, *, besides: int | None = None) -> bool:
+    """Whether a live process (other than `besides`) is left in process group `group`."""
+    return any(p != besides and pgid(p) == group and pid_alive(p) for p in all_pids())
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        ppid = parent_of(pid)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(pid)
+    out: set[int] = set()
+    stack = [root]
+    while stack:
+        for c in children.get(stack.pop(), []):
+            if c not in out:
+                out.add(c)
+                stack.append(c)
+    return out
