@@ -1,5 +1,6 @@
 """What the SLURM benches (bench_requeue.py, bench_chaos.py) share: submitting the tiny GRPO run of
-tests/e2e/test_grpo_slurm.py through this checkout's `rlslurm`, and reading its ledger and batch log."""
+tests/e2e/test_grpo_slurm.py through this checkout's `rlslurm`, and reading its batch log (its ledger:
+`rlslurm.buffer.read_ledger`)."""
 
 from __future__ import annotations
 
@@ -33,17 +34,6 @@ def submit_tiny_grpo(run_dir: Path, prompts: Path, num_rollout: int, *extra: str
             "--verify-weight-sync", "--no-use-distributed-optimizer", "--save-interval", "4",
             "--engine-health-interval-s", "2", *extra)
     return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
-
-
-def read_ledger(run_dir: Path) -> list[dict]:
-    p = run_dir / "ledger.jsonl"
-    out = []
-    for line in p.read_text().splitlines() if p.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a torn append; the ledger reader in rlslurm skips it too
-    return out
 
 
 def batch_log_tail(run_dir: Path, job: int, n: int = 4000) -> str:

@@ -245,7 +245,9 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
     if cfg.train.weight_sync_backend == "nccl":
         raise ConfigError("--shared-gpu with --weight-sync-backend nccl: NCCL refuses two ranks on one GPU (the "
                           "trainer and an engine); leave it auto (gloo) or use gloo")
-    if not any(a.split("=", 1)[0] == "--mem-fraction-static" for a in cfg.sglang_args):
+    from rlslurm.engines.sglang_flags import passthrough_flags
+
+    if "--mem-fraction-static" not in passthrough_flags(cfg.sglang_args):
         raise ConfigError("--shared-gpu: pass --sglang-mem-fraction-static (e.g. 0.3) so that the engines leave "
                           "GPU memory to the trainer on the same GPU")
 

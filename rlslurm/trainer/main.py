@@ -115,7 +115,9 @@ class Trainer:
         self.replay = cfg.train.load_debug_rollout_data is not None
         self.last_saved: int | None = None
         self._last_heartbeat = -HEARTBEAT_S
-        self.delivery = WeightDelivery(self.control, needs_engines=self._needs_engines(),
+        # disk sync or a replay: no engine to wait for or to publish to again
+        needs_engines = cfg.train.weight_sync == "distributed" and not self.replay
+        self.delivery = WeightDelivery(self.control, needs_engines=needs_engines,
                                        sync_timeout_s=cfg.train.weight_sync_timeout_s)
 
     # ------------------------------------------------------------------ the loop
@@ -215,7 +217,7 @@ class Trainer:
         """Collective. Rank 0 waits (bounded by --weight-sync-timeout-s) until this attempt's engines
         are registered and healthy; the batch script removed the previous attempt's records. On
         timeout the publish goes ahead and its own failure handling (disk fallback) applies."""
-        if not self._needs_engines():
+        if not self.delivery.needs_engines:
             return
         if self.rank == 0:
             deadline = time.monotonic() + self.cfg.train.weight_sync_timeout_s
@@ -233,18 +235,15 @@ class Trainer:
         if self.cfg.train.verify_weight_sync:
             self._probe(version)
 
-    def _needs_engines(self) -> bool:
-        return self.cfg.train.weight_sync == "distributed" and not self.replay
-
     def _defer(self, version: int) -> None:
-        if not self._needs_engines():
+        if not self.delivery.needs_engines:
             self._publish(version)
             return
         self.delivery.defer(version)
 
     def _publish_or_defer(self, version: int) -> None:
         """Collective: publish now if the engines are up, else keep the version for `_poll`."""
-        if not self._needs_engines():
+        if not self.delivery.needs_engines:
             self._publish(version)
             return
         # after a TERM the engines are being killed too: the checkpoint carries this version instead
@@ -257,7 +256,8 @@ class Trainer:
 
     def _probe(self, version: int) -> None:
         """Collective over the trainer: every rank runs the greedy forward, rank 0 asks the engines."""
-        from rlslurm.trainer.probe import engine_greedy, probe_prompt, record_probe, trainer_greedy
+        from rlslurm.engines.greedy import engine_greedy
+        from rlslurm.trainer.probe import PROBE_NEW_TOKENS, probe_prompt, record_probe, trainer_greedy
 
         st = self.st
         prompt = probe_prompt(st.mc.arch.vocab_size)
@@ -266,7 +266,7 @@ class Trainer:
             # an engine awaiting weights was restarted after this sync began: it is not serving
             urls = [e.url for e in self.control.engines() if e.healthy and not e.awaiting_weights]
             key = self.rd.api_key() if self.rd.api_key_file.exists() else None
-            answers = engine_greedy(urls, key, prompt)
+            answers = engine_greedy(urls, key, prompt, PROBE_NEW_TOKENS)
             if any("error" in a for a in answers.values()) and self._attempt_ending():
                 # SLURM TERMs every process of the job at once: engines that stopped answering while
                 # this attempt ends say nothing about the weights they held (a flaky "mismatch" before)

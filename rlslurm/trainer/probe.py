@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 
-from rlslurm.engines import greedy
-
 PROBE_NEW_TOKENS = 8
 
 
@@ -49,12 +47,6 @@ def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int, n
     finally:
         model.train(was_training)
     return ids[0, len(prompt):].tolist()
-
-
-def engine_greedy(urls: list[str], api_key: str | None, prompt: list[int], n_new: int = PROBE_NEW_TOKENS,
-                  timeout: float = 60.0) -> dict[str, dict]:
-    """Every engine's greedy continuation of `prompt` (rlslurm/engines/greedy.py)."""
-    return greedy.engine_greedy(urls, api_key, prompt, n_new, timeout)
 
 
 def record_probe(path: Path, version: int, trainer: list[int], engines: dict[str, dict]) -> dict:

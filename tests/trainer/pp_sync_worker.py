@@ -36,7 +36,8 @@ def main() -> None:
     from rlslurm.convert import load_hf_checkpoint
     from rlslurm.model_config import load_model_config
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
-    from rlslurm.trainer.probe import engine_greedy, probe_prompt, trainer_greedy
+    from rlslurm.engines.greedy import engine_greedy
+    from rlslurm.trainer.probe import PROBE_NEW_TOKENS, probe_prompt, trainer_greedy
     from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
 
     ps.initialize_model_parallel(pipeline_model_parallel_size=world)
@@ -63,7 +64,7 @@ def main() -> None:
         mine = trainer_greedy(model, prompt, mc.arch.vocab_size)
         if rank == 0:
             urls = [e.url for e in control.engines() if e.healthy]
-            results.append({"version": v, "trainer": mine, "engines": engine_greedy(urls, rd.api_key(), prompt),
+            results.append({"version": v, "trainer": mine, "engines": engine_greedy(urls, rd.api_key(), prompt, PROBE_NEW_TOKENS),
                             "history": pub.history[-1], "recorded": control.weight_version().version})
     pub.close()
     if rank == 0:
