@@ -20,8 +20,14 @@ which a GPU node (engines on GPUs, router on a spare core) does not.
 `--size small` uses a ~6M-parameter model (hidden 256, 8 layers) whose engine compute per
 token is closer to a real rollout's share than the 90k-parameter tiny model's.
 
+`--device cuda --size 1.7B` (or 4B): one bf16 engine per GPU with a Qwen3-shaped model
+(`--load-format dummy`, token ids only: no checkpoint, no tokenizer) and the GPU tier's engine
+flags; `--hf-anchor` then also times HF `generate` of the same shape on GPU 0 with one engine's
+share of the batch (transformers, bf16, same sampling), after the engines are gone.
+
 Prints one JSON line (figure, reference, ratio, target) and appends it to --out.
 Usage: python3 bench/bench_rollout_overhead.py [--size tiny|small --prompts 128 --new-tokens 64 --reps 5]
+       python3 bench/bench_rollout_overhead.py --device cuda --size 1.7B --prompts 128 --new-tokens 256 --hf-anchor
 """
 
 from __future__ import annotations
@@ -102,25 +108,75 @@ def model_config(name: str, size: str):
     return mc.model_copy(update={"arch": arch})
 
 
+def hf_anchor(size: str, batch: list[list[int]], new_tokens: int, reps: int) -> float:
+    """tokens/s of transformers' `generate` for `batch` on GPU 0 (left-padded, sampled at temperature
+    1, exactly `new_tokens` each), median of `reps` after a warm-up."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from bench_engine_sync import SHAPES, fill
+
+    with torch.device("meta"):
+        m = Qwen3ForCausalLM(Qwen3Config(**SHAPES[size], max_position_embeddings=4096, pad_token_id=0))
+    m = m.to_empty(device="cuda:0").to(torch.bfloat16).eval()
+    fill([(n, p.detach()) for n, p in m.named_parameters()], 0)
+    width = max(len(p) for p in batch)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device="cuda:0")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device="cuda:0")
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0,
+              top_p=1.0, pad_token_id=0, eos_token_id=None)
+    times = []
+    with torch.no_grad():
+        for rep in range(reps + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = m.generate(input_ids=ids, attention_mask=mask, **kw)
+            torch.cuda.synchronize()
+            if rep:
+                times.append(time.perf_counter() - t0)
+    assert out.shape[1] == width + new_tokens, out.shape
+    del m
+    torch.cuda.empty_cache()
+    return len(batch) * new_tokens / statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-qwen3")
-    ap.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    ap.add_argument("--size", choices=("tiny", "small", "1.7B", "4B"), default="tiny")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--hf-anchor", action="store_true", help="cuda: also time HF generate of the same shape")
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rollout-overhead.jsonl")
     a = ap.parse_args()
 
-    mc = model_config(a.model, a.size)
     work = Path(tempfile.mkdtemp(prefix="rlslurm-bench-rollout-"))
-    model = make_tiny_checkpoint(mc, work / "model")
     key, host = secrets.token_urlsafe(24), "127.0.0.1"
     ncpu = os.cpu_count() or 1
-    specs = [EngineSpec(name=f"engine-{i}", model_path=str(model), host=host, port=p.port, nccl_port=p.nccl_port,
-                        log_path=work / f"engine-{i}.log", api_key=key, dtype="float32", device="cpu",
-                        cpu_core=i % ncpu, max_total_tokens=32768)
-             for i, p in enumerate(engine_port_block(host, 2))]
+    gpu = None
+    if a.device == "cuda":
+        import torch
+
+        from bench_engine_sync import GPU_ENGINE_FLAGS, SHAPES, write_model_dir
+
+        if a.size not in SHAPES:
+            sys.exit(f"--device cuda takes --size {' or '.join(s for s in SHAPES if s != 'tiny')}")
+        model, vocab = write_model_dir(a.size, work / "model", "bfloat16"), SHAPES[a.size]["vocab_size"]
+        n_engines, gpu = torch.cuda.device_count(), torch.cuda.get_device_name(0)
+        specs = [EngineSpec(name=f"engine-{i}", model_path=str(model), host=host, port=p.port,
+                            nccl_port=p.nccl_port, log_path=work / f"engine-{i}.log", api_key=key, dtype="bfloat16",
+                            device="cuda", base_gpu_id=i,
+                            extra_args=("--load-format", "dummy", "--skip-tokenizer-init", *GPU_ENGINE_FLAGS))
+                 for i, p in enumerate(engine_port_block(host, n_engines))]
+    else:
+        mc = model_config(a.model, a.size)
+        model, vocab = make_tiny_checkpoint(mc, work / "model"), mc.arch.vocab_size
+        specs = [EngineSpec(name=f"engine-{i}", model_path=str(model), host=host, port=p.port,
+                            nccl_port=p.nccl_port, log_path=work / f"engine-{i}.log", api_key=key, dtype="float32",
+                            device="cpu", cpu_core=i % ncpu, max_total_tokens=32768)
+                 for i, p in enumerate(engine_port_block(host, 2))]
     router = RouterProcess(host=host, port=free_port(host), log_path=work / "router.log", api_key=key,
                            extra_args=("--log-level", "warn"))
     router.start()
@@ -129,7 +185,7 @@ def main() -> None:
         t0 = time.perf_counter()
         sup.start()
         startup_s = time.perf_counter() - t0
-        batch = prompts(a.prompts, mc.arch.vocab_size)
+        batch = prompts(a.prompts, vocab)
         sp = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "ignore_eos": True}
         paths = {"direct": (direct, sup.urls), "driver": (via_driver, router.url), "router_raw": (router_raw, router.url)}
         for fn, target in paths.values():  # warm-up every path
@@ -148,6 +204,7 @@ def main() -> None:
     finally:
         sup.close()
         router.close()
+    hf = hf_anchor(a.size, batch[:a.prompts // len(specs)], a.new_tokens, 2) if a.hf_anchor and gpu else None
     fig, ref, raw = tps["driver"], tps["direct"], tps["router_raw"]
     ratios = [f / r for f, r in zip(fig, ref)]
     line = {
@@ -161,10 +218,14 @@ def main() -> None:
         "reps_figure": [round(x, 1) for x in fig], "reps_reference": [round(x, 1) for x in ref],
         "reps_router_raw": [round(x, 1) for x in raw],
         "prompts": a.prompts, "new_tokens": a.new_tokens, "engines": len(specs), "model": a.model, "size": a.size,
-        "device": "cpu", "engine_startup_s": round(startup_s, 1), "cpus": ncpu, "host": platform.node(),
+        "device": a.device, "gpu": gpu, "engine_startup_s": round(startup_s, 1), "cpus": ncpu, "host": platform.node(),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if hf is not None:  # one engine's share of the batch on one GPU vs HF generate of that share there
+        per_engine = statistics.median(ref) / len(specs)
+        line.update(hf_generate_tokens_per_s=round(hf, 1), engine_tokens_per_s_per_gpu=round(per_engine, 1),
+                    engine_vs_hf=round(per_engine / hf, 2), hf_batch=a.prompts // len(specs))
     print(json.dumps(line))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "a") as fh:

@@ -1,0 +1,292 @@
+"""Weight sync into a real SGLang engine: the trainer's publisher vs a raw broadcast of the same bytes.
+
+Figure: `rlslurm.trainer.weight_sync.DistributedPublisher.publish` — the trainer's own sender, with
+the Megatron export replaced by HF-named bf16 tensors of a Qwen3-shaped model already on GPU 0 — into
+one real SGLang engine on GPU 1 started by rlslurm's `EngineSupervisor` behind the real router
+(`--load-format dummy`, so no checkpoint is read; the engine's receiver is SGLang's stock
+`/update_weights_from_distributed`). Two numbers per sync: `send_s`, the bucket stream (HTTP header
+per bucket, NCCL broadcast, engine answers after its load), and `publish_s`, the whole bracket the
+trainer pays (update record, pause, send, version, continue).
+
+Reference, same run, interleaved with the figure: one NCCL broadcast of a flat buffer of the same
+total bytes from GPU 0 to a plain receiver process on GPU 1 (no HTTP, no copy).
+
+Correctness, after the timed syncs: weights A (seed 1), then B (seed 2), then A again are published
+and the engine's greedy answer to fixed prompts is read after each: A and A again must agree and
+differ from B (a sync that dropped or misplaced a bucket leaves A' != A).
+
+`--device cpu --models tiny` runs the same path on SGLang's CPU engine with gloo (a check of the
+bench itself, no figure worth quoting).
+
+    python3 bench/bench_engine_sync.py --models 1.7B 4B --bucket-mib 512 1024 --repeats 5 --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import multiprocessing as mp
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {  # Qwen3 dense configs (HF config.json fields); "tiny" only checks the bench on CPU
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
+    "1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+}
+# The GPU tier's engine flags (tests/gpu/test_gpu_grpo.py, docs/gpu.md: the trimmed bundle has no FA3).
+GPU_ENGINE_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph",
+                    "--grammar-backend", "none", "--mem-fraction-static", "0.5")
+PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12], [1, 64, 65, 66], [1, 2000 % 512, 3, 4, 250]]
+
+
+def write_model_dir(size: str, out: Path, dtype: str) -> Path:
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(**SHAPES[size], max_position_embeddings=4096, architectures=["Qwen3ForCausalLM"],
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg.torch_dtype = dtype
+    cfg.save_pretrained(out)
+    return out
+
+
+def hf_tensors(size: str, device: torch.device, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    """The HF-named parameters of a Qwen3-shaped model (tied embedding once), as the export yields them."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        m = Qwen3ForCausalLM(Qwen3Config(**SHAPES[size], max_position_embeddings=4096))
+    m = m.to_empty(device=device).to(dtype)
+    return [(n, p.detach()) for n, p in m.named_parameters()]
+
+
+def fill(named: list[tuple[str, torch.Tensor]], seed: int) -> None:
+    """Values a forward can run on (norms near 1, matrices small), reproducible from `seed`."""
+    g = torch.Generator(device=named[0][1].device).manual_seed(seed)
+    with torch.no_grad():
+        for _, t in named:
+            if t.dim() == 1:
+                t.copy_(1.0 + 0.1 * torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32))
+            else:
+                t.copy_(0.02 * torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32))
+
+
+def raw_receiver(port: int, group_name: str, device: str, backend: str, conn) -> None:
+    """Joins the way an engine does (tcp rendezvous, PrefixStore(group_name), torch's helper) and
+    receives one flat buffer per request: the reference's other end."""
+    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
+                                                    rendezvous)
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    timeout = datetime.timedelta(seconds=300)
+    store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, timeout=timeout))
+    store.set_timeout(timeout)
+    pg, _ = _new_process_group_helper(world, rank, [], Backend(backend), PrefixStore(group_name, store),
+                                      group_name=group_name, timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    conn.send("ready")
+    while (n := conn.recv()) is not None:
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+        torch.distributed.broadcast(buf, src=0, group=pg)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        del buf
+        conn.send("ok")
+
+
+async def greedy(url: str, key: str) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and their log-probs for PROMPTS. The log-probs carry the check: a random-init
+    model with tied embeddings tends to repeat its input token whatever its other weights are."""
+    from rlslurm.engines.sglang_client import SGLangClient
+
+    async with SGLangClient(url, key) as c:
+        outs = await asyncio.gather(*[c.generate(p, {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True})
+                                      for p in PROMPTS])
+    return [(list(o["output_ids"]), [float(x[0]) for x in o["meta_info"]["output_token_logprobs"]]) for o in outs]
+
+
+def max_logprob_diff(x: list, y: list) -> float:
+    """inf where the tokens differ, else the largest log-prob difference."""
+    if [t for t, _ in x] != [t for t, _ in y]:
+        return float("inf")
+    return max(abs(p - q) for (_, lx), (_, ly) in zip(x, y) for p, q in zip(lx, ly))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["1.7B", "4B"], choices=sorted(SHAPES))
+    ap.add_argument("--bucket-mib", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.engines.engine import EngineSpec
+    from rlslurm.engines.router import RouterProcess
+    from rlslurm.engines.sglang_versions import installed_sglang_version
+    from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
+    from rlslurm.net import engine_port_block, free_port
+    from rlslurm.trainer import sync_group
+    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, _Roles
+
+    cuda = a.device == "cuda"
+    default_poll = sync_group.POLL_MAX_S  # the product's; each setting also runs with a 1 ms cap
+    # What the trainer sets (trainer/setup.py, docs/gpu.md): SGLang's engines run with cuMem off.
+    os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
+    backend = "nccl" if cuda else "gloo"
+    send_dev = torch.device("cuda:0") if cuda else torch.device("cpu")
+    recv_gpu = 1 if cuda and torch.cuda.device_count() > 1 else 0
+    if cuda:
+        torch.cuda.set_device(0)
+        if recv_gpu == 0:
+            sys.exit("bench_engine_sync: needs 2 GPUs (NCCL refuses two ranks of one group on one GPU)")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    host, key = "127.0.0.1", secrets.token_urlsafe(24)
+    mpctx = mp.get_context("spawn")
+    lines = []
+    for size in a.models:
+        work = Path(tempfile.mkdtemp(prefix=f"rlslurm-bench-esync-{size}-"))
+        model_dir = write_model_dir(size, work / "model", "bfloat16" if cuda else "float32")
+        control = Control(RunDir.create(work / "run"))
+        port = engine_port_block(host, 1)[0]
+        extra = ("--load-format", "dummy", "--skip-tokenizer-init") + (GPU_ENGINE_FLAGS if cuda else ())
+        spec = EngineSpec(name="engine-0", model_path=str(model_dir), host=host, port=port.port,
+                          nccl_port=port.nccl_port, log_path=work / "engine-0.log", api_key=key,
+                          dtype="bfloat16" if cuda else "float32", device=a.device, base_gpu_id=recv_gpu,
+                          extra_args=extra, cpu_core=None if cuda else 0, max_total_tokens=None if cuda else 8192)
+        router = RouterProcess(host=host, port=free_port(host), log_path=work / "router.log", api_key=key,
+                               extra_args=("--log-level", "warn"))
+        router.start()
+        sup = EngineSupervisor([spec], router, health_interval_s=30.0, on_change=control_publisher(control, "bench"))
+        named = hf_tensors(size, send_dev, dtype)
+        total = sum(t.numel() * t.element_size() for _, t in named)
+        try:
+            t0 = time.perf_counter()
+            sup.start()
+            startup_s = time.perf_counter() - t0
+            for bucket_mib in a.bucket_mib:
+                for poll_max in (default_poll, 1e-3):
+                    sync_group.POLL_MAX_S = poll_max
+                    lines.append(one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
+                                             backend, send_dev, recv_gpu, mpctx, sup, startup_s,
+                                             installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles))
+                    print(json.dumps(lines[-1]), flush=True)
+                sync_group.POLL_MAX_S = default_poll
+        finally:
+            sup.close()
+            router.close()
+        del named
+        if cuda:
+            torch.cuda.empty_cache()
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        with open(a.out, "a") as fh:
+            fh.write("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host, backend, send_dev, recv_gpu,
+                mpctx, sup, startup_s, sglang_version, DistributedPublisher, SyncOptions, _Roles) -> dict:
+    from rlslurm.net import free_port
+    from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
+
+    cuda = send_dev.type == "cuda"
+    opts = SyncOptions(bucket_bytes=bucket_mib * 1024**2, backend=backend, timeout_s=300.0,
+                       group_prefix=f"bench-{size}-{bucket_mib}")
+    roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=send_dev)
+    # one attempt number per setting: a publisher records its group's rendezvous once per attempt
+    pub = DistributedPublisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles,
+                               attempt=len(list(control.dir.glob("rendezvous-*.json"))),
+                               export=lambda mc, model, dt: iter(named))
+    # the reference's pair: a plain receiver on the engine's GPU, its own group
+    rport, rname = free_port(host), f"bench-raw-{size}-{bucket_mib}"
+    parent, child = mpctx.Pipe()
+    recv_device = f"cuda:{recv_gpu}" if cuda else "cpu"
+    proc = mpctx.Process(target=raw_receiver, args=(rport, rname, recv_device, backend, child))
+    proc.start()
+    raw_group = SyncGroup(GroupSpec(host, rport, 2, rname, backend, 300.0), device=send_dev).open()
+    raw_group.join()
+    assert parent.recv() == "ready"
+    flat = torch.empty(total, dtype=torch.uint8, device=send_dev)
+    version = 0
+
+    def sync_once() -> tuple[float, float]:
+        nonlocal version
+        version += 1
+        pub.publish(None, version)
+        h = pub.history[-1]
+        assert h["mode"] == "distributed" and h["tries"] == 1, h
+        return pub.sender.last.seconds, h["seconds"]
+
+    def raw_once() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        parent.send(total)
+        raw_group.broadcast([flat])
+        assert parent.recv() == "ok"
+        return time.perf_counter() - t0
+
+    try:
+        fill(named, 0)
+        sync_once(), raw_once()  # warm-up: group built, NCCL connected, buffers allocated
+        sends, pubs, raws = [], [], []
+        for _ in range(a.repeats):  # interleaved, so drift hits both alike
+            s, p = sync_once()
+            sends.append(s)
+            pubs.append(p)
+            raws.append(raw_once())
+        answers = []
+        for seed in (1, 2, 1):
+            fill(named, seed)
+            sync_once()
+            answers.append(asyncio.run(greedy(sup.urls[0], key)))
+        a_again, a_b = max_logprob_diff(answers[0], answers[2]), max_logprob_diff(answers[0], answers[1])
+        if not (a_again <= 1e-3 < a_b):
+            raise SystemExit(f"bench_engine_sync: the engine's greedy answers do not follow the synced weights "
+                             f"(max |logprob| diff: A vs A again {a_again:g}, must be <= 1e-3; A vs B {a_b:g}, "
+                             f"must be > 1e-3)")
+    finally:
+        pub.close()
+        parent.send(None)
+        proc.join(timeout=60)
+        raw_group.close()
+    med = statistics.median
+    ts, tp, tr = med(sends), med(pubs), med(raws)
+    gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
+    return {
+        "bench": "engine_sync", "figure": round(total / ts / 1e9, 2),
+        "figure_unit": "GB/s, DistributedPublisher send into a real SGLang engine (stock receiver)",
+        "reference": round(total / tr / 1e9, 2), "reference_unit": "GB/s, raw flat broadcast of the same bytes",
+        "ratio": round(tr / ts, 3), "target_ratio": 0.9, "publish_ratio": round(tr / tp, 3),
+        "send_s": round(ts, 4), "publish_s": round(tp, 4), "raw_s": round(tr, 4),
+        "send_s_all": [round(x, 4) for x in sends], "publish_s_all": [round(x, 4) for x in pubs],
+        "raw_s_all": [round(x, 4) for x in raws],
+        "greedy_A_vs_A_again_max_logprob_diff": a_again, "greedy_A_vs_B_max_logprob_diff": a_b,
+        "model": f"qwen3-{size}-shaped", "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
+        "bucket_mib": bucket_mib, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
+        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpu": recv_gpu, "sglang": sglang_version,
+        "engine_startup_s": round(startup_s, 1), "torch": torch.__version__,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+if __name__ == "__main__":
+    main()
