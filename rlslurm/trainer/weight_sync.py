@@ -218,15 +218,8 @@ class StageSender:
         stats, t0 = SendStats(), time.perf_counter()
         it = iter(stream)
         try:
-            # One bucket ahead, so that only the last asks the engines to flush their cache: SGLang's
-            # flush also empties the CUDA allocator cache, and per bucket that made every next bucket's
-            # receive allocate afresh (docs/weight-sync.md: 0.16-0.2 of a raw broadcast on 2xH100).
-            buckets = iter_buckets(it, self.opts.bucket_bytes, self.device)
-            bucket = next(buckets, None)
-            while bucket is not None:
-                following = next(buckets, None)
-                self._send_bucket(bucket, stats, last=following is None)
-                bucket = following
+            for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device):
+                self._send_bucket(bucket, stats)
         except BaseException:
             for _ in it:
                 pass
@@ -235,13 +228,13 @@ class StageSender:
         self.last = stats
         return stats
 
-    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats, *, last: bool) -> None:
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats) -> None:
         assert self.group is not None and self.engines is not None
         to = self.opts.timeout_s
         futs = self.engines.submit(
             "update_weights_from_distributed", names=[n for n, _ in bucket],
             dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
-            group_name=self.group.spec.group_name, flush_cache=last, timeout=to)
+            group_name=self.group.spec.group_name, flush_cache=True, timeout=to)
         try:
             self.group.broadcast([t for _, t in bucket])
         except SyncGroupError:
