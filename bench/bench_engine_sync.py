@@ -189,6 +189,10 @@ def main() -> None:
                                              backend, send_dev, recv_gpu, mpctx, sup, startup_s,
                                              installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles))
                     print(json.dumps(lines[-1]), flush=True)
+                    if a.out:  # line by line: a run cut short keeps what it measured
+                        a.out.parent.mkdir(parents=True, exist_ok=True)
+                        with open(a.out, "a") as fh:
+                            fh.write(json.dumps(lines[-1]) + "\n")
                 sync_group.POLL_MAX_S = default_poll
         finally:
             sup.close()
@@ -196,10 +200,6 @@ def main() -> None:
         del named
         if cuda:
             torch.cuda.empty_cache()
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(a.out, "a") as fh:
-            fh.write("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host, backend, send_dev, recv_gpu,
