@@ -66,7 +66,7 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """Scalars at the caller's step (the trainer's optimizer step)."""
+    """Scalars at the caller's step (the trainer's optimizer step; the rollout id for the driver)."""
 
     def __init__(self, writer: Any):
         self._tb = writer

@@ -468,11 +468,14 @@ class RolloutDriver:
 
     def log_metrics(self, rollout_id: int, kind: str, metrics: dict[str, float]) -> None:
         """One JSON line per rollout, appended and fsynced (a requeue may follow at any time), and
-        the same record to the rollout's W&B run with --use-wandb (rlslurm/metrics_sink.py)."""
+        the same record to TensorBoard (RUN/tb/rollout, step = rollout id; the trainer's scalars are
+        in RUN/tb at its optimizer step) and to the rollout's W&B run with --use-wandb
+        (rlslurm/metrics_sink.py)."""
         if self._sinks is None:
             jsonl = JsonlSink(self.metrics_path, lambda rec: f"the metrics of {rec['kind']} rollout {rec['rollout_id']}",
                               sort_keys=True)
-            self._sinks = open_sinks("rollout", jsonl, cfg=self.cfg, attempt=job_env().attempt)
+            self._sinks = open_sinks("rollout", jsonl, tb_dir=self.rd.tb_dir / "rollout", cfg=self.cfg,
+                                     attempt=job_env().attempt)
         self._sinks.log({"rollout_id": rollout_id, "kind": kind, "time": time.time(), **metrics},
                         step=rollout_id, rollout_id=rollout_id)
 

@@ -164,6 +164,15 @@ def test_offline_runs_have_the_keys_and_steps_and_a_requeue_resumes_them(tmp_pat
     assert any(k.startswith("rollout/filter/drop_zero_std_") for k in r0)
     assert "time" not in r0 and "kind" not in r0  # bookkeeping stays in the JSONL files
 
+    # TensorBoard: the rollout's scalars in RUN/tb/rollout at the rollout id, both attempts
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(rd.tb_dir / "rollout"))
+    tb.Reload()
+    assert [e.step for e in tb.Scalars("rollout/reward_mean")] == [0, 1, 2, 3, 4]
+    assert [e.step for e in tb.Scalars("eval/held/pass@4")] == [0, 1, 2, 3, 4]
+    assert "time" not in tb.Tags()["scalars"]
+
     # the JSONL files are the record: every attempt's lines, steps 2..5 (rollouts 1, 2) twice
     lines = read_metrics(rd.metrics)
     assert [(x["attempt"], x["step"]) for x in lines] == [(0, s) for s in range(6)] + [(1, s) for s in range(2, 8)]
