@@ -225,6 +225,7 @@ class RolloutSection(Section):
     custom_rm_path: str | None = None
     custom_generate_function_path: str | None = None
     dynamic_sampling_filter_path: str | None = None
+    rollout_sample_filter_path: str | None = None     # samples not trained on (rollout/filters.py)
     buffer_filter_path: str | None = None
     reward_key: str | None = None
     rollout_max_concurrency: int = Field(256, ge=1)
@@ -297,6 +298,7 @@ class TrainSection(Section):
     custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)
     advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     custom_advantage_function_path: str | None = None      # replaces the estimator's advantages (trainer/advantages.py)
+    custom_reward_post_process_path: str | None = None     # replaces the group baseline (trainer/advantages.py)
     grpo_std_normalization: bool = True
     rewards_normalization: bool = True   # the group baseline at all (slime: --disable-rewards-normalization)
     normalize_advantages: bool = False

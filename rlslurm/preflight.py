@@ -35,6 +35,8 @@ PLUGIN_ARGS: dict[str, int | None] = {
     "data_source_path": None,              # rollout/data.py
     "custom_loss_function_path": 1,        # trainer/actor_loss.py
     "custom_advantage_function_path": 1,   # trainer/advantages.py
+    "rollout_sample_filter_path": 1,       # rollout/filters.py
+    "custom_reward_post_process_path": 2,  # trainer/advantages.py
 }
 
 

@@ -50,7 +50,7 @@ from rlslurm.errors import ConfigError, DataError
 from rlslurm.eval_config import EvalDataset, eval_datasets
 from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
-from rlslurm.rollout.filters import GroupCollector, GroupFilter, load_filter
+from rlslurm.rollout.filters import GroupCollector, GroupFilter, apply_sample_filter, load_filter, load_sample_filter
 from rlslurm.rollout.generate_api import (
     META_CARRIED,
     META_MASKED,
@@ -197,6 +197,7 @@ class RolloutDriver:
         if filters is None:
             filters = [load_filter(r.dynamic_sampling_filter_path)] if r.dynamic_sampling_filter_path else []
         self.filters = list(filters)
+        self.sample_filter = load_sample_filter(r.rollout_sample_filter_path) if r.rollout_sample_filter_path else None
         self.engine_restarts = engine_restarts or (lambda: 0)
         self.reward_executor = reward_executor
         self.retry = retry
@@ -393,6 +394,9 @@ class RolloutDriver:
                         len(collected.groups), r.rollout_batch_size)
             return False
         samples = number_samples(collected.groups, collected.prompts)
+        if r.rollout_sample_filter_path:
+            collected.metrics["rollout/sample_filter/removed"] = float(apply_sample_filter(
+                self.sample_filter, r.rollout_sample_filter_path, samples))
         metrics = {**collected.metrics, **generation_metrics(samples, gen_s),
                    **_delta(self.ctx.stats.snapshot(), before),
                    "rollout/engine_version": float(engine_version),

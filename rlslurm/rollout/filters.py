@@ -20,7 +20,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlslurm.buffer.sample import Sample, SampleStatus
+import numpy as np
+
+from rlslurm.buffer.sample import MASK_DTYPE, Sample, SampleStatus
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import DataSource, PartialSample, Prompt
@@ -63,6 +65,35 @@ def zero_std_filter(group: list[Sample]) -> FilterResult:
 
 def load_filter(spec: str, *, what: str = "--dynamic-sampling-filter-path") -> GroupFilter:
     return load_callable(spec, what=what, min_args=1)
+
+
+SampleFilter = Callable[[list[Sample]], Sequence[bool]]
+
+
+def load_sample_filter(spec: str) -> SampleFilter:
+    return load_callable(spec, what="--rollout-sample-filter-path", min_args=1)
+
+
+def apply_sample_filter(fn: SampleFilter, spec: str, samples: list[Sample]) -> int:
+    """--rollout-sample-filter-path (slime's name and place: after the rollout is filled, before it
+    is stored): `fn(samples)` returns one bool per sample, False = not trained on. Such a sample
+    keeps its place in its group (and in the group's reward baseline) and gets an all-zero loss
+    mask, which the buffer stores. Returns how many were removed."""
+    keep = fn(samples)
+    try:
+        keep = list(keep)
+    except TypeError:
+        raise ConfigError(f"--rollout-sample-filter-path {spec}: returned {type(keep).__name__}; expected a "
+                          f"list of {len(samples)} bools (True = train on the sample)") from None
+    if len(keep) != len(samples) or not all(isinstance(k, bool) for k in keep):
+        raise ConfigError(f"--rollout-sample-filter-path {spec}: returned {len(keep)} values for {len(samples)} "
+                          f"samples; expected one bool per sample (True = train on it)")
+    removed = 0
+    for s, k in zip(samples, keep):
+        if not k:
+            s.loss_mask = np.zeros(s.response_length, dtype=MASK_DTYPE)
+            removed += 1
+    return removed
 
 
 def _as_result(value: Any, fn: GroupFilter) -> FilterResult:

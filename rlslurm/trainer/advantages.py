@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import functools
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import torch
 import torch.distributed as dist
@@ -68,6 +68,7 @@ class AdvantageConfig:
     normalize_advantages: bool = False
     num_critic_only_steps: int = 0
     custom_advantage_function_path: str | None = None
+    custom_reward_post_process_path: str | None = None
 
     def __post_init__(self) -> None:
         # Rules across settings (--kl-coef vs the estimator, REINFORCE++ vs --normalize-advantages,
@@ -104,6 +105,7 @@ class TrainKnobs(RLKnobs, Protocol):
     calculate_per_token_loss: bool
     gamma: float
     lambd: float
+    custom_reward_post_process_path: str | None
 
 
 def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLossConfig]:
@@ -127,6 +129,7 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
         normalize_advantages=t.normalize_advantages,
         num_critic_only_steps=t.num_critic_only_steps,
         custom_advantage_function_path=t.custom_advantage_function_path,
+        custom_reward_post_process_path=t.custom_reward_post_process_path,
     )
     loss = PolicyLossConfig(
         eps_clip=t.eps_clip,
@@ -253,6 +256,38 @@ def group_normalize(rewards: Tensor, group_index: Tensor, divide_by_std: bool) -
     sq = torch.zeros(n_groups, device=rewards.device).index_add(0, inverse, centred.square())
     std = torch.sqrt(sq / (count - 1).clamp_min(1.0))
     return centred / (std[inverse] + GROUP_STD_EPS)
+
+
+RewardPostProcessFn = Callable[[list[Any], Tensor], Any]
+
+
+@functools.lru_cache(maxsize=None)
+def _reward_post_process_fn(spec: str) -> RewardPostProcessFn:
+    from rlslurm.plugins import load_callable
+
+    return load_callable(spec, what="--custom-reward-post-process-path", min_args=2)
+
+
+def post_processed_rewards(spec: str, samples: list[Any], rewards: Tensor) -> Tensor:
+    """--custom-reward-post-process-path (slime's name; as there it takes the place of the group
+    normalisation): `fn(samples, rewards)` gets the rollout's samples (rlslurm.buffer.Sample: tokens,
+    status, metadata, group_index) and their raw scalar rewards [n], and returns the n rewards the
+    advantages are computed from. Every trainer rank calls it on the whole rollout, so it must be
+    deterministic. The metrics keep the raw rewards."""
+    n = rewards.numel()
+    out = _reward_post_process_fn(spec)(samples, rewards.clone())
+    try:
+        out = torch.as_tensor(out, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(f"--custom-reward-post-process-path {spec}: returned {type(out).__name__}; expected "
+                          f"{n} numbers (a tensor or a list)") from None
+    if out.numel() != n:
+        raise ConfigError(f"--custom-reward-post-process-path {spec}: returned {out.numel()} rewards for {n} samples")
+    bad = torch.nonzero(~torch.isfinite(out)).reshape(-1)
+    if bad.numel():
+        raise ConfigError(f"--custom-reward-post-process-path {spec}: reward {int(bad[0])} is "
+                          f"{float(out[bad[0]])}; rewards must be finite")
+    return out.to(rewards.device)
 
 
 def group_baseline(cfg: AdvantageConfig, rewards: Tensor, group_index: Tensor) -> Tensor:

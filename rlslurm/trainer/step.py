@@ -28,7 +28,8 @@ from rlslurm.errors import DataError
 from rlslurm.trainer import actor_loss
 from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
-from rlslurm.trainer.advantages import actor_trains, compute_advantages_and_returns, group_baseline, reward_from
+from rlslurm.trainer.advantages import (actor_trains, compute_advantages_and_returns, group_baseline,
+                                        post_processed_rewards, reward_from)
 from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, plan_batches
 from rlslurm.trainer.losses import compute_value_loss, local_denominator
 from rlslurm.trainer.setup import Trained, TrainerSetup
@@ -127,6 +128,8 @@ def rewards_of(st: TrainerSetup, rollout: Rollout) -> Tensor:
                       for i, s in enumerate(rollout.samples)], dtype=torch.float32)
     # The group baseline needs every sample of a group; groups span DP ranks, so do it over the
     # whole rollout here (every rank has it) and let the local call skip it (`prepare`).
+    if st.adv_cfg.custom_reward_post_process_path:
+        return post_processed_rewards(st.adv_cfg.custom_reward_post_process_path, rollout.samples, r)
     return group_baseline(st.adv_cfg, r, torch.tensor([s.group_index for s in rollout.samples]))
 
 

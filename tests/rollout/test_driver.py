@@ -393,7 +393,8 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
 def test_sliced_prompts_and_eval_config_through_the_driver(private_deployment, tmp_path):
     """--prompt-data PATH@[4:10], --eval-config (two datasets: one sliced with its own sample count,
     max lengths from defaults and the entry) and --skip-eval-before-train: the rollouts use only the
-    slice, the cursor records it, and eval runs before rollout 1 but not 0."""
+    slice, the cursor records it, and eval runs before rollout 1 but not 0. And
+    --rollout-sample-filter-path: the second sample of each group is stored untrained (zero mask)."""
     dep = private_deployment
     run = tmp_path / "run"
     prompts = write_prompts(tmp_path / "p.jsonl", 12)
@@ -406,9 +407,17 @@ def test_sliced_prompts_and_eval_config_through_the_driver(private_deployment, t
     cfg = make_cfg(Path(f"{prompts}@[4:10]"), num_rollout=2, rollout_batch_size=3, n_samples_per_prompt=2,
                    eval_interval=1, skip_eval_before_train=True, async_buffer_size=4)
     cfg.data.eval_config = tmp_path / "eval.yaml"
+    (tmp_path / "sample_filter.py").write_text("def first_of_group(samples):\n    return [s.index % 2 == 0 for s in samples]\n")
+    cfg.rollout.rollout_sample_filter_path = f"{tmp_path / 'sample_filter.py'}:first_of_group"
     r = asyncio.run(make_driver(dep, cfg, run).run())
     assert r.reason == "done" and r.committed == [0, 1] and r.evaluated == [1]
     reader = RolloutReader(run)
+    for rid in range(2):
+        samples = reader.read(rid).samples
+        assert [bool(s.effective_loss_mask().any()) for s in samples] == [True, False] * 3
+        assert all(s.response_length >= 1 for s in samples)  # removed from the loss, not from the rollout
+    trains = [m for m in metrics_lines(run) if m["kind"] == "train"]
+    assert [m["rollout/sample_filter/removed"] for m in trains] == [3.0, 3.0]
     used = sorted(s.metadata["prompt_index"] for rid in range(2) for s in reader.read(rid).samples[::2])
     assert used == [4, 5, 6, 7, 8, 9]
     assert reader.read(1).meta.data_cursor["slice"] == [4, 10]

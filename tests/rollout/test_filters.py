@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rlslurm.buffer.sample import Sample, SampleStatus
@@ -348,3 +349,21 @@ def test_restarts_between_rollouts_skip_and_repeat_nothing(tmp_path, seed):
             break
     assert sorted(used) == sorted((e, i) for e in range(epochs) for i in range(n))
     assert returned > 0 and resumed > 0  # the hand-back paths were exercised
+
+
+def test_sample_filter_zeroes_the_loss_mask_of_removed_samples_and_checks_its_answer():
+    """--rollout-sample-filter-path: False = not trained on (an all-zero mask, kept in its group);
+    an answer that is not one bool per sample is one line naming the flag."""
+    from rlslurm.rollout.filters import apply_sample_filter
+
+    samples = [Sample(prompt_tokens=np.array([1, 2], dtype=np.int32), response_tokens=np.array(r, dtype=np.int32),
+                      loss_mask=None if i else np.array([1, 0, 1], dtype=np.uint8), index=i, group_index=0)
+               for i, r in enumerate([[5, 6, 7], [8], [9, 10]])]
+    assert apply_sample_filter(lambda ss: [s.index != 0 for s in ss], "f.py:f", samples) == 1
+    assert [s.effective_loss_mask().tolist() for s in samples] == [[0, 0, 0], [1], [1, 1]]
+    for bad, why in ((lambda ss: [True], "returned 1 values for 3 samples"),
+                     (lambda ss: [1, 1, 1], "returned 3 values for 3 samples"),
+                     (lambda ss: None, "returned NoneType")):
+        with pytest.raises(ConfigError, match=why) as e:
+            apply_sample_filter(bad, "f.py:f", samples)
+        assert "--rollout-sample-filter-path f.py:f" in str(e.value) and "\n" not in str(e.value)

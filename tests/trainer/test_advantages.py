@@ -465,3 +465,54 @@ def test_custom_advantage_function_output_is_checked(tmp_path, body: str, why: s
         compute_advantages_and_returns(cfg, rewards=torch.tensor([1.0]), group_index=torch.tensor([0]),
                                        loss_masks=[torch.ones(2)])
     assert "--custom-advantage-function-path" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# --custom-reward-post-process-path
+# ---------------------------------------------------------------------------------------------
+
+_POST = '''
+import torch
+
+def length_penalised(samples, rewards):
+    """slime-style: raw reward minus 0.1 per response token, no group baseline."""
+    return rewards - 0.1 * torch.tensor([float(s.response_length) for s in samples])
+'''
+
+
+def test_reward_post_process_takes_the_place_of_the_group_baseline(tmp_path) -> None:
+    """From the run config to the trainer's rewards (trainer/step.py rewards_of): the plugin gets the
+    rollout's samples and raw rewards; its answer replaces the GRPO normalisation."""
+    from types import SimpleNamespace
+
+    from rlslurm.buffer.sample import Sample
+    from rlslurm.config import RunConfig, TrainSection
+    from rlslurm.trainer.advantages import rl_configs_from_train
+    from rlslurm.trainer.step import rewards_of
+
+    (tmp_path / "post.py").write_text(_POST)
+    raw, lengths = [1.0, 0.0, 1.0, 1.0], [2, 5, 1, 3]
+    samples = [Sample(prompt_tokens=np.array([1], dtype=np.int32), response_tokens=np.arange(n, dtype=np.int32) + 4,
+                      reward=r, index=i, group_index=i // 2) for i, (r, n) in enumerate(zip(raw, lengths))]
+    rollout = SimpleNamespace(samples=samples, rollout_id=0)
+    for spec, want in ((None, _ref_group_norm(raw, [0, 0, 1, 1], divide=True)),
+                       (f"{tmp_path / 'post.py'}:length_penalised", [r - 0.1 * n for r, n in zip(raw, lengths)])):
+        cfg = RunConfig(train=TrainSection(custom_reward_post_process_path=spec))
+        adv, _ = rl_configs_from_train(cfg.train)
+        got = rewards_of(SimpleNamespace(cfg=cfg, adv_cfg=adv), rollout)
+        np.testing.assert_allclose(got.tolist(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("body,why", [
+    ("def f(samples, rewards):\n    return rewards[:1]\n", "returned 1 rewards for 3 samples"),
+    ("def f(samples, rewards):\n    return rewards / 0\n", "reward 0 is inf"),
+    ("def f(samples, rewards):\n    return 'x'\n", "returned str"),
+])
+def test_reward_post_process_output_is_checked(tmp_path, body: str, why: str) -> None:
+    from rlslurm.trainer.advantages import post_processed_rewards
+
+    (tmp_path / "bad_post.py").write_text(body)
+    spec = f"{tmp_path / 'bad_post.py'}:f"
+    with pytest.raises(ConfigError, match=re.escape(why)) as e:
+        post_processed_rewards(spec, [None] * 3, torch.tensor([1.0, 2.0, 3.0]))
+    assert f"--custom-reward-post-process-path {spec}" in str(e.value) and "\n" not in str(e.value)
