@@ -1,6 +1,6 @@
 """Finding the processes tests start and kill: the teardown of the fixtures that start real SGLang
 servers + router (tests/rollout, tests/weight_sync), which proves no process of their groups is left
-running; the members of a process group; a run's trainer processes."""
+running; the members of a process group; a run's trainer and rollout processes."""
 
 from __future__ import annotations
 
@@ -30,17 +30,27 @@ def group_members(pgid: int) -> list[int]:
     return [p for p in all_pids() if _in_groups(p, [pgid])]
 
 
+def rollout_pids(run_dir: Path) -> list[int]:
+    """This run's rollout process (`python -m rlslurm.rollout.main --run-dir RUN`): under `rlslurm run`
+    one, the leader of its own session, whose group holds the driver and the engine supervisor."""
+    return [pid for pid, argv in _argvs() if b"rlslurm.rollout.main" in argv and str(run_dir).encode() in argv]
+
+
+def _argvs():
+    for pid in all_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                yield pid, f.read().split(b"\0")
+        except OSError:
+            continue
+
+
 def trainer_pids(run_dir: Path, *, agent: bool = True) -> list[int]:
     """This run's trainer processes: every process whose argv names the trainer module and the run
     dir. `agent=False`: only the ranks (torchrun's workers and their children), not the torchrun
     agent or the srun that starts it (both name rlslurm.slurm.torchrun)."""
     out = []
-    for pid in all_pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
+    for pid, argv in _argvs():
         if b"rlslurm.trainer.main" in argv and str(run_dir).encode() in argv \
                 and (agent or b"rlslurm.slurm.torchrun" not in argv):
             out.append(pid)

@@ -166,7 +166,7 @@ def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollo
     for r in cut:
         answered = [e for e in r["engines"].values() if "error" not in e]
         assert len(answered) < len(r["engines"]), r
-        assert all(e["tokens"] == r["trainer"] and e["weight_version"] == str(r["version"]) for e in answered), r
+        assert all(e["same"] for e in answered), r
     assert recs and recs[-1]["version"] == NUM_ROLLOUT and recs[-1]["match"], [r["version"] for r in recs]
 
     curve = reward_curve(run_dir)

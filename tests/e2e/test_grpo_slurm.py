@@ -21,7 +21,7 @@ from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
 from tests.e2e.helpers import GRPO_NUM_ROLLOUT, batch_log, probes, submit_grpo
-from tests.slurm_runs import ledger, wait_reports
+from tests.slurm_runs import ledger, rlslurm, wait_reports
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -70,11 +70,23 @@ def test_preempt_and_hard_requeue_lose_nothing_and_train_nothing_twice(slurm_clu
     wait_trained(6)
     slurm_cluster.signal_batch(job, "USR1")
     wait_reports(run_dir, 1, {"trainer-0", "trainer-1", "rollout-0"}, timeout=300)
+    first = ledger(run_dir)[0]
+    assert (first["reason"], first["exit_code"]) == ("preempted (USR1)", 0), first
+    assert "trainer checkpoint acknowledged" in batch_log(run_dir, job)
+    assert not (run_dir / "control/preempt.json").exists()  # a new attempt starts without the old request
     wait_trained(14)
     slurm_cluster.requeue(job)
-    wait_reports(run_dir, 2, {"trainer-0", "trainer-1", "rollout-0"}, timeout=300)
+    reps = wait_reports(run_dir, 2, {"trainer-0", "trainer-1", "rollout-0"}, timeout=300)
+    assert all(r["restart_count"] == 2 for r in reps.values()), reps
+    # `rlslurm status` while attempt 2 runs: the two ended attempts and the current one
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert len(st["attempts"]) == 2 and st["current_attempt"]["attempt"] == 2, st
+    human = rlslurm("status", str(run_dir)).stdout
+    assert "attempts (3)" in human and "running" in human, human
     info = slurm_cluster.wait_finished(job, 20 * 60)
     assert info["JobState"] == "COMPLETED", batch_log(run_dir, job)
+    for a in (0, 1, 2):  # separate attempt logs
+        assert (run_dir / f"logs/attempt-{a}/trainer-0.log").exists(), a
 
     lines = ledger(run_dir)
     assert [l["attempt"] for l in lines] == [0, 1, 2]

@@ -13,6 +13,7 @@ trained exactly once over the two attempts.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from rlslurm.buffer.control import Control
 from rlslurm.curve import reward_curve
+
+from tests.process_groups import rollout_pids
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -32,7 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def rlslurm_run(run_dir: Path, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
            "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "1000", "--rollout-batch-size", "8"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    # As a terminal's foreground job gets it: a suite started in the background (`cmd &` in a script,
+    # nohup) passes SIGINT on ignored, and Python then never raises KeyboardInterrupt for it.
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def trained_ids(run_dir: Path) -> dict[int, list[int]]:
@@ -62,11 +69,23 @@ def test_demo_stops_cleanly_and_continues(tmp_path: Path) -> None:
         assert proc.poll() is None, f"rlslurm run ended early (rc={proc.returncode}):\n{log.read_text()[-4000:]}"
         assert time.monotonic() < deadline, log.read_text()[-4000:]
         time.sleep(1)
-    # Ctrl-C reaches only `rlslurm run` (its children have their own sessions). It must not signal them
-    # before the trainer's checkpoint is done: a TERM to the trainer's process group during the save
-    # also reached megatron's checkpoint-writer helper process, the save failed and every trained
-    # rollout was trained again (found by tools/gpu/field-check.sh).
-    proc.send_signal(signal.SIGINT)
+    # The rollout process is held (SIGSTOP) until the stop is requested, so the run cannot finish
+    # meanwhile however slowly this test is scheduled: the trainer trains only what is committed.
+    [rollout] = rollout_pids(run_dir)
+    group = os.getpgid(rollout)
+    assert group != os.getpgid(0)  # its own session (rlslurm/local.py), never this test's
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        # Ctrl-C reaches only `rlslurm run` (its children have their own sessions). It must not signal
+        # them before the trainer's checkpoint is done: a TERM to the trainer's process group during the
+        # save also reached megatron's checkpoint-writer helper process, the save failed and every
+        # trained rollout was trained again (found by tools/gpu/field-check.sh).
+        proc.send_signal(signal.SIGINT)
+        while Control(run_dir).stop_requested() is None:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(group, signal.SIGCONT)
     assert finish(proc, log, 400) == 130, log.read_text()[-4000:]
     assert "the trainer checkpointed" in log.read_text()
 

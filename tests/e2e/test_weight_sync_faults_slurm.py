@@ -131,7 +131,7 @@ def check_probe_entries(recs: list[dict]) -> None:
     for r in recs:
         for url, e in r["engines"].items():
             if "error" not in e:
-                assert str(e["weight_version"]) == str(r["version"]) and e["tokens"] == r["trainer"], (url, r)
+                assert str(e["weight_version"]) == str(r["version"]) and e["same"], (url, r)
 
 
 def at_next_commit(run_dir: Path, job: int) -> int:
@@ -224,7 +224,7 @@ def test_kill9_engine_between_syncs_restarts_and_rejoins(slurm_cluster, tmp_path
     check_probe_entries(recs)
     recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
     # the surviving engine followed every sync
-    assert all(r["engines"][survivor]["tokens"] == r["trainer"] for r in recs), recs
+    assert all(r["engines"][survivor]["same"] for r in recs), recs
     # before the kill both engines matched; the sync that began after the restart was recorded
     # (back_at + 1 may have started just before it) and every later one reached both
     assert all(r["match"] and len(r["engines"]) == 2 for r in recs if r["version"] < v)
@@ -290,7 +290,7 @@ def test_hung_peer_sync_times_out_within_bound_and_run_recovers(slurm_cluster, t
     check_probe_entries(recs)
     recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
     fallback_probe = first[v]
-    assert fallback_probe["engines"][other]["tokens"] == fallback_probe["trainer"], fallback_probe
+    assert fallback_probe["engines"][other]["same"], fallback_probe
     assert str(fallback_probe["engines"][other]["weight_version"]) == str(v), fallback_probe
     later = [r for r in recs if r["version"] >= back_at + 2]
     assert later and all(r["match"] and set(r["engines"]) == {hung.url, other} for r in later), later[:2]

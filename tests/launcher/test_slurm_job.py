@@ -82,32 +82,6 @@ def test_het_job_runs_both_groups_and_completes(slurm_cluster, tmp_path: Path, p
     assert oct((run_dir / "control/api_key").stat().st_mode & 0o777) == "0o600"
 
 
-def _stop_and_finish(slurm_cluster, run_dir: Path, job: int) -> dict:
-    rlslurm("stop", str(run_dir))
-    return slurm_cluster.wait_finished(job, JOB_TIMEOUT)
-
-
-def test_scontrol_requeue_starts_a_second_attempt(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
-    run_dir = tmp_path / "run"
-    job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
-    wait_reports(run_dir, 0, ALL)
-    slurm_cluster.requeue(job)
-    reps = wait_reports(run_dir, 1, ALL)
-    assert all(r["restart_count"] == 1 for r in reps.values())
-    assert [l["attempt"] for l in ledger(run_dir)] == [0]
-    assert ledger(run_dir)[0]["reason"].startswith("terminated")
-    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
-    assert len(st["attempts"]) == 1 and st["current_attempt"]["attempt"] == 1
-    human = rlslurm("status", str(run_dir)).stdout
-    assert "attempts (2)" in human and "running" in human
-    info = _stop_and_finish(slurm_cluster, run_dir, job)
-    assert info["JobState"] == "COMPLETED"
-    assert [(l["attempt"], l["reason"]) for l in ledger(run_dir)] == [
-        (0, ledger(run_dir)[0]["reason"]), (1, "stopped by request")]
-    for a in (0, 1):  # separate attempt logs
-        assert (run_dir / f"logs/attempt-{a}/trainer-0.log").exists()
-
-
 def wait_trainer_polling(run_dir: Path, attempt: int, timeout: float = 120) -> None:
     """Until trainer rank 0 of `attempt` has written its first heartbeat (from its control-file poll)."""
     start = json.loads((run_dir / f"logs/attempt-{attempt}/attempt.json").read_text())["start"]
@@ -118,34 +92,27 @@ def wait_trainer_polling(run_dir: Path, attempt: int, timeout: float = 120) -> N
         time.sleep(0.5)
 
 
-def test_usr1_checkpoint_request_then_self_requeue(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
+def test_term_to_the_batch_shell_checkpoints_and_ends_without_requeue(slurm_cluster, tmp_path: Path,
+                                                                      prompts: Path) -> None:
+    """SIGTERM (what scancel, scontrol requeue and preemption send) reaching only the batch shell: it
+    asks the trainer for a checkpoint through control/preempt.json, waits for the ack, then ends the
+    job without requeueing it (a requeue is SLURM's call when SLURM sends the TERM). The ledger line
+    is due before SLURM's KILL (KillWait 5 s here), so TERM once the trainer polls its control files,
+    as it does between rollouts, rather than while it still builds its model. USR1 and a hard
+    requeue are tests/e2e/test_grpo_slurm.py's."""
     run_dir = tmp_path / "run"
     job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
     wait_reports(run_dir, 0, ALL)
-    slurm_cluster.signal_batch(job, "USR1")
-    reps = wait_reports(run_dir, 1, ALL)
-    assert all(r["restart_count"] == 1 for r in reps.values())
-    first = ledger(run_dir)[0]
-    assert (first["attempt"], first["reason"], first["exit_code"]) == (0, "preempted (USR1)", 0)
-    batch_log = (run_dir / f"logs/slurm-{job}.out").read_text()
-    assert "trainer checkpoint acknowledged" in batch_log
-    assert not (run_dir / "control/preempt.json").exists()  # a new attempt starts without the old request
-    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
-    assert len(st["attempts"]) + 1 == 2
-    # SIGTERM (what scancel, scontrol requeue and preemption send) reaching only the batch shell: it
-    # asks the trainer for a checkpoint through control/preempt.json, waits for the ack, then ends
-    # the job without requeueing it (a requeue is SLURM's call when SLURM sends the TERM). The ledger
-    # line is due before SLURM's KILL (KillWait 5 s here), so TERM once the trainer polls its control
-    # files, as it does between rollouts, rather than while it still builds its model.
-    wait_trainer_polling(run_dir, 1)
+    wait_trainer_polling(run_dir, 0)
     slurm_cluster.signal_batch(job, "TERM")
     info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
-    assert info["JobState"] == "FAILED" and info["Restarts"] == "1", info
-    second = ledger(run_dir)[1]
-    assert (second["attempt"], second["exit_code"]) == (1, 143), second
-    assert second["reason"].startswith("terminated (SIGTERM") and second["reason"].endswith("; checkpoint acknowledged")
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info
+    [line] = ledger(run_dir)
+    assert (line["attempt"], line["exit_code"]) == (0, 143), line
+    assert line["reason"].startswith("terminated (SIGTERM") and line["reason"].endswith("; checkpoint acknowledged")
     assert json.loads((run_dir / "control/preempt.json").read_text())["reason"] == "TERM"
     assert (run_dir / "control/preempt_ack.json").exists()
+    assert "trainer checkpoint acknowledged" in (run_dir / f"logs/slurm-{job}.out").read_text()
 
 
 def test_refused_requeue_ends_the_job_with_the_reason(slurm_cluster, tmp_path: Path, prompts: Path) -> None:

@@ -45,6 +45,9 @@ def test_pp2_broadcast_reaches_engines(tmp_path: Path, tiny_hf: Path) -> None:
         assert len(v["engines"]) == 2, v
         for url, e in v["engines"].items():
             assert e.get("tokens") == v["trainer"], (url, v)
+            # the probe's near-tie rule reads the engine's top two per token (engines/greedy.py)
+            assert [pos[0][1] for pos in e["top2"]] == e["tokens"] and all(
+                len(pos) == 2 and pos[0][0] >= pos[1][0] for pos in e["top2"]), (url, e["top2"])
             assert str(e.get("weight_version")) == str(v["version"]), (url, v)
         seen.add(tuple(v["trainer"]))
     assert len(seen) == 3  # each version changed the model's greedy output: the probe can fail
