@@ -112,7 +112,7 @@ def test_term_to_the_batch_shell_checkpoints_and_ends_without_requeue(slurm_clus
     assert line["reason"].startswith("terminated (SIGTERM") and line["reason"].endswith("; checkpoint acknowledged")
     assert json.loads((run_dir / "control/preempt.json").read_text())["reason"] == "TERM"
     assert (run_dir / "control/preempt_ack.json").exists()
-    assert "trainer checkpoint acknowledged" in (run_dir / f"logs/slurm-{job}.out").read_text()
+    assert "trainer: checkpoint acknowledged" in (run_dir / f"logs/slurm-{job}.out").read_text()
 
 
 def test_refused_requeue_ends_the_job_with_the_reason(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
