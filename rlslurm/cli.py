@@ -1,7 +1,7 @@
 """`rlslurm` command line (Typer + Rich).
 
 Run settings are flags named after config fields (`--rollout-batch-size 64`, see
-`rlslurm flags`), plus `--sglang-*` and `--megatron-*` passthrough; `--config run.yaml` loads a
+`rlslurm flags`), plus `--sglang-*`, `--router-*` and `--megatron-*` passthrough; `--config run.yaml` loads a
 YAML file first. Every user error prints one line and exits 2; no traceback.
 """
 
@@ -385,7 +385,7 @@ def flags() -> None:
     from rlslurm.flags import FIELDS, flag_name
 
     defaults = RunConfig()
-    t = Table(title="run flags (also settable in --config YAML); plus --sglang-* and --megatron-* passthrough")
+    t = Table(title="run flags (also settable in --config YAML); plus --sglang-*, --router-* and --megatron-* passthrough")
     for col in ("flag", "section", "default"):
         t.add_column(col)
     for name, (section, _) in FIELDS.items():

@@ -345,6 +345,7 @@ class RunConfig(Section):
     train: TrainSection = Field(default_factory=TrainSection)
     megatron: dict[str, Any] = Field(default_factory=dict)   # --megatron-<field> passthrough
     sglang_args: list[str] = Field(default_factory=list)     # --sglang-<flag> passthrough, argv form
+    router_args: list[str] = Field(default_factory=list)     # --router-<flag> passthrough (sglang-router)
 
     # Derived, filled by `resolve` (see rlslurm/validate.py).
     @property

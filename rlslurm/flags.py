@@ -21,6 +21,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.slime_flags import SLIME_ALIASES, slime_instead
 
 SGLANG_PREFIX = "--sglang-"
+ROUTER_PREFIX = "--router-"    # sglang-router's own flags (rlslurm/engines/router.py)
 MEGATRON_PREFIX = "--megatron-"
 
 
@@ -64,6 +65,7 @@ class Layer:
     origin: dict[tuple[str, str], str] = field(default_factory=dict)
     megatron: dict[str, Any] = field(default_factory=dict)
     sglang_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
 
     def set(self, name: str, value: Any, origin: str) -> None:
         if name not in FIELDS:
@@ -94,12 +96,14 @@ def parse_flags(argv: list[str]) -> Layer:
             raise ConfigError(f"unexpected argument {tok!r} (flags look like --name value)")
         name, eq, inline = tok[2:].partition("=")
         has_next = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if tok.startswith(SGLANG_PREFIX):
-            layer.sglang_args.append("--" + name[len("sglang-"):])
+        passthrough = (layer.sglang_args if tok.startswith(SGLANG_PREFIX)
+                       else layer.router_args if tok.startswith(ROUTER_PREFIX) else None)
+        if passthrough is not None:
+            passthrough.append("--" + name.split("-", 1)[1])
             if eq:
-                layer.sglang_args.append(inline)
+                passthrough.append(inline)
             elif has_next:
-                layer.sglang_args.append(argv[i + 1])
+                passthrough.append(argv[i + 1])
                 i += 1
             i += 1
             continue
@@ -215,7 +219,8 @@ def _yaml_lines(text: str, path: Path) -> tuple[Any, dict[tuple[str, ...], int]]
 
 
 def load_yaml_layer(path: Path) -> Layer:
-    """A run YAML: sections (`rollout: {...}`) and/or flat field names; `megatron:`, `sglang_args:`."""
+    """A run YAML: sections (`rollout: {...}`) and/or flat field names; `megatron:`, `sglang_args:`,
+    `router_args:`."""
     if not path.exists():
         raise ConfigError(f"--config: {path} does not exist")
     if not path.is_file():
@@ -238,10 +243,10 @@ def load_yaml_layer(path: Path) -> Layer:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: megatron must be a mapping of TransformerConfig fields")
             layer.megatron.update(value)
-        elif key == "sglang_args":
+        elif key in ("sglang_args", "router_args"):
             if not isinstance(value, list):
-                raise ConfigError(f"{where}: sglang_args must be a list of argv strings")
-            layer.sglang_args.extend(str(v) for v in value)
+                raise ConfigError(f"{where}: {key} must be a list of argv strings")
+            getattr(layer, key).extend(str(v) for v in value)
         elif key in SECTIONS and (isinstance(value, dict) or key not in FIELDS):
             # `model:` is both a section and a field (the model name): a mapping means the section.
             if value is None:
@@ -264,14 +269,17 @@ def build_config(layers: list[Layer]) -> RunConfig:
     origin: dict[tuple[str, str], str] = {}
     megatron: dict[str, Any] = {}
     sglang: list[str] = []
+    router: list[str] = []
     for layer in layers:
         for (section, name), v in layer.values.items():
             nested[section][name] = v
         origin.update(layer.origin)
         megatron.update(layer.megatron)
         sglang.extend(layer.sglang_args)
+        router.extend(layer.router_args)
     try:
-        return RunConfig.model_validate({**nested, "megatron": megatron, "sglang_args": sglang})
+        return RunConfig.model_validate({**nested, "megatron": megatron, "sglang_args": sglang,
+                                         "router_args": router})
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(str(x) for x in err["loc"])

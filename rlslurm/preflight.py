@@ -13,6 +13,7 @@ know stays for the nodes, where a user error ends the job without requeue (docs/
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.util
 import sys
 from pathlib import Path
@@ -158,6 +159,31 @@ def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
     unknown = sglang_flags.unknown_flags(args, known)
     if unknown:
         raise ConfigError(sglang_flags.unknown_flags_message(unknown, known, version))
+
+
+def check_router_args(cfg: "RunConfig", warnings: list[str]) -> None:
+    """--router-<flag> passthrough (sglang-router's launcher flags, e.g. --router-policy cache_aware):
+    not one rlslurm sets itself, and a flag of the installed router where this host can tell."""
+    from rlslurm.engines import router, sglang_flags
+
+    flags = sglang_flags.passthrough_flags(cfg.router_args)
+    owned = [f for f in flags if f in router.OWNED_FLAGS]
+    if owned:
+        raise ConfigError(f"--router-{owned[0][2:]}: rlslurm sets {owned[0]} on the router itself; remove it from "
+                          "the passthrough flags")
+    if not flags:
+        return
+    if importlib.util.find_spec("sglang_router") is None or not job_env_is_ours(cfg):
+        warnings.append(f"--router-* flags ({' '.join(flags)}) not checked here: "
+                        f"{'sglang-router is not installed on this host' if importlib.util.find_spec('sglang_router') is None else 'the job runs another environment'}"
+                        "; the rollout node's router checks them")
+        return
+    known = router.router_cli_flags()
+    unknown = [f for f in flags if f not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise ConfigError(f"--router-{unknown[0][2:]}: the installed sglang-router has no {unknown[0]}"
+                          + (f" (did you mean --router-{close[0][2:]}?)" if close else ""))
 
 
 # ------------------------------------------------------------------------------------ megatron

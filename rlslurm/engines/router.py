@@ -16,6 +16,8 @@ The api key reaches the router through the environment, not argv, and is masked 
 
 from __future__ import annotations
 
+import functools
+
 import os
 import signal
 import subprocess
@@ -40,6 +42,18 @@ OWNED_FLAGS = ("--host", "--port", "--api-key", "--prometheus-host", "--promethe
 HTTP_TIMEOUT_S = 10.0
 # The router (Rust reqwest) would send its calls to the engines through these.
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+@functools.lru_cache(maxsize=1)
+def router_cli_flags() -> frozenset[str]:
+    """Every `--flag` of the installed sglang-router's launcher (its own parser)."""
+    import argparse
+
+    from sglang_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    RouterArgs.add_cli_args(parser)
+    return frozenset(o for o in parser._option_string_actions if o.startswith("--"))
 
 
 class RouterError(RuntimeError):

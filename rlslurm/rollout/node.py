@@ -137,7 +137,7 @@ class RolloutNode:
         # wait for node 0's router then costs nothing at a requeue.
         if self.node == 0:
             self.router = RouterProcess(host=self.host, port=free_port(self.host), log_path=self.log_dir / "router.log",
-                                        api_key=self.api_key,
+                                        api_key=self.api_key, extra_args=tuple(self.cfg.router_args),
                                         health_check_interval_s=max(1, int(self.cfg.rollout.engine_health_interval_s)))
             self.router.spawn()
         interval = self.cfg.rollout.engine_health_interval_s

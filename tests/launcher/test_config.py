@@ -44,9 +44,24 @@ def test_flags_override_yaml_and_yaml_overrides_defaults(prompts: Path, tmp_path
 
 def test_passthrough_families(prompts: Path) -> None:
     res = resolve(_argv(prompts, "--sglang-mem-fraction-static", "0.7", "--sglang-enable-metrics",
-                        "--megatron-recompute-granularity", "full", "--megatron-recompute-num-layers", "2"))
+                        "--megatron-recompute-granularity", "full", "--megatron-recompute-num-layers", "2",
+                        "--router-policy", "cache_aware", "--router-cache-threshold=0.3"))
     assert res.cfg.sglang_args == ["--mem-fraction-static", "0.7", "--enable-metrics"]
     assert res.cfg.megatron == {"recompute_granularity": "full", "recompute_num_layers": 2}
+    assert res.cfg.router_args == ["--policy", "cache_aware", "--cache-threshold", "0.3"]
+
+
+def test_router_args_from_yaml_then_flags(prompts: Path, tmp_path: Path) -> None:
+    """--router-* reach the rollout node's router (rollout/node.py) in argv form, YAML first."""
+    from rlslurm.engines.router import RouterProcess
+
+    y = tmp_path / "run.yaml"
+    y.write_text("router_args: [--policy, consistent_hashing]\n")
+    cfg = resolve(_argv(prompts, "--router-log-level", "info"), y).cfg
+    assert cfg.router_args == ["--policy", "consistent_hashing", "--log-level", "info"]
+    argv = RouterProcess(host="127.0.0.1", port=30000, log_path=tmp_path / "r.log", extra_args=cfg.router_args).argv()
+    # after rlslurm's defaults, so the user's value is the one the router's parser keeps
+    assert argv[-4:] == cfg.router_args and argv.index("--policy") < len(argv) - 4
 
 
 def test_batch_identity_names_all_four_flags(prompts: Path) -> None:

@@ -267,6 +267,15 @@ def test_unknown_sglang_flag_is_refused_with_a_suggestion(argv: list[str]) -> No
     resolve(argv + ["--sglang-mem-fraction-static", "0.7", "--sglang-disable-radix-cache"])
 
 
+def test_router_flags_are_checked_before_submit(argv: list[str]) -> None:
+    """--router-<flag>: one rlslurm sets is refused; an unknown one names the flag and the close match."""
+    pytest.importorskip("sglang_router")
+    one_line_naming(argv + ["--router-port", "9"], "--router-port", "rlslurm sets --port")
+    one_line_naming(argv + ["--router-worker-urls", "http://x"], "--router-worker-urls", "rlslurm sets --worker-urls")
+    one_line_naming(argv + ["--router-polcy", "cache_aware"], "--router-polcy", "did you mean --router-policy")
+    assert resolve(argv + ["--router-policy", "cache_aware"]).cfg.router_args == ["--policy", "cache_aware"]
+
+
 def test_unknown_megatron_field_is_refused(argv: list[str]) -> None:
     pytest.importorskip("megatron.core")
     one_line_naming(argv + ["--megatron-recompute-granularty", "full"], "--megatron-recompute-granularty",

@@ -29,11 +29,25 @@ def _run_dir(tmp_path: Path, **model) -> RunDir:
                     rollout=RolloutSection(num_rollout=2, rollout_batch_size=2, n_samples_per_prompt=2,
                                            rollout_max_response_len=6, rm_type="exact", engines_per_node=1,
                                            rollout_dtype="float32", engine_health_interval_s=2.0),
-                    sglang_args=["--max-total-tokens", "4096", "--mem-fraction-static", "0.3"])
+                    sglang_args=["--max-total-tokens", "4096", "--mem-fraction-static", "0.3"],
+                    router_args=["--policy", "cache_aware"])
     rd = RunDir.create(tmp_path / "run")
     rd.ensure_api_key()
     rd.run_yaml.write_text(dump_run_config(cfg))
     return rd
+
+
+def _argvs() -> list[list[bytes]]:
+    from rlslurm.engines.procfs import all_pids
+
+    out = []
+    for pid in all_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f.read().split(b"\0"))
+        except OSError:
+            continue
+    return out
 
 
 def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
@@ -78,6 +92,10 @@ def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_m
         assert engine.healthy and engine.url.startswith("http://127.0.0.1:") and engine.restarts == 0
         router = control.router()
         assert router is not None and router.url.startswith("http://127.0.0.1:")
+        # --router-policy from run.yaml reached the router's command line, after rlslurm's default
+        argvs = [a for a in _argvs() if b"sglang_router.launch_router" in a
+                 and router.url.rsplit(":", 1)[1].encode() in a]  # the launcher, and its process if it forks
+        assert argvs and all(a[len(a) - a[::-1].index(b"--policy")] == b"cache_aware" for a in argvs), argvs
         assert any(hb.role == "rollout" and hb.rank == 0 for hb in control.heartbeats())
         assert len(reader.read(0).samples) == 4
         time.sleep(3)
