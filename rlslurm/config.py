@@ -12,6 +12,7 @@ Two passthrough families: `--sglang-<flag>` (to every SGLang server) and `--mega
 from __future__ import annotations
 
 import re
+import string
 from pathlib import Path
 from typing import Any, Literal
 
@@ -266,6 +267,18 @@ class RolloutSection(Section):
         return v
 
 
+def _check_save_hf(v: str | None) -> str | None:
+    if v is None:
+        return v
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"not a pattern ({e}); write {{rollout_id}} where the rollout id goes") from None
+    if fields - {"rollout_id"}:
+        raise ValueError(f"the only field it takes is {{rollout_id}}, not {{{sorted(fields - {'rollout_id'})[0]}}}")
+    return v
+
+
 class TrainSection(Section):
     # Megatron names, so users can paste slime/Megatron flags.
     tensor_model_parallel_size: int = Field(1, ge=1)
@@ -293,6 +306,14 @@ class TrainSection(Section):
     # loses. Preempt, stop, SIGTERM and the end of the run save on their own. null: only those.
     save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
+    # slime's --save-hf: with every periodic checkpoint and at the end, the weights in HF format to
+    # this directory, `{rollout_id}` replaced by the last trained rollout (trainer/publish.py export_hf)
+    save_hf: str | None = None
+
+    @field_validator("save_hf")
+    @classmethod
+    def _save_hf(cls, v: str | None) -> str | None:
+        return _check_save_hf(v)
     # RL
     loss_type: Literal[LOSS_TYPE_NAMES] = "policy_loss"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)

@@ -166,6 +166,7 @@ class Trainer:
                 si = cfg.train.save_interval
                 if si is not None and progress.trained_rollouts % si == 0:
                     self._save(progress)
+                    self._save_hf(progress)
                 for _, values in lines:  # rollout-level phases, repeated on each of its steps
                     values.update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
                 for step, values in lines:
@@ -175,6 +176,7 @@ class Trainer:
                 self._publish(self.delivery.pending)
             if self.last_saved != progress.trained_rollouts:
                 self._save(progress)
+                self._save_hf(progress)
             if self.rank == 0:
                 rd.mark_finished({"trained_rollouts": progress.trained_rollouts,
                                   "weight_version": progress.weight_version, "at": time.time()})
@@ -358,6 +360,19 @@ class Trainer:
         if self.rank == 0 and not self.replay:
             after_checkpoint(self.reader, progress,
                              checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts))
+
+    def _save_hf(self, progress: TrainerProgress) -> None:
+        """--save-hf: the weights in HF format, as slime writes them with each save (not on a preempt or
+        stop, whose checkpoint races SLURM's KILL)."""
+        pattern = self.cfg.train.save_hf
+        if not pattern or progress.trained_rollouts == 0:
+            return
+        from rlslurm.trainer.publish import export_hf
+
+        target = Path(pattern.format(rollout_id=progress.next_rollout_id - 1))
+        st = self.st
+        export_hf(st.mc, st.actor.model, target, hf_dir=self.cfg.model.hf_checkpoint, dtype=st.tcfg.params_dtype)
+        log.info("--save-hf: wrote %s", target)
 
     def _stop(self, progress: TrainerProgress) -> int:
         """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the

@@ -39,49 +39,55 @@ def version_dir(weights_dir: Path, version: int) -> Path:
     return Path(weights_dir) / f"v{version}"
 
 
+def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: Path | None = None,
+              dtype: torch.dtype | None = None) -> bool:
+    """The model in HF format into `target` (config.json from `hf_dir` or the model config, and its
+    tokenizer files): built beside it and renamed into place complete, replacing an older `target`.
+    Collective over the trainer (the export gathers over TP and PP); returns whether this rank wrote."""
+    from megatron.core import parallel_state as ps
+    from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
+    from rlslurm.trainer.pipeline import stages_to_first
+
+    writer = (ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
+              and ps.get_pipeline_model_parallel_rank() == 0)
+    if ps.get_data_parallel_rank() == 0:  # every TP rank of DP group 0 takes part in the gather
+        stream = stages_to_first(mcore_to_hf(mc, model, dtype=dtype), sender=ps.get_tensor_model_parallel_rank() == 0)
+        if writer:
+            target = Path(target)
+            tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save_hf_checkpoint(stream, tmp, config=hf_config(mc, hf_dir), copy_aux_from=hf_dir)
+            if target.exists():  # the same version again after a resume
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+        else:
+            for _ in stream:
+                pass
+    dist.barrier()
+    return writer
+
+
+def hf_config(mc: ModelConfig, hf_dir: Path | None) -> dict:
+    if hf_dir is not None and (Path(hf_dir) / "config.json").exists():
+        return json.loads((Path(hf_dir) / "config.json").read_text())
+    from rlslurm.tiny import hf_config_dict
+
+    return hf_config_dict(mc)
+
+
 class DiskPublisher:
     def __init__(self, mc: ModelConfig, weights_dir: Path, control: Control | None, *,
                  hf_dir: Path | None = None, dtype: torch.dtype | None = None, keep: int = 2):
         self.mc, self.weights_dir, self.control = mc, Path(weights_dir), control
         self.hf_dir, self.dtype, self.keep = (Path(hf_dir) if hf_dir else None), dtype, keep
 
-    def _writer(self) -> bool:
-        from megatron.core import parallel_state as ps
-
-        return (ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
-                and ps.get_pipeline_model_parallel_rank() == 0)
-
-    def _config(self) -> dict:
-        if self.hf_dir is not None and (self.hf_dir / "config.json").exists():
-            return json.loads((self.hf_dir / "config.json").read_text())
-        from rlslurm.tiny import hf_config_dict
-
-        return hf_config_dict(self.mc)
-
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        from megatron.core import parallel_state as ps
-        from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
-        from rlslurm.trainer.pipeline import stages_to_first
-
-        writer = self._writer()
-        if ps.get_data_parallel_rank() == 0:  # every TP rank of DP group 0 takes part in the gather
-            stream = stages_to_first(mcore_to_hf(self.mc, model, dtype=self.dtype),
-                                     sender=ps.get_tensor_model_parallel_rank() == 0)
-            if writer:
-                final = version_dir(self.weights_dir, version)
-                tmp = self.weights_dir / f".tmp-v{version}-{os.getpid()}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                self.weights_dir.mkdir(parents=True, exist_ok=True)
-                save_hf_checkpoint(stream, tmp, config=self._config(), copy_aux_from=self.hf_dir)
-                if final.exists():  # re-publication of the same version after a resume
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
-                fsync_dir(self.weights_dir)
-                self._prune(version)
-            else:
-                for _ in stream:
-                    pass
-        dist.barrier()
+        writer = export_hf(self.mc, model, version_dir(self.weights_dir, version), hf_dir=self.hf_dir,
+                           dtype=self.dtype)
+        if writer:
+            self._prune(version)
         if writer and self.control is not None:
             self.control.set_weight_version(version)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
@@ -57,6 +58,17 @@ def test_relative_flags_resolve_against_the_submitting_cwd(project: Path, monkey
     assert cfg["data"]["prompt_data"] == str(project / "data/p.jsonl")
     assert cfg["rollout"]["custom_rm_path"] == f"{project / 'reward.py'}:rm"
     assert cfg["slurm"]["python"] == str(project / "py3")
+
+
+def test_save_hf_pattern_resolves_and_takes_only_rollout_id(project: Path, monkeypatch) -> None:
+    """--save-hf (slime's pattern): relative to the submitting directory, braces kept for the trainer;
+    a field other than {rollout_id} is one line naming the flag, before anything is submitted."""
+    monkeypatch.chdir(project)
+    base = ["--model", "tiny-qwen3", "--prompt-data", "data/p.jsonl"]
+    res = resolve(base + ["--save-hf", "exports/iter-{rollout_id}"])
+    assert res.cfg.train.save_hf == f"{project}/exports/iter-{{rollout_id}}"
+    for bad, why in (("out/{step}", "not {step}"), ("out/{rollout_id", "not a pattern")):
+        one_line_naming(base + ["--save-hf", bad], "--save-hf", why)
 
 
 def test_default_run_dir_and_module_plugins(project: Path, monkeypatch) -> None:

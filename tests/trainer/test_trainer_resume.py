@@ -43,12 +43,27 @@ def _straight(tmp: Path, tiny_hf: Path, train: dict) -> Path:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, tiny_hf) -> Path:
-    return _straight(tmp_path_factory.mktemp("straight"), tiny_hf, TRAIN)
+    tmp = tmp_path_factory.mktemp("straight")
+    return _straight(tmp, tiny_hf, {**TRAIN, "save_hf": str(tmp / "hf" / "iter-{rollout_id}")})
 
 
 @pytest.fixture(scope="module")
 def straight_distributed(tmp_path_factory, tiny_hf) -> Path:
     return _straight(tmp_path_factory.mktemp("straight_distributed"), tiny_hf, {**TRAIN, **OPTIMIZERS["distributed"]})
+
+
+def test_save_hf_writes_the_weights_with_each_save(straight: Path) -> None:
+    """--save-hf PATTERN (slime's): with each checkpoint (save interval 2: after rollouts 1 and 3) the
+    weights in HF format, the last bit for bit the published version 4, with config and tokenizer."""
+    import torch
+
+    hf = straight.parent / "hf"
+    assert sorted(p.name for p in hf.iterdir()) == ["iter-1", "iter-3"]
+    first, last = (load_file(str(hf / n / "model.safetensors")) for n in ("iter-1", "iter-3"))
+    v4 = load_file(str(straight / "weights" / "v4" / "model.safetensors"))
+    assert last.keys() == v4.keys() and all(torch.equal(last[k], v4[k]) for k in v4)
+    assert any(not torch.equal(first[k], last[k]) for k in v4)  # trained in between
+    assert (hf / "iter-3" / "config.json").exists() and (hf / "iter-3" / "tokenizer.json").exists()
 
 
 def test_replay_trains_without_engines_and_logs_metrics(straight: Path) -> None:
