@@ -341,6 +341,7 @@ class TrainSection(Section):
     use_tis: bool = False
     tis_clip_low: float = Field(0.0, ge=0)
     tis_clip: float = Field(2.0, gt=0)
+    custom_tis_function_path: str | None = None   # --use-tis weights of one's own (trainer/losses.py)
     use_rollout_logprobs: bool = False
     # weight sync
     weight_sync: Literal["distributed", "disk"] = "distributed"

@@ -38,6 +38,7 @@ PLUGIN_ARGS: dict[str, int | None] = {
     "custom_advantage_function_path": 1,   # trainer/advantages.py
     "rollout_sample_filter_path": 1,       # rollout/filters.py
     "custom_reward_post_process_path": 2,  # trainer/advantages.py
+    "custom_tis_function_path": 1,         # trainer/losses.py
 }
 
 

@@ -139,6 +139,7 @@ class RLKnobs(Protocol):
     use_tis: bool
     tis_clip_low: float
     tis_clip: float
+    custom_tis_function_path: str | None
     use_rollout_logprobs: bool
     entropy_coef: float
     loss_type: str
@@ -210,6 +211,8 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
         raise ConfigError(
             "--use-tis and --use-rollout-logprobs are exclusive: TIS corrects the trainer's old log-probs "
             "towards the engine's, which --use-rollout-logprobs already uses")
+    if t.custom_tis_function_path and not t.use_tis:
+        raise ConfigError("--custom-tis-function-path gives the weights of --use-tis; add --use-tis")
     if not t.tis_clip > t.tis_clip_low:
         raise ConfigError(f"--tis-clip {t.tis_clip:g} must be > --tis-clip-low {t.tis_clip_low:g}")
     high = t.eps_clip if t.eps_clip_high is None else t.eps_clip_high

@@ -25,7 +25,8 @@ PLUGIN_EQUIVALENTS = {
 }
 PLUGIN_FLAGS = ("custom_rm_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
                 "buffer_filter_path", "data_source_path", "rollout_sample_filter_path",
-                "custom_reward_post_process_path", "custom_loss_function_path", "custom_advantage_function_path")
+                "custom_reward_post_process_path", "custom_loss_function_path", "custom_advantage_function_path",
+                "custom_tis_function_path")
 
 # Megatron-LM command-line names whose TransformerConfig field is spelled otherwise.
 MEGATRON_LM_RENAMES = {

@@ -136,6 +136,7 @@ def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLos
         eps_clip_high=t.eps_clip_high,
         eps_clip_c=t.eps_clip_c,
         use_tis=t.use_tis,
+        custom_tis_function_path=t.custom_tis_function_path,
         tis_clip_low=t.tis_clip_low,
         tis_clip_high=t.tis_clip,
         kl_loss_coef=t.kl_loss_coef if t.use_kl_loss else 0.0,

@@ -18,6 +18,8 @@ whole global batch, so summing them over micro-batches and DP ranks gives the gl
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,7 +46,8 @@ class PolicyLossConfig:
     DAPO's clip-higher. ``eps_clip_c`` enables dual-clip PPO: for negative advantages the
     loss is capped at ``-eps_clip_c * A`` so a huge ratio on a bad token cannot explode.
     TIS multiplies the per-token loss by ``clamp(exp(old - rollout), tis_clip_low, tis_clip_high)``
-    to correct for the engine and the trainer disagreeing on log-probs.
+    to correct for the engine and the trainer disagreeing on log-probs; ``custom_tis_function_path``
+    (with ``use_tis``) computes those weights instead (``TISInputs``; MIS/icepop-style rules).
     """
 
     eps_clip: float = 0.2
@@ -61,6 +64,7 @@ class PolicyLossConfig:
     estimator: str = "grpo"
     loss_type: str = "policy_loss"                  # a name of rlslurm/rl_settings.LOSS_TYPES
     custom_loss_function_path: str | None = None    # --loss-type custom_loss (trainer/actor_loss.py)
+    custom_tis_function_path: str | None = None     # --use-tis weights of one's own (`TISInputs`)
 
     def __post_init__(self) -> None:
         loss_type(self.loss_type)
@@ -241,6 +245,42 @@ def tis_weights(
     return weights, ratio, (weights != ratio).float()
 
 
+@dataclass(frozen=True)
+class TISInputs:
+    """What --custom-tis-function-path's function gets, for one sample over its response tokens
+    (no gradient): the trainer's old log-probs, the engine's, the loss mask, and the TIS bounds
+    (--tis-clip-low, --tis-clip). It returns one non-negative weight per token, which multiplies the
+    token's policy-gradient loss: e.g. 0 outside [low, high] (icepop), or one weight for the whole
+    sample from its mean log-ratio (sequence-level MIS)."""
+
+    old_log_probs: Tensor
+    rollout_log_probs: Tensor
+    loss_mask: Tensor
+    low: float
+    high: float
+
+
+@functools.lru_cache(maxsize=None)
+def _custom_tis_fn(spec: str) -> Callable[[TISInputs], Tensor]:
+    from rlslurm.plugins import load_callable
+
+    return load_callable(spec, what="--custom-tis-function-path", min_args=1)
+
+
+def custom_tis_weights(spec: str, inputs: TISInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """`tis_weights`' contract with the weights from the plugin, checked: one finite weight >= 0
+    per token. The clip indicator marks the tokens whose weight is not the raw ratio."""
+    ratio = torch.exp(inputs.old_log_probs.float() - inputs.rollout_log_probs.float())
+    w = _custom_tis_fn(spec)(inputs)
+    if not isinstance(w, Tensor) or w.shape != ratio.shape:
+        raise ConfigError(f"--custom-tis-function-path {spec}: must return a tensor of shape {tuple(ratio.shape)} "
+                          f"(one weight per token), got {tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}")
+    w = w.detach().float().to(ratio.device)
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ConfigError(f"--custom-tis-function-path {spec}: weights must be finite and >= 0")
+    return w, ratio, (w != ratio).float()
+
+
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss per token: max((V_clipped - R)^2, (V - R)^2).
 
@@ -396,8 +436,12 @@ def compute_rl_loss(
             raise ValueError("use_tis needs rollout_log_probs (the engine's token log-probs)")
         _check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)
         weighted, ratios, tis_clip = [], [], []
-        for loss_i, old, roll in zip(pg, old_log_probs, rollout_log_probs):
-            w, r, c = tis_weights(old, roll, cfg.tis_clip_low, cfg.tis_clip_high)
+        for loss_i, old, roll, mask in zip(pg, old_log_probs, rollout_log_probs, loss_masks):
+            if cfg.custom_tis_function_path:
+                w, r, c = custom_tis_weights(cfg.custom_tis_function_path, TISInputs(
+                    old.detach(), roll.detach(), mask.detach(), cfg.tis_clip_low, cfg.tis_clip_high))
+            else:
+                w, r, c = tis_weights(old, roll, cfg.tis_clip_low, cfg.tis_clip_high)
             weighted.append(loss_i * w)
             ratios.append(r)
             tis_clip.append(c)

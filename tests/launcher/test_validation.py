@@ -196,6 +196,16 @@ def test_loss_type_neighbours_pass_and_the_plugin_is_checked(argv: list[str], tm
                     "--custom-loss-function-path", "none.py")
 
 
+def test_custom_tis_function_needs_use_tis_and_a_callable(argv: list[str], tmp_path: Path) -> None:
+    plugin = tmp_path / "tis.py"
+    plugin.write_text("def w(inputs):\n    return inputs.loss_mask\ndef two(a, b):\n    pass\n")
+    one_line_naming(argv + ["--custom-tis-function-path", f"{plugin}:w"], "--custom-tis-function-path", "--use-tis")
+    cfg = resolve(argv + ["--use-tis", "--custom-tis-function-path", f"{plugin}:w"]).cfg
+    assert cfg.train.custom_tis_function_path == f"{plugin}:w"
+    one_line_naming(argv + ["--use-tis", "--custom-tis-function-path", f"{plugin}:two"],
+                    "--custom-tis-function-path", "cannot be called with 1 positional")
+
+
 def test_custom_advantage_function_rules(argv: list[str], tmp_path: Path) -> None:
     from tests.hf_shape import hf_shaped_dir
 

@@ -568,3 +568,58 @@ def test_custom_loss_function_is_loaded_from_a_file_and_called_per_micro_batch(t
 def test_unknown_loss_type_names_the_flag() -> None:
     with pytest.raises(ConfigError, match="--loss-type must be one of policy_loss, sft_loss, custom_loss"):
         PolicyLossConfig(loss_type="dpo_loss")
+
+
+# ---------------------------------------------------------------------------------------------
+# --custom-tis-function-path
+# ---------------------------------------------------------------------------------------------
+
+_TIS = '''
+import torch
+
+def clamped(inputs):
+    return torch.exp(inputs.old_log_probs - inputs.rollout_log_probs).clamp(inputs.low, inputs.high)
+
+def icepop(inputs):
+    r = torch.exp(inputs.old_log_probs - inputs.rollout_log_probs)
+    return torch.where((r >= inputs.low) & (r <= inputs.high), r, torch.zeros_like(r))
+
+def short(inputs):
+    return inputs.loss_mask[:1]
+
+def negative(inputs):
+    return -torch.ones_like(inputs.loss_mask)
+'''
+
+
+def test_custom_tis_function_replaces_the_weights(tmp_path) -> None:
+    """A plugin with the built-in rule trains exactly as --use-tis; an icepop rule (weight 0 outside
+    the bounds) drops those tokens' policy loss; bad answers are one line naming the flag."""
+    (tmp_path / "tis.py").write_text(_TIS)
+    b = _batch(0)
+    base = dict(eps_clip=0.1, use_tis=True, tis_clip_low=0.9, tis_clip_high=1.1, loss_reduction="per_token")
+    builtin, m_builtin = compute_rl_loss(PolicyLossConfig(**base), global_denominator=None, **b)
+    same, m_same = compute_rl_loss(PolicyLossConfig(**base, custom_tis_function_path=f"{tmp_path / 'tis.py'}:clamped"),
+                                   global_denominator=None, **b)
+    assert same.item() == builtin.item() and m_same["tis_clipfrac"].item() == m_builtin["tis_clipfrac"].item()
+
+    ice, m_ice = compute_rl_loss(PolicyLossConfig(**base, custom_tis_function_path=f"{tmp_path / 'tis.py'}:icepop"),
+                                 global_denominator=None, **b)
+    # reference: the per-token PPO loss times the icepop weight, token mean over the masks
+    pg = compute_rl_loss(PolicyLossConfig(eps_clip=0.1, loss_reduction="per_token"), global_denominator=None,
+                         **{**b, "entropy": None})[1]["pg_loss"]
+    assert m_ice["tis_clipfrac"].item() == m_builtin["tis_clipfrac"].item() > 0
+    total = n = 0.0
+    for lp, old, roll, a, m in zip(b["log_probs"], b["old_log_probs"], b["rollout_log_probs"], b["advantages"],
+                                   b["loss_masks"]):
+        r_new, r_tis = torch.exp(lp - old), torch.exp(old - roll)
+        surr = torch.maximum(-r_new * a, -r_new.clamp(0.9, 1.1) * a)
+        w = torch.where((r_tis >= 0.9) & (r_tis <= 1.1), r_tis, torch.zeros_like(r_tis))
+        total += float((surr * w * m).sum())
+        n += float(m.sum())
+    assert m_ice["pg_loss"].item() == pytest.approx(total / n, rel=1e-5) and m_ice["pg_loss"].item() != pg.item()
+    for fn, why in (("short", "must return a tensor of shape"), ("negative", "finite and >= 0")):
+        with pytest.raises(ConfigError, match=why) as e:
+            compute_rl_loss(PolicyLossConfig(**base, custom_tis_function_path=f"{tmp_path / 'tis.py'}:{fn}"),
+                            global_denominator=None, **b)
+        assert "--custom-tis-function-path" in str(e.value) and "\n" not in str(e.value)
