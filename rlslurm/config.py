@@ -267,15 +267,17 @@ class RolloutSection(Section):
         return v
 
 
-def _check_save_hf(v: str | None) -> str | None:
+def _check_pattern(v: str | None, allowed: tuple[str, ...]) -> str | None:
+    """A path pattern the trainer fills with str.format: only the `allowed` fields."""
     if v is None:
         return v
+    names = " and ".join("{" + a + "}" for a in allowed)
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(v) if f is not None}
     except ValueError as e:
-        raise ValueError(f"not a pattern ({e}); write {{rollout_id}} where the rollout id goes") from None
-    if fields - {"rollout_id"}:
-        raise ValueError(f"the only field it takes is {{rollout_id}}, not {{{sorted(fields - {'rollout_id'})[0]}}}")
+        raise ValueError(f"not a pattern ({e}); it takes {names}") from None
+    if fields - set(allowed):
+        raise ValueError(f"the fields it takes are {names}, not {{{sorted(fields - set(allowed))[0]}}}")
     return v
 
 
@@ -309,11 +311,19 @@ class TrainSection(Section):
     # slime's --save-hf: with every periodic checkpoint and at the end, the weights in HF format to
     # this directory, `{rollout_id}` replaced by the last trained rollout (trainer/publish.py export_hf)
     save_hf: str | None = None
+    # slime's --save-debug-train-data: per rollout and trainer rank, what the loss is computed from
+    # (advantages, returns, old/ref log-probs, masks) as a torch file (trainer/main.py)
+    save_debug_train_data: str | None = None
 
     @field_validator("save_hf")
     @classmethod
     def _save_hf(cls, v: str | None) -> str | None:
-        return _check_save_hf(v)
+        return _check_pattern(v, ("rollout_id",))
+
+    @field_validator("save_debug_train_data")
+    @classmethod
+    def _save_debug_train_data(cls, v: str | None) -> str | None:
+        return _check_pattern(v, ("rollout_id", "rank"))
     # RL
     loss_type: Literal[LOSS_TYPE_NAMES] = "policy_loss"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
     custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)

@@ -194,6 +194,8 @@ class Trainer:
         st, t = self.st, self.cfg.train
         steps.check_rollout(rollout, st.vocab_size, st.mc.arch.max_position_embeddings)
         prep = steps.prepare(st, rollout)
+        if t.save_debug_train_data:
+            self._save_train_data(rollout.rollout_id, prep)
         key = self.cfg.rollout.reward_key
         raw = [reward_from(s.reward, s.reward_key or key, f"rollout {rollout.rollout_id} sample {i}")
                for i, s in enumerate(rollout.samples)]
@@ -205,6 +207,23 @@ class Trainer:
                       **{f"time/{n}": v for n, v in prep.times.items()}}
             lines.append((rollout.rollout_id * t.num_steps_per_rollout + k, values))
         return lines
+
+    def _save_train_data(self, rollout_id: int, prep) -> None:
+        """--save-debug-train-data: this rank's samples of the rollout as the loss sees them (each
+        rank writes its own file; the buffer holds the tokens)."""
+        path = Path(self.cfg.train.save_debug_train_data.format(rollout_id=rollout_id, rank=self.rank))
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def cpu(d):
+            return None if d is None else {i: x.detach().cpu() for i, x in d.items()}
+
+        data = {"rollout_id": rollout_id, "rank": self.rank, "samples": sorted(prep.masks),
+                "loss_masks": cpu(prep.masks), "advantages": cpu(prep.advantages), "returns": cpu(prep.returns),
+                "old_logprobs": cpu(prep.old_logprobs), "ref_logprobs": cpu(prep.ref_logprobs),
+                "rollout_logprobs": cpu(prep.rollout_logprobs), "values": cpu(prep.values)}
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save(data, tmp)
+        os.replace(tmp, path)
 
     # ------------------------------------------------------------------ coordination
 

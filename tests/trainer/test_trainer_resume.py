@@ -44,7 +44,8 @@ def _straight(tmp: Path, tiny_hf: Path, train: dict) -> Path:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, tiny_hf) -> Path:
     tmp = tmp_path_factory.mktemp("straight")
-    return _straight(tmp, tiny_hf, {**TRAIN, "save_hf": str(tmp / "hf" / "iter-{rollout_id}")})
+    return _straight(tmp, tiny_hf, {**TRAIN, "save_hf": str(tmp / "hf" / "iter-{rollout_id}"),
+                                    "save_debug_train_data": str(tmp / "train_data" / "{rollout_id}_{rank}.pt")})
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,27 @@ def test_save_hf_writes_the_weights_with_each_save(straight: Path) -> None:
     assert last.keys() == v4.keys() and all(torch.equal(last[k], v4[k]) for k in v4)
     assert any(not torch.equal(first[k], last[k]) for k in v4)  # trained in between
     assert (hf / "iter-3" / "config.json").exists() and (hf / "iter-3" / "tokenizer.json").exists()
+
+
+def test_save_debug_train_data_has_every_sample_once_per_rollout(straight: Path) -> None:
+    """--save-debug-train-data PATTERN (slime's): per rollout and rank what the loss is computed from;
+    the two DP ranks' samples partition the rollout, each with per-token tensors of one length."""
+    import torch
+
+    d = straight.parent / "train_data"
+    assert sorted(p.name for p in d.iterdir()) == [f"{r}_{k}.pt" for r in range(4) for k in range(2)]
+    for r in range(4):
+        parts = [torch.load(d / f"{r}_{k}.pt") for k in range(2)]
+        assert [p["rollout_id"] for p in parts] == [r, r] and [p["rank"] for p in parts] == [0, 1]
+        mine = [set(p["samples"]) for p in parts]
+        assert mine[0] and mine[1] and not mine[0] & mine[1] and mine[0] | mine[1] == set(range(8))
+        for p in parts:
+            for i in p["samples"]:
+                n = p["loss_masks"][i].numel()
+                assert n > 0 and all(p[k][i].shape == (n,) for k in ("advantages", "returns", "old_logprobs",
+                                                                        "ref_logprobs"))
+                assert p["rollout_logprobs"] is None or p["rollout_logprobs"][i].shape == (n,)
+                assert torch.isfinite(p["advantages"][i]).all()
 
 
 def test_replay_trains_without_engines_and_logs_metrics(straight: Path) -> None:
