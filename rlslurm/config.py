@@ -244,6 +244,9 @@ class RolloutSection(Section):
     # Trained rollouts kept in the buffer after a checkpoint, at least: rollouts a kept checkpoint
     # (--keep-checkpoints) would train again after a fallback stay as well (docs/buffer-retention.md).
     keep_trained_rollouts: int = Field(4, ge=0)
+    # Each rollout the trainer retires from the buffer is first written here as JSONL
+    # (<kind>-<id>.jsonl, rlslurm/buffer/export.py); None: retired rollouts are deleted.
+    export_retired_rollouts: Path | None = None
 
     @field_validator("rm_type", mode="before")
     @classmethod

@@ -47,8 +47,9 @@ SLIME_INSTEAD: dict[str, str] = {
     "group_rm": "decorate the --custom-rm-path function with @rlslurm.rollout.rewards.group_reward",
     "rollout_function_path": "use --custom-generate-function-path (one prompt's generation) or "
                              "--data-source-path",
-    "save_debug_rollout_data": "every rollout is kept in RUN/buffer already; replay one with "
-                               "--load-debug-rollout-data RUN",
+    "save_debug_rollout_data": "every rollout is kept in RUN/buffer until trained and checkpointed; "
+                               "--export-retired-rollouts DIR writes each one there as JSONL before it "
+                               "goes, and --load-debug-rollout-data RUN replays a run's buffer",
     "debug_train_only": "use --load-debug-rollout-data RUN (train from another run's buffer, no engines)",
     "use_fault_tolerance": "preemption and failures are handled by SLURM requeue (--max-failures)",
     # W&B (docs/wandb.md): --use-wandb and --wandb-{mode,project,group,team,host,dir,run-id} are fields

@@ -170,7 +170,7 @@ def prune(root: Path, keep: int) -> list[Path]:
     return doomed
 
 
-def retention(root: Path, keep_trained: int) -> Retention:
+def retention(root: Path, keep_trained: int, export_dir: Path | None = None) -> Retention:
     """The buffer retention to apply once a checkpoint in `root` is saved and pruned: keep every
     rollout from the first one the OLDEST complete checkpoint on disk trains after a resume. Any
     checkpoint left on disk is one `find_resume` may fall back to (the newer ones corrupt), so the
@@ -179,7 +179,7 @@ def retention(root: Path, keep_trained: int) -> Retention:
     `TrainerProgress.record_trained` takes rollouts only in order, from 0."""
     dirs = [p for p in root.iterdir() if p.is_dir() and (p / META).exists()] if root.is_dir() else []
     its = [it for it in (_iteration_of(p.name) for p in dirs) if it is not None]
-    return Retention(keep_trained=keep_trained, keep_from=min(its) if its else None)
+    return Retention(keep_trained=keep_trained, keep_from=min(its) if its else None, export_dir=export_dir)
 
 
 # ------------------------------------------------------------------------------ state

@@ -378,7 +378,8 @@ class Trainer:
         log.info("saved checkpoint %s", d)
         if self.rank == 0 and not self.replay:
             after_checkpoint(self.reader, progress,
-                             checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts))
+                             checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts,
+                                                  self.cfg.rollout.export_retired_rollouts))
 
     def _save_hf(self, progress: TrainerProgress) -> None:
         """--save-hf: the weights in HF format, as slime writes them with each save (not on a preempt or

@@ -93,7 +93,7 @@ def test_retention_keeps_what_a_fallback_to_any_kept_checkpoint_trains(tmp_path:
             ck.write_meta(d, progress.trained_rollouts, 1, {"progress": progress.state_dict()})
             (root / ck.LATEST).write_text(json.dumps({"name": d.name, "iteration": progress.trained_rollouts}))
             ck.prune(root, keep_checkpoints)
-            after_checkpoint(reader, progress, ck.retention(root, keep_trained=4))
+            after_checkpoint(reader, progress, ck.retention(root, keep_trained=4, export_dir=tmp_path / "export"))
     kept = sorted(p for p in root.iterdir() if p.name.startswith(ck.PREFIX))
     assert len(kept) == keep_checkpoints
     oldest = kept[0]
@@ -109,8 +109,10 @@ def test_retention_keeps_what_a_fallback_to_any_kept_checkpoint_trains(tmp_path:
     assert first == 15 - 5 * (keep_checkpoints - 1)
     for rid in range(first, 15):
         resumed.record_trained(reader.wait_for(rid, timeout=1))
-    # what is before the oldest kept checkpoint went (keep_trained=4 is less than a save interval)
+    # what is before the oldest kept checkpoint went (keep_trained=4 is less than a save interval),
+    # each written to --export-retired-rollouts first
     assert reader.committed_ids() == list(range(first, 15))
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == [f"train-{i:08d}.jsonl" for i in range(first)]
     with pytest.raises(ConfigError, match=f"rollout {first - 1} was already trained"):
         reader.wait_for(first - 1, timeout=1)
 
