@@ -8,6 +8,7 @@ flag they typed, not where we import it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -115,3 +116,9 @@ def load_callable(spec: str, *, what: str = "plugin", min_args: int | None = Non
                 f"positional argument(s)"
             ) from None
     return obj
+
+
+@functools.lru_cache(maxsize=None)
+def cached_callable(spec: str, *, what: str, min_args: int | None = None) -> Callable[..., Any]:
+    """`load_callable`, once per spec: the trainer's plugins are looked up on every step or sample."""
+    return load_callable(spec, what=what, min_args=min_args)

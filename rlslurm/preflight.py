@@ -167,16 +167,14 @@ def check_router_args(cfg: "RunConfig", warnings: list[str]) -> None:
     not one rlslurm sets itself, and a flag of the installed router where this host can tell."""
     from rlslurm.engines import router, sglang_flags
 
+    router.check_owned(cfg.router_args)
     flags = sglang_flags.passthrough_flags(cfg.router_args)
-    owned = [f for f in flags if f in router.OWNED_FLAGS]
-    if owned:
-        raise ConfigError(f"--router-{owned[0][2:]}: rlslurm sets {owned[0]} on the router itself; remove it from "
-                          "the passthrough flags")
     if not flags:
         return
-    if importlib.util.find_spec("sglang_router") is None or not job_env_is_ours(cfg):
+    installed = importlib.util.find_spec("sglang_router") is not None
+    if not installed or not job_env_is_ours(cfg):
         warnings.append(f"--router-* flags ({' '.join(flags)}) not checked here: "
-                        f"{'sglang-router is not installed on this host' if importlib.util.find_spec('sglang_router') is None else 'the job runs another environment'}"
+                        f"{'the job runs another environment' if installed else 'sglang-router is not installed on this host'}"
                         "; the rollout node's router checks them")
         return
     known = router.router_cli_flags()

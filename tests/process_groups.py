@@ -33,10 +33,11 @@ def group_members(pgid: int) -> list[int]:
 def rollout_pids(run_dir: Path) -> list[int]:
     """This run's rollout process (`python -m rlslurm.rollout.main --run-dir RUN`): under `rlslurm run`
     one, the leader of its own session, whose group holds the driver and the engine supervisor."""
-    return [pid for pid, argv in _argvs() if b"rlslurm.rollout.main" in argv and str(run_dir).encode() in argv]
+    return [pid for pid, argv in argvs() if b"rlslurm.rollout.main" in argv and str(run_dir).encode() in argv]
 
 
-def _argvs():
+def argvs():
+    """(pid, argv) of every live process, argv items as bytes."""
     for pid in all_pids():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -50,7 +51,7 @@ def trainer_pids(run_dir: Path, *, agent: bool = True) -> list[int]:
     dir. `agent=False`: only the ranks (torchrun's workers and their children), not the torchrun
     agent or the srun that starts it (both name rlslurm.slurm.torchrun)."""
     out = []
-    for pid, argv in _argvs():
+    for pid, argv in argvs():
         if b"rlslurm.trainer.main" in argv and str(run_dir).encode() in argv \
                 and (agent or b"rlslurm.slurm.torchrun" not in argv):
             out.append(pid)

@@ -17,7 +17,6 @@ The api key reaches the router through the environment, not argv, and is masked 
 from __future__ import annotations
 
 import functools
-
 import os
 import signal
 import subprocess
@@ -42,6 +41,15 @@ OWNED_FLAGS = ("--host", "--port", "--api-key", "--prometheus-host", "--promethe
 HTTP_TIMEOUT_S = 10.0
 # The router (Rust reqwest) would send its calls to the engines through these.
 PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def check_owned(args: list[str] | tuple[str, ...]) -> None:
+    """--router-<flag> passthrough must not set what rlslurm sets on the router itself."""
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise ConfigError(f"--router-{flag[2:]}: rlslurm sets {flag} on the router itself; "
+                              f"remove it from the passthrough flags")
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,11 +86,7 @@ class RouterProcess:
         self.extra_args = tuple(self.extra_args)
         if self.health_check_interval_s < 1:
             raise ConfigError(f"router health-check interval must be >= 1 s, got {self.health_check_interval_s}")
-        for arg in self.extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in OWNED_FLAGS:
-                raise ConfigError(f"--router-{flag[2:]}: rlslurm sets {flag} on the router itself; "
-                                  f"remove it from the passthrough flags")
+        check_owned(self.extra_args)
         self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, headers=auth_headers(self.api_key), trust_env=TRUST_ENV)
 
     @property

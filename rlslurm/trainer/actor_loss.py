@@ -18,7 +18,6 @@ Which of them a setting uses and what each reads is the registry's (rl_settings.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -73,17 +72,12 @@ def sft_loss(x: LossInputs) -> LossResult:
 BUILT_IN: dict[str, Callable[[LossInputs], LossResult]] = {"policy_loss": policy_loss, "sft_loss": sft_loss}
 
 
-@functools.lru_cache(maxsize=None)
-def _plugin(spec: str) -> Callable[[LossInputs], LossResult]:
-    from rlslurm.plugins import load_callable
-
-    return load_callable(spec, what="--custom-loss-function-path", min_args=1)
-
-
 def loss_function(cfg: PolicyLossConfig) -> Callable[[LossInputs], LossResult]:
     if loss_type(cfg.loss_type).plugin:
         assert cfg.custom_loss_function_path  # check_rl_settings
-        return _plugin(cfg.custom_loss_function_path)
+        from rlslurm.plugins import cached_callable
+
+        return cached_callable(cfg.custom_loss_function_path, what="--custom-loss-function-path", min_args=1)
     return BUILT_IN[cfg.loss_type]
 
 

@@ -27,7 +27,6 @@ Every per-sample tensor is 1-D over that sample's response tokens; math is fp32.
 from __future__ import annotations
 
 import math
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
@@ -36,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.plugins import cached_callable
 from rlslurm.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator
 from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, kl_estimate
 
@@ -176,17 +176,11 @@ class AdvantageInputs:
 AdvantageFn = Callable[[AdvantageInputs], tuple[list[Tensor], list[Tensor]]]
 
 
-@functools.lru_cache(maxsize=None)
-def _custom_advantage_fn(spec: str) -> AdvantageFn:
-    from rlslurm.plugins import load_callable
-
-    return load_callable(spec, what="--custom-advantage-function-path", min_args=1)
-
-
 def _custom_advantages(cfg: AdvantageConfig, inputs: AdvantageInputs) -> tuple[list[Tensor], list[Tensor]]:
     spec = cfg.custom_advantage_function_path
     assert spec
-    out = _custom_advantage_fn(spec)(inputs)
+    fn: AdvantageFn = cached_callable(spec, what="--custom-advantage-function-path", min_args=1)
+    out = fn(inputs)
     n = len(inputs.loss_masks)
     if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(x, (list, tuple)) for x in out)):
         raise ConfigError(f"--custom-advantage-function-path {spec}: must return (advantages, returns), two lists "
@@ -262,13 +256,6 @@ def group_normalize(rewards: Tensor, group_index: Tensor, divide_by_std: bool) -
 RewardPostProcessFn = Callable[[list[Any], Tensor], Any]
 
 
-@functools.lru_cache(maxsize=None)
-def _reward_post_process_fn(spec: str) -> RewardPostProcessFn:
-    from rlslurm.plugins import load_callable
-
-    return load_callable(spec, what="--custom-reward-post-process-path", min_args=2)
-
-
 def post_processed_rewards(spec: str, samples: list[Any], rewards: Tensor) -> Tensor:
     """--custom-reward-post-process-path (slime's name; as there it takes the place of the group
     normalisation): `fn(samples, rewards)` gets the rollout's samples (rlslurm.buffer.Sample: tokens,
@@ -276,7 +263,8 @@ def post_processed_rewards(spec: str, samples: list[Any], rewards: Tensor) -> Te
     advantages are computed from. Every trainer rank calls it on the whole rollout, so it must be
     deterministic. The metrics keep the raw rewards."""
     n = rewards.numel()
-    out = _reward_post_process_fn(spec)(samples, rewards.clone())
+    fn: RewardPostProcessFn = cached_callable(spec, what="--custom-reward-post-process-path", min_args=2)
+    out = fn(samples, rewards.clone())
     try:
         out = torch.as_tensor(out, dtype=torch.float32).reshape(-1)
     except (TypeError, ValueError, RuntimeError):

@@ -18,7 +18,6 @@ whole global batch, so summing them over micro-batches and DP ranks gives the gl
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -260,18 +259,14 @@ class TISInputs:
     high: float
 
 
-@functools.lru_cache(maxsize=None)
-def _custom_tis_fn(spec: str) -> Callable[[TISInputs], Tensor]:
-    from rlslurm.plugins import load_callable
-
-    return load_callable(spec, what="--custom-tis-function-path", min_args=1)
-
-
 def custom_tis_weights(spec: str, inputs: TISInputs) -> tuple[Tensor, Tensor, Tensor]:
     """`tis_weights`' contract with the weights from the plugin, checked: one finite weight >= 0
     per token. The clip indicator marks the tokens whose weight is not the raw ratio."""
     ratio = torch.exp(inputs.old_log_probs.float() - inputs.rollout_log_probs.float())
-    w = _custom_tis_fn(spec)(inputs)
+    from rlslurm.plugins import cached_callable
+
+    fn: Callable[[TISInputs], Tensor] = cached_callable(spec, what="--custom-tis-function-path", min_args=1)
+    w = fn(inputs)
     if not isinstance(w, Tensor) or w.shape != ratio.shape:
         raise ConfigError(f"--custom-tis-function-path {spec}: must return a tensor of shape {tuple(ratio.shape)} "
                           f"(one weight per token), got {tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}")

@@ -16,7 +16,7 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
 from rlslurm.runfile import dump_run_config
-from tests.process_groups import pid_alive
+from tests.process_groups import argvs, pid_alive
 from tests.rollout.helpers import start_rollout_main
 
 
@@ -35,19 +35,6 @@ def _run_dir(tmp_path: Path, **model) -> RunDir:
     rd.ensure_api_key()
     rd.run_yaml.write_text(dump_run_config(cfg))
     return rd
-
-
-def _argvs() -> list[list[bytes]]:
-    from rlslurm.engines.procfs import all_pids
-
-    out = []
-    for pid in all_pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                out.append(f.read().split(b"\0"))
-        except OSError:
-            continue
-    return out
 
 
 def test_without_a_checkpoint_no_engine_starts_and_stop_ends_it(tmp_path):
@@ -93,9 +80,9 @@ def test_local_rollout_node_commits_publishes_and_exits_on_stop(tmp_path, tiny_m
         router = control.router()
         assert router is not None and router.url.startswith("http://127.0.0.1:")
         # --router-policy from run.yaml reached the router's command line, after rlslurm's default
-        argvs = [a for a in _argvs() if b"sglang_router.launch_router" in a
+        found = [a for _, a in argvs() if b"sglang_router.launch_router" in a
                  and router.url.rsplit(":", 1)[1].encode() in a]  # the launcher, and its process if it forks
-        assert argvs and all(a[len(a) - a[::-1].index(b"--policy")] == b"cache_aware" for a in argvs), argvs
+        assert found and all(a[len(a) - a[::-1].index(b"--policy")] == b"cache_aware" for a in found), found
         assert any(hb.role == "rollout" and hb.rank == 0 for hb in control.heartbeats())
         assert len(reader.read(0).samples) == 4
         time.sleep(3)
