@@ -58,13 +58,14 @@ def test_the_batch_script_finds_the_same_silent_roles(tmp_path: Path, prompts: P
     cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", str(prompts)], strict_inputs=False).cfg
     script = render(cfg, tmp_path / "run")
     fn = re.search(r"^silent_role\(\) \{\n.*?^\}\n", script, re.S | re.M)
-    assert fn, "the batch script has no silent_role function"
+    clock = re.search(r"^epoch\(\) \{.*\}\n", script, re.M)  # the clock it reads
+    assert fn and clock, "the batch script has no silent_role or epoch function"
     for i, (beats, since_s, silent) in enumerate(CASES):
         control = tmp_path / f"c{i}"
         now = time.time()
         for name, age in beats.items():
             beat(control / "heartbeats", name, age, now)
-        out = subprocess.run(["bash", "-c", fn.group(0) + "silent_role"], capture_output=True, text=True, check=True,
+        out = subprocess.run(["bash", "-c", clock.group(0) + fn.group(0) + "silent_role"], capture_output=True, text=True, check=True,
                              env={"PATH": os.environ["PATH"], "CONTROL": str(control), "HANG_S": str(BOUND),
                                   "START_TS": str(int(now - since_s))}).stdout.strip()
         assert (out in silent) if silent else out == "", (beats, since_s, out)
