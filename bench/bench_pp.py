@@ -104,7 +104,7 @@ def run(a: argparse.Namespace) -> None:
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     device = "cpu" if a.cpu else "cuda"
-    _, world = init_distributed(device)
+    _, world = init_distributed(device, timeout_minutes=10)
     kind = (a.hf / "bench_model.txt").read_text()
     tiny = kind == "tiny"
     tmp = Path(tempfile.mkdtemp())

@@ -113,7 +113,7 @@ def main() -> None:
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     device = "cpu" if a.cpu else "cuda"
-    init_distributed(device)
+    init_distributed(device, timeout_minutes=10)
     tmp = Path(tempfile.mkdtemp())
     if a.tiny:
         model, vocab, bf16 = "tiny-qwen3", 64, False

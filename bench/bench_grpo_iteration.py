@@ -1,0 +1,180 @@
+"""One GRPO iteration on two GPUs through the product, `rlslurm run`: where the time goes.
+
+The trainer (megatron-core, bf16, one rank) on GPU 0, one real SGLang engine behind the real router
+on GPU 1, NCCL weight sync, a random-init model of a shipped config (qwen3-1.7B by default), the demo
+prompts and reward (token ids only: the random model's ids are outside the demo vocabulary, so the
+rewards are 0 and the timings are those of any task with these lengths). Synchronous GRPO: the
+driver generates rollout k+1 only with version k+1, so an iteration is
+
+    generate (engine) -> commit -> old-logprob recompute -> actor step -> publish (sync) [-> save]
+
+and the trainer's `time/wait_rollout` is the generate + commit part. Rollout 0 is warm-up (CUDA
+caches, the first sync); the figures are medians over the other rollouts, from the run's own
+records (metrics.jsonl, rollout_metrics.jsonl), and every --save-interval-th rollout saves a
+checkpoint (its seconds reported apart).
+
+Reference, same call, same GPU 0 after the run: bench/bench_trainer.py on the same model shape and
+about the same micro-batches (a plain megatron forward+backward+step, nothing RL). The figure is the
+product's actor-step tokens/s, the ratio figure/reference; MFU (bench/flops.py) for both.
+
+    python3 bench/bench_grpo_iteration.py --out bench/results/grpo-iteration-h100x2.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from flops import peak_bf16, qwen3_forward_flops_per_token  # noqa: E402
+
+# the GPU tier's engine flags for the trimmed SGLang 0.5.14 bundle (tests/gpu/test_gpu_grpo.py);
+# the engine has GPU 1 to itself, so a larger KV pool
+ENGINE_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
+                "--sglang-disable-cuda-graph", "--sglang-grammar-backend", "none",
+                "--sglang-mem-fraction-static", "0.7"]
+
+
+def jsonl(p: Path) -> list[dict]:
+    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
+
+
+def med(xs: list[float]) -> float:
+    return round(statistics.median(xs), 4) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3-1.7B")
+    ap.add_argument("--num-rollout", type=int, default=5)
+    ap.add_argument("--save-interval", type=int, default=2)
+    ap.add_argument("--rollout-batch-size", type=int, default=32)
+    ap.add_argument("--n-samples", type=int, default=8)
+    ap.add_argument("--response-len", type=int, default=512)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/rlslurm-grpo-iter"))
+    ap.add_argument("--no-reference", action="store_true", help="skip bench_trainer.py")
+    ap.add_argument("--one-sample-micro-batches", action="store_true",
+                    help="--no-use-dynamic-batch-size (micro-batches of one sample: the default before the shipped "
+                         "configs turned dynamic batching on)")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--from-run", type=Path, default=None,
+                    help="report an earlier run's records (metrics.jsonl, rollout_metrics.jsonl in this dir)")
+    ap.add_argument("--reference-json", type=Path, default=None, help="a bench_trainer.py line of the same machine")
+    ap.add_argument("--gpu-name", default=None, help="with --from-run: the GPU it ran on")
+    ap.add_argument("--cpu-smoke", action="store_true", help="check the script: tiny-qwen3 on CPU, no reference")
+    a = ap.parse_args()
+    if a.cpu_smoke:
+        a.model, a.response_len, a.rollout_batch_size, a.n_samples, a.no_reference = "tiny-qwen3", 16, 4, 4, True
+
+    import torch
+
+    from rlslurm.demo_task import make_prompts
+    from rlslurm.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    mc = load_model_config(a.model)
+    batch = a.rollout_batch_size * a.n_samples
+    ckpt_s = wall = None
+    if a.from_run is not None:
+        run_dir, gpu = a.from_run, a.gpu_name or "?"
+    else:
+        assert a.cpu_smoke or torch.cuda.device_count() >= 2, "needs two GPUs: the trainer's and the engine's"
+        gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)
+        a.work.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        ckpt = a.work / f"hf-{a.model}"
+        if not (ckpt / "config.json").exists():
+            make_tiny_checkpoint(mc, ckpt, **({} if a.cpu_smoke else {"dtype": "bfloat16", "device": "cuda"}))
+        ckpt_s = time.perf_counter() - t
+        prompts = make_prompts(a.work / "prompts.jsonl", n=256)
+        run_dir = a.work / f"run-{int(time.time())}"
+        cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--model", a.model, "--hf-checkpoint", str(ckpt),
+               "--prompt-data", str(prompts), "--run-dir", str(run_dir), "--no-progress",
+               "--gpus-per-node", "1", "--trainer-procs-per-node", "1", "--num-rollout", str(a.num_rollout),
+               "--save-interval", str(a.save_interval), "--custom-rm-path", "rlslurm.demo_task:reward",
+               "--rollout-temperature", "1.0", "--rollout-max-response-len", str(a.response_len),
+               "--rollout-batch-size", str(a.rollout_batch_size), "--n-samples-per-prompt", str(a.n_samples),
+               "--global-batch-size", str(batch), "--num-steps-per-rollout", "1", "--num-epoch", "100",
+               *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []),
+               *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
+        log = a.work / "run.log"
+        t = time.perf_counter()
+        with open(log, "wb") as f:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+        wall = time.perf_counter() - t
+        if rc != 0:
+            sys.stderr.write(log.read_text(errors="replace")[-6000:])
+            raise SystemExit(f"rlslurm run failed (rc={rc}); log {log}")
+
+    train = jsonl(run_dir / "metrics.jsonl")
+    roll = {r["rollout_id"]: r for r in jsonl(run_dir / "rollout_metrics.jsonl") if r.get("kind") == "train"}
+    steady = [r for r in train if r["rollout_id"] >= 1]
+    saving = [r for r in steady if (r["rollout_id"] + 1) % a.save_interval == 0]
+    iters = [b["time"] - p["time"] for p, b in zip(train, train[1:]) if b["rollout_id"] >= 1]
+    tokens = med([r["tokens"] for r in steady])
+    seq = statistics.mean(r["response_length_mean"] for r in steady) + 3  # demo prompts: 3 tokens
+    fwd = qwen3_forward_flops_per_token(mc.arch, seq)
+    peak = peak_bf16(gpu)
+    step_s = med([r["time/actor_step"] for r in steady])
+    res = {
+        "bench": "grpo_iteration_rlslurm_run",
+        "figure": round(tokens / step_s, 1),
+        "figure_name": "actor step tokens/s inside `rlslurm run` (one GPU)",
+        "phases_s": {
+            "iteration": med(iters),
+            "generate": med([roll[r["rollout_id"]]["rollout/time/generate_s"] for r in steady if r["rollout_id"] in roll]),
+            "commit": med([roll[r["rollout_id"]]["rollout/time/commit_s"] for r in steady if r["rollout_id"] in roll]),
+            "trainer_wait_rollout": med([r["time/wait_rollout"] for r in steady]),
+            "old_logprob": med([r["time/old_logprob"] for r in steady]),
+            "actor_step": step_s,
+            "publish": med([r["time/publish"] for r in steady]),
+            "save": med([r["time/save"] for r in saving]),
+        },
+        "generate_tokens_per_s": med([roll[i]["rollout/tokens_per_s"] for i in roll if i >= 1]),
+        "samples": batch, "train_tokens": tokens,
+        "micro_batches": "one sample each" if a.one_sample_micro_batches else "dynamic, max_tokens_per_gpu of the config", "mean_seq": round(seq, 1),
+        "mfu_actor_step": round(3 * fwd * tokens / step_s / peak, 4) if peak else None,
+        "mfu_old_logprob": round(fwd * tokens / med([r["time/old_logprob"] for r in steady]) / peak, 4) if peak else None,
+        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": 2, "torch": None if a.from_run else torch.__version__,
+        "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1), "num_rollout": a.num_rollout,
+        "response_len_max": a.response_len,
+    }
+    if a.reference_json is not None:
+        ref = json.loads(a.reference_json.read_text())
+    elif not a.no_reference:  # plain megatron on the same shape and micro-batches, GPU 0, same call
+        ref_out = a.work / "trainer-ref.json"
+        mbs = max(d for d in range(1, batch + 1) if batch % d == 0 and d * round(seq) <= 9216)  # max_tokens_per_gpu
+        subprocess.run([sys.executable, str(ROOT / "bench/bench_trainer.py"), "--layers", str(mc.arch.num_layers),
+                        "--samples", str(batch), "--seq", str(int(round(seq))), "--prompt", "3", "--mbs", str(mbs),
+                        "--iters", "3", "--warmup", "1", "--out", str(ref_out)], check=True, cwd=ROOT,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES="0"))
+        ref = json.loads(ref_out.read_text())
+    if a.reference_json is not None or not a.no_reference:
+        where = "given" if a.reference_json is not None else "same call"
+        res.update({
+            "reference": ref["reference"], "reference_name": "plain megatron forward+backward+step tokens/s "
+                                                             f"(bench_trainer.py, same shape, GPU 0, {where})",
+            "reference_torch": ref.get("torch"), "reference_gpu": ref.get("gpu"),
+            "ratio": round(res["figure"] / ref["reference"], 4),
+            "bench_trainer_rl_vs_plain": ref["ratio"],
+            "mfu_plain": round(3 * fwd * ref["reference"] / peak, 4) if peak else None,
+        })
+    line = json.dumps(res)
+    print(line, flush=True)
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        with a.out.open("a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
