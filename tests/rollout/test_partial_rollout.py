@@ -32,7 +32,6 @@ from rlslurm.rollout.generate_api import (
     GenerateOutput,
     Generation,
 )
-from rlslurm.engines.sglang_client import SGLangClient
 from tests.buffer.damage import flip_data_middle
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, start_rollout_main, write_prompts
 

@@ -4,14 +4,14 @@ engines behind the real router, and
 
 1. after a sync both engines report the trainer's version and their greedy continuation of a
    fixed probe equals the trainer's own greedy output with the new weights;
-2. an engine killed with -9 between syncs is restarted by the supervisor, re-joins the next
-   sync (a new group) and serves the new version;
-3. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
+2. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
    retried on a rebuilt group, and falls back to disk: weights/v<N>/ is written, the version
    recorded, and the engine that answers loads it; the rollout node's `UpdateWatcher` keeps the
-   supervisor from restarting the hung engine inside the bracket;
-4. after the bracket the supervisor restarts the hung engine; the next sync goes to the engine
-   that is up, and the one after re-joins the restarted engine.
+   supervisor from restarting the hung engine inside the bracket.
+
+Restarts (kill -9 and the hung engine after the bracket) and their re-join of later syncs are
+proved with the product's own trainer and rollout node under SLURM in
+tests/e2e/test_weight_sync_faults_slurm.py; here the trainer is TP=2.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from rlslurm.engines.sglang_client import SGLangClient
-from tests.process_groups import pid_alive
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -96,15 +95,7 @@ def _record(engines, name_url: str):
     return next(r for r in engines.control.engines() if r.url == name_url)
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.3)
-
-
-def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
+def test_broadcast_sync_and_bounded_fallback(engines, tmp_path):
     sup, key, control = engines.supervisor, engines.api_key, engines.control
     urls = [sup.process(f"engine-{i}").url for i in range(2)]
     worker = Worker(engines, tmp_path / "worker")
@@ -126,21 +117,7 @@ def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
         assert not (control.dir / "weight_update.json").exists()
         assert engines.watcher.held >= 1  # the rollout side saw the update bracket
 
-        # 2. kill -9 between syncs: restarted, re-joins, serves the new version
-        victim = sup.process("engine-1")
-        old_pid = victim.pid
-        os.killpg(old_pid, signal.SIGKILL)
-        _wait(lambda: (rec := _record(engines, urls[1])).restarts == 1 and rec.healthy and rec.pid != old_pid,
-              240, "engine-1 restarted")
-        assert _probe(urls[1], key)[0] == "0"  # a fresh engine serves the HF weights
-        v += 1
-        r = worker.publish(v)
-        assert "error" not in r, r
-        assert r["history"][0]["mode"] == "distributed", r
-        after = [_probe(u, key) for u in urls]
-        assert after == [("2", r["greedy"])] * 2, (after, r["greedy"])
-
-        # 3. a peer that never answers: bounded failure, rebuilt group, disk fallback. Nothing but
+        # 2. a peer that never answers: bounded failure, rebuilt group, disk fallback. Nothing but
         # the rollout node's UpdateWatcher keeps the supervisor from restarting it mid-sync.
         timeout_s, attempts = TIMEOUT_S, ATTEMPTS
         hung = sup.process("engine-0")
@@ -168,24 +145,8 @@ def test_broadcast_sync_restart_rejoin_and_bounded_fallback(engines, tmp_path):
         assert not (control.dir / "weight_update.json").exists()
         assert _probe(urls[1], key) == (str(v), r["greedy"])
         assert engines.watcher.held > held
-
-        # 4. with the bracket over, the supervisor finds the hung engine and restarts it; a sync
-        # meanwhile goes to the engine that is up, and the one after re-joins the restarted one
-        _wait(lambda: (rec := _record(engines, urls[0])).restarts > restarts0 or not rec.healthy, 60,
-              "engine-0 found unresponsive")
-        v += 1
-        r = worker.publish(v)
-        assert "error" not in r, r
-        assert r["history"][0]["mode"] == "distributed", r
-        assert _probe(urls[1], key) == (str(v), r["greedy"])
-        assert control.weight_version().version == v
-        _wait(lambda: (rec := _record(engines, urls[0])).restarts == restarts0 + 1 and rec.healthy, 240,
-              "engine-0 restarted")
-        assert not pid_alive(hung_pid), "the SIGSTOPped engine survived its restart"
-        v += 1
-        r = worker.publish(v)
-        assert "error" not in r and r["history"][0]["mode"] == "distributed", r
-        assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2
+        # not restarted inside the bracket (after it, the supervisor restarts it; teardown ends that)
+        assert sup.process("engine-0").pid == hung_pid and _record(engines, urls[0]).restarts == restarts0
     except BaseException:
         print(worker.tail())
         raise
