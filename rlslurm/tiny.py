@@ -94,8 +94,10 @@ def hf_config_dict(mc: ModelConfig) -> dict:
     return cfg
 
 
-def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0) -> Path:
-    """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path."""
+def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0, dtype: str = "float32",
+                         device: str = "cpu") -> Path:
+    """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path.
+    `dtype`/`device`: a full-size shape (benches) is built on the GPU and written in bf16."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -105,7 +107,8 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0)
     model_type = cfg_dict.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg_dict)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # non-trivial norms so a norm mapped to the wrong tensor shows in logits
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -113,7 +116,7 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0)
         for name, b in model.named_buffers():  # DeepSeek's router correction bias is a buffer
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
-    model.save_pretrained(out, safe_serialization=True)
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
