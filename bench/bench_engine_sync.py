@@ -8,6 +8,9 @@ one real SGLang engine on GPU 1 started by rlslurm's `EngineSupervisor` behind t
 per bucket, NCCL broadcast, engine answers after its load), and `publish_s`, the whole bracket the
 trainer pays (update record, pause, send, version, continue).
 
+Each bucket size runs twice: flattened buckets (the product's default: one broadcast per bucket,
+`load_format: flattened_bucket`) and one broadcast per tensor (`flattened: false`).
+
 Reference, same run, interleaved with the figure: one NCCL broadcast of a flat buffer of the same
 total bytes from GPU 0 to a plain receiver process on GPU 1 (no HTTP, no copy).
 
@@ -148,7 +151,7 @@ def main() -> None:
     from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, _Roles
 
     cuda = a.device == "cuda"
-    default_poll = sync_group.POLL_MAX_S  # the product's; each setting also runs with a 1 ms cap
+    default_poll = sync_group.POLL_MAX_S  # the product's (a 1 ms cap measured the same: engine-sync-h100x2.md)
     # What the trainer sets (trainer/setup.py, docs/gpu.md): SGLang's engines run with cuMem off.
     os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     backend = "nccl" if cuda else "gloo"
@@ -183,17 +186,16 @@ def main() -> None:
             sup.start()
             startup_s = time.perf_counter() - t0
             for bucket_mib in a.bucket_mib:
-                for poll_max in (default_poll, 1e-3):
-                    sync_group.POLL_MAX_S = poll_max
-                    lines.append(one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
+                for flattened in (True, False):  # the product's default, then one broadcast per tensor
+                    lines.append(one_setting(a, size, bucket_mib, default_poll, named, total, control, key, host,
                                              backend, send_dev, recv_gpu, mpctx, sup, startup_s,
-                                             installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles))
+                                             installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles,
+                                             flattened))
                     print(json.dumps(lines[-1]), flush=True)
                     if a.out:  # line by line: a run cut short keeps what it measured
                         a.out.parent.mkdir(parents=True, exist_ok=True)
                         with open(a.out, "a") as fh:
                             fh.write(json.dumps(lines[-1]) + "\n")
-                sync_group.POLL_MAX_S = default_poll
         finally:
             sup.close()
             router.close()
@@ -203,20 +205,21 @@ def main() -> None:
 
 
 def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host, backend, send_dev, recv_gpu,
-                mpctx, sup, startup_s, sglang_version, DistributedPublisher, SyncOptions, _Roles) -> dict:
+                mpctx, sup, startup_s, sglang_version, DistributedPublisher, SyncOptions, _Roles,
+                flattened: bool = True) -> dict:
     from rlslurm.net import free_port
     from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
 
     cuda = send_dev.type == "cuda"
     opts = SyncOptions(bucket_bytes=bucket_mib * 1024**2, backend=backend, timeout_s=300.0,
-                       group_prefix=f"bench-{size}-{bucket_mib}")
+                       group_prefix=f"bench-{size}-{bucket_mib}-{int(flattened)}", flattened=flattened)
     roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=send_dev)
     # one attempt number per setting: a publisher records its group's rendezvous once per attempt
     pub = DistributedPublisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles,
                                attempt=len(list(control.dir.glob("rendezvous-*.json"))),
                                export=lambda mc, model, dt: iter(named))
     # the reference's pair: a plain receiver on the engine's GPU, its own group
-    rport, rname = free_port(host), f"bench-raw-{size}-{bucket_mib}"
+    rport, rname = free_port(host), f"bench-raw-{size}-{bucket_mib}-{int(flattened)}"
     parent, child = mpctx.Pipe()
     recv_device = f"cuda:{recv_gpu}" if cuda else "cpu"
     proc = mpctx.Process(target=raw_receiver, args=(rport, rname, recv_device, backend, child))
@@ -281,7 +284,7 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         "raw_s_all": [round(x, 4) for x in raws],
         "greedy_A_vs_A_again_max_logprob_diff": a_again, "greedy_A_vs_B_max_logprob_diff": a_b,
         "model": f"qwen3-{size}-shaped", "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
-        "bucket_mib": bucket_mib, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
+        "bucket_mib": bucket_mib, "flattened_bucket": flattened, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
         "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpu": recv_gpu, "sglang": sglang_version,
         "engine_startup_s": round(startup_s, 1), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -361,6 +361,10 @@ class TrainSection(Section):
     # the trainer -> engines broadcast group; auto: nccl on CUDA, gloo on CPU and with --shared-gpu
     weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
+    # one broadcast per bucket, received as SGLang's flattened bucket (docs/sglang-behaviour.md): as
+    # fast as one per tensor for dense models on 2xH200 (bench/results/engine-sync-h200x2-flattened.md) and a bucket's
+    # extra copy on the trainer's GPU, so off by default
+    update_weight_flattened_bucket: bool = False
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     distributed_timeout_minutes: float = Field(60.0, gt=0)   # every trainer process group (trainer/collectives.py)
     # the attempt's watchdog (rlslurm/watchdog.py): None = distributed timeout + 10 min, 0 = off

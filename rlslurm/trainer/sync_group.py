@@ -202,19 +202,28 @@ def _wait_all(works: list, deadline: float) -> None:
 
 
 def iter_buckets(stream: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-                 device: torch.device) -> Iterator[list[tuple[str, torch.Tensor]]]:
+                 device: torch.device, *, one_dtype: bool = False) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """Group `(name, tensor)` into lists of about `bucket_bytes` (a larger tensor goes alone),
     each tensor contiguous on `device`. Buckets bound the memory held and the size of one HTTP
-    request's name list; one gathered tensor is pulled from the export at a time."""
+    request's name list; one gathered tensor is pulled from the export at a time. `one_dtype`: a
+    dtype change starts a new bucket (a flattened bucket's tensors must start at offsets aligned
+    to their element size: SGLang 0.5.23 refuses others)."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in stream:
         t = t.detach().to(device).contiguous()
         nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
+        if bucket and (size + nbytes > bucket_bytes or (one_dtype and t.dtype != bucket[0][1].dtype)):
             yield bucket
             bucket, size = [], 0
         bucket.append((name, t))
         size += nbytes
     if bucket:
         yield bucket
+
+
+def flatten_bucket(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The bytes of each tensor, in order, as one uint8 tensor: what an engine told
+    `load_format: flattened_bucket` allocates, receives in one broadcast and views back into the
+    named tensors by their dtypes and shapes (docs/sglang-behaviour.md)."""
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])

@@ -61,7 +61,7 @@ from rlslurm.engines.fanout import (
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
 from rlslurm.trainer.collectives import collective_device
-from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, iter_buckets
+from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
 
@@ -80,6 +80,7 @@ class SyncOptions:
     dtype: torch.dtype | None = None        # cast while exporting (None: the parameters' dtype)
     pause_mode: Literal["abort", "retract", "in_place"] = "abort"
     group_prefix: str = "rlslurm-wsync"
+    flattened: bool = False                 # train.update_weight_flattened_bucket: one broadcast per bucket
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 1:
@@ -98,7 +99,8 @@ class SyncOptions:
         backend = t.weight_sync_backend
         if backend == "auto":
             backend = "gloo" if cfg.run.shared_gpu else None
-        return cls(bucket_bytes=t.update_weight_buffer_size, timeout_s=t.weight_sync_timeout_s, backend=backend, **kw)
+        return cls(bucket_bytes=t.update_weight_buffer_size, timeout_s=t.weight_sync_timeout_s, backend=backend,
+                   flattened=t.update_weight_flattened_bucket, **kw)
 
 
 # --- one stage's leader -------------------------------------------------------------------
@@ -218,7 +220,7 @@ class StageSender:
         stats, t0 = SendStats(), time.perf_counter()
         it = iter(stream)
         try:
-            for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device):
+            for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=self.opts.flattened):
                 self._send_bucket(bucket, stats)
         except BaseException:
             for _ in it:
@@ -231,12 +233,16 @@ class StageSender:
     def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats) -> None:
         assert self.group is not None and self.engines is not None
         to = self.opts.timeout_s
+        # flattened: one broadcast of the bucket's bytes instead of one per tensor (SGLang's
+        # flattened_bucket receive; docs/sglang-behaviour.md)
+        tensors = [flatten_bucket([t for _, t in bucket])] if self.opts.flattened else [t for _, t in bucket]
+        extra = {"load_format": "flattened_bucket"} if self.opts.flattened else {}
         futs = self.engines.submit(
             "update_weights_from_distributed", names=[n for n, _ in bucket],
             dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
-            group_name=self.group.spec.group_name, flush_cache=True, timeout=to)
+            group_name=self.group.spec.group_name, flush_cache=True, timeout=to, **extra)
         try:
-            self.group.broadcast([t for _, t in bucket])
+            self.group.broadcast(tensors)
         except SyncGroupError:
             for f in futs:
                 f.cancel()

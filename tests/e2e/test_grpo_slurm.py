@@ -64,6 +64,19 @@ def test_grpo_learns_and_engines_on_two_rollout_nodes_follow_every_sync(slurm_cl
     assert {"rollout-0", "rollout-1"} <= set(reports), sorted(reports)
     nodes = {reports[r]["node"] for r in ("rollout-0", "rollout-1")}
     assert len(nodes) == 2, nodes
+    # the trainer group on a node of its own, seeing its own het-group node list; its two ranks one
+    # torch.distributed world, at the trainer head's address the rollout side knows; GPUs from the
+    # (fake) gres of each group
+    t0, t1, r0 = reports["trainer-0"], reports["trainer-1"], reports["rollout-0"]
+    g0 = t0["nodelist_het"]["0"]
+    assert t0["node"] == t1["node"] == g0 and g0 not in nodes, reports
+    assert t0["world_size"] == 2 and t0["master_addr"] == r0["trainer_addr"] == "127.0.0.1"
+    assert t0["cuda_visible_devices"] == "0,1" and r0["cuda_visible_devices"] == "0,1"
+    st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
+    assert st["job_id"] == str(job) and st["finished"] is True and st["slurm"]["state"] == "COMPLETED", st
+    assert len(st["slurm"]["components"]) == 2 and len(st["attempts"]) == 1
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((run_dir / "control/api_key").stat().st_mode & 0o777) == "0o600"
     # node 0 merged both nodes' records into engines.json: one engine per node, healthy, never restarted
     engines = json.loads((run_dir / "control" / "engines.json").read_text())["engines"]
     assert sorted(e["node"] for e in engines) == sorted(nodes), engines

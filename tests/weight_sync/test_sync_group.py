@@ -19,7 +19,7 @@ import torch
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import free_port
-from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError
+from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -35,6 +35,33 @@ def test_group_spec_rejects(kw, msg):
                 timeout_s=5.0)
     with pytest.raises(ConfigError, match=msg):
         GroupSpec(**{**base, **kw})
+
+
+@pytest.mark.sglang
+def test_a_flattened_bucket_is_what_the_engine_views_back():
+    """The installed SGLang's own receive bucket (FlattenedTensorBucket.empty, what an engine told
+    load_format=flattened_bucket allocates), filled with our bytes, gives back every tensor exactly:
+    one dtype per bucket, as iter_buckets(one_dtype=True) makes them."""
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    g = torch.Generator().manual_seed(0)
+    stream = [("a", torch.randn(3, 5, generator=g).to(torch.bfloat16)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+              ("c", torch.randn(2, 3, generator=g)), ("d", torch.tensor(1.5)), ("e", torch.randn(4, 1, generator=g).half())]
+    buckets = list(iter_buckets(stream, 1 << 20, torch.device("cpu"), one_dtype=True))
+    assert [[n for n, _ in b] for b in buckets] == [["a", "b"], ["c", "d"], ["e"]]
+    for bucket in buckets:
+        names = [n for n, _ in bucket]
+        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+        shapes = [list(t.shape) for _, t in bucket]
+        recv = FlattenedTensorBucket.empty(names, dtypes, shapes, "cpu")
+        flat = flatten_bucket([t for _, t in bucket])
+        assert flat.dtype == torch.uint8 and flat.shape == recv.get_flattened_tensor().shape
+        recv.get_flattened_tensor().copy_(flat)
+        got = dict(recv.reconstruct_tensors())
+        for n, t in bucket:
+            assert got[n].dtype == t.dtype and torch.equal(got[n], t), n
+    # without one_dtype a size-bound bucket mixes them
+    assert [[n for n, _ in b] for b in iter_buckets(stream, 1 << 20, torch.device("cpu"))] == [list("abcde")]
 
 
 def test_join_without_engines_times_out_within_bound():
