@@ -10,7 +10,8 @@ restart count and re-joins here) or a sync failed.
 One publish, every trainer rank calling `publish(model, version)`:
 
     stage-0 leader   control/weight_update.json (Control.mark_weight_update: "updating" until ...)
-    each leader      (re)builds its stage's group if the engine set changed (engines block in the join)
+    each leader      in stage order, (re)builds its stage's group if the engine set changed
+                     (engines block in the join, one group at a time)
     stage-0 leader   POST /pause_generation, /begin_weight_update to every engine
     stage s, in turn the DP=0 ranks export (gathered over TP/EP, HF names, `mcore_to_hf`);
                      the leader packs buckets of `bucket_bytes` and for each bucket sends
@@ -362,9 +363,17 @@ class DistributedPublisher:
             ok = self._step("marking the update", lambda: self.control.mark_weight_update(
                 version, o.timeout_s * (r.stages + 5)), errors)
         ok = self._agree(ok)
-        if ok and r.leader:
-            assert s is not None
-            ok = self._step("joining engines", s.ensure_group, errors)
+        # One stage's group at a time. An engine serves one /init_weights_update_group at a time and
+        # blocks in it until every member has joined; stages joining at once could reach two engines
+        # in opposite orders, each then waiting for the other inside a different group (seen in the
+        # PP=2 test: both joins timed out).
+        for stage in range(r.stages):
+            if ok and r.leader and r.stage == stage:
+                assert s is not None
+                what = "joining engines" if r.stages == 1 else f"joining engines (stage {stage})"
+                ok = self._step(what, s.ensure_group, errors)
+            if r.stages > 1:
+                ok = self._agree(ok)
         if ok and r.coordinator:
             assert s is not None
 
