@@ -371,6 +371,7 @@ class TrainSection(Section):
     hang_timeout_minutes: float | None = Field(None, ge=0)
     verify_weight_sync: bool = False   # after each sync compare trainer vs engine greedy output (control/weight_probe.jsonl)
     load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
+    debug_rollout_only: bool = False   # generate and keep every rollout, train nothing (trainer/rollout_only.py)
     # ... on this fraction of each replayed rollout's groups (rlslurm/trainer/replay_subsample.py)
     load_debug_rollout_data_subsample: float | None = Field(None, gt=0, le=1)
 

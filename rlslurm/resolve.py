@@ -297,6 +297,11 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():
         _need(res, strict, f"--setup-script {cfg.slurm.setup_script} is not a file")
     replay = cfg.train.load_debug_rollout_data
+    if cfg.train.debug_rollout_only and replay is not None:
+        raise ConfigError("--debug-rollout-only (generate, train nothing) and --load-debug-rollout-data (train "
+                          "from a buffer, generate nothing) exclude each other")
+    if cfg.train.debug_rollout_only and cfg.train.verify_weight_sync:
+        raise ConfigError("--verify-weight-sync: --debug-rollout-only publishes no weights to verify")
     if replay is not None and not replay.is_dir():
         _need(res, strict, f"--load-debug-rollout-data {replay} is not a directory")
     elif replay is not None:

@@ -308,8 +308,8 @@ class RolloutDriver:
         """Block until every reachable engine serves a version allowed for `rollout_id`
         (disk mode: load newer published weights first). Returns the oldest engine version."""
         r = self.cfg.rollout
-        need = required_version(rollout_id, async_buffer_size=r.async_buffer_size,
-                                update_weights_interval=r.update_weights_interval)
+        need = 0 if self.cfg.train.debug_rollout_only else required_version(  # no trainer publishes
+            rollout_id, async_buffer_size=r.async_buffer_size, update_weights_interval=r.update_weights_interval)
         logged = False
         while True:
             versions = await self.engine_versions()

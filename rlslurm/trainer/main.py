@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0 and not rd.is_finished():
             rd.mark_finished({"trained_rollouts": 0, "at": time.time()})
         status = 0
+    elif cfg.train.debug_rollout_only:
+        from rlslurm.trainer.rollout_only import watch
+
+        status = watch(cfg, rd, rank, term_received)
     else:
         status = Trainer(cfg, rd, rank, world).run()
     dist.barrier()

@@ -213,6 +213,29 @@ def test_restarted_driver_resumes_from_the_committed_cursor(private_deployment, 
 
 @pytest.mark.sglang
 @pytest.mark.slow
+def test_debug_rollout_only_generates_every_rollout_with_the_initial_weights(private_deployment, tmp_path):
+    """--debug-rollout-only: no trainer publishes, so synchronous rollouts 1, 2 (which would wait for
+    versions 1, 2) are generated right after rollout 0, all at version 0."""
+    dep = private_deployment
+
+    async def version_0():
+        for url in dep.supervisor.urls:
+            async with SGLangClient(url, dep.api_key) as c:
+                await c.update_weight_version("0")
+
+    asyncio.run(version_0())
+    run = tmp_path / "run"
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 12), num_rollout=3, rollout_batch_size=2,
+                   n_samples_per_prompt=2, rollout_max_response_len=8)
+    cfg.train.debug_rollout_only = True
+    result = asyncio.run(asyncio.wait_for(make_driver(dep, cfg, run).run(), 120))
+    assert result.reason == "done" and result.committed == [0, 1, 2]
+    reader = RolloutReader(run)
+    assert all(s.weight_version == 0 for i in range(3) for s in reader.read(i).samples)
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
 def test_disk_mode_waits_for_the_trainer_and_loads_its_weights(private_deployment, tmp_path):
     """Sync mode: rollout 1 waits for version 1; when the trainer publishes weights/v1 the
     driver loads them into both engines and the samples record version 1."""
