@@ -8,8 +8,8 @@ one real SGLang engine on GPU 1 started by rlslurm's `EngineSupervisor` behind t
 per bucket, NCCL broadcast, engine answers after its load), and `publish_s`, the whole bracket the
 trainer pays (update record, pause, send, version, continue).
 
-Each bucket size runs twice: flattened buckets (the product's default: one broadcast per bucket,
-`load_format: flattened_bucket`) and one broadcast per tensor (`flattened: false`).
+Each bucket size runs twice: flattened buckets (`--update-weight-flattened-bucket`: one broadcast
+per bucket, `load_format: flattened_bucket`) and one broadcast per tensor (the product's default).
 
 Reference, same run, interleaved with the figure: one NCCL broadcast of a flat buffer of the same
 total bytes from GPU 0 to a plain receiver process on GPU 1 (no HTTP, no copy).
@@ -186,7 +186,7 @@ def main() -> None:
             sup.start()
             startup_s = time.perf_counter() - t0
             for bucket_mib in a.bucket_mib:
-                for flattened in (True, False):  # the product's default, then one broadcast per tensor
+                for flattened in (True, False):  # flattened buckets, then the default: one broadcast per tensor
                     lines.append(one_setting(a, size, bucket_mib, default_poll, named, total, control, key, host,
                                              backend, send_dev, recv_gpu, mpctx, sup, startup_s,
                                              installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles,

@@ -125,6 +125,7 @@ def main() -> None:
     fwd = qwen3_forward_flops_per_token(mc.arch, seq)
     peak = peak_bf16(gpu)
     step_s = med([r["time/actor_step"] for r in steady])
+    recompute_s = med([r["time/old_logprob"] for r in steady])
     res = {
         "bench": "grpo_iteration_rlslurm_run",
         "figure": round(tokens / step_s, 1),
@@ -134,7 +135,7 @@ def main() -> None:
             "generate": med([roll[r["rollout_id"]]["rollout/time/generate_s"] for r in steady if r["rollout_id"] in roll]),
             "commit": med([roll[r["rollout_id"]]["rollout/time/commit_s"] for r in steady if r["rollout_id"] in roll]),
             "trainer_wait_rollout": med([r["time/wait_rollout"] for r in steady]),
-            "old_logprob": med([r["time/old_logprob"] for r in steady]),
+            "old_logprob": recompute_s,
             "actor_step": step_s,
             "publish": med([r["time/publish"] for r in steady]),
             "save": med([r["time/save"] for r in saving]),
@@ -143,7 +144,7 @@ def main() -> None:
         "samples": batch, "train_tokens": tokens,
         "micro_batches": "one sample each" if a.one_sample_micro_batches else "dynamic, max_tokens_per_gpu of the config", "mean_seq": round(seq, 1),
         "mfu_actor_step": round(3 * fwd * tokens / step_s / peak, 4) if peak else None,
-        "mfu_old_logprob": round(fwd * tokens / med([r["time/old_logprob"] for r in steady]) / peak, 4) if peak else None,
+        "mfu_old_logprob": round(fwd * tokens / recompute_s / peak, 4) if peak else None,
         "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": 2, "torch": None if a.from_run else torch.__version__,
         "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1), "num_rollout": a.num_rollout,
         "response_len_max": a.response_len,

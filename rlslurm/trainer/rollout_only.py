@@ -27,11 +27,9 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.store import BufferStore
 from rlslurm.config import RunConfig
+from rlslurm.trainer.main import HEARTBEAT_S, POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")
-
-POLL_S = 1.0
-HEARTBEAT_S = 10.0
 
 
 def _verdict(cfg: RunConfig, rd: RunDir, control: Control, term_received: Callable[[], bool]) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.rollout.helpers import set_version
 from tests.sglang_deploy import Deployment, deploy
 
 __all__ = ["Deployment"]
@@ -58,8 +59,6 @@ def _private_stack():
 
 def _reset(dep: Deployment, timeout: float = 300.0) -> None:
     """What each module starts from: no admission rule, version 0, both engines healthy and routed."""
-    from rlslurm.engines.sglang_client import SGLangClient
-
     sup = dep.supervisor
     sup.admit = None
     deadline = time.monotonic() + timeout
@@ -70,13 +69,7 @@ def _reset(dep: Deployment, timeout: float = 300.0) -> None:
             break
         assert time.monotonic() < deadline, f"engines not healthy and routed after {timeout:g} s: {infos}"
         time.sleep(0.5)
-
-    async def version_0() -> None:
-        for url in sup.urls:
-            async with SGLangClient(url, dep.api_key) as c:
-                await c.update_weight_version("0")
-
-    asyncio.run(version_0())
+    asyncio.run(set_version(dep, 0))
 
 
 @pytest.fixture(scope="module")

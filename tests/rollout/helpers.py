@@ -1,6 +1,6 @@
 """Shared by the rollout tests (tests/rollout/test_driver.py, test_driver_main.py,
-test_partial_rollout.py): prompt files, a driver on a deployment, its metrics, and the rollout
-process started as the batch script starts it."""
+test_partial_rollout.py, conftest.py): prompt files, a driver on a deployment, its metrics, the
+engines' weight-version label, and the rollout process started as the batch script starts it."""
 
 from __future__ import annotations
 
@@ -23,6 +23,15 @@ def _env() -> dict[str, str]:
     env["RLSLURM_ROLLOUT_HOST"] = "127.0.0.1"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+async def set_version(dep, version: int) -> None:
+    """Label every engine of deployment `dep` with weight version `version` (the weights stay)."""
+    from rlslurm.engines.sglang_client import SGLangClient
+
+    for url in dep.supervisor.urls:
+        async with SGLangClient(url, dep.api_key) as c:
+            await c.update_weight_version(str(version))
 
 
 def write_prompts(path: Path, n: int, *, offset: int = 0) -> Path:

@@ -30,7 +30,7 @@ from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sa
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from tests.process_groups import pid_alive
-from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, write_prompts
+from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, set_version, write_prompts
 
 
 # --- no servers ------------------------------------------------------------------------------
@@ -217,13 +217,7 @@ def test_debug_rollout_only_generates_every_rollout_with_the_initial_weights(pri
     """--debug-rollout-only: no trainer publishes, so synchronous rollouts 1, 2 (which would wait for
     versions 1, 2) are generated right after rollout 0, all at version 0."""
     dep = private_deployment
-
-    async def version_0():
-        for url in dep.supervisor.urls:
-            async with SGLangClient(url, dep.api_key) as c:
-                await c.update_weight_version("0")
-
-    asyncio.run(version_0())
+    asyncio.run(set_version(dep, 0))
     run = tmp_path / "run"
     cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 12), num_rollout=3, rollout_batch_size=2,
                    n_samples_per_prompt=2, rollout_max_response_len=8)

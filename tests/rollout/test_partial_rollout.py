@@ -21,7 +21,6 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
-from rlslurm.engines.sglang_client import SGLangClient
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import PartialSample
 from rlslurm.rollout.generate_api import (
@@ -33,7 +32,7 @@ from rlslurm.rollout.generate_api import (
     Generation,
 )
 from tests.buffer.damage import flip_data_middle
-from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, start_rollout_main, write_prompts
+from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, set_version, start_rollout_main, write_prompts
 
 # --- no servers ------------------------------------------------------------------------------
 
@@ -103,12 +102,6 @@ def test_handback_applies_only_on_top_of_the_commit_it_was_saved_after(tmp_path)
 
 
 # --- real servers ----------------------------------------------------------------------------
-
-
-async def set_version(dep, version: int) -> None:
-    for url in dep.supervisor.urls:
-        async with SGLangClient(url, dep.api_key) as c:
-            await c.update_weight_version(str(version))
 
 
 def pending_of(cursor: dict) -> dict[int, list[dict] | None]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.config import RolloutSection, RunConfig, TrainSection
 from rlslurm.errors import ConfigError
+from rlslurm.net import free_port
 from rlslurm.resolve import resolve
 from tests.buffer.helpers import make_meta, make_samples
 
@@ -66,17 +66,11 @@ def _worker(rank: int, port: int, run: str, q) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_watcher_acks_at_once_and_finishes_when_every_rollout_is_committed(tmp_path: Path) -> None:
     rd = RunDir.create(tmp_path / "run")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, str(rd.path), q)) for r in range(2)]
     for p in procs:
         p.start()
