@@ -259,7 +259,7 @@ def status(
     head.add_row("job", f"{st.job_id or '-'}  {st.slurm.get('state')}  (from {st.slurm.get('source') or 'nowhere'})")
     for c in st.slurm.get("components", []):
         head.add_row(f"  het group {c.get('offset')}", f"{c.get('id')} {c.get('state')} on {c.get('nodes')}")
-    head.add_row("finished", "yes" if st.finished else "no")
+    head.add_row("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else ""))
     head.add_row("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}")
     head.add_row("weight version", str(st.weight_version))
     if st.reward_trend:

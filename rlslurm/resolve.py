@@ -276,6 +276,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
             # the file without slime's @[START:END] slice (rlslurm/prompt_slice.py)
             if parse_prompt_spec(d.prompt_data).path.exists() or strict:
                 validate_prompt_file(d.prompt_data, d.input_key, d.label_key)
+                _check_prompt_supply(cfg)
             else:
                 res.warnings.append(f"--prompt-data {d.prompt_data} does not exist (here)")
     if d.eval_config is not None and not d.eval_config.is_file() and not strict:
@@ -317,6 +318,28 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
                 _need(res, strict, f"{flag_name(name)} {spec}: {f} is not a file")
     if not missing_plugin:
         preflight.check_plugins(cfg, res.warnings)
+
+
+def _check_prompt_supply(cfg: RunConfig) -> None:
+    """Refuse a run whose prompts run out before --num-rollout: every rollout takes at least
+    --rollout-batch-size prompts (filters and over-sampling take more), and a driver that runs out
+    ends the run early (control/data_exhausted.json). A replay generates nothing."""
+    from rlslurm.rollout.data import count_records
+
+    d, r = cfg.data, cfg.rollout
+    if cfg.train.load_debug_rollout_data is not None:
+        return
+    n = count_records(d.prompt_data)
+    if n is None:
+        return
+    need = r.num_rollout * r.rollout_batch_size
+    if n * d.num_epoch >= need:
+        return
+    fewer = n * d.num_epoch // r.rollout_batch_size
+    raise ConfigError(
+        f"--prompt-data {d.prompt_data} has {n} prompts x --num-epoch {d.num_epoch}, but --num-rollout "
+        f"{r.num_rollout} x --rollout-batch-size {r.rollout_batch_size} needs at least {need}: pass --num-epoch "
+        f"{-(-need // n)}" + (f" or --num-rollout {fewer}" if fewer else ""))
 
 
 def _check_memory(res: Resolved) -> None:

@@ -15,6 +15,8 @@ reader sees the old or the new version, never a mix. Records:
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
     stop.json                    anyone (CLI)     StopRequest (stays until `rlslurm resubmit`/`run` clears it)
     stop_ack.json                trainer rank 0   PreemptAck (checkpoint saved; the engines may go)
+    data_exhausted.json          rollout driver   DataExhausted (the prompts ran out before --num-rollout: the
+                                                  trainer ends the run after the rollouts before it)
 """
 
 from __future__ import annotations
@@ -101,6 +103,14 @@ class PreemptAck(_Record):
     checkpoint_iteration: int
     acked_at: float = Field(default_factory=time.time)
     pid: int = Field(default_factory=os.getpid)
+
+
+class DataExhausted(_Record):
+    """The driver could not fill rollout `rollout_id`: no new rollout comes in this attempt."""
+    rollout_id: int
+    attempt: int  # a record of an earlier attempt is stale: the user may have given more data since
+    message: str
+    at: float = Field(default_factory=time.time)
 
 
 class StopRequest(_Record):
@@ -257,6 +267,14 @@ class Control:
 
     def stop_ack(self) -> PreemptAck | None:
         return self._read(self.stop_ack_file, PreemptAck)
+
+    def mark_data_exhausted(self, rollout_id: int, attempt: int, message: str) -> None:
+        self._write("data_exhausted.json", DataExhausted(rollout_id=rollout_id, attempt=attempt, message=message))
+
+    def data_exhausted(self, attempt: int) -> DataExhausted | None:
+        """This attempt's exhaustion record, or None (an earlier attempt's record is ignored)."""
+        rec = self._read(self.dir / "data_exhausted.json", DataExhausted)
+        return rec if rec is not None and rec.attempt == attempt else None
 
     def clear_stop(self) -> bool:
         """Forget a stop request and its ack (the user continues the run). True if there was one."""

@@ -715,6 +715,28 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
     return checked
 
 
+# Submit counts the records of a JSON Lines file up to this size (a newline scan, ~1 s per GiB);
+# a larger file is left to the driver, which records a shortfall when it happens.
+COUNT_MAX_BYTES = 2 << 30
+
+
+def count_records(path: str | os.PathLike[str], flag: str = "--prompt-data") -> int | None:
+    """How many records the prompt spec serves per epoch (its @[START:END] slice applied), or None
+    when the file is too large to count at submit."""
+    spec = parse_prompt_spec(path, flag)
+    fmt = _file_format(spec.path)
+    if fmt == "jsonl":
+        if spec.path.stat().st_size > COUNT_MAX_BYTES:
+            return None
+        n = len(_JsonlRecords._build_index(spec.path)[0])
+    else:
+        import pyarrow.parquet as pq
+
+        n = pq.ParquetFile(spec.path).metadata.num_rows
+    lo, hi = spec.bounds(n)
+    return hi - lo
+
+
 def _validate_slice(spec: PromptSpec, fmt: str, input_key: str, label_key: str | None, n_lines: int,
                     flag: str) -> int:
     """The sliced form of validate_prompt_file: the slice's bounds need the file's record count,

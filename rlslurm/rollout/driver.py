@@ -208,6 +208,7 @@ class RolloutDriver:
         self.metrics_path = self.rd.path / METRICS_FILE
         self._sinks: MetricSinks | None = None  # opened at the first record (W&B starts a process)
         self.ctx: RouterContext | None = None
+        self.exhausted_message = ""
 
     # ------------------------------------------------------------------ main loop
 
@@ -240,6 +241,8 @@ class RolloutDriver:
                     result.reason = "stopped"
                     return result
                 if outcome == "exhausted":
+                    # the trainer ends the run after the rollouts before this one (trainer/main.py)
+                    self.control.mark_data_exhausted(rollout_id, job_env().attempt, self.exhausted_message)
                     result.reason = "exhausted"
                     return result
                 if outcome == "ok":
@@ -390,8 +393,11 @@ class RolloutDriver:
         collected = await collector.collect()
         gen_s = time.perf_counter() - t0
         if collected.exhausted or len(collected.groups) < r.rollout_batch_size:
-            log.warning("prompt data exhausted before rollout %d was full (%d of %d groups): stopping", rollout_id,
-                        len(collected.groups), r.rollout_batch_size)
+            self.exhausted_message = (
+                f"the prompt data ran out in rollout {rollout_id} of --num-rollout {r.num_rollout} "
+                f"({len(collected.groups)} of --rollout-batch-size {r.rollout_batch_size} groups; "
+                f"--num-epoch {self.cfg.data.num_epoch})")
+            log.warning("%s: no further rollout", self.exhausted_message)
             return False
         samples = number_samples(collected.groups, collected.prompts)
         if r.rollout_sample_filter_path:

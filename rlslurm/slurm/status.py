@@ -85,6 +85,7 @@ class RunStatus:
     attempts: list[dict[str, Any]]
     current_attempt: dict[str, Any] | None
     finished: bool
+    ended_early: str | None = None  # why a FINISHED run stopped before --num-rollout (the prompts ran out)
     rollouts_committed: int = 0
     last_trained_rollout: int | None = None
     weight_version: int | None = None
@@ -121,6 +122,7 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         attempts=attempts,
         current_attempt=current,
         finished=rd.is_finished(),
+        ended_early=(rd.finished_info() or {}).get("ended_early") if rd.is_finished() else None,
         rollouts_committed=committed,
         last_trained_rollout=last_trained,
         weight_version=wv.version if wv else None,

@@ -14,6 +14,7 @@ class Next(Enum):
     WAIT = "wait"        # not yet: poll again
     PREEMPT = "preempt"  # USR1/TERM or a preempt request: checkpoint, acknowledge, exit for requeue
     STOP = "stop"        # a user stop: checkpoint, acknowledge, exit
+    END = "end"          # the prompt data ran out before this rollout (control/data_exhausted.json): finish
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ An engine restarted mid-run is kept out of the router until it has the published
 waiting for a rollout the trainer publishes the same version again to bring it back.
 A preempt request (control/preempt.json from the batch shell, or SIGTERM to this process)
 checkpoints, acknowledges and exits 0; a stop request exits 0; once `num_rollout` rollouts are
-trained the run is marked FINISHED.
+trained, or the driver recorded that the prompt data ran out before the next one, the run is
+marked FINISHED.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class Trainer:
         self.control = Control(rd)
         self.replay = cfg.train.load_debug_rollout_data is not None
         self.last_saved: int | None = None
+        self.attempt = job_env().attempt
+        self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
         self._last_heartbeat = -HEARTBEAT_S
         # disk sync or a replay: no engine to wait for or to publish to again
         needs_engines = cfg.train.weight_sync == "distributed" and not self.replay
@@ -158,6 +161,8 @@ class Trainer:
                     return self._preempt(progress)
                 if cmd is Next.STOP:
                     return self._stop(progress)
+                if cmd is Next.END:
+                    break
                 rollout = self.reader.read(progress.next_rollout_id)
                 if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
                     rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
@@ -182,8 +187,11 @@ class Trainer:
                 self._save(progress)
                 self._save_hf(progress)
             if self.rank == 0:
+                ended = {} if self.ended_early is None else {"ended_early": self.ended_early}
                 rd.mark_finished({"trained_rollouts": progress.trained_rollouts,
-                                  "weight_version": progress.weight_version, "at": time.time()})
+                                  "weight_version": progress.weight_version, "at": time.time(), **ended})
+                if self.ended_early is not None:
+                    log.warning("run FINISHED after %d rollouts: %s", progress.trained_rollouts, self.ended_early)
             return 0
         finally:
             self.metrics.close()
@@ -370,7 +378,11 @@ class Trainer:
             self.reader.wait_for(rollout_id, timeout=POLL_S)
             return Next.READY
         except BufferTimeout:
-            return Next.WAIT
+            pass
+        if (rec := self.control.data_exhausted(self.attempt)) is not None and rec.rollout_id <= rollout_id:
+            self.ended_early = rec.message
+            return Next.END
+        return Next.WAIT
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,14 @@ def test_status_shows_resubmits_apart_from_attempts(tmp_path: Path) -> None:
     assert [a["attempt"] for a in st.attempts] == [0, 1]
     assert st.current_attempt == {"attempt": 2, "job_id": "8", "start": 3}
     assert [(r["next_attempt"], r["reset_failures"]) for r in st.resubmits] == [(2, True)]
+
+
+def test_status_says_why_a_finished_run_ended_early(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path / "run")
+    assert run_status(rd.path, query_slurm=False).ended_early is None
+    rd.mark_finished({"trained_rollouts": 3, "ended_early": "the prompt data ran out in rollout 3 of --num-rollout 4"})
+    assert run_status(rd.path, query_slurm=False).ended_early.startswith("the prompt data ran out in rollout 3")
+    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", "status", str(rd.path)], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 0, p.stderr
+    assert "yes, early: the prompt data ran out in rollout 3" in " ".join(p.stdout.split())

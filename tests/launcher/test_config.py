@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,12 +9,13 @@ import pytest
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.resolve import resolve
+from tests.prompt_files import prompt_lines
 
 
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
     p = tmp_path / "train.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"say {c}", "label": c}) + "\n" for c in "abcd"))
+    p.write_text(prompt_lines(*({"prompt": f"say {c}", "label": c} for c in "abcd")))
     return p
 
 
@@ -120,7 +120,8 @@ def test_parquet_prompts_are_checked(tmp_path: Path) -> None:
     pq.write_table(pa.table({"question": ["1+1"], "label": ["2"]}), p)
     with pytest.raises(DataError, match="prompt"):
         resolve(["--model", "tiny-qwen3", "--prompt-data", str(p)])
-    assert resolve(["--model", "tiny-qwen3", "--prompt-data", str(p), "--input-key", "question"]).cfg
+    assert resolve(["--model", "tiny-qwen3", "--prompt-data", str(p), "--input-key", "question", "--num-epoch",
+                    "800"]).cfg
 
 
 def test_unknown_model_lists_available() -> None:

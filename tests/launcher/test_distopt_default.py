@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.resolve import resolve
+from tests.prompt_files import prompt_lines
 
 
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
     p = tmp_path / "train.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return p
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,16 @@ from rlslurm.eval_config import eval_datasets
 from rlslurm.resolve import resolve
 from rlslurm.rollout.driver import eval_sampling_params
 from tests.config_errors import one_line_naming
+from tests.prompt_files import ENOUGH, prompt_lines
 
 
 @pytest.fixture
 def data(tmp_path: Path) -> Path:
     d = tmp_path / "data"
     d.mkdir()
-    for name in ("p", "aime", "gpqa"):
-        (d / f"{name}.jsonl").write_text("".join(json.dumps({"prompt": f"{name} {i}", "label": str(i), "q": "x",
-                                                             "a": "y"}) + "\n" for i in range(6)))
+    for name in ("p", "aime", "gpqa"):  # the training prompts last --num-rollout (resolve._check_prompt_supply)
+        (d / f"{name}.jsonl").write_text(prompt_lines(*({"prompt": f"{name} {i}", "label": str(i), "q": "x", "a": "y"}
+                                                        for i in range(6)), n=ENOUGH if name == "p" else 6))
     return d
 
 

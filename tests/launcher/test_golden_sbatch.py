@@ -6,13 +6,13 @@ and read the diff before committing it."""
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from pathlib import Path
 
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.hf_shape import hf_shaped_dir
+from tests.prompt_files import prompt_lines
 
 GOLDEN = Path(__file__).parent / "golden" / "hetjob-qwen3-4B-4nodes.sbatch"
 RUN_DIR = Path("/gpfs/runs/golden")
@@ -21,7 +21,7 @@ RUN_DIR = Path("/gpfs/runs/golden")
 def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_not_in_the_script")
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "1+1=", "label": "2"}) + "\n")
+    prompts.write_text(prompt_lines({"prompt": "1+1=", "label": "2"}))
     argv = ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(prompts),
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), "--run-dir", str(RUN_DIR),
             "--run-name", "golden run", "--python", "/opt/venv/bin/python", "--partition", "gpu", "--account", "proj",

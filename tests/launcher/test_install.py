@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tests.prompt_files import prompt_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +61,7 @@ def test_installed_wheel_lists_models_and_renders_a_job_from_another_directory(w
     names = {m["name"] for m in json.loads(listed.stdout)}
     assert {"qwen3-4B", "glm4-9B", "tiny-qwen3"} <= names
 
-    (elsewhere / "train.jsonl").write_text('{"prompt": "1+1=", "label": "2"}\n')
+    (elsewhere / "train.jsonl").write_text(prompt_lines({"prompt": "1+1=", "label": "2"}))
     dry = subprocess.run([str(cli), "submit", "--model", "qwen3-4B", "--nodes", "2", "--prompt-data", "train.jsonl",
                           "--run-dir", "runs/r1", "--dry-run"], cwd=elsewhere, capture_output=True, text=True,
                          timeout=120, env=env)

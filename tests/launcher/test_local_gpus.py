@@ -7,6 +7,7 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.local import split_gpus, visible_gpus
+from tests.prompt_files import prompt_lines
 
 
 def test_each_group_sees_its_own_gpus_first_and_the_others_after() -> None:
@@ -35,7 +36,7 @@ def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> 
     from tests.buffer.helpers import make_meta, make_samples
     from tests.hf_shape import hf_shaped_dir
 
-    (tmp_path / "p.jsonl").write_text('{"prompt": "say a", "label": "a"}\n')
+    (tmp_path / "p.jsonl").write_text(prompt_lines())
     RolloutWriter(RunDir.create(tmp_path / "replay")).commit(0, make_samples(0), make_meta(0))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",
@@ -57,7 +58,7 @@ def test_shared_gpu_puts_both_groups_on_one_gpu_and_syncs_over_gloo(tmp_path, mo
     from tests.config_errors import one_line_naming
     from tests.hf_shape import hf_shaped_dir
 
-    (tmp_path / "p.jsonl").write_text('{"prompt": "say a", "label": "a"}\n')
+    (tmp_path / "p.jsonl").write_text(prompt_lines())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",
             "--nodes", "2", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",

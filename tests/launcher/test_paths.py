@@ -3,7 +3,6 @@ against the YAML file's directory), so the job, which runs in the run directory,
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.runfile import dump_run_config
+from tests.prompt_files import prompt_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def project(tmp_path: Path) -> Path:
     d = tmp_path / "proj"
     (d / "data").mkdir(parents=True)
     hf_shaped_dir(d / "ckpt", "tiny-qwen3")
-    line = json.dumps({"prompt": "say a", "label": "a"}) + "\n"
+    line = prompt_lines()
     (d / "data/p.jsonl").write_text(line)
     (d / "data/eval.jsonl").write_text(line)
     (d / "env.sh").write_text("true\n")

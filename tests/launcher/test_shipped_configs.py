@@ -4,7 +4,6 @@ the layout rules that used to let a shipped default through to a job that refuse
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from rlslurm.model_config import available_models, load_model_config
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.hf_shape import hf_shaped_dir
+from tests.prompt_files import prompt_lines
 
 SHIPPED = [(model, nodes) for model in available_models() for nodes in sorted(load_model_config(model).defaults)]
 
@@ -21,7 +21,7 @@ SHIPPED = [(model, nodes) for model in available_models() for nodes in sorted(lo
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
     p = tmp_path / "train.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return p
 
 

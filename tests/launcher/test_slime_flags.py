@@ -3,7 +3,6 @@ validated at submit, and a slime flag rlslurm deliberately lacks is refused with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,13 @@ from rlslurm.resolve import resolve
 from rlslurm.rm_types import RM_REGISTRY
 from rlslurm.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
 from tests.config_errors import one_line_naming
+from tests.prompt_files import prompt_lines
 
 
 @pytest.fixture
 def argv(tmp_path: Path) -> list[str]:
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return ["--model", "tiny-qwen3", "--prompt-data", str(p)]
 
 

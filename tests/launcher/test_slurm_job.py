@@ -16,6 +16,7 @@ import pytest
 from rlslurm.model_config import available_models
 from rlslurm.user_error import USER_ERROR_EXIT_CODE
 from tests.slurm_runs import env_reports, ledger, rlslurm, wait_reports
+from tests.prompt_files import prompt_lines
 
 pytestmark = pytest.mark.slurm
 
@@ -25,7 +26,7 @@ JOB_TIMEOUT = 120
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
     p = tmp_path / "train.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"say {c}", "label": c}) + "\n" for c in "abcdefgh"))
+    p.write_text(prompt_lines(*({"prompt": f"say {c}", "label": c} for c in "abcdefgh")))
     return p
 
 

@@ -3,7 +3,6 @@ each is refused at resolve with one line naming the flag."""
 
 from __future__ import annotations
 
-import json
 import typing
 from pathlib import Path
 
@@ -13,12 +12,13 @@ from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.timespec import time_limit_s
 from tests.config_errors import one_line_naming
+from tests.prompt_files import prompt_lines
 
 
 @pytest.fixture
 def argv(tmp_path: Path) -> list[str]:
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return ["--model", "tiny-qwen3", "--prompt-data", str(p)]
 
 

@@ -4,7 +4,6 @@ line, and a warning when an online run would have no key."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from rlslurm.resolve import resolve
 from rlslurm.runfile import dump_run_config
 from tests.config_errors import one_line_naming
+from tests.prompt_files import prompt_lines
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def argv(tmp_path: Path, monkeypatch) -> list[str]:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: the key warning is this test's to see
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return ["--model", "tiny-qwen3", "--prompt-data", str(p), "--run-dir", str(tmp_path / "run")]
 
 

@@ -57,7 +57,7 @@ def _run_dir(tmp_path: Path, *extra: str, secret: bool = True):
                    "--trainer-procs-per-node", "1", "--run-name", "wb test", "--run-dir", str(tmp_path / "run"),
                    "--hf-checkpoint", str(tmp_path / "hf"), "--prompt-data", str(prompts),
                    "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--num-steps-per-rollout", "2",
-                   "--global-batch-size", "8", "--micro-batch-size", "1",
+                   "--global-batch-size", "8", "--micro-batch-size", "1", "--num-epoch", "10",
                    *(["--secret-env", "WANDB_API_KEY"] if secret else []), "--use-wandb", "--wandb-project", "rl-proj",
                    *extra])
     rd = prepare_run_dir(res)

@@ -3,7 +3,6 @@ heartbeats are silent; the bound is validated against the collective timeout."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -16,6 +15,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.watchdog import hang_timeout_s, silent_roles
+from tests.prompt_files import prompt_lines
 
 BOUND = 600
 
@@ -23,7 +23,7 @@ BOUND = 600
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return p
 
 

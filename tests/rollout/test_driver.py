@@ -213,19 +213,30 @@ def test_restarted_driver_resumes_from_the_committed_cursor(private_deployment, 
 
 @pytest.mark.sglang
 @pytest.mark.slow
-def test_debug_rollout_only_generates_every_rollout_with_the_initial_weights(private_deployment, tmp_path):
+def test_debug_rollout_only_generates_with_the_initial_weights_until_the_prompts_run_out(private_deployment, tmp_path):
     """--debug-rollout-only: no trainer publishes, so synchronous rollouts 1, 2 (which would wait for
-    versions 1, 2) are generated right after rollout 0, all at version 0."""
+    versions 1, 2) are generated right after rollout 0, all at version 0. Five prompts fill two
+    rollouts of 2, not a third: the driver records that in control/ for this attempt, and the
+    trainer step's watcher (as the trainer) then ends the run instead of waiting for rollout 2."""
+    from rlslurm.trainer.rollout_only import _verdict
+
     dep = private_deployment
     asyncio.run(set_version(dep, 0))
     run = tmp_path / "run"
-    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 12), num_rollout=3, rollout_batch_size=2,
+    cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 5), num_rollout=3, rollout_batch_size=2,
                    n_samples_per_prompt=2, rollout_max_response_len=8)
     cfg.train.debug_rollout_only = True
     result = asyncio.run(asyncio.wait_for(make_driver(dep, cfg, run).run(), 120))
-    assert result.reason == "done" and result.committed == [0, 1, 2]
+    assert result.reason == "exhausted" and result.committed == [0, 1]
     reader = RolloutReader(run)
-    assert all(s.weight_version == 0 for i in range(3) for s in reader.read(i).samples)
+    assert all(s.weight_version == 0 for i in range(2) for s in reader.read(i).samples)
+    control = Control(run)
+    rec = control.data_exhausted(attempt=0)
+    assert rec is not None and rec.rollout_id == 2 and "1 of --rollout-batch-size 2 groups" in rec.message
+    assert control.data_exhausted(attempt=1) is None  # a later attempt (more data, maybe) ignores it
+    rd = RunDir(run)
+    assert _verdict(cfg, rd, control, lambda: False, 0) == "exhausted"
+    assert _verdict(cfg, rd, control, lambda: False, 1) is None
 
 
 @pytest.mark.sglang

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlslurm.config import RolloutSection, RunConfig
 from rlslurm.resolve import resolve
 from rlslurm.rollout.driver import eval_due
+from tests.prompt_files import prompt_lines
 
 
 def due(n: int, **rollout) -> list[int]:
@@ -27,6 +27,6 @@ def test_skip_eval_before_train_drops_rollout_0_only() -> None:
 
 def test_the_slime_flag_is_a_field(tmp_path: Path) -> None:
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", str(p), "--skip-eval-before-train"]).cfg
     assert cfg.rollout.skip_eval_before_train

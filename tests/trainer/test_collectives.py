@@ -4,7 +4,6 @@ GPU tier (tests/gpu: a checkpoint save under NCCL); here the gloo side and the c
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import min_distributed_timeout_s, resolve
 from rlslurm.trainer.collectives import collective_device, group_timeout
+from tests.prompt_files import prompt_lines
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_group_timeout_is_minutes() -> None:
 
 def _argv(tmp_path: Path, *extra: str) -> list[str]:
     p = tmp_path / "train.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return ["--model", "qwen3-4B", "--nodes", "2", "--prompt-data", str(p), "--hf-checkpoint",
             str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), *extra]
 

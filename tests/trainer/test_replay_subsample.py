@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from rlslurm.resolve import resolve
 from rlslurm.trainer.replay_subsample import kept_groups, subsample
 from tests.buffer.helpers import make_meta, make_samples
 from tests.config_errors import one_line_naming
+from tests.prompt_files import prompt_lines
 
 
 @pytest.mark.parametrize("n,f,kept", [(8, 0.5, [0, 1, 6, 7]), (8, 1.0, list(range(8))), (8, 0.4, [0, 1, 7]),
@@ -42,7 +42,7 @@ def test_subsample_keeps_whole_groups(replay_run: Path) -> None:
 @pytest.fixture
 def argv(tmp_path: Path, replay_run: Path) -> list[str]:
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     return ["--model", "tiny-qwen3", "--prompt-data", str(p), "--load-debug-rollout-data", str(replay_run)]
 
 
@@ -67,6 +67,6 @@ def test_a_fraction_out_of_range(argv: list[str], value: str) -> None:
 
 def test_it_needs_a_replay(tmp_path: Path) -> None:
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    p.write_text(prompt_lines())
     one_line_naming(["--model", "tiny-qwen3", "--prompt-data", str(p), "--load-debug-rollout-data-subsample", "0.5"],
                     "--load-debug-rollout-data-subsample 0.5", "needs --load-debug-rollout-data RUN")

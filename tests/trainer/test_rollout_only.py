@@ -21,6 +21,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.net import free_port
 from rlslurm.resolve import resolve
 from tests.buffer.helpers import make_meta, make_samples
+from tests.prompt_files import prompt_lines
 
 NUM_ROLLOUT = 3
 
@@ -99,7 +100,7 @@ def test_the_watcher_acks_at_once_and_finishes_when_every_rollout_is_committed(t
 
 def test_submit_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "say a", "label": "a"}) + "\n")
+    prompts.write_text(prompt_lines())
     base = ["--model", "tiny-qwen3", "--prompt-data", str(prompts), "--run-dir", str(tmp_path / "run"),
             "--debug-rollout-only"]
     assert resolve(base, strict_inputs=False).cfg.train.debug_rollout_only

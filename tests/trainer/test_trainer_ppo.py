@@ -1,6 +1,8 @@
 """PPO with a critic under TP=2 through the entry point: critic-only warm-up, then actor and
 critic steps with finite losses and the full metric set; a preempt request while waiting for a
-rollout checkpoints (critic included), acknowledges and exits 0, and the next attempt resumes."""
+rollout checkpoints (critic included), acknowledges and exits 0, and the next attempt resumes. The
+prompts run out before the last rollout (the driver's control/data_exhausted.json): the trainer
+trains what came before it and marks the run FINISHED with the reason."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ TRAIN = dict(advantage_estimator="ppo", num_critic_only_steps=1, critic_lr=2e-3,
 
 
 def test_ppo_critic_preempt_and_resume(tmp_path: Path, tiny_hf: Path) -> None:
-    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=3))
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
     commit_rollouts(run, range(1))
     log = tmp_path / "attempt0.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -60,9 +62,13 @@ def test_ppo_critic_preempt_and_resume(tmp_path: Path, tiny_hf: Path) -> None:
 
     clear_stale(RunDir(run))  # as the next attempt's start does
     commit_rollouts(run, range(1, 3))
+    Control(run).mark_data_exhausted(3, attempt=0, message="the prompt data ran out in rollout 3")
     p = run_trainer(run, nproc=2)
     assert "resumed from" in p.stderr
-    assert (run / "FINISHED").exists()
+    info = RunDir(run).finished_info()
+    assert info["trained_rollouts"] == 3 and info["ended_early"] == "the prompt data ran out in rollout 3"
+    assert "run FINISHED after 3 rollouts: the prompt data ran out" in p.stderr
+    assert json.loads((run / "checkpoints" / "latest").read_text())["iteration"] == 3  # saved at the end
     lines = [l for l in metrics(run) if l["rollout_id"] >= 1]
     assert [l["step"] for l in lines] == [2, 3, 4, 5]
     for l in lines:
