@@ -74,6 +74,8 @@ def hf_config_dict(mc: ModelConfig) -> dict:
     if a.rope_scaling is not None:
         rs = a.rope_scaling.model_dump(exclude_none=True)
         cfg["rope_scaling"] = {"rope_type": rs.pop("type"), **rs}
+    if mc.hf_model_type == "qwen2":
+        del cfg["attention_bias"]  # Qwen2 has no such field: its q/k/v biases are always there
     if mc.hf_model_type == "qwen3_moe" and a.moe:
         cfg.update(num_experts=a.moe.num_experts, num_experts_per_tok=a.moe.router_topk,
                    moe_intermediate_size=a.moe.moe_ffn_hidden_size, norm_topk_prob=a.moe.router_topk_norm,

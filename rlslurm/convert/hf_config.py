@@ -21,6 +21,10 @@ from rlslurm.model_config import ModelConfig
 FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "llama": {"qk_layernorm": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
               "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    # Qwen2's attention builds q/k/v with bias=True and o_proj, MLP without; config.json has no
+    # attention_bias/mlp_bias field to read.
+    "qwen2": {"qk_layernorm": False, "add_qkv_bias": True, "add_bias_linear": False, "rotary_interleaved": False,
+              "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
     "qwen3": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
               "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
     "qwen3_moe": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
@@ -124,6 +128,11 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
             for f in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
                 if rope.get(f) is not None:
                     pairs.append((f"arch.rope_scaling.{f}", getattr(rs, f), f"rope_parameters.{f}", rope.get(f)))
+    if "sliding_attention" in (g("layer_types") or []):
+        # Qwen2/Qwen3 configs can switch on sliding-window layers (use_sliding_window); the
+        # Megatron model attends over the whole sequence. Released Qwen2.5/Qwen3 checkpoints keep it off.
+        raise ConfigError(f"{mc.name}: HF config has sliding-window attention layers (use_sliding_window), "
+                          "which the Megatron model does not implement")
     if mt == "qwen3_moe":
         m = a.moe
         if g("mlp_only_layers") or g("decoder_sparse_step", 1) != 1:

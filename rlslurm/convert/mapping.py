@@ -130,6 +130,13 @@ def _llama(mc: ModelConfig, layer: int) -> list[Rule]:
     return _gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
 
 
+def _qwen2(mc: ModelConfig, layer: int) -> list[Rule]:
+    """Qwen2 / Qwen2.5: Llama plus q/k/v biases (HF hard-codes them, so hf_config.FAMILY_FIXED
+    holds arch.add_qkv_bias true and `_gqa_attention` adds the fused linear_qkv bias); o_proj and
+    the MLP have none, and there is no q/k norm. The small sizes tie embeddings (`_global_rules`)."""
+    return _gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
+
+
 def _qwen3(mc: ModelConfig, layer: int) -> list[Rule]:
     """Qwen3 dense: Llama plus per-head q/k RMSNorm."""
     return _gqa_attention(mc, qk_norm=True) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
@@ -159,6 +166,7 @@ def _deepseek_v3(mc: ModelConfig, layer: int) -> list[Rule]:
 
 FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "llama": _llama,
+    "qwen2": _qwen2,
     "qwen3": _qwen3,
     "glm4": _glm4,
     "qwen3_moe": _qwen3_moe,

@@ -33,6 +33,11 @@ def test_matching_config_passes(tiny_ckpts, name):
     ("tiny-glm4", {"rotary_percent": 1.0}, "arch.rotary_percent", "1.0", "partial_rotary_factor=0.5"),
     ("tiny-glm4", {"add_qkv_bias": False}, "arch.add_qkv_bias", "False", "attention_bias=True"),
     ("tiny-llama", {"tie_word_embeddings": True}, "arch.tie_word_embeddings", "True", "False"),
+    # Qwen2: biases and no q/k norm are the architecture's (no config.json field), ties are read
+    ("tiny-qwen2", {"add_qkv_bias": False}, "arch.add_qkv_bias", "False", "True"),
+    ("tiny-qwen2", {"qk_layernorm": True}, "arch.qk_layernorm", "True", "False"),
+    ("tiny-qwen2", {"add_bias_linear": True}, "arch.add_bias_linear", "True", "False"),
+    ("tiny-qwen2", {"tie_word_embeddings": False}, "arch.tie_word_embeddings", "False", "True"),
     ("tiny-llama", {"norm_epsilon": 1e-6}, "arch.norm_epsilon", "1e-06", "1e-05"),
 ])
 def test_dense_mismatch_names_field_and_values(tiny_ckpts, name, changes, field, ours, theirs):
@@ -63,6 +68,40 @@ def test_mla_mismatch_is_named(tiny_ckpts):
 def test_other_family_checkpoint_is_refused(tiny_ckpts):
     with pytest.raises(ConfigError, match=r"hf_model_type='qwen3' .*model_type='llama'"):
         check_hf_config(load_model_config("tiny-qwen3"), tiny_ckpts / "tiny-llama")
+
+
+# Qwen2.5-7B-Instruct's config.json as released (transformers 4.43 spelling: rope_theta at the top
+# level, sliding_window set but use_sliding_window false, no head_dim, no layer_types).
+QWEN25_7B_INSTRUCT = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+    "intermediate_size": 18944, "max_position_embeddings": 32768, "max_window_layers": 28,
+    "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 152064,
+}
+
+
+def test_shipped_qwen25_7b_matches_the_released_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B_INSTRUCT))
+    check_hf_config(load_model_config("qwen2.5-7B"), tmp_path)
+    # the 3B and smaller tie their embeddings: the same file with ties on is refused
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN25_7B_INSTRUCT, "tie_word_embeddings": True}))
+    with pytest.raises(ConfigError, match=r"arch\.tie_word_embeddings=False"):
+        check_hf_config(load_model_config("qwen2.5-7B"), tmp_path)
+
+
+def test_sliding_window_checkpoint_is_refused(tiny_ckpts, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_ckpts / "tiny-qwen2", d)
+    cfg = json.loads((d / "config.json").read_text())
+    # as a released Qwen2.5 config.json spells it (no layer_types: transformers derives them)
+    cfg.pop("layer_types", None)
+    cfg.update(use_sliding_window=True, sliding_window=32, max_window_layers=1)  # layer 1 slides
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="sliding-window"):
+        check_hf_config(load_model_config("tiny-qwen2"), d)
 
 
 def test_unsupported_model_type_and_missing_config(tiny_ckpts, tmp_path):

@@ -88,6 +88,24 @@ def test_streamed_import_at_tp2_reassembles_to_the_hf_tensors(tiny_ckpts, name):
     assert seen == set(ckpt.names())
 
 
+def test_qwen2_table_has_qkv_biases_and_a_tied_head():
+    """Qwen2: q/k/v biases fused into linear_qkv.bias (split with the weight over TP), nothing for
+    o_proj or the MLP, no q/k norm; tiny-qwen2 ties embeddings, so the head reads embed_tokens."""
+    mc = load_model_config("tiny-qwen2")
+    bias = M.resolve(mc, "decoder.layers.1.self_attention.linear_qkv.bias")
+    assert bias.rule.kind == "qkv" and bias.rule.tp_dim == 0
+    assert bias.hf_names == tuple(f"model.layers.1.self_attn.{x}_proj.bias" for x in "qkv")
+    targets = M.default_targets(mc)
+    assert not any(n.endswith(("linear_proj.bias", "linear_fc1.bias", "linear_fc2.bias", "q_layernorm.weight"))
+                   for n in targets)
+    assert "output_layer.weight" not in targets
+    assert M.resolve(mc, "output_layer.weight").hf_names == ("model.embed_tokens.weight",)
+    assert "lm_head.weight" not in M.expected_hf_names(mc)
+    untied = load_model_config("qwen2.5-7B")
+    assert M.resolve(untied, "output_layer.weight").hf_names == ("lm_head.weight",)
+    assert "model.layers.27.self_attn.v_proj.bias" in M.expected_hf_names(untied)
+
+
 def test_missing_tensor_is_named(tiny_ckpts):
     mc = load_model_config("tiny-qwen3")
     ckpt = HFCheckpoint(tiny_ckpts / "tiny-qwen3")

@@ -22,6 +22,16 @@ def test_arch_numbers_reach_the_transformer_config():
     assert cfg.layernorm_epsilon == 1e-5 and cfg.normalization == "RMSNorm"
 
 
+def test_qwen2_has_qkv_bias_only_and_ties_embeddings():
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-qwen2")
+    cfg = transformer_config(mc, tp=2, overrides={})
+    assert cfg.add_qkv_bias and not cfg.add_bias_linear and not cfg.qk_layernorm
+    assert cfg.layernorm_epsilon == 1e-6 and mc.arch.rotary_base == 1e6 and mc.arch.tie_word_embeddings
+    assert not load_model_config("qwen2.5-7B").arch.tie_word_embeddings
+
+
 def test_moe_and_mla_fields():
     from rlslurm.trainer.model import transformer_config
 
