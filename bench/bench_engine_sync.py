@@ -8,8 +8,12 @@ one real SGLang engine on GPU 1 started by rlslurm's `EngineSupervisor` behind t
 per bucket, NCCL broadcast, engine answers after its load), and `publish_s`, the whole bracket the
 trainer pays (update record, pause, send, version, continue).
 
-Each bucket size runs twice: flattened buckets (`--update-weight-flattened-bucket`: one broadcast
-per bucket, `load_format: flattened_bucket`) and one broadcast per tensor (the product's default).
+Each bucket size runs in each of `--modes`: `rlslurm` (`--update-weight-receiver rlslurm`: rlslurm's
+receiver inside the engine, engines/receiver.py: one request per publish, buckets received into two
+alternating buffers and copied by the copies it learnt; the first two syncs, untimed, fix the
+layout and learn the copies), `flattened` (`--update-weight-flattened-bucket`: one broadcast per
+bucket, SGLang's `load_format: flattened_bucket`) and `per_tensor` (one broadcast per tensor, SGLang's
+default receive).
 
 Reference, same run, interleaved with the figure: one NCCL broadcast of a flat buffer of the same
 total bytes from GPU 0 to a plain receiver process on GPU 1 (no HTTP, no copy).
@@ -55,6 +59,8 @@ SHAPES = {  # Qwen3 dense configs (HF config.json fields); "tiny" only checks th
 # The GPU tier's engine flags (tests/gpu/test_gpu_grpo.py, docs/gpu.md: the trimmed bundle has no FA3).
 GPU_ENGINE_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph",
                     "--grammar-backend", "none", "--mem-fraction-static", "0.5")
+MODES = {"rlslurm": "rlslurm's receiver in the engine", "flattened": "SGLang's flattened_bucket receive",
+         "per_tensor": "SGLang's per-tensor receive"}
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12], [1, 64, 65, 66], [1, 2000 % 512, 3, 4, 250]]
 
 
@@ -138,11 +144,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     a = ap.parse_args()
 
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.engines.engine import EngineSpec
+    from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
     from rlslurm.engines.router import RouterProcess
     from rlslurm.engines.sglang_versions import installed_sglang_version
     from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
@@ -170,7 +178,8 @@ def main() -> None:
         model_dir = write_model_dir(size, work / "model", "bfloat16" if cuda else "float32")
         control = Control(RunDir.create(work / "run"))
         port = engine_port_block(host, 1)[0]
-        extra = ("--load-format", "dummy", "--skip-tokenizer-init") + (GPU_ENGINE_FLAGS if cuda else ())
+        extra = ("--load-format", "dummy", "--skip-tokenizer-init", "--custom-weight-loader", RECEIVER_LOADER) \
+            + (GPU_ENGINE_FLAGS if cuda else ())
         spec = EngineSpec(name="engine-0", model_path=str(model_dir), host=host, port=port.port,
                           nccl_port=port.nccl_port, log_path=work / "engine-0.log", api_key=key,
                           dtype="bfloat16" if cuda else "float32", device=a.device, base_gpu_id=recv_gpu,
@@ -186,11 +195,11 @@ def main() -> None:
             sup.start()
             startup_s = time.perf_counter() - t0
             for bucket_mib in a.bucket_mib:
-                for flattened in (True, False):  # flattened buckets, then the default: one broadcast per tensor
+                for mode in a.modes:
                     lines.append(one_setting(a, size, bucket_mib, default_poll, named, total, control, key, host,
                                              backend, send_dev, recv_gpu, mpctx, sup, startup_s,
                                              installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles,
-                                             flattened))
+                                             mode))
                     print(json.dumps(lines[-1]), flush=True)
                     if a.out:  # line by line: a run cut short keeps what it measured
                         a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -206,20 +215,22 @@ def main() -> None:
 
 def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host, backend, send_dev, recv_gpu,
                 mpctx, sup, startup_s, sglang_version, DistributedPublisher, SyncOptions, _Roles,
-                flattened: bool = True) -> dict:
+                mode: str) -> dict:
     from rlslurm.net import free_port
     from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
 
     cuda = send_dev.type == "cuda"
+    flattened = mode != "per_tensor"
     opts = SyncOptions(bucket_bytes=bucket_mib * 1024**2, backend=backend, timeout_s=300.0,
-                       group_prefix=f"bench-{size}-{bucket_mib}-{int(flattened)}", flattened=flattened)
+                       group_prefix=f"bench-{size}-{bucket_mib}-{mode}", flattened=flattened,
+                       receiver="rlslurm" if mode == "rlslurm" else "sglang")
     roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=send_dev)
     # one attempt number per setting: a publisher records its group's rendezvous once per attempt
     pub = DistributedPublisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles,
                                attempt=len(list(control.dir.glob("rendezvous-*.json"))),
                                export=lambda mc, model, dt: iter(named))
     # the reference's pair: a plain receiver on the engine's GPU, its own group
-    rport, rname = free_port(host), f"bench-raw-{size}-{bucket_mib}-{int(flattened)}"
+    rport, rname = free_port(host), f"bench-raw-{size}-{bucket_mib}-{mode}"
     parent, child = mpctx.Pipe()
     recv_device = f"cuda:{recv_gpu}" if cuda else "cpu"
     proc = mpctx.Process(target=raw_receiver, args=(rport, rname, recv_device, backend, child))
@@ -250,6 +261,8 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
     try:
         fill(named, 0)
         sync_once(), raw_once()  # warm-up: group built, NCCL connected, buffers allocated
+        if mode == "rlslurm":
+            sync_once()  # the first planned sync learns the copies; the timed ones replay them
         sends, pubs, raws = [], [], []
         for _ in range(a.repeats):  # interleaved, so drift hits both alike
             s, p = sync_once()
@@ -276,7 +289,7 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     return {
         "bench": "engine_sync", "figure": round(total / ts / 1e9, 2),
-        "figure_unit": "GB/s, DistributedPublisher send into a real SGLang engine (stock receiver)",
+        "figure_unit": f"GB/s, DistributedPublisher send into a real SGLang engine ({MODES[mode]})",
         "reference": round(total / tr / 1e9, 2), "reference_unit": "GB/s, raw flat broadcast of the same bytes",
         "ratio": round(tr / ts, 3), "target_ratio": 0.9, "publish_ratio": round(tr / tp, 3),
         "send_s": round(ts, 4), "publish_s": round(tp, 4), "raw_s": round(tr, 4),
@@ -284,7 +297,7 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         "raw_s_all": [round(x, 4) for x in raws],
         "greedy_A_vs_A_again_max_logprob_diff": a_again, "greedy_A_vs_B_max_logprob_diff": a_b,
         "model": f"qwen3-{size}-shaped", "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
-        "bucket_mib": bucket_mib, "flattened_bucket": flattened, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
+        "bucket_mib": bucket_mib, "mode": mode, "flattened_bucket": flattened, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
         "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpu": recv_gpu, "sglang": sglang_version,
         "engine_startup_s": round(startup_s, 1), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

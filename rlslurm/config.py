@@ -225,6 +225,9 @@ class RolloutSection(Section):
     rm_url: str | None = None
     custom_rm_path: str | None = None
     custom_generate_function_path: str | None = None
+    # slime's flag: an async function that generates a whole rollout instead of the driver's group loop
+    # (rollout/rollout_fn.py)
+    rollout_function_path: str | None = None
     dynamic_sampling_filter_path: str | None = None
     rollout_sample_filter_path: str | None = None     # samples not trained on (rollout/filters.py)
     buffer_filter_path: str | None = None
@@ -365,6 +368,10 @@ class TrainSection(Section):
     # fast as one per tensor for dense models on 2xH200 (bench/results/engine-sync-h200x2-flattened.md) and a bucket's
     # extra copy on the trainer's GPU, so off by default
     update_weight_flattened_bucket: bool = False
+    # who loads the broadcast into the engine: SGLang's per-bucket request + load_weights, or rlslurm's
+    # receiver inside the engine (engines/receiver.py: one request per publish, overlapped, copies
+    # learnt from load_weights); the rollout node then starts SGLang with --custom-weight-loader
+    update_weight_receiver: Literal["sglang", "rlslurm"] = "sglang"
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     distributed_timeout_minutes: float = Field(60.0, gt=0)   # every trainer process group (trainer/collectives.py)
     # the attempt's watchdog (rlslurm/watchdog.py): None = distributed timeout + 10 min, 0 = off

@@ -199,6 +199,15 @@ class SGLangClient:
             body["load_format"] = load_format
         return await self._checked("/update_weights_from_distributed", body, timeout=timeout)
 
+    async def update_weights_from_tensor(self, *, serialized_named_tensors: Sequence[str], load_format: str,
+                                         flush_cache: bool = True,
+                                         timeout: float = WEIGHT_UPDATE_TIMEOUT_S) -> dict[str, Any]:
+        """One entry per TP rank of the engine; `load_format` names a --custom-weight-loader
+        (rlslurm's receiver: engines/receiver.py)."""
+        body = {"serialized_named_tensors": list(serialized_named_tensors), "load_format": load_format,
+                "flush_cache": flush_cache}
+        return await self._checked("/update_weights_from_tensor", body, timeout=timeout)
+
     async def update_weights_from_disk(self, model_path: str, *, load_format: str | None = None,
                                        weight_version: str | None = None,
                                        timeout: float = WEIGHT_UPDATE_TIMEOUT_S) -> dict[str, Any]:

@@ -46,6 +46,15 @@ _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 WEIGHT_VERSION_ARGS = ("--weight-version", "0")
 
 
+def receiver_args(cfg: RunConfig) -> tuple[str, ...]:
+    """--update-weight-receiver rlslurm: the engine loads rlslurm's receiver (engines/receiver.py)."""
+    if cfg.train.update_weight_receiver != "rlslurm":
+        return ()
+    from rlslurm.engines.receiver import LOADER
+
+    return ("--custom-weight-loader", LOADER)
+
+
 def engines_per_node(cfg: RunConfig) -> int:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     if cfg.run.device == "cuda":
@@ -71,7 +80,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
         nccl_port=p.nccl_port, log_path=log_dir / f"engine-{node}-{i}.log",
         base_gpu_id=i * tp if cfg.run.device == "cuda" else 0, tp_size=tp if cfg.run.device == "cuda" else 1,
         api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
-        extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS),
+        extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg)),
         # numbered across nodes: harmless on separate hosts, and virtual nodes sharing one host
         # (the test cluster) do not stack every node's engine 0 on core 0
         cpu_core=((node * n + i) % ncpu) if cfg.run.device == "cpu" else None,

@@ -59,6 +59,8 @@ from rlslurm.engines.fanout import (
     refusing,
     release,
 )
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
+from rlslurm.engines.receiver import BucketPlan, plan_payload
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port, node_ip
 from rlslurm.trainer.collectives import collective_device
@@ -82,6 +84,7 @@ class SyncOptions:
     pause_mode: Literal["abort", "retract", "in_place"] = "abort"
     group_prefix: str = "rlslurm-wsync"
     flattened: bool = False                 # train.update_weight_flattened_bucket: one broadcast per bucket
+    receiver: Literal["sglang", "rlslurm"] = "sglang"  # train.update_weight_receiver (engines/receiver.py)
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 1:
@@ -101,7 +104,7 @@ class SyncOptions:
         if backend == "auto":
             backend = "gloo" if cfg.run.shared_gpu else None
         return cls(bucket_bytes=t.update_weight_buffer_size, timeout_s=t.weight_sync_timeout_s, backend=backend,
-                   flattened=t.update_weight_flattened_bucket, **kw)
+                   flattened=t.update_weight_flattened_bucket, receiver=t.update_weight_receiver, **kw)
 
 
 # --- one stage's leader -------------------------------------------------------------------
@@ -131,6 +134,8 @@ class StageSender:
         self.group: SyncGroup | None = None
         self._builds = 0
         self.last = SendStats()
+        # rlslurm's receiver: the bucket layout of the last publish, sent ahead as the plan of the next
+        self._plan: list[BucketPlan] | None = None
 
     # -- group -----------------------------------------------------------------------------
     def current_targets(self) -> list[EngineTarget]:
@@ -220,10 +225,20 @@ class StageSender:
             raise SyncGroupError("ensure_group() before send()")
         stats, t0 = SendStats(), time.perf_counter()
         it = iter(stream)
+        receiver = self.opts.receiver == "rlslurm"
         try:
-            for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=self.opts.flattened):
-                self._send_bucket(bucket, stats)
+            if receiver and self._plan is not None:
+                self._send_planned(it, stats)
+            else:
+                layout: list[BucketPlan] = []
+                for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device,
+                                           one_dtype=self.opts.flattened or receiver):
+                    self._send_bucket(bucket, stats, flattened=self.opts.flattened or receiver)
+                    layout.append(bucket_plan(bucket))
+                if receiver:  # the next publish sends the same layout in one request
+                    self._plan = layout
         except BaseException:
+            self._plan = None  # a failed publish falls back to SGLang's requests next time
             for _ in it:
                 pass
             raise
@@ -231,13 +246,38 @@ class StageSender:
         self.last = stats
         return stats
 
-    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats) -> None:
+    def _send_planned(self, it: Iterator[tuple[str, torch.Tensor]], stats: SendStats) -> None:
+        """rlslurm's receiver: one request to every engine carrying the plan (the layout of the last
+        publish), then every bucket's bytes back to back while the engines copy the previous one."""
+        assert self.group is not None and self.engines is not None and self._plan is not None
+        to, plan = self.opts.timeout_s, self._plan
+        payload = serialized_plan(plan_payload(self.group.spec.group_name, plan))
+        targets = self.engines.targets
+        futs = self.engines.submit("update_weights_from_tensor",
+                                   lambda i: {"serialized_named_tensors": [payload] * targets[i].ranks},
+                                   load_format=RECEIVER_LOADER, flush_cache=True, timeout=to)
+        try:
+            for k, bucket in enumerate(iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=True)):
+                if k >= len(plan) or bucket_plan(bucket) != plan[k]:
+                    # the engines wait for the planned bytes: fail this attempt (its group is torn down)
+                    raise SyncGroupError(f"weight sync: bucket {k} differs from the plan sent to the engines")
+                self.group.broadcast([flatten_bucket([t for _, t in bucket])])
+                stats.buckets += 1
+                stats.tensors += len(bucket)
+                stats.bytes += plan[k].nbytes
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            raise
+        Engines.wait(futs, to, "update_weights_from_tensor")
+
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats, *, flattened: bool) -> None:
         assert self.group is not None and self.engines is not None
         to = self.opts.timeout_s
         # flattened: one broadcast of the bucket's bytes instead of one per tensor (SGLang's
         # flattened_bucket receive; docs/sglang-behaviour.md)
-        tensors = [flatten_bucket([t for _, t in bucket])] if self.opts.flattened else [t for _, t in bucket]
-        extra = {"load_format": "flattened_bucket"} if self.opts.flattened else {}
+        tensors = [flatten_bucket([t for _, t in bucket])] if flattened else [t for _, t in bucket]
+        extra = {"load_format": "flattened_bucket"} if flattened else {}
         futs = self.engines.submit(
             "update_weights_from_distributed", names=[n for n, _ in bucket],
             dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
@@ -444,3 +484,21 @@ class DistributedPublisher:
         if self.sender is not None:
             self.sender.close()
             self.sender = None
+
+
+def bucket_plan(bucket: list[tuple[str, torch.Tensor]]) -> BucketPlan:
+    """A one-dtype bucket's layout as flatten_bucket lays it out (rlslurm's receiver plan)."""
+    entries, off = [], 0
+    for name, t in bucket:
+        entries.append((name, tuple(int(x) for x in t.shape), off))
+        off += t.numel() * t.element_size()
+    return BucketPlan(off, dtype_name(bucket[0][1].dtype), tuple(entries))
+
+
+def serialized_plan(name: str) -> str:
+    """One TP rank's `serialized_named_tensors` entry: SGLang unpickles it (its SafeUnpickler allows
+    torch types) into [(name, tensor)]; the plan is the name, the tensor an empty placeholder."""
+    import base64
+    import pickle
+
+    return base64.b64encode(pickle.dumps([(name, torch.empty(0))])).decode()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from tests.sglang_deploy import deploy
 
 WATCH_CAP_S = 60.0  # the rollout node's cap is --weight-sync-timeout-s + PAUSE_MARGIN_S
@@ -49,7 +50,8 @@ def engines(tmp_path_factory, tiny_model) -> Engines:
     # 0.05 (sglang_cpu's default) fails start-up when other processes take memory while the
     # server profiles it (seen on the shared 2-core box).
     with deploy(tiny_model, run.attempt_log_dir(0), api_key=run.ensure_api_key(),
-                extra_args=("--weight-version", "0", "--mem-fraction-static", "0.2"),
+                extra_args=("--weight-version", "0", "--mem-fraction-static", "0.2",
+                            "--custom-weight-loader", RECEIVER_LOADER),
                 on_change=control_publisher(control, "node0")) as dep:
         # polls faster than the node's default: the test asserts it saw a ~50 ms tiny-model sync
         watcher = UpdateWatcher(control, dep.supervisor, cap_s=WATCH_CAP_S, poll_s=0.01).start()

@@ -3,7 +3,9 @@ trainer at TP=2 under torchrun publishes through `DistributedPublisher` to two r
 engines behind the real router, and
 
 1. after a sync both engines report the trainer's version and their greedy continuation of a
-   fixed probe equals the trainer's own greedy output with the new weights;
+   fixed probe equals the trainer's own greedy output with the new weights, also through
+   rlslurm's receiver in the engine (--update-weight-receiver rlslurm) learning and then
+   replaying its copies;
 2. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
    retried on a rebuilt group, and falls back to disk: weights/v<N>/ is written, the version
    recorded, and the engine that answers loads it; the rollout node's `UpdateWatcher` keeps the
@@ -116,6 +118,18 @@ def test_broadcast_sync_and_bounded_fallback(engines, tmp_path):
         assert control.rendezvous(0) is not None
         assert not (control.dir / "weight_update.json").exists()
         assert engines.watcher.held >= 1  # the rollout side saw the update bracket
+
+        # rlslurm's receiver (engines/receiver.py): v1 went bucket by bucket and fixed the layout;
+        # v2 is one request whose buckets SGLang's load_weights loads while the copies are learnt,
+        # v3 replays the learnt copies. Each time both engines answer with the trainer's output.
+        for _ in range(2):
+            v += 1
+            r = worker.publish(v)
+            assert "error" not in r and r["history"][0]["tries"] == 1, r
+            assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2, worker.tail()
+        logs = "".join(p.read_text() for p in (engines.run_dir / "logs").rglob("engine-*.log"))
+        assert logs.count("learnt copies from now on") >= 2 and "keeps SGLang's load_weights" not in logs, \
+            [l for l in logs.splitlines() if "rlslurm receiver" in l]
 
         # 2. a peer that never answers: bounded failure, rebuilt group, disk fallback. Nothing but
         # the rollout node's UpdateWatcher keeps the supervisor from restarting it mid-sync.

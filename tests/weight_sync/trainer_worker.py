@@ -88,8 +88,10 @@ def main() -> None:
     control = Control(rd)
     prompt = json.loads(a.prompt)
     # One publisher for the whole run, like the trainer's: it keeps its group between versions.
-    # flattened buckets here (the product's default is one broadcast per tensor, which the e2e runs use)
-    opts = SyncOptions(bucket_bytes=a.bucket_bytes, timeout_s=a.timeout_s, attempts=a.attempts, flattened=True)
+    # rlslurm's receiver, which sends flattened buckets (the product's default is SGLang's per-tensor
+    # receive, which the e2e runs use)
+    opts = SyncOptions(bucket_bytes=a.bucket_bytes, timeout_s=a.timeout_s, attempts=a.attempts, flattened=True,
+                       receiver="rlslurm")
     pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=opts,
                                fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)),
                                attempt=0, host="127.0.0.1")

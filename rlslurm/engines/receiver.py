@@ -1,0 +1,282 @@
+"""rlslurm's weight receiver inside an SGLang engine: one request per publish, buckets received
+into two alternating buffers and copied straight into the engine's parameters.
+
+Loaded by the engine itself: the rollout node starts SGLang with `--custom-weight-loader
+rlslurm.engines.receiver.receive` (a documented SGLang extension point, present in 0.5.14 and
+0.5.23: `/update_weights_from_tensor` with `load_format` naming the loader calls
+`loader(model, named_tensors)` in every TP worker; docs/sglang-behaviour.md). The trainer
+(trainer/weight_sync.py, `--update-weight-receiver rlslurm`) sends one such request whose only
+entry is named `PLAN_PREFIX + <json plan>`, then broadcasts each bucket's bytes (flattened, one
+dtype per bucket) on the weight-update group the engine joined with /init_weights_update_group.
+
+Why: SGLang's own path takes one HTTP request and one python `load_weights` per bucket, serially
+with the broadcast (bench/results/engine-sync-*.md: 0.24-0.35 of a raw broadcast). Here the
+broadcast of bucket k+1 runs while bucket k is copied (two buffers; the NCCL stream waits for the
+copies enqueued before it, so a buffer is not overwritten early), and the copies of a bucket are
+one `torch._foreach_copy_`.
+
+The copy map is learnt, not written per model family: the first time a bucket layout is seen,
+SGLang's own `model.load_weights` runs on views of the received buffer under a TorchFunctionMode
+that records every `copy_` whose source is a view of the buffer. The map is used from then on only
+if the recording is complete: every received byte was a copy source, every destination is storage
+of a model parameter or buffer, and no parameter was re-assigned. Otherwise that layout keeps
+using `load_weights` on the views (still one request, still overlapped with the receive).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
+
+log = logging.getLogger("rlslurm.engines.receiver")
+
+LOADER = "rlslurm.engines.receiver.receive"  # the value of SGLang's --custom-weight-loader
+PLAN_PREFIX = "rlslurm-receive:"
+
+
+# --- the plan, as the trainer sends it -------------------------------------------------------
+
+@dataclass(frozen=True)
+class BucketPlan:
+    nbytes: int
+    dtype: str                                  # one dtype per bucket
+    tensors: tuple[tuple[str, tuple[int, ...], int], ...]  # (name, shape, byte offset)
+
+    def key(self) -> tuple:
+        return (self.nbytes, self.dtype, self.tensors)
+
+
+def plan_payload(group_name: str, buckets: list[BucketPlan]) -> str:
+    """The name of the one entry of the request (trainer side)."""
+    return PLAN_PREFIX + json.dumps({"group": group_name, "buckets": [
+        {"nbytes": b.nbytes, "dtype": b.dtype, "tensors": [[n, list(s), o] for n, s, o in b.tensors]}
+        for b in buckets]}, separators=(",", ":"))
+
+
+def parse_plan(name: str) -> tuple[str, list[BucketPlan]]:
+    if not name.startswith(PLAN_PREFIX):
+        raise ValueError(f"{LOADER}: expected one entry named {PLAN_PREFIX}<plan>, got {name[:60]!r}")
+    obj = json.loads(name[len(PLAN_PREFIX):])
+    buckets = [BucketPlan(int(b["nbytes"]), str(b["dtype"]),
+                          tuple((str(n), tuple(int(x) for x in s), int(o)) for n, s, o in b["tensors"]))
+               for b in obj["buckets"]]
+    return str(obj["group"]), buckets
+
+
+# --- recording SGLang's load_weights --------------------------------------------------------
+
+@dataclass
+class _Copy:
+    dst: torch.Tensor        # a view of a parameter's storage (kept: the storage lives as long as the model)
+    offset: int              # the source's storage offset in elements of its dtype, within the bucket buffer
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class _CopyMap:
+    copies: list[_Copy] = field(default_factory=list)
+    # constant fills of parameter regions (SGLang zeroes a padded vocabulary's extra rows), replayed
+    # after the copies: learnt only where no fill overlaps a copy, so their order does not matter
+    fills: list[tuple[torch.Tensor, float]] = field(default_factory=list)
+    complete: bool = False
+    why: str = ""
+
+
+_INPLACE_DUNDERS = frozenset(f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
+                                                        "and", "or", "xor", "lshift", "rshift", "matmul"))
+
+
+class _Recorder(TorchFunctionMode):
+    """Watches SGLang's load_weights run on views of `buf` (one uint8 buffer): records each
+    `param_view.copy_(buf_view)`, and notes anything a replay of those copies would not redo: a
+    buffer view materialised into new memory (`.to`, `.contiguous`, `cat`, arithmetic) or a
+    parameter written other than by a copy from the buffer."""
+
+    def __init__(self, buf: torch.Tensor, params: set[int]):
+        super().__init__()
+        self.base = buf.untyped_storage().data_ptr()
+        self.params = params
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.fills: list[tuple[torch.Tensor, float]] = []
+        self.unfaithful: list[str] = []
+
+    def _is(self, t: Any, ptr: int) -> bool:
+        return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr
+
+    def _reads_buf(self, args: Any, kwargs: dict) -> bool:
+        flat = list(args) + list(kwargs.values())
+        flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
+        return any(self._is(a, self.base) for a in flat)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        out = func(*args, **kwargs)
+        dst = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        is_param = dst is not None and dst.untyped_storage().data_ptr() in self.params
+        if isinstance(kwargs.get("out"), torch.Tensor) and kwargs["out"].untyped_storage().data_ptr() in self.params:
+            self.unfaithful.append(f"a parameter written by {name}(out=)")
+        elif name == "__setitem__" and is_param:
+            # param[idx] = bucket view: a copy into the indexed view (basic indexing only)
+            value = args[2] if len(args) > 2 else None
+            view = dst.__getitem__(args[1]) if self._is(value, self.base) else None
+            if view is not None and view.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr() \
+                    and view.shape == value.shape:
+                self.copies.append((view, value))
+            else:
+                self.unfaithful.append("a parameter written by item assignment")
+        elif name == "copy_" and dst is not None and len(args) >= 2:
+            if self._is(args[1], self.base):
+                self.copies.append((dst, args[1]))
+            elif dst.untyped_storage().data_ptr() in self.params:
+                self.unfaithful.append("a parameter copied from elsewhere than the bucket")
+        elif is_param and (name.endswith("_") and not name.startswith("__") or name in _INPLACE_DUNDERS):
+            if name == "zero_":
+                self.fills.append((dst, 0.0))
+            elif name == "fill_" and len(args) == 2 and isinstance(args[1], (int, float)):
+                self.fills.append((dst, float(args[1])))
+            else:
+                self.unfaithful.append(f"a parameter written by {name}")
+        elif self._reads_buf(args, kwargs):
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            if any(isinstance(o, torch.Tensor) and not self._is(o, self.base) for o in outs):
+                self.unfaithful.append(f"the bucket read by {name}")
+        return out
+
+
+def _param_storages(model: torch.nn.Module) -> dict[int, str]:
+    return {p.untyped_storage().data_ptr(): n
+            for n, p in list(model.named_parameters()) + list(model.named_buffers())}
+
+
+def _learn(model: torch.nn.Module, buf: torch.Tensor, plan: BucketPlan) -> _CopyMap:
+    """Load one bucket with SGLang's load_weights, recording where its bytes went. A tensor with
+    no recorded copy was skipped by load_weights (e.g. a tied lm_head): the replay skips it too."""
+    dtype = getattr(torch, plan.dtype)
+    typed = buf[:plan.nbytes].view(dtype)
+    es = typed.element_size()
+    views = [(n, typed[o // es:o // es + _numel(s)].view(s)) for n, s, o in plan.tensors]
+    before = _param_storages(model)
+    rec = _Recorder(buf, set(before))
+    with rec:
+        model.load_weights(views)
+    cmap = _CopyMap()
+    if _param_storages(model) != before:
+        cmap.why = "load_weights re-assigned parameters"
+    elif rec.unfaithful:
+        cmap.why = sorted(set(rec.unfaithful))[0]
+    elif any(src.dtype != dtype for _, src in rec.copies):
+        cmap.why = "a copy read the bucket as another dtype"
+    else:
+        if any(_overlap(f, dst) for f, _ in rec.fills for dst, _ in rec.copies):
+            cmap.why = "a constant fill overlaps a copy"
+            return cmap
+        cmap.copies = [_Copy(dst, src.storage_offset(), tuple(src.shape), tuple(src.stride()), dtype)
+                       for dst, src in rec.copies]
+        cmap.fills = rec.fills
+        cmap.complete = True
+    return cmap
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage, first byte, last byte + 1) that a view can touch."""
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0) + 1 if t.numel() else 0
+    start = t.storage_offset() * t.element_size()
+    return t.untyped_storage().data_ptr(), start, start + span * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, a0, a1 = _extent(a)
+    sb, b0, b1 = _extent(b)
+    return sa == sb and a0 < b1 and b0 < a1
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for x in shape:
+        n *= x
+    return n
+
+
+# --- the receiver ----------------------------------------------------------------------------
+
+class _Receiver:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.maps: dict[tuple, _CopyMap] = {}
+
+    def run(self, group: Any, buckets: list[BucketPlan]) -> None:
+        dev = next(self.model.parameters()).device
+        size = max((b.nbytes for b in buckets), default=0)
+        bufs = [torch.empty(size, dtype=torch.uint8, device=dev) for _ in range(min(2, len(buckets)))]
+        pending = None
+        if buckets:
+            pending = dist.broadcast(bufs[0][:buckets[0].nbytes], src=0, group=group, async_op=True)
+        for k, plan in enumerate(buckets):
+            pending.wait()
+            buf = bufs[k % 2]
+            if k + 1 < len(buckets):  # the next bucket arrives while this one is copied
+                pending = dist.broadcast(bufs[(k + 1) % 2][:buckets[k + 1].nbytes], src=0, group=group,
+                                         async_op=True)
+            self._load(buf, plan)
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()  # the buffers are freed next
+
+    def _load(self, buf: torch.Tensor, plan: BucketPlan) -> None:
+        cmap = self.maps.get(plan.key())
+        if cmap is None:
+            cmap = self.maps[plan.key()] = _learn(self.model, buf, plan)
+            first = plan.tensors[0][0] if plan.tensors else ""
+            # stderr: the engine's log, whatever SGLang made of the logging config
+            print(f"rlslurm receiver: bucket of {len(plan.tensors)} tensors ({first} ...) "
+                  + (f"copied by {len(cmap.copies)} learnt copies from now on" if cmap.complete
+                     else f"keeps SGLang's load_weights: {cmap.why}"), file=sys.stderr, flush=True)
+            return  # learning loaded it
+        if not cmap.complete:
+            dtype = getattr(torch, plan.dtype)
+            typed = buf[:plan.nbytes].view(dtype)
+            es = typed.element_size()
+            self.model.load_weights([(n, typed[o // es:o // es + _numel(s)].view(s)) for n, s, o in plan.tensors])
+            return
+        typed = buf[:plan.nbytes].view(getattr(torch, plan.dtype))
+        srcs = [torch.as_strided(typed, c.size, c.stride, c.offset) for c in cmap.copies]
+        torch._foreach_copy_([c.dst for c in cmap.copies], srcs)
+        for dst, value in cmap.fills:
+            dst.fill_(value)
+
+
+_receivers: dict[int, _Receiver] = {}
+_lock = threading.Lock()
+
+
+def _group(name: str) -> Any:
+    """The process group SGLang created for /init_weights_update_group, by its name."""
+    from torch.distributed import distributed_c10d as c10d
+
+    for pg, pg_name in list(c10d._world.pg_names.items()):
+        if pg_name == name:
+            return pg
+    raise RuntimeError(f"{LOADER}: no weight-update group named {name!r} in this engine "
+                       f"(/init_weights_update_group first)")
+
+
+def receive(model: torch.nn.Module, named_tensors: list[tuple[str, Any]]) -> None:
+    """SGLang's custom weight loader entry point (see the module docstring)."""
+    if len(named_tensors) != 1:
+        raise ValueError(f"{LOADER}: expected one plan entry, got {len(named_tensors)}")
+    group_name, buckets = parse_plan(named_tensors[0][0])
+    with _lock:
+        r = _receivers.get(id(model))
+        if r is None:
+            r = _receivers[id(model)] = _Receiver(model)
+    r.run(_group(group_name), buckets)
