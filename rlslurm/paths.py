@@ -22,8 +22,8 @@ PATH_FIELDS = ("run_dir", "setup_script", "hf_checkpoint", "ref_load", "load", "
                "load_debug_rollout_data", "apptainer_image", "python", "eval_config", "wandb_dir", "save_hf",
                "save_debug_train_data", "export_retired_rollouts")
 # Plugin specs: `module.path:attr` stays as is, `path/to/file.py:attr` gets an absolute file.
-PLUGIN_FIELDS = ("custom_rm_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
-                 "buffer_filter_path", "data_source_path", "custom_loss_function_path",
+PLUGIN_FIELDS = ("custom_rm_path", "custom_generate_function_path", "rollout_function_path",
+                 "dynamic_sampling_filter_path", "buffer_filter_path", "data_source_path", "custom_loss_function_path",
                  "custom_advantage_function_path", "rollout_sample_filter_path", "custom_reward_post_process_path",
                  "custom_tis_function_path")
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 PLUGIN_ARGS: dict[str, int | None] = {
     "custom_rm_path": 1,                   # rollout/rewards.py
     "custom_generate_function_path": 3,    # rollout/generate_api.py
+    "rollout_function_path": 1,            # rollout/rollout_fn.py
     "dynamic_sampling_filter_path": 1,     # rollout/filters.py
     "buffer_filter_path": None,            # rollout/data.py
     "data_source_path": None,              # rollout/data.py
@@ -74,6 +75,26 @@ def check_plugins(cfg: "RunConfig", warnings: list[str]) -> None:
                 raise
             warnings.append(f"{flag} {spec}: not checked here, module {missing!r} is not installed on this host "
                             f"(the job's environment must have it)")
+    check_rollout_hooks(cfg, warnings)
+
+
+def check_rollout_hooks(cfg: "RunConfig", warnings: list[str]) -> None:
+    """What the rollout driver checks when it loads --rollout-function-path and a fan-out
+    --custom-generate-function-path (async; @fan_out(k) divides the group sizes, no partial
+    rollout), run here so that the job does not fail at its start."""
+    from rlslurm.rollout.driver import check_fan_out
+    from rlslurm.rollout.generate_api import load_generate_fn
+    from rlslurm.rollout.rollout_fn import load_rollout_fn
+
+    r = cfg.rollout
+    try:
+        if r.rollout_function_path:
+            load_rollout_fn(r.rollout_function_path)
+        if r.custom_generate_function_path:
+            check_fan_out(load_generate_fn(r.custom_generate_function_path), cfg)
+    except UserError as e:
+        if _missing_module(e) is None or job_env_is_ours(cfg):
+            raise  # a missing module was warned about by check_plugins already
 
 
 def plugin_spec(cfg: "RunConfig", name: str) -> str | None:

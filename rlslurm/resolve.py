@@ -209,6 +209,9 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     if ctx is not None and d.max_prompt_len is not None and d.max_prompt_len > ctx - 1:
         raise ConfigError(f"--max-prompt-len {d.max_prompt_len} must be < --rollout-max-context-len {ctx}: a prompt "
                           f"must leave room for at least one generated token")
+    from rlslurm.rollout.rollout_fn import refuse_combinations
+
+    refuse_combinations(r)  # the driver's group-loop flags with --rollout-function-path
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
         raise ConfigError(
             f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size {r.rollout_batch_size}"

@@ -45,8 +45,6 @@ SLIME_INSTEAD: dict[str, str] = {
     "update_weight_transport": "use --weight-sync distributed|disk",
     "update_weight_disk_dir": "--weight-sync disk writes to RUN/weights",
     "group_rm": "decorate the --custom-rm-path function with @rlslurm.rollout.rewards.group_reward",
-    "rollout_function_path": "use --custom-generate-function-path (one prompt's generation) or "
-                             "--data-source-path",
     "save_debug_rollout_data": "every rollout is kept in RUN/buffer until trained and checkpointed; "
                                "--export-retired-rollouts DIR writes each one there as JSONL before it "
                                "goes, and --load-debug-rollout-data RUN replays a run's buffer",

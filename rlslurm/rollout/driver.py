@@ -12,7 +12,8 @@ One rollout at a time, in id order:
 2. **Eval** every `eval_interval` rollouts, against the weights that passed the gate (rollout 0's
    not with --skip-eval-before-train).
 3. **Generate** `rollout_batch_size` groups of `n_samples_per_prompt` (GroupCollector:
-   over-sampling, dynamic-sampling filters, aborted groups handed back).
+   over-sampling, dynamic-sampling filters, aborted groups handed back), or whatever the
+   --rollout-function-path function does instead (rollout/rollout_fn.py), checked to that shape.
 4. **Commit** with the data cursor after it, then append a metrics line to
    RUN/rollout_metrics.jsonl (RUN/metrics.jsonl is the trainer's: one writer per file) and, with
    --use-wandb, to the rollout's W&B run (rlslurm/metrics_sink.py).
@@ -50,15 +51,35 @@ from rlslurm.errors import ConfigError, DataError
 from rlslurm.eval_config import EvalDataset, eval_datasets
 from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
-from rlslurm.rollout.filters import GroupCollector, GroupFilter, apply_sample_filter, load_filter, load_sample_filter
+from rlslurm.rollout.filters import (
+    Collected,
+    GroupCollector,
+    GroupFilter,
+    apply_sample_filter,
+    load_filter,
+    load_sample_filter,
+)
 from rlslurm.rollout.generate_api import (
     META_CARRIED,
     META_MASKED,
     GenerateFn,
+    Generation,
+    calls_per_group,
+    fan_out_of,
     generate_group,
     load_generate_fn,
+    score_generations,
 )
 from rlslurm.rollout.rewards import RewardFn, build_reward_fn
+from rlslurm.rollout.rollout_fn import (
+    RolloutContext,
+    RolloutFn,
+    TrackedSource,
+    call_rollout_fn,
+    check_output,
+    load_rollout_fn,
+    refuse_combinations,
+)
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.slurm.jobenv import job_env
 
@@ -194,6 +215,10 @@ class RolloutDriver:
         self.reward_fn = reward_fn or build_reward_fn(r.rm_type, custom_rm_path=r.custom_rm_path, rm_url=r.rm_url,
                                                       rm_api_key=None)
         self.generate_fn = generate_fn or load_generate_fn(r.custom_generate_function_path)
+        check_fan_out(self.generate_fn, cfg)
+        refuse_combinations(r)
+        self.rollout_fn: RolloutFn | None = load_rollout_fn(r.rollout_function_path) if r.rollout_function_path \
+            else None
         if filters is None:
             filters = [load_filter(r.dynamic_sampling_filter_path)] if r.dynamic_sampling_filter_path else []
         self.filters = list(filters)
@@ -386,11 +411,14 @@ class RolloutDriver:
                                         max_context_len=r.rollout_max_context_len,
                                         skip_special_tokens=r.rollout_skip_special_tokens)
 
-        collector = GroupCollector(self.source, run_group, rollout_batch_size=r.rollout_batch_size,
-                                   over_sampling_batch_size=r.over_sampling_batch_size, filters=self.filters,
-                                   partial_rollout=r.partial_rollout, abort=self.abort_engines)
         t0 = time.perf_counter()
-        collected = await collector.collect()
+        if self.rollout_fn is not None:
+            collected = await self._collect_with_rollout_fn(rollout_id, engine_version, sp, run_group)
+        else:
+            collector = GroupCollector(self.source, run_group, rollout_batch_size=r.rollout_batch_size,
+                                       over_sampling_batch_size=r.over_sampling_batch_size, filters=self.filters,
+                                       partial_rollout=r.partial_rollout, abort=self.abort_engines)
+            collected = await collector.collect()
         gen_s = time.perf_counter() - t0
         if collected.exhausted or len(collected.groups) < r.rollout_batch_size:
             self.exhausted_message = (
@@ -418,6 +446,33 @@ class RolloutDriver:
         log.info("committed rollout %d: %d samples, reward %.3f, %.1f s", rollout_id, len(samples),
                  metrics["rollout/reward_mean"], gen_s)
         return True
+
+    async def _collect_with_rollout_fn(self, rollout_id: int, engine_version: int, sp: dict[str, Any],
+                                       run_group: Callable[[Prompt], Any]) -> Collected:
+        """One rollout's groups from the --rollout-function-path function, checked and scored
+        (Generation groups), in the shape GroupCollector returns."""
+        assert self.ctx is not None and self.rollout_fn is not None
+        r = self.cfg.rollout
+        source = TrackedSource(self.source)
+
+        async def score(prompt: Prompt, gens: Sequence[Generation]) -> list[Sample]:
+            return await score_generations(self.ctx, prompt, list(gens), reward_fn=self.reward_fn,
+                                           reward_key=r.reward_key, reward_executor=self.reward_executor,
+                                           skip_special_tokens=r.rollout_skip_special_tokens)
+
+        ctx = RolloutContext(rollout_id=rollout_id, weight_version=engine_version, source=source, engine=self.ctx,
+                             tokenizer=self.tokenizer, reward_fn=self.reward_fn, sampling_params=dict(sp),
+                             cfg=self.cfg, run_group=run_group, score=score, abort=self.abort_engines)
+        out = await call_rollout_fn(self.rollout_fn, ctx)
+        got = check_output(out, spec=str(r.rollout_function_path), rollout_id=rollout_id,
+                           rollout_batch_size=r.rollout_batch_size, n_samples_per_prompt=r.n_samples_per_prompt,
+                           ran_out=source.ran_out)
+        groups = [g if not g or isinstance(g[0], Sample) else await score(p, g)  # type: ignore[arg-type]
+                  for g, p in zip(got.groups, got.prompts)]
+        metrics = {**{k: float(v) for k, v in got.metrics.items()},
+                   "rollout/function/prompts_taken": float(source.taken),
+                   "rollout/function/prompts_pushed_back": float(source.pushed_back)}
+        return Collected(groups=groups, prompts=got.prompts, metrics=metrics, exhausted=got.exhausted)
 
     # ------------------------------------------------------------------ eval
 
@@ -466,7 +521,8 @@ class RolloutDriver:
         r = self.cfg.rollout
         for _ in range(EVAL_ABORT_RETRIES):
             group = await generate_group(self.ctx, prompt, n=k, sampling_params=sp, reward_fn=self.reward_fn,
-                                         generate_fn=self.generate_fn, reward_key=r.reward_key,
+                                         generate_fn=self.generate_fn, n_flag="--n-samples-per-eval-prompt",
+                                         reward_key=r.reward_key,
                                          reward_executor=self.reward_executor,
                                          max_context_len=r.rollout_max_context_len,
                                          skip_special_tokens=r.rollout_skip_special_tokens)
@@ -493,6 +549,22 @@ class RolloutDriver:
         if self._sinks is not None:
             self._sinks.close()
             self._sinks = None
+
+
+def check_fan_out(generate_fn: GenerateFn, cfg: RunConfig) -> None:
+    """A @fan_out(k) generate function: k divides every group size it makes, and no partial
+    rollout (generate_api's module docstring says why). Submit runs the same check."""
+    if fan_out_of(generate_fn) == 1:
+        return
+    r = cfg.rollout
+    if r.partial_rollout:
+        raise ConfigError(f"--partial-rollout: --custom-generate-function-path {r.custom_generate_function_path} "
+                          f"fans out (@fan_out({fan_out_of(generate_fn)})), and a call producing several samples "
+                          "cannot continue a handed-back group's partial samples")
+    calls_per_group(generate_fn, r.n_samples_per_prompt, "--n-samples-per-prompt")
+    for ds in eval_datasets(cfg):
+        calls_per_group(generate_fn, ds.n_samples_per_eval_prompt,
+                        f"--n-samples-per-eval-prompt (eval dataset {ds.name})")
 
 
 def number_samples(groups: Sequence[list[Sample]], prompts: Sequence[Prompt], *, first_group: int = 0) -> list[Sample]:

@@ -10,6 +10,24 @@ prompt into one `Generation`: the response tokens, which of them are trained
 names another one, e.g. a multi-turn tool-calling loop (examples/tool_calling/) that
 appends tool output tokens with loss_mask 0 between model turns.
 
+Fan-out (sub-agents, several agents per episode): a generate function decorated with
+`@fan_out(k)` returns a list of exactly k Generations per call, each of which becomes a
+sample of the prompt's group (in call order; `Sample.metadata["generate_call"]` says which
+call, i.e. which episode, a sample came from). The driver then calls it
+n_samples_per_prompt / k times per prompt, so a group still holds exactly
+--n-samples-per-prompt samples and a rollout --rollout-batch-size x --n-samples-per-prompt:
+the trainer's batch identity (= --global-batch-size x --num-steps-per-rollout) is unchanged,
+and k must divide --n-samples-per-prompt (and --n-samples-per-eval-prompt), checked at
+submit. Why a declared k and not "whatever comes back": every rollout must hold the same
+number of samples (each optimizer step trains --global-batch-size of them), and the driver
+has to know how many calls to make before the first one returns. Each generation is scored
+on its own (its `reward`, or the reward function; a group reward function sees all of
+them). An episode with fewer sub-agents than k must still return k Generations, e.g.
+padding ones with an all-zero loss_mask (they count in the group's reward baseline).
+A function without @fan_out may also return a list of one. Fan-out does not combine with
+--partial-rollout (a handed-back group keeps one partial sample per sample, which a call
+producing k of them cannot continue).
+
 A function that accepts a `partial` keyword continues an aborted sample (partial
 rollout) from its tokens so far; one that does not is restarted from scratch.
 
@@ -40,6 +58,10 @@ ENV_VERSION = -1
 META_RUNS = "weight_version_runs"
 META_CARRIED = "partial_tokens"
 META_MASKED = "offpolicy_masked_tokens"
+# Sample.metadata key of a fan-out sample: which call of the generate function made it
+META_CALL = "generate_call"
+# the attribute @fan_out sets on a generate function
+FAN_OUT_ATTR = "rlslurm_fan_out"
 
 
 class GenerateOutput(TypedDict):
@@ -259,6 +281,37 @@ def accepts_partial(fn: Callable[..., Any]) -> bool:
     return "partial" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def fan_out(k: int) -> Callable[[GenerateFn], GenerateFn]:
+    """Declare that a generate function returns a list of exactly `k` Generations per call
+    (module docstring: Fan-out)."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ConfigError(f"@fan_out({k!r}): the number of Generations per call must be a whole number >= 1")
+
+    def mark(fn: GenerateFn) -> GenerateFn:
+        setattr(fn, FAN_OUT_ATTR, k)
+        return fn
+
+    return mark
+
+
+def fan_out_of(fn: Callable[..., Any]) -> int:
+    """How many Generations one call of `fn` returns (1 unless it is decorated with @fan_out)."""
+    return int(getattr(fn, FAN_OUT_ATTR, 1))
+
+
+def calls_per_group(fn: Callable[..., Any], n: int, n_flag: str) -> int:
+    """How many calls of `fn` make a group of `n` samples; `n_flag` is the flag `n` came from."""
+    k = fan_out_of(fn)
+    if n % k:
+        raise ConfigError(f"{n_flag} {n} is not a multiple of {_fn_name(fn)}'s @fan_out({k}): a group holds "
+                          f"exactly {n_flag} samples, {k} per call")
+    return n // k
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
 def load_generate_fn(spec: str | None) -> GenerateFn:
     """--custom-generate-function-path, or the default single-turn function."""
     if spec is None:
@@ -267,25 +320,59 @@ def load_generate_fn(spec: str | None) -> GenerateFn:
     if not inspect.iscoroutinefunction(fn) and not inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         raise ConfigError(f"--custom-generate-function-path {spec!r}: must be an async function "
                           f"(async def f(ctx, prompt, sampling_params))")
+    k = getattr(fn, FAN_OUT_ATTR, 1)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ConfigError(f"--custom-generate-function-path {spec!r}: its fan-out {k!r} is not a whole number >= 1 "
+                          "(use @rlslurm.rollout.generate_api.fan_out(k))")
     return fn
 
 
 async def run_generate(fn: GenerateFn, ctx: GenerateContext, prompt: Prompt, sampling_params: dict[str, Any],
                        partial: PartialSample | None = None) -> Generation:
-    """Call a generate function, passing `partial` only to functions that take it."""
+    """Call a generate function that returns one Generation (see `run_generate_call`)."""
+    if fan_out_of(fn) != 1:
+        raise ConfigError(f"{_fn_name(fn)} is @fan_out({fan_out_of(fn)}): call it with run_generate_call")
+    return (await run_generate_call(fn, ctx, prompt, sampling_params, partial))[0]
+
+
+async def run_generate_call(fn: GenerateFn, ctx: GenerateContext, prompt: Prompt, sampling_params: dict[str, Any],
+                            partial: PartialSample | None = None) -> list[Generation]:
+    """Call a generate function, passing `partial` only to functions that take it. Returns its
+    Generations: one, or @fan_out's k."""
     if partial is not None and accepts_partial(fn):
-        gen = await fn(ctx, prompt, dict(sampling_params), partial=partial)
+        got = await fn(ctx, prompt, dict(sampling_params), partial=partial)
     else:
-        gen = await fn(ctx, prompt, dict(sampling_params))
-    if not isinstance(gen, Generation):
-        raise ConfigError(f"generate function {getattr(fn, '__name__', fn)} returned {type(gen).__name__}, "
-                          "expected rlslurm.rollout.generate_api.Generation")
-    n = len(gen.response_ids)
-    if len(gen.loss_mask) != n or len(gen.response_logprobs) != n:
-        raise DataError(prompt.where or f"prompt {prompt.index}",
-                        f"generate function {getattr(fn, '__name__', fn)} returned {n} tokens but "
-                        f"{len(gen.loss_mask)} mask entries and {len(gen.response_logprobs)} logprobs")
-    return gen
+        got = await fn(ctx, prompt, dict(sampling_params))
+    gens = _as_generations(got, fn, prompt)
+    where = prompt.where or f"prompt {prompt.index}"
+    for gen in gens:
+        n = len(gen.response_ids)
+        if len(gen.loss_mask) != n or len(gen.response_logprobs) != n:
+            raise DataError(where, f"generate function {_fn_name(fn)} returned {n} tokens but "
+                                   f"{len(gen.loss_mask)} mask entries and {len(gen.response_logprobs)} logprobs")
+    return gens
+
+
+def _as_generations(got: Any, fn: GenerateFn, prompt: Prompt) -> list[Generation]:
+    """`got` as the list of Generations the function promised (one, or @fan_out's k)."""
+    k = fan_out_of(fn)
+    name, where = _fn_name(fn), prompt.where or f"prompt {prompt.index}"
+    if isinstance(got, Generation) and k == 1:
+        return [got]
+    if isinstance(got, (list, tuple)) and got and all(isinstance(g, Generation) for g in got):
+        if len(got) == k:
+            return list(got)
+        if k == 1:
+            raise DataError(where, f"--custom-generate-function-path {name} returned {len(got)} Generations in one "
+                                   f"call: declare it with @rlslurm.rollout.generate_api.fan_out({len(got)}) (then "
+                                   f"--n-samples-per-prompt counts them) or return one")
+        raise DataError(where, f"--custom-generate-function-path {name} is @fan_out({k}) but returned {len(got)} "
+                               f"Generations in one call; every call must return exactly {k} (each rollout holds "
+                               "--rollout-batch-size x --n-samples-per-prompt samples)")
+    shown = f"a {type(got).__name__}" if not isinstance(got, (list, tuple)) else \
+        f"a list of {', '.join(sorted({type(g).__name__ for g in got})) or 'nothing'}"
+    want = "a rlslurm.rollout.generate_api.Generation" if k == 1 else f"a list of {k} Generations (@fan_out({k}))"
+    raise ConfigError(f"--custom-generate-function-path {name} returned {shown}; expected {want}")
 
 
 def with_context_cap(sampling_params: dict[str, Any], prompt_len: int, max_context_len: int | None,
@@ -307,7 +394,8 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
                          reward_fn: RewardFn, generate_fn: GenerateFn = default_generate,
                          reward_key: str | None = None, reward_executor: Any = None,
                          seed_per_sample: bool = False, mask_offpolicy: bool = False,
-                         max_context_len: int | None = None, skip_special_tokens: bool = True) -> list[Sample]:
+                         max_context_len: int | None = None, skip_special_tokens: bool = True,
+                         n_flag: str = "--n-samples-per-prompt") -> list[Sample]:
     """Generate and score one prompt's group of `n` samples (the usual `run_group`).
 
     Samples continue `prompt.partial` when it is set. If any sample was aborted the group
@@ -316,31 +404,56 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
     (an environment that scored the episode) is not re-scored. `group_index`/`index` are
     the prompt's record number and the sample's place in the group; the driver
     renumbers them by position in the rollout. `seed_per_sample` sets
-    `sampling_seed` = k so that n samples differ under deterministic inference.
+    `sampling_seed` = k (the call) so that the calls differ under deterministic inference.
     `mask_offpolicy` (partial rollout) masks each finished sample's tokens that older
     weights generated; it is applied only once the whole group is done, because a
     continued segment may still come from newer weights. `max_context_len`
     (--rollout-max-context-len) caps prompt + response tokens: the response budget
     (`max_new_tokens`) shrinks to what the prompt leaves. `skip_special_tokens`
     (--rollout-skip-special-tokens): how the response is decoded for the reward.
+    A @fan_out(k) generate function is called n / k times (`n_flag` names the flag of `n`
+    in the error when k does not divide it).
     """
+    calls = calls_per_group(generate_fn, n, n_flag)
+    where = prompt.where or f"prompt {prompt.index}"
+    if prompt.partial is not None and calls != n:
+        raise ConfigError(f"{where}: handed back with partial samples, but --custom-generate-function-path "
+                          f"{_fn_name(generate_fn)} fans out (@fan_out): fan-out does not combine with --partial-rollout")
     partials: Sequence[PartialSample | None] = prompt.partial or [None] * n
     if len(partials) != n:
-        raise DataError(prompt.where or f"prompt {prompt.index}",
-                        f"handed back with {len(partials)} partial samples but n_samples_per_prompt is {n}")
+        raise DataError(where, f"handed back with {len(partials)} partial samples but n_samples_per_prompt is {n}")
 
     prompt_ids = prompt_token_ids(ctx, prompt)
-    sampling_params = with_context_cap(sampling_params, len(prompt_ids), max_context_len,
-                                       prompt.where or f"prompt {prompt.index}")
+    sampling_params = with_context_cap(sampling_params, len(prompt_ids), max_context_len, where)
 
     def params(k: int) -> dict[str, Any]:
         return {**sampling_params, "sampling_seed": k} if seed_per_sample else dict(sampling_params)
 
-    gens = await asyncio.gather(*(run_generate(generate_fn, ctx, prompt, params(k), partials[k]) for k in range(n)))
+    per_call = await asyncio.gather(*(run_generate_call(generate_fn, ctx, prompt, params(c), partials[c])
+                                      for c in range(calls)))
+    gens = [g for got in per_call for g in got]
+    for c, got in enumerate(per_call):
+        if calls != n:  # fan-out: which call (episode) each sample came from
+            for g in got:
+                g.metadata.setdefault(META_CALL, c)
+    return await score_generations(ctx, prompt, gens, reward_fn=reward_fn, prompt_ids=prompt_ids,
+                                   reward_key=reward_key, reward_executor=reward_executor,
+                                   mask_offpolicy=mask_offpolicy, skip_special_tokens=skip_special_tokens)
+
+
+async def score_generations(ctx: GenerateContext, prompt: Prompt, gens: Sequence[Generation], *,
+                            reward_fn: RewardFn, prompt_ids: Sequence[int] | None = None,
+                            reward_key: str | None = None, reward_executor: Any = None,
+                            mask_offpolicy: bool = False, skip_special_tokens: bool = True) -> list[Sample]:
+    """One prompt's Generations as its group of Samples, scored (see `generate_group`); also what
+    the driver does with the Generation groups a --rollout-function-path function returns."""
+    where = prompt.where or f"prompt {prompt.index}"
+    if prompt_ids is None:
+        prompt_ids = prompt_token_ids(ctx, prompt)
     aborted = any(g.status == SampleStatus.ABORTED for g in gens)
     if mask_offpolicy and not aborted:
         for k, g in enumerate(gens):
-            masked = g.mask_offpolicy(f"{prompt.where or f'prompt {prompt.index}'} sample {k}")
+            masked = g.mask_offpolicy(f"{where} sample {k}")
             if masked:
                 g.metadata[META_MASKED] = masked
     samples = [g.to_sample(prompt_ids, group_index=prompt.index, index=k, label=prompt.label,
@@ -352,7 +465,7 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
     for k, g in enumerate(gens):
         if g.reward is not None:  # the generate function's own score: checked like a reward function's
             samples[k].reward = check_reward(g.reward, reward_key=reward_key, name="generate function reward",
-                                             where=f"{prompt.where or f'prompt {prompt.index}'} #{k}")
+                                             where=f"{where} #{k}")
     todo = [k for k, g in enumerate(gens) if g.reward is None]
     if todo:
         items = [RewardInput(prompt=prompt.prompt, label=prompt.label, metadata=prompt.metadata,

@@ -23,10 +23,23 @@ PLUGIN_EQUIVALENTS = {
     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std":
         "rlslurm.rollout.filters:zero_std_filter",
 }
-PLUGIN_FLAGS = ("custom_rm_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
-                "buffer_filter_path", "data_source_path", "rollout_sample_filter_path",
+# slime's default plugins: rlslurm does the same without the flag.
+PLUGIN_DEFAULTS = {
+    "slime.rollout.sglang_rollout.generate_rollout": "slime's default rollout; rlslurm's rollout driver does the "
+                                                     "same without the flag",
+    "slime.rollout.sglang_rollout.generate": "slime's default generate function; rlslurm's is the same "
+                                             "single-turn call",
+}
+PLUGIN_FLAGS = ("custom_rm_path", "custom_generate_function_path", "rollout_function_path",
+                "dynamic_sampling_filter_path", "buffer_filter_path", "data_source_path", "rollout_sample_filter_path",
                 "custom_reward_post_process_path", "custom_loss_function_path", "custom_advantage_function_path",
                 "custom_tis_function_path")
+
+# where a plugin flag's rlslurm interface is described, for the port hint
+PLUGIN_INTERFACES = {
+    "rollout_function_path": " (async def f(ctx: RolloutContext), rlslurm/rollout/rollout_fn.py)",
+    "custom_generate_function_path": " (async def f(ctx, prompt, sampling_params), rlslurm/rollout/generate_api.py)",
+}
 
 # Megatron-LM command-line names whose TransformerConfig field is spelled otherwise.
 MEGATRON_LM_RENAMES = {
@@ -157,9 +170,11 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             spec = f.values[0]
             if spec in PLUGIN_EQUIVALENTS:
                 emit(f, [f.shown, PLUGIN_EQUIVALENTS[spec]])
+            elif spec in PLUGIN_DEFAULTS:
+                drop(f, PLUGIN_DEFAULTS[spec])
             else:
                 drop(f, f"{spec} is a slime plugin (slime calls it with its own arguments); port it to "
-                        "rlslurm's plugin interface and name it module.path:attr")
+                        f"rlslurm's plugin interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr")
             continue
         if n == "context_parallel_size" and f.values and f.values[0] != "1":
             drop(f, context_parallel_refusal(int(f.values[0]) if f.values[0].isdigit() else 2, None))

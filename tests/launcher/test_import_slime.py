@@ -230,3 +230,21 @@ def test_wandb_flags_pass_and_the_key_is_left_out_unprinted(tmp_path: Path) -> N
     assert f"{s}:6: not mapped: --wandb-key: " in report and "--secret-env WANDB_API_KEY" in report
     assert f"{s}:7: not mapped: --disable-wandb-random-suffix: " in report
     assert "k3y-do-not-print" not in as_command(imp) + report
+
+
+def test_rollout_function_path_default_and_custom(tmp_path: Path) -> None:
+    """--rollout-function-path is an rlslurm flag now, but slime's functions take slime's arguments:
+    slime's default is left out (rlslurm's driver does the same), another function is left out with
+    the interface to port it to."""
+    s = tmp_path / "run.sh"
+    s.write_text(
+        "python3 train.py --rollout-function-path slime.rollout.sglang_rollout.generate_rollout \\\n"
+        "   --custom-generate-function-path my_agents.rollout.generate\n")
+    imp = import_script(s)
+    assert "--rollout-function-path" not in imp.argv
+    report = "\n".join(imp.report_lines())
+    assert f"{s}:1: not mapped: --rollout-function-path: slime's default rollout" in report
+    assert f"{s}:2: not mapped: --custom-generate-function-path: my_agents.rollout.generate is a slime plugin" in report
+    s.write_text("python3 train.py --rollout-function-path my_agents.rollout.generate_rollout\n")
+    report = "\n".join(import_script(s).report_lines())
+    assert "async def f(ctx: RolloutContext)" in report and "rlslurm/rollout/rollout_fn.py" in report

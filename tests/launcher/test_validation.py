@@ -339,3 +339,41 @@ def test_replay_buffer_must_hold_committed_rollouts(argv: list[str], tmp_path: P
     empty.mkdir()
     one_line_naming(argv + ["--load-debug-rollout-data", str(empty)], "--load-debug-rollout-data", str(empty),
                      "buffer")
+
+
+def test_rollout_function_path_is_checked_at_submit(argv: list[str], tmp_path: Path) -> None:
+    plugin = tmp_path / "rollout.py"
+    plugin.write_text("async def roll(ctx):\n    pass\n"
+                      "def blocking(ctx):\n    pass\n"
+                      "async def two(ctx, extra):\n    pass\n")
+    flag = ["--rollout-function-path", f"{plugin}:roll"]
+    assert resolve(argv + flag).cfg.rollout.rollout_function_path == f"{plugin}:roll"
+    one_line_naming(argv + ["--rollout-function-path", f"{plugin}:blocking"], "--rollout-function-path", "async")
+    one_line_naming(argv + ["--rollout-function-path", f"{plugin}:two"], "--rollout-function-path",
+                    "cannot be called with 1 positional")
+    # the driver's group-loop flags do nothing with it: refused, naming both
+    for extra in (["--partial-rollout"], ["--over-sampling-batch-size", "16"],
+                  ["--dynamic-sampling-filter-path", "rlslurm.rollout.filters:zero_std_filter"]):
+        one_line_naming(argv + flag + extra, extra[0], "--rollout-function-path")
+    # a generate function is what ctx.run_group uses: allowed with it
+    gen = tmp_path / "gen.py"
+    gen.write_text("async def g(ctx, prompt, sampling_params):\n    pass\n")
+    resolve(argv + flag + ["--custom-generate-function-path", f"{gen}:g"])
+
+
+def test_fan_out_generate_function_is_checked_at_submit(argv: list[str], tmp_path: Path) -> None:
+    gen = tmp_path / "gen.py"
+    gen.write_text("from rlslurm.rollout.generate_api import fan_out\n"
+                   "@fan_out(2)\nasync def two(ctx, prompt, sampling_params):\n    pass\n"
+                   "@fan_out(3)\nasync def three(ctx, prompt, sampling_params):\n    pass\n")
+    # tiny-qwen3's defaults: --n-samples-per-prompt 4
+    assert resolve(argv + ["--custom-generate-function-path", f"{gen}:two"]).cfg.rollout.n_samples_per_prompt == 4
+    one_line_naming(argv + ["--custom-generate-function-path", f"{gen}:three"], "--n-samples-per-prompt 4",
+                    "@fan_out(3)")
+    one_line_naming(argv + ["--custom-generate-function-path", f"{gen}:two", "--partial-rollout"],
+                    "--partial-rollout", "--custom-generate-function-path")
+    evals = tmp_path / "e.jsonl"
+    evals.write_text('{"prompt": "say a", "label": "a"}\n')
+    one_line_naming(argv + ["--custom-generate-function-path", f"{gen}:two", "--eval-prompt-data", "e", str(evals),
+                            "--eval-interval", "1", "--n-samples-per-eval-prompt", "3"],
+                    "--n-samples-per-eval-prompt", "@fan_out(2)")
