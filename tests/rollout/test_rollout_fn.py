@@ -17,6 +17,7 @@ import pytest
 from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.sample import Sample, SampleStatus
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.plugins import load_object
 from rlslurm.rollout.data import Prompt, PromptSource
 from rlslurm.rollout.generate_api import (
     META_CALL,
@@ -235,6 +236,18 @@ async def half_and_half(ctx):
                          metrics={"custom/rollout_id": float(ctx.rollout_id), "custom/version": ctx.weight_version})
 '''
 
+STOPPED_FN = '''
+import asyncio
+
+STATE = {}
+
+
+async def holds_prompts(ctx):
+    """Takes a rollout's prompts and is still working on them when the driver is stopped."""
+    STATE["taken"] = [(p.epoch, p.index) for p in ctx.source.take(ctx.rollout.rollout_batch_size)]
+    await asyncio.sleep(120)
+'''
+
 FAN_OUT_FN = '''
 from rlslurm.rollout.generate_api import Generation, fan_out, prompt_token_ids
 
@@ -256,7 +269,7 @@ async def two_agents(ctx, prompt, sampling_params):
 def test_rollout_function_and_fan_out_commit_rollouts_on_real_engines(private_deployment, tmp_path):
     dep = private_deployment
     plugin = tmp_path / "hooks.py"
-    plugin.write_text(textwrap.dedent(ROLLOUT_FN) + textwrap.dedent(FAN_OUT_FN))
+    plugin.write_text(textwrap.dedent(ROLLOUT_FN) + textwrap.dedent(FAN_OUT_FN) + textwrap.dedent(STOPPED_FN))
 
     # --rollout-function-path: two rollouts of 4 groups x 4 samples (async_buffer_size 1: rollout 1 may
     # use version 0 too, as no trainer publishes here)
@@ -284,6 +297,19 @@ def test_rollout_function_and_fan_out_commit_rollouts_on_real_engines(private_de
     assert [m["custom/rollout_id"] for m in lines] == [0.0, 1.0]
     assert [m["rollout/function/prompts_taken"] for m in lines] == [5.0, 5.0]
     assert all(m["rollout/samples"] == 16.0 for m in lines)
+
+    # a stop while the function holds its prompts: cancelled, the prompts go back with the saved cursor,
+    # and the next driver (the function above) generates rollout 0 from exactly those
+    run = tmp_path / "run-stop"
+    prompts = write_prompts(tmp_path / "s.jsonl", 8)
+    state = load_object(f"{plugin}:STATE")
+    stopped = make_driver(dep, make_cfg(prompts, rollout_function_path=f"{plugin}:holds_prompts"), run)
+    result = asyncio.run(stopped.run(should_stop=lambda: "taken" in state))
+    assert result.reason == "stopped" and result.committed == [] and result.handback is not None
+    resumed = make_driver(dep, make_cfg(prompts, rollout_function_path=f"{plugin}:half_and_half"), run)
+    assert asyncio.run(resumed.run()).committed == [0]
+    samples = RolloutReader(run).read(0).samples
+    assert [(s.metadata["prompt_epoch"], s.metadata["prompt_index"]) for s in samples[::4]] == state["taken"]
 
     # a @fan_out(2) generate function through the driver's own loop: 2 calls per group of 4
     run = tmp_path / "run-fan"
