@@ -25,8 +25,9 @@ is a one-line error naming the flag and what came back. Fewer groups are accepte
 source ran out (a `take` returned fewer prompts than asked): then, as with the driver's own
 loop, nothing is committed and the run ends after the rollouts before this one.
 
-Stop/preempt: the driver cancels the function (asyncio.CancelledError inside it) and then hands
-back every prompt it took and had not pushed back, so the saved cursor serves them again. After
+Stop/preempt: the driver cancels the function (asyncio.CancelledError inside it), then hands
+back every prompt it took and had not pushed back, so the saved cursor serves them again, and
+aborts the engines' requests (a cancelled HTTP call does not end its generation). After
 a normal return, a prompt it took and neither returned nor pushed back is used up, like a group a
 filter drops.
 
