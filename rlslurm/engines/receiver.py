@@ -29,6 +29,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,20 +56,21 @@ class BucketPlan:
 
 
 def plan_payload(group_name: str, buckets: list[BucketPlan]) -> str:
-    """The name of the one entry of the request (trainer side)."""
-    return PLAN_PREFIX + json.dumps({"group": group_name, "buckets": [
+    """The name of the one entry of the request (trainer side). `sent_at` (the trainer's clock) lets
+    the engine log how long the request took to reach it."""
+    return PLAN_PREFIX + json.dumps({"group": group_name, "sent_at": time.time(), "buckets": [
         {"nbytes": b.nbytes, "dtype": b.dtype, "tensors": [[n, list(s), o] for n, s, o in b.tensors]}
         for b in buckets]}, separators=(",", ":"))
 
 
-def parse_plan(name: str) -> tuple[str, list[BucketPlan]]:
+def parse_plan(name: str) -> tuple[str, list[BucketPlan], float]:
     if not name.startswith(PLAN_PREFIX):
         raise ValueError(f"{LOADER}: expected one entry named {PLAN_PREFIX}<plan>, got {name[:60]!r}")
     obj = json.loads(name[len(PLAN_PREFIX):])
     buckets = [BucketPlan(int(b["nbytes"]), str(b["dtype"]),
                           tuple((str(n), tuple(int(x) for x in s), int(o)) for n, s, o in b["tensors"]))
                for b in obj["buckets"]]
-    return str(obj["group"]), buckets
+    return str(obj["group"]), buckets, float(obj.get("sent_at", 0.0))
 
 
 # --- recording SGLang's load_weights --------------------------------------------------------
@@ -215,8 +217,16 @@ class _Receiver:
         self.model = model
         self.maps: dict[tuple, _CopyMap] = {}
 
-    def run(self, group: Any, buckets: list[BucketPlan]) -> None:
+    def run(self, group: Any, buckets: list[BucketPlan]) -> dict[str, float]:
+        """Receive and load every bucket; returns timings (s): until the first bucket arrived, the
+        last one arrived, and the loads were done, from entry (CUDA events on GPU: no extra sync)."""
         dev = next(self.model.parameters()).device
+        cuda = dev.type == "cuda"
+        t0 = time.perf_counter()
+        start = torch.cuda.Event(enable_timing=True) if cuda else None
+        arrived: list[Any] = []
+        if start is not None:
+            start.record()
         size = max((b.nbytes for b in buckets), default=0)
         bufs = [torch.empty(size, dtype=torch.uint8, device=dev) for _ in range(min(2, len(buckets)))]
         pending = None
@@ -224,13 +234,19 @@ class _Receiver:
             pending = dist.broadcast(bufs[0][:buckets[0].nbytes], src=0, group=group, async_op=True)
         for k, plan in enumerate(buckets):
             pending.wait()
+            arrived.append(_mark(cuda, t0))
             buf = bufs[k % 2]
             if k + 1 < len(buckets):  # the next bucket arrives while this one is copied
                 pending = dist.broadcast(bufs[(k + 1) % 2][:buckets[k + 1].nbytes], src=0, group=group,
                                          async_op=True)
             self._load(buf, plan)
-        if dev.type == "cuda":
+        end = _mark(cuda, t0)
+        if cuda:
             torch.cuda.current_stream(dev).synchronize()  # the buffers are freed next
+        if not arrived:
+            return {}
+        at = (lambda e: start.elapsed_time(e) / 1e3) if cuda else (lambda e: e)
+        return {"first bucket in": at(arrived[0]), "last bucket in": at(arrived[-1]), "loaded": at(end)}
 
     def _load(self, buf: torch.Tensor, plan: BucketPlan) -> None:
         cmap = self.maps.get(plan.key())
@@ -248,11 +264,21 @@ class _Receiver:
             es = typed.element_size()
             self.model.load_weights([(n, typed[o // es:o // es + _numel(s)].view(s)) for n, s, o in plan.tensors])
             return
-        typed = buf[:plan.nbytes].view(getattr(torch, plan.dtype))
-        srcs = [torch.as_strided(typed, c.size, c.stride, c.offset) for c in cmap.copies]
-        torch._foreach_copy_([c.dst for c in cmap.copies], srcs)
+        if cmap.copies:  # none: every tensor of the bucket is one load_weights skips (a tied lm_head)
+            typed = buf[:plan.nbytes].view(getattr(torch, plan.dtype))
+            srcs = [torch.as_strided(typed, c.size, c.stride, c.offset) for c in cmap.copies]
+            torch._foreach_copy_([c.dst for c in cmap.copies], srcs)
         for dst, value in cmap.fills:
             dst.fill_(value)
+
+
+def _mark(cuda: bool, t0: float) -> Any:
+    """A point on the current stream (a recorded CUDA event), or seconds since t0 on CPU."""
+    if not cuda:
+        return time.perf_counter() - t0
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
 
 
 _receivers: dict[int, _Receiver] = {}
@@ -274,9 +300,14 @@ def receive(model: torch.nn.Module, named_tensors: list[tuple[str, Any]]) -> Non
     """SGLang's custom weight loader entry point (see the module docstring)."""
     if len(named_tensors) != 1:
         raise ValueError(f"{LOADER}: expected one plan entry, got {len(named_tensors)}")
-    group_name, buckets = parse_plan(named_tensors[0][0])
+    group_name, buckets, sent_at = parse_plan(named_tensors[0][0])
+    reached = time.time()
     with _lock:
         r = _receivers.get(id(model))
         if r is None:
             r = _receivers[id(model)] = _Receiver(model)
-    r.run(_group(group_name), buckets)
+    t = r.run(_group(group_name), buckets)
+    # one line per publish in the engine's log: where a sync's time goes
+    print(f"rlslurm receiver: {len(buckets)} buckets, {sum(b.nbytes for b in buckets) / 1e9:.2f} GB: request "
+          f"reached the engine {1e3 * (reached - sent_at):.1f} ms after it was sent; "
+          + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in t.items()), file=sys.stderr, flush=True)

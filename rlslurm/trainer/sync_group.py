@@ -142,7 +142,11 @@ class SyncGroup:
         """Broadcast each tensor from rank 0, in order (the engine posts one receive per tensor
         of the bucket, in the order of the names it was given), then wait for all of them.
         `timeout_s` bounds this call (default: the spec's timeout)."""
-        be = self.backend
+        self.finish(self.start(tensors, timeout_s=timeout_s), timeout_s=timeout_s)
+
+    def start(self, tensors: list[torch.Tensor], *, timeout_s: float | None = None) -> list:
+        """Post the broadcasts of `tensors` and return their works without waiting (`finish` waits).
+        The tensors must stay alive until then."""
         limit = self.spec.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         works = []
         try:
@@ -150,7 +154,14 @@ class SyncGroup:
                 opts = dist.BroadcastOptions()
                 opts.rootRank, opts.rootTensor = 0, 0
                 opts.timeout = limit
-                works.append(be.broadcast([t], opts))
+                works.append(self.backend.broadcast([t], opts))
+        except (RuntimeError, dist.DistError) as e:
+            raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed: {e}") from e
+        return works
+
+    def finish(self, works: list, *, timeout_s: float | None = None) -> None:
+        limit = self.spec.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        try:
             _wait_all(works, time.monotonic() + limit.total_seconds())
         except (RuntimeError, dist.DistError) as e:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed or timed out "

@@ -256,15 +256,23 @@ class StageSender:
         futs = self.engines.submit("update_weights_from_tensor",
                                    lambda i: {"serialized_named_tensors": [payload] * targets[i].ranks},
                                    load_format=RECEIVER_LOADER, flush_cache=True, timeout=to)
+        # Two buckets in flight: the next one is flattened while the previous is on the wire, and the
+        # wait for a completed broadcast (polled: sync_group._wait_all) is not paid per bucket.
+        in_flight: list[tuple[torch.Tensor, list]] = []
         try:
             for k, bucket in enumerate(iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=True)):
                 if k >= len(plan) or bucket_plan(bucket) != plan[k]:
                     # the engines wait for the planned bytes: fail this attempt (its group is torn down)
                     raise SyncGroupError(f"weight sync: bucket {k} differs from the plan sent to the engines")
-                self.group.broadcast([flatten_bucket([t for _, t in bucket])])
+                flat = flatten_bucket([t for _, t in bucket])
+                if len(in_flight) == 2:
+                    self.group.finish(in_flight.pop(0)[1])
+                in_flight.append((flat, self.group.start([flat])))
                 stats.buckets += 1
                 stats.tensors += len(bucket)
                 stats.bytes += plan[k].nbytes
+            for _, works in in_flight:
+                self.group.finish(works)
         except BaseException:
             for f in futs:
                 f.cancel()

@@ -1,0 +1,94 @@
+"""rlslurm's engine receiver (rlslurm/engines/receiver.py) learns a bucket's copies from the model's
+own `load_weights` and replays them on the next publish. Here a module written like SGLang's
+loaders (stacked q/k/v rows, a skipped tied head, zero-filled vocabulary padding, item
+assignment) must end with the same parameters after a replay as after its own `load_weights`;
+loaders whose effect a replay would not redo (a dtype conversion, a re-assigned parameter) keep
+`load_weights`, with the reason. The receive itself runs against real SGLang engines in
+test_weight_sync_engines.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlslurm.engines.receiver import BucketPlan, _Receiver, parse_plan, plan_payload
+from rlslurm.trainer.weight_sync import bucket_plan
+
+V, VP, H = 10, 12, 4  # vocabulary, padded vocabulary, hidden
+
+
+class Engineish(torch.nn.Module):
+    def __init__(self, style: str = "faithful"):
+        super().__init__()
+        self.style = style
+        self.qkv = torch.nn.Parameter(torch.zeros(3 * H, H))
+        self.embed = torch.nn.Parameter(torch.full((VP, H), 7.0))
+        self.norm = torch.nn.Parameter(torch.zeros(H))
+
+    def load_weights(self, weights):
+        for name, w in weights:
+            if name == "lm_head.weight":
+                continue  # tied: SGLang's loaders skip it
+            if name in ("q", "k", "v"):
+                i = "qkv".index(name)
+                self.qkv.data.narrow(0, i * H, H).copy_(w)
+            elif name == "embed":
+                self.embed.data[:V].copy_(w)
+                self.embed.data[V:].fill_(0)  # padded rows
+            elif name == "norm":
+                if self.style == "converts":
+                    self.norm.data.copy_(w.to(torch.float64).to(torch.float32))
+                elif self.style == "reassigns":
+                    self.norm.data = w.clone()
+                else:
+                    self.norm.data[:] = w
+
+
+def _named(seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [("q", torch.randn(H, H, generator=g)), ("k", torch.randn(H, H, generator=g)),
+            ("v", torch.randn(H, H, generator=g)), ("embed", torch.randn(V, H, generator=g)),
+            ("norm", torch.randn(H, generator=g)), ("lm_head.weight", torch.randn(V, H, generator=g))]
+
+
+def _buffer(named: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1).view(torch.uint8) for _, t in named])
+
+
+def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("style, learnt", [("faithful", True), ("converts", False), ("reassigns", False)])
+def test_a_replay_ends_where_load_weights_ends(style: str, learnt: bool) -> None:
+    plan = bucket_plan(_named(1))
+    assert plan.nbytes == _buffer(_named(1)).numel() and plan.dtype == "float32"
+    model, receiver = Engineish(style), _Receiver(Engineish(style))
+    receiver.model = model
+    receiver._load(_buffer(_named(1)), plan)  # learns, by running load_weights
+    cmap = receiver.maps[plan.key()]
+    assert cmap.complete is learnt, cmap.why
+    if learnt:
+        assert len(cmap.copies) == 5 and len(cmap.fills) == 1  # q, k, v, embed, norm; the padding
+    else:
+        reasons = {"converts": ("the bucket read by to", "a parameter copied from elsewhere than the bucket"),
+                   "reassigns": ("load_weights re-assigned parameters",)}[style]
+        assert cmap.why in reasons or cmap.why.startswith(reasons[0]), cmap.why
+    receiver._load(_buffer(_named(2)), plan)  # replays (or keeps load_weights)
+    reference = Engineish(style)
+    reference.load_weights(_named(1))
+    reference.load_weights(_named(2))
+    got, want = _state(model), _state(reference)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    assert torch.equal(model.embed[V:], torch.zeros(VP - V, H))  # the fill is replayed
+
+
+def test_the_plan_survives_the_request() -> None:
+    plan = bucket_plan(_named(3))
+    group, buckets, sent_at = parse_plan(plan_payload("rlslurm-wsync-a0-pp0-b1", [plan, plan]))
+    assert group == "rlslurm-wsync-a0-pp0-b1" and buckets == [plan, plan] and sent_at > 0
+    assert isinstance(buckets[0], BucketPlan)
+    with pytest.raises(ValueError, match="expected one entry named rlslurm-receive:"):
+        parse_plan("model.embed_tokens.weight")
