@@ -66,6 +66,9 @@ def main() -> None:
                     help="--no-use-dynamic-batch-size (micro-batches of one sample: the default before the shipped "
                          "configs turned dynamic batching on)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--run-flag", action="append", default=[],
+                    help="one more flag for `rlslurm run` (repeat; e.g. --run-flag=--update-weight-receiver "
+                         "--run-flag=rlslurm)")
     ap.add_argument("--from-run", type=Path, default=None,
                     help="report an earlier run's records (metrics.jsonl, rollout_metrics.jsonl in this dir)")
     ap.add_argument("--reference-json", type=Path, default=None, help="a bench_trainer.py line of the same machine")
@@ -104,7 +107,7 @@ def main() -> None:
                "--rollout-temperature", "1.0", "--rollout-max-response-len", str(a.response_len),
                "--rollout-batch-size", str(a.rollout_batch_size), "--n-samples-per-prompt", str(a.n_samples),
                "--global-batch-size", str(batch), "--num-steps-per-rollout", "1", "--num-epoch", "100",
-               *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []),
+               *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []), *a.run_flag,
                *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
         log = a.work / "run.log"
         t = time.perf_counter()

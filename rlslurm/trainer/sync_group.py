@@ -133,7 +133,7 @@ class SyncGroup:
         if s.backend == "gloo":
             return dist.ProcessGroupGloo(store, 0, s.world_size, s.timeout)
         opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = s.timeout
+        opts._timeout = s.timeout + NCCL_WATCHDOG_MARGIN
         opts.is_high_priority_stream = self.high_priority
         opts.group_name = s.group_name
         return dist.ProcessGroupNCCL(store, 0, s.world_size, opts)
@@ -153,7 +153,9 @@ class SyncGroup:
             for t in tensors:
                 opts = dist.BroadcastOptions()
                 opts.rootRank, opts.rootTensor = 0, 0
-                opts.timeout = limit
+                # NCCL's watchdog kills the whole process when a work outlives its timeout; our own
+                # deadline (finish) must come first, so that a failed sync is an error we handle
+                opts.timeout = limit + NCCL_WATCHDOG_MARGIN
                 works.append(self.backend.broadcast([t], opts))
         except (RuntimeError, dist.DistError) as e:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed: {e}") from e
@@ -193,6 +195,11 @@ class SyncGroup:
 # The longest sleep between two polls of a broadcast's works: the bound on how late a completed
 # bucket is noticed (bench/bench_engine_sync.py measures the sync with it and with 1 ms).
 POLL_MAX_S = 0.01
+# How much later than our own deadline NCCL's watchdog may act on a weight-update work: seen on
+# 2xH200 (bench/results/engine-sync-h200x2-receiver.md), equal timeouts let the watchdog SIGABRT
+# the trainer (a broadcast to an engine that had died) before `_wait_all` raised and `close()`
+# aborted the communicator.
+NCCL_WATCHDOG_MARGIN = datetime.timedelta(seconds=120)
 
 
 def _wait_all(works: list, deadline: float) -> None:

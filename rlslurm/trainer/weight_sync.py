@@ -503,10 +503,19 @@ def bucket_plan(bucket: list[tuple[str, torch.Tensor]]) -> BucketPlan:
     return BucketPlan(off, dtype_name(bucket[0][1].dtype), tuple(entries))
 
 
+class _EmptyTensor:
+    """Unpickles as `torch.Tensor()` (empty; one global, torch._tensor.Tensor). A pickled tensor names its storage loader, which megatron-core
+    0.19 replaces in the trainer process (megatron.core.safe_globals.safe_load_from_bytes), and
+    SGLang's SafeUnpickler refuses that module: on 2xH200 the engine's scheduler died on it."""
+
+    def __reduce__(self):
+        return (torch.Tensor, ())
+
+
 def serialized_plan(name: str) -> str:
     """One TP rank's `serialized_named_tensors` entry: SGLang unpickles it (its SafeUnpickler allows
-    torch types) into [(name, tensor)]; the plan is the name, the tensor an empty placeholder."""
+    torch.*) into [(name, tensor)]; the plan is the name, the tensor an empty placeholder."""
     import base64
     import pickle
 
-    return base64.b64encode(pickle.dumps([(name, torch.empty(0))])).decode()
+    return base64.b64encode(pickle.dumps([(name, _EmptyTensor())])).decode()

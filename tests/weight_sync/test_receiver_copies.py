@@ -92,3 +92,23 @@ def test_the_plan_survives_the_request() -> None:
     assert isinstance(buckets[0], BucketPlan)
     with pytest.raises(ValueError, match="expected one entry named rlslurm-receive:"):
         parse_plan("model.embed_tokens.weight")
+
+
+def test_the_request_entry_unpickles_in_sglang_and_names_only_torch_tensor() -> None:
+    """A pickled tensor names its storage loader, which megatron-core 0.19 replaces in the trainer
+    process; SGLang's SafeUnpickler refused that and the engine died (2xH200). The entry must name
+    no global but torch.Tensor, and load with the installed SGLang's own deserializer."""
+    import base64
+    import pickletools
+
+    from sglang.srt.utils.common import MultiprocessingSerializer
+
+    from rlslurm.trainer.weight_sync import serialized_plan
+
+    payload = serialized_plan(plan_payload("g", [bucket_plan(_named(4))]))
+    ops = list(pickletools.genops(base64.b64decode(payload)))
+    strings = [arg for op, arg, _ in ops if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE")]
+    globals_ = sum(op.name in ("GLOBAL", "STACK_GLOBAL") for op, _, _ in ops)
+    assert globals_ == 1 and strings[-2:] == ["torch", "Tensor"], strings
+    (name, tensor), = MultiprocessingSerializer.deserialize(payload)
+    assert parse_plan(name)[1] == [bucket_plan(_named(4))] and tensor.numel() == 0
