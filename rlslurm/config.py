@@ -379,6 +379,9 @@ class TrainSection(Section):
     verify_weight_sync: bool = False   # after each sync compare trainer vs engine greedy output (control/weight_probe.jsonl)
     load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
     debug_rollout_only: bool = False   # generate and keep every rollout, train nothing (trainer/rollout_only.py)
+    # slime's flag: no engines. With a replay it changes nothing; without one the rollout node builds
+    # the rollouts itself with the --rollout-function-path function (default SFT: rollout/sft.py)
+    debug_train_only: bool = False
     # ... on this fraction of each replayed rollout's groups (rlslurm/trainer/replay_subsample.py)
     load_debug_rollout_data_subsample: float | None = Field(None, gt=0, le=1)
 
@@ -406,6 +409,11 @@ class RunConfig(Section):
     @property
     def rollout_gpus(self) -> int:
         return self.slurm.rollout_nodes * self.slurm.gpus_per_node  # type: ignore[operator]
+
+    @property
+    def builds_without_engines(self) -> bool:
+        """--debug-train-only without a replay: rollouts come from an engine-free rollout function (SFT)."""
+        return self.train.debug_train_only and self.train.load_debug_rollout_data is None
 
     @property
     def run_dir(self) -> Path:

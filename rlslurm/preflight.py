@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlslurm.errors import ConfigError, UserError
+from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.flags import flag_name
 
 if TYPE_CHECKING:
@@ -291,6 +291,44 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> None:
         check_hf_config(mc, path)
     except UserError as e:
         raise ConfigError(f"{flag} {path}: {e}") from None
+
+
+SFT_CHECKED_RECORDS = 20
+
+
+def check_sft_data(cfg: "RunConfig", warnings: list[str]) -> None:
+    """SFT rollouts (rollout/sft.py): the loss masks of the first records of --prompt-data, built here with
+    the --hf-checkpoint tokenizer's chat template, so a record or template that cannot be masked is
+    refused (file:line) before the job waits in the queue."""
+    d, hf = cfg.data, cfg.model.hf_checkpoint
+    if hf is None or not Path(hf).is_dir() or d.prompt_data is None:
+        return
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        warnings.append("--debug-train-only: transformers is not installed here; the SFT records' loss masks are "
+                        "built on the rollout node only")
+        return
+    from rlslurm.rollout.data import PromptSource
+    from rlslurm.rollout.sft import check_chat_template, sft_sample
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(hf))
+    except Exception as e:
+        raise ConfigError(f"--hf-checkpoint {hf}: cannot load its tokenizer: {e}") from None
+    check_chat_template(tok)
+    src = PromptSource(d.prompt_data, input_key=d.input_key, label_key=None, metadata_key=d.metadata_key,
+                       tool_key=d.tool_key, tokenizer=tok, shuffle=False, strict=d.data_strict)
+    try:
+        for prompt in src.take(SFT_CHECKED_RECORDS):
+            try:
+                sft_sample(tok, prompt, d.apply_chat_template_kwargs)
+            except DataError as e:
+                if d.data_strict:
+                    raise
+                warnings.append(f"{e} (--no-data-strict: such records are skipped)")
+    finally:
+        src.close()
 
 
 def check_replay_buffer(path: Path) -> None:

@@ -92,6 +92,10 @@ def _derive(res: Resolved) -> None:
         s.python = sys.executable
     if cfg.run.use_wandb and cfg.run.wandb_run_id is None:
         cfg.run.wandb_run_id = preflight.wandb_run_id(cfg.run.run_name, cfg.run_dir)
+    from rlslurm.rollout.sft import SFT_ROLLOUT_FN, SLIME_SFT_ROLLOUT_FN
+
+    if r.rollout_function_path == SLIME_SFT_ROLLOUT_FN or (cfg.builds_without_engines and not r.rollout_function_path):
+        r.rollout_function_path = SFT_ROLLOUT_FN  # slime's SFT rollout is rlslurm's rollout/sft.py
 
 
 def _check(res: Resolved, strict_inputs: bool) -> None:
@@ -192,10 +196,11 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             raise ConfigError(
                 f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide --gpus-per-node {s.gpus_per_node}"
             )
-    elif not r.engines_per_node:
+    elif not r.engines_per_node and not _no_engines(cfg):
         raise ConfigError("--device cpu needs --engines-per-node (how many SGLang servers each rollout node runs)")
 
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
+    _check_train_only(cfg)
     if t.eps_clip > 1:
         raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
     rm = RM_REGISTRY[r.rm_type]
@@ -256,6 +261,45 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
                           "GPU memory to the trainer on the same GPU")
 
 
+def _no_engines(cfg: RunConfig) -> bool:
+    return cfg.train.debug_train_only or cfg.train.load_debug_rollout_data is not None
+
+
+def _check_train_only(cfg: RunConfig) -> None:
+    """--debug-train-only (no engines) and the SFT rollouts it builds (rlslurm/rollout/sft.py)."""
+    from rlslurm.rollout.sft import SFT_ROLLOUT_FN
+
+    r, t, d = cfg.rollout, cfg.train, cfg.data
+    if r.rollout_function_path == SFT_ROLLOUT_FN and not t.debug_train_only:
+        raise ConfigError(f"--rollout-function-path {SFT_ROLLOUT_FN} builds SFT rollouts without engines: add "
+                          "--debug-train-only (else engines start and the trainer publishes to them for nothing)")
+    if t.debug_train_only and t.debug_rollout_only:
+        raise ConfigError("--debug-train-only (no engines) and --debug-rollout-only (no training) exclude each other")
+    if not cfg.builds_without_engines:
+        return
+    flag = "--debug-train-only"
+    if r.rollout_function_path == SFT_ROLLOUT_FN:
+        if r.n_samples_per_prompt != 1:
+            raise ConfigError(f"{flag}: SFT rollouts have one sample per conversation: --n-samples-per-prompt must "
+                              f"be 1, got {r.n_samples_per_prompt}")
+        if t.loss_type == "policy_loss":
+            raise ConfigError(f"{flag}: SFT rollouts have no rewards (reward 0, no advantage): train them with "
+                              "--loss-type sft_loss (or custom_loss)")
+        if d.data_source_path is None and d.prompt_data is None:
+            raise ConfigError(f"{flag} --loss-type {t.loss_type}: SFT needs conversations: --prompt-data FILE "
+                              "--input-key messages (a list of {role, content} per record)")
+    if cfg.model.hf_checkpoint is None:
+        raise ConfigError(f"{flag} builds rollouts on the rollout node with the tokenizer of --hf-checkpoint; "
+                          "pass --hf-checkpoint")
+    if r.eval_interval or d.eval_prompt_data or d.eval_config:
+        raise ConfigError(f"{flag}: eval generates with the engines, and {flag} starts none; drop --eval-interval "
+                          "and the eval data")
+    if t.verify_weight_sync:
+        raise ConfigError(f"--verify-weight-sync: {flag} starts no engines to compare the weights with")
+    if r.custom_generate_function_path:
+        raise ConfigError(f"--custom-generate-function-path generates with the engines, and {flag} starts none")
+
+
 def min_distributed_timeout_s(weight_sync_timeout_s: float) -> float:
     """The smallest trainer process-group timeout that outlasts rank 0's longest lone phase."""
     return SINGLE_RANK_WEIGHT_SYNC_TIMEOUTS * weight_sync_timeout_s + 60.0
@@ -268,6 +312,8 @@ def _need(res: Resolved, strict: bool, msg: str) -> None:
 
 
 def _check_inputs(res: Resolved, strict: bool) -> None:
+    from rlslurm.rollout.sft import SFT_ROLLOUT_FN
+
     cfg, mc = res.cfg, res.model
     d, m = cfg.data, cfg.model
     if d.data_source_path is None:
@@ -278,8 +324,12 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
 
             # the file without slime's @[START:END] slice (rlslurm/prompt_slice.py)
             if parse_prompt_spec(d.prompt_data).path.exists() or strict:
-                validate_prompt_file(d.prompt_data, d.input_key, d.label_key)
+                sft = cfg.rollout.rollout_function_path == SFT_ROLLOUT_FN
+                # SFT records are conversations: no label (rollout/sft.py)
+                validate_prompt_file(d.prompt_data, d.input_key, None if sft else d.label_key)
                 _check_prompt_supply(cfg)
+                if sft:
+                    preflight.check_sft_data(cfg, res.warnings)
             else:
                 res.warnings.append(f"--prompt-data {d.prompt_data} does not exist (here)")
     if d.eval_config is not None and not d.eval_config.is_file() and not strict:

@@ -48,7 +48,8 @@ SLIME_INSTEAD: dict[str, str] = {
     "save_debug_rollout_data": "every rollout is kept in RUN/buffer until trained and checkpointed; "
                                "--export-retired-rollouts DIR writes each one there as JSONL before it "
                                "goes, and --load-debug-rollout-data RUN replays a run's buffer",
-    "debug_train_only": "use --load-debug-rollout-data RUN (train from another run's buffer, no engines)",
+    "loss_mask_type": "--debug-train-only's SFT rollouts find the assistant tokens from the --hf-checkpoint "
+                      "tokenizer's own chat template, whatever the model family (rlslurm/rollout/sft.py)",
     "use_fault_tolerance": "preemption and failures are handled by SLURM requeue (--max-failures)",
     # W&B (docs/wandb.md): --use-wandb and --wandb-{mode,project,group,team,host,dir,run-id} are fields
     "wandb_key": "a key on the command line is kept in shell history and visible in /proc; export "

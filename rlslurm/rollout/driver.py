@@ -18,6 +18,11 @@ One rollout at a time, in id order:
    RUN/rollout_metrics.jsonl (RUN/metrics.jsonl is the trainer's: one writer per file) and, with
    --use-wandb, to the rollout's W&B run (rlslurm/metrics_sink.py).
 
+--debug-train-only (no engines, no router; rollout/main.py `serve_without_engines`): the same loop with
+the --rollout-function-path function building every rollout (default SFT, rollout/sft.py; its
+`ctx.engine` is None), and a gate that keeps the driver at most --async-buffer-size + 1 rollouts
+ahead of the version the trainer recorded (`_wait_for_trainer`); no eval.
+
 Between rollouts (and while waiting at the weight gate) the driver regenerates rollouts the
 trainer quarantined as corrupt: in sync mode the trainer waits for exactly that rollout,
 so waiting for the next weight version instead would deadlock.
@@ -34,6 +39,7 @@ them instead of generating them again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -80,6 +86,7 @@ from rlslurm.rollout.rollout_fn import (
     load_rollout_fn,
     refuse_combinations,
 )
+from rlslurm.rollout.sft import SFT_ROLLOUT_FN
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.slurm.jobenv import job_env
 
@@ -149,9 +156,14 @@ def build_source(cfg: RunConfig, tokenizer: Any) -> DataSource:
         return load_custom_source(d.data_source_path, cfg=cfg, tokenizer=tokenizer)
     if d.prompt_data is None:
         raise ConfigError("--prompt-data is required (or --data-source-path)")
-    return PromptSource(d.prompt_data, input_key=d.input_key, label_key=d.label_key, metadata_key=d.metadata_key,
-                        tool_key=d.tool_key, tokenizer=tokenizer, apply_chat_template=d.apply_chat_template,
-                        chat_template_kwargs=d.apply_chat_template_kwargs, max_prompt_len=max_prompt_len(cfg),
+    # SFT conversations are templated whole by rollout/sft.py (not as a prompt with a generation prompt)
+    # and carry no label
+    sft = cfg.rollout.rollout_function_path == SFT_ROLLOUT_FN
+    return PromptSource(d.prompt_data, input_key=d.input_key, label_key=None if sft else d.label_key,
+                        metadata_key=d.metadata_key, tool_key=d.tool_key, tokenizer=tokenizer,
+                        apply_chat_template=d.apply_chat_template and not sft,
+                        chat_template_kwargs=d.apply_chat_template_kwargs,
+                        max_prompt_len=None if sft else max_prompt_len(cfg),
                         shuffle=d.rollout_shuffle, seed=d.rollout_seed, num_epochs=d.num_epoch,
                         strict=d.data_strict, buffer_filter=cfg.rollout.buffer_filter_path)
 
@@ -199,7 +211,7 @@ class RolloutDriver:
     supervisor's count for the metrics.
     """
 
-    def __init__(self, cfg: RunConfig, run: RunDir | str | Path, *, router_url: str, engine_urls: EngineUrls,
+    def __init__(self, cfg: RunConfig, run: RunDir | str | Path, *, router_url: str | None, engine_urls: EngineUrls,
                  api_key: str | None, tokenizer: Any, source: DataSource | None = None,
                  reward_fn: RewardFn | None = None, generate_fn: GenerateFn | None = None,
                  filters: Sequence[GroupFilter] | None = None, engine_restarts: Callable[[], int] | None = None,
@@ -234,6 +246,8 @@ class RolloutDriver:
         self._sinks: MetricSinks | None = None  # opened at the first record (W&B starts a process)
         self.ctx: RouterContext | None = None
         self.exhausted_message = ""
+        # --debug-train-only: no router, no engines; the rollout function builds the rollouts (SFT)
+        self.engine_free = cfg.builds_without_engines
 
     # ------------------------------------------------------------------ main loop
 
@@ -251,9 +265,9 @@ class RolloutDriver:
                  " (continuing the groups a stopped driver handed back)" if resume.from_handback else "")
         result = DriverResult("done", resume.next_rollout_id)
         next_id = resume.next_rollout_id
-        async with SGLangClient(self.router_url, self.api_key) as client:
-            self.ctx = RouterContext(client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency,
-                                     retry=self.retry)
+        async with _router_client(None if self.engine_free else self.router_url, self.api_key) as client:
+            self.ctx = None if client is None else RouterContext(
+                client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency, retry=self.retry)
             while (rollout_id := self._next_rollout(next_id)) is not None:
                 regenerate = rollout_id < next_id
                 if regenerate:
@@ -336,6 +350,8 @@ class RolloutDriver:
         """Block until every reachable engine serves a version allowed for `rollout_id`
         (disk mode: load newer published weights first). Returns the oldest engine version."""
         r = self.cfg.rollout
+        if self.engine_free:
+            return await self._wait_for_trainer(rollout_id)
         need = 0 if self.cfg.train.debug_rollout_only else required_version(  # no trainer publishes
             rollout_id, async_buffer_size=r.async_buffer_size, update_weights_interval=r.update_weights_interval)
         logged = False
@@ -354,6 +370,27 @@ class RolloutDriver:
                 raise _RegenerateFirst()
             if not logged:
                 log.info("rollout %d waits for weight version %d (engines: %s)", rollout_id, need, versions)
+                logged = True
+            await asyncio.sleep(self.poll_s)
+
+    async def _wait_for_trainer(self, rollout_id: int) -> int:
+        """Without engines no weights enter a rollout, so none is stale: the gate only keeps the buffer
+        from running far ahead of the trainer. Rollout N waits until the trainer has recorded the
+        version that would let rollout N - 1 be generated (control/weight_version.json; the trainer
+        records it also when it publishes nowhere): at most --async-buffer-size + 1 rollouts ahead."""
+        r = self.cfg.rollout
+        need = required_version(max(0, rollout_id - 1), async_buffer_size=r.async_buffer_size,
+                                update_weights_interval=r.update_weights_interval)
+        logged = False
+        while True:
+            rec = self.control.weight_version()
+            have = 0 if rec is None else rec.version
+            if have >= need:
+                return have
+            if any(q < rollout_id for q in self.writer.to_regenerate()):
+                raise _RegenerateFirst()
+            if not logged:
+                log.info("rollout %d waits for the trainer (version %d, it has recorded %d)", rollout_id, need, have)
                 logged = True
             await asyncio.sleep(self.poll_s)
 
@@ -397,10 +434,10 @@ class RolloutDriver:
     async def generate_rollout(self, rollout_id: int, engine_version: int) -> bool:
         """Generate, filter and commit rollout `rollout_id`. False when the data ran out first
         (nothing is committed, the cursor is not advanced)."""
-        assert self.ctx is not None
+        assert self.ctx is not None or self.engine_free
         r = self.cfg.rollout
         sp = sampling_params(self.cfg)
-        before = self.ctx.stats.snapshot()
+        before = self.ctx.stats.snapshot() if self.ctx is not None else {}
         restarts0 = self.engine_restarts()
 
         async def run_group(prompt: Prompt) -> list[Sample]:
@@ -432,7 +469,7 @@ class RolloutDriver:
             collected.metrics["rollout/sample_filter/removed"] = float(apply_sample_filter(
                 self.sample_filter, r.rollout_sample_filter_path, samples))
         metrics = {**collected.metrics, **generation_metrics(samples, gen_s),
-                   **_delta(self.ctx.stats.snapshot(), before),
+                   **(_delta(self.ctx.stats.snapshot(), before) if self.ctx is not None else {}),
                    "rollout/engine_version": float(engine_version),
                    "rollout/engine/restarts_total": float(self.engine_restarts()),
                    "rollout/engine/restarts": float(self.engine_restarts() - restarts0)}
@@ -451,7 +488,7 @@ class RolloutDriver:
                                        run_group: Callable[[Prompt], Any]) -> Collected:
         """One rollout's groups from the --rollout-function-path function, checked and scored
         (Generation groups), in the shape GroupCollector returns."""
-        assert self.ctx is not None and self.rollout_fn is not None
+        assert (self.ctx is not None or self.engine_free) and self.rollout_fn is not None
         r = self.cfg.rollout
         source = TrackedSource(self.source)
 
@@ -549,6 +586,16 @@ class RolloutDriver:
         if self._sinks is not None:
             self._sinks.close()
             self._sinks = None
+
+
+@contextlib.asynccontextmanager
+async def _router_client(url: str | None, api_key: str | None):
+    """The router's client, or None without engines (--debug-train-only)."""
+    if url is None:
+        yield None
+        return
+    async with SGLangClient(url, api_key) as client:
+        yield client
 
 
 def check_fan_out(generate_fn: GenerateFn, cfg: RunConfig) -> None:

@@ -3,7 +3,8 @@
 
 Start-up: read RUN/run.yaml and record this node's placement (node list, GPUs, trainer head).
 Then run this node's SGLang servers (rollout/node.py); node 0 also runs the router and the
-rollout driver (rollout/driver.py). The process ends with 0 when the run is FINISHED, a stop is
+rollout driver (rollout/driver.py). With --debug-train-only no engine or router starts: node 0 runs
+the driver alone, which builds the rollouts itself (SFT: rollout/sft.py). The process ends with 0 when the run is FINISHED, a stop is
 requested, or a preempt request has been acknowledged by the trainer's checkpoint (the requeued
 job starts it again); the engines and the router
 are killed on every way out, SIGTERM from srun included.
@@ -105,12 +106,48 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
 def no_engines_reason(cfg) -> str | None:
     """Why this run needs no rollout engines, or None. A tiny model without --hf-checkpoint is
     random-initialised by the trainer (launcher tests, fake GPUs): engines could not serve its
-    weights. Replay (--load-debug-rollout-data) trains from another run's buffer."""
+    weights. Replay (--load-debug-rollout-data) trains from another run's buffer. --debug-train-only
+    builds its rollouts on node 0 without engines (`builds_rollouts`)."""
     if cfg.train.load_debug_rollout_data is not None:
         return "replay run (--load-debug-rollout-data): the trainer reads another run's buffer"
+    if cfg.train.debug_train_only:
+        return (f"--debug-train-only: node 0 builds the rollouts with {cfg.rollout.rollout_function_path} "
+                "(no engines, no router)")
     if cfg.model.hf_checkpoint is None:
         return "no --hf-checkpoint (tiny model initialised by the trainer): no weights to serve"
     return None
+
+
+def builds_rollouts(cfg, node: int) -> bool:
+    """This node runs the engine-free driver of --debug-train-only (node 0; SFT: rollout/sft.py)."""
+    return node == 0 and cfg.builds_without_engines
+
+
+async def serve_without_engines(rd: RunDir, control: Control, cfg, tokenizer, role_rank: int) -> str:
+    """--debug-train-only: the rollout driver with no router and no engines (its rollout function builds
+    each rollout; the commit with the data cursor, the stop and the end of the data are the driver's
+    as always), heartbeats, until the run ends."""
+    from rlslurm.rollout.driver import RolloutDriver
+
+    driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=lambda: [], api_key=None, tokenizer=tokenizer)
+    task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
+    try:
+        while True:
+            control.heartbeat("rollout", role_rank)
+            if task is not None and task.done():
+                result = task.result()  # a driver error (a bad record: a user error) ends the process
+                log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
+                task = None
+            reason = end_reason(rd, control)
+            if reason is not None:
+                if task is not None:  # it saw the same stop: let it save its hand-back
+                    await asyncio.wait({task}, timeout=DRIVER_STOP_S)
+                return reason
+            await asyncio.sleep(POLL_S)
+    finally:
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:
@@ -153,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     if end_reason(rd, control) is not None:
         return 0
     skip = no_engines_reason(cfg)
+    if skip is not None and builds_rollouts(cfg, env.procid):
+        log.info("node %d: %s", env.procid, skip)
+        reason = asyncio.run(serve_without_engines(rd, control, cfg, load_tokenizer(cfg), env.procid))
+        log.info("node %d: run ends (%s)", env.procid, reason)
+        return 0
     if skip is not None:
         log.warning("node %d: rollout engines not started: %s; waiting for the run to end", env.procid, skip)
         wait_for_end(rd, control, env.procid)

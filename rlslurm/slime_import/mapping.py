@@ -22,6 +22,8 @@ from rlslurm.slime_import.bash import Element
 PLUGIN_EQUIVALENTS = {
     "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std":
         "rlslurm.rollout.filters:zero_std_filter",
+    # SFT: conversations -> assistant-turn loss masks, no engines (with --debug-train-only)
+    "slime.rollout.sft_rollout.generate_rollout": "rlslurm.rollout.sft:generate_rollout",
 }
 # slime's default plugins: rlslurm does the same without the flag.
 PLUGIN_DEFAULTS = {

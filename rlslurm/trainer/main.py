@@ -118,12 +118,14 @@ class Trainer:
         self.cfg, self.rd, self.rank, self.world = cfg, rd, rank, world
         self.control = Control(rd)
         self.replay = cfg.train.load_debug_rollout_data is not None
+        # no engines at all: a replay, or --debug-train-only's engine-free rollouts (SFT)
+        self.no_engines = self.replay or cfg.train.debug_train_only
         self.last_saved: int | None = None
         self.attempt = job_env().attempt
         self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
         self._last_heartbeat = -HEARTBEAT_S
-        # disk sync or a replay: no engine to wait for or to publish to again
-        needs_engines = cfg.train.weight_sync == "distributed" and not self.replay
+        # disk sync or no engines: no engine to wait for or to publish to again
+        needs_engines = cfg.train.weight_sync == "distributed" and not self.no_engines
         self.delivery = WeightDelivery(self.control, needs_engines=needs_engines,
                                        sync_timeout_s=cfg.train.weight_sync_timeout_s)
 
@@ -315,7 +317,7 @@ class Trainer:
             self.control.stop_requested() is not None
 
     def _publisher(self):
-        from rlslurm.trainer.publish import DiskPublisher, NullPublisher
+        from rlslurm.trainer.publish import DiskPublisher, NullPublisher, VersionRecorder
 
         st = self.st
         disk = DiskPublisher(st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
@@ -324,6 +326,9 @@ class Trainer:
             return disk  # also in replay: the trained weights are then on disk to evaluate
         if self.replay:
             return NullPublisher()  # no engine listens
+        if self.no_engines:
+            # --debug-train-only: nothing to publish, but the driver paces its rollouts by the version
+            return VersionRecorder(self.control)
         from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
 
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None

@@ -1,6 +1,7 @@
 """Weight publication after training a rollout: `WeightPublisher.publish(model, version)`.
 
-- `NullPublisher`: replay / train-only runs (no engine listens).
+- `NullPublisher`: replay runs (no engine listens).
+- `VersionRecorder`: --debug-train-only runs: no engine listens, the version is recorded for the driver.
 - `DiskPublisher`: HF safetensors into RUN/weights/v<N>/ (built in a temp directory, renamed into
   place complete), then `Control.set_weight_version(N)`; engines load it with
   `/update_weights_from_disk`. Keeps the newest `keep` versions.
@@ -33,6 +34,19 @@ class WeightPublisher(Protocol):
 class NullPublisher:
     def publish(self, model: torch.nn.Module, version: int) -> None:
         return None
+
+
+class VersionRecorder:
+    """--debug-train-only (no engines): no weights go anywhere, but the trained version is recorded
+    (control/weight_version.json, rank 0) so that the engine-free rollout driver stays within
+    --async-buffer-size + 1 rollouts of the trainer (rollout/driver.py)."""
+
+    def __init__(self, control: Control):
+        self.control = control
+
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            self.control.set_weight_version(version)
 
 
 def version_dir(weights_dir: Path, version: int) -> Path:
