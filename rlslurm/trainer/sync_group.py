@@ -154,8 +154,9 @@ class SyncGroup:
                 opts = dist.BroadcastOptions()
                 opts.rootRank, opts.rootTensor = 0, 0
                 # NCCL's watchdog kills the whole process when a work outlives its timeout; our own
-                # deadline (finish) must come first, so that a failed sync is an error we handle
-                opts.timeout = limit + NCCL_WATCHDOG_MARGIN
+                # deadline (finish) must come first, so that a failed sync is an error we handle.
+                # gloo has no watchdog: its timeout is what unblocks a send to a peer that stopped reading.
+                opts.timeout = limit + NCCL_WATCHDOG_MARGIN if self.spec.backend == "nccl" else limit
                 works.append(self.backend.broadcast([t], opts))
         except (RuntimeError, dist.DistError) as e:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed: {e}") from e
