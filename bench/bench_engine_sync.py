@@ -48,6 +48,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.gpu.bundle_flags import server_flags  # noqa: E402
+
 SHAPES = {  # Qwen3 dense configs (HF config.json fields); "tiny" only checks the bench on CPU
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
@@ -56,9 +58,7 @@ SHAPES = {  # Qwen3 dense configs (HF config.json fields); "tiny" only checks th
     "4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
 }
-# The GPU tier's engine flags (tests/gpu/test_gpu_grpo.py, docs/gpu.md: the trimmed bundle has no FA3).
-GPU_ENGINE_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-cuda-graph",
-                    "--grammar-backend", "none", "--mem-fraction-static", "0.5")
+GPU_ENGINE_FLAGS = server_flags(0.5)  # the trimmed GPU bundle's (tests/gpu/bundle_flags.py)
 MODES = {"rlslurm": "rlslurm's receiver in the engine", "flattened": "SGLang's flattened_bucket receive",
          "per_tensor": "SGLang's per-tensor receive"}
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12], [1, 64, 65, 66], [1, 2000 % 512, 3, 4, 250]]

@@ -36,12 +36,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from flops import peak_bf16, qwen3_forward_flops_per_token  # noqa: E402
+from tests.gpu.bundle_flags import run_flags  # noqa: E402
 
-# the GPU tier's engine flags for the trimmed SGLang 0.5.14 bundle (tests/gpu/test_gpu_grpo.py);
-# the engine has GPU 1 to itself, so a larger KV pool
-ENGINE_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
-                "--sglang-disable-cuda-graph", "--sglang-grammar-backend", "none",
-                "--sglang-mem-fraction-static", "0.7"]
+# the trimmed GPU bundle's engine flags; the engine has GPU 1 to itself, so a larger KV pool
+ENGINE_FLAGS = run_flags(0.7)
 
 
 def jsonl(p: Path) -> list[dict]:

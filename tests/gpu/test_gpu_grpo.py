@@ -25,13 +25,11 @@ from pathlib import Path
 from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
 
+from tests.gpu.bundle_flags import run_flags
 from tests.process_groups import trainer_pids
 
-# SGLang 0.5.14 on the GPU machines, trimmed bundle (docs/gpu.md): triton attention, no CUDA graphs,
-# no grammar backend; a small KV pool leaves the GPU mostly free.
-SGLANG_GPU_FLAGS = ["--sglang-attention-backend", "triton", "--sglang-sampling-backend", "pytorch",
-                    "--sglang-disable-cuda-graph", "--sglang-grammar-backend", "none",
-                    "--sglang-mem-fraction-static", "0.3"]
+# a small KV pool leaves the GPU mostly free (the trainer may share it)
+SGLANG_GPU_FLAGS = run_flags(0.3)
 SAVE_INTERVAL = 4
 MARGIN = 0.15
 
