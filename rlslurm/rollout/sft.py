@@ -171,8 +171,9 @@ def sft_sample(tokenizer: Any, prompt: Any, chat_template_kwargs: Mapping[str, A
 
 async def generate_rollout(ctx: Any) -> Any:
     """--rollout-function-path for SFT (module docstring): --rollout-batch-size conversations, one
-    Sample each. With --no-data-strict a record whose mask cannot be built is skipped (counted in
-    rollout/sft/skipped) and another is taken in its place."""
+    Sample each. A record whose mask cannot be built, or longer than --rollout-max-context-len, is a
+    DataError naming it; with --no-data-strict it is skipped (counted in rollout/sft/skipped) and
+    another is taken in its place."""
     from rlslurm.rollout.rollout_fn import RolloutOutput
 
     r, d = ctx.cfg.rollout, ctx.cfg.data
@@ -191,6 +192,11 @@ async def generate_rollout(ctx: Any) -> Any:
         for p in got:
             try:
                 s = sft_sample(ctx.tokenizer, p, d.apply_chat_template_kwargs)
+                limit = r.rollout_max_context_len
+                if limit is not None and len(s.prompt_tokens) + s.response_length > limit:
+                    raise DataError(p.where or f"record {p.index}", f"the conversation has "
+                                    f"{len(s.prompt_tokens) + s.response_length} tokens, more than "
+                                    f"--rollout-max-context-len {limit}")
             except DataError as e:
                 if d.data_strict:
                     raise

@@ -192,6 +192,10 @@ def test_rollout_function_refuses_other_n_and_skips_bad_records_when_lenient(tmp
     cfg.data.data_strict = False
     out = asyncio.run(generate_rollout(_ctx(cfg, src(), tok)))
     assert [p.index for p in out.prompts] == [0, 2] and out.metrics["rollout/sft/skipped"] == 1.0
+    n = len(out.groups[0][0].tokens)
+    with pytest.raises(DataError, match=rf"c.jsonl:1: the conversation has {n} tokens, more than "
+                                        rf"--rollout-max-context-len {n - 1}"):
+        asyncio.run(generate_rollout(_ctx(_cfg(tmp_path, rollout_max_context_len=n - 1), src(), tok)))
     with pytest.raises(ConfigError, match="no chat template"):
         asyncio.run(generate_rollout(_ctx(_cfg(tmp_path), src(), make_tokenizer(None))))
 
