@@ -103,9 +103,13 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
         # srun/sbatch expand %j, %t, ... in --output paths.
         raise ConfigError(f"--run-dir {str(run_dir)!r}: '%' is not allowed in the run directory path")
     gpus = s.gpus_per_node
+    # A replay (--load-debug-rollout-data) or --debug-train-only (SFT) starts no engine: the rollout
+    # group only waits or tokenizes, and must not hold a node's GPUs for it.
+    engines = cfg.train.load_debug_rollout_data is None and not cfg.train.debug_train_only
     groups = [
         Group(nodes=s.trainer_nodes or 1, gpus_per_node=gpus, partition=s.trainer_partition or s.partition),
-        Group(nodes=s.rollout_nodes or 1, gpus_per_node=gpus, partition=s.rollout_partition or s.partition),
+        Group(nodes=s.rollout_nodes or 1, gpus_per_node=gpus if engines else 0,
+              partition=s.rollout_partition or s.partition),
     ]
     return _env().get_template(TEMPLATE).render(
         job_name=job_name(cfg.run.run_name),

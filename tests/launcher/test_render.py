@@ -38,6 +38,20 @@ def test_groups_get_their_nodes_partitions_and_gpus() -> None:
     assert "#SBATCH --account=proj1" in g0 and "#SBATCH --qos=high" in g0 and "#SBATCH --time=2-00:00:00" in g0
 
 
+def test_a_rollout_group_without_engines_holds_no_gpus(tmp_path: Path) -> None:
+    """A replay starts no engine (its rollout group only waits): its nodes ask for no GPUs."""
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.buffer.writer import RolloutWriter
+    from tests.buffer.helpers import make_meta, make_samples
+
+    src = RunDir.create(tmp_path / "earlier-run")
+    RolloutWriter(src).commit(0, make_samples(0, n=4), make_meta(0))
+    script = _render("--model", "qwen3-4B", "--nodes", "2", "--gpus-per-node", "4", "--load-debug-rollout-data",
+                     str(src.path))
+    g0, g1 = script.split("#SBATCH hetjob")
+    assert "--gpus-per-node=4" in g0 and "--gpus-per-node" not in g1
+
+
 def test_container_and_setup_are_quoted(tmp_path: Path) -> None:
     setup = tmp_path / "my env.sh"
     setup.write_text("true\n")
