@@ -201,6 +201,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
 
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
     _check_train_only(cfg)
+    _check_rollout_only(cfg)
     if t.eps_clip > 1:
         raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
     rm = RM_REGISTRY[r.rm_type]
@@ -263,6 +264,18 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
 
 def _no_engines(cfg: RunConfig) -> bool:
     return cfg.train.debug_train_only or cfg.train.load_debug_rollout_data is not None
+
+
+def _check_rollout_only(cfg: RunConfig) -> None:
+    """--debug-rollout-only (engines generate, nothing is trained: rlslurm/trainer/rollout_only.py)."""
+    t = cfg.train
+    if not t.debug_rollout_only:
+        return
+    if t.load_debug_rollout_data is not None:
+        raise ConfigError("--debug-rollout-only (generate, train nothing) and --load-debug-rollout-data (train "
+                          "from a buffer, generate nothing) exclude each other")
+    if t.verify_weight_sync:
+        raise ConfigError("--verify-weight-sync: --debug-rollout-only publishes no weights to verify")
 
 
 def _check_train_only(cfg: RunConfig) -> None:
@@ -351,11 +364,6 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():
         _need(res, strict, f"--setup-script {cfg.slurm.setup_script} is not a file")
     replay = cfg.train.load_debug_rollout_data
-    if cfg.train.debug_rollout_only and replay is not None:
-        raise ConfigError("--debug-rollout-only (generate, train nothing) and --load-debug-rollout-data (train "
-                          "from a buffer, generate nothing) exclude each other")
-    if cfg.train.debug_rollout_only and cfg.train.verify_weight_sync:
-        raise ConfigError("--verify-weight-sync: --debug-rollout-only publishes no weights to verify")
     if replay is not None and not replay.is_dir():
         _need(res, strict, f"--load-debug-rollout-data {replay} is not a directory")
     elif replay is not None:
