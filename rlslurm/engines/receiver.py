@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -165,9 +166,7 @@ def _learn(model: torch.nn.Module, buf: torch.Tensor, plan: BucketPlan) -> _Copy
     """Load one bucket with SGLang's load_weights, recording where its bytes went. A tensor with
     no recorded copy was skipped by load_weights (e.g. a tied lm_head): the replay skips it too."""
     dtype = getattr(torch, plan.dtype)
-    typed = buf[:plan.nbytes].view(dtype)
-    es = typed.element_size()
-    views = [(n, typed[o // es:o // es + _numel(s)].view(s)) for n, s, o in plan.tensors]
+    views = _views(buf, plan)
     before = _param_storages(model)
     rec = _Recorder(buf, set(before))
     with rec:
@@ -203,11 +202,16 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa == sb and a0 < b1 and b0 < a1
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for x in shape:
-        n *= x
-    return n
+def _typed(buf: torch.Tensor, plan: BucketPlan) -> torch.Tensor:
+    """The bucket's bytes as its one dtype."""
+    return buf[:plan.nbytes].view(getattr(torch, plan.dtype))
+
+
+def _views(buf: torch.Tensor, plan: BucketPlan) -> list[tuple[str, torch.Tensor]]:
+    """The bucket's named tensors, viewed in place (what SGLang's load_weights takes)."""
+    typed = _typed(buf, plan)
+    es = typed.element_size()
+    return [(n, typed[o // es:o // es + math.prod(s)].view(s)) for n, s, o in plan.tensors]
 
 
 # --- the receiver ----------------------------------------------------------------------------
@@ -259,13 +263,10 @@ class _Receiver:
                      else f"keeps SGLang's load_weights: {cmap.why}"), file=sys.stderr, flush=True)
             return  # learning loaded it
         if not cmap.complete:
-            dtype = getattr(torch, plan.dtype)
-            typed = buf[:plan.nbytes].view(dtype)
-            es = typed.element_size()
-            self.model.load_weights([(n, typed[o // es:o // es + _numel(s)].view(s)) for n, s, o in plan.tensors])
+            self.model.load_weights(_views(buf, plan))
             return
         if cmap.copies:  # none: every tensor of the bucket is one load_weights skips (a tied lm_head)
-            typed = buf[:plan.nbytes].view(getattr(torch, plan.dtype))
+            typed = _typed(buf, plan)
             srcs = [torch.as_strided(typed, c.size, c.stride, c.offset) for c in cmap.copies]
             torch._foreach_copy_([c.dst for c in cmap.copies], srcs)
         for dst, value in cmap.fills:

@@ -245,7 +245,6 @@ class RolloutDriver:
         self.metrics_path = self.rd.path / METRICS_FILE
         self._sinks: MetricSinks | None = None  # opened at the first record (W&B starts a process)
         self.ctx: RouterContext | None = None
-        self.exhausted_message = ""
         # --debug-train-only: no router, no engines; the rollout function builds the rollouts (SFT)
         self.engine_free = cfg.builds_without_engines
 
@@ -280,8 +279,6 @@ class RolloutDriver:
                     result.reason = "stopped"
                     return result
                 if outcome == "exhausted":
-                    # the trainer ends the run after the rollouts before this one (trainer/main.py)
-                    self.control.mark_data_exhausted(rollout_id, job_env().attempt, self.exhausted_message)
                     result.reason = "exhausted"
                     return result
                 if outcome == "ok":
@@ -458,11 +455,12 @@ class RolloutDriver:
             collected = await collector.collect()
         gen_s = time.perf_counter() - t0
         if collected.exhausted or len(collected.groups) < r.rollout_batch_size:
-            self.exhausted_message = (
-                f"the prompt data ran out in rollout {rollout_id} of --num-rollout {r.num_rollout} "
-                f"({len(collected.groups)} of --rollout-batch-size {r.rollout_batch_size} groups; "
-                f"--num-epoch {self.cfg.data.num_epoch})")
-            log.warning("%s: no further rollout", self.exhausted_message)
+            why = (f"the prompt data ran out in rollout {rollout_id} of --num-rollout {r.num_rollout} "
+                   f"({len(collected.groups)} of --rollout-batch-size {r.rollout_batch_size} groups; "
+                   f"--num-epoch {self.cfg.data.num_epoch})")
+            log.warning("%s: no further rollout", why)
+            # the trainer ends the run after the rollouts before this one (trainer/main.py)
+            self.control.mark_data_exhausted(rollout_id, job_env().attempt, why)
             return False
         samples = number_samples(collected.groups, collected.prompts)
         if r.rollout_sample_filter_path:

@@ -76,9 +76,16 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
         driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
         driver_task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
+    return await until_end(driver_task, node.housekeeping, rd, control)
+
+
+async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, control: Control) -> str:
+    """Call `tick` (heartbeats, engine housekeeping) every POLL_S until the run ends; a driver that
+    ends first is logged (its error ends the process, non-zero exit), one still running when the run
+    ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the same stop)."""
     try:
         while True:
-            node.housekeeping()
+            tick()
             if driver_task is not None and driver_task.done():
                 result = driver_task.result()  # a driver error ends the process (non-zero exit)
                 log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
@@ -131,23 +138,7 @@ async def serve_without_engines(rd: RunDir, control: Control, cfg, tokenizer, ro
 
     driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=lambda: [], api_key=None, tokenizer=tokenizer)
     task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    try:
-        while True:
-            control.heartbeat("rollout", role_rank)
-            if task is not None and task.done():
-                result = task.result()  # a driver error (a bad record: a user error) ends the process
-                log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
-                task = None
-            reason = end_reason(rd, control)
-            if reason is not None:
-                if task is not None:  # it saw the same stop: let it save its hand-back
-                    await asyncio.wait({task}, timeout=DRIVER_STOP_S)
-                return reason
-            await asyncio.sleep(POLL_S)
-    finally:
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    return await until_end(task, lambda: control.heartbeat("rollout", role_rank), rd, control)
 
 
 def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:

@@ -152,7 +152,7 @@ class Trainer:
             # not wait for them here: after a hard requeue the next rollouts are often already in the
             # buffer, so train those while the engines start and publish once they are up.
             self._defer(progress.weight_version)
-        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=job_env().attempt,
+        self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=self.attempt,
                                      cfg=cfg)
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:

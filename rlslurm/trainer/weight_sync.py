@@ -116,6 +116,11 @@ class SendStats:
     bytes: int = 0
     seconds: float = 0.0
 
+    def count(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        self.buckets += 1
+        self.tensors += len(bucket)
+        self.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+
 
 class StageSender:
     """Rank 0 of one stage's weight-update group: (re)builds it for the current engines and
@@ -231,9 +236,9 @@ class StageSender:
                 self._send_planned(it, stats)
             else:
                 layout: list[BucketPlan] = []
-                for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device,
-                                           one_dtype=self.opts.flattened or receiver):
-                    self._send_bucket(bucket, stats, flattened=self.opts.flattened or receiver)
+                flattened = self.opts.flattened or receiver  # the receiver's plan is of flattened buckets
+                for bucket in iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=flattened):
+                    self._send_bucket(bucket, stats, flattened=flattened)
                     layout.append(bucket_plan(bucket))
                 if receiver:  # the next publish sends the same layout in one request
                     self._plan = layout
@@ -268,9 +273,7 @@ class StageSender:
                 if len(in_flight) == 2:
                     self.group.finish(in_flight.pop(0)[1])
                 in_flight.append((flat, self.group.start([flat])))
-                stats.buckets += 1
-                stats.tensors += len(bucket)
-                stats.bytes += plan[k].nbytes
+                stats.count(bucket)
             for _, works in in_flight:
                 self.group.finish(works)
         except BaseException:
@@ -297,9 +300,7 @@ class StageSender:
                 f.cancel()
             raise
         Engines.wait(futs, to, "update_weights_from_distributed")
-        stats.buckets += 1
-        stats.tensors += len(bucket)
-        stats.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        stats.count(bucket)
 
     def close(self) -> None:
         self.teardown()
