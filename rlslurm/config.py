@@ -298,6 +298,11 @@ class TrainSection(Section):
     num_steps_per_rollout: int = Field(1, ge=1)
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: int | None = Field(None, ge=1)
+    # slime's --qkv-format: "thd" packs each micro-batch's samples into one row (no padding; each
+    # sample attends within itself; dynamic batching counts real tokens), "bshd" right-pads them
+    # (trainer/batching.py, docs/sequence-packing.md). slime's default is thd; ours stays bshd
+    # until the packed path is measured on GPU.
+    qkv_format: Literal["bshd", "thd"] = "bshd"
     lr: float = Field(1e-6, gt=0)
     min_lr: float = Field(0.0, ge=0)
     lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"

@@ -4,8 +4,10 @@ A rollout of N samples is split in order into `num_steps_per_rollout` global bat
 batch is spread over the DP ranks balanced by tokens (longest sample first onto the rank with the
 fewest tokens so far; counts differ by at most one), then each rank cuts its share into
 micro-batches: `micro_batch_size` samples each, or, with dynamic batching, as many samples as fit
-in `max_tokens_per_gpu` *padded* tokens (a micro-batch costs n x its longest sample). Every rank
-computes the same plan from the sample lengths alone, so no communication is needed.
+in `max_tokens_per_gpu` tokens. Padded (`--qkv-format bshd`, the default) a micro-batch is right-
+padded and costs n x its longest sample; packed (`--qkv-format thd`) its samples are concatenated
+into one row and it costs the sum of their lengths (docs/sequence-packing.md). Every rank computes
+the same plan from the sample lengths alone, so no communication is needed.
 
 Every DP rank runs the same number of micro-batches per optimizer step. With expert parallelism
 the token dispatch of every MoE layer is a collective over ranks of different DP index, so a rank
@@ -91,12 +93,25 @@ def balance(indices: list[int], lengths: list[int], dp: int) -> list[list[int]]:
 
 
 def micro_batches(indices: list[int], lengths: list[int], *, micro_batch_size: int,
-                  max_tokens_per_gpu: int | None) -> list[list[int]]:
+                  max_tokens_per_gpu: int | None, packed: bool = False) -> list[list[int]]:
     if max_tokens_per_gpu is None:
         return [indices[i: i + micro_batch_size] for i in range(0, len(indices), micro_batch_size)]
-    # Longest first: each micro-batch's padding is set by its first sample, so similar lengths pack together.
+    # Longest first: padded, each micro-batch's width is set by its first sample, so similar lengths
+    # go together; packed, it is first-fit decreasing (a sample goes to the first micro-batch with
+    # room), which leaves at most one micro-batch less than half full.
     order = sorted(indices, key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
+    if packed:
+        used: list[int] = []
+        for i in order:
+            m = next((m for m, u in enumerate(used) if u + lengths[i] <= max_tokens_per_gpu), None)
+            if m is None:
+                out.append([])
+                used.append(0)
+                m = len(out) - 1
+            out[m].append(i)
+            used[m] += lengths[i]
+        return out
     cur: list[int] = []
     for i in order:
         width = lengths[cur[0]] if cur else lengths[i]
@@ -131,7 +146,7 @@ def equalize(mbs: list[list[int]], target: int, lengths: list[int]) -> tuple[lis
 
 def plan_batches(lengths: list[int], *, num_steps: int, dp: int, dp_rank: int, micro_batch_size: int,
                  global_batch_size: int | None = None, max_tokens_per_gpu: int | None = None,
-                 where: str = "rollout") -> BatchPlan:
+                 packed: bool = False, where: str = "rollout") -> BatchPlan:
     gbs = split_steps(len(lengths), num_steps, global_batch_size, where)
     if max_tokens_per_gpu is None and gbs % (dp * micro_batch_size):
         raise ConfigError(f"global batch of {gbs} samples is not divisible by DP size {dp} x "
@@ -142,7 +157,8 @@ def plan_batches(lengths: list[int], *, num_steps: int, dp: int, dp_rank: int, m
         raise ValueError(f"dp_rank {dp_rank} outside [0, {dp})")
     steps, fillers = [], []
     for k in range(num_steps):
-        every = [micro_batches(share, lengths, micro_batch_size=micro_batch_size, max_tokens_per_gpu=max_tokens_per_gpu)
+        every = [micro_batches(share, lengths, micro_batch_size=micro_batch_size, max_tokens_per_gpu=max_tokens_per_gpu,
+                               packed=packed)
                  for share in balance(list(range(k * gbs, (k + 1) * gbs)), lengths, dp)]
         mbs, fill = equalize(every[dp_rank], max(len(m) for m in every), lengths)
         steps.append(mbs)
@@ -152,17 +168,28 @@ def plan_batches(lengths: list[int], *, num_steps: int, dp: int, dp_rank: int, m
 
 @dataclass
 class MicroBatch:
-    """Right-padded tokens of some samples, and where each response sits in them."""
+    """The tokens of some samples, and where each sample sits in them: padded, sample k is row k
+    from column 0; packed, every sample is in row 0 from column `starts[k]`."""
 
     indices: list[int]
-    tokens: torch.Tensor          # [n, L] int64
+    tokens: torch.Tensor          # [n, L] int64 padded; [1, T] packed
     prompt_lens: list[int]
     response_lens: list[int]
     filler: bool = False          # run only to keep ranks' collectives aligned: trains nothing
+    starts: list[int] | None = None   # packed: each sample's first column in row 0
+    cu_seqlens: torch.Tensor | None = None  # packed: int32 [segments + 1], a padding tail is a segment
 
     @property
     def num_tokens(self) -> int:
         return sum(p + r for p, r in zip(self.prompt_lens, self.response_lens))
+
+    @property
+    def packed(self) -> bool:
+        return self.starts is not None
+
+    def where(self, k: int) -> tuple[int, int]:
+        """(row, first column) of sample k of this micro-batch."""
+        return (0, self.starts[k]) if self.starts is not None else (k, 0)
 
 
 def collate(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1,
@@ -182,4 +209,32 @@ def collate(samples: list[Sample], indices: list[int], device: torch.device, pad
         prompt_lens=[len(samples[i].prompt_tokens) for i in indices],
         response_lens=[samples[i].response_length for i in indices],
         filler=filler,
+    )
+
+
+def collate_packed(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1,
+                   filler: bool = False) -> MicroBatch:
+    """The samples concatenated into one row, padded at the end to `pad_multiple`; the padding is a
+    segment of its own in `cu_seqlens`, so no sample attends to it."""
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    seqs = [samples[i].tokens for i in indices]
+    lens = [len(s) for s in seqs]
+    total = sum(lens)
+    width = -(-total // pad_multiple) * pad_multiple
+    tokens = torch.full((1, width), PAD_ID, dtype=torch.long)
+    starts, at = [], 0
+    for s in seqs:
+        tokens[0, at: at + len(s)] = torch.from_numpy(s.astype("int64"))
+        starts.append(at)
+        at += len(s)
+    bounds = [0, *(st + n for st, n in zip(starts, lens))] + ([width] if width > total else [])
+    return MicroBatch(
+        indices=list(indices),
+        tokens=tokens.to(device),
+        prompt_lens=[len(samples[i].prompt_tokens) for i in indices],
+        response_lens=[samples[i].response_length for i in indices],
+        filler=filler,
+        starts=starts,
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=device),
     )

@@ -22,8 +22,29 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
     the last stage's output; earlier stages return their hidden states [L, n, h] (a non-first
     stage ignores the tokens and reads the activation megatron's schedule set as its input)."""
     tokens = mb.tokens
+    if getattr(mb, "cu_seqlens", None) is not None:
+        return model(tokens, _packed_positions(mb.cu_seqlens, tokens), None,
+                     packed_seq_params=packed_seq_params(mb.cu_seqlens))
     pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
     return model(tokens, pos, None)
+
+
+def packed_seq_params(cu_seqlens: Tensor):
+    """megatron's description of a packed row (qkv_format thd): self-attention, so q and kv share
+    the boundaries. Rotary embeddings restart at each boundary (megatron's thd rope path)."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+                           max_seqlen_q=longest, max_seqlen_kv=longest)
+
+
+def _packed_positions(cu_seqlens: Tensor, tokens: Tensor) -> Tensor:
+    """Positions restarting at 0 in every segment (read only by learned position embeddings;
+    the rotary path takes its positions from `cu_seqlens`)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.long)
+    starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.long), lens)
+    return (torch.arange(tokens.shape[1], device=tokens.device) - starts.to(tokens.device)).unsqueeze(0)
 
 
 def _vocab_range() -> tuple[int, int, object]:
@@ -92,9 +113,14 @@ def response_slices(per_position: Tensor, mb: MicroBatch) -> list[Tensor]:
     """Per-sample 1-D tensors over the response tokens, from a [n, L-1] per-position tensor.
 
     Position t of the shifted tensor predicts token t+1, so response token j of a sample with
-    prompt length P is at position P - 1 + j.
+    prompt length P starting at column S of its row is at position S + P - 1 + j (packed samples
+    share row 0; the position predicting the next sample's first token belongs to no response).
     """
-    return [per_position[row, p - 1: p - 1 + r] for row, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens))]
+    out = []
+    for k, (p, r) in enumerate(zip(mb.prompt_lens, mb.response_lens)):
+        row, start = mb.where(k)
+        out.append(per_position[row, start + p - 1: start + p - 1 + r])
+    return out
 
 
 def values_of(values: Tensor, mb: MicroBatch) -> list[Tensor]:

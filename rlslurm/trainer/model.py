@@ -390,10 +390,14 @@ def _mlp_with_post_norm(base: type) -> type:
 
 
 class SDPACoreAttention(torch.nn.Module):
-    """Causal core attention for MLA without transformer-engine (query/key head dim != value's).
+    """Causal core attention by torch's scaled_dot_product_attention, without transformer-engine.
 
-    Megatron's local `DotProductAttention` (0.16) takes no `k_channels`/`v_channels`. Causal masks
-    only: no packed sequences, no arbitrary masks (the trainer pads on the right).
+    Used for MLA (megatron's local `DotProductAttention` takes no `k_channels`/`v_channels`: the
+    query/key head dim differs from the value's) and for every layer under `--qkv-format thd`
+    (packed sequences: the local `DotProductAttention` refuses `packed_seq_params`). Packed, q/k/v
+    come as [t, heads, dim] over the concatenated sequences of a micro-batch, and each sequence
+    attends causally within itself (`cu_seqlens`): one SDPA call per sequence, so no [t, t] mask is
+    built and the cost per sequence equals the padded path's (docs/sequence-packing.md).
     """
 
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
@@ -403,17 +407,34 @@ class SDPACoreAttention(torch.nn.Module):
         self.softmax_scale = softmax_scale
         self.attn_mask_type = attn_mask_type
 
+    def _sdpa(self, q, k, v):
+        """[b, h, s, d] causal attention; grouped query heads repeated as megatron's local path does."""
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        # On CUDA the flash / memory-efficient kernels accumulate the softmax in fp32 themselves and
+        # take no fp32 inputs (an fp32 upcast falls back to the math kernel: measured 0.6x of the
+        # padded path's step on H200, docs/sequence-packing.md); elsewhere upcast as megatron does.
+        if self.config.attention_softmax_in_fp32 and q.dtype != torch.float32 and not q.is_cuda:
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                                  scale=self.softmax_scale).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None, **_: Any):
         if packed_seq_params is not None:
-            raise NotImplementedError("SDPACoreAttention: packed sequences need transformer-engine")
+            if packed_seq_params.qkv_format != "thd":
+                raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
+            # [t, h, d] -> per sequence [1, h, s, d] -> [t, h * dv]
+            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            outs = []
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                q, k, v = (t[a:b].permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))
+                outs.append(self._sdpa(q, k, v)[0].permute(1, 0, 2).reshape(b - a, -1))
+            return torch.cat(outs, dim=0)
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        if self.config.attention_softmax_in_fp32 and q.dtype != torch.float32:
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
-                                                 scale=self.softmax_scale).to(q.dtype)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        out = self._sdpa(q, k, v)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
@@ -438,8 +459,9 @@ def _extend_mlp_spec(mc: ModelConfig, mlp_spec):
     return dataclasses.replace(mlp_spec, module=_mlp_with_post_norm(mlp_spec.module), params=params)
 
 
-def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
-    """The decoder block spec for `mc`: stock megatron specs plus the two extensions above."""
+def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: bool = False):
+    """The decoder block spec for `mc`: stock megatron specs plus the two extensions above;
+    `packed` (--qkv-format thd): core attention that takes packed sequences."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     kw: dict[str, Any] = {"use_transformer_engine": HAVE_TE}
@@ -465,7 +487,9 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None):
             if a.moe:
                 raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
             sub.mlp = _extend_mlp_spec(mc, sub.mlp)
-        if a.mla and not HAVE_TE:
+        if packed and not HAVE_TE:
+            sub.self_attention.submodules.core_attention = SDPACoreAttention
+        elif a.mla and not HAVE_TE:
             core = sub.self_attention.submodules.core_attention
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
             if not takes_k:
@@ -482,6 +506,7 @@ def build_gpt_model(
     vocab_size_padded: int,
     vp_stage: int | None = None,
     share_embeddings: bool | None = None,
+    packed: bool = False,
 ):
     """Build the GPTModel for `mc` (parallel state must be initialised for tcfg's sizes).
 
@@ -500,7 +525,7 @@ def build_gpt_model(
         raise ConfigError(f"vocab_size_padded={vocab_size_padded} < model vocab_size={a.vocab_size}")
     kw: dict[str, Any] = dict(
         config=tcfg,
-        transformer_layer_spec=layer_specs(mc, tcfg, vp_stage=vp_stage),
+        transformer_layer_spec=layer_specs(mc, tcfg, vp_stage=vp_stage, packed=packed),
         vocab_size=vocab_size_padded,
         max_sequence_length=a.max_position_embeddings,
         pre_process=pre_process,

@@ -237,12 +237,12 @@ def _device() -> torch.device:
 
 
 def _build(mc: ModelConfig, tcfg, vocab_padded: int, device: torch.device, par: Parallel,
-           share_embeddings: bool | None = None) -> torch.nn.Module:
+           share_embeddings: bool | None = None, packed: bool = False) -> torch.nn.Module:
     """This pipeline stage's part of the model (megatron picks the stage's layers and offsets)."""
     from rlslurm.trainer.model import build_gpt_model
 
     model = build_gpt_model(mc, tcfg, vocab_size_padded=vocab_padded, pre_process=par.first_stage,
-                            post_process=par.last_stage, share_embeddings=share_embeddings)
+                            post_process=par.last_stage, share_embeddings=share_embeddings, packed=packed)
     return model.to(device)
 
 
@@ -324,7 +324,8 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
 
     with_ref = needs_ref(adv_cfg, loss_cfg)
 
-    actor_model = _build(mc, tcfg, vpad, device, par)
+    packed = cfg.train.qkv_format == "thd"
+    actor_model = _build(mc, tcfg, vpad, device, par, packed=packed)
     _init_weights(actor_model, mc, cfg, "actor")
     actor_ddp = _wrap(actor_model, tcfg, cfg)
     opt, sched = _optimizer(actor_ddp, tcfg, cfg, cfg.train.lr, opt_over)
@@ -334,7 +335,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     if with_ref:
         from rlslurm.convert import load_hf_checkpoint
 
-        ref = _build(mc, tcfg, vpad, device, par)
+        ref = _build(mc, tcfg, vpad, device, par, packed=packed)
         load_hf_checkpoint(ref, mc, cfg.model.ref_load or cfg.model.hf_checkpoint)
         ref.eval().requires_grad_(False)
 
@@ -345,7 +346,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
         # Untied on every stage: its output layer becomes the value head, so there is no LM head
         # to keep equal to the embedding (with PP > 1 a tie would also all-reduce the embedding's
         # gradient with the value head's across stages).
-        cm = _build(mc, tcfg, vpad, device, par, share_embeddings=False)
+        cm = _build(mc, tcfg, vpad, device, par, share_embeddings=False, packed=packed)
         _init_weights(cm, mc, cfg, "critic")
         if par.last_stage:
             cm.output_layer = ValueHead(mc.arch.hidden_size, tcfg.params_dtype, device)

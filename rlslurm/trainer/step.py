@@ -30,7 +30,7 @@ from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
 from rlslurm.trainer.advantages import (actor_trains, compute_advantages_and_returns, group_baseline,
                                         post_processed_rewards, reward_from)
-from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, plan_batches
+from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, collate_packed, plan_batches
 from rlslurm.trainer.losses import compute_value_loss, local_denominator
 from rlslurm.trainer.setup import Trained, TrainerSetup
 
@@ -77,15 +77,20 @@ def make_plan(st: TrainerSetup, rollout: Rollout) -> BatchPlan:
         num_steps=t.num_steps_per_rollout, dp=st.par.dp, dp_rank=st.par.dp_rank,
         micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
         max_tokens_per_gpu=t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
-        where=f"rollout {rollout.rollout_id}",
+        packed=_packed(st), where=f"rollout {rollout.rollout_id}",
     )
 
 
-def step_microbatches(rollout: Rollout, plan: BatchPlan, k: int, device: torch.device, pad_multiple: int
-                      ) -> list[MicroBatch]:
+def _packed(st: TrainerSetup) -> bool:
+    return st.cfg.train.qkv_format == "thd"
+
+
+def step_microbatches(rollout: Rollout, plan: BatchPlan, k: int, device: torch.device, pad_multiple: int,
+                      packed: bool = False) -> list[MicroBatch]:
     """Step k's micro-batches on this rank in the order they run: the real ones, then fillers."""
-    real = [collate(rollout.samples, idx, device, pad_multiple) for idx in plan.steps[k]]
-    return real + [collate(rollout.samples, [i], device, pad_multiple, filler=True) for i in plan.fillers[k]]
+    make = collate_packed if packed else collate
+    real = [make(rollout.samples, idx, device, pad_multiple) for idx in plan.steps[k]]
+    return real + [make(rollout.samples, [i], device, pad_multiple, filler=True) for i in plan.fillers[k]]
 
 
 def _masks(prep: Prepared, mb: MicroBatch) -> list[Tensor]:
@@ -112,7 +117,7 @@ def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: 
     was_training = model.training
     model.eval()
     pad = pipeline.seq_multiple(model)
-    mbs = [mb for k in range(len(plan.steps)) for mb in step_microbatches(rollout, plan, k, st.device, pad)]
+    mbs = [mb for k in range(len(plan.steps)) for mb in step_microbatches(rollout, plan, k, st.device, pad, _packed(st))]
     out: dict[int, Tensor] = {}
     for mb, per in zip(mbs, pipeline.run_microbatches(model, mbs, per_sample, forward_only=True)):
         if not mb.filler:
@@ -278,7 +283,7 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     out["lr"] = st.actor.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it after)
     if st.critic is not None:
         out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
-    mbs = step_microbatches(rollout, prep.plan, k, st.device, pipeline.seq_multiple(st.actor.model))
+    mbs = step_microbatches(rollout, prep.plan, k, st.device, pipeline.seq_multiple(st.actor.model), _packed(st))
     t0 = time.perf_counter()
     if st.critic is not None:
         sums = _train_microbatches(st, st.critic, mbs, _critic_loss(st, prep, denom))

@@ -31,7 +31,7 @@ def main() -> None:
     from rlslurm.trainer import logprobs as lp
     from rlslurm.trainer import step as steps
     from rlslurm.trainer.pipeline import logits_on_every_stage, stages_to_first
-    from rlslurm.trainer.batching import collate
+    from rlslurm.trainer.batching import collate, collate_packed
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     cfg = load_run_config(a.run_dir)
@@ -42,11 +42,15 @@ def main() -> None:
 
     # Log-probs and entropy of every sample under the trainer's path (this rank's TP shard of the
     # vocabulary), before any update; all samples on every rank so that rank 0 can compare them.
+    # Packed (--qkv-format thd, one pipeline stage): the samples in one row, through the model's
+    # packed attention and per-sequence rotary positions.
     idx = list(range(len(rollout.samples)))
-    mb = collate(rollout.samples, idx, st.device)
+    packed = cfg.train.qkv_format == "thd" and st.par.pp == 1
+    mb = (collate_packed if packed else collate)(rollout.samples, idx, st.device)
     with torch.no_grad():
         st.actor.model.eval()
-        x = lp.prepare_logits(logits_on_every_stage(st.actor.model, mb.tokens), st.vocab_size)
+        out = lp.forward_logits(st.actor.model, mb) if packed else logits_on_every_stage(st.actor.model, mb.tokens)
+        x = lp.prepare_logits(out.float(), st.vocab_size)
         st.actor.model.train()
         ent = lp.response_slices(lp.vocab_parallel_entropy(x), mb)
         logp = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)

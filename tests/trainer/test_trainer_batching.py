@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.trainer.batching import balance, collate, equalize, micro_batches, plan_batches
+from rlslurm.trainer.batching import balance, collate, collate_packed, equalize, micro_batches, plan_batches
 
 
 def lengths(n: int, seed: int = 0) -> list[int]:
@@ -79,15 +79,48 @@ def test_collate_right_pads() -> None:
     assert mb.prompt_lens == [1, 2] and mb.response_lens == [3, 1] and mb.num_tokens == 7
 
 
-def _check_plans(L: list[int], num_steps: int, dp: int, mbs: int, budget: int | None) -> int:
+def test_collate_packed_concatenates_and_pads_the_tail_as_a_segment() -> None:
+    import torch
+
+    from rlslurm.buffer import Sample
+    from rlslurm.trainer.logprobs import _packed_positions, response_slices
+
+    s = [Sample(prompt_tokens=[5, 6], response_tokens=[7]), Sample(prompt_tokens=[8], response_tokens=[9, 10, 11])]
+    mb = collate_packed(s, [1, 0], torch.device("cpu"), pad_multiple=4)
+    assert mb.tokens.tolist() == [[8, 9, 10, 11, 5, 6, 7, 0]]
+    assert mb.starts == [0, 4] and mb.cu_seqlens.tolist() == [0, 4, 7, 8] and mb.packed
+    assert _packed_positions(mb.cu_seqlens, mb.tokens).tolist() == [[0, 1, 2, 3, 0, 1, 2, 0]]
+    # position t predicts token t+1: each sample's response positions, none crossing into the next
+    per_pos = torch.arange(7.0).unsqueeze(0)
+    assert [t.tolist() for t in response_slices(per_pos, mb)] == [[0.0, 1.0, 2.0], [5.0]]
+    exact = collate_packed(s, [0, 1], torch.device("cpu"))  # no padding: no tail segment
+    assert exact.cu_seqlens.tolist() == [0, 3, 7] and exact.tokens.shape == (1, 7)
+
+
+def test_packed_budget_counts_real_tokens() -> None:
+    """A long tail of lengths (lognormal, as RL response lengths are): padded, a micro-batch pays its
+    longest sample for each of its samples; packed, only the tokens it holds, so the same samples
+    fit the fewest micro-batches the budget allows."""
+    L = [int(x) for x in np.minimum(np.random.default_rng(0).lognormal(5, 1, 256), 4096) + 20]
+    padded = micro_batches(list(range(256)), L, micro_batch_size=1, max_tokens_per_gpu=4096)
+    packed = micro_batches(list(range(256)), L, micro_batch_size=1, max_tokens_per_gpu=4096, packed=True)
+    assert sorted(i for mb in packed for i in mb) == list(range(256))
+    assert all(sum(L[i] for i in mb) <= 4096 for mb in packed)
+    assert len(packed) == -(-sum(L) // 4096) == 17 and len(padded) == 20
+
+
+def _check_plans(L: list[int], num_steps: int, dp: int, mbs: int, budget: int | None, packed: bool = False) -> int:
     """Every invariant of one layout's plans; returns the number of fillers."""
-    plans = [plan_batches(L, num_steps=num_steps, dp=dp, dp_rank=r, micro_batch_size=mbs, max_tokens_per_gpu=budget)
+    plans = [plan_batches(L, num_steps=num_steps, dp=dp, dp_rank=r, micro_batch_size=mbs, max_tokens_per_gpu=budget,
+                          packed=packed)
              for r in range(dp)]
+    cost = (lambda mb: sum(L[i] for i in mb)) if packed else (lambda mb: len(mb) * max(L[i] for i in mb))
     gbs = len(L) // num_steps
     fillers = 0
     for k in range(num_steps):
         shares = balance(list(range(k * gbs, (k + 1) * gbs)), L, dp)
-        natural = [len(micro_batches(sh, L, micro_batch_size=mbs, max_tokens_per_gpu=budget)) for sh in shares]
+        natural = [len(micro_batches(sh, L, micro_batch_size=mbs, max_tokens_per_gpu=budget, packed=packed))
+                   for sh in shares]
         counts = {p.num_microbatches(k) for p in plans}
         assert counts == {max(natural)}, (k, counts, natural)  # equal, and no more than needed
         real = sorted(i for p in plans for mb in p.steps[k] for i in mb)
@@ -96,7 +129,7 @@ def _check_plans(L: list[int], num_steps: int, dp: int, mbs: int, budget: int | 
             assert all(mb for mb in p.steps[k])
             assert sorted(i for mb in p.steps[k] for i in mb) == shares[r]  # splitting moves no sample
             if budget is not None:
-                assert all(len(mb) == 1 or len(mb) * max(L[i] for i in mb) <= budget for mb in p.steps[k])
+                assert all(len(mb) == 1 or cost(mb) <= budget for mb in p.steps[k])
             elif not p.fillers[k]:
                 assert all(len(mb) == mbs for mb in p.steps[k])
             if p.fillers[k]:
@@ -111,7 +144,7 @@ def _check_plans(L: list[int], num_steps: int, dp: int, mbs: int, budget: int | 
 def test_every_rank_runs_the_same_micro_batch_count_random_layouts() -> None:
     """Property test over many random rollouts, DP sizes, budgets (fixed seed)."""
     rng = np.random.default_rng(1234)
-    fillers = splits = 0
+    fillers = splits = packs = 0
     for _ in range(400):
         dp = int(rng.integers(1, 9))
         num_steps = int(rng.integers(1, 4))
@@ -123,10 +156,12 @@ def test_every_rank_runs_the_same_micro_batch_count_random_layouts() -> None:
             mbs = 1
         else:
             budget, mbs = None, int(rng.choice([d for d in range(1, gbs // dp + 1) if (gbs // dp) % d == 0]))
-        fillers += _check_plans(L, num_steps, dp, mbs, budget)
+        packed = budget is not None and rng.random() < 0.5
+        fillers += _check_plans(L, num_steps, dp, mbs, budget, packed)
         if budget is not None:
             splits += 1
-    assert fillers > 10 and splits > 100  # the cases the property is about did occur
+            packs += packed
+    assert fillers > 10 and splits > 100 and packs > 40  # the cases the property is about did occur
 
 
 def test_equalize_splits_the_fullest_micro_batch_first_then_fills() -> None:

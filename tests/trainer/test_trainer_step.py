@@ -1,5 +1,7 @@
 """One RL rollout through the trainer's real path (megatron-core on CPU, gloo): log-probs equal
-HF transformers' on the same weights, and TP=2 / DP=2 give the losses and the update of TP=1."""
+HF transformers' on the same weights, and TP=2 / DP=2 give the losses and the update of TP=1;
+so does TP=2 with packed sequences (--qkv-format thd, dynamic batching by real tokens: several
+samples per row), against TP=1 padded."""
 
 from __future__ import annotations
 
@@ -22,8 +24,12 @@ TRAIN = dict(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1, num_steps_pe
              micro_batch_size=2, eps_clip=0.1, lr=3e-3, use_tis=True, tis_clip_low=0.2, tis_clip=2.0, adam_eps=1e-3)
 
 
-def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int) -> tuple[dict, dict]:
-    run = make_run(tmp / name, hf, nproc=nproc, train={**TRAIN, "tensor_model_parallel_size": tp})
+# 4-14 tokens per sample (conftest.make_samples): 24 real tokens make rows of two or three samples.
+PACKED = dict(qkv_format="thd", use_dynamic_batch_size=True, max_tokens_per_gpu=24)
+
+
+def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int, extra: dict | None = None) -> tuple[dict, dict]:
+    run = make_run(tmp / name, hf, nproc=nproc, train={**TRAIN, "tensor_model_parallel_size": tp, **(extra or {})})
     commit_rollouts(run, range(1))
     out = tmp / f"{name}-out"
     p = torchrun([str(HERE / "step_worker.py"), "--run-dir", str(run), "--out", str(out)], nproc)
@@ -34,11 +40,12 @@ def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int) -> tuple[dict, dic
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory, tiny_hf) -> dict[str, tuple[dict, dict]]:
     tmp = tmp_path_factory.mktemp("layouts")
-    return {name: _run(tmp, tiny_hf, name, nproc, tp)
-            for name, nproc, tp in (("tp1", 1, 1), ("tp2", 2, 2), ("dp2", 2, 1))}
+    return {name: _run(tmp, tiny_hf, name, nproc, tp, extra)
+            for name, nproc, tp, extra in (("tp1", 1, 1, None), ("tp2", 2, 2, None), ("dp2", 2, 1, None),
+                                           ("tp2-thd", 2, 2, PACKED))}
 
 
-@pytest.mark.parametrize("name", ["tp1", "tp2"])
+@pytest.mark.parametrize("name", ["tp1", "tp2", "tp2-thd"])
 def test_logprobs_match_hf_transformers(layouts, name: str) -> None:
     res, _ = layouts[name]
     assert res["logprob_scale"] > 1.0  # real log-probs of a 64-token vocabulary, not zeros
@@ -57,7 +64,7 @@ def test_steps_take_finite_nontrivial_updates(layouts) -> None:
     assert 0.0 < s0["tis_clipfrac"] < 1.0                    # engine and trainer disagree: some tokens clip
 
 
-@pytest.mark.parametrize("name", ["tp2", "dp2"])
+@pytest.mark.parametrize("name", ["tp2", "dp2", "tp2-thd"])
 def test_parallel_layouts_equal_single_process(layouts, name: str) -> None:
     ref_res, ref_w = layouts["tp1"]
     res, w = layouts[name]
