@@ -94,6 +94,14 @@ def one(a: argparse.Namespace) -> dict:
     for _ in range(a.warmup):
         step()
     times = [step() for _ in range(a.iters)]
+    if a.profile:  # where one step's time goes, to stderr (the parent prints it)
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=acts) as prof:
+            step()
+        key = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=25), file=sys.stderr)
     plan = prep.plan
     lens = [a.prompt + r for r in responses]
     padded_tokens = sum(len(mb) * max(lens[i] for i in mb) for mb in plan.steps[0])
@@ -129,6 +137,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--format", choices=["bshd", "thd"], help=argparse.SUPPRESS)  # one side, in a child
+    ap.add_argument("--profile", action="store_true", help="print each side's top ops of one step")
     ap.add_argument("--dump", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -155,6 +164,8 @@ def main() -> None:
                           "step_s": "out of GPU memory", "peak_mem_gib": None}
             continue
         sides[fmt] = json.loads(p.stdout.strip().splitlines()[-1])
+        if a.profile:
+            print(f"--- {fmt}\n{p.stderr[-12000:]}", file=sys.stderr)
     pad, pk = sides["bshd"], sides["thd"]
     lp_pk = torch.load(tmp / "thd.pt")
     lp_pad = torch.load(tmp / "bshd.pt") if (tmp / "bshd.pt").exists() else lp_pk

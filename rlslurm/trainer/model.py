@@ -396,8 +396,8 @@ class SDPACoreAttention(torch.nn.Module):
     query/key head dim differs from the value's) and for every layer under `--qkv-format thd`
     (packed sequences: the local `DotProductAttention` refuses `packed_seq_params`). Packed, q/k/v
     come as [t, heads, dim] over the concatenated sequences of a micro-batch, and each sequence
-    attends causally within itself (`cu_seqlens`): one SDPA call per sequence, so no [t, t] mask is
-    built and the cost per sequence equals the padded path's (docs/sequence-packing.md).
+    attends causally within itself (`cu_seqlens`): on CUDA one flash varlen call, elsewhere one SDPA
+    call per sequence; no [t, t] mask is built (docs/sequence-packing.md).
     """
 
     def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
@@ -413,8 +413,8 @@ class SDPACoreAttention(torch.nn.Module):
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
         # On CUDA the flash / memory-efficient kernels accumulate the softmax in fp32 themselves and
-        # take no fp32 inputs (an fp32 upcast falls back to the math kernel: measured 0.6x of the
-        # padded path's step on H200, docs/sequence-packing.md); elsewhere upcast as megatron does.
+        # take no fp32 inputs (an fp32 upcast falls back to the math kernel, measured slower on H200:
+        # bench/results/packing-h200.md); elsewhere upcast as megatron does.
         if self.config.attention_softmax_in_fp32 and q.dtype != torch.float32 and not q.is_cuda:
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
                                                   scale=self.softmax_scale).to(q.dtype)
@@ -425,6 +425,8 @@ class SDPACoreAttention(torch.nn.Module):
         if packed_seq_params is not None:
             if packed_seq_params.qkv_format != "thd":
                 raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
+            if query.is_cuda and _varlen_attn() is not None:
+                return _varlen_causal(query, key, value, packed_seq_params, self.softmax_scale)
             # [t, h, d] -> per sequence [1, h, s, d] -> [t, h * dv]
             bounds = packed_seq_params.cu_seqlens_q.tolist()
             outs = []
@@ -437,6 +439,38 @@ class SDPACoreAttention(torch.nn.Module):
         out = self._sdpa(q, k, v)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+@functools.lru_cache(maxsize=1)
+def _varlen_attn():
+    """torch's flash varlen attention (torch.nn.attention.varlen, CUDA only) and how it is told
+    "causal": `window_size=(-1, 0)` in newer torch, `is_causal=True` in older; None if absent."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        return varlen_attn, {"window_size": (-1, 0)}, "enable_gqa" in params
+    if "is_causal" in params:
+        return varlen_attn, {"is_causal": True}, "enable_gqa" in params
+    return None
+
+
+def _varlen_causal(query, key, value, psp, scale):
+    """Packed causal attention in one kernel call per layer (the per-sequence loop is CPU-bound:
+    thousands of small launches per step, docs/sequence-packing.md). [t, h, d] -> [t, h * dv]."""
+    fn, causal, gqa = _varlen_attn()
+    kw = dict(causal)
+    if key.shape[1] != query.shape[1]:
+        if gqa:
+            kw["enable_gqa"] = True
+        else:
+            key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+            value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+    cu = psp.cu_seqlens_q.to(torch.int32)
+    out = fn(query, key, value, cu, cu, psp.max_seqlen_q, psp.max_seqlen_kv, scale=scale, **kw)
+    return out.reshape(query.shape[0], -1)
 
 
 def _extend_mlp_spec(mc: ModelConfig, mlp_spec):
