@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         if not a.no_boot:
-            print(f"[bench] booting the SLURM test cluster (waits for another owner up to 10 min)", flush=True)
+            print("[bench] booting the SLURM test cluster (waits for another owner up to 10 min)", flush=True)
             cluster.boot()
         job = submit(run_dir, make_prompts(work / "prompts.jsonl", n=64))
         print(f"[bench] job {job}, run dir {run_dir}", flush=True)

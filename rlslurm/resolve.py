@@ -349,9 +349,9 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         res.warnings.append(f"--eval-config {d.eval_config} does not exist (here)")
     else:
         flag = "--eval-config" if d.eval_config is not None else "--eval-prompt-data"
-        for ds in eval_datasets(cfg):
-            from rlslurm.rollout.data import validate_prompt_file
+        from rlslurm.rollout.data import validate_prompt_file
 
+        for ds in eval_datasets(cfg):
             if parse_prompt_spec(ds.path, flag).path.exists() or strict:
                 validate_prompt_file(ds.path, ds.input_key, ds.label_key, flag=flag)
     if m.hf_checkpoint is None and m.load is None and not mc.tiny:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -10,7 +10,6 @@ through rlslurm.convert, and compares with HF transformers on the same files and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -19,7 +19,6 @@ pytest.importorskip("wandb")
 
 from rlslurm.buffer.reader import RolloutReader  # noqa: E402
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus  # noqa: E402
-from rlslurm.buffer.writer import RolloutWriter  # noqa: E402
 from rlslurm.metrics_sink import WandbSink  # noqa: E402
 from rlslurm.resolve import resolve  # noqa: E402
 from rlslurm.rollout.data import PromptSource  # noqa: E402
