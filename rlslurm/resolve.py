@@ -202,6 +202,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
     _check_train_only(cfg)
     _check_rollout_only(cfg)
+    _check_cpu_offload(cfg)
     if t.eps_clip > 1:
         raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
     rm = RM_REGISTRY[r.rm_type]
@@ -264,6 +265,21 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
 
 def _no_engines(cfg: RunConfig) -> bool:
     return cfg.train.debug_train_only or cfg.train.load_debug_rollout_data is not None
+
+
+def _check_cpu_offload(cfg: RunConfig) -> None:
+    """--megatron-optimizer-cpu-offload: megatron-core's HybridDeviceOptimizer runs inside its
+    distributed optimizer, on the fp32 main copies that bf16/fp16 training makes; with fp32 weights
+    those copies are views of the weights and megatron fails with "can't optimize a non-leaf Tensor"
+    (measured, megatron-core 0.16; tests/trainer/test_trainer_resume.py trains and resumes it)."""
+    if not cfg.megatron.get("optimizer_cpu_offload"):
+        return
+    if not cfg.train.use_distributed_optimizer:
+        raise ConfigError("--megatron-optimizer-cpu-offload needs --use-distributed-optimizer (megatron-core offloads "
+                          "the distributed optimizer's state)")
+    if not (cfg.train.bf16 or cfg.megatron.get("fp16")):
+        raise ConfigError("--megatron-optimizer-cpu-offload needs --bf16 (or --megatron-fp16): megatron-core offloads "
+                          "the fp32 main copies of 16-bit weights, which fp32 training does not make")
 
 
 def _check_rollout_only(cfg: RunConfig) -> None:

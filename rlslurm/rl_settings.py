@@ -102,12 +102,15 @@ class LossType:
     name: str
     policy_gradient: bool   # the RL loss: advantages, clipping, TIS, KL and entropy terms
     plugin: bool            # the function comes from --custom-loss-function-path
+    # the sampling policy's log-probs (LossInputs.old_log_probs): without it the trainer skips the
+    # no-grad forward that recomputes them (trainer/step.prepare)
+    reads_old_logprobs: bool = True
 
 
 _LOSS_TYPES = (
     LossType("policy_loss", policy_gradient=True, plugin=False),
     # negative log-likelihood of the loss-masked response tokens; no advantages
-    LossType("sft_loss", policy_gradient=False, plugin=False),
+    LossType("sft_loss", policy_gradient=False, plugin=False, reads_old_logprobs=False),
     LossType("custom_loss", policy_gradient=False, plugin=True),
 )
 LOSS_TYPES: dict[str, LossType] = {t.name: t for t in _LOSS_TYPES}

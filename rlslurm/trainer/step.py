@@ -25,6 +25,7 @@ from torch import Tensor
 
 from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
+from rlslurm.rl_settings import loss_type
 from rlslurm.trainer import actor_loss
 from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
@@ -156,6 +157,10 @@ def prepare(st: TrainerSetup, rollout: Rollout) -> Prepared:
             raise DataError(f"rollout {rollout.rollout_id}", "--use-rollout-logprobs but some samples carry no "
                                                              "rollout_logprobs")
         old = dict(rollout_lp)
+    elif not loss_type(st.loss_cfg.loss_type).reads_old_logprobs:
+        # sft_loss: no ratio, KL, TIS or estimator term reads them (rl_settings refuses those with
+        # it), so the forward pass that recomputes them is skipped; zeros keep the layout.
+        old = {i: torch.zeros_like(masks[i]) for i in local}
     else:
         old = _forward_all(st.actor.model, rollout, plan, st, values=False)
     times["old_logprob"] = time.perf_counter() - t0

@@ -102,6 +102,8 @@ def test_sft_trains_assistant_turns_without_engines(tmp_path: Path, tiny_hf: Pat
             assert s.reward == 0.0 and s.rollout_logprobs is None
             # the loss saw exactly these masks
             assert saved["loss_masks"][i].tolist() == s.effective_loss_mask().astype(float).tolist()
+            # sft_loss reads no sampling-policy log-probs: their recompute (a forward pass) is skipped
+            assert not saved["old_logprobs"][i].any()
     assert seen == set(range(len(CONVERSATIONS)))
     rm = [json.loads(x) for x in (run / "rollout_metrics.jsonl").read_text().splitlines()]
     assert [x["rollout_id"] for x in rm] == list(range(NUM_ROLLOUT))
