@@ -119,6 +119,27 @@ GLM45_AIR = {
     "transformers_version": "4.54.0", "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
 }
 
+# Moonlight-16B-A3B's config.json as published (as another project's test pins it; the model card's
+# file was not reachable from here). Its auto_map points at remote code that transformers' own
+# deepseek_v3 replaces.
+MOONLIGHT = {
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
+                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+    "aux_loss_alpha": 0.001, "bos_token_id": 163584, "eos_token_id": 163586, "ep_size": 1,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 11264, "kv_lora_rank": 512, "max_position_embeddings": 8192, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+    "norm_topk_prob": True, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+    "num_key_value_heads": 16, "num_nextn_predict_layers": 0, "pretraining_tp": 1, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-05, "rope_theta": 50000.0,
+    "routed_scaling_factor": 2.446, "scoring_func": "sigmoid", "seq_aux": True, "tie_word_embeddings": False,
+    "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "transformers_version": "4.46.3",
+    "use_cache": True, "v_head_dim": 128, "vocab_size": 163840,
+}
+
+
 def _write(d, cfg):
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
@@ -135,6 +156,12 @@ def test_shipped_glm45_air_matches_the_released_config(tmp_path):
     check_hf_config(load_model_config("glm4.5-air"), _write(tmp_path / "default", no_factor))
     with pytest.raises(ConfigError, match=r"arch\.moe\.shared_expert_ffn_hidden_size=1408 .*=2816"):
         check_hf_config(load_model_config("glm4.5-air"), _write(tmp_path / "sh", {**GLM45_AIR, "n_shared_experts": 2}))
+
+
+def test_shipped_moonlight_matches_the_released_config(tmp_path):
+    check_hf_config(load_model_config("moonlight-16B-A3B"), _write(tmp_path / "m", MOONLIGHT))
+    with pytest.raises(ConfigError, match=r"arch\.mla\.q_lora_rank=None .*q_lora_rank=1536"):
+        check_hf_config(load_model_config("moonlight-16B-A3B"), _write(tmp_path / "q", {**MOONLIGHT, "q_lora_rank": 1536}))
 
 
 @pytest.mark.parametrize("changes,field,ours,theirs", [

@@ -151,6 +151,20 @@ def test_glm4_moe_mtp_tensors_are_skipped(tiny_ckpts):
     assert all(torch.equal(with_mtp[k], plain[k]) for k in plain)
 
 
+def test_moonlight_table_projects_queries_without_lora():
+    """Moonlight (deepseek_v3, q_lora_rank null): one q_proj as linear_q_proj, no q LoRA or its
+    norm; two shared experts are one shared MLP of twice the width."""
+    mc = load_model_config("tiny-moonlight")
+    targets = M.default_targets(mc)
+    res = M.resolve(mc, "decoder.layers.0.self_attention.linear_q_proj.weight")
+    assert res.hf_names == ("model.layers.0.self_attn.q_proj.weight",) and res.rule.tp_dim == 0
+    assert not any("q_down_proj" in n or "q_up_proj" in n or "q_layernorm" in n for n in targets)
+    assert "decoder.layers.1.self_attention.kv_layernorm.weight" in targets
+    names = set(M.expected_hf_names(load_model_config("moonlight-16B-A3B")))
+    assert "model.layers.26.self_attn.q_proj.weight" in names and "model.layers.26.mlp.experts.63.gate_proj.weight" in names
+    assert not any("q_a_proj" in n for n in names)
+
+
 def test_missing_tensor_is_named(tiny_ckpts):
     mc = load_model_config("tiny-qwen3")
     ckpt = HFCheckpoint(tiny_ckpts / "tiny-qwen3")

@@ -18,9 +18,9 @@ from convert_helpers import FAMILIES, check, run_procs
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
-MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-glm4-moe"]
+MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe"]
 # HF keeps the router correction bias as a buffer (no gradient): one per MoE layer
-ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-glm4-moe": 1}
+ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1}
 TIED = "tiny-qwen3-tied"  # tiny-qwen3 with tied embeddings (like Qwen3-4B), written by the fixture
 LAYOUTS = {"tp1": (1, 1, FAMILIES + [TIED]), "tp2": (2, 1, FAMILIES + [TIED]), "ep2": (2, 2, MOE)}
 CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in models]

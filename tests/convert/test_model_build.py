@@ -63,6 +63,9 @@ def test_glm4_moe_fields():
     air = transformer_config(load_model_config("glm4.5-air"), overrides={})
     assert not air.qk_layernorm and air.moe_router_topk_scaling_factor is None  # routed_scaling_factor 1.0
     assert air.moe_layer_freq == [0] + [1] * 45 and air.moe_shared_expert_intermediate_size == 1408
+    moon = transformer_config(load_model_config("moonlight-16B-A3B"), overrides={})
+    assert moon.q_lora_rank is None and moon.moe_shared_expert_intermediate_size == 2816
+    assert moon.moe_router_topk_scaling_factor == 2.446
 
 
 @pytest.mark.parametrize("changes,match", [
