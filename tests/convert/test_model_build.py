@@ -57,15 +57,18 @@ def test_glm4_moe_fields():
     assert cfg.add_qkv_bias and not cfg.add_bias_linear and cfg.qk_layernorm and not cfg.rotary_interleaved
     assert cfg.kv_channels == 32 and cfg.hidden_size == 64  # head dim wider than hidden / heads
     assert cfg.moe_layer_freq == [0, 1] and cfg.moe_router_score_function == "sigmoid"
-    assert cfg.moe_router_enable_expert_bias
+    assert cfg.moe_router_enable_expert_bias and cfg.moe_router_bias_update_rate == 0.0
     assert cfg.moe_router_topk_scaling_factor == 2.5 and cfg.moe_router_num_groups is None
     assert cfg.moe_shared_expert_intermediate_size == 32 and cfg.sequence_parallel
     air = transformer_config(load_model_config("glm4.5-air"), overrides={})
     assert not air.qk_layernorm and air.moe_router_topk_scaling_factor is None  # routed_scaling_factor 1.0
     assert air.moe_layer_freq == [0] + [1] * 45 and air.moe_shared_expert_intermediate_size == 1408
+    # the correction bias stays the checkpoint's unless asked
+    assert transformer_config(load_model_config("tiny-glm4-moe"), overrides={"moe_router_bias_update_rate": 1e-3}
+                              ).moe_router_bias_update_rate == 1e-3
     moon = transformer_config(load_model_config("moonlight-16B-A3B"), overrides={})
     assert moon.q_lora_rank is None and moon.moe_shared_expert_intermediate_size == 2816
-    assert moon.moe_router_topk_scaling_factor == 2.446
+    assert moon.moe_router_topk_scaling_factor == 2.446 and moon.moe_router_bias_update_rate == 0.0
 
 
 @pytest.mark.parametrize("changes,match", [
