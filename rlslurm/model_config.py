@@ -35,6 +35,21 @@ class MoEArch(_Strict):
     router_group_topk: int = 1
     router_expert_bias: bool = False        # DeepSeek-V3 e_score_correction_bias
 
+    @model_validator(mode="after")
+    def _megatron_routes_as_hf(self) -> "MoEArch":
+        """Routing megatron-core computes differently from HF's sigmoid routers (deepseek_v3,
+        glm4_moe); docs/model-families.md, "Routing megatron-core cannot express"."""
+        if self.router_num_groups > 1 and self.router_topk // self.router_group_topk != 2:
+            raise ValueError(
+                f"router_group_topk={self.router_group_topk} with router_topk={self.router_topk} and "
+                f"router_num_groups={self.router_num_groups} is not supported: megatron-core ranks expert groups by "
+                f"their top router_topk // router_group_topk scores, HF by their top 2"
+            )
+        if self.router_score_function == "sigmoid" and self.router_topk == 1 and self.router_topk_norm:
+            raise ValueError("router_topk=1 with sigmoid scores and router_topk_norm is not supported: megatron-core "
+                             "does not renormalise a single expert's score, HF does")
+        return self
+
 
 class MLAArch(_Strict):
     q_lora_rank: int | None

@@ -46,7 +46,7 @@ def tokenizer_json() -> dict:
 
 
 def hf_config_dict(mc: ModelConfig) -> dict:
-    """The HF config.json for a model config's architecture (dense families used by tiny models)."""
+    """The HF config.json for a model config's architecture (every mapped family)."""
     a = mc.arch
     cfg = {
         "architectures": [mc.hf_architecture],
@@ -92,6 +92,18 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             topk_group=m.router_group_topk, q_lora_rank=l.q_lora_rank, kv_lora_rank=l.kv_lora_rank,
             qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
             num_nextn_predict_layers=0, rope_interleave=True,
+        )
+    if mc.hf_model_type == "glm4_moe" and a.moe:
+        m = a.moe
+        cfg.update(
+            n_routed_experts=m.num_experts, num_experts_per_tok=m.router_topk,
+            moe_intermediate_size=m.moe_ffn_hidden_size,
+            n_shared_experts=m.shared_expert_ffn_hidden_size // m.moe_ffn_hidden_size,
+            first_k_dense_replace=m.first_k_dense, norm_topk_prob=m.router_topk_norm,
+            routed_scaling_factor=m.router_scaling_factor, n_group=m.router_num_groups,
+            topk_group=m.router_group_topk, use_qk_norm=a.qk_layernorm,
+            # transformers' default is 0.5, not 1: always spell it out
+            partial_rotary_factor=a.rotary_percent, num_nextn_predict_layers=0,
         )
     return cfg
 

@@ -35,6 +35,11 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
     # rope_interleave=True does, so the model config says rotary_interleaved: false.
     "deepseek_v3": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
                     "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    # GLM-4.5: rotate_half over the first partial_rotary_factor of each head (not GLM-4's
+    # interleaved rotary), no sandwich norms; q/k norm and q/k/v biases are read from config.json
+    # (use_qk_norm, attention_bias). docs/model-families.md.
+    "glm4_moe": {"rotary_interleaved": False, "post_self_attn_layernorm": False, "post_mlp_layernorm": False,
+                 "normalization": "RMSNorm"},
 }
 
 SUPPORTED = tuple(FAMILY_FIXED)
@@ -111,7 +116,7 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
     if not a.mla:
         head_dim = g("head_dim") or g("hidden_size") // heads
         pairs.append(("arch.kv_channels", a.kv_channels, "head_dim", head_dim))
-    if mt in ("llama", "glm4", "qwen3", "qwen3_moe"):
+    if mt in ("llama", "glm4", "qwen3", "qwen3_moe", "glm4_moe"):
         pairs.append(("arch.add_qkv_bias", a.add_qkv_bias, "attention_bias", bool(g("attention_bias", False))))
         pairs.append(("arch.add_bias_linear", a.add_bias_linear, "mlp_bias", bool(g("mlp_bias", False))))
     rtype = rope.get("rope_type", "default")
@@ -157,23 +162,7 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         pairs += [("arch.moe", "set" if m else None, "n_routed_experts", "set"),
                   ("arch.mla", "set" if l else None, "kv_lora_rank", "set")]
         if m:
-            pairs += [
-                ("arch.moe.num_experts", m.num_experts, "n_routed_experts", g("n_routed_experts")),
-                ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
-                ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "moe_intermediate_size",
-                 g("moe_intermediate_size")),
-                ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size,
-                 "n_shared_experts*moe_intermediate_size", (g("n_shared_experts") or 0) * g("moe_intermediate_size")),
-                ("arch.moe.first_k_dense", m.first_k_dense, "first_k_dense_replace", g("first_k_dense_replace")),
-                ("arch.moe.router_score_function", m.router_score_function, "scoring_func",
-                 g("scoring_func", "sigmoid")),
-                ("arch.moe.router_topk_norm", m.router_topk_norm, "norm_topk_prob", g("norm_topk_prob")),
-                ("arch.moe.router_scaling_factor", m.router_scaling_factor, "routed_scaling_factor",
-                 g("routed_scaling_factor")),
-                ("arch.moe.router_num_groups", m.router_num_groups, "n_group", g("n_group")),
-                ("arch.moe.router_group_topk", m.router_group_topk, "topk_group", g("topk_group")),
-                ("arch.moe.router_expert_bias", m.router_expert_bias, "(deepseek_v3 e_score_correction_bias)", True),
-            ]
+            pairs += _sigmoid_router_moe(mc, g, scoring=("scoring_func", g("scoring_func", "sigmoid")))
         if l:
             pairs += [
                 ("arch.mla.q_lora_rank", l.q_lora_rank, "q_lora_rank", g("q_lora_rank")),
@@ -185,6 +174,13 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         if not g("rope_interleave", True):
             raise ConfigError(f"{mc.name}: HF deepseek_v3 config has rope_interleave=false, which the mapping "
                               "does not support")
+    elif mt == "glm4_moe":
+        # Released GLM-4.5 checkpoints carry num_nextn_predict_layers MTP layers after the last
+        # decoder layer; the mapping ignores them, so that field is not compared.
+        pairs += [("arch.qk_layernorm", a.qk_layernorm, "use_qk_norm", bool(g("use_qk_norm", False))),
+                  ("arch.moe", "set" if a.moe else None, "n_routed_experts", "set")]
+        if a.moe:
+            pairs += _sigmoid_router_moe(mc, g, scoring=("(glm4_moe router)", "sigmoid"))
     elif a.moe is not None:
         pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
     if mt != "deepseek_v3" and a.mla is not None:
@@ -192,6 +188,28 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
     for field, value in FAMILY_FIXED.get(mt, {}).items():
         pairs.append((f"arch.{field}", getattr(a, field), f"({mt} architecture)", value))
     return pairs
+
+
+def _sigmoid_router_moe(mc: ModelConfig, g: Callable[..., Any], *, scoring: tuple[str, Any]) -> list[tuple]:
+    """DeepSeek-V3-style MoE fields (deepseek_v3, glm4_moe): routed experts behind a sigmoid router
+    with a score-correction bias and group-limited top-k, n_shared_experts shared experts of
+    moe_intermediate_size each, first_k_dense_replace dense layers."""
+    m = mc.arch.moe
+    return [
+        ("arch.moe.num_experts", m.num_experts, "n_routed_experts", g("n_routed_experts")),
+        ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
+        ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "moe_intermediate_size", g("moe_intermediate_size")),
+        ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size,
+         "n_shared_experts*moe_intermediate_size", (g("n_shared_experts") or 0) * g("moe_intermediate_size")),
+        ("arch.moe.first_k_dense", m.first_k_dense, "first_k_dense_replace", g("first_k_dense_replace")),
+        ("arch.moe.router_score_function", m.router_score_function, *scoring),
+        ("arch.moe.router_topk_norm", m.router_topk_norm, "norm_topk_prob", g("norm_topk_prob")),
+        ("arch.moe.router_scaling_factor", m.router_scaling_factor, "routed_scaling_factor",
+         g("routed_scaling_factor")),
+        ("arch.moe.router_num_groups", m.router_num_groups, "n_group", g("n_group")),
+        ("arch.moe.router_group_topk", m.router_group_topk, "topk_group", g("topk_group")),
+        ("arch.moe.router_expert_bias", m.router_expert_bias, f"({mc.hf_model_type} e_score_correction_bias)", True),
+    ]
 
 
 def check_hf_config(mc: ModelConfig, hf_dir: str | Path) -> None:

@@ -164,6 +164,18 @@ def _deepseek_v3(mc: ModelConfig, layer: int) -> list[Rule]:
     return _mla_attention(mc) + [_PRE_MLP_NORM] + mlp
 
 
+def _glm4_moe(mc: ModelConfig, layer: int) -> list[Rule]:
+    """GLM-4.5 (MoE): GQA with q/k/v biases, per-head q/k norm only where config.json says
+    use_qk_norm (the 355B model; Air has none), partial non-interleaved rotary (no re-layout:
+    megatron rotates the first rotary_percent of each head as HF does); first_k_dense dense layers
+    with separate gate/up, then routed experts with a sigmoid router and its correction bias plus
+    shared experts, named as DeepSeek-V3's. The MTP layer that released checkpoints append
+    (`model.layers.{num_layers}.*`) has no rule: never loaded, trained or exported
+    (docs/model-families.md)."""
+    mlp = _moe_mlp(mc) if _is_moe_layer(mc, layer) else _dense_mlp(P + "mlp.")
+    return _gqa_attention(mc, qk_norm=mc.arch.qk_layernorm) + [_PRE_MLP_NORM] + mlp
+
+
 FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "llama": _llama,
     "qwen2": _qwen2,
@@ -171,6 +183,7 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "glm4": _glm4,
     "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3,
+    "glm4_moe": _glm4_moe,
 }
 
 

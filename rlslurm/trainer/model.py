@@ -119,6 +119,10 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
             moe_router_pre_softmax=(m.router_score_function == "softmax" and not m.router_topk_norm),
             moe_router_topk_scaling_factor=(m.router_scaling_factor if m.router_scaling_factor != 1.0 else None),
             moe_router_enable_expert_bias=m.router_expert_bias,
+            # The correction bias is the checkpoint's (HF e_score_correction_bias): RL keeps it, as
+            # slime's GLM-4.5 recipes do; megatron's default nudges it by 1e-3 every step
+            # (docs/model-families.md, "Router correction bias").
+            moe_router_bias_update_rate=0.0,
             moe_router_num_groups=(m.router_num_groups if m.router_num_groups > 1 else None),
             moe_router_group_topk=(m.router_group_topk if m.router_num_groups > 1 else None),
             moe_router_load_balancing_type="none",

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3"]
+FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight",
+            "tiny-glm4-moe"]
 
 
 def free_port() -> int:

@@ -106,6 +106,65 @@ def test_qwen2_table_has_qkv_biases_and_a_tied_head():
     assert "model.layers.27.self_attn.v_proj.bias" in M.expected_hf_names(untied)
 
 
+def test_glm4_moe_table():
+    """GLM-4.5: q/k/v biases, q/k norm as the config says, a dense first layer with separate
+    gate/up, then the router with its correction bias, routed and shared experts."""
+    mc = load_model_config("tiny-glm4-moe")
+    targets = M.default_targets(mc)
+    bias = M.resolve(mc, "decoder.layers.0.self_attention.linear_qkv.bias")
+    assert bias.rule.kind == "qkv" and bias.hf_names == tuple(f"model.layers.0.self_attn.{x}_proj.bias" for x in "qkv")
+    assert M.resolve(mc, "decoder.layers.1.self_attention.q_layernorm.weight").hf_names == (
+        "model.layers.1.self_attn.q_norm.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.linear_fc1.weight").hf_names == (
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
+    assert "decoder.layers.0.mlp.router.weight" not in targets
+    assert M.resolve(mc, "decoder.layers.1.mlp.router.expert_bias").hf_names == (
+        "model.layers.1.mlp.gate.e_score_correction_bias",)
+    assert M.resolve(mc, "decoder.layers.1.mlp.experts.local_experts.3.linear_fc2.weight").hf_names == (
+        "model.layers.1.mlp.experts.3.down_proj.weight",)
+    assert M.resolve(mc, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight").hf_names == (
+        "model.layers.1.mlp.shared_experts.gate_proj.weight", "model.layers.1.mlp.shared_experts.up_proj.weight")
+    assert not any(n.endswith(("linear_proj.bias", "linear_fc1.bias", "post_self_attn_layernorm.weight"))
+                   for n in targets)
+    # Air has no q/k norm; its 46 decoder layers end at 45 (46 is the MTP layer, unmapped)
+    air = load_model_config("glm4.5-air")
+    names = set(M.expected_hf_names(air))
+    assert "model.layers.45.self_attn.q_proj.bias" in names and "model.layers.45.mlp.experts.127.up_proj.weight" in names
+    assert not any(".q_norm." in n or ".k_norm." in n or n.startswith("model.layers.46.") for n in names)
+    assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" not in names
+
+
+def test_glm4_moe_mtp_tensors_are_skipped(tiny_ckpts):
+    """A released GLM-4.5 checkpoint appends its MTP layer as model.layers.{num_layers}.*: a
+    streamed import takes the decoder layers and leaves those tensors unread."""
+    mc = load_model_config("tiny-glm4-moe")
+    ckpt = HFCheckpoint(tiny_ckpts / "tiny-glm4-moe")
+    n, h = mc.arch.num_layers, mc.arch.hidden_size
+    mtp = [(f"model.layers.{n}.eh_proj.weight", torch.randn(h, 2 * h)),
+           (f"model.layers.{n}.enorm.weight", torch.randn(h)),
+           (f"model.layers.{n}.shared_head.norm.weight", torch.randn(h)),
+           (f"model.layers.{n}.mlp.experts.0.up_proj.weight", torch.randn(32, h)),
+           (f"model.layers.{n}.self_attn.q_proj.weight", torch.randn(4 * 32, h))]
+    plain = dict(hf_to_mcore(mc, iter(ckpt)))
+    with_mtp = dict(hf_to_mcore(mc, iter([*mtp[:2], *ckpt, *mtp[2:]])))
+    assert with_mtp.keys() == plain.keys()
+    assert all(torch.equal(with_mtp[k], plain[k]) for k in plain)
+
+
+def test_moonlight_table_projects_queries_without_lora():
+    """Moonlight (deepseek_v3, q_lora_rank null): one q_proj as linear_q_proj, no q LoRA or its
+    norm; two shared experts are one shared MLP of twice the width."""
+    mc = load_model_config("tiny-moonlight")
+    targets = M.default_targets(mc)
+    res = M.resolve(mc, "decoder.layers.0.self_attention.linear_q_proj.weight")
+    assert res.hf_names == ("model.layers.0.self_attn.q_proj.weight",) and res.rule.tp_dim == 0
+    assert not any("q_down_proj" in n or "q_up_proj" in n or "q_layernorm" in n for n in targets)
+    assert "decoder.layers.1.self_attention.kv_layernorm.weight" in targets
+    names = set(M.expected_hf_names(load_model_config("moonlight-16B-A3B")))
+    assert "model.layers.26.self_attn.q_proj.weight" in names and "model.layers.26.mlp.experts.63.gate_proj.weight" in names
+    assert not any("q_a_proj" in n for n in names)
+
+
 def test_missing_tensor_is_named(tiny_ckpts):
     mc = load_model_config("tiny-qwen3")
     ckpt = HFCheckpoint(tiny_ckpts / "tiny-qwen3")

@@ -49,6 +49,46 @@ def test_moe_and_mla_fields():
     assert transformer_config(no_norm, overrides={}).moe_router_pre_softmax is True
 
 
+def test_glm4_moe_fields():
+    from rlslurm.trainer.model import transformer_config
+
+    cfg = transformer_config(load_model_config("tiny-glm4-moe"), tp=2, overrides={})
+    assert type(cfg).__name__ == "TransformerConfig" and not cfg.multi_latent_attention
+    assert cfg.add_qkv_bias and not cfg.add_bias_linear and cfg.qk_layernorm and not cfg.rotary_interleaved
+    assert cfg.kv_channels == 32 and cfg.hidden_size == 64  # head dim wider than hidden / heads
+    assert cfg.moe_layer_freq == [0, 1] and cfg.moe_router_score_function == "sigmoid"
+    assert cfg.moe_router_enable_expert_bias and cfg.moe_router_bias_update_rate == 0.0
+    assert cfg.moe_router_topk_scaling_factor == 2.5 and cfg.moe_router_num_groups is None
+    assert cfg.moe_shared_expert_intermediate_size == 32 and cfg.sequence_parallel
+    air = transformer_config(load_model_config("glm4.5-air"), overrides={})
+    assert not air.qk_layernorm and air.moe_router_topk_scaling_factor is None  # routed_scaling_factor 1.0
+    assert air.moe_layer_freq == [0] + [1] * 45 and air.moe_shared_expert_intermediate_size == 1408
+    # the correction bias stays the checkpoint's unless asked
+    assert transformer_config(load_model_config("tiny-glm4-moe"), overrides={"moe_router_bias_update_rate": 1e-3}
+                              ).moe_router_bias_update_rate == 1e-3
+    moon = transformer_config(load_model_config("moonlight-16B-A3B"), overrides={})
+    assert moon.q_lora_rank is None and moon.moe_shared_expert_intermediate_size == 2816
+    assert moon.moe_router_topk_scaling_factor == 2.446 and moon.moe_router_bias_update_rate == 0.0
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"router_num_groups": 4, "router_group_topk": 2, "router_topk": 8}, "router_group_topk=2 with router_topk=8"),
+    ({"router_topk": 1}, "router_topk=1 with sigmoid scores"),
+])
+def test_routing_megatron_computes_differently_is_refused_at_load(tmp_path, changes, match):
+    import yaml
+
+    from rlslurm.model_config import MODEL_CONFIG_DIR
+
+    raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-glm4-moe.yaml").read_text())
+    raw["arch"]["moe"].update(changes, num_experts=8)
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as e:
+        load_model_config(str(path))
+    assert match in str(e.value) and "arch.moe" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_overrides_apply_and_unknown_fields_name_the_flag():
     from rlslurm.trainer.model import transformer_config
 
