@@ -63,7 +63,7 @@ def rlslurm_run(*flags: str, cwd: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--sft-rollouts", type=int, default=40)
+    ap.add_argument("--sft-rollouts", type=int, default=120)
     ap.add_argument("--rl-rollouts", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
@@ -84,7 +84,7 @@ def main() -> None:
                 "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout", "--debug-train-only",
                 "--loss-type", "sft_loss", "--calculate-per-token-loss", "--run-dir", str(work / "sft"),
                 "--num-rollout", str(a.sft_rollouts), "--rollout-batch-size", "16", "--n-samples-per-prompt", "1",
-                "--global-batch-size", "16", "--micro-batch-size", "4", "--num-epoch", "100", "--lr", "1e-2",
+                "--global-batch-size", "16", "--num-steps-per-rollout", "1", "--micro-batch-size", "4", "--num-epoch", "100", "--lr", "1e-2",
                 "--save-interval", str(a.sft_rollouts), "--save-hf", str(work / "sft-hf"), cwd=work)
     sft_lines = [json.loads(x) for x in (work / "sft" / "metrics.jsonl").read_text().splitlines()]
     # the export carries the tokenizer files, chat template included, for the engines and the driver
@@ -97,7 +97,7 @@ def main() -> None:
                 "--custom-rm-path", f"{HERE / 'reward.py'}:answer_reward", "--run-dir", str(work / "rl"),
                 "--num-rollout", str(a.rl_rollouts), "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
                 "--rollout-max-response-len", "24", "--rollout-temperature", "1.0", "--num-epoch", "100",
-                "--lr", "2e-3", "--rollout-dtype", "float32", "--save-interval", "1000", cwd=work)
+                "--lr", "5e-4", "--rollout-dtype", "float32", "--save-interval", "1000", cwd=work)
     rm = [json.loads(x) for x in (work / "rl" / "rollout_metrics.jsonl").read_text().splitlines()]
     train = [r for r in rm if r.get("kind", "train") == "train"]
     print(json.dumps({
