@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 
-def lengths(n: int, prompt: int, max_response: int, seed: int) -> list[int]:
+def lengths(n: int, max_response: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
     resp = np.minimum(rng.lognormal(np.log(max_response / 8), 1.0, n), max_response).astype(int) + 1
     return [int(r) for r in resp]
@@ -50,33 +49,14 @@ def make_rollout(n: int, prompt: int, responses: list[int], vocab: int, seed: in
 
 def one(a: argparse.Namespace) -> dict:
     """In this process: build the trainer for `a.format`, time `train_step` on the rollout."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(k, v)
-    from bench_trainer import QWEN3_1_7B
-    from rlslurm.config import RunConfig
+    from bench_trainer import bench_trainer
     from rlslurm.trainer import step as steps
-    from rlslurm.trainer.setup import build_trainer, init_distributed
 
     device = "cpu" if a.cpu else "cuda"
-    init_distributed(device, timeout_minutes=10)
-    tmp = Path(tempfile.mkdtemp())
-    if a.tiny:
-        model, vocab, bf16 = "tiny-qwen3", 64, False
-    else:
-        (tmp / "qwen3-1.7B-bench.yaml").write_text(QWEN3_1_7B.format(layers=a.layers))
-        model, vocab, bf16 = str(tmp / "qwen3-1.7B-bench.yaml"), 151936, True
-    cfg = RunConfig.model_validate({
-        "run": {"run_dir": str(tmp / "run"), "device": device, "seed": 1},
-        "model": {"model": model},
-        "rollout": {"num_rollout": 100},
-        "train": {"global_batch_size": a.samples, "num_steps_per_rollout": 1, "use_dynamic_batch_size": True,
-                  "max_tokens_per_gpu": a.max_tokens_per_gpu, "qkv_format": a.format, "lr": 1e-6, "bf16": bf16,
-                  "use_distributed_optimizer": True, "clip_grad": 1.0},
-    })
-    st = build_trainer(cfg, 1)
-    responses = lengths(a.samples, a.prompt, a.max_response, a.seed)
+    st, vocab = bench_trainer(tiny=a.tiny, cpu=a.cpu, layers=a.layers, train={
+        "global_batch_size": a.samples, "use_dynamic_batch_size": True, "max_tokens_per_gpu": a.max_tokens_per_gpu,
+        "qkv_format": a.format})
+    responses = lengths(a.samples, a.max_response, a.seed)
     rollout = make_rollout(a.samples, a.prompt, responses, vocab, a.seed)
     prep = steps.prepare(st, rollout)
     if a.dump is not None:  # the old log-probs (same seed, same weights) for the cross-format check

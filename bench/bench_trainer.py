@@ -89,6 +89,34 @@ def plain_step(st, rollout, plan_step) -> None:
     tr.scheduler.step(increment=1)
 
 
+def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict):
+    """One-process trainer (rank 0 of 1) for a bench: tiny-qwen3 in fp32, or the qwen3-1.7B shape
+    with `layers` layers in bf16; `train` adds to the train section. Returns (setup, vocab size)."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    from rlslurm.config import RunConfig
+    from rlslurm.trainer.setup import build_trainer, init_distributed
+
+    device = "cpu" if cpu else "cuda"
+    init_distributed(device, timeout_minutes=10)
+    tmp = Path(tempfile.mkdtemp())
+    if tiny:
+        model, vocab, bf16 = "tiny-qwen3", 64, False
+    else:
+        (tmp / "qwen3-1.7B-bench.yaml").write_text(QWEN3_1_7B.format(layers=layers))
+        model, vocab, bf16 = str(tmp / "qwen3-1.7B-bench.yaml"), 151936, True
+    cfg = RunConfig.model_validate({
+        "run": {"run_dir": str(tmp / "run"), "device": device, "seed": 1},
+        "model": {"model": model},
+        "rollout": {"num_rollout": 100},
+        "train": {"num_steps_per_rollout": 1, "lr": 1e-6, "bf16": bf16, "use_distributed_optimizer": True,
+                  "clip_grad": 1.0, **train},
+    })
+    return build_trainer(cfg, 1), vocab
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=28)
@@ -103,33 +131,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    from rlslurm.config import RunConfig
     from rlslurm.trainer import step as steps
-    from rlslurm.trainer.setup import build_trainer, init_distributed
 
-    device = "cpu" if a.cpu else "cuda"
-    init_distributed(device, timeout_minutes=10)
-    tmp = Path(tempfile.mkdtemp())
-    if a.tiny:
-        model, vocab, bf16 = "tiny-qwen3", 64, False
-    else:
-        (tmp / "qwen3-1.7B-bench.yaml").write_text(QWEN3_1_7B.format(layers=a.layers))
-        model, vocab, bf16 = str(tmp / "qwen3-1.7B-bench.yaml"), 151936, True
-    cfg = RunConfig.model_validate({
-        "run": {"run_dir": str(tmp / "run"), "device": device, "seed": 1},
-        "model": {"model": model},
-        "rollout": {"num_rollout": 100},
-        "train": {"micro_batch_size": a.mbs, "global_batch_size": a.samples, "num_steps_per_rollout": 1,
-                  "lr": 1e-6, "bf16": bf16, "use_distributed_optimizer": True, "clip_grad": 1.0},
-    })
     t0 = time.perf_counter()
-    st = build_trainer(cfg, 1)
+    st, vocab = bench_trainer(tiny=a.tiny, cpu=a.cpu, layers=a.layers,
+                              train={"micro_batch_size": a.mbs, "global_batch_size": a.samples})
     build_s = time.perf_counter() - t0
+    bf16 = st.cfg.train.bf16
     rollout = make_rollout(a.samples, a.seq, a.prompt, vocab)
     plan = steps.make_plan(st, rollout)
     tokens = a.samples * a.seq

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from rlslurm.model_config import ModelConfig
+from rlslurm.model_config import ModelConfig, MoEArch
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 WORDS = (
@@ -84,28 +85,28 @@ def hf_config_dict(mc: ModelConfig) -> dict:
         m, l = a.moe, a.mla
         del cfg["head_dim"], cfg["attention_bias"]  # DeepSeek derives head_dim from the rope dim
         cfg.update(
-            n_routed_experts=m.num_experts, num_experts_per_tok=m.router_topk,
-            moe_intermediate_size=m.moe_ffn_hidden_size,
-            n_shared_experts=m.shared_expert_ffn_hidden_size // m.moe_ffn_hidden_size,
-            first_k_dense_replace=m.first_k_dense, norm_topk_prob=m.router_topk_norm,
-            routed_scaling_factor=m.router_scaling_factor, n_group=m.router_num_groups,
-            topk_group=m.router_group_topk, q_lora_rank=l.q_lora_rank, kv_lora_rank=l.kv_lora_rank,
+            **_deepseek_style_moe(m), q_lora_rank=l.q_lora_rank, kv_lora_rank=l.kv_lora_rank,
             qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
             num_nextn_predict_layers=0, rope_interleave=True,
         )
     if mc.hf_model_type == "glm4_moe" and a.moe:
         m = a.moe
         cfg.update(
-            n_routed_experts=m.num_experts, num_experts_per_tok=m.router_topk,
-            moe_intermediate_size=m.moe_ffn_hidden_size,
-            n_shared_experts=m.shared_expert_ffn_hidden_size // m.moe_ffn_hidden_size,
-            first_k_dense_replace=m.first_k_dense, norm_topk_prob=m.router_topk_norm,
-            routed_scaling_factor=m.router_scaling_factor, n_group=m.router_num_groups,
-            topk_group=m.router_group_topk, use_qk_norm=a.qk_layernorm,
+            **_deepseek_style_moe(m), use_qk_norm=a.qk_layernorm,
             # transformers' default is 0.5, not 1: always spell it out
             partial_rotary_factor=a.rotary_percent, num_nextn_predict_layers=0,
         )
     return cfg
+
+
+def _deepseek_style_moe(m: MoEArch) -> dict[str, Any]:
+    """HF config fields of DeepSeek-V3's MoE, which glm4_moe spells the same way."""
+    return dict(
+        n_routed_experts=m.num_experts, num_experts_per_tok=m.router_topk, moe_intermediate_size=m.moe_ffn_hidden_size,
+        n_shared_experts=m.shared_expert_ffn_hidden_size // m.moe_ffn_hidden_size,
+        first_k_dense_replace=m.first_k_dense, norm_topk_prob=m.router_topk_norm,
+        routed_scaling_factor=m.router_scaling_factor, n_group=m.router_num_groups, topk_group=m.router_group_topk,
+    )
 
 
 def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0, dtype: str = "float32",

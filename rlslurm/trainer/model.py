@@ -413,9 +413,7 @@ class SDPACoreAttention(torch.nn.Module):
 
     def _sdpa(self, q, k, v):
         """[b, h, s, d] causal attention; grouped query heads repeated as megatron's local path does."""
-        if k.shape[1] != q.shape[1]:
-            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        k, v = _repeat_kv_heads(q, k, v)
         # On CUDA the flash / memory-efficient kernels accumulate the softmax in fp32 themselves and
         # take no fp32 inputs (an fp32 upcast falls back to the math kernel, measured slower on H200:
         # bench/results/packing-h200.md); elsewhere upcast as megatron does.
@@ -445,6 +443,15 @@ class SDPACoreAttention(torch.nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
+def _repeat_kv_heads(q, k, v):
+    """k and v with each of their (grouped query) heads repeated to q's head count; heads are dim 1
+    in both layouts used here ([b, h, s, d] and packed [t, h, d])."""
+    if k.shape[1] == q.shape[1]:
+        return k, v
+    n = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(n, dim=1), v.repeat_interleave(n, dim=1)
+
+
 @functools.lru_cache(maxsize=1)
 def _varlen_attn():
     """torch's flash varlen attention (torch.nn.attention.varlen, CUDA only) and how it is told
@@ -466,12 +473,10 @@ def _varlen_causal(query, key, value, psp, scale):
     thousands of small launches per step, docs/sequence-packing.md). [t, h, d] -> [t, h * dv]."""
     fn, causal, gqa = _varlen_attn()
     kw = dict(causal)
-    if key.shape[1] != query.shape[1]:
-        if gqa:
-            kw["enable_gqa"] = True
-        else:
-            key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-            value = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+    if gqa and key.shape[1] != query.shape[1]:
+        kw["enable_gqa"] = True
+    else:
+        key, value = _repeat_kv_heads(query, key, value)
     cu = psp.cu_seqlens_q.to(torch.int32)
     out = fn(query, key, value, cu, cu, psp.max_seqlen_q, psp.max_seqlen_kv, scale=scale, **kw)
     return out.reshape(query.shape[0], -1)
