@@ -6,8 +6,8 @@ diverge after a few tokens: docs/sglang-behaviour.md, "Weight updates"). One exc
 the probe is batched with the rollout's own requests, and a kernel run at another batch size rounds
 differently, which flips a greedy choice only where the two best tokens are tied to within rounding
 (seen once in ~25 probes on CPU, docs/sglang-behaviour.md). So where the tokens first differ, an
-engine whose best and second-best log-probs are within TIE_LOGPROB and whose second-best is the
-trainer's token counts as the same (`tie_at` records where). Rank 0 appends one line per version to
+engine whose two best tokens are the engine's and the trainer's choices, with log-probs within
+TIE_LOGPROB of each other, counts as the same (`tie_at` records where). Rank 0 appends one line per version to
 RUN/control/weight_probe.jsonl:
 {version, trainer, engines: {url: {tokens, top2, weight_version, same[, tie_at]}}, match}.
 """
@@ -68,7 +68,9 @@ def tie_at(trainer: list[int], engine: dict) -> int | None:
     if j >= len(top2) or len(top2[j]) < 2:
         return None
     (lp1, t1), (lp2, t2) = top2[j][:2]
-    return j if t1 == tokens[j] and t2 == trainer[j] and lp1 - lp2 <= TIE_LOGPROB else None
+    # Either order: at an exact tie the engine's argmax and its top-k sort need not agree on which
+    # of the two comes first.
+    return j if {t1, t2} == {tokens[j], trainer[j]} and abs(lp1 - lp2) <= TIE_LOGPROB else None
 
 
 def record_probe(path: Path, version: int, trainer: list[int], engines: dict[str, dict]) -> dict:

@@ -64,6 +64,18 @@ def ran_ahead(run_dir: Path) -> dict[int, list[int]]:
     return out
 
 
+def probe_summary(rec: dict) -> dict:
+    """A failed probe in full where it matters: per engine its version or error, its tokens, and its
+    top two log-probs where it first differs from the trainer (pytest's repr cuts nested lists)."""
+    out = {"version": rec["version"], "trainer": rec["trainer"]}
+    for url, e in rec["engines"].items():
+        toks = e.get("tokens") or []
+        j = next((i for i, (a, b) in enumerate(zip(toks, rec["trainer"])) if a != b), None)
+        out[url] = {k: e.get(k) for k in ("weight_version", "error", "tokens", "same")}
+        out[url]["first_diff"] = None if j is None else {"at": j, "top2": (e.get("top2") or [None] * (j + 1))[j]}
+    return out
+
+
 def hold_trainer_until_the_driver_runs_ahead(run_dir: Path, timeout: float = 240.0) -> dict[int, list[int]]:
     """Whether the driver runs ahead on its own depends on which side is faster on the machine of the
     day (a fast trainer's updates abort in-flight requests, which then finish on the newest weights).
@@ -159,7 +171,7 @@ def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollo
     recs = probes(run_dir)
     cut = [r for r in recs if not r["match"]]
     attempt0 = [r for r in recs if r["time"] < lines[1]["start"]]
-    assert cut in ([], attempt0[-1:]), cut
+    assert cut in ([], attempt0[-1:]), [probe_summary(r) for r in cut]
     for r in cut:
         answered = [e for e in r["engines"].values() if "error" not in e]
         assert len(answered) < len(r["engines"]), r

@@ -23,7 +23,11 @@ def test_probe_verdicts(tmp_path) -> None:
                                       [[-0.1, 3], [-2.0, 1]]])
     other_runner_up = _engine([5, 7, 3, 3], top2=[[[-0.1, 5], [-2.0, 1]], [[-0.7, 7], [-0.7, 4]],
                                                   [[-0.1, 3], [-2.0, 1]], [[-0.1, 3], [-2.0, 1]]])
+    # an exact tie that the engine's top-k lists in the other order than its argmax chose
+    exact = _engine([5, 7, 3, 3], top2=[[[-0.1, 5], [-2.0, 1]], [[-0.7, 9], [-0.7, 7]],
+                                       [[-0.1, 3], [-2.0, 1]], [[-0.1, 3], [-2.0, 1]]])
     cases = [({"a": _engine(TRAINER)}, True, {"a": None}),
+             ({"a": exact}, True, {"a": 1}),
              ({"a": _engine(TRAINER), "b": tie}, True, {"a": None, "b": 1}),
              ({"a": _engine(TRAINER), "b": far}, False, {"a": None, "b": None}),
              ({"a": other_runner_up}, False, {"a": None}),
@@ -36,4 +40,4 @@ def test_probe_verdicts(tmp_path) -> None:
         assert {u: e.get("tie_at") for u, e in rec["engines"].items()} == ties
     lines = [json.loads(l) for l in path.read_text().splitlines()]
     assert [l["match"] for l in lines] == [c[1] for c in cases]
-    assert lines[1]["engines"]["b"]["same"] is True and lines[2]["engines"]["b"]["same"] is False
+    assert lines[2]["engines"]["b"]["same"] is True and lines[3]["engines"]["b"]["same"] is False
