@@ -119,7 +119,8 @@ def run(
       rlslurm run --model tiny-qwen3 --prompt-data prompts.jsonl --device cpu --num-rollout 10
     """
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.local import local_gpus, run_local
+    from rlslurm.gpus import group_gpus
+    from rlslurm.local import run_local
     from rlslurm.model_config import load_model_config
     from rlslurm.resolve import Resolved
     from rlslurm.runfile import load_run_config
@@ -138,7 +139,7 @@ def run(
     existing = RunDir(run_dir or Path("runs") / (run_name or ("demo" if demo else "rlslurm")))
     if existing.run_yaml.exists():
         cfg = load_run_config(existing.path)
-        gpus = local_gpus(cfg)
+        gpus = group_gpus(cfg)
         err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
         _clear_stop(existing.path)
         res = Resolved(cfg, load_model_config(cfg.model.model))
@@ -150,7 +151,7 @@ def run(
                       config, strict_inputs=True)
         for w in res.warnings:
             err.print(f"[yellow]warning:[/] {w}")
-        gpus = local_gpus(res.cfg)  # too few GPUs: refused before the run directory exists
+        gpus = group_gpus(res.cfg)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,
@@ -258,7 +259,9 @@ def status(
     head.add_row("run dir", st.run_dir)
     head.add_row("job", f"{st.job_id or '-'}  {st.slurm.get('state')}  (from {st.slurm.get('source') or 'nowhere'})")
     for c in st.slurm.get("components", []):
-        head.add_row(f"  het group {c.get('offset')}", f"{c.get('id')} {c.get('state')} on {c.get('nodes')}")
+        # a --nodes 1 job is one group, no het components (docs/single-node.md)
+        label = f"  het group {c['offset']}" if c.get("offset") is not None else "  one node, both groups"
+        head.add_row(label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}")
     head.add_row("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else ""))
     head.add_row("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}")
     head.add_row("weight version", str(st.weight_version))

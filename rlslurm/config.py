@@ -83,10 +83,14 @@ class RunSection(Section):
 
 
 class SlurmSection(Section):
-    nodes: int = Field(2, ge=2)
+    nodes: int = Field(2, ge=1)
     trainer_nodes: int | None = Field(None, ge=1)
     rollout_nodes: int | None = Field(None, ge=1)
     gpus_per_node: int = Field(8, ge=0)
+    # --nodes 1 only: how the node's --gpus-per-node are split (slime's --actor-num-gpus-per-node and
+    # --rollout-num-gpus); default half each, or the rest of the one given (docs/single-node.md)
+    trainer_gpus: int | None = Field(None, ge=1)
+    rollout_gpus: int | None = Field(None, ge=0)
     trainer_procs_per_node: int | None = Field(None, ge=1)  # default: gpus_per_node (CPU: set explicitly)
     cpus_per_node: int | None = Field(None, ge=1)
     mem: str | None = None
@@ -412,8 +416,18 @@ class RunConfig(Section):
         return self.slurm.trainer_procs_per_node or max(self.slurm.gpus_per_node, 1)
 
     @property
+    def single_node(self) -> bool:
+        """--nodes 1: the trainer and the rollout share one node, each on its own GPUs (docs/single-node.md)."""
+        return self.slurm.nodes == 1
+
+    @property
+    def rollout_gpus_per_node(self) -> int:
+        """GPUs of each rollout node that its engines use: all of them, or on one node the rollout's share."""
+        return (self.slurm.rollout_gpus or 0) if self.single_node else self.slurm.gpus_per_node
+
+    @property
     def rollout_gpus(self) -> int:
-        return self.slurm.rollout_nodes * self.slurm.gpus_per_node  # type: ignore[operator]
+        return self.slurm.rollout_nodes * self.rollout_gpus_per_node  # type: ignore[operator]
 
     @property
     def builds_without_engines(self) -> bool:

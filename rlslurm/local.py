@@ -15,7 +15,6 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.live import Live
@@ -28,7 +27,6 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
-from rlslurm.errors import ConfigError
 from rlslurm.net import rendezvous_port
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
@@ -36,8 +34,6 @@ from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 from rlslurm.runfile import load_run_config
 from rlslurm.secret_env import read_secret_env
 
-if TYPE_CHECKING:
-    from rlslurm.config import RunConfig
 
 FINISH_GRACE_S = 60
 STOP_GRACE_S = 300.0  # the batch script gives the trainer --signal-grace-s (default 300) the same way
@@ -60,40 +56,6 @@ def _clean_env(attempt: int, rd: RunDir | None = None) -> dict[str, str]:
     env[ATTEMPT_ENV] = str(attempt)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use: CUDA_VISIBLE_DEVICES if set, else every GPU nvidia-smi lists."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-def split_gpus(visible: list[str], trainer: int, rollout: int) -> tuple[list[str], list[str]]:
-    """As the het job gives each group its own nodes, one machine gives each group its own GPUs: the
-    trainer the first `trainer`, the rollout's engines the next `rollout`. Each group's list is its
-    CUDA_VISIBLE_DEVICES: its own GPUs first (so it numbers them from 0, exactly as on its own node),
-    then every other GPU of the machine, so that NCCL between the groups may use the peer GPU directly.
-    Hiding the others works too (tools/gpu/nccl_pair_check.py passed both on 2xH200, docs/gpu.md)."""
-    if len(visible) < trainer + rollout:
-        raise ConfigError(f"rlslurm run --device cuda: the trainer ({trainer} GPU(s), --trainer-procs-per-node) and "
-                          f"the rollout engines ({rollout}, --gpus-per-node) need {trainer + rollout} GPUs, "
-                          f"{len(visible)} visible on this machine")
-    own_t, own_r = visible[:trainer], visible[trainer:trainer + rollout]
-    return (own_t + [g for g in visible if g not in own_t], own_r + [g for g in visible if g not in own_r])
-
-
-def shared_gpus(visible: list[str], need: int) -> tuple[list[str], list[str]]:
-    """--shared-gpu: the trainer and the engines each number the same GPUs from 0."""
-    if len(visible) < need:
-        raise ConfigError(f"rlslurm run --shared-gpu: the trainer and the engines share {need} GPU(s) "
-                          f"(the larger of --trainer-procs-per-node and --gpus-per-node), {len(visible)} visible")
-    return list(visible), list(visible)
 
 
 LOCAL_ADDR = "127.0.0.1"
@@ -145,19 +107,6 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated(signal.Signals(signum).name)
 
 
-def local_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
-    """(trainer GPUs, rollout GPUs) of `rlslurm run` with --device cuda; None on CPU."""
-    if cfg.run.device != "cuda":
-        return None
-    from rlslurm.rollout.main import no_engines_reason
-
-    # A run without engines (a replay of another run's buffer) needs GPUs for the trainer only.
-    engines = 0 if no_engines_reason(cfg) else cfg.slurm.gpus_per_node
-    if cfg.run.shared_gpu:  # both groups on the same GPUs (weight sync over gloo, resolve.py)
-        return shared_gpus(visible_gpus(), max(cfg.trainer_procs_per_node, engines))
-    return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines)
-
-
 def _wait_for_exit(procs: dict[str, subprocess.Popen], grace_s: float) -> None:
     """After a stop request: give the processes `grace_s` to checkpoint and exit on their own. Signalling
     them at once would also reach the helper processes megatron's checkpoint writer starts during the
@@ -174,7 +123,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
               timeout_s: float | None = None, console: Console | None = None,
               gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
               hang_timeout_s: float = 0.0) -> LocalResult:
-    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (`local_gpus`); None on CPU. `stop_grace_s`: how long
+    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `group_gpus`); None on CPU. `stop_grace_s`: how long
     a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled.
     `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own

@@ -130,8 +130,13 @@ class ModelConfig(_Strict):
 
     def defaults_for(self, nodes: int) -> dict[str, Any]:
         """Defaults of the largest node count <= `nodes`; its trainer/rollout split is scaled to
-        `nodes` in the same proportion (each group keeps at least one node)."""
+        `nodes` in the same proportion (each group keeps at least one node). One node, where the
+        config has no `1:` entry, takes the smallest count's defaults without its node split: the
+        two groups then share the node (docs/single-node.md)."""
         keys = sorted(k for k in self.defaults if k <= nodes)
+        if not keys and nodes == 1 and self.defaults:
+            out = dict(self.defaults[min(self.defaults)])
+            return {k: v for k, v in out.items() if k not in ("trainer_nodes", "rollout_nodes")}
         if not keys:
             return {}
         base = keys[-1]

@@ -32,10 +32,12 @@ SLIME_INSTEAD: dict[str, str] = {
     "start_rollout_id": f"{_RESUME}: the next rollout follows the last trained one, and a new run "
                         "starts at 0; to start from other weights use --load or --hf-checkpoint",
     "actor_num_nodes": "use --trainer-nodes (het group 0) and --rollout-nodes",
-    "actor_num_gpus_per_node": "use --gpus-per-node (and --trainer-procs-per-node)",
-    "rollout_num_gpus": "use --rollout-nodes (times --gpus-per-node)",
+    "actor_num_gpus_per_node": "use --gpus-per-node (and --trainer-procs-per-node); on one node, --nodes 1 "
+                               "--trainer-gpus",
+    "rollout_num_gpus": "use --rollout-nodes (times --gpus-per-node); on one node, --nodes 1 --rollout-gpus",
     "num_gpus_per_node": "use --gpus-per-node",
-    "colocate": "trainer and engines always run on separate nodes (two het groups); nothing to colocate",
+    "colocate": "trainer and engines on the same GPUs, taking turns, is not built yet; on one node, --nodes 1 "
+                "gives each its own GPUs of the node (docs/single-node.md)",
     "offload": "trainer and engines never share GPUs here; nothing to offload",
     "offload_train": "trainer and engines never share GPUs here; nothing to offload",
     "offload_rollout": "trainer and engines never share GPUs here; nothing to offload",

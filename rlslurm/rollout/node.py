@@ -58,16 +58,17 @@ def receiver_args(cfg: RunConfig) -> tuple[str, ...]:
 def engines_per_node(cfg: RunConfig) -> int:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     if cfg.run.device == "cuda":
-        gpus = cfg.slurm.gpus_per_node
+        gpus = cfg.rollout_gpus_per_node
         if gpus < tp or gpus % tp:
-            raise ConfigError(f"--gpus-per-node {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
+            what = "--rollout-gpus" if cfg.single_node else "--gpus-per-node"
+            raise ConfigError(f"{what} {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
         return gpus // tp
     return cfg.rollout.engines_per_node or 1
 
 
 def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir: Path,
                  ncpu: int | None = None) -> list[EngineSpec]:
-    """This node's SGLang servers. cuda: gpus_per_node / rollout_num_gpus_per_engine
+    """This node's SGLang servers. cuda: rollout_gpus_per_node / rollout_num_gpus_per_engine
     engines on consecutive GPUs; cpu: engines_per_node engines, one pinned core each."""
     if cfg.model.hf_checkpoint is None:
         raise ConfigError("--hf-checkpoint is required: the SGLang servers load it")

@@ -1,5 +1,6 @@
 """Per-node launcher, run by `srun` in each het group (one task per node), as the batch script's
-step command (rlslurm/attempt.py: `step_argv`).
+step command (rlslurm/attempt.py: `step_argv`). With --nodes 1 both steps share the node and each
+takes its own GPUs of the job's (rlslurm/gpus.py `step_gpus`).
 
 `trainer`: execs torchrun with the node rank and world shape taken from the SLURM step and the
 rendezvous (head address + per-attempt port) chosen by the batch script.
@@ -17,17 +18,22 @@ from pathlib import Path
 from submitit.slurm.slurm import SlurmJobEnvironment
 
 from rlslurm.attempt import rollout_argv, trainer_argv
+from rlslurm.gpus import step_gpus
 from rlslurm.runfile import load_run_config
 
 
-def role_argv(argv: list[str] | None = None) -> list[str]:
-    """The command this node of the step runs, from the step's arguments and its SLURM environment."""
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rlslurm.slurm.launch")
     p.add_argument("role", choices=["trainer", "rollout"])
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--master-addr", required=True)
     p.add_argument("--master-port", type=int, required=True)
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def role_argv(argv: list[str] | None = None) -> list[str]:
+    """The command this node of the step runs, from the step's arguments and its SLURM environment."""
+    a = _parse(argv)
     if a.role == "rollout":
         return rollout_argv(a.run_dir, trainer_addr=a.master_addr)
     # One srun task per node, so the task's rank is the node rank (submitit parses the step's env).
@@ -38,7 +44,11 @@ def role_argv(argv: list[str] | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    a = _parse(argv)
     cmd = role_argv(argv)
+    gpus = step_gpus(load_run_config(a.run_dir), a.role)
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
 

@@ -75,6 +75,15 @@ class Group:
     partition: str | None
 
 
+@dataclass(frozen=True)
+class Step:
+    """One role's srun: which part of the allocation (`--het-group=N`, or `--overlap` on one node),
+    its node count, and the variable SLURM lists its nodes in."""
+    select: str
+    nodes: int
+    nodelist: str
+
+
 def job_name(run_name: str) -> str:
     """A directive-safe job name; the exact run name lives in run.yaml."""
     return (re.sub(r"[^A-Za-z0-9_.-]+", "_", run_name).strip("_") or "rlslurm")[:64]
@@ -106,15 +115,26 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
     # A replay (--load-debug-rollout-data) or --debug-train-only (SFT) starts no engine: the rollout
     # group only waits or tokenizes, and must not hold a node's GPUs for it.
     engines = cfg.train.load_debug_rollout_data is None and not cfg.train.debug_train_only
-    groups = [
-        Group(nodes=s.trainer_nodes or 1, gpus_per_node=gpus, partition=s.trainer_partition or s.partition),
-        Group(nodes=s.rollout_nodes or 1, gpus_per_node=gpus if engines else 0,
-              partition=s.rollout_partition or s.partition),
-    ]
+    if cfg.single_node:
+        # One group; both steps start with --overlap, which shares every resource of the node
+        # (CPUs, memory, GPUs: SLURM 22.05 srun(1)), and each role picks its own GPUs from the
+        # job's (rlslurm/gpus.py). A het job would not be sure to put both components on one node.
+        groups = [Group(nodes=1, gpus_per_node=gpus,
+                        partition=s.trainer_partition or s.rollout_partition or s.partition)]
+        steps = {role: Step("--overlap", 1, "SLURM_JOB_NODELIST") for role in ("trainer", "rollout")}
+    else:
+        groups = [
+            Group(nodes=s.trainer_nodes or 1, gpus_per_node=gpus, partition=s.trainer_partition or s.partition),
+            Group(nodes=s.rollout_nodes or 1, gpus_per_node=gpus if engines else 0,
+                  partition=s.rollout_partition or s.partition),
+        ]
+        steps = {role: Step(f"--het-group={i}", g.nodes, f"SLURM_JOB_NODELIST_HET_GROUP_{i}")
+                 for i, (role, g) in enumerate(zip(("trainer", "rollout"), groups))}
     return _env().get_template(TEMPLATE).render(
         job_name=job_name(cfg.run.run_name),
         slurm=s,
         groups=groups,
+        steps=steps,
         run_dir=str(run_dir.resolve()),
         attempt_base=attempt_base,
         user_error_exit=USER_ERROR_EXIT_CODE, user_error_file=USER_ERROR_FILE,

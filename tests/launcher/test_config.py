@@ -80,7 +80,7 @@ def test_node_split_must_add_up(prompts: Path) -> None:
 
 
 def test_gpus_per_engine_must_divide_rollout_gpus(prompts: Path) -> None:
-    with pytest.raises(ConfigError, match=r"--rollout-num-gpus-per-engine 3 does not divide the 8 rollout GPUs"):
+    with pytest.raises(ConfigError, match=r"--rollout-num-gpus-per-engine 3 does not divide --gpus-per-node 8$"):
         resolve(_argv(prompts, "--rollout-num-gpus-per-engine", "3"))
 
 

@@ -9,20 +9,27 @@ import difflib
 import os
 from pathlib import Path
 
+import pytest
+
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.hf_shape import hf_shaped_dir
 from tests.prompt_files import prompt_lines
 
-GOLDEN = Path(__file__).parent / "golden" / "hetjob-qwen3-4B-4nodes.sbatch"
+GOLDEN_DIR = Path(__file__).parent / "golden"
 RUN_DIR = Path("/gpfs/runs/golden")
 
 
-def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypatch) -> None:
+# the het job, and the one-node job (one group, both steps --overlap, docs/single-node.md)
+@pytest.mark.parametrize("golden,layout", [("hetjob-qwen3-4B-4nodes.sbatch", ["--nodes", "4"]),
+                                           ("onenode-qwen3-4B.sbatch", ["--nodes", "1", "--gpus-per-node", "4", "--trainer-gpus", "2"])])
+def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypatch, golden: str,
+                                                       layout: list[str]) -> None:
+    GOLDEN = GOLDEN_DIR / golden
     monkeypatch.setenv("HF_TOKEN", "hf_not_in_the_script")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(prompt_lines({"prompt": "1+1=", "label": "2"}))
-    argv = ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(prompts),
+    argv = ["--model", "qwen3-4B", *layout, "--prompt-data", str(prompts),
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), "--run-dir", str(RUN_DIR),
             "--run-name", "golden run", "--python", "/opt/venv/bin/python", "--partition", "gpu", "--account", "proj",
             "--time", "1-00:00:00", "--setup-script", "/gpfs/env.sh", "--env", "NCCL_DEBUG=WARN",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.local import split_gpus, visible_gpus
+from rlslurm.gpus import split_gpus, visible_gpus
 from tests.prompt_files import prompt_lines
 
 
@@ -30,7 +30,7 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch) -> None:
 
 def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> None:
     """--load-debug-rollout-data starts no engines, so one GPU is enough (it was refused before)."""
-    from rlslurm.local import local_gpus
+    from rlslurm.gpus import group_gpus
     from rlslurm.buffer import RolloutWriter, RunDir
     from rlslurm.resolve import resolve
     from tests.buffer.helpers import make_meta, make_samples
@@ -43,15 +43,15 @@ def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> 
             "--nodes", "2", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))]  # weights to serve: engines
     with pytest.raises(ConfigError, match="need 2 GPUs, 1 visible"):
-        local_gpus(resolve(base, strict_inputs=False).cfg)
+        group_gpus(resolve(base, strict_inputs=False).cfg)
     replay = resolve(base + ["--load-debug-rollout-data", str(tmp_path / "replay")], strict_inputs=False).cfg
-    assert local_gpus(replay)[0] == ["0"]
+    assert group_gpus(replay)[0] == ["0"]
 
 
 def test_shared_gpu_puts_both_groups_on_one_gpu_and_syncs_over_gloo(tmp_path, monkeypatch) -> None:
     """A one-GPU box: --shared-gpu runs the trainer and the engine on GPU 0 as separate processes. NCCL
     refuses two ranks on one GPU, so the weight-sync group is gloo (docs/gpu.md); submit refuses it."""
-    from rlslurm.local import local_gpus
+    from rlslurm.gpus import group_gpus
     from rlslurm.resolve import resolve
     from rlslurm.slurm.render import render
     from rlslurm.trainer.weight_sync import SyncOptions
@@ -65,7 +65,7 @@ def test_shared_gpu_puts_both_groups_on_one_gpu_and_syncs_over_gloo(tmp_path, mo
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))]
     shared = base + ["--shared-gpu", "--sglang-mem-fraction-static", "0.3"]
     cfg = resolve(shared, strict_inputs=False).cfg
-    assert local_gpus(cfg) == (["0"], ["0"])
+    assert group_gpus(cfg) == (["0"], ["0"])
     assert SyncOptions.from_config(cfg).backend == "gloo"
     assert SyncOptions.from_config(resolve(base, strict_inputs=False).cfg).backend is None  # nccl on CUDA
     with pytest.raises(ConfigError, match="--shared-gpu is for `rlslurm run`"):

@@ -2,7 +2,7 @@
 batch shell's own paths (TERM to it alone, a refused requeue, resubmit, a user error found on a
 node), and hostile values that must arrive intact without executing anything. A het job that runs
 both groups to the end, with each group's nodes, GPUs and rendezvous, is the GRPO run of
-tests/e2e/test_grpo_slurm.py."""
+tests/e2e/test_grpo_slurm.py; the one-node job (--nodes 1) is the TERM test's."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def submit_tiny(run_dir: Path, prompts: Path, *extra: str) -> int:
 ALL = {"trainer-0", "trainer-1", "rollout-0"}
 
 
-@pytest.mark.parametrize("nodes", [2, 4])
-@pytest.mark.parametrize("model", available_models())
+# every model at 2 and 4 nodes; the one-node job (one group, docs/single-node.md) for two of them
+@pytest.mark.parametrize("model,nodes", [(m, n) for n in (2, 4) for m in available_models()]
+                         + [("qwen3-4B", 1), ("glm4-9B", 1)])
 def test_dry_run_script_passes_sbatch_test_only(slurm_cluster, tmp_path: Path, model: str, nodes: int) -> None:
     script = rlslurm("submit", "--model", model, "--nodes", str(nodes), "--dry-run", cwd=tmp_path).stdout
     assert script.startswith("#!/bin/bash")
@@ -73,12 +74,29 @@ def test_term_to_the_batch_shell_checkpoints_and_ends_without_requeue(slurm_clus
     """SIGTERM (what scancel, scontrol requeue and preemption send) reaching only the batch shell: it
     asks the trainer for a checkpoint through control/preempt.json, waits for the ack, then ends the
     job without requeueing it (a requeue is SLURM's call when SLURM sends the TERM). The ledger line
-    is due before SLURM's KILL (KillWait 5 s here), so TERM once the trainer polls its control files,
-    as it does between rollouts, rather than while it still builds its model. USR1 and a hard
-    requeue are tests/e2e/test_grpo_slurm.py's."""
+    is due before SLURM's KILL (KillWait 5 s here), so TERM once the trainer has published its
+    first weights and polls its control files, as it does between rollouts. USR1 and a hard requeue
+    are tests/e2e/test_grpo_slurm.py's.
+
+    The job is the one-node layout (--nodes 1, docs/single-node.md), which no other run here uses: one
+    group whose two steps (--overlap) share the node, each on its own GPUs of the job's (the
+    cluster's GPUs are device files: the split is what each process was given), the weights
+    broadcast between them and checked greedy-equal before the TERM."""
     run_dir = tmp_path / "run"
-    job = submit_tiny(run_dir, prompts, "--num-rollout", "5")
-    wait_reports(run_dir, 0, ALL)
+    args = tiny_args(run_dir, prompts, "--num-rollout", "5", "--gpus-per-node", "4", "--rollout-gpus", "1",
+                     "--engines-per-node", "1", "--weight-sync", "distributed", "--verify-weight-sync")
+    args[args.index("--nodes") + 1] = "1"
+    rlslurm("submit", *args)
+    job = int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
+    assert slurm_cluster.run("squeue", "-h", "-o", "%i", "-j", str(job)).stdout.split() == [str(job)]  # no het parts
+    reps = wait_reports(run_dir, 0, ALL)
+    assert "one node, both groups" in rlslurm("status", str(run_dir)).stdout
+    probe = run_dir / "control/weight_probe.jsonl"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not probe.exists() or not probe.read_text().strip():
+        assert time.monotonic() < deadline, "no weights published within the job timeout"
+        time.sleep(0.5)
+    assert json.loads(probe.read_text().splitlines()[0])["match"], probe.read_text()
     wait_trainer_polling(run_dir, 0)
     slurm_cluster.signal_batch(job, "TERM")
     info = slurm_cluster.wait_finished(job, JOB_TIMEOUT)
@@ -89,6 +107,11 @@ def test_term_to_the_batch_shell_checkpoints_and_ends_without_requeue(slurm_clus
     assert json.loads((run_dir / "control/preempt.json").read_text())["reason"] == "TERM"
     assert (run_dir / "control/preempt_ack.json").exists()
     assert "trainer: checkpoint acknowledged" in (run_dir / f"logs/slurm-{job}.out").read_text()
+    # one node for both groups; the job's 4 GPUs: the trainer's 3 first, the engine's 1 first
+    assert line["trainer_nodes"] == line["rollout_nodes"] == reps["rollout-0"]["node"] == reps["trainer-1"]["node"]
+    job_gpus = reps["trainer-0"]["cuda_visible_devices"].split(",")
+    assert len(job_gpus) == 4 and reps["trainer-1"]["cuda_visible_devices"] == ",".join(job_gpus)
+    assert reps["rollout-0"]["cuda_visible_devices"] == ",".join(job_gpus[3:] + job_gpus[:3])
 
 
 def test_refused_requeue_ends_the_job_with_the_reason(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
@@ -217,3 +240,4 @@ def test_hostile_values_arrive_intact_and_nothing_executes(slurm_cluster, tmp_pa
     assert [p for p in run_dir.rglob("*") if p.is_file() and key in p.read_bytes()] == [run_dir / "control" / "api_key"]
     leaked = [p for d in (tmp_path, base, run_dir, Path.cwd(), Path.home()) for p in d.glob("pwned*")]
     assert not leaked, leaked
+

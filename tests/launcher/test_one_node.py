@@ -1,0 +1,75 @@
+"""--nodes 1 (docs/single-node.md): both groups on one node, its --gpus-per-node split between the
+trainer (--trainer-gpus) and the engines (--rollout-gpus); a job of one group whose two steps share
+the node (--overlap), each taking its own GPUs of the job's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlslurm.gpus import step_gpus
+from rlslurm.resolve import resolve
+from rlslurm.slurm.render import render
+from tests.config_errors import one_line_naming
+from tests.hf_shape import hf_shaped_dir
+from tests.prompt_files import prompt_lines
+
+
+@pytest.fixture
+def argv(tmp_path: Path) -> list[str]:
+    prompts = tmp_path / "train.jsonl"
+    prompts.write_text(prompt_lines({"prompt": "1+1=", "label": "2"}))
+    return ["--model", "qwen3-4B", "--nodes", "1", "--prompt-data", str(prompts),
+            "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B"))]
+
+
+def test_one_node_splits_its_gpus_and_renders_one_group(argv: list[str], tmp_path: Path) -> None:
+    cfg = resolve(argv).cfg
+    s = cfg.slurm
+    assert (s.trainer_nodes, s.rollout_nodes, s.trainer_gpus, s.rollout_gpus) == (1, 1, 4, 4)
+    assert (cfg.trainer_procs_per_node, cfg.trainer_gpus, cfg.rollout_gpus) == (4, 4, 4)
+    script = render(cfg, tmp_path / "run")
+    assert "#SBATCH hetjob" not in script and "--het-group" not in script
+    assert script.count("#SBATCH --nodes=1") == 1 and "#SBATCH --gpus-per-node=8" in script
+    assert script.count("srun --overlap ") == 2
+    # the rest of the one given; a replay or SFT run (no engines) gives the trainer the node
+    cfg = resolve(argv + ["--rollout-gpus", "6"]).cfg
+    assert (cfg.slurm.trainer_gpus, cfg.slurm.rollout_gpus, cfg.trainer_procs_per_node) == (2, 6, 2)
+    cfg = resolve(argv + ["--gpus-per-node", "4", "--trainer-gpus", "1", "--tensor-model-parallel-size", "1"]).cfg
+    assert (cfg.slurm.trainer_gpus, cfg.slurm.rollout_gpus) == (1, 3)
+
+
+def test_each_step_takes_its_own_gpus_of_the_jobs(argv: list[str], monkeypatch) -> None:
+    cfg = resolve(argv + ["--rollout-gpus", "6"]).cfg
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # what SLURM gives each --overlap step
+    assert step_gpus(cfg, "trainer") == "0,1,2,3,4,5,6,7"
+    assert step_gpus(cfg, "rollout") == "2,3,4,5,6,7,0,1"  # its own first: engines number them from 0
+    two = resolve(argv[:2] + ["--nodes", "2"] + argv[4:]).cfg
+    assert step_gpus(two, "trainer") is None and step_gpus(two, "rollout") is None  # a het group's node is its own
+
+
+def test_bad_one_node_layouts_are_one_line_errors(argv: list[str]) -> None:
+    one_line_naming(argv + ["--trainer-gpus", "4", "--rollout-gpus", "2"], "--trainer-gpus 4", "--rollout-gpus 2",
+                    "--gpus-per-node 8")
+    one_line_naming(argv + ["--trainer-gpus", "8"], "--nodes 1", "--gpus-per-node 8", "(0)", "--rollout-gpus")
+    one_line_naming(argv + ["--trainer-nodes", "2"], "--trainer-nodes 2", "--nodes 1", "--trainer-gpus")
+    one_line_naming(argv + ["--gpus-per-node", "4", "--rollout-gpus", "2", "--rollout-num-gpus-per-engine", "4"],
+                    "--rollout-num-gpus-per-engine 4", "--rollout-gpus 2")
+    one_line_naming(argv + ["--gpus-per-node", "4", "--rollout-gpus", "3", "--tensor-model-parallel-size", "1",
+                            "--rollout-num-gpus-per-engine", "2"],
+                    "--rollout-num-gpus-per-engine 2", "--rollout-gpus 3")
+    one_line_naming(argv + ["--trainer-procs-per-node", "2"], "--trainer-procs-per-node 2", "--trainer-gpus 4")
+    one_line_naming(argv + ["--trainer-partition", "a", "--rollout-partition", "b"], "--trainer-partition a",
+                    "--rollout-partition b", "--nodes 1")
+    two = argv[:2] + ["--nodes", "2"] + argv[4:]
+    one_line_naming(two + ["--trainer-gpus", "4"], "--trainer-gpus", "--nodes 2", "--trainer-nodes")
+
+
+def test_a_model_config_without_a_one_node_entry_lends_its_smallest(tmp_path: Path) -> None:
+    """tiny-qwen3 defines defaults for 2 nodes: one node takes them without the node split."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(prompt_lines())
+    cfg = resolve(["--model", "tiny-qwen3", "--nodes", "1", "--prompt-data", str(prompts)], strict_inputs=False).cfg
+    assert (cfg.run.device, cfg.trainer_procs_per_node, cfg.rollout.engines_per_node) == ("cpu", 2, 2)
+    assert (cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (1, 1)
