@@ -147,8 +147,10 @@ def run(
     else:
         from rlslurm.resolve import resolve
 
-        res = resolve(["--device", "cpu", "--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"] + argv,
-                      config, strict_inputs=True)
+        # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
+        machine = ["--nodes", "1"] if "--colocate" in argv else ["--nodes", "2", "--trainer-nodes", "1",
+                                                                 "--rollout-nodes", "1"]
+        res = resolve(["--device", "cpu", *machine] + argv, config, strict_inputs=True)
         for w in res.warnings:
             err.print(f"[yellow]warning:[/] {w}")
         gpus = group_gpus(res.cfg)  # too few GPUs: refused before the run directory exists

@@ -51,6 +51,9 @@ class RunSection(Section):
     # `rlslurm run` only: the trainer and the engines share this machine's GPU(s) as separate processes
     # (a one-GPU box); weight sync then goes over gloo, NCCL refuses two ranks on one GPU (docs/gpu.md)
     shared_gpu: bool = False
+    # slime's --colocate: the trainer and the engines on the same GPUs of every node, taking turns
+    # (engines release their memory while the trainer trains; docs/colocate.md)
+    colocate: bool = False
     # Weights & Biases (slime's flags; docs/wandb.md). Read by rlslurm/metrics_sink.py only; the
     # API key is never a field: WANDB_API_KEY goes through --secret-env (docs/security.md).
     use_wandb: bool = False
@@ -416,9 +419,14 @@ class RunConfig(Section):
         return self.slurm.trainer_procs_per_node or max(self.slurm.gpus_per_node, 1)
 
     @property
+    def shares_gpus(self) -> bool:
+        """The trainer and the engines on the same GPUs: --colocate, or `rlslurm run --shared-gpu`."""
+        return self.run.colocate or self.run.shared_gpu
+
+    @property
     def single_node(self) -> bool:
         """--nodes 1: the trainer and the rollout share one node, each on its own GPUs (docs/single-node.md)."""
-        return self.slurm.nodes == 1
+        return self.slurm.nodes == 1 and not self.run.colocate
 
     @property
     def rollout_gpus_per_node(self) -> int:
@@ -428,6 +436,11 @@ class RunConfig(Section):
     @property
     def rollout_gpus(self) -> int:
         return self.slurm.rollout_nodes * self.rollout_gpus_per_node  # type: ignore[operator]
+
+    @property
+    def starts_no_engines(self) -> bool:
+        """A replay of another run's buffer, or --debug-train-only: the rollout group starts no engine."""
+        return self.train.debug_train_only or self.train.load_debug_rollout_data is not None
 
     @property
     def builds_without_engines(self) -> bool:

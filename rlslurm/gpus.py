@@ -57,7 +57,7 @@ def group_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
 
     # A run without engines (a replay of another run's buffer) needs GPUs for the trainer only.
     engines = 0 if no_engines_reason(cfg) else cfg.rollout_gpus_per_node
-    if cfg.run.shared_gpu:  # both groups on the same GPUs (weight sync over gloo, resolve.py)
+    if cfg.shares_gpus:  # both groups on the same GPUs (weight sync over gloo, resolve.py)
         return shared_gpus(visible_gpus(), max(cfg.trainer_procs_per_node, engines))
     flags = ("--trainer-gpus", "--rollout-gpus") if cfg.single_node else ("--trainer-procs-per-node", "--gpus-per-node")
     return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines, flags)

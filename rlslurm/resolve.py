@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlslurm import preflight
+from rlslurm import layout, preflight
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.eval_config import eval_datasets
@@ -51,8 +51,8 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     for name, value in mc.defaults_for(probe.slurm.nodes).items():
         if name not in FIELDS:
             raise ConfigError(f"{where}: unknown setting {name!r}")
-        if name in split and user_split:
-            continue  # the user chose one side of the split: the other is the rest of --nodes
+        if name in split and (user_split or probe.run.colocate):
+            continue  # the user chose one side of the split (the other is the rest), or there is none
         defaults.set(name, value, where)
     cfg = build_config([defaults, *user_layers])
     res = Resolved(cfg, mc)
@@ -64,8 +64,7 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
 def _derive(res: Resolved) -> None:
     cfg = res.cfg
     s = cfg.slurm
-    if cfg.single_node:
-        _split_one_node(cfg)
+    layout.place_groups(cfg)
     if s.trainer_nodes is None and s.rollout_nodes is None:
         s.trainer_nodes = max(1, s.nodes // 2)
     if s.trainer_nodes is None:
@@ -100,51 +99,6 @@ def _derive(res: Resolved) -> None:
         r.rollout_function_path = SFT_ROLLOUT_FN  # slime's SFT rollout is rlslurm's rollout/sft.py
 
 
-def _split_one_node(cfg: RunConfig) -> None:
-    """--nodes 1: both groups run on the one node (a job of one group, docs/single-node.md), and its
-    --gpus-per-node are split: --trainer-gpus for torchrun's ranks, --rollout-gpus for the engines;
-    half each by default, or the rest of the one given. On --device cpu with no GPUs asked, nothing
-    is split (processes: --trainer-procs-per-node, --engines-per-node)."""
-    s = cfg.slurm
-    for name in ("trainer_nodes", "rollout_nodes"):
-        if getattr(s, name) not in (None, 1):
-            raise ConfigError(f"{flag_name(name)} {getattr(s, name)} with --nodes 1: the trainer and the rollout share "
-                              "the one node; split its GPUs with --trainer-gpus / --rollout-gpus")
-    s.trainer_nodes = s.rollout_nodes = 1
-    if s.trainer_partition and s.rollout_partition and s.trainer_partition != s.rollout_partition:
-        raise ConfigError(f"--trainer-partition {s.trainer_partition} and --rollout-partition {s.rollout_partition} "
-                          "with --nodes 1: both groups run on the one node, of one partition")
-    g, t, r = s.gpus_per_node, s.trainer_gpus, s.rollout_gpus
-    if g == 0:
-        if t or r:
-            raise ConfigError("--trainer-gpus / --rollout-gpus split the node's GPUs, but --gpus-per-node is 0")
-        return
-    if _no_engines(cfg):
-        if r:
-            raise ConfigError(f"--rollout-gpus {r}: this run starts no engine (--debug-train-only or "
-                              "--load-debug-rollout-data), so the trainer takes every GPU of the node")
-        t, r = g if t is None else t, 0
-    elif t is None and r is None:
-        t = max(1, g // 2)
-        r = g - t
-    elif t is None:
-        t = g - r
-    elif r is None:
-        r = g - t
-    if t + r != g:
-        raise ConfigError(f"--trainer-gpus {t} + --rollout-gpus {r} = {t + r}, not --gpus-per-node {g} "
-                          "(the GPUs the job asks of its one node)")
-    if t < 1 or (r < 1 and not _no_engines(cfg)):
-        raise ConfigError(f"--nodes 1 --gpus-per-node {g}: the trainer ({t}) and the engines ({r}) need at least one "
-                          "GPU each (--trainer-gpus / --rollout-gpus)")
-    if cfg.run.device == "cuda":
-        if s.trainer_procs_per_node not in (None, t):
-            raise ConfigError(f"--trainer-procs-per-node {s.trainer_procs_per_node} with --nodes 1: the trainer runs "
-                              f"one process per trainer GPU (--trainer-gpus {t})")
-        s.trainer_procs_per_node = t
-    s.trainer_gpus, s.rollout_gpus = t, r
-
-
 def _check(res: Resolved, strict_inputs: bool) -> None:
     cfg, mc = res.cfg, res.model
     s, r, t, d = cfg.slurm, cfg.rollout, cfg.train, cfg.data
@@ -158,14 +112,12 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"--global-batch-size x --num-steps-per-rollout ({t.global_batch_size} x {t.num_steps_per_rollout} "
             f"= {t.global_batch_size * t.num_steps_per_rollout})"
         )
-    if not cfg.single_node and s.trainer_nodes + s.rollout_nodes != s.nodes:
+    layout.check(cfg)
+    if not cfg.single_node and not cfg.run.colocate and s.trainer_nodes + s.rollout_nodes != s.nodes:
         raise ConfigError(
             f"--trainer-nodes {s.trainer_nodes} + --rollout-nodes {s.rollout_nodes} = "
             f"{s.trainer_nodes + s.rollout_nodes}, but --nodes is {s.nodes}"
         )
-    if not cfg.single_node and (s.trainer_gpus is not None or s.rollout_gpus is not None):
-        raise ConfigError(f"--trainer-gpus / --rollout-gpus split one node's GPUs (--nodes 1); with --nodes {s.nodes} "
-                          "each group has nodes of its own: use --trainer-nodes / --rollout-nodes")
     if s.trainer_nodes < 1 or s.rollout_nodes < 1:
         raise ConfigError(f"--nodes {s.nodes}: the trainer and the rollout group need at least one node each")
     limit = time_limit_s(s.time)
@@ -313,7 +265,7 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
 
 
 def _no_engines(cfg: RunConfig) -> bool:
-    return cfg.train.debug_train_only or cfg.train.load_debug_rollout_data is not None
+    return cfg.starts_no_engines
 
 
 def _check_cpu_offload(cfg: RunConfig) -> None:

@@ -36,8 +36,6 @@ SLIME_INSTEAD: dict[str, str] = {
                                "--trainer-gpus",
     "rollout_num_gpus": "use --rollout-nodes (times --gpus-per-node); on one node, --nodes 1 --rollout-gpus",
     "num_gpus_per_node": "use --gpus-per-node",
-    "colocate": "trainer and engines on the same GPUs, taking turns, is not built yet; on one node, --nodes 1 "
-                "gives each its own GPUs of the node (docs/single-node.md)",
     "offload": "trainer and engines never share GPUs here; nothing to offload",
     "offload_train": "trainer and engines never share GPUs here; nothing to offload",
     "offload_rollout": "trainer and engines never share GPUs here; nothing to offload",

@@ -43,6 +43,17 @@ def attempt_numbers(run: RunDir | str | Path) -> list[int]:
     return sorted(used)
 
 
+class AttemptSuperseded(Exception):
+    """A later attempt of the run has started: this process outlived its own attempt (`rlslurm run`
+    killed -9 alone, a node cut off but still running) and must leave the run to it."""
+
+
+def superseded(run: RunDir | str | Path, attempt: int) -> bool:
+    """Has an attempt after `attempt` started? Its logs/attempt-N directory exists before any of its
+    processes run (the batch script and `rlslurm run` create it first)."""
+    return any(a > attempt for a in attempt_numbers(run))
+
+
 def next_attempt(run: RunDir | str | Path) -> int:
     used = attempt_numbers(run)
     return used[-1] + 1 if used else 0

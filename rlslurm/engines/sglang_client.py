@@ -166,6 +166,19 @@ class SGLangClient:
     async def abort_all(self, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         await self._request("POST", "/abort_request", json={"abort_all": True}, timeout=timeout)
 
+    # --- memory (--colocate: the engines give the GPUs to the trainer between rollouts) --------
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None, *,
+                                        timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        """Free the engine's GPU memory: `tags` among "weights", "kv_cache", "cuda_graph"; None: all.
+        With torch_memory_saver (--enable-memory-saver) only; on CPU it only flushes the KV cache."""
+        await self._request("POST", "/release_memory_occupation",
+                            json={} if tags is None else {"tags": list(tags)}, timeout=timeout)
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None, *,
+                                       timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        await self._request("POST", "/resume_memory_occupation",
+                            json={} if tags is None else {"tags": list(tags)}, timeout=timeout)
+
     # --- weights --------------------------------------------------------------------------
     async def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str, backend: str,

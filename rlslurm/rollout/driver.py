@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlslurm.buffer.attempts import AttemptSuperseded, superseded
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
@@ -473,6 +474,9 @@ class RolloutDriver:
                    "rollout/engine/restarts": float(self.engine_restarts() - restarts0)}
         metrics.update(getattr(self.source, "metrics", lambda: {})())
         t1 = time.perf_counter()
+        if superseded(self.rd, job_env().attempt):  # an orphan of a lost attempt: the new one commits this id
+            raise AttemptSuperseded(f"attempt {job_env().attempt}: a later attempt of the run started; rollout "
+                                    f"{rollout_id} is not committed by this one")
         self.writer.commit(rollout_id, samples, RolloutMeta(kind="train", data_cursor=self.source.state_dict(),
                                                             metrics=metrics))
         self.writer.clear_handback()

@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_term)
 
     from rlslurm.rollout.node import RolloutNode
+    from rlslurm.buffer.attempts import AttemptSuperseded
     from rlslurm.engines.supervisor import EngineFailure
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             reason = asyncio.run(serve(node, rd, control, cfg, tokenizer))
         except EngineFailure as e:  # a failure, not a user error: SLURM requeues within --max-failures
             log.error("node %d: %s", env.procid, e)
+            return 1
+        except AttemptSuperseded as e:
+            log.error("node %d: %s; exiting", env.procid, e)
             return 1
         log.info("node %d: run ends (%s)", env.procid, reason)
         return 0

@@ -55,6 +55,15 @@ def receiver_args(cfg: RunConfig) -> tuple[str, ...]:
     return ("--custom-weight-loader", LOADER)
 
 
+def colocate_args(cfg: RunConfig) -> tuple[str, ...]:
+    """--colocate on GPUs: SGLang frees its weights and KV cache on /release_memory_occupation only
+    through torch_memory_saver, which --enable-memory-saver turns on (on CPU it needs libcuda, and
+    the release only flushes the cache: docs/sglang-behaviour.md)."""
+    if not cfg.run.colocate or cfg.run.device != "cuda":
+        return ()
+    return ("--enable-memory-saver",)
+
+
 def engines_per_node(cfg: RunConfig) -> int:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     if cfg.run.device == "cuda":
@@ -81,7 +90,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
         nccl_port=p.nccl_port, log_path=log_dir / f"engine-{node}-{i}.log",
         base_gpu_id=i * tp if cfg.run.device == "cuda" else 0, tp_size=tp if cfg.run.device == "cuda" else 1,
         api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
-        extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg)),
+        extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg), *colocate_args(cfg)),
         # numbered across nodes: harmless on separate hosts, and virtual nodes sharing one host
         # (the test cluster) do not stack every node's engine 0 on core 0
         cpu_core=((node * n + i) % ncpu) if cfg.run.device == "cpu" else None,

@@ -228,9 +228,24 @@ def _int(f: Flag | None, out: Mapped) -> int | None:
 
 
 def _layout(layout: dict[str, Flag], out: Mapped) -> None:
-    """slime's Ray placement -> the two het groups: the trainer's nodes, then the engines' own."""
+    """slime's Ray placement -> the two het groups: the trainer's nodes, then the engines' own; or,
+    with slime's --colocate, ours: the engines on the trainer's own nodes and GPUs."""
     trainer = _int(layout.get("actor_num_nodes"), out)
     gpus = _int(layout.get("actor_num_gpus_per_node"), out)
+    argv: list[str] = []
+    if "colocate" in layout:
+        f = layout["colocate"]
+        out.notes.append((f.line, f"{f.shown}: --colocate on the trainer's nodes and GPUs"))
+        if "rollout_num_gpus" in layout:
+            g = layout["rollout_num_gpus"]
+            out.notes.append((g.line, f"{g.shown}: colocated, the engines use the trainer's GPUs"))
+        argv.append("--colocate")
+        if trainer is not None:
+            argv += ["--nodes", str(trainer)]
+        if gpus is not None:
+            argv += ["--gpus-per-node", str(gpus)]
+        out.argv = argv + out.argv
+        return
     rollout_gpus = _int(layout.get("rollout_num_gpus"), out)
     rollout = None
     if rollout_gpus is not None:
@@ -242,14 +257,6 @@ def _layout(layout: dict[str, Flag], out: Mapped) -> None:
         else:
             out.dropped.append((f.line, f"{f.shown} {rollout_gpus}: not a whole number of nodes of "
                                         f"--actor-num-gpus-per-node's GPUs; set --rollout-nodes"))
-    if "colocate" in layout:
-        f = layout["colocate"]
-        extra = ""
-        if rollout is None and trainer is not None:
-            rollout = trainer
-            extra = f"; the engines get --rollout-nodes {trainer} of their own, as many as the trainer's"
-        out.dropped.append((f.line, f"{f.shown}: {SLIME_INSTEAD['colocate']}{extra}"))
-    argv: list[str] = []
     if trainer is not None and rollout is not None:
         argv += ["--nodes", str(trainer + rollout)]
     if trainer is not None:

@@ -115,13 +115,14 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
     # A replay (--load-debug-rollout-data) or --debug-train-only (SFT) starts no engine: the rollout
     # group only waits or tokenizes, and must not hold a node's GPUs for it.
     engines = cfg.train.load_debug_rollout_data is None and not cfg.train.debug_train_only
-    if cfg.single_node:
-        # One group; both steps start with --overlap, which shares every resource of the node
-        # (CPUs, memory, GPUs: SLURM 22.05 srun(1)), and each role picks its own GPUs from the
-        # job's (rlslurm/gpus.py). A het job would not be sure to put both components on one node.
-        groups = [Group(nodes=1, gpus_per_node=gpus,
+    if cfg.single_node or cfg.run.colocate:
+        # One group; both steps start with --overlap, which shares every resource of the nodes
+        # (CPUs, memory, GPUs: SLURM 22.05 srun(1)). On one node each role picks its own GPUs of
+        # the job's (rlslurm/gpus.py); colocated, both use all of them on every node. A het job
+        # would not be sure to put two components on the same nodes.
+        groups = [Group(nodes=s.nodes, gpus_per_node=gpus,
                         partition=s.trainer_partition or s.rollout_partition or s.partition)]
-        steps = {role: Step("--overlap", 1, "SLURM_JOB_NODELIST") for role in ("trainer", "rollout")}
+        steps = {role: Step("--overlap", s.nodes, "SLURM_JOB_NODELIST") for role in ("trainer", "rollout")}
     else:
         groups = [
             Group(nodes=s.trainer_nodes or 1, gpus_per_node=gpus, partition=s.trainer_partition or s.partition),

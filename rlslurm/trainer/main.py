@@ -19,6 +19,7 @@ marked FINISHED.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -154,6 +155,7 @@ class Trainer:
             self._defer(progress.weight_version)
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=self.attempt,
                                      cfg=cfg)
+        self.colo = self._colocation()
         try:
             while progress.next_rollout_id < cfg.rollout.num_rollout:
                 self._beat()
@@ -165,21 +167,38 @@ class Trainer:
                     return self._stop(progress)
                 if cmd is Next.END:
                     break
+                if cmd is Next.SUPERSEDED:
+                    return self._superseded_exit()
                 rollout = self.reader.read(progress.next_rollout_id)
                 if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
                     rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
+                if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
+                    self.colo.to_trainer(rollout.rollout_id + 1)
                 lines = self._train_rollout(rollout, time.perf_counter() - t0)
+                if self._superseded_collective():  # no publish or checkpoint from a lost attempt
+                    return self._superseded_exit()
                 progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
-                t1 = time.perf_counter()
-                if self._publish_due(progress):
-                    self._publish_or_defer(progress.weight_version)
-                t2 = time.perf_counter()
-                si = cfg.train.save_interval
-                if si is not None and progress.trained_rollouts % si == 0:
-                    self._save(progress)
-                    self._save_hf(progress)
+                if self.colo is None:
+                    t1 = time.perf_counter()
+                    if self._publish_due(progress):
+                        self._publish_or_defer(progress.weight_version)
+                    t2 = time.perf_counter()
+                    self._save_if_due(progress)
+                    times = {"time/publish": t2 - t1, "time/save": time.perf_counter() - t2}
+                else:  # save while everything is on the GPU; the engines then take it back
+                    t1 = time.perf_counter()
+                    self._save_if_due(progress)
+                    t2 = time.perf_counter()
+                    self.colo.to_engines_for_weights()
+                    t3 = time.perf_counter()
+                    if self._publish_due(progress):
+                        self._wait_for_engines()
+                        self._publish(progress.weight_version)
+                    t4 = time.perf_counter()
+                    self.colo.to_engines()
+                    times = {"time/save": t2 - t1, "time/publish": t4 - t3, **self.colo.times}
                 for _, values in lines:  # rollout-level phases, repeated on each of its steps
-                    values.update({"time/publish": t2 - t1, "time/save": time.perf_counter() - t2})
+                    values.update(times)
                 for step, values in lines:
                     self.metrics.log(step, values)
             if self.delivery.pending is not None:  # the engines never came up while we trained
@@ -197,9 +216,33 @@ class Trainer:
             return 0
         finally:
             self.metrics.close()
+            if self.colo is not None:
+                self.colo.close()
             close = getattr(self.publisher, "close", None)
             if close is not None:
                 close()
+
+    def _save_if_due(self, progress: TrainerProgress) -> None:
+        si = self.cfg.train.save_interval
+        if si is not None and progress.trained_rollouts % si == 0:
+            self._save(progress)
+            self._save_hf(progress)
+
+    def _colocation(self):
+        """--colocate: the phases between the trainer and the engines on the same GPUs. The engines
+        start from the HF weights (or are given the resumed version first); then the trainer's
+        tensors leave the GPU until the first rollout is committed."""
+        if not self.cfg.run.colocate:
+            return None
+        from rlslurm.trainer.colocate import Colocation
+
+        key = self.rd.api_key() if self.rd.api_key_file.exists() else None
+        colo = Colocation(self.st, self.control, key, rank=self.rank, timeout_s=self.cfg.train.weight_sync_timeout_s)
+        if self.delivery.pending is not None:  # resumed: the engines need the trained weights first
+            self._wait_for_engines()
+            self._publish(self.delivery.pending)
+        colo.offload_all()
+        return colo
 
     def _train_rollout(self, rollout, wait_s: float) -> list[tuple[int, dict]]:
         from rlslurm.trainer import step as steps
@@ -352,7 +395,8 @@ class Trainer:
             if isinstance(cmd, Failed):
                 raise DataError(str(self.reader.dir), cmd.message)
             if isinstance(cmd, Publish):
-                self._publish(cmd.version)
+                with self._on_gpu(params_only=True):
+                    self._publish(cmd.version)
                 continue
             if cmd is not Next.WAIT:
                 return cmd
@@ -371,6 +415,8 @@ class Trainer:
             return Next.PREEMPT
         if self.control.stop_requested():
             return Next.STOP
+        if self._superseded():
+            return Next.SUPERSEDED
         self._beat()
         if (due := self.delivery.due(self.progress.weight_version)) is not None:
             return due
@@ -389,18 +435,42 @@ class Trainer:
             return Next.END
         return Next.WAIT
 
+    def _superseded(self) -> bool:
+        """Rank 0: has a later attempt started (buffer/attempts.py)? A trainer that outlived its
+        attempt would otherwise train the new attempt's rollouts, publish into its engines and
+        write checkpoints beside it."""
+        from rlslurm.buffer.attempts import superseded
+
+        return superseded(self.rd, self.attempt)
+
+    def _superseded_collective(self) -> bool:
+        flag = [self._superseded() if self.rank == 0 else None]
+        dist.broadcast_object_list(flag, src=0)
+        return bool(flag[0])
+
+    def _superseded_exit(self) -> int:
+        log.error("attempt %d was superseded by a later attempt of this run: exiting without a checkpoint, "
+                  "publish or acknowledgement", self.attempt)
+        return 1
+
     # ------------------------------------------------------------------ checkpoints
 
     def _save(self, progress: TrainerProgress) -> None:
         from rlslurm.trainer import checkpoint
 
-        d = checkpoint.save(self.st, progress, self.rd.checkpoints_dir, self.cfg.train.keep_checkpoints)
+        with self._on_gpu():
+            d = checkpoint.save(self.st, progress, self.rd.checkpoints_dir, self.cfg.train.keep_checkpoints)
         self.last_saved = progress.trained_rollouts
         log.info("saved checkpoint %s", d)
         if self.rank == 0 and not self.replay:
             after_checkpoint(self.reader, progress,
                              checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts,
                                                   self.cfg.rollout.export_retired_rollouts))
+
+    def _on_gpu(self, *, params_only: bool = False):
+        """--colocate between phases: the trainer's tensors back on the GPU for a while."""
+        colo = getattr(self, "colo", None)
+        return contextlib.nullcontext() if colo is None else colo.holding(params_only=params_only)
 
     def _save_hf(self, progress: TrainerProgress) -> None:
         """--save-hf: the weights in HF format, as slime writes them with each save (not on a preempt or
@@ -412,7 +482,8 @@ class Trainer:
 
         target = Path(pattern.format(rollout_id=progress.next_rollout_id - 1))
         st = self.st
-        export_hf(st.mc, st.actor.model, target, hf_dir=self.cfg.model.hf_checkpoint, dtype=st.tcfg.params_dtype)
+        with self._on_gpu(params_only=True):
+            export_hf(st.mc, st.actor.model, target, hf_dir=self.cfg.model.hf_checkpoint, dtype=st.tcfg.params_dtype)
         log.info("--save-hf: wrote %s", target)
 
     def _stop(self, progress: TrainerProgress) -> int:

@@ -97,12 +97,13 @@ class SyncOptions:
     @classmethod
     def from_config(cls, cfg: Any, **kw: Any) -> "SyncOptions":
         """From the run config: train.update_weight_buffer_size, weight_sync_timeout_s and
-        weight_sync_backend. Its `auto` is NCCL on CUDA, except with run.shared_gpu: an engine on the
-        trainer's own GPU cannot join an NCCL group with it (docs/gpu.md), gloo can."""
+        weight_sync_backend. Its `auto` is NCCL on CUDA, except where the engines share the trainer's
+        GPUs (--shared-gpu, --colocate): an engine on the trainer's own GPU cannot join an NCCL group
+        with it (docs/gpu.md), gloo can."""
         t = cfg.train
         backend = t.weight_sync_backend
         if backend == "auto":
-            backend = "gloo" if cfg.run.shared_gpu else None
+            backend = "gloo" if cfg.shares_gpus else None
         return cls(bucket_bytes=t.update_weight_buffer_size, timeout_s=t.weight_sync_timeout_s, backend=backend,
                    flattened=t.update_weight_flattened_bucket, receiver=t.update_weight_receiver, **kw)
 

@@ -73,7 +73,8 @@ def test_checkpoints_layout_and_unknowns_of_the_qwen3_4b_script() -> None:
     path = SCRIPTS / "run-qwen3-4B.sh"
     imp = import_script(path)
     cfg = build_config([parse_flags(imp.argv)])
-    assert (cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (2, 1, 1)
+    # slime's --colocate on one node is ours (docs/colocate.md)
+    assert (cfg.run.colocate, cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (True, 1, None, None)
     assert str(cfg.model.hf_checkpoint) == "/root/Qwen3-4B" and cfg.model.ref_load is None and cfg.model.load is None
     assert cfg.data.eval_prompt_data == ["aime", "/root/aime-2024/aime-2024.jsonl"]
     assert cfg.megatron["recompute_granularity"] == "full" and cfg.megatron["sequence_parallel"] is True
@@ -85,7 +86,7 @@ def test_checkpoints_layout_and_unknowns_of_the_qwen3_4b_script() -> None:
     assert "--gpus-per-node" not in imp.argv
     assert re.search(r"not mapped: --load: the same directory as --save: slime's way to resume", report)
     assert re.search(r"not mapped: --ref-load: a Megatron torch_dist checkpoint", report)
-    assert re.search(r"not mapped: --colocate: .*--rollout-nodes 1 of their own", report)
+    assert "not mapped: --colocate" not in report
     assert re.search(r"not mapped: --balance-data: ", report)
     assert imp.refusal is None
 
@@ -119,7 +120,7 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
     assert cfg.rollout.dynamic_sampling_filter_path == "rlslurm.rollout.filters:zero_std_filter"
     assert cfg.rollout.over_sampling_batch_size == 256 and cfg.train.num_steps_per_rollout == 4
     assert cfg.megatron["num_layers_in_last_pipeline_stage"] == 13
-    assert (cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes, cfg.slurm.nodes) == (16, 16, 32)
+    assert (cfg.run.colocate, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes, cfg.slurm.nodes) == (True, None, None, 16)
     report = "\n".join(imp.report_lines())
     for flag in ("--hf-checkpoint", "--prompt-data", "--eval-prompt-data"):
         assert f"{path}:{_line_of(path, flag)}: not mapped: {flag}: value not known without running the script: " \

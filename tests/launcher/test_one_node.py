@@ -73,3 +73,30 @@ def test_a_model_config_without_a_one_node_entry_lends_its_smallest(tmp_path: Pa
     cfg = resolve(["--model", "tiny-qwen3", "--nodes", "1", "--prompt-data", str(prompts)], strict_inputs=False).cfg
     assert (cfg.run.device, cfg.trainer_procs_per_node, cfg.rollout.engines_per_node) == ("cpu", 2, 2)
     assert (cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (1, 1)
+
+
+def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_turns(argv: list[str],
+                                                                                    tmp_path: Path) -> None:
+    """--colocate (docs/colocate.md): one group of --nodes; both steps --overlap on all of them, the
+    engines on the trainer's own GPUs (SLURM's CUDA_VISIBLE_DEVICES, no split), weights over gloo."""
+    from rlslurm.rollout.node import colocate_args
+    from rlslurm.trainer.weight_sync import SyncOptions
+
+    two = argv[:2] + ["--nodes", "2", "--colocate"] + argv[4:]
+    cfg = resolve(two).cfg
+    s = cfg.slurm
+    assert (s.trainer_nodes, s.rollout_nodes, cfg.trainer_gpus, cfg.rollout_gpus) == (2, 2, 16, 16)
+    script = render(cfg, tmp_path / "run")
+    assert "#SBATCH hetjob" not in script and script.count("#SBATCH --nodes=2") == 1
+    assert script.count("srun --overlap --kill-on-bad-exit=1 --nodes=2 ") == 2
+    assert step_gpus(cfg, "trainer") is None and step_gpus(cfg, "rollout") is None
+    assert SyncOptions.from_config(cfg).backend == "gloo" and colocate_args(cfg) == ("--enable-memory-saver",)
+    assert resolve(argv + ["--colocate"]).cfg.slurm.rollout_nodes == 1  # one node, colocated
+
+    one_line_naming(two + ["--async-buffer-size", "1"], "--async-buffer-size 1", "--colocate")
+    one_line_naming(two + ["--rollout-nodes", "1"], "--rollout-nodes 1", "--colocate", "--nodes 2")
+    one_line_naming(two + ["--trainer-gpus", "4"], "--trainer-gpus", "--colocate")
+    one_line_naming(two + ["--weight-sync-backend", "nccl"], "--colocate", "--weight-sync-backend nccl")
+    one_line_naming(two + ["--trainer-procs-per-node", "4"], "--trainer-procs-per-node 4", "--gpus-per-node 8")
+    one_line_naming(two + ["--shared-gpu"], "--colocate", "--shared-gpu")
+    one_line_naming(two + ["--debug-rollout-only"], "--colocate", "--debug-rollout-only")

@@ -1,0 +1,112 @@
+"""Where each group runs, decided before anything else is checked (rlslurm/resolve.py):
+
+- `--nodes N` (N >= 2): a het job, the trainer on --trainer-nodes of their own, the engines on
+  --rollout-nodes of their own (default: half each).
+- `--nodes 1`: one node, its --gpus-per-node split between the trainer (--trainer-gpus) and the
+  engines (--rollout-gpus); docs/single-node.md.
+- `--colocate`: every node runs both, on the same GPUs, taking turns; docs/colocate.md.
+"""
+
+from __future__ import annotations
+
+from rlslurm.config import RunConfig
+from rlslurm.errors import ConfigError
+from rlslurm.flags import flag_name
+
+
+def place_groups(cfg: RunConfig) -> None:
+    if cfg.run.colocate:
+        _colocate(cfg)
+    elif cfg.single_node:
+        _split_one_node(cfg)
+
+
+def check(cfg: RunConfig) -> None:
+    """What the placement refuses once every setting is known."""
+    s = cfg.slurm
+    if not cfg.single_node and (s.trainer_gpus is not None or s.rollout_gpus is not None):
+        what, why = (("--colocate", "the trainer and the engines share every GPU") if cfg.run.colocate else
+                     (f"--nodes {s.nodes}", "each group has nodes of its own: use --trainer-nodes / --rollout-nodes"))
+        raise ConfigError(f"--trainer-gpus / --rollout-gpus split one node's GPUs (--nodes 1); with {what} {why}")
+    if cfg.run.colocate:
+        _check_colocate(cfg)
+
+
+def _colocate(cfg: RunConfig) -> None:
+    """--colocate: one group of --nodes nodes; the trainer and the rollout each run on all of them."""
+    s = cfg.slurm
+    for name in ("trainer_nodes", "rollout_nodes"):
+        if getattr(s, name) not in (None, s.nodes):
+            raise ConfigError(f"{flag_name(name)} {getattr(s, name)} with --colocate: the trainer and the engines "
+                              f"both run on every one of the --nodes {s.nodes}")
+    s.trainer_nodes = s.rollout_nodes = s.nodes
+    if s.trainer_partition and s.rollout_partition and s.trainer_partition != s.rollout_partition:
+        raise ConfigError(f"--trainer-partition {s.trainer_partition} and --rollout-partition {s.rollout_partition} "
+                          "with --colocate: both groups run on the same nodes, of one partition")
+
+
+def _check_colocate(cfg: RunConfig) -> None:
+    r, s, t = cfg.run, cfg.slurm, cfg.train
+    if r.shared_gpu:
+        raise ConfigError("--colocate and --shared-gpu: --colocate already puts the engines on the trainer's GPUs "
+                          "(and takes turns with them); drop --shared-gpu")
+    if cfg.starts_no_engines:
+        raise ConfigError("--colocate with --debug-train-only or --load-debug-rollout-data: this run starts no "
+                          "engine, so there is nothing to colocate with the trainer")
+    if t.debug_rollout_only:
+        raise ConfigError("--colocate with --debug-rollout-only: there is no trainer to take turns with")
+    if cfg.rollout.async_buffer_size:
+        raise ConfigError(f"--async-buffer-size {cfg.rollout.async_buffer_size} with --colocate: the engines "
+                          "generate only while the trainer does not train (they share the GPUs), so the next rollout "
+                          "cannot be generated during training; use 0 (slime's colocated loop is synchronous too)")
+    if t.weight_sync_backend == "nccl":
+        raise ConfigError("--colocate with --weight-sync-backend nccl: NCCL refuses two ranks on one GPU (the "
+                          "trainer and an engine); leave it auto (gloo) or use gloo")
+    if r.device == "cuda" and s.trainer_procs_per_node not in (None, s.gpus_per_node):
+        raise ConfigError(f"--trainer-procs-per-node {s.trainer_procs_per_node} with --colocate: the trainer runs on "
+                          f"every GPU of the node (--gpus-per-node {s.gpus_per_node}), as the engines do")
+
+
+def _split_one_node(cfg: RunConfig) -> None:
+    """--nodes 1: both groups run on the one node (a job of one group, docs/single-node.md), and its
+    --gpus-per-node are split: --trainer-gpus for torchrun's ranks, --rollout-gpus for the engines;
+    half each by default, or the rest of the one given. On --device cpu with no GPUs asked, nothing
+    is split (processes: --trainer-procs-per-node, --engines-per-node)."""
+    s = cfg.slurm
+    for name in ("trainer_nodes", "rollout_nodes"):
+        if getattr(s, name) not in (None, 1):
+            raise ConfigError(f"{flag_name(name)} {getattr(s, name)} with --nodes 1: the trainer and the rollout share "
+                              "the one node; split its GPUs with --trainer-gpus / --rollout-gpus")
+    s.trainer_nodes = s.rollout_nodes = 1
+    if s.trainer_partition and s.rollout_partition and s.trainer_partition != s.rollout_partition:
+        raise ConfigError(f"--trainer-partition {s.trainer_partition} and --rollout-partition {s.rollout_partition} "
+                          "with --nodes 1: both groups run on the one node, of one partition")
+    g, t, r = s.gpus_per_node, s.trainer_gpus, s.rollout_gpus
+    if g == 0:
+        if t or r:
+            raise ConfigError("--trainer-gpus / --rollout-gpus split the node's GPUs, but --gpus-per-node is 0")
+        return
+    if cfg.starts_no_engines:
+        if r:
+            raise ConfigError(f"--rollout-gpus {r}: this run starts no engine (--debug-train-only or "
+                              "--load-debug-rollout-data), so the trainer takes every GPU of the node")
+        t, r = g if t is None else t, 0
+    elif t is None and r is None:
+        t = max(1, g // 2)
+        r = g - t
+    elif t is None:
+        t = g - r
+    elif r is None:
+        r = g - t
+    if t + r != g:
+        raise ConfigError(f"--trainer-gpus {t} + --rollout-gpus {r} = {t + r}, not --gpus-per-node {g} "
+                          "(the GPUs the job asks of its one node)")
+    if t < 1 or (r < 1 and not cfg.starts_no_engines):
+        raise ConfigError(f"--nodes 1 --gpus-per-node {g}: the trainer ({t}) and the engines ({r}) need at least one "
+                          "GPU each (--trainer-gpus / --rollout-gpus)")
+    if cfg.run.device == "cuda":
+        if s.trainer_procs_per_node not in (None, t):
+            raise ConfigError(f"--trainer-procs-per-node {s.trainer_procs_per_node} with --nodes 1: the trainer runs "
+                              f"one process per trainer GPU (--trainer-gpus {t})")
+        s.trainer_procs_per_node = t
+    s.trainer_gpus, s.rollout_gpus = t, r

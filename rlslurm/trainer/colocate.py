@@ -1,0 +1,280 @@
+"""--colocate: the trainer and the engines take turns on the same GPUs (docs/colocate.md).
+
+The driver generates rollout N only once the engines serve version N (colocated runs are synchronous,
+resolve refuses --async-buffer-size), so between "rollout N committed" and "version N+1 published"
+the engines are idle and the trainer owns the GPUs. Per rollout, in the trainer's loop
+(trainer/main.py), rank 0 talking to the engines, every rank moving its own tensors:
+
+    engines   pause (abort anything left), release weights + KV cache + CUDA graphs   time/engines_release
+    trainer   onload: params, grads, optimizer state, ref and critic back to the GPU   time/onload
+    ...       train, checkpoint if due
+    trainer   offload everything but the actor's params (the export reads those)       time/offload
+    engines   resume their weights' memory
+    ...       publish version N+1 (the broadcast, over gloo: NCCL refuses two ranks on one GPU)
+    trainer   offload the actor's params                                               (time/offload)
+    engines   resume KV cache + CUDA graphs, continue generating                       time/engines_resume
+
+Each engine call is bounded by --weight-sync-timeout-s and fails the step like a failed sync (the
+job is then requeued). While the engines are released they cannot answer a health check (SGLang's
+/health generates a token), so rank 0 holds the weight-update bracket (control/weight_update.json,
+engines/update_watch.py) for the whole window and renews it in a thread while the trainer trains.
+
+Tensors move by storage: each distinct storage is copied to host memory and resized to 0 bytes,
+then resized and copied back, so every view (megatron's params are views into its contiguous
+buffers) is valid again afterwards, bit for bit. On --device cpu nothing lives on a GPU and the
+moves are empty; the engines' release then only flushes their cache (docs/sglang-behaviour.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# SGLang's GPU_MEMORY_TYPE_* tags (sglang/srt/constants.py)
+WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
+
+
+# --- the trainer's tensors ----------------------------------------------------------------------
+
+def _torch_optimizers(opt: Any) -> Iterator[torch.optim.Optimizer]:
+    """The torch optimizers inside megatron's wrappers (chained, mixed precision, distributed)."""
+    if opt is None:
+        return
+    if hasattr(opt, "chained_optimizers"):
+        for o in opt.chained_optimizers:
+            yield from _torch_optimizers(o)
+    elif isinstance(opt, torch.optim.Optimizer):
+        yield opt
+    elif hasattr(opt, "optimizer"):
+        yield from _torch_optimizers(opt.optimizer)
+
+
+def module_tensors(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
+    """Params, buffers and megatron's main grads (`param.main_grad`, a view of its grad buffer)."""
+    if module is None:
+        return
+    for p in module.parameters():
+        yield p.data
+        g = getattr(p, "main_grad", None)
+        if isinstance(g, torch.Tensor):
+            yield g
+        if p.grad is not None:
+            yield p.grad
+    # nn.Module's own: megatron's DDP shadows `buffers` with its list of param/grad buffers, whose
+    # storages the params and main grads above already reach
+    yield from torch.nn.Module.buffers(module)
+
+
+def optimizer_tensors(opt: Any) -> Iterator[torch.Tensor]:
+    """Every tensor an optimizer holds: its (fp32 main) params and its state (Adam's moments)."""
+    for o in _torch_optimizers(opt):
+        for group in o.param_groups:
+            yield from (p.data for p in group["params"])
+        for state in o.state.values():
+            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+
+
+@dataclass
+class _Stored:
+    storage: torch.UntypedStorage
+    nbytes: int
+    host: torch.Tensor | None = None
+
+
+@dataclass
+class TensorSet:
+    """Distinct storages on `device`, moved to host memory and back as a whole."""
+
+    device: torch.device
+    stored: list[_Stored] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: "TensorSet | None" = None
+           ) -> "TensorSet":
+        seen = {s.storage.data_ptr() for s in exclude.stored} if exclude else set()
+        out = cls(device)
+        for t in tensors:
+            if t.device != device or t.untyped_storage().nbytes() == 0:
+                continue
+            st = t.untyped_storage()
+            if st.data_ptr() in seen:
+                continue
+            seen.add(st.data_ptr())
+            out.stored.append(_Stored(st, st.nbytes()))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.stored)
+
+    @property
+    def offloaded(self) -> bool:
+        return any(s.host is not None for s in self.stored)
+
+    def offload(self) -> int:
+        pin = self.device.type == "cuda"
+        for s in self.stored:
+            if s.host is not None:
+                continue  # already on the host
+            view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage)
+            s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
+            s.host.copy_(view)
+            s.storage.resize_(0)
+        return self.nbytes
+
+    def onload(self) -> int:
+        for s in self.stored:
+            if s.host is None:
+                continue
+            s.storage.resize_(s.nbytes)
+            torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage).copy_(s.host)
+            s.host = None
+        return self.nbytes
+
+
+def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet]:
+    """(the actor's params, everything else on `device`: grads, optimizer states, ref, critic)."""
+    params = TensorSet.of((p.data for p in st.actor.model.parameters()), device)
+    rest: list[torch.Tensor] = [*module_tensors(st.actor.model), *optimizer_tensors(st.actor.optimizer),
+                                *module_tensors(st.ref)]
+    if st.critic is not None:
+        rest += [*module_tensors(st.critic.model), *optimizer_tensors(st.critic.optimizer)]
+    return params, TensorSet.of(rest, device, exclude=params)
+
+
+# --- the phases ---------------------------------------------------------------------------------
+
+class Colocation:
+    """Collective over the trainer (every rank calls each phase); rank 0 talks to the engines."""
+
+    def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float):
+        self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
+        self.params, self.rest = trainer_tensor_sets(st, st.device)
+        self.times: dict[str, float] = {}
+        self._keeper: _BracketKeeper | None = None
+        log.info("colocate: %.2f GiB of params and %.2f GiB of other trainer state move between phases",
+                 self.params.nbytes / 2**30, self.rest.nbytes / 2**30)
+
+    def _engines(self, method: str, **kw: Any) -> None:
+        from rlslurm.engines.fanout import Engines, HttpLoop, engine_targets
+
+        targets = engine_targets(self.control.engines())
+        loop = HttpLoop()
+        engines = Engines(loop, targets, self.api_key)
+        try:
+            engines.call(method, timeout=self.timeout_s, **kw)
+        finally:
+            engines.close()
+            loop.close()
+
+    def _rank0(self, what: str, fn) -> None:
+        """Rank 0 runs `fn`; every rank learns whether it worked (and fails the step if not)."""
+        err = [None]
+        if self.rank == 0:
+            try:
+                fn()
+            except Exception as e:  # an engine that did not answer: fail the step, SLURM requeues
+                err[0] = f"{type(e).__name__}: {e}"
+        dist.broadcast_object_list(err, src=0)
+        if err[0] is not None:
+            raise RuntimeError(f"colocate: {what} failed: {err[0]}")
+
+    def offload_all(self) -> None:
+        """At start-up, before the engines generate the first rollout."""
+        self._move(offload=(self.rest, self.params))
+
+    def to_trainer(self, version: int) -> None:
+        """Rollout `version - 1` is committed: the engines give their memory up, the trainer takes it."""
+        t0 = time.perf_counter()
+
+        def release() -> None:
+            self._keeper = _BracketKeeper(self.control, version, self.timeout_s)
+            self._engines("pause_generation", mode="abort")
+            self._engines("release_memory_occupation", tags=None)
+        self._rank0("releasing the engines' memory", release)
+        t1 = time.perf_counter()
+        self._move(onload=(self.params, self.rest))
+        self.times = {"time/engines_release": t1 - t0, "time/onload": time.perf_counter() - t1}
+
+    def to_engines_for_weights(self) -> None:
+        """Trained (and saved): keep the params for the export, give the rest back; engines reload weights."""
+        t0 = time.perf_counter()
+        self._move(offload=(self.rest,))
+        t1 = time.perf_counter()
+        self._rank0("resuming the engines' weights", lambda: self._engines("resume_memory_occupation", tags=[WEIGHTS]))
+        self.times.update({"time/offload": t1 - t0, "time/engines_resume": time.perf_counter() - t1})
+
+    def to_engines(self) -> None:
+        """Published: the params go too; the engines get their cache back and generate again."""
+        t0 = time.perf_counter()
+        self._move(offload=(self.params,))
+        t1 = time.perf_counter()
+
+        def resume() -> None:
+            try:
+                self._engines("resume_memory_occupation", tags=[KV_CACHE, CUDA_GRAPH])
+                self._engines("continue_generation")
+            finally:
+                if self._keeper is not None:
+                    self._keeper.stop()
+                    self._keeper = None
+        self._rank0("resuming the engines' cache", resume)
+        self.times["time/offload"] = self.times.get("time/offload", 0.0) + t1 - t0
+        self.times["time/engines_resume"] = self.times.get("time/engines_resume", 0.0) + time.perf_counter() - t1
+
+    @contextmanager
+    def holding(self, *, params_only: bool = False) -> Iterator[None]:
+        """The trainer's tensors on the GPU for a while, outside the phases: a checkpoint (a stop or
+        preempt between rollouts), --save-hf, a publish again to a restarted engine."""
+        moved = tuple(s for s in ((self.params,) if params_only else (self.params, self.rest)) if s.offloaded)
+        self._move(onload=moved)
+        try:
+            yield
+        finally:
+            self._move(offload=moved)
+
+    def _move(self, *, offload: tuple[TensorSet, ...] = (), onload: tuple[TensorSet, ...] = ()) -> None:
+        for s in onload:
+            s.onload()
+        for s in offload:
+            s.offload()
+        dev = self.params.device
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            if offload:
+                torch.cuda.empty_cache()  # back to the driver: the engines are another process
+
+    def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
+
+
+class _BracketKeeper:
+    """Rank 0 renews control/weight_update.json while the engines are released, so the rollout nodes
+    keep their health checks paused for as long as the trainer trains (engines/update_watch.py caps
+    one record's hold at the sync timeout; a renewed record is honoured again)."""
+
+    def __init__(self, control: Any, version: int, timeout_s: float):
+        self.control, self.version, self.timeout_s = control, version, timeout_s
+        self.control.mark_weight_update(version, timeout_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="colocate-bracket", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(10.0, self.timeout_s / 3)):
+            self.control.mark_weight_update(self.version, self.timeout_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.control.clear_weight_update()

@@ -1,0 +1,135 @@
+"""--colocate's phases (rlslurm/trainer/colocate.py) against the real CPU SGLang engines of the shared
+private deployment: the engines release and resume their memory (on CPU the release only flushes
+their cache, docs/sglang-behaviour.md) and serve the same greedy tokens afterwards; the trainer's
+tensors leave for host memory and come back bit for bit, views of a flat buffer and Adam's state
+included, so a step after the round trip equals a step without it; the health-check bracket is
+held for the whole window and renewed; an engine that does not answer fails the phase in bound."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.engines.sglang_client import SGLangClient
+from rlslurm.engines.supervisor import control_publisher
+from rlslurm.trainer.colocate import Colocation
+
+pytestmark = [pytest.mark.sglang]
+
+PROMPT = [5, 17, 9, 33, 12, 40]
+
+
+async def _greedy(dep) -> list[list[int]]:
+    out = []
+    for url in dep.supervisor.urls:
+        async with SGLangClient(url, dep.api_key) as c:
+            r = await c.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True})
+            out.append(r["output_ids"])
+    return out
+
+
+class Flat(torch.nn.Module):
+    """Two parameters that are views of one flat buffer, as megatron's DDP lays them out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat = torch.randn(40)
+        self.a = torch.nn.Parameter(self.flat[:24].view(4, 6))
+        self.b = torch.nn.Parameter(self.flat[24:].view(16))
+
+
+def _trainer_state() -> SimpleNamespace:
+    torch.manual_seed(0)
+    model = Flat()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    (model.a.sum() + (model.b ** 2).sum()).backward()
+    opt.step()  # Adam's moments exist
+    ref = torch.nn.Linear(3, 3)
+    return SimpleNamespace(actor=SimpleNamespace(model=model, optimizer=opt), ref=ref, critic=None,
+                           device=torch.device("cpu"))
+
+
+def _step(st) -> None:
+    st.actor.optimizer.zero_grad()
+    (st.actor.model.a.sum() * 3 + st.actor.model.b.sum()).backward()
+    st.actor.optimizer.step()
+
+
+@pytest.fixture
+def one_rank():
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        from rlslurm.net import free_port
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_phases_move_the_engines_and_the_trainer_and_keep_both_exact(private_deployment, tmp_path: Path,
+                                                                        one_rank) -> None:
+    dep = private_deployment
+    control = Control(RunDir.create(tmp_path / "run"))
+    control_publisher(control, "node0")(dep.supervisor.engines())
+    before = asyncio.run(_greedy(dep))
+
+    st, twin = _trainer_state(), None
+    twin = copy.deepcopy(st)
+    colo = Colocation(st, control, dep.api_key, rank=0, timeout_s=20.0)
+    assert colo.params.nbytes == 40 * 4  # one storage for both views
+    colo.offload_all()
+    assert st.actor.model.flat.untyped_storage().nbytes() == 0 and colo.rest.offloaded
+
+    colo.to_trainer(1)
+    bracket = control.weight_update()
+    assert bracket is not None and bracket.version == 1 and bracket.until > time.time()
+    assert torch.equal(st.actor.model.a, twin.actor.model.a) and torch.equal(st.ref.weight, twin.ref.weight)
+    _step(st)
+    _step(twin)
+    colo.to_engines_for_weights()
+    assert not colo.params.offloaded and colo.rest.offloaded and control.weight_update() is not None
+    colo.to_engines()
+    assert control.weight_update() is None  # the health checks may go on
+    assert set(colo.times) == {"time/engines_release", "time/onload", "time/offload", "time/engines_resume"}
+    assert all(v >= 0 for v in colo.times.values())
+    assert asyncio.run(_greedy(dep)) == before  # released, resumed: the same weights serve
+
+    with colo.holding():  # a checkpoint between phases sees every tensor
+        assert torch.equal(st.actor.model.b, twin.actor.model.b)
+        for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
+            assert torch.equal(st.actor.optimizer.state[p]["exp_avg_sq"], twin.actor.optimizer.state[q]["exp_avg_sq"])
+    assert colo.params.offloaded and colo.rest.offloaded
+
+
+def test_an_engine_that_does_not_answer_fails_the_phase_in_bound(tmp_path: Path, one_rank) -> None:
+    """A peer that accepts the connection and never answers (a hung engine): the release fails within
+    the phase's timeout, on every rank, and the step fails (SLURM then requeues the job)."""
+    from rlslurm.buffer.control import EngineRecord
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        control = Control(RunDir.create(tmp_path / "run"))
+        control.write_engines([EngineRecord(url=f"http://127.0.0.1:{silent.getsockname()[1]}", node="n0",
+                                            healthy=True)])
+        colo = Colocation(_trainer_state(), control, "key", rank=0, timeout_s=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"colocate: releasing the engines' memory failed: .*1(\.0)? s"):
+            colo.to_trainer(1)
+        assert time.monotonic() - t0 < 1.0 + 10.0
+        colo.close()
+        assert control.weight_update() is None
+    finally:
+        silent.close()
