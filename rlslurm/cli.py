@@ -148,8 +148,11 @@ def run(
         from rlslurm.resolve import resolve
 
         # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
-        machine = ["--nodes", "1"] if "--colocate" in argv else ["--nodes", "2", "--trainer-nodes", "1",
-                                                                 "--rollout-nodes", "1"]
+        from rlslurm.flags import build_config, load_yaml_layer, parse_flags
+
+        layers = [load_yaml_layer(config)] if config else []
+        colocate = build_config([*layers, parse_flags(argv)]).run.colocate
+        machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
         res = resolve(["--device", "cpu", *machine] + argv, config, strict_inputs=True)
         for w in res.warnings:
             err.print(f"[yellow]warning:[/] {w}")

@@ -87,7 +87,8 @@ def optimizer_tensors(opt: Any) -> Iterator[torch.Tensor]:
 class _Stored:
     storage: torch.UntypedStorage
     nbytes: int
-    host: torch.Tensor | None = None
+    host: torch.Tensor | None = None  # kept across rollouts: pinning gigabytes anew each time is slow
+    on_host: bool = False
 
 
 @dataclass
@@ -118,26 +119,27 @@ class TensorSet:
 
     @property
     def offloaded(self) -> bool:
-        return any(s.host is not None for s in self.stored)
+        return any(s.on_host for s in self.stored)
 
     def offload(self) -> int:
         pin = self.device.type == "cuda"
         for s in self.stored:
-            if s.host is not None:
-                continue  # already on the host
-            view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage)
-            s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
-            s.host.copy_(view)
+            if s.on_host:
+                continue
+            if s.host is None:
+                s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
+            s.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage))
             s.storage.resize_(0)
+            s.on_host = True
         return self.nbytes
 
     def onload(self) -> int:
         for s in self.stored:
-            if s.host is None:
+            if not s.on_host:
                 continue
             s.storage.resize_(s.nbytes)
             torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage).copy_(s.host)
-            s.host = None
+            s.on_host = False
         return self.nbytes
 
 

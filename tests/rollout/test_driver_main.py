@@ -137,6 +137,16 @@ def test_engine_specs_per_device(tmp_path):
     with pytest.raises(ConfigError, match="--hf-checkpoint is required"):
         engine_specs(bad, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
 
+    # --nodes 1: the engines use the rollout's share of the node (--rollout-gpus), numbered from 0 in
+    # the rollout step's own CUDA_VISIBLE_DEVICES (rlslurm/gpus.py)
+    one = cfg.model_copy(deep=True)
+    one.slurm.nodes, one.slurm.trainer_gpus, one.slurm.rollout_gpus = 1, 4, 4
+    assert [(s.base_gpu_id, s.tp_size) for s in engine_specs(one, node=0, host="127.0.0.1", api_key="k",
+                                                             log_dir=tmp_path)] == [(0, 2), (2, 2)]
+    one.slurm.rollout_gpus = 3
+    with pytest.raises(ConfigError, match="--rollout-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2"):
+        engine_specs(one, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
+
 
 def test_node_zero_merges_every_nodes_engines(tmp_path):
     from rlslurm.rollout.node import RolloutNode
@@ -158,13 +168,3 @@ def test_node_zero_merges_every_nodes_engines(tmp_path):
     assert urls == ["http://10.0.0.1:1", "http://10.0.0.1:3", "http://10.0.0.2:1"]
     assert n0.restarts_total() == 2 and n0.engine_urls() == urls
     assert [e.node for e in Control(rd).engines()] == ["n0", "n0", "n1"]
-
-    # --nodes 1: the engines use the rollout's share of the node (--rollout-gpus), numbered from 0 in
-    # the rollout step's own CUDA_VISIBLE_DEVICES (rlslurm/gpus.py)
-    one = cfg.model_copy(deep=True)
-    one.slurm.nodes, one.slurm.trainer_gpus, one.slurm.rollout_gpus = 1, 4, 4
-    assert [(s.base_gpu_id, s.tp_size) for s in engine_specs(one, node=0, host="127.0.0.1", api_key="k",
-                                                             log_dir=tmp_path)] == [(0, 2), (2, 2)]
-    one.slurm.rollout_gpus = 3
-    with pytest.raises(ConfigError, match="--rollout-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2"):
-        engine_specs(one, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
