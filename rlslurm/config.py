@@ -429,6 +429,12 @@ class RunConfig(Section):
         return self.slurm.nodes == 1 and not self.run.colocate
 
     @property
+    def gpu_split_flags(self) -> tuple[str, str]:
+        """The flags that set the trainer's and the engines' GPUs per node, for error messages."""
+        return ("--trainer-gpus", "--rollout-gpus") if self.single_node else ("--trainer-procs-per-node",
+                                                                                "--gpus-per-node")
+
+    @property
     def rollout_gpus_per_node(self) -> int:
         """GPUs of each rollout node that its engines use: all of them, or on one node the rollout's share."""
         return (self.slurm.rollout_gpus or 0) if self.single_node else self.slurm.gpus_per_node

@@ -59,8 +59,7 @@ def group_gpus(cfg: "RunConfig") -> tuple[list[str], list[str]] | None:
     engines = 0 if no_engines_reason(cfg) else cfg.rollout_gpus_per_node
     if cfg.shares_gpus:  # both groups on the same GPUs (weight sync over gloo, resolve.py)
         return shared_gpus(visible_gpus(), max(cfg.trainer_procs_per_node, engines))
-    flags = ("--trainer-gpus", "--rollout-gpus") if cfg.single_node else ("--trainer-procs-per-node", "--gpus-per-node")
-    return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines, flags)
+    return split_gpus(visible_gpus(), cfg.trainer_procs_per_node, engines, cfg.gpu_split_flags)
 
 
 def step_gpus(cfg: "RunConfig", role: str) -> str | None:
@@ -70,5 +69,5 @@ def step_gpus(cfg: "RunConfig", role: str) -> str | None:
     s = cfg.slurm
     if not cfg.single_node or not s.trainer_gpus:
         return None
-    trainer, rollout = split_gpus(visible_gpus(), s.trainer_gpus, s.rollout_gpus or 0, ("--trainer-gpus", "--rollout-gpus"))
+    trainer, rollout = split_gpus(visible_gpus(), s.trainer_gpus, s.rollout_gpus or 0, cfg.gpu_split_flags)
     return ",".join(trainer if role == "trainer" else rollout)

@@ -32,17 +32,21 @@ def check(cfg: RunConfig) -> None:
         _check_colocate(cfg)
 
 
-def _colocate(cfg: RunConfig) -> None:
-    """--colocate: one group of --nodes nodes; the trainer and the rollout each run on all of them."""
+def _one_group(cfg: RunConfig, what: str, why: str) -> None:
+    """A job of one group: the trainer and the rollout both run on all of its --nodes, of one partition."""
     s = cfg.slurm
     for name in ("trainer_nodes", "rollout_nodes"):
         if getattr(s, name) not in (None, s.nodes):
-            raise ConfigError(f"{flag_name(name)} {getattr(s, name)} with --colocate: the trainer and the engines "
-                              f"both run on every one of the --nodes {s.nodes}")
+            raise ConfigError(f"{flag_name(name)} {getattr(s, name)} with {what}: {why}")
     s.trainer_nodes = s.rollout_nodes = s.nodes
     if s.trainer_partition and s.rollout_partition and s.trainer_partition != s.rollout_partition:
         raise ConfigError(f"--trainer-partition {s.trainer_partition} and --rollout-partition {s.rollout_partition} "
-                          "with --colocate: both groups run on the same nodes, of one partition")
+                          f"with {what}: both groups run on the same nodes, of one partition")
+
+
+def _colocate(cfg: RunConfig) -> None:
+    """--colocate: one group of --nodes nodes; the trainer and the rollout each run on all of them."""
+    _one_group(cfg, "--colocate", f"the trainer and the engines both run on every one of the --nodes {cfg.slurm.nodes}")
 
 
 def _check_colocate(cfg: RunConfig) -> None:
@@ -72,15 +76,9 @@ def _split_one_node(cfg: RunConfig) -> None:
     --gpus-per-node are split: --trainer-gpus for torchrun's ranks, --rollout-gpus for the engines;
     half each by default, or the rest of the one given. On --device cpu with no GPUs asked, nothing
     is split (processes: --trainer-procs-per-node, --engines-per-node)."""
+    _one_group(cfg, "--nodes 1", "the trainer and the rollout share the one node; split its GPUs with "
+                                 "--trainer-gpus / --rollout-gpus")
     s = cfg.slurm
-    for name in ("trainer_nodes", "rollout_nodes"):
-        if getattr(s, name) not in (None, 1):
-            raise ConfigError(f"{flag_name(name)} {getattr(s, name)} with --nodes 1: the trainer and the rollout share "
-                              "the one node; split its GPUs with --trainer-gpus / --rollout-gpus")
-    s.trainer_nodes = s.rollout_nodes = 1
-    if s.trainer_partition and s.rollout_partition and s.trainer_partition != s.rollout_partition:
-        raise ConfigError(f"--trainer-partition {s.trainer_partition} and --rollout-partition {s.rollout_partition} "
-                          "with --nodes 1: both groups run on the one node, of one partition")
     g, t, r = s.gpus_per_node, s.trainer_gpus, s.rollout_gpus
     if g == 0:
         if t or r:

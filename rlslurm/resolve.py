@@ -184,20 +184,20 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         if s.gpus_per_node < 1:
             raise ConfigError("--gpus-per-node must be >= 1 with --device cuda")
         # one node: the rollout's share of it (--rollout-gpus); else every GPU of a rollout node
-        per_node, per_node_flag = cfg.rollout_gpus_per_node, "--rollout-gpus" if cfg.single_node else "--gpus-per-node"
-        if _no_engines(cfg):
-            pass
-        elif r.rollout_num_gpus_per_engine > per_node:
-            # rollout/node.py starts each node's engines on that node's GPUs only
-            raise ConfigError(
-                f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} is more than {per_node_flag} "
-                f"{per_node}: engines spanning nodes are not supported yet (each engine runs within one node)"
-            )
-        elif per_node % r.rollout_num_gpus_per_engine:
-            raise ConfigError(
-                f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide {per_node_flag} {per_node}"
-            )
-    elif not r.engines_per_node and not _no_engines(cfg):
+        per_node, per_node_flag = cfg.rollout_gpus_per_node, cfg.gpu_split_flags[1]
+        if not cfg.starts_no_engines:
+            if r.rollout_num_gpus_per_engine > per_node:
+                # rollout/node.py starts each node's engines on that node's GPUs only
+                raise ConfigError(
+                    f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} is more than {per_node_flag} "
+                    f"{per_node}: engines spanning nodes are not supported yet (each engine runs within one node)"
+                )
+            if per_node % r.rollout_num_gpus_per_engine:
+                raise ConfigError(
+                    f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide "
+                    f"{per_node_flag} {per_node}"
+                )
+    elif not r.engines_per_node and not cfg.starts_no_engines:
         raise ConfigError("--device cpu needs --engines-per-node (how many SGLang servers each rollout node runs)")
 
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
@@ -262,10 +262,6 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
     if "--mem-fraction-static" not in passthrough_flags(cfg.sglang_args):
         raise ConfigError("--shared-gpu: pass --sglang-mem-fraction-static (e.g. 0.3) so that the engines leave "
                           "GPU memory to the trainer on the same GPU")
-
-
-def _no_engines(cfg: RunConfig) -> bool:
-    return cfg.starts_no_engines
 
 
 def _check_cpu_offload(cfg: RunConfig) -> None:

@@ -69,8 +69,7 @@ def engines_per_node(cfg: RunConfig) -> int:
     if cfg.run.device == "cuda":
         gpus = cfg.rollout_gpus_per_node
         if gpus < tp or gpus % tp:
-            what = "--rollout-gpus" if cfg.single_node else "--gpus-per-node"
-            raise ConfigError(f"{what} {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
+            raise ConfigError(f"{cfg.gpu_split_flags[1]} {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
         return gpus // tp
     return cfg.rollout.engines_per_node or 1
 

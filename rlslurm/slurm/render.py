@@ -114,7 +114,7 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
     gpus = s.gpus_per_node
     # A replay (--load-debug-rollout-data) or --debug-train-only (SFT) starts no engine: the rollout
     # group only waits or tokenizes, and must not hold a node's GPUs for it.
-    engines = cfg.train.load_debug_rollout_data is None and not cfg.train.debug_train_only
+    engines = not cfg.starts_no_engines
     if cfg.single_node or cfg.run.colocate:
         # One group; both steps start with --overlap, which shares every resource of the nodes
         # (CPUs, memory, GPUs: SLURM 22.05 srun(1)). On one node each role picks its own GPUs of

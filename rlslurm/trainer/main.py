@@ -120,7 +120,7 @@ class Trainer:
         self.control = Control(rd)
         self.replay = cfg.train.load_debug_rollout_data is not None
         # no engines at all: a replay, or --debug-train-only's engine-free rollouts (SFT)
-        self.no_engines = self.replay or cfg.train.debug_train_only
+        self.no_engines = cfg.starts_no_engines
         self.last_saved: int | None = None
         self.attempt = job_env().attempt
         self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
