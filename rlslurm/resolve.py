@@ -48,11 +48,16 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     where = f"{model_config_path(probe.model.model)} (defaults for {probe.slurm.nodes} nodes)"
     split = ("trainer_nodes", "rollout_nodes")
     user_split = any(("slurm", n) in layer.values for layer in user_layers for n in split)
-    for name, value in mc.defaults_for(probe.slurm.nodes).items():
+    lent = mc.defaults_for(probe.slurm.nodes)
+    user_device = any(("run", "device") in layer.values for layer in user_layers)
+    device = probe.run.device if user_device else lent.get("device", probe.run.device)
+    for name, value in lent.items():
         if name not in FIELDS:
             raise ConfigError(f"{where}: unknown setting {name!r}")
         if name in split and (user_split or probe.run.colocate):
             continue  # the user chose one side of the split (the other is the rest), or there is none
+        if name == "trainer_procs_per_node" and device == "cuda" and (probe.run.colocate or probe.slurm.nodes == 1):
+            continue  # the placement gives the trainer its GPUs (layout.py); a config's CPU process count does not
         defaults.set(name, value, where)
     cfg = build_config([defaults, *user_layers])
     res = Resolved(cfg, mc)

@@ -14,6 +14,12 @@ the engines are idle and the trainer owns the GPUs. Per rollout, in the trainer'
     trainer   offload the actor's params                                               (time/offload)
     engines   resume KV cache + CUDA graphs, continue generating                       time/engines_resume
 
+On CUDA each phase also records how much of the GPU is in use by every process on it (torch's
+mem_get_info: the engines' memory is another process's), `mem/gpu_used_gib/<after phase>`, and the
+trainer's own peak (`mem/trainer_peak_reserved_gib`, the caching allocator's high-water mark from the
+onload to the offload): the peak of the GPU while training is at most the sum of the first after
+the release and that.
+
 Each engine call is bounded by --weight-sync-timeout-s and fails the step like a failed sync (the
 job is then requeued). While the engines are released they cannot answer a health check (SGLang's
 /health generates a token), so rank 0 holds the weight-update bracket (control/weight_update.json,
@@ -101,17 +107,23 @@ class TensorSet:
     @classmethod
     def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: "TensorSet | None" = None
            ) -> "TensorSet":
-        seen = {s.storage.data_ptr() for s in exclude.stored} if exclude else set()
         out = cls(device)
-        for t in tensors:
-            if t.device != device or t.untyped_storage().nbytes() == 0:
-                continue
-            st = t.untyped_storage()
-            if st.data_ptr() in seen:
-                continue
-            seen.add(st.data_ptr())
-            out.stored.append(_Stored(st, st.nbytes()))
+        out.add(tensors, exclude=exclude)
         return out
+
+    def add(self, tensors: Iterable[torch.Tensor], *, exclude: "TensorSet | None" = None) -> int:
+        """The storages of `tensors` on the device not in this set (nor in `exclude`) yet; their bytes.
+        Identity is the storage itself (`_cdata`), which a move keeps, not its address, which it changes."""
+        seen = {s.storage._cdata for s in (*self.stored, *(exclude.stored if exclude else ()))}
+        added = 0
+        for t in tensors:
+            st = t.untyped_storage()
+            if t.device != self.device or st.nbytes() == 0 or st._cdata in seen:
+                continue
+            seen.add(st._cdata)
+            self.stored.append(_Stored(st, st.nbytes()))
+            added += st.nbytes()
+        return added
 
     @property
     def nbytes(self) -> int:
@@ -143,14 +155,39 @@ class TensorSet:
         return self.nbytes
 
 
-def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet]:
-    """(the actor's params, everything else on `device`: grads, optimizer states, ref, critic)."""
-    params = TensorSet.of((p.data for p in st.actor.model.parameters()), device)
+def other_tensors(st: Any) -> list[torch.Tensor]:
+    """Everything of the trainer's but the actor's params: grads, optimizer states, ref, critic."""
     rest: list[torch.Tensor] = [*module_tensors(st.actor.model), *optimizer_tensors(st.actor.optimizer),
                                 *module_tensors(st.ref)]
     if st.critic is not None:
         rest += [*module_tensors(st.critic.model), *optimizer_tensors(st.critic.optimizer)]
-    return params, TensorSet.of(rest, device, exclude=params)
+    return rest
+
+
+def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet]:
+    """(the actor's params, everything else on `device`)."""
+    params = TensorSet.of((p.data for p in st.actor.model.parameters()), device)
+    return params, TensorSet.of(other_tensors(st), device, exclude=params)
+
+
+def warm_process_groups(device: torch.device, *, experts: bool) -> None:
+    """One tiny all-reduce on the groups megatron reduces gradients over, while the GPU has room. NCCL
+    makes a group's communicator at its first collective and allocates its buffers with plain
+    cudaMalloc, which torch's caching allocator cannot give back to; megatron's first gradient
+    all-reduce comes at the end of the first backward, when that cache holds the memory the released
+    engines left, and NCCL's allocation failed there ("Failed to CUDA calloc 536870912 bytes",
+    qwen3-1.7B at 9216 tokens per micro-batch, colocated on one H100). Only those groups: each
+    communicator keeps its buffers (warming every megatron group kept 3.4 GiB more on the GPU)."""
+    from megatron.core import parallel_state as ps
+
+    groups = [ps.get_data_parallel_group(with_context_parallel=True)]  # DDP's gradient buckets
+    if experts:
+        groups.append(ps.get_expert_data_parallel_group())  # the experts' gradient buckets
+    if ps.get_pipeline_model_parallel_world_size() > 1 and ps.is_rank_in_embedding_group():
+        groups.append(ps.get_embedding_group())  # tied embeddings' gradients across the first/last stage
+    for g in groups:
+        dist.all_reduce(torch.zeros(1, device=device), group=g)
+    torch.cuda.synchronize(device)
 
 
 # --- the phases ---------------------------------------------------------------------------------
@@ -160,8 +197,13 @@ class Colocation:
 
     def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float):
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
+        self.st = st
+        if st.device.type == "cuda":
+            # megatron marks expert parameters allreduce=False (their gradients go over the expert DP group)
+            warm_process_groups(st.device, experts=any(not getattr(p, "allreduce", True)
+                                                       for p in st.actor.model.parameters()))
         self.params, self.rest = trainer_tensor_sets(st, st.device)
-        self.times: dict[str, float] = {}
+        self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
         self._keeper: _BracketKeeper | None = None
         log.info("colocate: %.2f GiB of params and %.2f GiB of other trainer state move between phases",
                  self.params.nbytes / 2**30, self.rest.nbytes / 2**30)
@@ -204,16 +246,29 @@ class Colocation:
             self._engines("release_memory_occupation", tags=None)
         self._rank0("releasing the engines' memory", release)
         t1 = time.perf_counter()
+        self.times = {"time/engines_release": t1 - t0}
+        self._gpu_used("released")
         self._move(onload=(self.params, self.rest))
-        self.times = {"time/engines_release": t1 - t0, "time/onload": time.perf_counter() - t1}
+        self.times["time/onload"] = time.perf_counter() - t1
+        self._gpu_used("onloaded")
+        if self.params.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.params.device)
 
     def to_engines_for_weights(self) -> None:
         """Trained (and saved): keep the params for the export, give the rest back; engines reload weights."""
         t0 = time.perf_counter()
+        if self.params.device.type == "cuda":
+            self.times["mem/trainer_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.params.device) / 2**30
+        # Adam's moments are made at the optimizer's first step, after the sets were taken: left
+        # behind, they held 12.8 GiB of the GPU through every generation (qwen3-1.7B, H100)
+        new = self.rest.add(other_tensors(self.st), exclude=self.params)
+        if new:
+            log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
         self._move(offload=(self.rest,))
         t1 = time.perf_counter()
         self._rank0("resuming the engines' weights", lambda: self._engines("resume_memory_occupation", tags=[WEIGHTS]))
         self.times.update({"time/offload": t1 - t0, "time/engines_resume": time.perf_counter() - t1})
+        self._gpu_used("engine_weights")
 
     def to_engines(self) -> None:
         """Published: the params go too; the engines get their cache back and generate again."""
@@ -232,6 +287,14 @@ class Colocation:
         self._rank0("resuming the engines' cache", resume)
         self.times["time/offload"] = self.times.get("time/offload", 0.0) + t1 - t0
         self.times["time/engines_resume"] = self.times.get("time/engines_resume", 0.0) + time.perf_counter() - t1
+        self._gpu_used("engines_resumed")
+
+    def _gpu_used(self, phase: str) -> None:
+        """Memory in use on this rank's GPU by every process (the engines' included), after `phase`."""
+        dev = self.params.device
+        if dev.type == "cuda":
+            free, total = torch.cuda.mem_get_info(dev)
+            self.times[f"mem/gpu_used_gib/{phase}"] = (total - free) / 2**30
 
     @contextmanager
     def holding(self, *, params_only: bool = False) -> Iterator[None]:

@@ -191,11 +191,15 @@ class Trainer:
                     t2 = time.perf_counter()
                     self.colo.to_engines_for_weights()
                     t3 = time.perf_counter()
-                    if self._publish_due(progress):
+                    published = self._publish_due(progress)
+                    if published:
                         self._wait_for_engines()
-                        self._publish(progress.weight_version)
+                        self._publish(progress.weight_version, in_turn=True)
                     t4 = time.perf_counter()
                     self.colo.to_engines()
+                    if published and cfg.train.verify_weight_sync:  # the engines generate again only now
+                        with self._on_gpu(params_only=True):
+                            self._probe(progress.weight_version)
                     times = {"time/save": t2 - t1, "time/publish": t4 - t3, **self.colo.times}
                 for _, values in lines:  # rollout-level phases, repeated on each of its steps
                     values.update(times)
@@ -307,10 +311,19 @@ class Trainer:
                 log.warning("no healthy engines after %.0fs; publishing anyway", self.cfg.train.weight_sync_timeout_s)
         dist.barrier()
 
-    def _publish(self, version: int) -> None:
-        self.publisher.publish(self.st.actor.model, version)
+    def _publish(self, version: int, *, in_turn: bool = False) -> None:
+        """`in_turn`: inside --colocate's phases, where the engines' KV cache is released: they stay
+        paused after the update and the probe waits until the colocation has resumed them."""
+        pausable = hasattr(self.publisher, "leave_paused")
+        if pausable:
+            self.publisher.leave_paused = in_turn
+        try:
+            self.publisher.publish(self.st.actor.model, version)
+        finally:
+            if pausable:
+                self.publisher.leave_paused = False
         self.delivery.delivered(version)
-        if self.cfg.train.verify_weight_sync:
+        if self.cfg.train.verify_weight_sync and not in_turn:
             self._probe(version)
 
     def _defer(self, version: int) -> None:

@@ -292,6 +292,10 @@ def _optimizer(model, tcfg, cfg: RunConfig, lr: float, overrides: dict[str, Any]
     except (TypeError, ValueError, AssertionError) as e:
         raise ConfigError(f"--megatron-*: megatron-core rejected the OptimizerConfig: {e}") from None
     opt = get_megatron_optimizer(ocfg, [model])
+    if ocfg.optimizer_cpu_offload:
+        from rlslurm.trainer.hybrid_offload import make_loadable
+
+        make_loadable(opt)
     total = max(1, cfg.rollout.num_rollout * t.num_steps_per_rollout)
     sched = OptimizerParamScheduler(
         opt, init_lr=0.0 if t.lr_warmup_iters else lr, max_lr=lr, min_lr=t.min_lr,

@@ -350,6 +350,10 @@ class DistributedPublisher:
         self._roles: _Roles | None = None
         self.sender: StageSender | None = None
         self.history: list[dict[str, Any]] = []   # one entry per publish (the leader's view)
+        # --colocate's turn (trainer/colocate.py): the engines' KV cache is still released during the
+        # publish, so they must stay paused after it; the colocation continues them once it is back
+        # (a scheduler continued without it crashed at its next prefill, SGLang 0.5.14 on an H100)
+        self.leave_paused = False
 
     # -- collective helpers ----------------------------------------------------------------
     def _agree(self, ok: bool) -> bool:
@@ -452,7 +456,8 @@ class DistributedPublisher:
                 assert s.engines is not None
                 s.engines.call("end_weight_update", timeout=o.timeout_s)
                 s.engines.call("update_weight_version", new_version=str(version), timeout=o.timeout_s)
-                s.engines.call("continue_generation", timeout=o.timeout_s)
+                if not self.leave_paused:
+                    s.engines.call("continue_generation", timeout=o.timeout_s)
             ok = self._step("end_weight_update + version + continue", epilogue, errors)
         return self._agree(ok)
 

@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--load", action="store_true")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda", help="cpu: check this script without offload")
+    ap.add_argument("--clip-grad", type=float, default=1.0)
     a = ap.parse_args()
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(29500 + os.getpid() % 1000)), ("RANK", "0"),
                  ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
@@ -54,7 +55,7 @@ def main() -> None:
         "model": {"model": "tiny-qwen3"},
         "rollout": {"num_rollout": max(1, a.rollouts), "rollout_batch_size": 2, "n_samples_per_prompt": 4},
         "train": {"micro_batch_size": 2, "global_batch_size": 4, "num_steps_per_rollout": 2, "lr": 1e-2,
-                  "bf16": True, "use_distributed_optimizer": True, "clip_grad": 1.0, "adam_eps": 1e-3},
+                  "bf16": True, "use_distributed_optimizer": True, "clip_grad": a.clip_grad, "adam_eps": 1e-3},
         "megatron": megatron,
     })
     st = build_trainer(cfg, 1)

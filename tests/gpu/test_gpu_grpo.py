@@ -152,3 +152,57 @@ def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
     print(f"GPU async bf16 ({where()}): staleness <= {k} held for {n} rollouts; max |train - rollout logprob| "
           f"{max(diffs):.4f}; greedy equal in {sum(r['match'] for r in recs)}/{len(recs)} probes; "
           f"reward {first:.3f} -> {last:.3f}")
+
+
+def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_path: Path) -> None:
+    """--colocate on every GPU of the machine (up to 2: DP=2 trainer, two engines): the engines release
+    their memory (torch_memory_saver) while the trainer trains on the same GPU; every sync reaches them;
+    kill -9 of the trainer, then the same command: every rollout once in the final lineage."""
+    import torch
+
+    n, gpus = 16, min(2, torch.cuda.device_count())
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+
+    def start() -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
+               "--device", "cuda", "--gpus-per-node", str(gpus), "--trainer-procs-per-node", str(gpus), "--colocate", "--rollout-dtype", "bfloat16",
+               "--num-rollout", str(n), "--save-interval", str(SAVE_INTERVAL), "--verify-weight-sync",
+               *SGLANG_GPU_FLAGS]
+        return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    proc = start()
+    deadline = time.monotonic() + 420
+    while len(trained_ids(run_dir).get(0, [])) < SAVE_INTERVAL + 2:
+        assert proc.poll() is None, f"ended early (rc={proc.returncode})\n{logs(run_dir, log)}"
+        assert time.monotonic() < deadline, logs(run_dir, log)
+        time.sleep(0.5)
+    for pid in trainer_pids(run_dir):
+        os.kill(pid, signal.SIGKILL)
+    assert finish(proc, run_dir, log, 120) != 0
+    before = trained_ids(run_dir)[0]
+
+    proc = start()
+    assert finish(proc, run_dir, log, 600) == 0, logs(run_dir, log)
+    ids = trained_ids(run_dir)
+    resumed = ids[max(ids)]
+    assert before[:resumed[0]] + resumed == list(range(n)), ids
+    recs = probes(run_dir)
+    assert recs and all(str(e.get("weight_version")) == str(r["version"]) for r in recs for e in r["engines"].values()), \
+        recs[:2]
+    assert n in {r["version"] for r in recs}
+    ms = [m for m in metrics(run_dir) if "time/engines_release" in m]
+    assert len({m["rollout_id"] for m in ms}) >= n - 2, "phases missing from the metrics"
+    gib = lambda m, k: m[f"mem/gpu_used_gib/{k}"]  # noqa: E731
+    for m in ms:  # the engines' KV pool (and weights) really leave the GPU while the trainer trains
+        assert gib(m, "released") < gib(m, "engines_resumed") - 1.0, m
+        assert gib(m, "released") <= gib(m, "engine_weights") < gib(m, "engines_resumed"), m
+    first, last = reward_rose(run_dir)
+    assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    med = lambda k: statistics.median(m[k] for m in ms)  # noqa: E731
+    print(f"GPU colocate bf16 ({gpus} GPU(s), trainer DP={gpus}, {gpus} engine(s)): trained {before} then {resumed}; "
+          f"{len(recs)} probes at the trainer's version, greedy equal in {sum(r['match'] for r in recs)}; reward "
+          f"{first:.3f} -> {last:.3f}; median s: release {med('time/engines_release'):.2f} onload {med('time/onload'):.2f} "
+          f"offload {med('time/offload'):.2f} resume {med('time/engines_resume'):.2f} publish {med('time/publish'):.2f}; "
+          f"GPU used GiB (rank 0): released {med('mem/gpu_used_gib/released'):.2f} onloaded "
+          f"{med('mem/gpu_used_gib/onloaded'):.2f} trainer peak {med('mem/trainer_peak_reserved_gib'):.2f} engine weights "
+          f"{med('mem/gpu_used_gib/engine_weights'):.2f} resumed {med('mem/gpu_used_gib/engines_resumed'):.2f}")

@@ -73,6 +73,13 @@ def test_a_model_config_without_a_one_node_entry_lends_its_smallest(tmp_path: Pa
     cfg = resolve(["--model", "tiny-qwen3", "--nodes", "1", "--prompt-data", str(prompts)], strict_inputs=False).cfg
     assert (cfg.run.device, cfg.trainer_procs_per_node, cfg.rollout.engines_per_node) == ("cpu", 2, 2)
     assert (cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (1, 1)
+    # on GPUs the placement gives the trainer its GPUs: the config's CPU process count (2) does not
+    # stand against it (`rlslurm run --demo --colocate --device cuda --gpus-per-node 1` was refused)
+    gpu = ["--model", "tiny-qwen3", "--device", "cuda", "--prompt-data", str(prompts), "--num-epoch", "100"]
+    colocated = resolve(gpu + ["--colocate", "--nodes", "1", "--gpus-per-node", "1"], strict_inputs=False).cfg
+    assert colocated.trainer_procs_per_node == 1
+    split = resolve(gpu + ["--nodes", "1", "--gpus-per-node", "2"], strict_inputs=False).cfg
+    assert (split.trainer_procs_per_node, split.slurm.rollout_gpus) == (1, 1)
 
 
 def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_turns(argv: list[str],

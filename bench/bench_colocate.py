@@ -1,0 +1,143 @@
+"""What --colocate costs per rollout on one GPU, through the product (`rlslurm run --colocate`).
+
+The trainer (megatron-core, bf16, one rank) and one real SGLang engine (torch_memory_saver) on GPU 0,
+taking turns (docs/colocate.md); a random-init model of a shipped config (qwen3-1.7B by default),
+the demo prompts and reward (token ids only, as in bench_grpo_iteration.py). Per rollout the
+colocation adds
+
+    engines release -> trainer onload -> [train] -> offload -> engines resume -> publish (gloo) -> resume
+
+Figures are medians over rollouts 1.. (rollout 0 is warm-up) from the run's metrics.jsonl: the
+overhead (release + onload + offload + resume, and the publish apart), each as a share of the
+iteration; the GPU memory in use after each phase.
+
+Reference, same call, same GPU: a device-to-device copy of the bytes the publish moves (the HF
+checkpoint's size). figure = publish GB/s, ratio = publish / D2D (issue 13's target for a same-GPU
+weight update is >= 0.8; the publish here goes through host memory over gloo).
+
+    python3 bench/bench_colocate.py --out bench/results/colocate-h100.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.gpu.bundle_flags import run_flags  # noqa: E402
+
+PHASES = ("time/engines_release", "time/onload", "time/offload", "time/engines_resume")
+
+
+def med(xs: list[float]) -> float:
+    return round(statistics.median(xs), 4) if xs else float("nan")
+
+
+def d2d_gb_s(nbytes: int, iters: int = 5) -> float:
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return nbytes * iters / (time.perf_counter() - t) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3-1.7B")
+    ap.add_argument("--num-rollout", type=int, default=5)
+    ap.add_argument("--rollout-batch-size", type=int, default=16)
+    ap.add_argument("--n-samples", type=int, default=8)
+    ap.add_argument("--response-len", type=int, default=256)
+    # the trainer's micro-batches: its logits (tokens x 151 k vocabulary, fp32) are the activation peak,
+    # and on an 80 GB GPU the shipped 9216 left NCCL's first 512 MiB buffer no room (H100, 1.7B)
+    ap.add_argument("--max-tokens-per-gpu", type=int, default=4096)
+    ap.add_argument("--mem-fraction", type=float, default=0.3, help="the engine's --sglang-mem-fraction-static")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/rlslurm-colocate-bench"))
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cpu-smoke", action="store_true", help="check the script: tiny-qwen3 on CPU, no reference")
+    a = ap.parse_args()
+    if a.cpu_smoke:
+        a.model, a.response_len, a.rollout_batch_size, a.n_samples = "tiny-qwen3", 16, 4, 4
+
+    import torch
+
+    from rlslurm.demo_task import make_prompts
+    from rlslurm.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    mc = load_model_config(a.model)
+    gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)
+    a.work.mkdir(parents=True, exist_ok=True)
+    ckpt = a.work / f"hf-{a.model}"
+    if not (ckpt / "config.json").exists():
+        make_tiny_checkpoint(mc, ckpt, **({} if a.cpu_smoke else {"dtype": "bfloat16", "device": "cuda"}))
+    nbytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+    prompts = make_prompts(a.work / "prompts.jsonl", n=256)
+    run_dir = a.work / f"run-{int(time.time())}"
+    batch = a.rollout_batch_size * a.n_samples
+    cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--model", a.model, "--hf-checkpoint", str(ckpt),
+           "--prompt-data", str(prompts), "--run-dir", str(run_dir), "--no-progress", "--colocate",
+           "--num-rollout", str(a.num_rollout), "--save-interval", str(10**6),
+           "--custom-rm-path", "rlslurm.demo_task:reward", "--rollout-temperature", "1.0",
+           "--rollout-max-response-len", str(a.response_len), "--rollout-batch-size", str(a.rollout_batch_size),
+           "--n-samples-per-prompt", str(a.n_samples), "--global-batch-size", str(batch),
+           "--num-steps-per-rollout", "1", "--num-epoch", "100", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu),
+           *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
+             ["--device", "cuda", "--gpus-per-node", "1", *run_flags(a.mem_fraction)])]
+    log = a.work / "run.log"
+    t = time.perf_counter()
+    with open(log, "wb") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    wall = time.perf_counter() - t
+    if rc != 0:
+        sys.stderr.write(log.read_text(errors="replace")[-6000:])
+        raise SystemExit(f"rlslurm run failed (rc={rc}); log {log}")
+
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    per_rollout = {m["rollout_id"]: m for m in lines}  # phases repeat on each step of a rollout
+    steady = [per_rollout[r] for r in sorted(per_rollout) if r >= 1]
+    last_line = {m["rollout_id"]: m["time"] for m in lines}
+    iters = [last_line[r] - last_line[r - 1] for r in sorted(last_line) if r >= 1 and r - 1 in last_line]
+    iteration = med(iters)
+    phases = {k.split("/")[1]: med([m[k] for m in steady]) for k in (*PHASES, "time/publish", "time/actor_step")}
+    overhead = round(sum(phases[k.split("/")[1]] for k in PHASES), 4)
+    res: dict = {
+        "bench": "colocate_one_gpu_rlslurm_run",
+        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "torch": torch.__version__,
+        "samples": batch, "response_len_max": a.response_len, "num_rollout": a.num_rollout,
+        "iteration_s": iteration, "phases_s": phases,
+        "colocation_overhead_s": overhead, "overhead_share": round(overhead / iteration, 4) if iteration else None,
+        "publish_share": round(phases["publish"] / iteration, 4) if iteration else None,
+        "mem_gib": {k.split("/", 1)[1]: round(med([m[k] for m in steady if k in m]), 2)
+                    for k in sorted({k for m in steady for k in m if k.startswith("mem/")})},
+        "publish_bytes": nbytes, "run_wall_s": round(wall, 1),
+    }
+    if not a.cpu_smoke:
+        ref = d2d_gb_s(nbytes)
+        fig = nbytes / phases["publish"] / 1e9
+        res.update({"figure": round(fig, 2), "figure_name": "publish GB/s into the engine on the same GPU (gloo)",
+                    "reference": round(ref, 1), "reference_name": "device-to-device copy GB/s, same bytes, same GPU",
+                    "ratio": round(fig / ref, 4)})
+    line = json.dumps(res)
+    print(line, flush=True)
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        with a.out.open("a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
