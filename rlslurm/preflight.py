@@ -161,6 +161,23 @@ def _netrc_has(host: str | None) -> bool:
         return False
 
 
+# ------------------------------------------------------------------------------------ colocate
+
+
+def check_colocate(cfg: "RunConfig", warnings: list[str], *, strict: bool) -> None:
+    """--colocate on GPUs starts the engines with --enable-memory-saver (rollout/node.py
+    colocate_args), with which SGLang raises at start-up when torch_memory_saver cannot be imported:
+    the job would fail only after its queue wait. An error where the job runs this environment
+    (a dry run: a warning), else a warning."""
+    if not (cfg.run.colocate and cfg.run.device == "cuda") or importlib.util.find_spec("torch_memory_saver"):
+        return
+    msg = ("--colocate on GPUs: the engines give their memory to the trainer only through torch_memory_saver "
+           "(SGLang's --enable-memory-saver), which is not installed on this host (pip install torch_memory_saver)")
+    if strict and job_env_is_ours(cfg):
+        raise ConfigError(msg)
+    warnings.append(msg if job_env_is_ours(cfg) else f"{msg}; the job runs another environment, which must have it")
+
+
 # ------------------------------------------------------------------------------------ sglang
 
 

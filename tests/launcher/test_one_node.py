@@ -4,6 +4,7 @@ the node (--overlap), each taking its own GPUs of the job's."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,8 +83,29 @@ def test_a_model_config_without_a_one_node_entry_lends_its_smallest(tmp_path: Pa
     assert (split.trainer_procs_per_node, split.slurm.rollout_gpus) == (1, 1)
 
 
-def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_turns(argv: list[str],
-                                                                                    tmp_path: Path) -> None:
+@pytest.fixture
+def memory_saver(tmp_path: Path, monkeypatch) -> None:
+    """torch_memory_saver importable here (GPU engines need it with --colocate; this host need not
+    have it): a package of that name on the path."""
+    pkg = tmp_path / "site" / "torch_memory_saver"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torch_memory_saver", raising=False)
+
+
+def test_colocate_on_gpus_without_torch_memory_saver_is_refused_at_submit(argv: list[str], monkeypatch) -> None:
+    """SGLang raises at start with --enable-memory-saver and no torch_memory_saver: after the queue wait."""
+    monkeypatch.setitem(sys.modules, "torch_memory_saver", None)  # not importable, whatever this host has
+    one_line_naming(argv + ["--colocate"], "--colocate", "torch_memory_saver")
+    dry = resolve(argv + ["--colocate"], strict_inputs=False)  # a dry run: a warning
+    assert any("torch_memory_saver" in w for w in dry.warnings), dry.warnings
+    other = resolve(argv + ["--colocate", "--python", "/opt/other/bin/python3"])  # the job's own environment
+    assert any("another environment" in w for w in other.warnings), other.warnings
+
+
+def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_turns(argv: list[str], tmp_path: Path,
+                                                                                    memory_saver) -> None:
     """--colocate (docs/colocate.md): one group of --nodes; both steps --overlap on all of them, the
     engines on the trainer's own GPUs (SLURM's CUDA_VISIBLE_DEVICES, no split), weights over gloo."""
     from rlslurm.rollout.node import colocate_args

@@ -5,7 +5,7 @@ engines behind the real router, and
 1. after a sync both engines report the trainer's version and their greedy continuation of a
    fixed probe equals the trainer's own greedy output with the new weights, also through
    rlslurm's receiver in the engine (--update-weight-receiver rlslurm) learning and then
-   replaying its copies;
+   replaying its copies; a publish inside --colocate's turn leaves them paused;
 2. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
    retried on a rebuilt group, and falls back to disk: weights/v<N>/ is written, the version
    recorded, and the engine that answers loads it; the rollout node's `UpdateWatcher` keeps the
@@ -49,6 +49,26 @@ def _probe(url: str, key: str) -> tuple[str, list[int]]:
     return asyncio.run(go())
 
 
+def _answers_within(url: str, key: str, seconds: float) -> bool:
+    """Whether the engine answers a one-token generate within `seconds` (a paused one holds it)."""
+    async def go():
+        async with SGLangClient(url, key) as c:
+            try:
+                await asyncio.wait_for(c.generate(PROMPT, {"temperature": 0.0, "max_new_tokens": 1}, timeout=60),
+                                       seconds)
+                return True
+            except asyncio.TimeoutError:
+                return False
+    return asyncio.run(go())
+
+
+def _continue(url: str, key: str) -> None:
+    async def go():
+        async with SGLangClient(url, key) as c:
+            await c.continue_generation(timeout=30)
+    asyncio.run(go())
+
+
 def _free_port() -> int:
     from rlslurm.net import free_port
 
@@ -69,8 +89,8 @@ class Worker:
              "--new-tokens", str(NEW), "--timeout-s", str(TIMEOUT_S), "--attempts", str(ATTEMPTS)],
             cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def publish(self, v: int, *, wait_s: float = 240) -> dict:
-        (self.out / f"go-{v}.json").write_text(json.dumps({}))
+    def publish(self, v: int, *, wait_s: float = 240, **go) -> dict:
+        (self.out / f"go-{v}.json").write_text(json.dumps(go))
         done = self.out / f"done-{v}.json"
         deadline = time.monotonic() + wait_s
         while not done.exists():
@@ -130,6 +150,17 @@ def test_broadcast_sync_and_bounded_fallback(engines, tmp_path):
         logs = "".join(p.read_text() for p in (engines.run_dir / "logs").rglob("engine-*.log"))
         assert logs.count("learnt copies from now on") >= 2 and "keeps SGLang's load_weights" not in logs, \
             [l for l in logs.splitlines() if "rlslurm receiver" in l]
+
+        # --colocate's turn (trainer/colocate.py): the publish leaves the engines paused, because their
+        # KV cache is still released (continued early, SGLang 0.5.14's scheduler crashed at its next
+        # prefill on an H100); the colocation continues them once the cache is back
+        v += 1
+        r = worker.publish(v, leave_paused=True)
+        assert "error" not in r and r["history"][0]["tries"] == 1, r
+        assert not _answers_within(urls[0], key, 3.0), "the publish continued the engines"
+        for u in urls:
+            _continue(u, key)
+        assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2, worker.tail()
 
         # 2. a peer that never answers: bounded failure, rebuilt group, disk fallback. Nothing but
         # the rollout node's UpdateWatcher keeps the supervisor from restarting it mid-sync.

@@ -109,6 +109,7 @@ def main() -> None:
                 p.add_(torch.randn(p.shape, generator=g) * 0.05)
         result: dict = {"version": v}
         t0 = time.monotonic()
+        pub.leave_paused = bool(go.get("leave_paused"))  # --colocate's turn (trainer/colocate.py)
         try:
             pub.publish(model, v)
         except WeightSyncError as e:
