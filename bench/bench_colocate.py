@@ -116,7 +116,7 @@ def main() -> None:
     overhead = round(sum(phases[k.split("/")[1]] for k in PHASES), 4)
     res: dict = {
         "bench": "colocate_one_gpu_rlslurm_run",
-        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "torch": torch.__version__,
+        "model": f"{a.model} config, random init, {'fp32' if a.cpu_smoke else 'bf16'}", "gpu": gpu, "torch": torch.__version__,
         "samples": batch, "response_len_max": a.response_len, "num_rollout": a.num_rollout,
         "iteration_s": iteration, "phases_s": phases,
         "colocation_overhead_s": overhead, "overhead_share": round(overhead / iteration, 4) if iteration else None,
