@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,37 +73,19 @@ def main() -> None:
 
     import torch
 
-    from rlslurm.demo_task import make_prompts
-    from rlslurm.model_config import load_model_config
-    from rlslurm.tiny import make_tiny_checkpoint
+    from demo_run import checkpoint_and_prompts, run_command, run_logged
 
-    mc = load_model_config(a.model)
     gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)
-    a.work.mkdir(parents=True, exist_ok=True)
-    ckpt = a.work / f"hf-{a.model}"
-    if not (ckpt / "config.json").exists():
-        make_tiny_checkpoint(mc, ckpt, **({} if a.cpu_smoke else {"dtype": "bfloat16", "device": "cuda"}))
+    ckpt, prompts = checkpoint_and_prompts(a.model, a.work, cpu=a.cpu_smoke)
     nbytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
-    prompts = make_prompts(a.work / "prompts.jsonl", n=256)
     run_dir = a.work / f"run-{int(time.time())}"
     batch = a.rollout_batch_size * a.n_samples
-    cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--model", a.model, "--hf-checkpoint", str(ckpt),
-           "--prompt-data", str(prompts), "--run-dir", str(run_dir), "--no-progress", "--colocate",
-           "--num-rollout", str(a.num_rollout), "--save-interval", str(10**6),
-           "--custom-rm-path", "rlslurm.demo_task:reward", "--rollout-temperature", "1.0",
-           "--rollout-max-response-len", str(a.response_len), "--rollout-batch-size", str(a.rollout_batch_size),
-           "--n-samples-per-prompt", str(a.n_samples), "--global-batch-size", str(batch),
-           "--num-steps-per-rollout", "1", "--num-epoch", "100", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu),
+    cmd = [*run_command(a.model, ckpt, prompts, run_dir, num_rollout=a.num_rollout, save_interval=10**6,
+                        rollout_batch_size=a.rollout_batch_size, n_samples=a.n_samples, response_len=a.response_len),
+           "--colocate", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu),
            *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
              ["--device", "cuda", "--gpus-per-node", "1", *run_flags(a.mem_fraction)])]
-    log = a.work / "run.log"
-    t = time.perf_counter()
-    with open(log, "wb") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    wall = time.perf_counter() - t
-    if rc != 0:
-        sys.stderr.write(log.read_text(errors="replace")[-6000:])
-        raise SystemExit(f"rlslurm run failed (rc={rc}); log {log}")
+    wall = run_logged(cmd, a.work / "run.log")
 
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     per_rollout = {m["rollout_id"]: m for m in lines}  # phases repeat on each step of a rollout

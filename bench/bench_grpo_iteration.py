@@ -78,9 +78,8 @@ def main() -> None:
 
     import torch
 
-    from rlslurm.demo_task import make_prompts
+    from demo_run import checkpoint_and_prompts, run_command, run_logged
     from rlslurm.model_config import load_model_config
-    from rlslurm.tiny import make_tiny_checkpoint
 
     mc = load_model_config(a.model)
     batch = a.rollout_batch_size * a.n_samples
@@ -90,31 +89,17 @@ def main() -> None:
     else:
         assert a.cpu_smoke or torch.cuda.device_count() >= 2, "needs two GPUs: the trainer's and the engine's"
         gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)
-        a.work.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
-        ckpt = a.work / f"hf-{a.model}"
-        if not (ckpt / "config.json").exists():
-            make_tiny_checkpoint(mc, ckpt, **({} if a.cpu_smoke else {"dtype": "bfloat16", "device": "cuda"}))
+        ckpt, prompts = checkpoint_and_prompts(a.model, a.work, cpu=a.cpu_smoke)
         ckpt_s = time.perf_counter() - t
-        prompts = make_prompts(a.work / "prompts.jsonl", n=256)
         run_dir = a.work / f"run-{int(time.time())}"
-        cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--model", a.model, "--hf-checkpoint", str(ckpt),
-               "--prompt-data", str(prompts), "--run-dir", str(run_dir), "--no-progress",
-               "--gpus-per-node", "1", "--trainer-procs-per-node", "1", "--num-rollout", str(a.num_rollout),
-               "--save-interval", str(a.save_interval), "--custom-rm-path", "rlslurm.demo_task:reward",
-               "--rollout-temperature", "1.0", "--rollout-max-response-len", str(a.response_len),
-               "--rollout-batch-size", str(a.rollout_batch_size), "--n-samples-per-prompt", str(a.n_samples),
-               "--global-batch-size", str(batch), "--num-steps-per-rollout", "1", "--num-epoch", "100",
+        cmd = [*run_command(a.model, ckpt, prompts, run_dir, num_rollout=a.num_rollout, save_interval=a.save_interval,
+                            rollout_batch_size=a.rollout_batch_size, n_samples=a.n_samples,
+                            response_len=a.response_len),
+               "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
                *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []), *a.run_flag,
                *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
-        log = a.work / "run.log"
-        t = time.perf_counter()
-        with open(log, "wb") as f:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-        wall = time.perf_counter() - t
-        if rc != 0:
-            sys.stderr.write(log.read_text(errors="replace")[-6000:])
-            raise SystemExit(f"rlslurm run failed (rc={rc}); log {log}")
+        wall = run_logged(cmd, a.work / "run.log")
 
     train = jsonl(run_dir / "metrics.jsonl")
     roll = {r["rollout_id"]: r for r in jsonl(run_dir / "rollout_metrics.jsonl") if r.get("kind") == "train"}
