@@ -173,9 +173,12 @@ def check_colocate(cfg: "RunConfig", warnings: list[str], *, strict: bool) -> No
         return
     msg = ("--colocate on GPUs: the engines give their memory to the trainer only through torch_memory_saver "
            "(SGLang's --enable-memory-saver), which is not installed on this host (pip install torch_memory_saver)")
-    if strict and job_env_is_ours(cfg):
+    if not job_env_is_ours(cfg):
+        warnings.append(f"{msg}; the job runs another environment, which must have it")
+    elif strict:
         raise ConfigError(msg)
-    warnings.append(msg if job_env_is_ours(cfg) else f"{msg}; the job runs another environment, which must have it")
+    else:
+        warnings.append(msg)
 
 
 # ------------------------------------------------------------------------------------ sglang

@@ -198,7 +198,8 @@ class Colocation:
     def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float):
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
         self.st = st
-        if st.device.type == "cuda":
+        self.cuda = st.device.type == "cuda"  # GPU memory to move and to measure; on cpu the moves are empty
+        if self.cuda:
             # megatron marks expert parameters allreduce=False (their gradients go over the expert DP group)
             warm_process_groups(st.device, experts=any(not getattr(p, "allreduce", True)
                                                        for p in st.actor.model.parameters()))
@@ -251,13 +252,13 @@ class Colocation:
         self._move(onload=(self.params, self.rest))
         self.times["time/onload"] = time.perf_counter() - t1
         self._gpu_used("onloaded")
-        if self.params.device.type == "cuda":
+        if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.params.device)
 
     def to_engines_for_weights(self) -> None:
         """Trained (and saved): keep the params for the export, give the rest back; engines reload weights."""
         t0 = time.perf_counter()
-        if self.params.device.type == "cuda":
+        if self.cuda:
             self.times["mem/trainer_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.params.device) / 2**30
         # Adam's moments are made at the optimizer's first step, after the sets were taken: left
         # behind, they held 12.8 GiB of the GPU through every generation (qwen3-1.7B, H100)
@@ -291,9 +292,8 @@ class Colocation:
 
     def _gpu_used(self, phase: str) -> None:
         """Memory in use on this rank's GPU by every process (the engines' included), after `phase`."""
-        dev = self.params.device
-        if dev.type == "cuda":
-            free, total = torch.cuda.mem_get_info(dev)
+        if self.cuda:
+            free, total = torch.cuda.mem_get_info(self.params.device)
             self.times[f"mem/gpu_used_gib/{phase}"] = (total - free) / 2**30
 
     @contextmanager
@@ -312,9 +312,8 @@ class Colocation:
             s.onload()
         for s in offload:
             s.offload()
-        dev = self.params.device
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+        if self.cuda:
+            torch.cuda.synchronize(self.params.device)
             if offload:
                 torch.cuda.empty_cache()  # back to the driver: the engines are another process
 

@@ -314,14 +314,9 @@ class Trainer:
     def _publish(self, version: int, *, in_turn: bool = False) -> None:
         """`in_turn`: inside --colocate's phases, where the engines' KV cache is released: they stay
         paused after the update and the probe waits until the colocation has resumed them."""
-        pausable = hasattr(self.publisher, "leave_paused")
-        if pausable:
+        if hasattr(self.publisher, "leave_paused"):  # DistributedPublisher; every publish comes through here
             self.publisher.leave_paused = in_turn
-        try:
-            self.publisher.publish(self.st.actor.model, version)
-        finally:
-            if pausable:
-                self.publisher.leave_paused = False
+        self.publisher.publish(self.st.actor.model, version)
         self.delivery.delivered(version)
         if self.cfg.train.verify_weight_sync and not in_turn:
             self._probe(version)

@@ -45,12 +45,28 @@ def where() -> str:
     return "one shared GPU, gloo weight sync" if placement() else "trainer and engine on GPUs of their own, NCCL"
 
 
-def rlslurm_run(run_dir: Path, log: Path, num_rollout: int, *extra: str) -> subprocess.Popen:
+def rlslurm_run(run_dir: Path, log: Path, num_rollout: int, *extra: str, gpus: int = 1,
+                layout: list[str] | None = None) -> subprocess.Popen:
+    """`layout`: the placement flags (default: `placement()`)."""
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
-           "--device", "cuda", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
+           "--device", "cuda", "--gpus-per-node", str(gpus), "--trainer-procs-per-node", str(gpus),
            "--num-rollout", str(num_rollout), "--save-interval", str(SAVE_INTERVAL), "--verify-weight-sync",
-           *SGLANG_GPU_FLAGS, *placement(), *extra]
+           *SGLANG_GPU_FLAGS, *(placement() if layout is None else layout), *extra]
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def kill9_trainer_midway(proc: subprocess.Popen, run_dir: Path, log: Path) -> list[int]:
+    """Once attempt 0 trained SAVE_INTERVAL + 2 rollouts: kill -9 the trainer (torchrun's agent and its
+    workers); the attempt must then fail. The rollouts attempt 0 trained."""
+    deadline = time.monotonic() + 420
+    while len(trained_ids(run_dir).get(0, [])) < SAVE_INTERVAL + 2:
+        assert proc.poll() is None, f"ended early (rc={proc.returncode})\n{logs(run_dir, log)}"
+        assert time.monotonic() < deadline, logs(run_dir, log)
+        time.sleep(0.5)
+    for pid in trainer_pids(run_dir):
+        os.kill(pid, signal.SIGKILL)
+    assert finish(proc, run_dir, log, 120) != 0  # the trainer died: this attempt failed
+    return trained_ids(run_dir)[0]
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -100,16 +116,7 @@ def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path
     n = 16
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
     extra = ["--rollout-dtype", "bfloat16"]
-    proc = rlslurm_run(run_dir, log, n, *extra)
-    deadline = time.monotonic() + 420
-    while len(trained_ids(run_dir).get(0, [])) < SAVE_INTERVAL + 2:
-        assert proc.poll() is None, f"ended early (rc={proc.returncode})\n{logs(run_dir, log)}"
-        assert time.monotonic() < deadline, logs(run_dir, log)
-        time.sleep(0.5)
-    for pid in trainer_pids(run_dir):  # torchrun's agent and its workers
-        os.kill(pid, signal.SIGKILL)
-    assert finish(proc, run_dir, log, 120) != 0  # the trainer died: this attempt failed
-    before = trained_ids(run_dir)[0]
+    before = kill9_trainer_midway(rlslurm_run(run_dir, log, n, *extra), run_dir, log)
 
     proc = rlslurm_run(run_dir, log, n, *extra)  # the same command: resumes from the last checkpoint
     assert finish(proc, run_dir, log, 600) == 0, logs(run_dir, log)
@@ -164,22 +171,9 @@ def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_pat
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
 
     def start() -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
-               "--device", "cuda", "--gpus-per-node", str(gpus), "--trainer-procs-per-node", str(gpus), "--colocate", "--rollout-dtype", "bfloat16",
-               "--num-rollout", str(n), "--save-interval", str(SAVE_INTERVAL), "--verify-weight-sync",
-               *SGLANG_GPU_FLAGS]
-        return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        return rlslurm_run(run_dir, log, n, "--rollout-dtype", "bfloat16", gpus=gpus, layout=["--colocate"])
 
-    proc = start()
-    deadline = time.monotonic() + 420
-    while len(trained_ids(run_dir).get(0, [])) < SAVE_INTERVAL + 2:
-        assert proc.poll() is None, f"ended early (rc={proc.returncode})\n{logs(run_dir, log)}"
-        assert time.monotonic() < deadline, logs(run_dir, log)
-        time.sleep(0.5)
-    for pid in trainer_pids(run_dir):
-        os.kill(pid, signal.SIGKILL)
-    assert finish(proc, run_dir, log, 120) != 0
-    before = trained_ids(run_dir)[0]
+    before = kill9_trainer_midway(start(), run_dir, log)
 
     proc = start()
     assert finish(proc, run_dir, log, 600) == 0, logs(run_dir, log)
