@@ -5,7 +5,10 @@ taking turns (docs/colocate.md); a random-init model of a shipped config (qwen3-
 the demo prompts and reward (token ids only, as in bench_grpo_iteration.py). Per rollout the
 colocation adds
 
-    engines release -> trainer onload -> [train] -> offload -> engines resume -> publish (gloo) -> resume
+    engines release -> trainer onload -> [train] -> offload -> engines resume -> publish -> resume
+
+The publish goes by --transport: `ipc` (the default with --colocate: each bucket read in place by the
+engine on the same GPU, trainer/ipc_sync.py) or `broadcast` (gloo through host memory).
 
 Figures are medians over rollouts 1.. (rollout 0 is warm-up) from the run's metrics.jsonl: the
 overhead (release + onload + offload + resume, and the publish apart), each as a share of the
@@ -13,7 +16,8 @@ iteration; the GPU memory in use after each phase.
 
 Reference, same call, same GPU: a device-to-device copy of the bytes the publish moves (the HF
 checkpoint's size). figure = publish GB/s, ratio = publish / D2D (issue 13's target for a same-GPU
-weight update is >= 0.8; the publish here goes through host memory over gloo).
+weight update is >= 0.8). With ipc the engine's own side is reported apart: its in-place copies' GB/s
+from the receiver's log lines (after the first publish, which learns the copies).
 
     python3 bench/bench_colocate.py --out bench/results/colocate-h100.jsonl
 """
@@ -53,6 +57,26 @@ def d2d_gb_s(nbytes: int, iters: int = 5) -> float:
     return nbytes * iters / (time.perf_counter() - t) / 1e9
 
 
+def engine_copies(run_dir: Path) -> dict:
+    """The engine's side of the ipc publishes, from rlslurm's receiver lines in its log: requests after
+    the last one that learnt a layout (learning runs SGLang's load_weights), their GB and copy seconds."""
+    import re
+
+    pat = re.compile(r"rlslurm receiver: 1 buckets read in place, ([\d.]+) GB: .*loaded ([\d.]+) ms")
+    gb = secs = 0.0
+    n = 0
+    for p in sorted(run_dir.rglob("engine-*.log")):
+        lines = p.read_text(errors="replace").splitlines()
+        last_learn = max((i for i, l in enumerate(lines) if "learnt copies from now on" in l
+                          or "keeps SGLang's load_weights" in l), default=-1)
+        for l in lines[last_learn + 1:]:
+            m = pat.search(l)
+            if m:
+                gb, secs, n = gb + float(m.group(1)), secs + float(m.group(2)) / 1e3, n + 1
+    return {"requests": n, "gb": round(gb, 3), "copy_s": round(secs, 4),
+            "gb_per_s": round(gb / secs, 1) if secs else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3-1.7B")
@@ -64,6 +88,8 @@ def main() -> None:
     # and on an 80 GB GPU the shipped 9216 left NCCL's first 512 MiB buffer no room (H100, 1.7B)
     ap.add_argument("--max-tokens-per-gpu", type=int, default=4096)
     ap.add_argument("--mem-fraction", type=float, default=0.3, help="the engine's --sglang-mem-fraction-static")
+    ap.add_argument("--transport", choices=("ipc", "broadcast"), default="ipc")
+    ap.add_argument("--bucket-bytes", type=int, default=None, help="--update-weight-buffer-size (default: rlslurm's)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/rlslurm-colocate-bench"))
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--cpu-smoke", action="store_true", help="check the script: tiny-qwen3 on CPU, no reference")
@@ -82,7 +108,8 @@ def main() -> None:
     batch = a.rollout_batch_size * a.n_samples
     cmd = [*run_command(a.model, ckpt, prompts, run_dir, num_rollout=a.num_rollout, save_interval=10**6,
                         rollout_batch_size=a.rollout_batch_size, n_samples=a.n_samples, response_len=a.response_len),
-           "--colocate", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu),
+           "--colocate", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu), "--weight-sync-transport", a.transport,
+           *(["--update-weight-buffer-size", str(a.bucket_bytes)] if a.bucket_bytes else []),
            *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
              ["--device", "cuda", "--gpus-per-node", "1", *run_flags(a.mem_fraction)])]
     wall = run_logged(cmd, a.work / "run.log")
@@ -104,12 +131,16 @@ def main() -> None:
         "publish_share": round(phases["publish"] / iteration, 4) if iteration else None,
         "mem_gib": {k.split("/", 1)[1]: round(med([m[k] for m in steady if k in m]), 2)
                     for k in sorted({k for m in steady for k in m if k.startswith("mem/")})},
-        "publish_bytes": nbytes, "run_wall_s": round(wall, 1),
+        "publish_bytes": nbytes, "run_wall_s": round(wall, 1), "transport": a.transport,
+        "bucket_bytes": a.bucket_bytes,
     }
+    if a.transport == "ipc":
+        res["engine_in_place_copy"] = engine_copies(run_dir)
     if not a.cpu_smoke:
         ref = d2d_gb_s(nbytes)
         fig = nbytes / phases["publish"] / 1e9
-        res.update({"figure": round(fig, 2), "figure_name": "publish GB/s into the engine on the same GPU (gloo)",
+        how = "in place, CUDA IPC" if a.transport == "ipc" else "gloo broadcast"
+        res.update({"figure": round(fig, 2), "figure_name": f"publish GB/s into the engine on the same GPU ({how})",
                     "reference": round(ref, 1), "reference_name": "device-to-device copy GB/s, same bytes, same GPU",
                     "ratio": round(fig / ref, 4)})
     line = json.dumps(res)

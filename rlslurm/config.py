@@ -375,6 +375,9 @@ class TrainSection(Section):
     weight_sync: Literal["distributed", "disk"] = "distributed"
     # the trainer -> engines broadcast group; auto: nccl on CUDA, gloo on CPU and with --shared-gpu
     weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    # how weights reach the engines: a broadcast group, or in place on the same GPU (--colocate only:
+    # trainer/ipc_sync.py); auto: ipc with --colocate and PP 1, broadcast otherwise
+    weight_sync_transport: Literal["auto", "broadcast", "ipc"] = "auto"
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
     # one broadcast per bucket, received as SGLang's flattened bucket (docs/sglang-behaviour.md): as
     # fast as one per tensor for dense models on 2xH200 (bench/results/engine-sync-h200x2-flattened.md) and a bucket's
@@ -422,6 +425,14 @@ class RunConfig(Section):
     def shares_gpus(self) -> bool:
         """The trainer and the engines on the same GPUs: --colocate, or `rlslurm run --shared-gpu`."""
         return self.run.colocate or self.run.shared_gpu
+
+    @property
+    def weight_transport(self) -> Literal["broadcast", "ipc"]:
+        """--weight-sync-transport resolved (layout.check refuses ipc where it cannot work)."""
+        t = self.train.weight_sync_transport
+        if t == "auto":
+            return "ipc" if self.run.colocate and self.train.pipeline_model_parallel_size == 1 else "broadcast"
+        return t
 
     @property
     def single_node(self) -> bool:

@@ -30,6 +30,9 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError(f"--trainer-gpus / --rollout-gpus split one node's GPUs (--nodes 1); with {what} {why}")
     if cfg.run.colocate:
         _check_colocate(cfg)
+    elif cfg.train.weight_sync_transport == "ipc":
+        raise ConfigError("--weight-sync-transport ipc: the engines read the weights in place from the trainer's "
+                          "GPUs, which only --colocate puts them on; drop it (the broadcast is used)")
 
 
 def _one_group(cfg: RunConfig, what: str, why: str) -> None:
@@ -63,6 +66,10 @@ def _check_colocate(cfg: RunConfig) -> None:
         raise ConfigError(f"--async-buffer-size {cfg.rollout.async_buffer_size} with --colocate: the engines "
                           "generate only while the trainer does not train (they share the GPUs), so the next rollout "
                           "cannot be generated during training; use 0 (slime's colocated loop is synchronous too)")
+    if t.weight_sync_transport == "ipc" and t.pipeline_model_parallel_size > 1:
+        raise ConfigError(f"--weight-sync-transport ipc with --pipeline-model-parallel-size "
+                          f"{t.pipeline_model_parallel_size}: each trainer rank hands the engine on its GPU the whole "
+                          "model, which a pipeline stage does not hold; use --weight-sync-transport broadcast")
     if t.weight_sync_backend == "nccl":
         raise ConfigError("--colocate with --weight-sync-backend nccl: NCCL refuses two ranks on one GPU (the "
                           "trainer and an engine); leave it auto (gloo) or use gloo")

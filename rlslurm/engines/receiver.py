@@ -1,5 +1,6 @@
-"""rlslurm's weight receiver inside an SGLang engine: one request per publish, buckets received
-into two alternating buffers and copied straight into the engine's parameters.
+"""rlslurm's weight receiver inside an SGLang engine: buckets copied straight into the engine's
+parameters, received by broadcast (one request per publish, two alternating buffers) or read in place
+from the trainer's buffer on the same GPU (--colocate: engines/shared_buffer.py, one request per bucket).
 
 Loaded by the engine itself: the rollout node starts SGLang with `--custom-weight-loader
 rlslurm.engines.receiver.receive` (a documented SGLang extension point, present in 0.5.14 and
@@ -21,6 +22,10 @@ that records every `copy_` whose source is a view of the buffer. The map is used
 if the recording is complete: every received byte was a copy source, every destination is storage
 of a model parameter or buffer, and no parameter was re-assigned. Otherwise that layout keeps
 using `load_weights` on the views (still one request, still overlapped with the receive).
+
+A plan with `sources` instead of `group` (trainer/ipc_sync.py) names, for each bucket, the buffer the
+trainer wrote it into: the receiver opens it (a CUDA IPC handle, or a memfd on CPU) and copies from it
+with the same learnt map; it answers only once its copies are done, so the trainer may then reuse it.
 """
 
 from __future__ import annotations
@@ -64,13 +69,27 @@ def plan_payload(group_name: str, buckets: list[BucketPlan]) -> str:
         for b in buckets]}, separators=(",", ":"))
 
 
-def parse_plan(name: str) -> tuple[str, list[BucketPlan], float]:
+def mapped_payload(buckets: list[BucketPlan], sources: list[dict[str, Any]]) -> str:
+    """The entry for buckets the engine reads from the trainer's buffers (engines/shared_buffer.py)."""
+    if len(buckets) != len(sources):
+        raise ValueError(f"{len(buckets)} buckets, {len(sources)} sources")
+    return PLAN_PREFIX + json.dumps({"sources": sources, "sent_at": time.time(), "buckets": [
+        {"nbytes": b.nbytes, "dtype": b.dtype, "tensors": [[n, list(s), o] for n, s, o in b.tensors]}
+        for b in buckets]}, separators=(",", ":"))
+
+
+def _parse(name: str) -> tuple[dict[str, Any], list[BucketPlan]]:
     if not name.startswith(PLAN_PREFIX):
         raise ValueError(f"{LOADER}: expected one entry named {PLAN_PREFIX}<plan>, got {name[:60]!r}")
     obj = json.loads(name[len(PLAN_PREFIX):])
     buckets = [BucketPlan(int(b["nbytes"]), str(b["dtype"]),
                           tuple((str(n), tuple(int(x) for x in s), int(o)) for n, s, o in b["tensors"]))
                for b in obj["buckets"]]
+    return obj, buckets
+
+
+def parse_plan(name: str) -> tuple[str, list[BucketPlan], float]:
+    obj, buckets = _parse(name)
     return str(obj["group"]), buckets, float(obj.get("sent_at", 0.0))
 
 
@@ -252,6 +271,25 @@ class _Receiver:
         at = (lambda e: start.elapsed_time(e) / 1e3) if cuda else (lambda e: e)
         return {"first bucket in": at(arrived[0]), "last bucket in": at(arrived[-1]), "loaded": at(end)}
 
+    def run_mapped(self, buckets: list[BucketPlan], sources: list[dict[str, Any]]) -> dict[str, float]:
+        """Copy every bucket from the trainer's buffer it names; returns the seconds until the copies
+        were done (synchronised: the trainer overwrites the buffer once this request is answered)."""
+        from rlslurm.engines.shared_buffer import open_source
+
+        t0 = time.perf_counter()
+        opened = []  # kept open until the copies from them are done
+        for plan, src in zip(buckets, sources, strict=True):
+            buf = open_source(src)  # on CUDA the stream waits for the trainer's copy into it
+            if buf.numel() < plan.nbytes:
+                raise ValueError(f"{LOADER}: a {buf.numel()}-byte buffer for a {plan.nbytes}-byte bucket")
+            self._load(buf, plan)
+            opened.append(buf)
+        dev = next(self.model.parameters()).device
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+        opened.clear()
+        return {"loaded": time.perf_counter() - t0} if buckets else {}
+
     def _load(self, buf: torch.Tensor, plan: BucketPlan) -> None:
         cmap = self.maps.get(plan.key())
         if cmap is None:
@@ -301,14 +339,19 @@ def receive(model: torch.nn.Module, named_tensors: list[tuple[str, Any]]) -> Non
     """SGLang's custom weight loader entry point (see the module docstring)."""
     if len(named_tensors) != 1:
         raise ValueError(f"{LOADER}: expected one plan entry, got {len(named_tensors)}")
-    group_name, buckets, sent_at = parse_plan(named_tensors[0][0])
+    obj, buckets = _parse(named_tensors[0][0])
+    sent_at = float(obj.get("sent_at", 0.0))
     reached = time.time()
     with _lock:
         r = _receivers.get(id(model))
         if r is None:
             r = _receivers[id(model)] = _Receiver(model)
-    t = r.run(_group(group_name), buckets)
+    if "sources" in obj:
+        t = r.run_mapped(buckets, obj["sources"])
+    else:
+        t = r.run(_group(str(obj["group"])), buckets)
     # one line per publish in the engine's log: where a sync's time goes
-    print(f"rlslurm receiver: {len(buckets)} buckets, {sum(b.nbytes for b in buckets) / 1e9:.2f} GB: request "
+    how = "read in place" if "sources" in obj else "broadcast"
+    print(f"rlslurm receiver: {len(buckets)} buckets {how}, {sum(b.nbytes for b in buckets) / 1e9:.4f} GB: request "
           f"reached the engine {1e3 * (reached - sent_at):.1f} ms after it was sent; "
           + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in t.items()), file=sys.stderr, flush=True)

@@ -47,8 +47,9 @@ WEIGHT_VERSION_ARGS = ("--weight-version", "0")
 
 
 def receiver_args(cfg: RunConfig) -> tuple[str, ...]:
-    """--update-weight-receiver rlslurm: the engine loads rlslurm's receiver (engines/receiver.py)."""
-    if cfg.train.update_weight_receiver != "rlslurm":
+    """--update-weight-receiver rlslurm, or weights by IPC (--colocate): the engine loads rlslurm's
+    receiver (engines/receiver.py)."""
+    if cfg.train.update_weight_receiver != "rlslurm" and cfg.weight_transport != "ipc":
         return ()
     from rlslurm.engines.receiver import LOADER
 

@@ -383,6 +383,12 @@ class Trainer:
         from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
 
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
+        if self.cfg.weight_transport == "ipc":  # --colocate: in place on each GPU (trainer/ipc_sync.py)
+            from rlslurm.trainer.ipc_sync import IpcPublisher
+
+            return IpcPublisher(st.mc, self.control, api_key=key, node=job_env().node,
+                                opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
+                                fallback=disk, attempt=job_env().attempt)
         return DistributedPublisher(st.mc, self.control, api_key=key,
                                     opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
                                     fallback=disk, attempt=job_env().attempt)

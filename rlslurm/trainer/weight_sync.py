@@ -338,6 +338,8 @@ class DistributedPublisher:
     (a `DiskPublisher`; its weights are then loaded into the engines from RUN/weights/v<N>/), or
     None to raise `WeightSyncError` instead."""
 
+    MODE, SENT = "distributed", "broadcast"   # the history's mode, the log's verb
+
     def __init__(self, mc: Any, control: Control, *, api_key: str | None, opts: SyncOptions,
                  fallback: Any | None = None, weights_dir: Path | None = None, attempt: int = 0,
                  host: str | None = None, roles: Callable[[], _Roles] = _megatron_roles,
@@ -383,9 +385,8 @@ class DistributedPublisher:
     # -- publish ---------------------------------------------------------------------------
     def publish(self, model: torch.nn.Module, version: int) -> None:
         r = self._roles = self._roles or self._roles_fn()
-        if r.leader and self.sender is None:
-            self.sender = StageSender(self.control, self.api_key, self.opts, stage=r.stage, attempt=self.attempt,
-                                      host=self.host, device=r.device)
+        if self.sender is None:
+            self.sender = self._new_sender(r)
         t0 = time.monotonic()
         errors: list[str] = []
         for i in range(1, self.opts.attempts + 1):
@@ -394,19 +395,26 @@ class DistributedPublisher:
                 if r.coordinator:
                     self.control.set_weight_version(version)
                     self.control.clear_weight_update()
-                    log.info("weights v%d broadcast to %d engine(s) in %.2f s (%d bytes, %d buckets)", version,
+                    log.info("weights v%d %s to %d engine(s) in %.2f s (%d bytes, %d buckets)", version, self.SENT,
                              len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
                              time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
                              self.sender.last.buckets if self.sender else 0)
-                self.history.append({"version": version, "mode": "distributed", "tries": i,
+                self.history.append({"version": version, "mode": self.MODE, "tries": i,
                                      "seconds": time.monotonic() - t0, "errors": errors})
                 return
-            if r.leader and self.sender is not None:
+            if self.sender is not None:
                 self.sender.teardown()
             if r.coordinator:  # the bound each try keeps is checked against this line (tests/e2e)
                 log.warning("weight sync v%d: try %d/%d failed after %.1f s (timeout %g s)", version, i,
                             self.opts.attempts, time.monotonic() - t_try, self.opts.timeout_s)
         self._fail(model, version, r, errors, t0)
+
+    def _new_sender(self, r: _Roles) -> Any:
+        """This rank's sender: the stage's leaders send, the other ranks only take part in the export."""
+        if not r.leader:
+            return None
+        return StageSender(self.control, self.api_key, self.opts, stage=r.stage, attempt=self.attempt,
+                           host=self.host, device=r.device)
 
     def _attempt(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str]) -> bool:
         o, s = self.opts, self.sender
@@ -417,6 +425,32 @@ class DistributedPublisher:
             ok = self._step("marking the update", lambda: self.control.mark_weight_update(
                 version, o.timeout_s * (r.stages + 5)), errors)
         ok = self._agree(ok)
+        ok = self._join(r, ok, errors)
+        if ok and r.coordinator:
+            assert s is not None
+
+            def prologue() -> None:
+                assert s.engines is not None
+                s.engines.call("pause_generation", mode=o.pause_mode, timeout=o.timeout_s)
+                s.engines.call("begin_weight_update", timeout=o.timeout_s)
+            ok = self._step("pause + begin_weight_update", prologue, errors)
+        ok = self._agree(ok)
+        ok = self._transfer(model, r, ok, errors)
+        if ok and r.coordinator:
+            assert s is not None and s.engines is not None
+
+            def epilogue() -> None:
+                assert s.engines is not None
+                s.engines.call("end_weight_update", timeout=o.timeout_s)
+                s.engines.call("update_weight_version", new_version=str(version), timeout=o.timeout_s)
+                if not self.leave_paused:
+                    s.engines.call("continue_generation", timeout=o.timeout_s)
+            ok = self._step("end_weight_update + version + continue", epilogue, errors)
+        return self._agree(ok)
+
+    def _join(self, r: _Roles, ok: bool, errors: list[str]) -> bool:
+        """Each stage's leader (re)builds its group with the engines."""
+        s = self.sender
         # One stage's group at a time. An engine serves one /init_weights_update_group at a time and
         # blocks in it until every member has joined; stages joining at once could reach two engines
         # in opposite orders, each then waiting for the other inside a different group (seen in the
@@ -428,15 +462,11 @@ class DistributedPublisher:
                 ok = self._step(what, s.ensure_group, errors)
             if r.stages > 1:
                 ok = self._agree(ok)
-        if ok and r.coordinator:
-            assert s is not None
+        return ok
 
-            def prologue() -> None:
-                assert s.engines is not None
-                s.engines.call("pause_generation", mode=o.pause_mode, timeout=o.timeout_s)
-                s.engines.call("begin_weight_update", timeout=o.timeout_s)
-            ok = self._step("pause + begin_weight_update", prologue, errors)
-        ok = self._agree(ok)
+    def _transfer(self, model: torch.nn.Module, r: _Roles, ok: bool, errors: list[str]) -> bool:
+        """Stage by stage, the exporters gather and the stage's leader broadcasts."""
+        s = self.sender
         for stage in range(r.stages):
             if not ok:
                 break
@@ -449,17 +479,7 @@ class DistributedPublisher:
                     for _ in stream:  # our part of each gather; the leader sends
                         pass
             ok = self._agree(ok)
-        if ok and r.coordinator:
-            assert s is not None and s.engines is not None
-
-            def epilogue() -> None:
-                assert s.engines is not None
-                s.engines.call("end_weight_update", timeout=o.timeout_s)
-                s.engines.call("update_weight_version", new_version=str(version), timeout=o.timeout_s)
-                if not self.leave_paused:
-                    s.engines.call("continue_generation", timeout=o.timeout_s)
-            ok = self._step("end_weight_update + version + continue", epilogue, errors)
-        return self._agree(ok)
+        return ok
 
     def _fail(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str], t0: float) -> None:
         summary = "; ".join(errors) or "another rank failed"

@@ -162,16 +162,19 @@ def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
 
 
 def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_path: Path) -> None:
-    """--colocate on every GPU of the machine (up to 2: DP=2 trainer, two engines): the engines release
-    their memory (torch_memory_saver) while the trainer trains on the same GPU; every sync reaches them;
-    kill -9 of the trainer, then the same command: every rollout once in the final lineage."""
+    """--colocate on every GPU of the machine (up to 2: DP=2 trainer, two engines, or one engine of TP=2
+    with RLSLURM_GPU_ENGINE_TP=2): the engines release their memory (torch_memory_saver) while the
+    trainer trains on the same GPU; every sync reaches them, in place by CUDA IPC; kill -9 of the
+    trainer, then the same command: every rollout once in the final lineage."""
     import torch
 
     n, gpus = 16, min(2, torch.cuda.device_count())
+    tp = int(os.environ.get("RLSLURM_GPU_ENGINE_TP", "1"))
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
 
     def start() -> subprocess.Popen:
-        return rlslurm_run(run_dir, log, n, "--rollout-dtype", "bfloat16", gpus=gpus, layout=["--colocate"])
+        return rlslurm_run(run_dir, log, n, "--rollout-dtype", "bfloat16", "--rollout-num-gpus-per-engine", str(tp),
+                           gpus=gpus, layout=["--colocate"])
 
     before = kill9_trainer_midway(start(), run_dir, log)
 
@@ -192,8 +195,15 @@ def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_pat
         assert gib(m, "released") <= gib(m, "engine_weights") < gib(m, "engines_resumed"), m
     first, last = reward_rose(run_dir)
     assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    # every publish went in place (trainer/ipc_sync.py), each engine rank reading its own GPU's buffer
+    final = max(run_dir.glob("logs/attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    engine_logs = [p.read_text(errors="replace") for p in sorted(final.glob("engine-*.log"))]
+    assert len(engine_logs) == gpus // tp and all("read in place" in l for l in engine_logs), logs(run_dir, log)
+    trainer_logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("logs/attempt-*/*.log"))
+    assert "copied in place to" in trainer_logs and " broadcast to " not in trainer_logs, logs(run_dir, log)
     med = lambda k: statistics.median(m[k] for m in ms)  # noqa: E731
-    print(f"GPU colocate bf16 ({gpus} GPU(s), trainer DP={gpus}, {gpus} engine(s)): trained {before} then {resumed}; "
+    print(f"GPU colocate bf16 ({gpus} GPU(s), trainer DP={gpus}, {gpus // tp} engine(s) of TP={tp}, weights by "
+          f"CUDA IPC): trained {before} then {resumed}; "
           f"{len(recs)} probes at the trainer's version, greedy equal in {sum(r['match'] for r in recs)}; reward "
           f"{first:.3f} -> {last:.3f}; median s: release {med('time/engines_release'):.2f} onload {med('time/onload'):.2f} "
           f"offload {med('time/offload'):.2f} resume {med('time/engines_resume'):.2f} publish {med('time/publish'):.2f}; "

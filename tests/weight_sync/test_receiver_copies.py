@@ -112,3 +112,49 @@ def test_the_request_entry_unpickles_in_sglang_and_names_only_torch_tensor() -> 
     assert globals_ == 1 and strings[-2:] == ["torch", "Tensor"], strings
     (name, tensor), = MultiprocessingSerializer.deserialize(payload)
     assert parse_plan(name)[1] == [bucket_plan(_named(4))] and tensor.numel() == 0
+
+
+def test_a_bucket_read_in_place_from_another_process_memfd() -> None:
+    """--colocate's transport on CPU (engines/shared_buffer.py): a child process writes two buckets into
+    its memfd buffer and stays alive; the receiver maps it through /proc/<pid>/fd, learns from the first
+    and replays on the second, ending where load_weights ends."""
+    import multiprocessing as mp
+
+    from rlslurm.engines.receiver import _parse, mapped_payload
+
+    plan = bucket_plan(_named(5))
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_memfd_writer, args=(child,), daemon=True)
+    proc.start()
+    try:
+        model = Engineish()
+        receiver = _Receiver(model)
+        for seed in (5, 6):
+            parent.send(seed)
+            src = parent.recv()
+            obj, buckets = _parse(mapped_payload([plan], [src]))
+            assert buckets == [plan] and obj["sources"] == [src]
+            t = receiver.run_mapped(buckets, obj["sources"])
+            assert set(t) == {"loaded"}
+        assert receiver.maps[plan.key()].complete
+        reference = Engineish()
+        reference.load_weights(_named(6))
+        for k, want in _state(reference).items():
+            assert torch.equal(_state(model)[k], want), k
+        with pytest.raises(ValueError, match="a 4-byte buffer for a"):
+            receiver.run_mapped([plan], [dict(src, nbytes=4)])
+    finally:
+        parent.send(None)
+        proc.join(timeout=30)
+
+
+def _memfd_writer(conn) -> None:
+    from rlslurm.engines.shared_buffer import MemfdBuffer
+
+    buf = MemfdBuffer(1 << 16)
+    while (seed := conn.recv()) is not None:
+        data = _buffer(_named(seed))
+        buf.tensor[:data.numel()].copy_(data)
+        conn.send(buf.source(data.numel()))
+    buf.close()

@@ -5,7 +5,9 @@ engines behind the real router, and
 1. after a sync both engines report the trainer's version and their greedy continuation of a
    fixed probe equals the trainer's own greedy output with the new weights, also through
    rlslurm's receiver in the engine (--update-weight-receiver rlslurm) learning and then
-   replaying its copies; a publish inside --colocate's turn leaves them paused;
+   replaying its copies; a publish inside --colocate's turn leaves them paused; and through
+   --colocate's transport, where each engine reads the bucket in place from the buffer of the trainer
+   rank it is assigned to (a memfd on CPU, a CUDA IPC handle on GPUs: tests/gpu);
 2. a sync whose peer never answers (SIGSTOPped engine) fails within the configured bound, is
    retried on a rebuilt group, and falls back to disk: weights/v<N>/ is written, the version
    recorded, and the engine that answers loads it; the rollout node's `UpdateWatcher` keeps the
@@ -161,6 +163,25 @@ def test_broadcast_sync_and_bounded_fallback(engines, tmp_path):
         for u in urls:
             _continue(u, key)
         assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2, worker.tail()
+
+        # --colocate's transport (trainer/ipc_sync.py): no group; each trainer rank copies every bucket
+        # into a buffer of its own that the engine it serves reads in place (here a memfd: rank 0 serves
+        # engine-0, rank 1 engine-1), once learning the copies and once replaying them, inside the turn
+        for leave_paused in (False, True):
+            v += 1
+            r = worker.publish(v, transport="ipc", leave_paused=leave_paused)
+            assert "error" not in r and r["history"][0]["mode"] == "ipc" and r["history"][0]["tries"] == 1, r
+            if leave_paused:
+                assert not _answers_within(urls[0], key, 3.0), "the IPC publish continued the engines"
+                for u in urls:
+                    _continue(u, key)
+            assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2, worker.tail()
+        # one request per bucket and engine, each read from the buffer (the layouts are the broadcast's,
+        # so the copies learnt above are replayed)
+        logs = [p.read_text() for p in sorted((engines.run_dir / "logs").rglob("engine-*.log"))]
+        assert all(l.count("1 buckets read in place") >= 2 for l in logs), worker.tail()
+        assert not any("keeps SGLang's load_weights" in l for l in logs)
+        assert control.weight_version().version == v
 
         # 2. a peer that never answers: bounded failure, rebuilt group, disk fallback. Nothing but
         # the rollout node's UpdateWatcher keeps the supervisor from restarting it mid-sync.

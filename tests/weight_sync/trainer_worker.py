@@ -74,6 +74,7 @@ def main() -> None:
     from rlslurm.model_config import load_model_config
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.trainer.publish import DiskPublisher
+    from rlslurm.trainer.ipc_sync import IpcPublisher
     from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, WeightSyncError
 
     out = Path(a.out)
@@ -95,6 +96,10 @@ def main() -> None:
     pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=opts,
                                fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)),
                                attempt=0, host="127.0.0.1")
+    # --colocate's transport: each rank's buffer read in place by the engine it serves (memfd on CPU);
+    # the fixture's control publisher names the engines' node "node0"
+    ipc = IpcPublisher(mc, control, api_key=rd.api_key(), opts=opts, node="node0",
+                       fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)), attempt=0)
     v = 0
     while True:
         v += 1
@@ -109,19 +114,21 @@ def main() -> None:
                 p.add_(torch.randn(p.shape, generator=g) * 0.05)
         result: dict = {"version": v}
         t0 = time.monotonic()
-        pub.leave_paused = bool(go.get("leave_paused"))  # --colocate's turn (trainer/colocate.py)
+        used = ipc if go.get("transport") == "ipc" else pub
+        used.leave_paused = bool(go.get("leave_paused"))  # --colocate's turn (trainer/colocate.py)
         try:
-            pub.publish(model, v)
+            used.publish(model, v)
         except WeightSyncError as e:
             result["error"] = str(e)
         result["seconds"] = time.monotonic() - t0
-        result["history"] = pub.history[-1:] if pub.history else []
+        result["history"] = used.history[-1:] if used.history else []
         result["greedy"] = greedy(model, mc, prompt, a.new_tokens)
         if rank == 0:
             tmp = out / f".done-{v}.json"
             tmp.write_text(json.dumps(result))
             os.replace(tmp, out / f"done-{v}.json")
     pub.close()
+    ipc.close()
     dist.barrier()
     dist.destroy_process_group()
 

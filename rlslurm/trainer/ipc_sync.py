@@ -1,0 +1,338 @@
+"""Weights to colocated engines in place: `IpcPublisher`, the --colocate publisher
+(`--weight-sync-transport ipc`, the default there; docs/colocate.md).
+
+Every trainer rank exports the whole model (gathered over TP/EP within its own replica) and copies it,
+bucket by bucket, into one of two buffers on its own GPU. The engine rank on that GPU reads the bucket
+from there (a CUDA IPC handle; a memfd on CPU: engines/shared_buffer.py) with rlslurm's receiver
+(engines/receiver.py) and copies it into its parameters. One /update_weights_from_tensor request per
+bucket and engine, sent by the trainer rank on the engine's first GPU, with one entry per TP rank of the
+engine (SGLang hands entry i to TP rank i). Nothing goes through host memory or a process group: NCCL
+refuses two ranks on one GPU, which is why the broadcast needed gloo here (3 GB/s on an H100).
+
+For bucket k, one request per engine in flight while the next bucket is exported and copied:
+
+    every rank     copy bucket k into its buffer k % 2
+    engine leads   wait for bucket k-1's requests (they read buffer (k-1) % 2, which bucket k+1 overwrites)
+    TP>1 engines   all_gather of every rank's buffer (each lead needs its TP ranks' buffers; passing the
+                   gather also tells every rank that the wait before it is over)
+    engine leads   POST bucket k
+
+Which trainer rank serves which engine rank: on CUDA the one on the same GPU of the same node (the
+engines' gpu_ids in control/engines.json, the trainer's current device); on CPU the node's engine ranks
+in order, dealt round robin to the node's trainer ranks.
+
+The bracket around it (weight_update.json, pause, begin/end_weight_update, the version, continue or
+stay paused inside --colocate's turn, tries and the disk fallback) is DistributedPublisher's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from rlslurm.buffer.control import Control
+from rlslurm.engines.fanout import REFUSED_TIMEOUT_S, Engines, EngineTarget, HttpLoop, refusing
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
+from rlslurm.engines.receiver import mapped_payload
+from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
+from rlslurm.errors import ConfigError
+from rlslurm.trainer.sync_group import SyncGroupError, iter_buckets
+from rlslurm.trainer.weight_sync import (
+    DistributedPublisher,
+    SendStats,
+    SyncOptions,
+    _Roles,
+    bucket_plan,
+    serialized_plan,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Found:
+    """An engine of control/engines.json, where it runs."""
+    target: EngineTarget
+    node: str
+    gpu_ids: tuple[int, ...]   # its TP ranks' GPUs; () on CPU
+
+
+@dataclass(frozen=True)
+class Server:
+    """A trainer rank, where it runs."""
+    rank: int
+    node: str
+    gpu: int | None            # its CUDA device; None on CPU
+    local_rank: int
+
+
+def assign(engines: list[Found], servers: list[Server]) -> list[list[int]]:
+    """For each engine, the trainer rank that serves each of its TP ranks (see the module docstring)."""
+    out: list[list[int]] = []
+    dealt: dict[str, int] = {}
+    for e in engines:
+        here = sorted((s for s in servers if s.node == e.node), key=lambda s: s.local_rank)
+        if not here:
+            raise ConfigError(f"weights by IPC: engine {e.target.url} runs on node {e.node!r}, where no trainer rank "
+                              f"runs (trainer nodes: {sorted({s.node for s in servers})}); the IPC transport needs "
+                              "the engines on the trainer's nodes (--colocate)")
+        if e.gpu_ids:
+            ranks = []
+            for j, g in enumerate(e.gpu_ids):
+                s = next((s for s in here if s.gpu == g), None)
+                if s is None:
+                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} is on GPU {g} of {e.node}, "
+                                      f"where no trainer rank runs (trainer GPUs there: "
+                                      f"{sorted(s.gpu for s in here if s.gpu is not None)})")
+                ranks.append(s.rank)
+        else:
+            ranks = []
+            for _ in range(e.target.ranks):
+                i = dealt.get(e.node, 0)
+                dealt[e.node] = i + 1
+                ranks.append(here[i % len(here)].rank)
+        out.append(ranks)
+    return out
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _broadcast(obj: Any) -> Any:
+    if _world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _Buffers:
+    """This rank's two buffers, at least `min_bytes` each, grown for a larger bucket. On CUDA they
+    live for one publish (the engines need the memory back); the memfds on CPU stay."""
+
+    def __init__(self, device: torch.device, min_bytes: int):
+        self.device, self.min_bytes = device, min_bytes
+        self.cuda: list[torch.Tensor | None] = [None, None]
+        self.memfd: list[MemfdBuffer | None] = [None, None]
+
+    def write(self, k: int, bucket: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Copy the bucket's bytes into buffer k % 2; its source (after the copy is enqueued)."""
+        i = k % 2
+        n = sum(t.numel() * t.element_size() for _, t in bucket)
+        parts = [t.reshape(-1).view(torch.uint8) for _, t in bucket]
+        if self.device.type == "cuda":
+            buf = self.cuda[i]
+            if buf is None or buf.numel() < n:
+                self.cuda[i] = buf = None  # the old one goes first
+                buf = self.cuda[i] = torch.empty(max(n, self.min_bytes), dtype=torch.uint8, device=self.device)
+            torch.cat(parts, out=buf[:n])
+            return cuda_source(buf[:n])
+        mb = self.memfd[i]
+        if mb is None or mb.nbytes < n:
+            if mb is not None:
+                mb.close()
+            mb = self.memfd[i] = MemfdBuffer(max(n, self.min_bytes))
+        torch.cat(parts, out=mb.tensor[:n])
+        return mb.source(n)
+
+    def end_publish(self) -> None:
+        if self.device.type == "cuda" and any(b is not None for b in self.cuda):
+            self.cuda = [None, None]
+            torch.cuda.ipc_collect()  # blocks the engines still had open: freed once they let go
+
+    def close(self) -> None:
+        self.end_publish()
+        for mb in self.memfd:
+            if mb is not None:
+                mb.close()
+        self.memfd = [None, None]
+
+
+class IpcSender:
+    """One trainer rank's side of the IPC transport: which engines it serves, its buffers, its
+    requests. `engines` (every engine) is for the coordinator's bracket calls."""
+
+    def __init__(self, control: Control, api_key: str | None, opts: SyncOptions, *, device: torch.device, node: str):
+        self.control, self.api_key, self.opts, self.device, self.node = control, api_key, opts, device, node
+        self.rank = _world()[0]
+        self._loop = HttpLoop()
+        self.buffers = _Buffers(device, opts.bucket_bytes)
+        self.found: list[Found] | None = None
+        self.engines: Engines | None = None   # all of them
+        self.led: Engines | None = None       # those whose TP rank 0 this rank serves
+        self.led_servers: list[list[int]] = []  # for each led engine, the server of each TP rank
+        self.serves = False                   # whether any engine rank reads this rank's buffers
+        self.cross_rank = False               # an engine with TP ranks served by several trainer ranks
+        self.last = SendStats()
+
+    def whoami(self) -> Server:
+        gpu = self.device.index if self.device.type == "cuda" else None
+        return Server(self.rank, self.node, gpu, int(os.environ.get("LOCAL_RANK", "0")))
+
+    def discover(self) -> list[Found]:
+        """The healthy engines of engines.json that accept connections (rank 0; see StageSender)."""
+        records = [r for r in self.control.engines() if r.healthy]
+        urls = [r.url for r in records]
+        gone = set(self._loop.submit(refusing(urls)).result(timeout=REFUSED_TIMEOUT_S + 5))
+        if gone:
+            log.warning("weights by IPC: leaving out %s (connection refused: exited or restarting; a later sync "
+                        "includes it again)", sorted(gone))
+        found = [Found(EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
+                                    sglang_version=r.sglang_version), r.node, tuple(r.gpu_ids))
+                 for r in records if r.url not in gone]
+        if not found:
+            raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
+        return found
+
+    def prepare(self, found: list[Found], servers: list[Server]) -> None:
+        """Every rank, with the same `found`: which engines this rank leads and whose buffers they read."""
+        if found == self.found and self.engines is not None:
+            return
+        self.teardown()
+        by_engine = assign(found, servers)
+        mine = [i for i, ranks in enumerate(by_engine) if ranks[0] == self.rank]
+        self.engines = Engines(self._loop, [f.target for f in found], self.api_key)
+        self.led = Engines(self._loop, [found[i].target for i in mine], self.api_key)
+        self.led_servers = [by_engine[i] for i in mine]
+        self.serves = any(self.rank in ranks for ranks in by_engine)
+        self.cross_rank = any(len(set(ranks)) > 1 for ranks in by_engine)
+        self.found = found
+
+    def send(self, stream: Iterable[tuple[str, torch.Tensor]]) -> SendStats:
+        """Every rank, in step (see the module docstring). A failure is carried to the end of the
+        stream (the export's gathers and, for TP>1 engines, the per-bucket all_gather go on) and then
+        raised on every rank that saw it."""
+        if self.engines is None or self.led is None:
+            raise SyncGroupError("prepare() before send()")
+        to = self.opts.timeout_s
+        stats, t0 = SendStats(), time.perf_counter()
+        inflight: list[Any] = []
+        failed: str | None = None
+        it = iter(stream)
+        try:
+            for k, bucket in enumerate(iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=True)):
+                src = None
+                if failed is None and self.serves:
+                    try:
+                        src = self.buffers.write(k, bucket)
+                    except Exception as e:  # carried: the others are in step with us
+                        failed = f"rank {self.rank}: copying bucket {k}: {e}"
+                if failed is None and inflight:
+                    try:
+                        Engines.wait(inflight, to, "update_weights_from_tensor")
+                    except Exception as e:
+                        failed = f"rank {self.rank}: {e}"
+                    inflight = []
+                if self.cross_rank:
+                    everyone = _all_gather((src, failed))
+                    failed = failed or next((f for _, f in everyone if f), None)
+                    sources = {r: s for r, (s, _) in enumerate(everyone)}
+                else:
+                    sources = {self.rank: src}
+                if failed is None:
+                    inflight = self._post(bucket, sources, to)
+                    stats.count(bucket)
+            if failed is None and inflight:
+                Engines.wait(inflight, to, "update_weights_from_tensor")
+                inflight = []
+        except BaseException:
+            for _ in it:  # our part of the export's remaining gathers
+                pass
+            raise
+        finally:
+            for f in inflight:
+                f.cancel()
+            self.buffers.end_publish()
+        if failed is not None:
+            raise SyncGroupError(failed)
+        stats.seconds = time.perf_counter() - t0
+        self.last = stats
+        return stats
+
+    def _post(self, bucket: list[tuple[str, torch.Tensor]], sources: dict[int, Any], to: float) -> list[Any]:
+        assert self.led is not None
+        if not self.led_servers:
+            return []
+        plan = [bucket_plan(bucket)]
+        entries = [[serialized_plan(mapped_payload(plan, [sources[r]])) for r in ranks] for ranks in self.led_servers]
+        return self.led.submit("update_weights_from_tensor", lambda i: {"serialized_named_tensors": entries[i]},
+                               load_format=RECEIVER_LOADER, flush_cache=True, timeout=to)
+
+    def teardown(self) -> None:
+        for e in (self.engines, self.led):
+            if e is not None:
+                e.close()
+        self.engines = self.led = None
+        self.found = None
+        self.buffers.end_publish()
+
+    def close(self) -> None:
+        self.teardown()
+        self.buffers.close()
+        self._loop.close()
+
+
+def _ipc_roles() -> _Roles:
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        raise ConfigError("--weight-sync-transport ipc needs every trainer rank to hold whole layers: pipeline "
+                          "parallelism 1 (or --weight-sync-transport broadcast)")
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    rank = _world()[0]
+    return _Roles(exporter=True, leader=True, coordinator=rank == 0, stage=0, stages=1, device=dev)
+
+
+class IpcPublisher(DistributedPublisher):
+    """`WeightPublisher` of --colocate (see the module docstring). `node`: this rank's node, as the
+    rollout nodes name theirs in engines.json."""
+
+    MODE, SENT = "ipc", "copied in place"
+
+    def __init__(self, mc: Any, control: Control, *, api_key: str | None, opts: SyncOptions, node: str,
+                 roles: Callable[[], _Roles] = _ipc_roles, **kw: Any):
+        super().__init__(mc, control, api_key=api_key, opts=opts, roles=roles, **kw)
+        self.node = node
+        self._servers: list[Server] | None = None
+
+    def _new_sender(self, r: _Roles) -> IpcSender:
+        return IpcSender(self.control, self.api_key, self.opts, device=r.device, node=self.node)
+
+    def _join(self, r: _Roles, ok: bool, errors: list[str]) -> bool:
+        s = self.sender
+        assert isinstance(s, IpcSender)
+        if self._servers is None:
+            self._servers = _all_gather(s.whoami())
+        found: list[Any] = [None]
+        if ok and r.coordinator:
+            self._step("finding engines", lambda: found.__setitem__(0, s.discover()), errors)
+        found[0] = _broadcast(found[0])
+        if found[0] is None:
+            return False
+        servers = self._servers
+        return self._step("assigning engines", lambda: s.prepare(found[0], servers), errors)
+
+    def _transfer(self, model: torch.nn.Module, r: _Roles, ok: bool, errors: list[str]) -> bool:
+        if ok:
+            assert isinstance(self.sender, IpcSender)
+            stream = self._stream(model)
+            ok = self._step("copying to the engines", lambda: self.sender.send(stream), errors)
+        return self._agree(ok)
