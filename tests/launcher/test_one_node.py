@@ -120,6 +120,20 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     assert script.count("srun --overlap --kill-on-bad-exit=1 --nodes=2 ") == 2
     assert step_gpus(cfg, "trainer") is None and step_gpus(cfg, "rollout") is None
     assert SyncOptions.from_config(cfg).backend == "gloo" and colocate_args(cfg) == ("--enable-memory-saver",)
+    # weights in place on each GPU (trainer/ipc_sync.py): the engines load rlslurm's receiver for it
+    from rlslurm.engines.receiver import LOADER
+    from rlslurm.rollout.node import receiver_args
+
+    assert cfg.weight_transport == "ipc" and receiver_args(cfg) == ("--custom-weight-loader", LOADER)
+    bc = resolve(two + ["--weight-sync-transport", "broadcast"]).cfg
+    assert bc.weight_transport == "broadcast" and receiver_args(bc) == ()
+    pp = resolve(two + ["--pipeline-model-parallel-size", "2"]).cfg  # a stage holds part of the model
+    assert pp.weight_transport == "broadcast"
+    one_line_naming(two + ["--pipeline-model-parallel-size", "2", "--weight-sync-transport", "ipc"],
+                    "--weight-sync-transport ipc", "--pipeline-model-parallel-size 2")
+    split = argv[:4] + ["--trainer-gpus", "4"] + argv[4:]
+    assert resolve(split).cfg.weight_transport == "broadcast"
+    one_line_naming(split + ["--weight-sync-transport", "ipc"], "--weight-sync-transport ipc", "--colocate")
     assert resolve(argv + ["--colocate"]).cfg.slurm.rollout_nodes == 1  # one node, colocated
 
     one_line_naming(two + ["--async-buffer-size", "1"], "--async-buffer-size 1", "--colocate")

@@ -1,0 +1,34 @@
+"""Which trainer rank serves which engine rank under --colocate's IPC transport (rlslurm/trainer/ipc_sync.py
+`assign`): on GPUs the rank on the engine rank's own GPU of the same node, whatever the order of the
+records; on CPU the node's engine ranks dealt round robin to its trainer ranks; an engine rank with no
+trainer rank on its GPU or node is a one-line error naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlslurm.engines.fanout import EngineTarget
+from rlslurm.errors import ConfigError
+from rlslurm.trainer.ipc_sync import Found, Server, assign
+
+
+def _engine(url: str, node: str, gpus: tuple[int, ...], ranks: int = 1) -> Found:
+    return Found(EngineTarget(url=url, ranks=max(ranks, len(gpus)), pid=None, restarts=0), node, gpus)
+
+
+def test_gpu_engines_are_served_by_the_rank_on_each_of_their_gpus() -> None:
+    # two nodes of 4 GPUs; trainer ranks numbered node-major, local rank = GPU
+    servers = [Server(n * 4 + g, f"n{n}", g, g) for n in range(2) for g in range(4)]
+    engines = [_engine("b", "n1", (2, 3)), _engine("a", "n0", (0, 1)), _engine("c", "n0", (2,)),
+               _engine("d", "n0", (3,))]
+    assert assign(engines, servers) == [[6, 7], [0, 1], [2], [3]]
+    with pytest.raises(ConfigError, match=r"TP rank 1 of engine e is on GPU 4 of n0, where no trainer rank runs"):
+        assign([_engine("e", "n0", (3, 4))], servers)
+    with pytest.raises(ConfigError, match=r"engine f runs on node 'n9', where no trainer rank runs"):
+        assign([_engine("f", "n9", (0,))], servers)
+
+
+def test_cpu_engine_ranks_are_dealt_round_robin_per_node() -> None:
+    servers = [Server(0, "n0", None, 0), Server(1, "n0", None, 1), Server(2, "n1", None, 0)]
+    engines = [_engine("a", "n0", ()), _engine("b", "n0", ()), _engine("c", "n0", ()), _engine("d", "n1", (), 2)]
+    assert assign(engines, servers) == [[0], [1], [0], [2, 2]]
