@@ -10,6 +10,7 @@ error a role recorded ends it with that error's exit code and message (rlslurm/u
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -59,6 +60,19 @@ def _clean_env(attempt: int, rd: RunDir | None = None) -> dict[str, str]:
 
 
 LOCAL_ADDR = "127.0.0.1"
+# return codes of a process ended by a signal sent to it (Popen's -N, or a shell's 128 + N): TERM, KILL, INT
+_SIGNALLED = frozenset({-15, -9, -2, 143, 137, 130})
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit)\b.*: ")
+
+
+def last_error_line(log: Path, limit: int = 300) -> str | None:
+    """The last line of a log that states an exception ("SomeError: why"), shortened to `limit`."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    line = next((l for l in reversed(lines) if _ERROR_LINE.match(l)), None)
+    return None if line is None else (line if len(line) <= limit else line[:limit] + " ...")
 
 
 def role_commands(rd: RunDir, trainer_procs: int, port: int) -> dict[str, list[str]]:
@@ -206,6 +220,11 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
                    f"to continue" if ack else "; no checkpoint was acknowledged")
     elif (user_error := read_user_error(logs)) is not None:
         rc, reason = USER_ERROR_EXIT_CODE, user_error["reason"]  # as the batch script: final
+    elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
+        # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
+        # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")
+        cause = last_error_line(logs / "rollout-0.log")
+        reason = f"failed: the rollout ended first (rc={codes['rollout']})" + (f": {cause}" if cause else "")
     elif not reason and (ack := control.preempt_ack()) is not None:
         # its process tree was signalled (kill, an OOM killer's TERM, a scheduler outside rlslurm)
         reason = (f"preempted: the trainer checkpointed (iteration {ack.checkpoint_iteration}) on a signal and "

@@ -184,6 +184,18 @@ def check_colocate(cfg: "RunConfig", warnings: list[str], *, strict: bool) -> No
 # ------------------------------------------------------------------------------------ sglang
 
 
+def check_engine_dtype(cfg: "RunConfig") -> None:
+    """GPU engines cannot run float32: SGLang's CUDA rmsnorm (sgl_kernel) has no float32 kernel and the
+    engine dies at its first forward, after the queue wait (docs/gpu.md). `rlslurm run --demo` asks
+    float32 for its exact CPU checks, so `--device cuda` needs --rollout-dtype bfloat16 there. (SGLang's
+    `--dtype auto` serves a float32 checkpoint in float16, so only an explicit float32 is refused.)"""
+    dtype = cfg.rollout.rollout_dtype
+    if cfg.run.device == "cuda" and not cfg.starts_no_engines and dtype in ("float32", "float"):
+        raise ConfigError(f"--rollout-dtype {dtype} with --device cuda: SGLang's CUDA kernels (sgl_kernel rmsnorm) "
+                          "have no float32, and the engines would die at their first forward; pass --rollout-dtype "
+                          "bfloat16")
+
+
 def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
     from rlslurm.engines import sglang_flags, sglang_versions
 

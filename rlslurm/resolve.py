@@ -243,6 +243,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
 
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
+    preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
     preflight.check_megatron_fields(cfg, mc, res.warnings)

@@ -427,7 +427,9 @@ class SDPACoreAttention(torch.nn.Module):
         if packed_seq_params is not None:
             if packed_seq_params.qkv_format != "thd":
                 raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
-            if query.is_cuda and _varlen_attn() is not None:
+            # flash varlen takes fp16/bf16 only ("FlashAttention only support fp16 and bf16": the fp32
+            # demo with --qkv-format thd on an H100); fp32 keeps the per-sequence loop below
+            if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _varlen_attn() is not None:
                 return _varlen_causal(query, key, value, packed_seq_params, self.softmax_scale)
             # [t, h, d] -> per sequence [1, h, s, d] -> [t, h * dv]
             bounds = packed_seq_params.cu_seqlens_q.tolist()

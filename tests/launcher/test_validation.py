@@ -256,6 +256,14 @@ def test_plugin_module_missing_here_is_a_warning_when_the_job_runs_another_envir
     assert any("--custom-rm-path" in w and "no_such_pkg_for_rlslurm" in w for w in res.warnings), res.warnings
 
 
+def test_float32_engines_on_gpus_are_refused_before_submit(argv: list[str]) -> None:
+    """SGLang's CUDA rmsnorm has no float32: the engine died at its first forward on an H100 (docs/gpu.md)."""
+    gpu = argv + ["--device", "cuda", "--gpus-per-node", "2"]
+    one_line_naming(gpu + ["--rollout-dtype", "float32"], "--rollout-dtype float32", "--device cuda", "bfloat16")
+    assert resolve(gpu + ["--rollout-dtype", "bfloat16"]).cfg.rollout.rollout_dtype == "bfloat16"
+    assert resolve(argv + ["--rollout-dtype", "float32"]).cfg.rollout.rollout_dtype == "float32"  # CPU: exact tests
+
+
 def test_rm_type_must_be_a_builtin(argv: list[str]) -> None:
     one_line_naming(argv + ["--rm-type", "fancy"], "--rm-type", "fancy", "math")
 
