@@ -8,7 +8,8 @@ context of the next turn with loss mask 0, and the reward is the final answer.
 
     python examples/tool_calling/sft_then_rl.py --work /tmp/tool-demo
 
-Prints one JSON line: the SFT loss first/last, and the RL reward and tool calls per rollout.
+Prints one JSON line: the SFT loss first/last, the RL reward per rollout (and its first and last five
+rollouts' means) and the engine requests per sample (2: one tool call, then the answer).
 """
 
 from __future__ import annotations
@@ -63,14 +64,21 @@ def rlslurm_run(*flags: str, cwd: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--sft-rollouts", type=int, default=120)
-    ap.add_argument("--rl-rollouts", type=int, default=12)
+    ap.add_argument("--sft-rollouts", type=int, default=300)
+    ap.add_argument("--rl-rollouts", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rl-lr", type=float, default=1e-3)
+    ap.add_argument("--rl-prompts", type=int, default=16, help="prompts per RL rollout")
+    ap.add_argument("--rl-samples", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--reuse-sft", action="store_true", help="keep WORK/sft-hf from an earlier run (experiments)")
     a = ap.parse_args()
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     work = a.work.resolve()
+    if a.reuse_sft and (work / "sft-hf").exists():
+        shutil.rmtree(work / "rl", ignore_errors=True)
+        return rl(a, work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     hf = make_tiny_checkpoint(load_model_config("tiny-qwen3"), work / "hf-init", seed=a.seed)
@@ -86,6 +94,12 @@ def main() -> None:
                 "--num-rollout", str(a.sft_rollouts), "--rollout-batch-size", "16", "--n-samples-per-prompt", "1",
                 "--global-batch-size", "16", "--num-steps-per-rollout", "1", "--micro-batch-size", "4", "--num-epoch", "100", "--lr", "1e-2",
                 "--save-interval", str(a.sft_rollouts), "--save-hf", str(work / "sft-hf"), cwd=work)
+    rl(a, work)
+
+
+def rl(a: argparse.Namespace, work: Path) -> None:
+    common = ["--model", "tiny-qwen3", "--trainer-procs-per-node", "1", "--apply-chat-template"]
+    rl_data = work / "rl.jsonl"
     sft_lines = [json.loads(x) for x in (work / "sft" / "metrics.jsonl").read_text().splitlines()]
     # the export carries the tokenizer files, chat template included, for the engines and the driver
     tc = json.loads((work / "sft-hf" / "tokenizer_config.json").read_text())
@@ -95,17 +109,22 @@ def main() -> None:
                 "--input-key", "prompt", "--label-key", "label",
                 "--custom-generate-function-path", f"{HERE / 'generate.py'}:generate",
                 "--custom-rm-path", f"{HERE / 'reward.py'}:answer_reward", "--run-dir", str(work / "rl"),
-                "--num-rollout", str(a.rl_rollouts), "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
+                "--num-rollout", str(a.rl_rollouts), "--rollout-batch-size", str(a.rl_prompts),
+                "--n-samples-per-prompt", str(a.rl_samples), "--global-batch-size", str(a.rl_prompts * a.rl_samples),
+                "--num-steps-per-rollout", "1",
                 "--rollout-max-response-len", "24", "--rollout-temperature", "1.0", "--num-epoch", "100",
-                "--lr", "5e-4", "--rollout-dtype", "float32", "--save-interval", "1000", cwd=work)
+                "--lr", str(a.rl_lr), "--rollout-dtype", "float32", "--save-interval", "1000", cwd=work)
     rm = [json.loads(x) for x in (work / "rl" / "rollout_metrics.jsonl").read_text().splitlines()]
     train = [r for r in rm if r.get("kind", "train") == "train"]
     print(json.dumps({
         "example": "tool_calling sft_then_rl",
         "sft_loss_first_last": [sft_lines[0]["loss"], sft_lines[-1]["loss"]],
         "rl_reward_mean": [round(r["rollout/reward_mean"], 3) for r in train],
+        # GRPO's effect on top of the SFT: the first and the last five rollouts' mean reward
+        "rl_reward_first5_last5": [round(sum(r["rollout/reward_mean"] for r in part) / len(part), 3)
+                                   for part in (train[:5], train[-5:])],
         # one engine request per model turn: 2 where the model called the tool once and answered
-        "rl_turns_per_sample": [round(r["rollout/engine/requests"] / 32, 2) for r in train],
+        "rl_turns_per_sample": [round(r["rollout/engine/requests"] / (a.rl_prompts * a.rl_samples), 2) for r in train],
         "tokenizer_template_kept": tc.get("chat_template") == TEMPLATE,
     }))
 
