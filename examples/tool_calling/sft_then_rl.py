@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--rl-prompts", type=int, default=16, help="prompts per RL rollout")
     ap.add_argument("--rl-samples", type=int, default=8, help="samples per prompt")
     ap.add_argument("--reuse-sft", action="store_true", help="keep WORK/sft-hf from an earlier run (experiments)")
+    ap.add_argument("--rl-colocate", action="store_true",
+                    help="GRPO with the trainer and the engines taking turns (--colocate), every sync verified")
     a = ap.parse_args()
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
@@ -113,7 +115,8 @@ def rl(a: argparse.Namespace, work: Path) -> None:
                 "--n-samples-per-prompt", str(a.rl_samples), "--global-batch-size", str(a.rl_prompts * a.rl_samples),
                 "--num-steps-per-rollout", "1",
                 "--rollout-max-response-len", "24", "--rollout-temperature", "1.0", "--num-epoch", "100",
-                "--lr", str(a.rl_lr), "--rollout-dtype", "float32", "--save-interval", "1000", cwd=work)
+                "--lr", str(a.rl_lr), "--rollout-dtype", "float32", "--save-interval", "1000",
+                *(["--colocate", "--verify-weight-sync"] if a.rl_colocate else []), cwd=work)
     rm = [json.loads(x) for x in (work / "rl" / "rollout_metrics.jsonl").read_text().splitlines()]
     train = [r for r in rm if r.get("kind", "train") == "train"]
     print(json.dumps({
