@@ -61,21 +61,24 @@ class BucketPlan:
         return (self.nbytes, self.dtype, self.tensors)
 
 
-def plan_payload(group_name: str, buckets: list[BucketPlan]) -> str:
-    """The name of the one entry of the request (trainer side). `sent_at` (the trainer's clock) lets
-    the engine log how long the request took to reach it."""
-    return PLAN_PREFIX + json.dumps({"group": group_name, "sent_at": time.time(), "buckets": [
+def _payload(buckets: list[BucketPlan], **how: Any) -> str:
+    """A plan as the name of the request's one entry. `sent_at` (the trainer's clock) lets the engine
+    log how long the request took to reach it."""
+    return PLAN_PREFIX + json.dumps({**how, "sent_at": time.time(), "buckets": [
         {"nbytes": b.nbytes, "dtype": b.dtype, "tensors": [[n, list(s), o] for n, s, o in b.tensors]}
         for b in buckets]}, separators=(",", ":"))
+
+
+def plan_payload(group_name: str, buckets: list[BucketPlan]) -> str:
+    """The entry for buckets broadcast on the weight-update group `group_name` (trainer side)."""
+    return _payload(buckets, group=group_name)
 
 
 def mapped_payload(buckets: list[BucketPlan], sources: list[dict[str, Any]]) -> str:
     """The entry for buckets the engine reads from the trainer's buffers (engines/shared_buffer.py)."""
     if len(buckets) != len(sources):
         raise ValueError(f"{len(buckets)} buckets, {len(sources)} sources")
-    return PLAN_PREFIX + json.dumps({"sources": sources, "sent_at": time.time(), "buckets": [
-        {"nbytes": b.nbytes, "dtype": b.dtype, "tensors": [[n, list(s), o] for n, s, o in b.tensors]}
-        for b in buckets]}, separators=(",", ":"))
+    return _payload(buckets, sources=sources)
 
 
 def _parse(name: str) -> tuple[dict[str, Any], list[BucketPlan]]:
@@ -346,12 +349,10 @@ def receive(model: torch.nn.Module, named_tensors: list[tuple[str, Any]]) -> Non
         r = _receivers.get(id(model))
         if r is None:
             r = _receivers[id(model)] = _Receiver(model)
-    if "sources" in obj:
-        t = r.run_mapped(buckets, obj["sources"])
-    else:
-        t = r.run(_group(str(obj["group"])), buckets)
-    # one line per publish in the engine's log: where a sync's time goes
-    how = "read in place" if "sources" in obj else "broadcast"
+    mapped = "sources" in obj
+    t = r.run_mapped(buckets, obj["sources"]) if mapped else r.run(_group(str(obj["group"])), buckets)
+    # one line per request in the engine's log: where a sync's time goes
+    how = "read in place" if mapped else "broadcast"
     print(f"rlslurm receiver: {len(buckets)} buckets {how}, {sum(b.nbytes for b in buckets) / 1e9:.4f} GB: request "
           f"reached the engine {1e3 * (reached - sent_at):.1f} ms after it was sent; "
           + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in t.items()), file=sys.stderr, flush=True)

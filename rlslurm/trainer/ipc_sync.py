@@ -30,14 +30,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
-from rlslurm.engines.fanout import REFUSED_TIMEOUT_S, Engines, EngineTarget, HttpLoop, refusing
+from rlslurm.engines.fanout import REFUSED_TIMEOUT_S, Engines, EngineTarget, HttpLoop, engine_targets, refusing
 from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from rlslurm.engines.receiver import mapped_payload
 from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
@@ -47,6 +47,7 @@ from rlslurm.trainer.weight_sync import (
     DistributedPublisher,
     SendStats,
     SyncOptions,
+    _megatron_roles,
     _Roles,
     bucket_plan,
     serialized_plan,
@@ -108,7 +109,7 @@ def _world() -> tuple[int, int]:
 
 
 def _all_gather(obj: Any) -> list[Any]:
-    rank, world = _world()
+    world = _world()[1]
     if world == 1:
         return [obj]
     out: list[Any] = [None] * world
@@ -195,9 +196,8 @@ class IpcSender:
         if gone:
             log.warning("weights by IPC: leaving out %s (connection refused: exited or restarting; a later sync "
                         "includes it again)", sorted(gone))
-        found = [Found(EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
-                                    sglang_version=r.sglang_version), r.node, tuple(r.gpu_ids))
-                 for r in records if r.url not in gone]
+        found = [Found(t, r.node, tuple(r.gpu_ids)) for r, t in zip(records, engine_targets(records), strict=True)
+                 if r.url not in gone]
         if not found:
             raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
         return found
@@ -291,14 +291,12 @@ class IpcSender:
 
 
 def _ipc_roles() -> _Roles:
-    from megatron.core import parallel_state as ps
-
-    if ps.get_pipeline_model_parallel_world_size() > 1:
+    """Every rank exports and sends (to the engines on its own GPU); global rank 0 brackets the update."""
+    r = _megatron_roles()
+    if r.stages > 1:
         raise ConfigError("--weight-sync-transport ipc needs every trainer rank to hold whole layers: pipeline "
                           "parallelism 1 (or --weight-sync-transport broadcast)")
-    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    rank = _world()[0]
-    return _Roles(exporter=True, leader=True, coordinator=rank == 0, stage=0, stages=1, device=dev)
+    return replace(r, exporter=True, leader=True, coordinator=_world()[0] == 0)
 
 
 class IpcPublisher(DistributedPublisher):

@@ -383,15 +383,13 @@ class Trainer:
         from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
 
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
+        common = dict(api_key=key, opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
+                      fallback=disk, attempt=job_env().attempt)
         if self.cfg.weight_transport == "ipc":  # --colocate: in place on each GPU (trainer/ipc_sync.py)
             from rlslurm.trainer.ipc_sync import IpcPublisher
 
-            return IpcPublisher(st.mc, self.control, api_key=key, node=job_env().node,
-                                opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
-                                fallback=disk, attempt=job_env().attempt)
-        return DistributedPublisher(st.mc, self.control, api_key=key,
-                                    opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
-                                    fallback=disk, attempt=job_env().attempt)
+            return IpcPublisher(st.mc, self.control, node=job_env().node, **common)
+        return DistributedPublisher(st.mc, self.control, **common)
 
     def _publish_due(self, progress: TrainerProgress) -> bool:
         last = progress.trained_rollouts == self.cfg.rollout.num_rollout
