@@ -153,6 +153,29 @@ def bound_socket(host: str, port: int) -> socket.socket:
     raise err or OSError(f"{host}: no address to bind")
 
 
+def consecutive_ports(host: str, count: int, *, tries: int = 200, rng: random.Random | None = None) -> int:
+    """The first of `count` consecutive ports free on `host` right now (from 20000 to the ephemeral
+    range): for a server that derives ports from the one it is given (SGLang's --dist-init-addr)."""
+    host = check_ip_literal(host, where="port allocation host")
+    lo, hi = _LOW_PORT, ephemeral_range()[0]
+    rng = rng or random.Random()
+    for _ in range(tries):
+        start = rng.randrange(lo, hi - count)
+        held: list[socket.socket] = []
+        try:
+            for port in range(start, start + count):
+                s = _try_bind(host, port)
+                if s is None:
+                    break
+                held.append(s)
+            else:
+                return start
+        finally:
+            for s in held:
+                s.close()
+    raise OSError(f"could not find {count} consecutive free ports on {host} in {lo}-{hi}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     return allocate_ports(host, 1)[0]
 

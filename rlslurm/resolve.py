@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlslurm import layout, preflight
 from rlslurm.config import RunConfig
+from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
@@ -191,19 +192,18 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         # one node: the rollout's share of it (--rollout-gpus); else every GPU of a rollout node
         per_node, per_node_flag = cfg.rollout_gpus_per_node, cfg.gpu_split_flags[1]
         if not cfg.starts_no_engines:
-            if r.rollout_num_gpus_per_engine > per_node:
-                # rollout/node.py starts each node's engines on that node's GPUs only
-                raise ConfigError(
-                    f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} is more than {per_node_flag} "
-                    f"{per_node}: engines spanning nodes are not supported yet (each engine runs within one node)"
-                )
-            if per_node % r.rollout_num_gpus_per_engine:
-                raise ConfigError(
-                    f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} does not divide "
-                    f"{per_node_flag} {per_node}"
-                )
+            _check_engine_size(cfg, r.rollout_num_gpus_per_engine, per_node, f"{per_node_flag} {per_node}")
     elif not r.engines_per_node and not cfg.starts_no_engines:
         raise ConfigError("--device cpu needs --engines-per-node (how many SGLang servers each rollout node runs)")
+    elif r.rollout_num_gpus_per_engine > 1 and not cfg.starts_no_engines:
+        # CPU: one rank per node (engines/span.py), the stand-in for GPU engines spanning nodes
+        if r.engines_per_node != 1:
+            raise ConfigError(f"--rollout-num-gpus-per-engine {r.rollout_num_gpus_per_engine} with --device cpu runs "
+                              f"one rank of an engine on each of {r.rollout_num_gpus_per_engine} rollout nodes: it "
+                              f"needs --engines-per-node 1, got {r.engines_per_node}")
+        _check_engine_size(cfg, r.rollout_num_gpus_per_engine, 1, "one rank per node with --device cpu")
+    if not cfg.starts_no_engines:
+        check_parallel(cfg.sglang_args, r.rollout_num_gpus_per_engine)
 
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
     _check_train_only(cfg)
@@ -296,6 +296,27 @@ def _check_rollout_only(cfg: RunConfig) -> None:
                           "from a buffer, generate nothing) exclude each other")
     if t.verify_weight_sync:
         raise ConfigError("--verify-weight-sync: --debug-rollout-only publishes no weights to verify")
+
+
+def _check_engine_size(cfg: RunConfig, tp: int, per_node: int, per_node_desc: str) -> None:
+    """An engine fits in a node's rollout GPUs, or spans whole rollout nodes (engines/span.py)."""
+    if tp <= per_node:
+        if per_node % tp:
+            raise ConfigError(f"--rollout-num-gpus-per-engine {tp} does not divide {per_node_desc}")
+        return
+    if cfg.single_node:
+        raise ConfigError(f"--rollout-num-gpus-per-engine {tp} is more than {per_node_desc}, and with --nodes 1 "
+                          "there is no other node for the engine to span")
+    if cfg.run.colocate:
+        raise ConfigError(f"--rollout-num-gpus-per-engine {tp} is more than {per_node_desc}: --colocate with "
+                          "engines spanning nodes is not built yet")
+    if tp % per_node:
+        raise ConfigError(f"--rollout-num-gpus-per-engine {tp} is more than {per_node_desc} and not a multiple of "
+                          "it: an engine spanning nodes uses every GPU of each node it spans")
+    span, nodes = tp // per_node, cfg.slurm.rollout_nodes or 1
+    if nodes % span:
+        raise ConfigError(f"--rollout-num-gpus-per-engine {tp} spans {span} rollout nodes ({per_node_desc}), "
+                          f"but --rollout-nodes {nodes} is not a multiple of {span}")
 
 
 def _check_train_only(cfg: RunConfig) -> None:

@@ -4,6 +4,9 @@ Every record has exactly one writer (named below) and is replaced atomically, so
 reader sees the old or the new version, never a mix. Records:
 
     engines.json                 rollout driver   EnginesRecord
+    span-<engine>.json           its node rank 0  SpanRecord (an engine spanning nodes: where its ranks meet,
+                                                  rewritten at each start of rank 0; engines/span.py)
+    span-<engine>-rank<r>.json   node rank r      SpanRankRecord (that rank's process, and its exit)
     router.json                  rollout driver   RouterRecord
     rendezvous-<attempt>.json    trainer rank 0   RendezvousRecord (created once per attempt, O_EXCL;
                                                   every attempt's start removes the earlier ones)
@@ -58,10 +61,37 @@ class EngineRecord(_Record):
     restarts: int = 0
     awaiting_weights: bool = False  # restarted, not routed until it serves the published weights
     sglang_version: str | None = None  # its HTTP API (engines/sglang_versions.py); None: written before recorded
+    # its TP ranks, on every node it spans (a weight-sync group gives each one a rank); None: len(gpu_ids)
+    ranks: int | None = None
 
 
 class EnginesRecord(_Record):
     engines: list[EngineRecord]
+    updated_at: float = Field(default_factory=time.time)
+
+
+class SpanRecord(_Record):
+    """An engine spanning nodes as its node rank 0 last started it: the other ranks start (again)
+    for every new generation of the attempt they run in (engines/span.py)."""
+    engine: str
+    attempt: int
+    generation: int
+    dist_init_addr: str
+    nnodes: int
+    updated_at: float = Field(default_factory=time.time)
+
+
+class SpanRankRecord(_Record):
+    """Node rank `node_rank` (> 0) of an engine spanning nodes: its process for `generation`, and
+    its exit code once it exited (rank 0's supervisor then restarts the engine)."""
+    engine: str
+    attempt: int
+    generation: int
+    node_rank: int
+    node: str
+    pid: int | None = None
+    exit_code: int | None = None
+    error: str | None = None     # its process could not be started at all
     updated_at: float = Field(default_factory=time.time)
 
 
@@ -152,6 +182,18 @@ class Control:
     def engines(self) -> list[EngineRecord]:
         rec = self._read(self.dir / "engines.json", EnginesRecord)
         return [] if rec is None else rec.engines
+
+    def write_span(self, rec: SpanRecord) -> None:
+        self._write(f"span-{rec.engine}.json", rec)
+
+    def span(self, engine: str) -> SpanRecord | None:
+        return self._read(self.dir / f"span-{engine}.json", SpanRecord)
+
+    def write_span_rank(self, rec: SpanRankRecord) -> None:
+        self._write(f"span-{rec.engine}-rank{rec.node_rank}.json", rec)
+
+    def span_rank(self, engine: str, node_rank: int) -> SpanRankRecord | None:
+        return self._read(self.dir / f"span-{engine}-rank{node_rank}.json", SpanRankRecord)
 
     def write_router(self, url: str) -> None:
         self._write("router.json", RouterRecord(url=url))

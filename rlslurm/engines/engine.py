@@ -69,6 +69,11 @@ class EngineSpec:
     cpu_core: int | None = None         # pin the whole server to this core (taskset)
     skip_warmup: bool = True
     max_total_tokens: int | None = None  # None: SGLang's own sizing (cpu: sglang_cpu default)
+    # An engine spanning nodes (engines/span.py): this process is node rank `node_rank` of `nnodes`,
+    # tp_size is the whole engine's, and every rank meets at `dist_init_addr` (host:port of rank 0).
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host", check_ip_literal(self.host, where=f"{self.name} host"))
@@ -87,6 +92,9 @@ class EngineSpec:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"{self.name}: device {self.device!r} must be cuda or cpu")
         sglang_flags.check_owned(self.extra_args)
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes or self.tp_size % self.nnodes:
+            raise ConfigError(f"{self.name}: node rank {self.node_rank} of {self.nnodes} nodes with tp_size "
+                              f"{self.tp_size} (a multiple of the node count) is not a valid engine span")
 
     @property
     def url(self) -> str:
@@ -98,6 +106,11 @@ class EngineSpec:
         args = ["--model-path", self.model_path, "--host", self.host, "--port", str(self.port),
                 "--nccl-port", str(self.nccl_port), "--base-gpu-id", str(self.base_gpu_id),
                 "--tp-size", str(self.tp_size), "--dtype", self.dtype]
+        if self.nnodes > 1:
+            if self.dist_init_addr is None:
+                raise ConfigError(f"{self.name}: an engine over {self.nnodes} nodes needs its dist-init address")
+            args += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
+                     "--dist-init-addr", self.dist_init_addr]
         if self.skip_warmup:
             args.append("--skip-server-warmup")
         if self.device == "cpu":
@@ -120,7 +133,7 @@ class EngineSpec:
         if tmpdir is not None:
             env["TMPDIR"] = tmpdir
         if self.device == "cpu":
-            env = sglang_cpu.cpu_env(env, threads=1)
+            env = sglang_cpu.cpu_env(env, threads=1, tp_size=self.tp_size, core=self.cpu_core)
         # SGLang calls its own HTTP port (warm-up, /freeze_gc) with `requests`, which honours
         # http_proxy; keep the proxy for the outside world (hub downloads) but not for itself.
         bypass = [self.host, "127.0.0.1", "localhost"]

@@ -45,7 +45,7 @@ class EngineTarget:
 
 def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
     """The healthy engines of control/engines.json (one being restarted joins the next sync)."""
-    return [EngineTarget(url=r.url, ranks=max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
+    return [EngineTarget(url=r.url, ranks=r.ranks or max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
                          sglang_version=r.sglang_version)
             for r in records if r.healthy]
 

@@ -15,9 +15,11 @@ from rlslurm.errors import ConfigError
 
 # Flags rlslurm sets itself (engines/engine.py), with SGLang's aliases of them (--model is
 # --model-path's, --tensor-parallel-size --tp-size's); a passthrough of one would silently fight
-# the supervisor, and --api-key would put the run's secret on a command line.
+# the supervisor, and --api-key would put the run's secret on a command line. --nnodes, --node-rank
+# and --dist-init-addr (alias --nccl-init-addr) are set for engines spanning nodes (engines/span.py).
 OWNED_FLAGS = ("--model-path", "--model", "--host", "--port", "--nccl-port", "--base-gpu-id", "--tp-size",
-               "--tensor-parallel-size", "--api-key", "--device", "--dtype")
+               "--tensor-parallel-size", "--api-key", "--device", "--dtype", "--nnodes", "--node-rank",
+               "--dist-init-addr", "--nccl-init-addr")
 
 
 def passthrough_flags(args: list[str] | tuple[str, ...]) -> list[str]:
@@ -60,3 +62,45 @@ def unknown_flags_message(unknown: list[str], known: frozenset[str], version: st
         close = difflib.get_close_matches(f, sorted(known), n=1)
         hints.append(f"--sglang-{f[2:]}" + (f" (did you mean --sglang-{close[0][2:]}?)" if close else ""))
     return f"{', '.join(hints)}: not a flag of SGLang {version or ''} `launch_server`".replace("  ", " ")
+
+
+def flag_value(args: list[str] | tuple[str, ...], *names: str) -> str | None:
+    """The value of the last `--name V` / `--name=V` among `names` in a passthrough argv; "" for a bare
+    switch; None when absent (argparse keeps the last occurrence, so do we)."""
+    found = None
+    for i, a in enumerate(args):
+        flag, eq, value = a.partition("=")
+        if flag in names:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            found = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else "")
+    return found
+
+
+def _int_flag(args, *names: str) -> int | None:
+    v = flag_value(args, *names)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError(f"--sglang-{names[0][2:]} {v!r}: not an integer") from None
+
+
+def check_parallel(args: list[str] | tuple[str, ...], engine_gpus: int) -> None:
+    """DP attention and expert parallelism inside one engine, checked against its size (the
+    --rollout-num-gpus-per-engine GPUs it is given) before submit; SGLang would assert at start-up,
+    after the queue wait. Its rules (sglang/srt/arg_groups/parallel_hook.py, 0.5.23): the attention
+    DP size and the EP size divide the TP size, which is the engine's GPU count."""
+    where = f"the engine's {engine_gpus} GPUs (--rollout-num-gpus-per-engine {engine_gpus})"
+    dp = _int_flag(args, "--dp-size", "--data-parallel-size")
+    dp_attention = flag_value(args, "--enable-dp-attention") is not None
+    if dp is not None and dp > 1 and not dp_attention:
+        raise ConfigError(f"--sglang-dp-size {dp} without --sglang-enable-dp-attention starts {dp} copies of the model "
+                          f"in each engine, {dp * engine_gpus} GPUs, but each engine has {engine_gpus}: run more engines "
+                          "instead, or add --sglang-enable-dp-attention (attention data-parallel within the engine)")
+    for names, what in ((("--dp-size", "--data-parallel-size"), "attention data-parallel size"),
+                        (("--ep-size", "--expert-parallel-size", "--ep"), "expert-parallel size"),
+                        (("--moe-dense-tp-size",), "dense-layer TP size")):
+        n = _int_flag(args, *names)
+        if n is not None and (n < 1 or engine_gpus % n):
+            raise ConfigError(f"--sglang-{names[0][2:]} {n}: the {what} must divide {where}")

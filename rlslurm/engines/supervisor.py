@@ -42,6 +42,10 @@ exited is still restarted inside a pause: it is in no broadcast, and marking it 
 lets the sync's next try leave it out instead of waiting out the join timeout for it.
 `restarts_total` lets the weight sync notice that an engine was restarted (and must re-join the
 update group).
+
+An engine spanning nodes is supervised through its node rank 0 (engines/span.py): `span.prepare`
+gives each start of it a new meeting address for its other ranks, and an exit of one of them
+(`span.failed_rank`) counts as an exit of the engine.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from rlslurm.engines.sglang_client import health_sync
 
 if TYPE_CHECKING:
     from rlslurm.buffer.control import Control, EngineRecord
+    from rlslurm.engines.span import SpanLeader
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +109,14 @@ class EngineInfo:
     port: int
     nccl_port: int
     base_gpu_id: int
-    tp_size: int
+    tp_size: int             # the whole engine's, over every node it spans
     device: str
     pid: int | None
     healthy: bool
     restarts: int
     worker_id: str | None
     awaiting_weights: bool = False  # healthy, restarted, not routed until it has the published weights
+    nnodes: int = 1          # nodes it spans (engines/span.py); its GPUs here: tp_size // nnodes
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,7 @@ class EngineSupervisor:
                  restart_backoff_s: float = 5.0,
                  max_restarts: int = MAX_RESTARTS, restart_window_s: float = RESTART_WINDOW_S,
                  on_change: OnChange | None = None, on_restart: OnRestart | None = None,
-                 admit: Admit | None = None):
+                 admit: Admit | None = None, span: "SpanLeader | None" = None):
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or len({s.url for s in specs}) != len(specs):
             raise ValueError(f"engine names and urls must be unique: {names}")
@@ -166,6 +172,7 @@ class EngineSupervisor:
         self.on_change = on_change
         self.on_restart = on_restart
         self.admit = admit
+        self.span = span
         self._slots = [_Slot(s, RestartBudget(max_restarts, restart_window_s)) for s in specs]
         self._router_budget = RestartBudget(max_restarts, restart_window_s)
         # set once an engine or the router used up its budget: nothing is restarted any more
@@ -203,7 +210,7 @@ class EngineSupervisor:
         return EngineInfo(name=sp.name, url=sp.url, host=sp.host, port=sp.port, nccl_port=sp.nccl_port,
                           base_gpu_id=sp.base_gpu_id, tp_size=sp.tp_size, device=sp.device, pid=s.proc.pid,
                           healthy=s.healthy and not s.restarting, restarts=s.restarts, worker_id=s.worker_id,
-                          awaiting_weights=s.awaiting_weights)
+                          awaiting_weights=s.awaiting_weights, nnodes=sp.nnodes)
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -222,7 +229,7 @@ class EngineSupervisor:
         the wait for another node's router, then overlaps the engines' instead of preceding it."""
         try:
             for s in self._slots:
-                s.proc.start()
+                self._spawn(s)
             deadline = time.monotonic() + self.start_timeout_s
             for s in self._slots:
                 took = s.proc.wait_healthy(max(1.0, deadline - time.monotonic()))
@@ -358,11 +365,15 @@ class EngineSupervisor:
             self._restart_threads = [x for x in self._restart_threads if x.is_alive()] + [t]
             t.start()
 
-    @staticmethod
-    def _exited(s: _Slot) -> str | None:
-        if s.proc.is_alive():
-            return None
-        return f"exited (code {s.proc.proc.returncode if s.proc.proc else None})"
+    def _spawn(self, s: _Slot) -> None:
+        if self.span is not None:
+            s.proc.spec = self.span.prepare(s.proc.spec)
+        s.proc.start()
+
+    def _exited(self, s: _Slot) -> str | None:
+        if not s.proc.is_alive():
+            return f"exited (code {s.proc.proc.returncode if s.proc.proc else None})"
+        return self.span.failed_rank(s.proc.spec) if self.span is not None else None
 
     def _check(self, s: _Slot) -> str | None:
         """None if the engine is fine, else why it must be restarted."""
@@ -400,7 +411,7 @@ class EngineSupervisor:
                 with s.lock:
                     if self._stop.is_set():
                         break
-                    s.proc.start()
+                    self._spawn(s)
                 s.proc.wait_healthy(self.start_timeout_s)
                 held = not self._weights_current(s)
                 if not held:
@@ -515,8 +526,9 @@ def engine_records(infos: list[EngineInfo], node: str) -> list["EngineRecord"]:
     from rlslurm.engines.sglang_versions import installed_sglang_version
 
     version = installed_sglang_version()  # the engines run in this node's Python environment
-    return [EngineRecord(url=i.url, node=node, sglang_version=version,
-                         gpu_ids=[] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size)),
+    return [EngineRecord(url=i.url, node=node, sglang_version=version, ranks=i.tp_size,
+                         gpu_ids=[] if i.device == "cpu" else
+                         list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size // i.nnodes)),
                          pid=i.pid, healthy=i.healthy, restarts=i.restarts, awaiting_weights=i.awaiting_weights)
             for i in infos]
 

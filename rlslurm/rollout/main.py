@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.monotonic()
         node.start(cancel=lambda: end_reason(rd, control) is not None)
-        log.info("node %d: %d engine(s) up in %.1f s", env.procid, len(node.supervisor.urls), time.monotonic() - t0)
+        log.info("node %d: %s up in %.1f s", env.procid, node.describe(), time.monotonic() - t0)
         tokenizer = tokenizer_job.result() if tokenizer_job is not None else None
         try:
             reason = asyncio.run(serve(node, rd, control, cfg, tokenizer))

@@ -7,6 +7,11 @@ The router runs on node 0; other nodes read its address from `control/router.jso
 their own engines, and register them again if the router lost them (node 0 restarts a dead
 router but re-registers only its own engines).
 
+An engine larger than a node (`--rollout-num-gpus-per-engine` above the node's GPUs; on CPU any
+value above 1, one rank per node) spans `nodes_per_engine` consecutive rollout nodes: the first of
+them runs its node rank 0 as its one engine, the others follow it (engines/span.py) and
+publish no engine of their own.
+
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
 the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
 nothing), for at most --weight-sync-timeout-s plus a margin; past it a peer that never answers
@@ -31,6 +36,7 @@ from rlslurm.config import RunConfig
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
+from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
@@ -65,8 +71,19 @@ def colocate_args(cfg: RunConfig) -> tuple[str, ...]:
     return ("--enable-memory-saver",)
 
 
-def engines_per_node(cfg: RunConfig) -> int:
+def nodes_per_engine(cfg: RunConfig) -> int:
+    """How many rollout nodes one engine spans: 1 unless it has more ranks than a node holds (a
+    node's rollout GPUs; on CPU one rank per node). resolve() checks that the ranks fill whole nodes."""
     tp = cfg.rollout.rollout_num_gpus_per_engine
+    per_node = cfg.rollout_gpus_per_node if cfg.run.device == "cuda" else 1
+    return 1 if tp <= per_node else tp // per_node
+
+
+def engines_per_node(cfg: RunConfig) -> int:
+    """Engines whose node rank 0 runs on one node (an engine spanning nodes: 1, on its first node)."""
+    tp = cfg.rollout.rollout_num_gpus_per_engine
+    if nodes_per_engine(cfg) > 1:
+        return 1
     if cfg.run.device == "cuda":
         gpus = cfg.rollout_gpus_per_node
         if gpus < tp or gpus % tp:
@@ -75,15 +92,31 @@ def engines_per_node(cfg: RunConfig) -> int:
     return cfg.rollout.engines_per_node or 1
 
 
+def engines_total(cfg: RunConfig) -> int:
+    return (cfg.slurm.rollout_nodes or 1) // nodes_per_engine(cfg) * engines_per_node(cfg)
+
+
 def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir: Path,
                  ncpu: int | None = None) -> list[EngineSpec]:
     """This node's SGLang servers. cuda: rollout_gpus_per_node / rollout_num_gpus_per_engine
-    engines on consecutive GPUs; cpu: engines_per_node engines, one pinned core each."""
+    engines on consecutive GPUs; cpu: engines_per_node engines, one pinned core each. An engine
+    spanning nodes: this node's rank of it, named after its first node (engines/span.py)."""
     if cfg.model.hf_checkpoint is None:
         raise ConfigError("--hf-checkpoint is required: the SGLang servers load it")
     tp = cfg.rollout.rollout_num_gpus_per_engine
-    n = engines_per_node(cfg)
     ncpu = ncpu or os.cpu_count() or 1
+    span = nodes_per_engine(cfg)
+    if span > 1:
+        first, rank = node - node % span, node % span
+        name = f"engine-{first}-0"
+        p = engine_port_block(host, 1)[0]
+        return [EngineSpec(
+            name=name, model_path=str(cfg.model.hf_checkpoint), host=host, port=p.port, nccl_port=p.nccl_port,
+            log_path=log_dir / (f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log"), tp_size=tp,
+            nnodes=span, node_rank=rank, api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto",
+            device=cfg.run.device, extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg)),
+            cpu_core=node % ncpu if cfg.run.device == "cpu" else None)]
+    n = engines_per_node(cfg)
     ports = engine_port_block(host, n)
     return [EngineSpec(
         name=f"engine-{node}-{i}", model_path=str(cfg.model.hf_checkpoint), host=host, port=p.port,
@@ -137,11 +170,13 @@ class RolloutNode:
 
     def __init__(self, cfg: RunConfig, run: RunDir, *, node: int, node_name: str, host: str, attempt: int):
         self.cfg, self.run, self.node, self.node_name, self.host = cfg, run, node, node_name, host
+        self.attempt = attempt
         self.control = Control(run)
         self.api_key = run.ensure_api_key()
         self.log_dir = run.attempt_log_dir(attempt)
         self.router: RouterProcess | None = None
         self.supervisor: EngineSupervisor | None = None
+        self.follower: SpanFollower | None = None   # this node runs another node's engine's rank
         self.watcher: UpdateWatcher | None = None
         self.restart_events: list[RestartEvent] = []
 
@@ -151,6 +186,10 @@ class RolloutNode:
 
     def start(self, *, cancel=lambda: False) -> None:
         specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
+        if specs[0].node_rank > 0:
+            self._publish([])  # no engine of its own: clears what an earlier attempt's layout left
+            self.follower = SpanFollower(specs[0], self.control, attempt=self.attempt, node_name=self.node_name).start()
+            return
         # The engines are spawned first and the router is waited for only once they are healthy:
         # SGLang's start-up is the long pole (minutes on GPUs, ~30 s on CPU), the router's or the
         # wait for node 0's router then costs nothing at a requeue.
@@ -163,7 +202,8 @@ class RolloutNode:
         self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
                                            on_restart=self._on_restart,
-                                           admit=weights_current(self.control, self.api_key))
+                                           admit=weights_current(self.control, self.api_key),
+                                           span=SpanLeader(self.control, attempt=self.attempt))
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
@@ -248,7 +288,7 @@ class RolloutNode:
         first weight sync and have them serve the checkpoint's weights until the next. Bounded:
         past `timeout` the run goes on with what is up (a node that never comes is the
         supervisor's and SLURM's business, not a reason to stall)."""
-        want = (self.cfg.slurm.rollout_nodes or 1) * engines_per_node(self.cfg)
+        want = engines_total(self.cfg)
         deadline = time.monotonic() + timeout
         while not cancel():
             self.merge_engines()
@@ -260,6 +300,11 @@ class RolloutNode:
                 return False
             time.sleep(1.0)
         return False
+
+    def describe(self) -> str:
+        if self.follower is not None:
+            return f"node rank {self.follower.spec.node_rank} of {self.follower.spec.name}"
+        return f"{len(self.supervisor.urls) if self.supervisor else 0} engine(s)"
 
     def engine_urls(self) -> list[str]:
         urls = [e.url for e in self.control.engines()]
@@ -273,6 +318,8 @@ class RolloutNode:
         try:
             if self.watcher is not None:
                 self.watcher.close()
+            if self.follower is not None:
+                self.follower.close()
             if self.supervisor is not None:
                 self.supervisor.close()
         finally:

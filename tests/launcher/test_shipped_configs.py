@@ -12,6 +12,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.model_config import available_models, load_model_config
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
+from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir
 from tests.prompt_files import prompt_lines
 
@@ -50,19 +51,45 @@ def _gpu_argv(prompts: Path, *extra: str) -> list[str]:
             str(hf_shaped_dir(prompts.parent / "hf", "glm4-9B")), *extra]
 
 
-def test_engine_larger_than_a_node_is_refused(prompts: Path) -> None:
-    """16 GPUs per engine on 2 rollout nodes of 8 divide the 16 rollout GPUs, but rollout/node.py
-    starts engines on one node's GPUs only: refused at submit, naming both flags."""
-    with pytest.raises(ConfigError) as e:
-        resolve(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16"))
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg == ("--rollout-num-gpus-per-engine 16 is more than --gpus-per-node 8: engines spanning nodes are "
-                   "not supported yet (each engine runs within one node)")
-    with pytest.raises(ConfigError, match=r"--rollout-num-gpus-per-engine 8 is more than --gpus-per-node 4"):
-        resolve(_gpu_argv(prompts, "--gpus-per-node", "4", "--rollout-num-gpus-per-engine", "8"))
-    # a whole node is one engine's most
-    assert resolve(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "8")).cfg.rollout.rollout_num_gpus_per_engine == 8
+def test_engines_spanning_nodes_resolve_only_in_whole_nodes(prompts: Path) -> None:
+    """An engine larger than a node spans whole rollout nodes (engines/span.py): 16 GPUs per engine on
+    2 rollout nodes of 8 is one engine over both; what cannot be laid out is refused at submit with one
+    line naming the flags, and so are DP-attention/EP sizes that do not divide the engine."""
+    from rlslurm.rollout.node import engines_total, nodes_per_engine
+
+    cfg = resolve(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16")).cfg
+    assert (nodes_per_engine(cfg), engines_total(cfg)) == (2, 1)
+    cfg = resolve(_gpu_argv(prompts, "--gpus-per-node", "4", "--rollout-num-gpus-per-engine", "8")).cfg
+    assert (nodes_per_engine(cfg), engines_total(cfg)) == (2, 1)
+    assert nodes_per_engine(resolve(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "8")).cfg) == 1
+    one_line_naming(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "24"),
+                    "--rollout-num-gpus-per-engine 24 spans 3 rollout nodes", "--rollout-nodes 2")
+    one_line_naming(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "12"),
+                    "--rollout-num-gpus-per-engine 12 is more than --gpus-per-node 8 and not a multiple")
+    one_line_naming(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16", "--colocate", "--nodes", "2"),
+                    "--rollout-num-gpus-per-engine 16", "--colocate")
+    one_line_naming(_gpu_argv(prompts, "--nodes", "1", "--rollout-gpus", "4", "--trainer-gpus", "4",
+                              "--rollout-num-gpus-per-engine", "8"),
+                    "--rollout-num-gpus-per-engine 8", "--nodes 1")
+    span = _gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16")
+    resolve(span + ["--sglang-enable-dp-attention", "--sglang-dp-size", "4", "--sglang-ep-size", "16"])
+    one_line_naming(span + ["--sglang-dp-size", "2"], "--sglang-dp-size 2", "--sglang-enable-dp-attention")
+    one_line_naming(span + ["--sglang-enable-dp-attention", "--sglang-dp-size", "3"], "--sglang-dp-size 3",
+                    "16 GPUs")
+    one_line_naming(span + ["--sglang-ep-size", "6"], "--sglang-ep-size 6", "--rollout-num-gpus-per-engine 16")
+    one_line_naming(span + ["--sglang-nnodes", "2"], "--sglang-nnodes")
+
+
+def test_cpu_engines_span_one_rank_per_node(prompts: Path) -> None:
+    """--device cpu: an engine of N ranks runs one on each of N rollout nodes (the CI stand-in)."""
+    from rlslurm.rollout.node import engines_total, nodes_per_engine
+
+    argv = ["--model", "tiny-qwen3", "--prompt-data", str(prompts), "--nodes", "3", "--trainer-nodes", "1",
+            "--rollout-nodes", "2", "--engines-per-node", "1"]
+    cfg = resolve(argv + ["--rollout-num-gpus-per-engine", "2"]).cfg
+    assert (nodes_per_engine(cfg), engines_total(cfg)) == (2, 1)
+    one_line_naming(argv[:-1] + ["2", "--rollout-num-gpus-per-engine", "2"], "--engines-per-node 1", "got 2")
+    one_line_naming(argv + ["--rollout-num-gpus-per-engine", "3"], "spans 3 rollout nodes", "--rollout-nodes 2")
 
 
 def test_expert_grid_counts_tensor_parallelism(prompts: Path) -> None:

@@ -121,6 +121,7 @@ def test_engine_specs_per_device(tmp_path):
 
     cpu = cfg.model_copy(deep=True)
     cpu.run.device = "cpu"
+    cpu.rollout.rollout_num_gpus_per_engine = 1
     cpu.rollout.engines_per_node = 3
     specs = engine_specs(cpu, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path, ncpu=2)
     assert [(s.cpu_core, s.tp_size, s.device) for s in specs] == [(0, 1, "cpu"), (1, 1, "cpu"), (0, 1, "cpu")]
@@ -146,6 +147,39 @@ def test_engine_specs_per_device(tmp_path):
     one.slurm.rollout_gpus = 3
     with pytest.raises(ConfigError, match="--rollout-gpus 3 is not a multiple of --rollout-num-gpus-per-engine 2"):
         engine_specs(one, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
+
+
+def test_engine_specs_spanning_nodes(tmp_path):
+    """An engine of 16 GPUs on 8-GPU nodes: rollout nodes 0-1 and 2-3 each run one, named after its first
+    node; every node runs its rank (engines/span.py). On CPU an engine of N ranks spans N nodes."""
+    from rlslurm.engines.engine import EngineSpec
+    from rlslurm.errors import ConfigError
+    from rlslurm.rollout.node import engine_specs, engines_total, nodes_per_engine
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cfg = RunConfig(slurm=SlurmSection(gpus_per_node=8, rollout_nodes=4), model=ModelSection(hf_checkpoint=ckpt),
+                    rollout=RolloutSection(rollout_num_gpus_per_engine=16))
+    assert (nodes_per_engine(cfg), engines_total(cfg)) == (2, 2)
+    specs = [engine_specs(cfg, node=k, host="127.0.0.1", api_key="k", log_dir=tmp_path)[0] for k in range(4)]
+    assert [(s.name, s.node_rank, s.nnodes, s.tp_size, s.base_gpu_id) for s in specs] == [
+        ("engine-0-0", 0, 2, 16, 0), ("engine-0-0", 1, 2, 16, 0), ("engine-2-0", 0, 2, 16, 0),
+        ("engine-2-0", 1, 2, 16, 0)]
+    assert [s.log_path.name for s in specs[:2]] == ["engine-0-0.log", "engine-0-0-rank1.log"]
+    with pytest.raises(ConfigError, match="needs its dist-init address"):
+        specs[1].server_args()
+    args = EngineSpec(**{**specs[1].__dict__, "dist_init_addr": "10.0.0.1:23456"}).server_args()
+    i = args.index("--nnodes")
+    assert args[i:i + 6] == ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:23456"]
+    assert args[args.index("--tp-size") + 1] == "16"
+
+    cpu = cfg.model_copy(deep=True)
+    cpu.run.device, cpu.rollout.rollout_num_gpus_per_engine, cpu.rollout.engines_per_node = "cpu", 2, 1
+    cpu.slurm.rollout_nodes = 2
+    specs = [engine_specs(cpu, node=k, host="127.0.0.1", api_key="k", log_dir=tmp_path, ncpu=2)[0] for k in range(2)]
+    assert [(s.node_rank, s.tp_size, s.cpu_core) for s in specs] == [(0, 2, 0), (1, 2, 1)]
+    # each rank binds its OpenMP threads to its own core, whichever entry SGLang reads
+    assert [s.env({})["SGLANG_CPU_OMP_THREADS_BIND"] for s in specs] == ["0|0", "1|1"]
 
 
 def test_node_zero_merges_every_nodes_engines(tmp_path):

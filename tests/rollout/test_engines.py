@@ -26,7 +26,7 @@ from rlslurm.engines.engine import ENV_API_KEY, EngineSpec
 from rlslurm.engines.router import RouterProcess
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError
-from rlslurm.net import allocate_ports, engine_port_block, free_port, node_ip
+from rlslurm.net import allocate_ports, consecutive_ports, engine_port_block, free_port, node_ip
 from tests.process_groups import pid_alive
 
 
@@ -71,6 +71,10 @@ def test_spec_argv_has_every_flag_and_never_the_key(tmp_path):
     (dict(nccl_port=31000), "must differ"),
     (dict(port=70000), "70000"),
     (dict(dtype="fp8"), "fp8"),
+    (dict(extra_args=("--nnodes", "2")), "--sglang-nnodes"),
+    (dict(extra_args=("--nccl-init-addr=1.2.3.4:5",)), "--sglang-nccl-init-addr"),
+    (dict(nnodes=2, node_rank=2, tp_size=2), "node rank 2 of 2 nodes"),
+    (dict(nnodes=2, tp_size=3), "tp_size 3"),
 ])
 def test_spec_rejects_bad_input_naming_it(tmp_path, kw, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -108,6 +112,15 @@ def test_port_block_is_distinct_and_bindable():
         taken = busy.getsockname()[1]
         assert taken not in allocate_ports("127.0.0.1", 50)
     assert 0 < free_port() < 65536
+    # an engine spanning nodes: SGLang derives its inter-node ports from the dist-init one
+    first = consecutive_ports("127.0.0.1", 8)
+    held = [socket.socket() for _ in range(8)]
+    try:
+        for s, p in zip(held, range(first, first + 8)):
+            s.bind(("0.0.0.0", p))
+    finally:
+        for s in held:
+            s.close()
 
 
 def test_node_ip_is_an_ip_literal(monkeypatch):

@@ -51,12 +51,20 @@ def check_sglang_version() -> None:
         )
 
 
-def cpu_env(base_env: dict[str, str], *, threads: int = 1) -> dict[str, str]:
+def cpu_env(base_env: dict[str, str], *, threads: int = 1, tp_size: int = 1, core: int | None = None) -> dict[str, str]:
     """A copy of `base_env` for one CPU SGLang server: stubs first on PYTHONPATH, `threads`
-    intra-op threads (OMP/MKL/torch all read OMP_NUM_THREADS)."""
+    intra-op threads (OMP/MKL/torch all read OMP_NUM_THREADS).
+
+    A server of several TP ranks (on CPU: one rank per node of an engine spanning nodes,
+    engines/span.py) needs SGLANG_CPU_OMP_THREADS_BIND, one `|` entry per rank, or every rank
+    fails its start when the ranks outnumber the NUMA nodes (docs/sglang-behaviour.md, "One
+    engine over several nodes"). Each rank reads the entry of its device index, so every entry is
+    this process's own core: whichever it reads, it binds where `taskset` put it."""
     if threads < 1:
         raise ConfigError(f"sglang cpu threads must be >= 1, got {threads}")
     env = dict(base_env)
+    if tp_size > 1:
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join([str(core if core is not None else 0)] * tp_size)
     old = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = str(STUBS_DIR) + (os.pathsep + old if old else "")
     env["OMP_NUM_THREADS"] = str(threads)

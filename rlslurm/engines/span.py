@@ -1,0 +1,154 @@
+"""One SGLang engine over several nodes (`--rollout-num-gpus-per-engine` larger than a rollout
+node's GPUs; on CPU, one rank per node).
+
+SGLang runs such an engine as one process per node (`--nnodes N --node-rank r --dist-init-addr
+HOST:PORT`, the address of node rank 0): node rank 0 serves the HTTP API, the others only a
+dummy health port that answers 200 whatever their scheduler does (docs/sglang-behaviour.md, "One
+engine over several nodes"). rlslurm runs the ranks as one unit:
+
+- node rank 0 is an ordinary engine of its node's supervisor (engines/supervisor.py): registered
+  with the router once, health-checked, restarted within its budget. Before each of its starts
+  the supervisor calls `SpanLeader.prepare`, which picks a fresh dist-init address on rank 0's
+  host and writes control/span-<engine>.json with the next generation;
+- every other rank runs under its node's `SpanFollower`, which starts its process for each new
+  generation of its own attempt (killing the previous one first) and, when that process exits,
+  records the exit in control/span-<engine>-rank<r>.json. It never restarts on its own: a rank
+  alone cannot rejoin an engine whose other ranks have moved on;
+- rank 0's supervisor treats a recorded exit of the current generation like an exit of rank 0
+  itself (`SpanLeader.failed_rank`): it restarts the engine, i.e. a new generation, which every
+  rank then follows. When rank 0 dies the other ranks follow its next generation the same way.
+  Ranks that cannot meet (a node gone) never make rank 0 healthy: its start times out and counts
+  against the restart budget like any failed start.
+
+Weight sync needs nothing else: the trainer talks to rank 0's URL and gives the engine as many
+group ranks as its whole TP size (control/engines.json `ranks`); SGLang passes the calls on to every
+rank, on every node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from rlslurm.buffer.control import Control, SpanRankRecord, SpanRecord
+from rlslurm.engines.engine import EngineProcess, EngineSpec
+from rlslurm.net import consecutive_ports
+
+log = logging.getLogger(__name__)
+
+# The dist-init port and the ports SGLang derives from it for ZMQ between the nodes (port + 1 ..
+# port + 6 with DP attention, sglang/srt/server_args.py PortArgs.init_new, 0.5.23), with room to spare.
+DIST_INIT_PORTS = 8
+
+
+def dist_init_addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class SpanLeader:
+    """Node rank 0's side: the supervisor's hooks for its engines that span nodes (an engine of one
+    node passes through untouched)."""
+
+    def __init__(self, control: Control, *, attempt: int):
+        self.control, self.attempt = control, attempt
+        self._generation: dict[str, int] = {}
+
+    def prepare(self, spec: EngineSpec) -> EngineSpec:
+        """The spec for rank 0's next start, after telling the other ranks where to meet."""
+        if spec.nnodes == 1:
+            return spec
+        addr = dist_init_addr(spec.host, consecutive_ports(spec.host, DIST_INIT_PORTS))
+        gen = self._generation.get(spec.name, 0) + 1
+        self.control.write_span(SpanRecord(engine=spec.name, attempt=self.attempt, generation=gen,
+                                           dist_init_addr=addr, nnodes=spec.nnodes))
+        self._generation[spec.name] = gen
+        log.info("%s: generation %d meets at %s (%d nodes)", spec.name, gen, addr, spec.nnodes)
+        return dataclasses.replace(spec, dist_init_addr=addr)
+
+    def failed_rank(self, spec: EngineSpec) -> str | None:
+        """Why the engine must restart, when another node's rank of its current generation exited."""
+        gen = self._generation.get(spec.name)
+        if spec.nnodes == 1 or gen is None:
+            return None
+        for r in range(1, spec.nnodes):
+            rec = self.control.span_rank(spec.name, r)
+            if rec is None or rec.attempt != self.attempt or rec.generation != gen:
+                continue
+            if rec.exit_code is not None or rec.error is not None:
+                how = f"code {rec.exit_code}" if rec.exit_code is not None else rec.error
+                return f"exited: node rank {r} on {rec.node} ({how})"
+        return None
+
+
+class SpanFollower:
+    """Node rank r > 0 of one engine: follows rank 0's generations (see the module docstring)."""
+
+    def __init__(self, spec: EngineSpec, control: Control, *, attempt: int, node_name: str, poll_s: float = 1.0):
+        if spec.node_rank < 1:
+            raise ValueError(f"{spec.name}: node rank {spec.node_rank} is rank 0's, not a follower's")
+        self.spec, self.control, self.attempt, self.node_name, self.poll_s = spec, control, attempt, node_name, poll_s
+        self.proc = EngineProcess(spec)
+        self.generation = 0
+        self._reported = True   # nothing running yet: nothing to report
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec.name} node rank {self.spec.node_rank}"
+
+    def start(self) -> "SpanFollower":
+        self.tick()
+        self._thread = threading.Thread(target=self._loop, name=f"span-{self.spec.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception:  # the follower must outlive one bad round (a torn control file, ...)
+                log.exception("%s: follower round failed", self.name)
+
+    def tick(self) -> None:
+        rec = self.control.span(self.spec.name)
+        with self._lock:
+            if self._stop.is_set():
+                return
+            if rec is not None and rec.attempt == self.attempt and rec.generation > self.generation:
+                self._follow(rec)
+            elif not self._reported and not self.proc.is_alive():
+                code = self.proc.proc.returncode if self.proc.proc else None
+                log.warning("%s exited (code %s) in generation %d: rank 0 restarts the engine",
+                            self.name, code, self.generation)
+                self._record(exit_code=code)
+
+    def _follow(self, rec: SpanRecord) -> None:
+        self.proc.kill_tree()
+        self.generation = rec.generation
+        self.proc.spec = dataclasses.replace(self.spec, dist_init_addr=rec.dist_init_addr)
+        try:
+            self.proc.start()
+        except Exception as e:  # cannot start here: rank 0 must hear of it, or it waits out its start
+            log.error("%s: start for generation %d failed: %s", self.name, rec.generation, e)
+            self._record(error=str(e).splitlines()[0] if str(e) else type(e).__name__)
+            return
+        log.info("%s: started for generation %d (pid %s), meeting at %s", self.name, rec.generation, self.proc.pid,
+                 rec.dist_init_addr)
+        self._reported = False
+        self._record()
+
+    def _record(self, *, exit_code: int | None = None, error: str | None = None) -> None:
+        self._reported = exit_code is not None or error is not None
+        self.control.write_span_rank(SpanRankRecord(
+            engine=self.spec.name, attempt=self.attempt, generation=self.generation, node_rank=self.spec.node_rank,
+            node=self.node_name, pid=self.proc.pid, exit_code=exit_code, error=error))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        with self._lock:
+            self.proc.kill_tree()
