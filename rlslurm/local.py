@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlslurm import owned_role
 from rlslurm.attempt import LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
 from rlslurm.buffer.attempts import next_attempt
 from rlslurm.buffer.atomic import PRIVATE_UMASK, open_log
@@ -164,10 +165,11 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
     cmds = role_commands(rd, trainer_procs, port)
     # umask: the batch script's `umask 077`, so what the children create (logs, checkpoints) is private
     with open_log(logs / "trainer-0.log") as tlog, open_log(logs / "rollout-0.log") as rlog:
-        trainer = subprocess.Popen(cmds["trainer"], env=trainer_env, stdout=tlog, stderr=subprocess.STDOUT,
-                                   start_new_session=True, umask=PRIVATE_UMASK)
-        rollout = subprocess.Popen(cmds["rollout"], env=rollout_env, stdout=rlog, stderr=subprocess.STDOUT,
-                                   start_new_session=True, umask=PRIVATE_UMASK)
+        # owned: both end (TERM, then KILL after the stop grace) if this process is killed outright
+        trainer = subprocess.Popen(owned_role.argv(cmds["trainer"], grace_s=stop_grace_s), env=trainer_env,
+                                   stdout=tlog, stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK)
+        rollout = subprocess.Popen(owned_role.argv(cmds["rollout"], grace_s=stop_grace_s), env=rollout_env,
+                                   stdout=rlog, stderr=subprocess.STDOUT, start_new_session=True, umask=PRIVATE_UMASK)
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None

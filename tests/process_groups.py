@@ -37,13 +37,16 @@ def rollout_pids(run_dir: Path) -> list[int]:
 
 
 def argvs():
-    """(pid, argv) of every live process, argv items as bytes."""
+    """(pid, argv) of every live process, argv items as bytes; not the owner watchers `rlslurm run`
+    forks beside its roles (rlslurm/owned_role.py), which keep the wrapper's argv, the role's in it."""
     for pid in all_pids():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                yield pid, f.read().split(b"\0")
+                argv = f.read().split(b"\0")
         except OSError:
             continue
+        if b"rlslurm.owned_role" not in argv:
+            yield pid, argv
 
 
 def trainer_pids(run_dir: Path, *, agent: bool = True) -> list[int]:
