@@ -1,0 +1,105 @@
+"""An SGLang engine spanning two "nodes" on GPUs (engines/span.py; issue 17 item 1): node rank 0 on GPU 1
+under rlslurm's EngineSupervisor behind the real router, node rank 1 on GPU 2 under a SpanFollower, two
+processes meeting at the dist-init address rank 0's SpanLeader picked, NCCL between them, as on two
+nodes of a cluster (one host here). The trainer's own publisher (DistributedPublisher, NCCL, GPU 0)
+sends qwen3-1.7B-shaped weights into the engine over a group of world 3.
+
+Checked: weights A, then B, then A again: A and A again give the same greedy answers and B others
+(a rank that missed a sync would keep the previous weights' shards). Then kill -9 of node rank 1:
+the supervisor restarts the engine as one (a new generation, both ranks started again), and after
+one publish of A its answers equal A's again. The CPU stack runs the same protocol in a SLURM job
+(tests/e2e/test_engine_span_slurm.py); this is the GPU proof of it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def test_engine_over_two_nodes_follows_every_sync_and_restarts_as_one() -> None:
+    if torch.cuda.device_count() < 3:
+        pytest.skip("needs 3 GPUs: the trainer's, and one per node rank of the engine")
+    from bench.bench_engine_sync import GPU_ENGINE_FLAGS, fill, greedy, hf_tensors, max_logprob_diff, write_model_dir
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.engines.engine import EngineSpec
+    from rlslurm.engines.router import RouterProcess
+    from rlslurm.engines.span import SpanFollower, SpanLeader
+    from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
+    from rlslurm.net import engine_port_block, free_port
+    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, _Roles
+
+    os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")  # as the trainer sets it (docs/gpu.md)
+    torch.cuda.set_device(0)
+    work = Path(tempfile.mkdtemp(prefix="rlslurm-span-"))
+    model = write_model_dir("1.7B", work / "model", "bfloat16")
+    control = Control(RunDir.create(work / "run"))
+    host, key = "127.0.0.1", secrets.token_urlsafe(24)
+    extra = ("--load-format", "dummy", "--skip-tokenizer-init", *GPU_ENGINE_FLAGS)
+
+    def spec(rank: int) -> EngineSpec:
+        p = engine_port_block(host, 1)[0]
+        return EngineSpec(name="engine-0-0", model_path=str(model), host=host, port=p.port, nccl_port=p.nccl_port,
+                          log_path=work / f"rank{rank}.log", api_key=key, dtype="bfloat16", device="cuda",
+                          base_gpu_id=1 + rank, tp_size=2, nnodes=2, node_rank=rank, extra_args=extra)
+
+    router = RouterProcess(host=host, port=free_port(host), log_path=work / "router.log", api_key=key)
+    router.start()
+    follower = SpanFollower(spec(1), control, attempt=0, node_name="node1", poll_s=0.5).start()
+    sup = EngineSupervisor([spec(0)], router, health_interval_s=2.0, on_change=control_publisher(control, "node0"),
+                           span=SpanLeader(control, attempt=0))
+    named = hf_tensors("1.7B", torch.device("cuda:0"), torch.bfloat16)
+    pub = None
+    try:
+        t0 = time.monotonic()
+        sup.start()
+        print(f"span engine healthy in {time.monotonic() - t0:.1f} s", flush=True)
+        assert [e.ranks for e in control.engines()] == [2]
+        opts = SyncOptions(bucket_bytes=512 * 1024**2, backend="nccl", timeout_s=300.0, group_prefix="span")
+        roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=torch.device("cuda:0"))
+        pub = DistributedPublisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles, attempt=0,
+                                   export=lambda mc, model_, dt: iter(named))
+        version = 0
+
+        def publish(seed: int):
+            nonlocal version
+            version += 1
+            fill(named, seed)
+            pub.publish(None, version)
+            h = pub.history[-1]
+            assert h["mode"] == "distributed", h
+            print(f"v{version}: {h}", flush=True)
+            return asyncio.run(greedy(sup.urls[0], key))
+
+        a, b, a_again = publish(1), publish(2), publish(1)
+        same, differ = max_logprob_diff(a, a_again), max_logprob_diff(a, b)
+        print(f"A vs A again {same:g}, A vs B {differ:g}", flush=True)
+        assert same <= 1e-3 < differ
+
+        old = follower.proc.pid
+        os.kill(old, signal.SIGKILL)
+        t0 = time.monotonic()
+        while not (sup.restarts_total == 1 and all(e.healthy for e in control.engines())):
+            assert time.monotonic() - t0 < 400, "the engine did not come back as one"
+            time.sleep(0.5)
+        print(f"restarted as one in {time.monotonic() - t0:.1f} s: generation {control.span('engine-0-0').generation}, "
+              f"rank 1 pid {old} -> {follower.proc.pid}", flush=True)
+        assert control.span("engine-0-0").generation >= 2 and follower.proc.pid != old and follower.proc.is_alive()
+        a_restarted = publish(1)
+        back = max_logprob_diff(a, a_restarted)
+        print(f"A vs A after the restart {back:g}", flush=True)
+        assert back <= 1e-3
+    finally:
+        if pub is not None:
+            pub.close()
+        sup.close()
+        follower.close()
+        router.close()
