@@ -41,3 +41,15 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(request) -> Iterator[None]:
+    """A SLURM test that fails midway leaves its job running, holding the cluster's nodes: every
+    later SLURM test would then wait for nodes and fail too. Cancel what a test left behind."""
+    yield
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    left = request.getfixturevalue("slurm_cluster").cancel_all()
+    if left:
+        print(f"\n{request.node.nodeid}: cancelled the jobs it left in the queue: {left}")

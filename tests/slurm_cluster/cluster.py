@@ -226,6 +226,15 @@ class SlurmCluster:
     def cancel(self, job_id: int) -> None:
         self.run("scancel", str(job_id))
 
+    def cancel_all(self, timeout: float = 120.0) -> list[int]:
+        """Cancel every job still in the queue and wait until they are gone; the ids cancelled."""
+        ids = sorted({int(x.split("+")[0]) for x in self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()})
+        for job in ids:
+            self.run("scancel", str(job), check=False)
+        for job in ids:
+            self.wait_gone(job, timeout)
+        return ids
+
     def signal_batch(self, job_id: int, signal: str = "USR1") -> None:
         """Send a signal to the batch shell only (`scancel --signal=SIG --batch`).
         Works for a het leader: the batch shell runs in component 0."""
