@@ -21,7 +21,14 @@ onload to the offload): the peak of the GPU while training is at most the sum of
 the release and that.
 
 Each engine call is bounded by --weight-sync-timeout-s and fails the step like a failed sync (the
-job is then requeued). While the engines are released they cannot answer a health check (SGLang's
+job is then requeued); one that fails because the job is ending (a TERM, a preempt or stop request:
+the engines go down with it) raises `EnginesGone` instead, and the trainer checkpoints what it
+trained before it exits (trainer/main.py). The turn resumes only the engines it released (the same
+process: url and pid): an engine that came up or was restarted since holds its memory, and SGLang's
+resume of a tag it never released kills the server (KeyError in `resume_memory_occupation`, found by
+tools/gpu/field-colocate.sh); so each turn also starts only once every engine is up (trainer/main.py).
+
+While the engines are released they cannot answer a health check (SGLang's
 /health generates a token), so rank 0 holds the weight-update bracket (control/weight_update.json,
 engines/update_watch.py) for the whole window and renews it in a thread while the trainer trains.
 
@@ -192,11 +199,19 @@ def warm_process_groups(device: torch.device, *, experts: bool) -> None:
 
 # --- the phases ---------------------------------------------------------------------------------
 
-class Colocation:
-    """Collective over the trainer (every rank calls each phase); rank 0 talks to the engines."""
+class EnginesGone(RuntimeError):
+    """An engine phase failed while the job is ending: the trainer checkpoints and exits."""
 
-    def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float):
+
+class Colocation:
+    """Collective over the trainer (every rank calls each phase); rank 0 talks to the engines.
+    `ending` (rank 0's): is the job being ended (TERM, preempt or stop request)?"""
+
+    def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float,
+                 ending=lambda: False):
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
+        self.ending = ending
+        self._released: set[tuple[str, int | None]] = set()  # (url, pid) of the engines this turn released
         self.st = st
         self.cuda = st.device.type == "cuda"  # GPU memory to move and to measure; on cpu the moves are empty
         if self.cuda:
@@ -209,10 +224,19 @@ class Colocation:
         log.info("colocate: %.2f GiB of params and %.2f GiB of other trainer state move between phases",
                  self.params.nbytes / 2**30, self.rest.nbytes / 2**30)
 
-    def _engines(self, method: str, **kw: Any) -> None:
+    def _engines(self, method: str, *, released_only: bool = False, **kw: Any) -> list:
+        """`method` on every healthy engine (or only on those this turn released); the engines called."""
         from rlslurm.engines.fanout import Engines, HttpLoop, engine_targets
 
         targets = engine_targets(self.control.engines())
+        if released_only:
+            left = [t.url for t in targets if (t.url, t.pid) not in self._released]
+            if left:
+                log.warning("colocate: %s not released in this turn (started or restarted since): holds its "
+                            "memory, not resumed", ", ".join(left))
+            targets = [t for t in targets if (t.url, t.pid) in self._released]
+        if not targets:
+            return []
         loop = HttpLoop()
         engines = Engines(loop, targets, self.api_key)
         try:
@@ -220,18 +244,19 @@ class Colocation:
         finally:
             engines.close()
             loop.close()
+        return targets
 
     def _rank0(self, what: str, fn) -> None:
         """Rank 0 runs `fn`; every rank learns whether it worked (and fails the step if not)."""
-        err = [None]
+        err = [None, False]
         if self.rank == 0:
             try:
                 fn()
             except Exception as e:  # an engine that did not answer: fail the step, SLURM requeues
-                err[0] = f"{type(e).__name__}: {e}"
+                err = [f"{type(e).__name__}: {e}", bool(self.ending())]
         dist.broadcast_object_list(err, src=0)
         if err[0] is not None:
-            raise RuntimeError(f"colocate: {what} failed: {err[0]}")
+            raise (EnginesGone if err[1] else RuntimeError)(f"colocate: {what} failed: {err[0]}")
 
     def offload_all(self) -> None:
         """At start-up, before the engines generate the first rollout."""
@@ -243,8 +268,10 @@ class Colocation:
 
         def release() -> None:
             self._keeper = _BracketKeeper(self.control, version, self.timeout_s)
-            self._engines("pause_generation", mode="abort")
-            self._engines("release_memory_occupation", tags=None)
+            self._released = set()
+            paused = self._engines("pause_generation", mode="abort")
+            self._released = {(t.url, t.pid) for t in paused}
+            self._engines("release_memory_occupation", released_only=True, tags=None)
         self._rank0("releasing the engines' memory", release)
         t1 = time.perf_counter()
         self.times = {"time/engines_release": t1 - t0}
@@ -267,7 +294,8 @@ class Colocation:
             log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
         self._move(offload=(self.rest,))
         t1 = time.perf_counter()
-        self._rank0("resuming the engines' weights", lambda: self._engines("resume_memory_occupation", tags=[WEIGHTS]))
+        self._rank0("resuming the engines' weights",
+                    lambda: self._engines("resume_memory_occupation", released_only=True, tags=[WEIGHTS]))
         self.times.update({"time/offload": t1 - t0, "time/engines_resume": time.perf_counter() - t1})
         self._gpu_used("engine_weights")
 
@@ -279,8 +307,8 @@ class Colocation:
 
         def resume() -> None:
             try:
-                self._engines("resume_memory_occupation", tags=[KV_CACHE, CUDA_GRAPH])
-                self._engines("continue_generation")
+                self._engines("resume_memory_occupation", released_only=True, tags=[KV_CACHE, CUDA_GRAPH])
+                self._engines("continue_generation")  # every engine: the publish left each one paused
             finally:
                 if self._keeper is not None:
                     self._keeper.stop()

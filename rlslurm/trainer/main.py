@@ -39,6 +39,7 @@ from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
 from rlslurm.trainer.collectives import collective_device
+from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import Command, Failed, Next
 from rlslurm.trainer.delivery import Publish, WeightDelivery
 from rlslurm.trainer.replay_subsample import subsample
@@ -173,7 +174,13 @@ class Trainer:
                 if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
                     rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
                 if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
-                    self.colo.to_trainer(rollout.rollout_id + 1)
+                    # every engine up first: one still starting (a requeue trains buffered rollouts
+                    # meanwhile) would hold its memory through the turn and miss its release
+                    self._wait_for_engines()
+                    try:
+                        self.colo.to_trainer(rollout.rollout_id + 1)
+                    except EnginesGone as e:
+                        return self._engines_gone(progress, e)
                 lines = self._train_rollout(rollout, time.perf_counter() - t0)
                 if self._superseded_collective():  # no publish or checkpoint from a lost attempt
                     return self._superseded_exit()
@@ -189,14 +196,17 @@ class Trainer:
                     t1 = time.perf_counter()
                     self._save_if_due(progress)
                     t2 = time.perf_counter()
-                    self.colo.to_engines_for_weights()
-                    t3 = time.perf_counter()
-                    published = self._publish_due(progress)
-                    if published:
-                        self._wait_for_engines()
-                        self._publish(progress.weight_version, in_turn=True)
-                    t4 = time.perf_counter()
-                    self.colo.to_engines()
+                    try:
+                        self.colo.to_engines_for_weights()
+                        t3 = time.perf_counter()
+                        published = self._publish_due(progress)
+                        if published:
+                            self._wait_for_engines()
+                            self._publish(progress.weight_version, in_turn=True)
+                        t4 = time.perf_counter()
+                        self.colo.to_engines()
+                    except EnginesGone as e:
+                        return self._engines_gone(progress, e)
                     if published and cfg.train.verify_weight_sync:  # the engines generate again only now
                         with self._on_gpu(params_only=True):
                             self._probe(progress.weight_version)
@@ -241,7 +251,9 @@ class Trainer:
         from rlslurm.trainer.colocate import Colocation
 
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
-        colo = Colocation(self.st, self.control, key, rank=self.rank, timeout_s=self.cfg.train.weight_sync_timeout_s)
+        colo = Colocation(self.st, self.control, key, rank=self.rank, timeout_s=self.cfg.train.weight_sync_timeout_s,
+                          ending=lambda: (term_received() or self.control.preempt_requested() is not None
+                                          or self.control.stop_requested() is not None))
         if self.delivery.pending is not None:  # resumed: the engines need the trained weights first
             self._wait_for_engines()
             self._publish(self.delivery.pending)
@@ -507,6 +519,12 @@ class Trainer:
             self.control.ack_stop(checkpoint_iteration=self.last_saved if self.last_saved is not None else -1)
         log.info("stop requested: saved, exiting before rollout %d", progress.next_rollout_id)
         return 0
+
+    def _engines_gone(self, progress: TrainerProgress, e: Exception) -> int:
+        """--colocate: a turn's engine call failed while the job ends (the engines went down with the
+        TERM): keep what was trained, as a stop or preempt between rollouts would."""
+        log.warning("%s while the job ends: checkpointing what was trained and exiting", e)
+        return self._stop(progress) if self.control.stop_requested() is not None else self._preempt(progress)
 
     def _preempt(self, progress: TrainerProgress) -> int:
         if term_received():

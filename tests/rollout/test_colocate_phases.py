@@ -3,7 +3,9 @@ private deployment: the engines release and resume their memory (on CPU the rele
 their cache, docs/sglang-behaviour.md) and serve the same greedy tokens afterwards; the trainer's
 tensors leave for host memory and come back bit for bit, views of a flat buffer and Adam's state
 included, so a step after the round trip equals a step without it; the health-check bracket is
-held for the whole window and renewed; an engine that does not answer fails the phase in bound."""
+held for the whole window and renewed; an engine that does not answer fails the phase in bound, or
+ends the step as EnginesGone when the job is ending; an engine the turn did not release is not
+resumed (SGLang would die of it)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.engines.sglang_client import SGLangClient
 from rlslurm.engines.supervisor import control_publisher
-from rlslurm.trainer.colocate import Colocation
+from rlslurm.trainer.colocate import Colocation, EnginesGone
 
 pytestmark = [pytest.mark.sglang]
 
@@ -133,3 +135,42 @@ def test_an_engine_that_does_not_answer_fails_the_phase_in_bound(tmp_path: Path,
         assert control.weight_update() is None
     finally:
         silent.close()
+
+
+def test_an_engine_that_came_up_during_the_turn_is_not_resumed(private_deployment, tmp_path: Path,
+                                                                 one_rank) -> None:
+    """A requeued trainer's first turn began while the engine was still starting (found on an H200,
+    tools/gpu/field-colocate.sh): the release reached no engine, then the resume reached one that had
+    released nothing, and SGLang's `resume_memory_occupation` died of the KeyError. Only the engines
+    the turn released (the same process) are resumed; the others are left as they are and serve on."""
+    dep = private_deployment
+    control = Control(RunDir.create(tmp_path / "run"))
+    before = asyncio.run(_greedy(dep))
+    colo = Colocation(_trainer_state(), control, dep.api_key, rank=0, timeout_s=20.0)
+    colo.offload_all()
+    colo.to_trainer(1)  # no engine listed yet: nothing released
+    control_publisher(control, "node0")(dep.supervisor.engines())  # ... and now it is up
+    colo.to_engines_for_weights()
+    colo.to_engines()
+    assert all(e.is_alive() for e in (dep.supervisor.process(e.name) for e in dep.supervisor.engines()))
+    assert asyncio.run(_greedy(dep)) == before
+
+
+def test_a_phase_that_fails_while_the_job_ends_is_engines_gone(tmp_path: Path, one_rank) -> None:
+    """kill -9 of `rlslurm run` or a TERM to the whole job takes the engines down while the trainer is
+    inside a turn (measured on an H200: the resume of the weights found no engine, the trainer exited
+    without its checkpoint). With the job ending, the failure is EnginesGone: the trainer then saves."""
+    from rlslurm.buffer.control import EngineRecord
+
+    control = Control(RunDir.create(tmp_path / "run"))
+    control.write_engines([EngineRecord(url="http://127.0.0.1:9", node="n0", healthy=True)])  # refuses
+    ending = [False]
+    colo = Colocation(_trainer_state(), control, "key", rank=0, timeout_s=2.0, ending=lambda: ending[0])
+    with pytest.raises(RuntimeError) as e:
+        colo.to_trainer(1)
+    assert type(e.value) is RuntimeError  # not ending: a failure, SLURM requeues
+    ending[0] = True
+    with pytest.raises(EnginesGone, match="colocate: releasing the engines' memory failed"):
+        colo.to_trainer(2)
+    colo.close()
+
