@@ -206,6 +206,8 @@ class Trainer:
                         t4 = time.perf_counter()
                         self.colo.to_engines()
                     except EnginesGone as e:
+                        for step, values in lines:  # trained: its metrics stay with it (found on an H200)
+                            self.metrics.log(step, values)
                         return self._engines_gone(progress, e)
                     if published and cfg.train.verify_weight_sync:  # the engines generate again only now
                         with self._on_gpu(params_only=True):
