@@ -105,29 +105,28 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
         raise ConfigError("--hf-checkpoint is required: the SGLang servers load it")
     tp = cfg.rollout.rollout_num_gpus_per_engine
     ncpu = ncpu or os.cpu_count() or 1
+    cuda = cfg.run.device == "cuda"
+    # what every engine of the run shares (--colocate is refused with engines spanning nodes)
+    common = dict(model_path=str(cfg.model.hf_checkpoint), host=host, api_key=api_key,
+                  dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
+                  extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg), *colocate_args(cfg)))
     span = nodes_per_engine(cfg)
     if span > 1:
         first, rank = node - node % span, node % span
         name = f"engine-{first}-0"
         p = engine_port_block(host, 1)[0]
         return [EngineSpec(
-            name=name, model_path=str(cfg.model.hf_checkpoint), host=host, port=p.port, nccl_port=p.nccl_port,
-            log_path=log_dir / (f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log"), tp_size=tp,
-            nnodes=span, node_rank=rank, api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto",
-            device=cfg.run.device, extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg)),
-            cpu_core=node % ncpu if cfg.run.device == "cpu" else None)]
+            name=name, port=p.port, nccl_port=p.nccl_port, tp_size=tp, nnodes=span, node_rank=rank,
+            log_path=log_dir / (f"{name}.log" if rank == 0 else f"{name}-rank{rank}.log"),
+            cpu_core=None if cuda else node % ncpu, **common)]
     n = engines_per_node(cfg)
-    ports = engine_port_block(host, n)
     return [EngineSpec(
-        name=f"engine-{node}-{i}", model_path=str(cfg.model.hf_checkpoint), host=host, port=p.port,
-        nccl_port=p.nccl_port, log_path=log_dir / f"engine-{node}-{i}.log",
-        base_gpu_id=i * tp if cfg.run.device == "cuda" else 0, tp_size=tp if cfg.run.device == "cuda" else 1,
-        api_key=api_key, dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
-        extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg), *colocate_args(cfg)),
+        name=f"engine-{node}-{i}", port=p.port, nccl_port=p.nccl_port, log_path=log_dir / f"engine-{node}-{i}.log",
+        base_gpu_id=i * tp if cuda else 0, tp_size=tp if cuda else 1,
         # numbered across nodes: harmless on separate hosts, and virtual nodes sharing one host
         # (the test cluster) do not stack every node's engine 0 on core 0
-        cpu_core=((node * n + i) % ncpu) if cfg.run.device == "cpu" else None,
-    ) for i, p in enumerate(ports)]
+        cpu_core=None if cuda else (node * n + i) % ncpu, **common,
+    ) for i, p in enumerate(engine_port_block(host, n))]
 
 
 def weights_current(control: Control, api_key: str):
