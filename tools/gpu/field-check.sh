@@ -23,15 +23,8 @@ rm -rf "$work"
 mkdir -p "$work/user" "$out"
 log() { printf '[field %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$out/field.log"; }
 
-# the staged dependencies only: neither this checkout nor its directory is on the path
-export PYTHONPATH="$prefix/site:$prefix/stubs${PYTHONPATH:+:$PYTHONPATH}"  # the image keeps its packages on it
-# A plain `pip install` of the wheel into its own directory: the image's python3 is a venv itself, and a
-# venv made from it would not see its packages (docs/gpu.md, "The image as a user meets it").
+. "$here/tools/gpu/field-install.sh"
 log "image packages: numpy from $(python3 -c 'import numpy; print(numpy.__file__)' 2>&1 | tail -n 1)"
-python3 -m pip install -q --no-index --no-deps --target "$work/site" "$field"/rlslurm-*.whl "$field"/deps/*.whl \
-  || { log "wheel install failed"; exit 1; }
-export PYTHONPATH="$work/site:$PYTHONPATH" PATH="$work/site/bin:$prefix/site/bin:$PATH"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cd "$work/user"
 tar -xzf "$field/replay.tgz"
 log "rlslurm imported from $(python3 -c 'import rlslurm; print(rlslurm.__file__)')"

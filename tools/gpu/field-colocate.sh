@@ -20,12 +20,7 @@ rm -rf "$work"
 mkdir -p "$work/user" "$out"
 log() { printf '[field-colocate %s] %s\n' "$(date +%H:%M:%S)" "$*" | tee -a "$out/field-colocate.log"; }
 
-# the staged bundle only (SGLang, megatron-core, ...): neither this checkout nor its directory on the path
-export PYTHONPATH="$prefix/site:$prefix/stubs${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m pip install -q --no-index --no-deps --target "$work/site" "$field"/rlslurm-*.whl "$field"/deps/*.whl \
-  || { log "wheel install failed"; exit 1; }
-export PYTHONPATH="$work/site:$PYTHONPATH" PATH="$work/site/bin:$prefix/site/bin:$PATH"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$here/tools/gpu/field-install.sh"
 cd "$work/user"
 log "rlslurm imported from $(python3 -c 'import rlslurm; print(rlslurm.__file__)')"
 
