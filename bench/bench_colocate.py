@@ -101,7 +101,6 @@ def main() -> None:
 
     from demo_run import checkpoint_and_prompts, run_command, run_logged
 
-    gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)
     ckpt, prompts = checkpoint_and_prompts(a.model, a.work, cpu=a.cpu_smoke)
     nbytes = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
     run_dir = a.work / f"run-{int(time.time())}"
@@ -113,6 +112,7 @@ def main() -> None:
            *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
              ["--device", "cuda", "--gpus-per-node", "1", *run_flags(a.mem_fraction)])]
     wall = run_logged(cmd, a.work / "run.log")
+    gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)  # after the run: no CUDA context of ours in it
 
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     per_rollout = {m["rollout_id"]: m for m in lines}  # phases repeat on each step of a rollout
