@@ -307,9 +307,6 @@ def _check_engine_size(cfg: RunConfig, tp: int, per_node: int, per_node_desc: st
     if cfg.single_node:
         raise ConfigError(f"--rollout-num-gpus-per-engine {tp} is more than {per_node_desc}, and with --nodes 1 "
                           "there is no other node for the engine to span")
-    if cfg.run.colocate:
-        raise ConfigError(f"--rollout-num-gpus-per-engine {tp} is more than {per_node_desc}: --colocate with "
-                          "engines spanning nodes is not built yet")
     if tp % per_node:
         raise ConfigError(f"--rollout-num-gpus-per-engine {tp} is more than {per_node_desc} and not a multiple of "
                           "it: an engine spanning nodes uses every GPU of each node it spans")

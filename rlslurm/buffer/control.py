@@ -63,6 +63,10 @@ class EngineRecord(_Record):
     sglang_version: str | None = None  # its HTTP API (engines/sglang_versions.py); None: written before recorded
     # its TP ranks, on every node it spans (a weight-sync group gives each one a rank); None: len(gpu_ids)
     ranks: int | None = None
+    # the node of each of its node ranks, rank 0's first, for an engine spanning nodes (engines/span.py);
+    # [] for an engine of one node (`node`). TP rank j runs on nodes[j // len(gpu_ids)], GPU
+    # gpu_ids[j % len(gpu_ids)] (SGLang's layout): where --colocate's IPC finds each rank's trainer.
+    nodes: list[str] = Field(default_factory=list)
 
 
 class EnginesRecord(_Record):

@@ -520,8 +520,9 @@ class EngineSupervisor:
                 log.exception("engine supervisor: on_restart callback failed")
 
 
-def engine_records(infos: list[EngineInfo], node: str) -> list["EngineRecord"]:
-    """This node's engines as control-file records (what the trainer and `rlslurm status` read)."""
+def engine_records(infos: list[EngineInfo], node: str, control: "Control | None" = None) -> list["EngineRecord"]:
+    """This node's engines as control-file records (what the trainer and `rlslurm status` read).
+    `control`: where the other ranks of an engine spanning nodes recorded their nodes."""
     from rlslurm.buffer.control import EngineRecord
     from rlslurm.engines.sglang_versions import installed_sglang_version
 
@@ -529,13 +530,23 @@ def engine_records(infos: list[EngineInfo], node: str) -> list["EngineRecord"]:
     return [EngineRecord(url=i.url, node=node, sglang_version=version, ranks=i.tp_size,
                          gpu_ids=[] if i.device == "cpu" else
                          list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size // i.nnodes)),
+                         nodes=span_nodes(control, i.name, node, i.nnodes),
                          pid=i.pid, healthy=i.healthy, restarts=i.restarts, awaiting_weights=i.awaiting_weights)
             for i in infos]
+
+
+def span_nodes(control: "Control | None", engine: str, node: str, nnodes: int) -> list[str]:
+    """The node of each node rank of an engine spanning `nnodes` nodes, as its followers recorded them
+    ("" for a rank not started yet; an engine is healthy only once every rank is up); [] for one node."""
+    if nnodes == 1:
+        return []
+    recs = [control.span_rank(engine, r) if control is not None else None for r in range(1, nnodes)]
+    return [node, *(r.node if r is not None else "" for r in recs)]
 
 
 def control_publisher(control: "Control", node: str) -> OnChange:
     """An `on_change` that writes this node's engines into RUN/control/engines.json (one node, no merge)."""
     def publish(infos: list[EngineInfo]) -> None:
-        control.write_engines(engine_records(infos, node))
+        control.write_engines(engine_records(infos, node, control))
 
     return publish

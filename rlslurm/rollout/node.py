@@ -106,7 +106,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     ncpu = ncpu or os.cpu_count() or 1
     cuda = cfg.run.device == "cuda"
-    # what every engine of the run shares (--colocate is refused with engines spanning nodes)
+    # what every engine of the run shares
     common = dict(model_path=str(cfg.model.hf_checkpoint), host=host, api_key=api_key,
                   dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
                   extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg), *colocate_args(cfg)))
@@ -237,7 +237,7 @@ class RolloutNode:
 
     def _publish(self, infos: list[EngineInfo]) -> None:
         ensure_dir(self.control.dir)
-        rec = EnginesRecord(engines=engine_records(infos, self.node_name))
+        rec = EnginesRecord(engines=engine_records(infos, self.node_name, self.control))
         write_json_atomic(self.node_file, rec.model_dump(mode="json"))
         if self.node == 0:
             self.merge_engines()

@@ -23,7 +23,12 @@ the release and that.
 Each engine call is bounded by --weight-sync-timeout-s and fails the step like a failed sync (the
 job is then requeued); one that fails because the job is ending (a TERM, a preempt or stop request:
 the engines go down with it) raises `EnginesGone` instead, and the trainer checkpoints what it
-trained before it exits (trainer/main.py). The turn resumes only the engines it released (the same
+trained before it exits (trainer/main.py). An engine whose process went away in a turn (it crashed,
+or a rank of an engine spanning nodes died and took the engine down: its url refuses connections)
+does not end the trainer: at the release the turn puts back the engines it had released, waits for
+every engine to be up again (its supervisor restarts it once the bracket is let go) and releases
+again, up to RELEASE_TRIES times; in the resume phases it is left out (restarted after the turn, it
+gets the weights from the next publish like any restarted engine). The turn resumes only the engines it released (the same
 process: url and pid): an engine that came up or was restarted since holds its memory, and SGLang's
 resume of a tag it never released kills the server (KeyError in `resume_memory_occupation`, found by
 tools/gpu/field-colocate.sh); so each turn also starts only once every engine is up (trainer/main.py).
@@ -40,6 +45,7 @@ moves are empty; the engines' release then only flushes their cache (docs/sglang
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import threading
 import time
@@ -54,6 +60,9 @@ log = logging.getLogger(__name__)
 
 # SGLang's GPU_MEMORY_TYPE_* tags (sglang/srt/constants.py)
 WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
+RELEASE_TRIES = 3
+GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as gone (SGLang ends a
+                    # spanning engine's rank 0 about 6 s after another rank died: docs/sglang-behaviour.md)
 
 
 # --- the trainer's tensors ----------------------------------------------------------------------
@@ -203,6 +212,21 @@ class EnginesGone(RuntimeError):
     """An engine phase failed while the job is ending: the trainer checkpoints and exits."""
 
 
+def _disconnected(e: BaseException) -> bool:
+    from rlslurm.engines.sglang_client import SGLangError, SGLangTimeout
+
+    return isinstance(e, SGLangError) and e.status is None and not isinstance(e, SGLangTimeout)
+
+
+class EnginesLost(RuntimeError):
+    """Engines whose process went away during a phase (their url refuses connections); the others
+    answered."""
+
+    def __init__(self, gone: list[Any], first: BaseException):
+        super().__init__(f"{', '.join(t.url for t in gone)} went away ({type(first).__name__}: {first})")
+        self.gone = gone
+
+
 class Colocation:
     """Collective over the trainer (every rank calls each phase); rank 0 talks to the engines.
     `ending` (rank 0's): is the job being ended (TERM, preempt or stop request)?"""
@@ -240,11 +264,53 @@ class Colocation:
         loop = HttpLoop()
         engines = Engines(loop, targets, self.api_key)
         try:
-            engines.call(method, timeout=self.timeout_s, **kw)
+            futs = engines.submit(method, timeout=self.timeout_s, **kw)
+            done, pending = cf.wait(futs, timeout=self.timeout_s + 5)
+            for f in pending:
+                f.cancel()
+            if pending:
+                raise TimeoutError(f"{method}: {len(pending)} engine(s) did not answer within {self.timeout_s:g} s")
+            failed = [(t, f.exception()) for t, f in zip(targets, futs) if f.exception() is not None]
+            if failed:
+                # only a dropped or refused connection may mean the process went away; an answer or a
+                # timeout (a hung engine) fails the phase at once
+                other = next((e for _, e in failed if not _disconnected(e)), None)
+                if other is not None:
+                    raise other
+                gone = self._gone(loop, [t for t, _ in failed])
+                if len(gone) < len(failed):  # one is there and failed: not ours to paper over
+                    raise next(e for t, e in failed if t not in gone)
+                raise EnginesLost(gone, failed[0][1])
         finally:
             engines.close()
             loop.close()
         return targets
+
+    @staticmethod
+    def _gone(loop: Any, targets: list) -> list:
+        """Those of `targets` that stop listening within GONE_WAIT_S (their process ended)."""
+        from rlslurm.engines.fanout import REFUSED_TIMEOUT_S, refusing
+
+        deadline, gone = time.monotonic() + GONE_WAIT_S, set()
+        while True:
+            left = [t.url for t in targets if t.url not in gone]
+            gone |= set(loop.submit(refusing(left)).result(timeout=REFUSED_TIMEOUT_S + 5))
+            if len(gone) == len(targets) or time.monotonic() > deadline:
+                return [t for t in targets if t.url in gone]
+            time.sleep(1.0)
+
+    def _wait_for_engines(self, lost: list) -> None:
+        """Rank 0: until every engine is healthy again, none of them a process in `lost` (bounded)."""
+        from rlslurm.engines.fanout import engine_targets
+
+        was = {(t.url, t.pid) for t in lost}
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            recs = self.control.engines()
+            if recs and all(r.healthy for r in recs) and not ({(t.url, t.pid) for t in engine_targets(recs)} & was):
+                return
+            time.sleep(1.0)
+        raise TimeoutError(f"the engines were not all up again within {self.timeout_s:g} s")
 
     def _rank0(self, what: str, fn) -> None:
         """Rank 0 runs `fn`; every rank learns whether it worked (and fails the step if not)."""
@@ -267,11 +333,22 @@ class Colocation:
         t0 = time.perf_counter()
 
         def release() -> None:
-            self._keeper = _BracketKeeper(self.control, version, self.timeout_s)
-            self._released = set()
-            paused = self._engines("pause_generation", mode="abort")
-            self._released = {(t.url, t.pid) for t in paused}
-            self._engines("release_memory_occupation", released_only=True, tags=None)
+            for attempt in range(1, RELEASE_TRIES + 1):
+                self._keeper = _BracketKeeper(self.control, version, self.timeout_s)
+                self._released = set()
+                try:
+                    paused = self._engines("pause_generation", mode="abort")
+                    self._released = {(t.url, t.pid) for t in paused}
+                    self._engines("release_memory_occupation", released_only=True, tags=None)
+                    return
+                except EnginesLost as e:
+                    if self.ending() or attempt == RELEASE_TRIES:
+                        raise
+                    log.warning("colocate: release %d of %d: %s; putting back the engines released, waiting for "
+                                "all to be up again", attempt, RELEASE_TRIES, e)
+                    self._released -= {(t.url, t.pid) for t in e.gone}
+                    self._put_back()
+                    self._wait_for_engines(e.gone)
         self._rank0("releasing the engines' memory", release)
         t1 = time.perf_counter()
         self.times = {"time/engines_release": t1 - t0}
@@ -281,6 +358,29 @@ class Colocation:
         self._gpu_used("onloaded")
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.params.device)
+
+    def _put_back(self) -> None:
+        """Rank 0, in the release: the engines this turn released serve again (memory, then generation),
+        and the bracket goes, so that their supervisors check and restart them again."""
+        try:
+            self._resume(tags=None)
+            try:
+                self._engines("continue_generation")
+            except EnginesLost as e:  # the one that went (its record is current only once it is back)
+                log.warning("colocate: %s; the others continue", e)
+        finally:
+            self._released = set()
+            if self._keeper is not None:
+                self._keeper.stop()
+                self._keeper = None
+
+    def _resume(self, *, tags: list[str] | None) -> None:
+        """Rank 0: the engines this turn released get `tags` back; one gone since is left out."""
+        try:
+            self._engines("resume_memory_occupation", released_only=True, tags=tags)
+        except EnginesLost as e:
+            log.warning("colocate: %s; left out (restarted after the turn, it gets the next publish)", e)
+            self._released -= {(t.url, t.pid) for t in e.gone}
 
     def to_engines_for_weights(self) -> None:
         """Trained (and saved): keep the params for the export, give the rest back; engines reload weights."""
@@ -294,8 +394,7 @@ class Colocation:
             log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
         self._move(offload=(self.rest,))
         t1 = time.perf_counter()
-        self._rank0("resuming the engines' weights",
-                    lambda: self._engines("resume_memory_occupation", released_only=True, tags=[WEIGHTS]))
+        self._rank0("resuming the engines' weights", lambda: self._resume(tags=[WEIGHTS]))
         self.times.update({"time/offload": t1 - t0, "time/engines_resume": time.perf_counter() - t1})
         self._gpu_used("engine_weights")
 
@@ -307,8 +406,11 @@ class Colocation:
 
         def resume() -> None:
             try:
-                self._engines("resume_memory_occupation", released_only=True, tags=[KV_CACHE, CUDA_GRAPH])
-                self._engines("continue_generation")  # every engine: the publish left each one paused
+                self._resume(tags=[KV_CACHE, CUDA_GRAPH])
+                try:
+                    self._engines("continue_generation")  # every engine: the publish left each one paused
+                except EnginesLost as e:
+                    log.warning("colocate: %s; the others continue", e)
             finally:
                 if self._keeper is not None:
                     self._keeper.stop()

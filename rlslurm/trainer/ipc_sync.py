@@ -19,7 +19,9 @@ For bucket k, one request per engine in flight while the next bucket is exported
 
 Which trainer rank serves which engine rank: on CUDA the one on the same GPU of the same node (the
 engines' gpu_ids in control/engines.json, the trainer's current device); on CPU the node's engine ranks
-in order, dealt round robin to the node's trainer ranks.
+in order, dealt round robin to the node's trainer ranks. An engine spanning nodes (engines/span.py) has
+its TP ranks on each of its nodes in turn (`nodes` in engines.json), each served on its own node; its
+requests go to node rank 0, which hands every TP rank its own entry wherever it runs.
 
 The bracket around it (weight_update.json, pause, begin/end_weight_update, the version, continue or
 stay paused inside --colocate's turn, tries and the disk fallback) is DistributedPublisher's.
@@ -60,8 +62,13 @@ log = logging.getLogger(__name__)
 class Found:
     """An engine of control/engines.json, where it runs."""
     target: EngineTarget
-    node: str
-    gpu_ids: tuple[int, ...]   # its TP ranks' GPUs; () on CPU
+    nodes: tuple[str, ...]     # the node of each of its node ranks (one unless it spans nodes)
+    gpu_ids: tuple[int, ...]   # its TP ranks' GPUs on each of those nodes; () on CPU
+
+    def place(self, j: int) -> tuple[str, int | None]:
+        """TP rank j's node and GPU: SGLang numbers the ranks node by node."""
+        per = max(1, self.target.ranks // len(self.nodes))
+        return self.nodes[j // per], self.gpu_ids[j % per] if self.gpu_ids else None
 
 
 @dataclass(frozen=True)
@@ -78,25 +85,24 @@ def assign(engines: list[Found], servers: list[Server]) -> list[list[int]]:
     out: list[list[int]] = []
     dealt: dict[str, int] = {}
     for e in engines:
-        here = sorted((s for s in servers if s.node == e.node), key=lambda s: s.local_rank)
-        if not here:
-            raise ConfigError(f"weights by IPC: engine {e.target.url} runs on node {e.node!r}, where no trainer rank "
-                              f"runs (trainer nodes: {sorted({s.node for s in servers})}); the IPC transport needs "
-                              "the engines on the trainer's nodes (--colocate)")
-        if e.gpu_ids:
-            ranks = []
-            for j, g in enumerate(e.gpu_ids):
-                s = next((s for s in here if s.gpu == g), None)
+        ranks = []
+        for j in range(e.target.ranks):
+            node, gpu = e.place(j)
+            here = sorted((s for s in servers if s.node == node), key=lambda s: s.local_rank)
+            if not here:
+                raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} runs on node {node!r}, where "
+                                  f"no trainer rank runs (trainer nodes: {sorted({s.node for s in servers})}); the IPC "
+                                  "transport needs the engines on the trainer's nodes (--colocate)")
+            if gpu is not None:
+                s = next((s for s in here if s.gpu == gpu), None)
                 if s is None:
-                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} is on GPU {g} of {e.node}, "
+                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} is on GPU {gpu} of {node}, "
                                       f"where no trainer rank runs (trainer GPUs there: "
                                       f"{sorted(s.gpu for s in here if s.gpu is not None)})")
                 ranks.append(s.rank)
-        else:
-            ranks = []
-            for _ in range(e.target.ranks):
-                i = dealt.get(e.node, 0)
-                dealt[e.node] = i + 1
+            else:
+                i = dealt.get(node, 0)
+                dealt[node] = i + 1
                 ranks.append(here[i % len(here)].rank)
         out.append(ranks)
     return out
@@ -196,8 +202,8 @@ class IpcSender:
         if gone:
             log.warning("weights by IPC: leaving out %s (connection refused: exited or restarting; a later sync "
                         "includes it again)", sorted(gone))
-        found = [Found(t, r.node, tuple(r.gpu_ids)) for r, t in zip(records, engine_targets(records), strict=True)
-                 if r.url not in gone]
+        found = [Found(t, tuple(r.nodes or [r.node]), tuple(r.gpu_ids))
+                 for r, t in zip(records, engine_targets(records), strict=True) if r.url not in gone]
         if not found:
             raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
         return found

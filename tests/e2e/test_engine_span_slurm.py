@@ -1,19 +1,23 @@
-"""One SGLang engine over two rollout nodes inside a real heterogeneous SLURM job (issue 17 item 1,
-engines/span.py): `--nodes 3 --trainer-nodes 1 --rollout-nodes 2 --rollout-num-gpus-per-engine 2`
-on the CPU stack, where an engine of 2 TP ranks runs one rank on each rollout node (SGLang's
-`--nnodes 2 --node-rank 0|1`, gloo between them; docs/sglang-behaviour.md).
+"""One SGLang engine over two nodes inside a real SLURM job (issue 17 item 1, engines/span.py), the
+trainer colocated with it (`--colocate --nodes 2 --rollout-num-gpus-per-engine 2` on the CPU stack):
+an engine of 2 TP ranks runs one rank on each node (SGLang's `--nnodes 2 --node-rank 0|1`, gloo
+between them; docs/sglang-behaviour.md), a trainer rank beside each, and the weights go in place
+(the IPC transport, memfds on CPU): each TP rank reads the trainer rank of its own node.
 
 Checked in one run:
-- the engine is registered once (control/engines.json and the router list one worker, 2 ranks);
-- every weight sync reaches both ranks: the trainer's broadcast group counts both, and the probe
-  finds the engine at the trainer's version with the trainer's greedy tokens (a rank that missed
-  the sync would still hold the checkpoint's half of every sharded weight);
+- the engine is registered once (control/engines.json and the router list one worker, 2 ranks, and
+  the node of each rank);
+- every weight sync reaches both ranks, each from its own node's trainer rank: both ranks log the
+  bucket read in place, and the probe finds the engine at the trainer's version with the trainer's
+  greedy tokens (a rank that missed the sync would still hold the checkpoint's half of every
+  sharded weight);
 - kill -9 of node rank 1's process (the other node's, serving no HTTP at all) restarts the whole
   engine: a new generation, rank 0 restarted by its supervisor and counted, rank 1 started again
-  by its node, both meeting at the new address; the syncs after it reach the engine again. (With
-  one engine, the run's requests wait out the restart: the router has no worker meanwhile.)
+  by its node, both meeting at the new address; the syncs after it reach the engine again.
 The run is ended by `rlslurm stop` once two syncs after the restart matched (NUM_ROLLOUT is a
-ceiling), and ends COMPLETED with every rollout trained once, in order.
+ceiling), and ends COMPLETED with every rollout trained once, in order. The broadcast to a spanning
+engine (the het layout) runs on GPUs in tests/gpu/test_engine_span.py, and its group is the one
+every multi-rank engine joins (tests/weight_sync).
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ def matched(run_dir: Path, version: int):
 
 def test_engine_spanning_two_nodes_syncs_every_rank_and_restarts_as_one(slurm_cluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--nodes", "3", "--trainer-nodes", "1",
-                 "--rollout-nodes", "2", "--engines-per-node", "1", "--rollout-num-gpus-per-engine", "2")
+    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--colocate", "--trainer-procs-per-node", "1",
+                 "--engines-per-node", "1", "--rollout-num-gpus-per-engine", "2")
     control = Control(RunDir(run_dir))
     wait_for(lambda: matched(run_dir, 1), 600, "a first sync reaching the engine", run_dir, job)
 
@@ -60,9 +64,13 @@ def test_engine_spanning_two_nodes_syncs_every_rank_and_restarts_as_one(slurm_cl
     span, rank1 = control.span(ENGINE), control.span_rank(ENGINE, 1)
     assert (span.generation, span.nnodes, rank1.generation, rank1.exit_code) == (1, 2, 1, None)
     assert rank1.node != engines[0].node and pid_alive(rank1.pid)
-    trainer_log = (run_dir / "logs/attempt-0/trainer-0.log").read_text(errors="replace")
-    # the broadcast group: trainer rank 0 and both of the engine's ranks
-    assert re.search(r"weight-sync group \S+: 1 engine\(s\), world 3,", trainer_log), trainer_log[-3000:]
+    assert engines[0].nodes == [engines[0].node, rank1.node]  # where --colocate's IPC finds each rank's trainer
+    logs = run_dir / "logs/attempt-0"
+    trainer_log = (logs / "trainer-0.log").read_text(errors="replace")
+    assert "copied in place to 1 engine(s)" in trainer_log and " broadcast to " not in trainer_log, trainer_log[-3000:]
+    # each TP rank read its bucket from its own node's trainer rank
+    for log in (logs / f"{ENGINE}.log", logs / f"{ENGINE}-rank1.log"):
+        assert "read in place" in log.read_text(errors="replace"), log
 
     # kill -9 of the rank on the other node, between two syncs
     at_next_commit(run_dir, job)

@@ -66,8 +66,9 @@ def test_engines_spanning_nodes_resolve_only_in_whole_nodes(prompts: Path) -> No
                     "--rollout-num-gpus-per-engine 24 spans 3 rollout nodes", "--rollout-nodes 2")
     one_line_naming(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "12"),
                     "--rollout-num-gpus-per-engine 12 is more than --gpus-per-node 8 and not a multiple")
-    one_line_naming(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16", "--colocate", "--nodes", "2"),
-                    "--rollout-num-gpus-per-engine 16", "--colocate")
+    colocated = resolve(_gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16", "--colocate", "--nodes", "2"),
+                        strict_inputs=False).cfg
+    assert (nodes_per_engine(colocated), engines_total(colocated)) == (2, 1)  # on the trainer's 2 nodes
     one_line_naming(_gpu_argv(prompts, "--nodes", "1", "--rollout-gpus", "4", "--trainer-gpus", "4",
                               "--rollout-num-gpus-per-engine", "8"),
                     "--rollout-num-gpus-per-engine 8", "--nodes 1")
