@@ -22,7 +22,8 @@ engine over several nodes"). rlslurm runs the ranks as one unit:
 
 Weight sync needs nothing else: the trainer talks to rank 0's URL and gives the engine as many
 group ranks as its whole TP size (control/engines.json `ranks`); SGLang passes the calls on to every
-rank, on every node.
+rank, on every node. Under --colocate the IPC transport also needs each rank's node: rank 0's record
+lists them (`nodes`, from the followers' span-rank records; engines/supervisor.py `span_nodes`).
 """
 
 from __future__ import annotations
