@@ -98,9 +98,12 @@ def test_no_healthy_engine_is_a_failed_sync(tmp_path):
 def test_engine_targets_ranks_and_health():
     recs = [EngineRecord(url="http://a:1", node="n", gpu_ids=[0, 1], healthy=True, restarts=2, pid=5),
             EngineRecord(url="http://b:1", node="n", healthy=False),
-            EngineRecord(url="http://c:1", node="n", healthy=True)]
+            EngineRecord(url="http://c:1", node="n", healthy=True),
+            # spanning two nodes of 2 GPUs (engines/span.py): every TP rank on every node joins the group
+            EngineRecord(url="http://d:1", node="n", gpu_ids=[0, 1], ranks=4, nodes=["n", "m"], healthy=True)]
     t = engine_targets(recs)
-    assert [(x.url, x.ranks, x.restarts) for x in t] == [("http://a:1", 2, 2), ("http://c:1", 1, 0)]
+    assert [(x.url, x.ranks, x.restarts) for x in t] == [("http://a:1", 2, 2), ("http://c:1", 1, 0),
+                                                         ("http://d:1", 4, 0)]
 
 
 @pytest.mark.parametrize("kw, msg", [({"bucket_bytes": 0}, "update_weight_buffer_size"),
