@@ -5,7 +5,8 @@ tensors leave for host memory and come back bit for bit, views of a flat buffer 
 included, so a step after the round trip equals a step without it; the health-check bracket is
 held for the whole window and renewed; an engine that does not answer fails the phase in bound, or
 ends the step as EnginesGone when the job is ending; an engine the turn did not release is not
-resumed (SGLang would die of it)."""
+resumed (SGLang would die of it); an engine whose process goes away at the release is waited for
+and the release done again (the trainer goes on)."""
 
 from __future__ import annotations
 
@@ -174,3 +175,55 @@ def test_a_phase_that_fails_while_the_job_ends_is_engines_gone(tmp_path: Path, o
         colo.to_trainer(2)
     colo.close()
 
+
+
+def test_an_engine_that_goes_away_at_the_release_is_waited_for_and_released_again(
+        private_deployment, tmp_path: Path, one_rank, caplog) -> None:
+    """An engine's process ends as the turn begins (found in the SLURM span test: kill -9 of another
+    node's rank took the engine down at /pause_generation, and the trainer exited). Its connection
+    drops and its port then refuses: the turn lets the bracket go (so its supervisor may restart it),
+    waits until the engines are up again, and releases those; the trainer goes on."""
+    import threading
+
+    from rlslurm.buffer.control import EngineRecord
+
+    dep = private_deployment
+    dying = socket.socket()  # the engine's last moments: takes the request, drops it, is gone
+    dying.bind(("127.0.0.1", 0))
+    dying.listen(8)
+    url = f"http://127.0.0.1:{dying.getsockname()[1]}"
+
+    def die() -> None:
+        conn, _ = dying.accept()
+        conn.close()
+        dying.close()
+    dead = threading.Thread(target=die, daemon=True)
+    dead.start()
+
+    control = Control(RunDir.create(tmp_path / "run"))
+    control.write_engines([EngineRecord(url=url, node="n0", pid=1, healthy=True)])
+    before = asyncio.run(_greedy(dep))
+    colo = Colocation(_trainer_state(), control, dep.api_key, rank=0, timeout_s=60.0)
+    colo.offload_all()
+    waited = []
+
+    def restarted() -> None:  # its supervisor, once the bracket is let go: a new process is up
+        dead.join(timeout=60)  # the turn's request reached it inside the bracket
+        deadline = time.monotonic() + 60
+        while control.weight_update() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        waited.append(not dead.is_alive() and control.weight_update() is None)
+        control_publisher(control, "n0")(dep.supervisor.engines())
+    helper = threading.Thread(target=restarted, daemon=True)
+    helper.start()
+    with caplog.at_level("WARNING", logger="rlslurm.trainer.colocate"):
+        colo.to_trainer(1)
+    helper.join(timeout=5)
+    assert waited == [True]  # the bracket was let go while it waited
+    assert f"release 1 of 3: {url} went away" in caplog.text
+    assert colo._released == {(t.url, t.pid) for t in dep.supervisor.engines()}  # the new ones released
+    colo.to_engines_for_weights()
+    colo.to_engines()
+    assert control.weight_update() is None
+    assert asyncio.run(_greedy(dep)) == before
+    colo.close()
