@@ -28,10 +28,11 @@ or a rank of an engine spanning nodes died and took the engine down: its url ref
 does not end the trainer: at the release the turn puts back the engines it had released, waits for
 every engine to be up again (its supervisor restarts it once the bracket is let go) and releases
 again, up to RELEASE_TRIES times; in the resume phases it is left out (restarted after the turn, it
-gets the weights from the next publish like any restarted engine). The turn resumes only the engines it released (the same
-process: url and pid): an engine that came up or was restarted since holds its memory, and SGLang's
-resume of a tag it never released kills the server (KeyError in `resume_memory_occupation`, found by
-tools/gpu/field-colocate.sh); so each turn also starts only once every engine is up (trainer/main.py).
+gets the weights from the next publish like any restarted engine). The turn resumes only the engines
+it released (the same process: url and pid): an engine that came up or was restarted since holds its
+memory, and SGLang's resume of a tag it never released kills the server (KeyError in
+`resume_memory_occupation`, found by tools/gpu/field-colocate.sh); so each turn also starts only once
+every engine is up (trainer/main.py).
 
 While the engines are released they cannot answer a health check (SGLang's
 /health generates a token), so rank 0 holds the weight-update bracket (control/weight_update.json,
@@ -299,7 +300,7 @@ class Colocation:
                 return [t for t in targets if t.url in gone]
             time.sleep(1.0)
 
-    def _wait_for_engines(self, lost: list) -> None:
+    def _wait_for_restart(self, lost: list) -> None:
         """Rank 0: until every engine is healthy again, none of them a process in `lost` (bounded)."""
         from rlslurm.engines.fanout import engine_targets
 
@@ -348,7 +349,7 @@ class Colocation:
                                 "all to be up again", attempt, RELEASE_TRIES, e)
                     self._released -= {(t.url, t.pid) for t in e.gone}
                     self._put_back()
-                    self._wait_for_engines(e.gone)
+                    self._wait_for_restart(e.gone)
         self._rank0("releasing the engines' memory", release)
         t1 = time.perf_counter()
         self.times = {"time/engines_release": t1 - t0}
@@ -364,15 +365,20 @@ class Colocation:
         and the bracket goes, so that their supervisors check and restart them again."""
         try:
             self._resume(tags=None)
-            try:
-                self._engines("continue_generation")
-            except EnginesLost as e:  # the one that went (its record is current only once it is back)
-                log.warning("colocate: %s; the others continue", e)
+            self._continue()
         finally:
             self._released = set()
             if self._keeper is not None:
                 self._keeper.stop()
                 self._keeper = None
+
+    def _continue(self) -> None:
+        """Rank 0: every engine generates again; one gone since is left out (its record is current
+        only once it is back)."""
+        try:
+            self._engines("continue_generation")
+        except EnginesLost as e:
+            log.warning("colocate: %s; the others continue", e)
 
     def _resume(self, *, tags: list[str] | None) -> None:
         """Rank 0: the engines this turn released get `tags` back; one gone since is left out."""
@@ -407,10 +413,7 @@ class Colocation:
         def resume() -> None:
             try:
                 self._resume(tags=[KV_CACHE, CUDA_GRAPH])
-                try:
-                    self._engines("continue_generation")  # every engine: the publish left each one paused
-                except EnginesLost as e:
-                    log.warning("colocate: %s; the others continue", e)
+                self._continue()  # every engine: the publish left each one paused
             finally:
                 if self._keeper is not None:
                     self._keeper.stop()
