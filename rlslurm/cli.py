@@ -119,7 +119,7 @@ def run(
       rlslurm run --model tiny-qwen3 --prompt-data prompts.jsonl --device cpu --num-rollout 10
     """
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.gpus import group_gpus
+    from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
     from rlslurm.model_config import load_model_config
     from rlslurm.resolve import Resolved
@@ -139,7 +139,7 @@ def run(
     existing = RunDir(run_dir or Path("runs") / (run_name or ("demo" if demo else "rlslurm")))
     if existing.run_yaml.exists():
         cfg = load_run_config(existing.path)
-        gpus = group_gpus(cfg)
+        gpus = role_gpus(cfg)
         err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
         _clear_stop(existing.path)
         res = Resolved(cfg, load_model_config(cfg.model.model))
@@ -156,7 +156,7 @@ def run(
         res = resolve(["--device", "cpu", *machine] + argv, config, strict_inputs=True)
         for w in res.warnings:
             err.print(f"[yellow]warning:[/] {w}")
-        gpus = group_gpus(res.cfg)  # too few GPUs: refused before the run directory exists
+        gpus = role_gpus(res.cfg, res.model)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)
     result = run_local(cfg.run_dir, trainer_procs=cfg.trainer_procs_per_node, num_rollout=cfg.rollout.num_rollout,

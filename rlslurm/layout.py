@@ -9,9 +9,36 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.flags import flag_name
+
+if TYPE_CHECKING:
+    from rlslurm.model_config import ModelConfig
+
+
+def makes_init_checkpoint(cfg: RunConfig, model: "ModelConfig") -> bool:
+    """The run directory gets a random-init HF checkpoint (RUN/hf_init, rlslurm/slurm/submit.py
+    `prepare_run_dir`) that the engines serve: a tiny model with neither --hf-checkpoint nor --load."""
+    return cfg.model.hf_checkpoint is None and cfg.model.load is None and model.tiny
+
+
+def no_engines_reason(cfg: RunConfig, model: "ModelConfig | None" = None) -> str | None:
+    """Why this run starts no rollout engine, or None. Both the GPU split (rlslurm/gpus.py, before the
+    run directory exists: `model` tells whether it will get RUN/hf_init) and the rollout node (after:
+    run.yaml names the checkpoint) decide by this. Replay (--load-debug-rollout-data) trains from
+    another run's buffer; --debug-train-only builds its rollouts on node 0 without engines; a model
+    with no HF weights (only --load) has nothing an engine could serve."""
+    if cfg.train.load_debug_rollout_data is not None:
+        return "replay run (--load-debug-rollout-data): the trainer reads another run's buffer"
+    if cfg.train.debug_train_only:
+        return (f"--debug-train-only: node 0 builds the rollouts with {cfg.rollout.rollout_function_path} "
+                "(no engines, no router)")
+    if cfg.model.hf_checkpoint is None and not (model is not None and makes_init_checkpoint(cfg, model)):
+        return "no --hf-checkpoint (the trainer starts from --load): no HF weights to serve"
+    return None
 
 
 def place_groups(cfg: RunConfig) -> None:

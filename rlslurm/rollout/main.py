@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.layout import no_engines_reason
 from rlslurm.net import node_ip
 from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
@@ -108,21 +109,6 @@ async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, cont
         if driver_task is not None and not driver_task.done():
             driver_task.cancel()
             await asyncio.gather(driver_task, return_exceptions=True)
-
-
-def no_engines_reason(cfg) -> str | None:
-    """Why this run needs no rollout engines, or None. A tiny model without --hf-checkpoint is
-    random-initialised by the trainer (launcher tests, fake GPUs): engines could not serve its
-    weights. Replay (--load-debug-rollout-data) trains from another run's buffer. --debug-train-only
-    builds its rollouts on node 0 without engines (`builds_rollouts`)."""
-    if cfg.train.load_debug_rollout_data is not None:
-        return "replay run (--load-debug-rollout-data): the trainer reads another run's buffer"
-    if cfg.train.debug_train_only:
-        return (f"--debug-train-only: node 0 builds the rollouts with {cfg.rollout.rollout_function_path} "
-                "(no engines, no router)")
-    if cfg.model.hf_checkpoint is None:
-        return "no --hf-checkpoint (tiny model initialised by the trainer): no weights to serve"
-    return None
 
 
 def builds_rollouts(cfg, node: int) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from rlslurm.buffer.atomic import read_json, write_bytes_atomic, write_json_atomic
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
+from rlslurm.layout import makes_init_checkpoint
 from rlslurm.resolve import Resolved
 from rlslurm.runfile import dump_run_config
 from rlslurm.secret_env import render_env_file, secret_env_file, secret_values
@@ -48,7 +49,7 @@ def prepare_run_dir(res: Resolved, *, resume: bool = False) -> RunDir:
     if secrets:
         write_bytes_atomic(secret_env_file(run_dir), render_env_file(secrets).encode(), mode=0o600)
     if not resume:
-        if cfg.model.hf_checkpoint is None and cfg.model.load is None and res.model.tiny:
+        if makes_init_checkpoint(cfg, res.model):
             from rlslurm.tiny import make_tiny_checkpoint
 
             cfg.model.hf_checkpoint = make_tiny_checkpoint(res.model, run_dir / "hf_init", seed=cfg.run.seed)
