@@ -245,9 +245,9 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         nonlocal version
         version += 1
         pub.publish(None, version)
-        h = pub.history[-1]
-        assert h["mode"] == "distributed" and h["tries"] == 1, h
-        return pub.sender.last.seconds, h["seconds"]
+        h = pub.deliveries[-1]
+        assert h.transport == backend and not h.fallback and h.tries == 1, h
+        return pub.sender.last.seconds, h.seconds
 
     def raw_once() -> float:
         if cuda:

@@ -254,7 +254,7 @@ def status(
 
     Example: rlslurm status runs/glm4-grpo --json
     """
-    from rlslurm.slurm.status import run_status
+    from rlslurm.slurm.status import phase_line, run_status, weights_line
 
     st = run_status(_run_dir_arg(run_dir))
     if as_json:
@@ -269,14 +269,19 @@ def status(
         head.add_row(label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}")
     head.add_row("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else ""))
     head.add_row("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}")
-    head.add_row("weight version", str(st.weight_version))
+    head.add_row("weights", weights_line(st.weights))
+    for p in sorted(st.phases, key=lambda p: (p["role"] != "trainer", p["role"], p["rank"])):
+        if p["phase"] and (p["role"], p["rank"]) in (("trainer", 0), ("rollout", 0)):
+            head.add_row(f"{p['role']} {p['rank']}", phase_line(p, st.live))
     if st.reward_trend:
         from rlslurm.curve import sparkline
 
         vals = [v for _, v in st.reward_trend]
         head.add_row("reward", f"{sparkline(vals)}  last {vals[-1]:.3f} (rollout {st.reward_trend[-1][0]}), "
                      f"min {min(vals):.3f} max {max(vals):.3f}")
-    if st.engines:
+    if st.engines and all(e.get("gone") for e in st.engines):
+        head.add_row("engines", f"{len(st.engines)} gone with the attempt")
+    elif st.engines:
         healthy = sum(1 for e in st.engines if e.get("healthy"))
         waiting = sum(1 for e in st.engines if e.get("awaiting_weights"))
         head.add_row("engines", f"{healthy}/{len(st.engines)} healthy, "

@@ -387,6 +387,10 @@ class TrainSection(Section):
     # receiver inside the engine (engines/receiver.py: one request per publish, overlapped, copies
     # learnt from load_weights); the rollout node then starts SGLang with --custom-weight-loader
     update_weight_receiver: Literal["sglang", "rlslurm"] = "sglang"
+    # what delivers a version whose broadcast/IPC failed every try: disk (HF files in RUN/weights, loaded
+    # by every engine that answers; recorded and shown as a fallback) or off (the attempt fails and
+    # SLURM requeues it). The GPU tier runs with off, so a fallback cannot pass for the transport.
+    weight_sync_fallback: Literal["disk", "off"] = "disk"
     weight_sync_timeout_s: float = Field(300.0, gt=0)
     distributed_timeout_minutes: float = Field(60.0, gt=0)   # every trainer process group (trainer/collectives.py)
     # the attempt's watchdog (rlslurm/watchdog.py): None = distributed timeout + 10 min, 0 = off

@@ -143,6 +143,11 @@ def device_uuids(devices: list[int], env: dict[str, str] | None = None) -> list[
     return out
 
 
+def visible_gpu_uuids() -> list[str] | None:
+    """The UUIDs of every GPU this process sees, in its device order (for its env report)."""
+    return device_uuids(list(range(len(visible_gpus()))))
+
+
 def torch_device_uuid(index: int) -> str | None:
     """The UUID of this process's CUDA device `index`, from the driver (torch)."""
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from rlslurm import owned_role
@@ -31,6 +32,7 @@ from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.net import rendezvous_port
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
+from rlslurm.slurm.status import phase_line, role_phases, weights_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 from rlslurm.runfile import load_run_config
@@ -110,8 +112,43 @@ def _status_table(rd: RunDir, num_rollout: int, t0: float) -> Table:
     if pts:
         t.add_row("reward", f"{pts[-1][1]:.3f}  {sparkline([p[1] for p in pts], 0.0, 1.0)}")
     wv = Control(rd).weight_version()
-    t.add_row("weights", f"v{wv.version}" if wv else "v0")
+    t.add_row("weights", weights_line(wv.model_dump() if wv else None))
+    for p in _main_phases(rd):
+        t.add_row(f"{p['role']} {p['rank']}", phase_line(p, live=True))
     return t
+
+
+def _main_phases(rd: RunDir) -> list[dict]:
+    """The trainer's rank 0 and the first rollout node, from their heartbeats."""
+    return [p for p in role_phases(Control(rd)) if p["phase"] and p["rank"] == 0]
+
+
+class Notices:
+    """What `rlslurm run` prints as lines of their own, with or without the live table: a version the
+    disk fallback delivered (yellow: the transport failed), and every STALL_S without a trained rollout,
+    what each role is doing (issue 30: a run stuck in a failing sync printed nothing for 5 minutes)."""
+
+    STALL_S = 120.0
+
+    def __init__(self, rd: RunDir, console: Console, t0: float):
+        self.rd, self.console = rd, console
+        self.fallbacks = 0
+        self.trained, self.progress_at, self.said_at = -1, t0, t0
+
+    def check(self) -> None:
+        wv = Control(self.rd).weight_version()
+        if wv is not None and wv.fallbacks > self.fallbacks:
+            self.fallbacks = wv.fallbacks
+            self.console.print(f"[yellow]weight sync fell back to disk[/] ({wv.fallbacks} version(s) this attempt): "
+                               f"{escape(wv.last_fallback or '')[:300]}")
+        now = time.time()
+        trained = len(reward_curve(self.rd.path))
+        if trained != self.trained:
+            self.trained, self.progress_at = trained, now
+        elif now - self.progress_at > self.STALL_S and now - self.said_at > self.STALL_S:
+            self.said_at = now
+            doing = "; ".join(f"{p['role']} {p['rank']}: {phase_line(p, live=True)}" for p in _main_phases(self.rd))
+            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: {doing or 'no heartbeat yet'}")
 
 
 class _Terminated(Exception):
@@ -174,11 +211,13 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None
         reason, rc, interrupted_rc = "", 1, 0
+        notices = Notices(rd, console, start)
         try:
             if live:
                 live.start()
             next_hang_check, hung = start + CHECK_EVERY_S, []
             while all(p.poll() is None for p in procs.values()):
+                notices.check()
                 if timeout_s is not None and time.time() - start > timeout_s:
                     control.request_stop(f"rlslurm run: --timeout {timeout_s:.0f}s reached")
                     reason = f"timeout after {timeout_s:.0f}s"

@@ -56,6 +56,8 @@ class EngineRecord(_Record):
     url: str
     node: str
     gpu_ids: list[int] = Field(default_factory=list)
+    # the physical GPU (UUID, rlslurm/gpus.py) of each of gpu_ids on this node; [] where not known
+    gpu_uuids: list[str] = Field(default_factory=list)
     pid: int | None = None
     healthy: bool = False
     restarts: int = 0
@@ -115,6 +117,11 @@ class RendezvousRecord(_Record):
 class WeightVersionRecord(_Record):
     version: int
     updated_at: float = Field(default_factory=time.time)
+    # what delivered it (trainer/delivery.py TRANSPORTS) and how many versions of this attempt the
+    # fallback delivered so far; None: written by a trainer from before these were recorded
+    transport: str | None = None
+    fallbacks: int = 0
+    last_fallback: str | None = None  # "v<N>: why", the newest version the fallback delivered
 
 
 class WeightUpdateRecord(_Record):
@@ -131,6 +138,10 @@ class Heartbeat(_Record):
     host: str = Field(default_factory=socket.gethostname)
     pid: int = Field(default_factory=os.getpid)
     time: float = Field(default_factory=time.time)
+    # what the role is doing and since when (its wall clock): `rlslurm status` and `rlslurm run`
+    # say why a run makes no progress ("weight sync v3: try 2/2", "starting engines")
+    phase: str | None = None
+    phase_since: float | None = None
 
 
 class PreemptAck(_Record):
@@ -230,8 +241,14 @@ class Control:
                 raise TimeoutError(f"{self.rendezvous_path(attempt)}: no weight-sync rendezvous within {timeout:g} s")
             sleep_or_cancel(poll_interval, cancel)
 
-    def set_weight_version(self, version: int) -> None:
-        self._write("weight_version.json", WeightVersionRecord(version=version))
+    def set_weight_version(self, version: int, *, transport: str | None = None, fallbacks: int = 0,
+                           last_fallback: str | None = None) -> None:
+        """`last_fallback`: kept from the record before when not given (the attempt's newest fallback)."""
+        if last_fallback is None and fallbacks:
+            old = self.weight_version()
+            last_fallback = old.last_fallback if old is not None else None
+        self._write("weight_version.json", WeightVersionRecord(version=version, transport=transport,
+                                                               fallbacks=fallbacks, last_fallback=last_fallback))
 
     def weight_version(self) -> WeightVersionRecord | None:
         return self._read(self.dir / "weight_version.json", WeightVersionRecord)
@@ -254,8 +271,9 @@ class Control:
         return self._read(self.weight_update_file, WeightUpdateRecord)
 
     # --- heartbeats -------------------------------------------------------------------
-    def heartbeat(self, role: str, rank: int = 0) -> Heartbeat:
-        hb = Heartbeat(role=role, rank=rank)
+    def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,
+                  phase_since: float | None = None) -> Heartbeat:
+        hb = Heartbeat(role=role, rank=rank, phase=phase, phase_since=phase_since)
         ensure_dir(self.heartbeat_dir)
         write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"))
         return hb

@@ -5,8 +5,10 @@ one `SGLangClient` method on all of them concurrently on an `HttpLoop` (an async
 daemon thread, so the calling thread can block in a broadcast meanwhile: waiting for one engine
 before calling the next deadlocks the group); `refusing` finds the engines where nothing listens;
 `release` ends a failed update on every engine that answers. Every call is bounded by the
-timeout it is given, cleanup calls by CLEANUP_TIMEOUT_S. The broadcast itself (torch.distributed)
-is trainer/weight_sync.py's and trainer/sync_group.py's.
+timeout it is given, cleanup calls by CLEANUP_TIMEOUT_S, and a wait ends early when the `cancel`
+the trainer gives says the job is ending (a stop, a preempt, a TERM: issue 30, a sync that ran on
+for minutes after Ctrl-C). The broadcast itself (torch.distributed) is trainer/weight_sync.py's
+and trainer/sync_group.py's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import concurrent.futures as cf
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
@@ -34,6 +37,22 @@ CLEANUP_TIMEOUT_S = 10.0
 REFUSED_TIMEOUT_S = 2.0
 
 
+# How often a wait looks at its `cancel`: a stop is answered within this.
+CANCEL_POLL_S = 0.5
+
+
+class Unanswered(TimeoutError):
+    """Engines that did not answer a call within its bound (their urls)."""
+
+    def __init__(self, what: str, urls: list[str], timeout_s: float):
+        self.urls = urls
+        super().__init__(f"{what}: {len(urls)} engine(s) did not answer within {timeout_s:g} s ({', '.join(urls)})")
+
+
+class Cancelled(RuntimeError):
+    """A wait given up because the caller's `cancel` said so (the job is ending)."""
+
+
 @dataclass(frozen=True)
 class EngineTarget:
     url: str
@@ -41,12 +60,19 @@ class EngineTarget:
     pid: int | None
     restarts: int
     sglang_version: str | None = None
+    # the physical GPU of each of its TP ranks (rlslurm/gpus.py), where the rollout node could tell
+    gpus: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> tuple[str, int | None, int]:
+        """This process of the engine: a restart is another one."""
+        return self.url, self.pid, self.restarts
 
 
 def engine_targets(records: Iterable[EngineRecord]) -> list[EngineTarget]:
     """The healthy engines of control/engines.json (one being restarted joins the next sync)."""
     return [EngineTarget(url=r.url, ranks=r.ranks or max(1, len(r.gpu_ids)), pid=r.pid, restarts=r.restarts,
-                         sglang_version=r.sglang_version)
+                         sglang_version=r.sglang_version, gpus=tuple(r.gpu_uuids))
             for r in records if r.healthy]
 
 
@@ -92,27 +118,42 @@ class HttpLoop:
 
 class Engines:
     """HTTP to a fixed set of engines; `call(name, ...)` runs one client method on all of them at
-    once and raises the first failure after all have finished or `timeout` passed."""
+    once and raises the first failure after all have finished or `timeout` passed (`Unanswered`
+    names the engines that did not answer), or `Cancelled` as soon as `cancel()` is true."""
 
-    def __init__(self, loop: HttpLoop, targets: list[EngineTarget], api_key: str | None):
-        self.loop, self.targets, self.api_key = loop, targets, api_key
+    def __init__(self, loop: HttpLoop, targets: list[EngineTarget], api_key: str | None, *,
+                 cancel: Callable[[], bool] | None = None):
+        self.loop, self.targets, self.api_key, self.cancel = loop, targets, api_key, cancel
         self._clients = [SGLangClient(t.url, api_key, api=api_for(t.sglang_version)) for t in targets]
+        self._url_of: dict[cf.Future, str] = {}
 
     def submit(self, method: str, per_engine: Callable[[int], dict[str, Any]] | None = None,
                **kw: Any) -> list[cf.Future]:
-        return [self.loop.submit(getattr(c, method)(**kw, **(per_engine(i) if per_engine else {})))
+        futs = [self.loop.submit(getattr(c, method)(**kw, **(per_engine(i) if per_engine else {})))
                 for i, c in enumerate(self._clients)]
+        self._url_of = {f: t.url for f, t in zip(futs, self.targets)}  # the last call's: one call at a time
+        return futs
 
-    @staticmethod
-    def wait(futs: list[cf.Future], timeout: float, what: str) -> None:
-        done, pending = cf.wait(futs, timeout=timeout)
+    def wait(self, futs: list[cf.Future], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        pending: set[cf.Future] = set(futs)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _, pending = cf.wait(pending, timeout=min(left, CANCEL_POLL_S))
+            if pending and self.cancel is not None and self.cancel():
+                for f in pending:
+                    f.cancel()
+                raise Cancelled(f"{what}: given up, the job is ending")
         for f in pending:
             f.cancel()
+        done = [f for f in futs if f not in pending]
         errors = [f.exception() for f in done if f.exception() is not None]
         if errors:
             raise errors[0]
         if pending:
-            raise TimeoutError(f"{what}: {len(pending)} engine(s) did not answer within {timeout:g} s")
+            raise Unanswered(what, [self._url_of.get(f, "?") for f in futs if f in pending], timeout)
 
     def call(self, method: str, *, timeout: float, **kw: Any) -> None:
         self.wait(self.submit(method, timeout=timeout, **kw), timeout + 5, method)

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import health_sync
+from rlslurm.gpus import device_uuids
 
 if TYPE_CHECKING:
     from rlslurm.buffer.control import Control, EngineRecord
@@ -527,9 +528,13 @@ def engine_records(infos: list[EngineInfo], node: str, control: "Control | None"
     from rlslurm.engines.sglang_versions import installed_sglang_version
 
     version = installed_sglang_version()  # the engines run in this node's Python environment
-    return [EngineRecord(url=i.url, node=node, sglang_version=version, ranks=i.tp_size,
-                         gpu_ids=[] if i.device == "cpu" else
-                         list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size // i.nnodes)),
+
+    def gpu_ids(i: EngineInfo) -> list[int]:
+        return [] if i.device == "cpu" else list(range(i.base_gpu_id, i.base_gpu_id + i.tp_size // i.nnodes))
+
+    return [EngineRecord(url=i.url, node=node, sglang_version=version, ranks=i.tp_size, gpu_ids=gpu_ids(i),
+                         # the engines inherit this process's CUDA_VISIBLE_DEVICES and device order
+                         gpu_uuids=(device_uuids(gpu_ids(i)) or []) if gpu_ids(i) else [],
                          nodes=span_nodes(control, i.name, node, i.nnodes),
                          pid=i.pid, healthy=i.healthy, restarts=i.restarts, awaiting_weights=i.awaiting_weights)
             for i in infos]

@@ -218,6 +218,8 @@ class RolloutDriver:
                  filters: Sequence[GroupFilter] | None = None, engine_restarts: Callable[[], int] | None = None,
                  reward_executor: Any = None, retry: RetryPolicy | None = None, poll_s: float = POLL_S):
         self.cfg = cfg
+        # what it does now, for the node's heartbeat (`rlslurm status`: why no rollout comes)
+        self.phase = "starting the driver"
         self.rd = run if isinstance(run, RunDir) else RunDir(run)
         self.router_url = router_url
         self.engine_urls = engine_urls
@@ -314,13 +316,16 @@ class RolloutDriver:
                 return True, None
 
     async def _one(self, rollout_id: int, result: DriverResult) -> str:
+        self.phase = f"rollout {rollout_id}: waiting for its weights"
         try:
             version = await self.wait_for_weights(rollout_id)
         except _RegenerateFirst:
             return "deferred"
         if self._eval and eval_due(rollout_id, self.cfg):
+            self.phase = f"evaluating before rollout {rollout_id}"
             if await self.evaluate(rollout_id, version):
                 result.evaluated.append(rollout_id)
+        self.phase = f"generating rollout {rollout_id}"
         committed = await self.generate_rollout(rollout_id, version)
         if not committed:
             return "exhausted"
@@ -368,6 +373,7 @@ class RolloutDriver:
                 raise _RegenerateFirst()
             if not logged:
                 log.info("rollout %d waits for weight version %d (engines: %s)", rollout_id, need, versions)
+                self.phase = f"rollout {rollout_id}: waiting for weight version {need} (engines have {versions})"
                 logged = True
             await asyncio.sleep(self.poll_s)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.gpus import visible_gpu_uuids
 from rlslurm.layout import no_engines_reason
 from rlslurm.net import node_ip
 from rlslurm.runfile import load_run_config
@@ -76,6 +77,7 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
 
         driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
+        node.phase_of = lambda: driver.phase
         driver_task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
     return await until_end(driver_task, node.housekeeping, rd, control)
 
@@ -155,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
     env = job_env()
+    # the engines inherit it: their device numbers in NVML's (PCI) order, as engines.json names their
+    # GPUs through nvidia-smi (rlslurm/gpus.py device_uuids; docs/gpu.md, "Which GPU")
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     write_env_report(rd.path, "rollout", env.procid, {
+        "gpu_uuids": visible_gpu_uuids() if cfg.run.device == "cuda" else [],
         "trainer_addr": a.trainer_addr,
         "run_name": cfg.run.run_name,
         "sglang_args": cfg.sglang_args,

@@ -27,6 +27,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from rlslurm.buffer.atomic import ensure_dir, listdir_fresh, read_json, write_json_atomic
@@ -178,12 +179,15 @@ class RolloutNode:
         self.follower: SpanFollower | None = None   # this node runs another node's engine's rank
         self.watcher: UpdateWatcher | None = None
         self.restart_events: list[RestartEvent] = []
+        self.phase, self.phase_since = "starting engines", time.time()
+        self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
 
     @property
     def node_file(self) -> Path:
         return self.control.dir / f"engines-node{self.node}.json"
 
     def start(self, *, cancel=lambda: False) -> None:
+        self._beat()  # "starting engines" from now: minutes on GPUs, with no heartbeat until they are up
         specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
         if specs[0].node_rank > 0:
             self._publish([])  # no engine of its own: clears what an earlier attempt's layout left
@@ -275,11 +279,20 @@ class RolloutNode:
         past its restart budget (engines/supervisor.py): the attempt then ends as a failure."""
         if self.supervisor is not None:
             self.supervisor.raise_if_failed()
-        self.control.heartbeat("rollout", self.node)
+        self._beat()
         if self.node == 0:
             self.merge_engines()
         else:
             self.ensure_registered()
+
+    def _beat(self) -> None:
+        """This node's heartbeat with its phase: starting engines, then serving (node 0: what the
+        driver does); `phase_since` moves only when the phase changes."""
+        phase = self.phase_of() if self.phase_of is not None else (
+            "starting engines" if self.supervisor is None and self.follower is None else "serving")
+        if phase != self.phase:
+            self.phase, self.phase_since = phase, time.time()
+        self.control.heartbeat("rollout", self.node, phase=self.phase, phase_since=self.phase_since)
 
     def wait_for_all_nodes(self, *, timeout: float, cancel=lambda: False) -> bool:
         """Node 0, before the first rollout: wait until every rollout node's engines are healthy

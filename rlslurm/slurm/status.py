@@ -1,8 +1,17 @@
-"""Job state from SLURM plus the run's own record (ledger, buffer, control files)."""
+"""Job state from SLURM plus the run's own record (ledger, buffer, control files).
+
+Without a job to ask (a `rlslurm run`, or SLURM no longer knows it) the state comes from the run's
+own record: FINISHED, RUNNING while a role's heartbeat is fresh, else how the last attempt ended.
+Engines are healthy only while their node's heartbeat is fresh: engines.json keeps the last word
+of a node that is gone. What each role does now (its heartbeat's phase) and how weights reached
+the engines (control/weight_version.json: the transport, the fallbacks) say why a run is slow or
+stalled (issue 30: a disk fallback was one log line).
+"""
 
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +25,9 @@ from rlslurm.slurm.submit import current_job_id
 from rlslurm.user_error import REASON_PREFIX, read_user_error
 
 _TIMEOUT_S = 20
+# A heartbeat older than this says its process is gone (the trainer beats every 10 s and at each
+# phase, rollout nodes every second; a trainer inside a long step may be silent a while).
+LIVE_S = 120.0
 
 
 def _run(cmd: list[str]) -> str | None:
@@ -94,6 +106,11 @@ class RunStatus:
     resubmits: list[dict[str, Any]] = field(default_factory=list)  # `rlslurm resubmit` records of the ledger
     # The user error that ended the last attempt (rlslurm/user_error.py): its record, or None.
     user_error: dict[str, Any] | None = None
+    # control/weight_version.json: version, transport, fallbacks (this attempt's), last_fallback
+    weights: dict[str, Any] | None = None
+    # each role's heartbeat: role, rank, phase, for_s (in that phase), age_s (of the heartbeat)
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    live: bool = False  # some role's heartbeat is fresh (its process runs)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,22 +132,60 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         committed, last_trained = len(reader.committed_ids()), reader.last_trained()
     except Exception:  # a run dir from before the first commit must not break status
         committed, last_trained = 0, None
+    phases = role_phases(control)
+    live = current is not None and any(p["age_s"] < LIVE_S for p in phases)
+    finished = rd.is_finished()
+    if slurm["source"] is None:  # nothing to ask: the run's own record
+        slurm = {**slurm, "state": own_state(finished, live, attempts), "source": "run directory"}
     return RunStatus(
         run_dir=str(rd.path),
         job_id=job_id,
         slurm=slurm,
         attempts=attempts,
         current_attempt=current,
-        finished=rd.is_finished(),
-        ended_early=(rd.finished_info() or {}).get("ended_early") if rd.is_finished() else None,
+        finished=finished,
+        ended_early=(rd.finished_info() or {}).get("ended_early") if finished else None,
         rollouts_committed=committed,
         last_trained_rollout=last_trained,
         weight_version=wv.version if wv else None,
-        engines=[e.model_dump() for e in control.engines()],
+        engines=[_engine(e.model_dump(), live, phases) for e in control.engines()],
         reward_trend=reward_curve(rd.path)[-50:],
         resubmits=[r for r in ledger if is_event(r)],
         user_error=_last_user_error(rd, attempts),
+        weights=wv.model_dump() if wv else None,
+        phases=phases,
+        live=live,
     )
+
+
+def role_phases(control: Control, now: float | None = None) -> list[dict[str, Any]]:
+    """Each role process's heartbeat: what it does and for how long."""
+    now = time.time() if now is None else now
+    out = []
+    for hb in control.heartbeats():
+        out.append({"role": hb.role, "rank": hb.rank, "host": hb.host, "phase": hb.phase,
+                    "for_s": None if hb.phase_since is None else max(0.0, now - hb.phase_since),
+                    "age_s": max(0.0, now - hb.time)})
+    return out
+
+
+def own_state(finished: bool, live: bool, attempts: list[dict[str, Any]]) -> str:
+    """The state of a run no scheduler knows of (a `rlslurm run`, or a job SLURM forgot)."""
+    if finished:
+        return "FINISHED"
+    if live:
+        return "RUNNING"
+    if attempts:
+        last = max(attempts, key=lambda a: a.get("attempt", -1))
+        return f"ENDED ({last.get('reason') or 'exit ' + str(last.get('exit_code'))})"
+    return "NOT STARTED"
+
+
+def _engine(rec: dict[str, Any], live: bool, phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """An engine of engines.json as it is now: the record holds only while the rollout group lives."""
+    if live and any(p["role"] == "rollout" and p["age_s"] < LIVE_S for p in phases):
+        return rec
+    return {**rec, "healthy": False, "gone": True}
 
 
 def _last_user_error(rd: RunDir, ended: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -166,3 +221,26 @@ def _current_attempt(rd: RunDir, ended: list[dict[str, Any]]) -> dict[str, Any] 
                 return {"attempt": n}
         return {"attempt": n}
     return None
+
+
+def weights_line(w: dict[str, Any] | None) -> str:
+    """control/weight_version.json for people: the version, what delivered it, the fallbacks in yellow."""
+    if not w:
+        return "v0 (none published)"
+    line = f"v{w['version']}" + (f" via {w['transport']}" if w.get("transport") else "")
+    if w.get("fallbacks"):
+        from rich.markup import escape
+
+        line += (f"  [yellow]{w['fallbacks']} version(s) delivered by the disk fallback this attempt"
+                 + (f" (last {escape(w['last_fallback'][:200])})" if w.get("last_fallback") else "") + "[/]")
+    return line
+
+
+def phase_line(p: dict[str, Any], live: bool) -> str:
+    """A role's heartbeat phase: what it does and for how long (or did, if its process is gone)."""
+    from rich.markup import escape
+
+    took = f" for {p['for_s']:.0f} s" if p.get("for_s") is not None else ""
+    if not live or p["age_s"] > LIVE_S:
+        return f"{escape(p['phase'])} (its last heartbeat, {p['age_s']:.0f} s ago)"
+    return f"{escape(p['phase'])}{took}"

@@ -6,13 +6,19 @@ requeued job trains the rollouts already in the buffer while its engines start):
 *pending* here and goes out once they are. An engine restarted mid-run comes back with the
 checkpoint's weights and is kept out of the router until it serves the published version
 (`awaiting_weights` in control/engines.json); it is given that version again, once per restart.
+
+Every publish is recorded as a `Delivered`: the transport that delivered the version and whether
+the disk fallback did (issue 30: the fallback had delivered every version of the GPU tier while the
+tests believed NCCL did). The trainer writes them into metrics.jsonl and control/weight_version.json,
+which `rlslurm status` and `rlslurm run` show. A version that reached no engine (the fallback found
+none answering) is not delivered: it is pending again until the engines are up.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rlslurm.buffer.control import Control
 
@@ -27,6 +33,39 @@ class Publish:
     again: bool = False
 
 
+# What can deliver a version: a broadcast group's backend, CUDA IPC (--colocate on GPUs) or its CPU
+# twin memfd, HF files on disk (--weight-sync disk, or the fallback), or nothing (no engine listens).
+TRANSPORTS = ("nccl", "gloo", "cuda-ipc", "memfd", "disk", "none")
+
+
+ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """How one publish went: `transport` delivered `version` (the disk `fallback` after the transport's
+    tries failed); `engines`: how many engines took it (None: not counted, e.g. a broadcast reaches
+    every engine of its group or fails)."""
+
+    version: int
+    transport: str
+    fallback: bool = False
+    tries: int = 1
+    seconds: float = 0.0
+    engines: int | None = None
+    errors: tuple[str, ...] = ()  # why each failed try failed (each cut to ERROR_CHARS)
+
+    def __post_init__(self) -> None:
+        assert self.transport in TRANSPORTS, self.transport
+
+    @property
+    def reached_none(self) -> bool:
+        return self.engines == 0
+
+    def as_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v not in (None, ())}
+
+
 class WeightDelivery:
     def __init__(self, control: Control, *, needs_engines: bool, sync_timeout_s: float):
         self.control = control
@@ -38,6 +77,31 @@ class WeightDelivery:
         self.started = time.monotonic()
         # (url, restarts) of restarted engines already given a repeated publish: one each
         self._republished: set[tuple[str, int]] = set()
+        self.fallbacks = 0                  # versions the disk fallback delivered in this attempt
+        self.last: Delivered | None = None
+        self._unlogged: list[Delivered] = []
+
+    def record(self, d: Delivered) -> None:
+        """A publish happened (every rank): kept for the next metrics line."""
+        self.last = d
+        self._unlogged.append(d)
+        if d.fallback and not d.reached_none:
+            self.fallbacks += 1
+
+    def metrics(self) -> dict:
+        """The publishes since the last call, for a rollout's metrics line."""
+        out: dict = {"weight_sync/fallbacks": self.fallbacks}
+        if self.last is not None:
+            out["weight_sync/transport"] = self.last.transport
+        if self._unlogged:
+            out["weight_sync/deliveries"] = [d.as_dict() for d in self._unlogged]
+            self._unlogged = []
+        return out
+
+    def undelivered(self, version: int) -> None:
+        """`version` reached no engine: pending again until every engine is up."""
+        self.pending, self.engines_up, self.started = version, False, time.monotonic()
+        log.warning("weight version %d reached no engine: it is published again once the engines are up", version)
 
     def defer(self, version: int) -> None:
         self.pending = version

@@ -177,8 +177,10 @@ class IpcSender:
     """One trainer rank's side of the IPC transport: which engines it serves, its buffers, its
     requests. `engines` (every engine) is for the coordinator's bracket calls."""
 
-    def __init__(self, control: Control, api_key: str | None, opts: SyncOptions, *, device: torch.device, node: str):
+    def __init__(self, control: Control, api_key: str | None, opts: SyncOptions, *, device: torch.device, node: str,
+                 ending: Callable[[], bool] | None = None):
         self.control, self.api_key, self.opts, self.device, self.node = control, api_key, opts, device, node
+        self.ending = ending
         self.rank = _world()[0]
         self._loop = HttpLoop()
         self.buffers = _Buffers(device, opts.bucket_bytes)
@@ -189,6 +191,7 @@ class IpcSender:
         self.serves = False                   # whether any engine rank reads this rank's buffers
         self.cross_rank = False               # an engine with TP ranks served by several trainer ranks
         self.last = SendStats()
+        self.unanswered: set[tuple[str, int | None, int]] = set()  # as StageSender's
 
     def whoami(self) -> Server:
         gpu = self.device.index if self.device.type == "cuda" else None
@@ -202,8 +205,14 @@ class IpcSender:
         if gone:
             log.warning("weights by IPC: leaving out %s (connection refused: exited or restarting; a later sync "
                         "includes it again)", sorted(gone))
+        targets = engine_targets(records)
+        self.unanswered &= {t.identity for t in targets}
+        hung = {t.url for t in targets if t.identity in self.unanswered}
+        if hung:
+            log.warning("weights by IPC: leaving out %s (did not answer the last try; its supervisor checks it now)",
+                        sorted(hung))
         found = [Found(t, tuple(r.nodes or [r.node]), tuple(r.gpu_ids))
-                 for r, t in zip(records, engine_targets(records), strict=True) if r.url not in gone]
+                 for r, t in zip(records, targets, strict=True) if r.url not in gone | hung]
         if not found:
             raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
         return found
@@ -215,8 +224,8 @@ class IpcSender:
         self.teardown()
         by_engine = assign(found, servers)
         mine = [i for i, ranks in enumerate(by_engine) if ranks[0] == self.rank]
-        self.engines = Engines(self._loop, [f.target for f in found], self.api_key)
-        self.led = Engines(self._loop, [found[i].target for i in mine], self.api_key)
+        self.engines = Engines(self._loop, [f.target for f in found], self.api_key, cancel=self.ending)
+        self.led = Engines(self._loop, [found[i].target for i in mine], self.api_key, cancel=self.ending)
         self.led_servers = [by_engine[i] for i in mine]
         self.serves = any(self.rank in ranks for ranks in by_engine)
         self.cross_rank = any(len(set(ranks)) > 1 for ranks in by_engine)
@@ -243,7 +252,7 @@ class IpcSender:
                         failed = f"rank {self.rank}: copying bucket {k}: {e}"
                 if failed is None and inflight:
                     try:
-                        Engines.wait(inflight, to, "update_weights_from_tensor")
+                        self.led.wait(inflight, to, "update_weights_from_tensor")
                     except Exception as e:
                         failed = f"rank {self.rank}: {e}"
                     inflight = []
@@ -257,7 +266,7 @@ class IpcSender:
                     inflight = self._post(bucket, sources, to)
                     stats.count(bucket)
             if failed is None and inflight:
-                Engines.wait(inflight, to, "update_weights_from_tensor")
+                self.led.wait(inflight, to, "update_weights_from_tensor")
                 inflight = []
         except BaseException:
             for _ in it:  # our part of the export's remaining gathers
@@ -309,7 +318,7 @@ class IpcPublisher(DistributedPublisher):
     """`WeightPublisher` of --colocate (see the module docstring). `node`: this rank's node, as the
     rollout nodes name theirs in engines.json."""
 
-    MODE, SENT = "ipc", "copied in place"
+    SENT = "copied in place"
 
     def __init__(self, mc: Any, control: Control, *, api_key: str | None, opts: SyncOptions, node: str,
                  roles: Callable[[], _Roles] = _ipc_roles, **kw: Any):
@@ -317,8 +326,11 @@ class IpcPublisher(DistributedPublisher):
         self.node = node
         self._servers: list[Server] | None = None
 
+    def transport(self, r: _Roles) -> str:
+        return "cuda-ipc" if r.device.type == "cuda" else "memfd"
+
     def _new_sender(self, r: _Roles) -> IpcSender:
-        return IpcSender(self.control, self.api_key, self.opts, device=r.device, node=self.node)
+        return IpcSender(self.control, self.api_key, self.opts, device=r.device, node=self.node, ending=self.ending)
 
     def _join(self, r: _Roles, ok: bool, errors: list[str]) -> bool:
         s = self.sender

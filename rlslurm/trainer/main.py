@@ -35,6 +35,7 @@ from rlslurm.buffer.reader import BufferTimeout, RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import DataError, UserError
+from rlslurm.gpus import torch_device_uuid
 from rlslurm.runfile import load_run_config
 from rlslurm.slurm.jobenv import job_env
 from rlslurm.slurm.report import write_env_report
@@ -42,6 +43,7 @@ from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import Command, Failed, Next
 from rlslurm.trainer.delivery import Publish, WeightDelivery
+from rlslurm.trainer.weight_sync import SyncInterrupted
 from rlslurm.trainer.replay_subsample import subsample
 from rlslurm.trainer.setup import init_distributed
 
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")
     write_env_report(rd.path, "trainer", rank, {
         "world_size": world,
+        # the GPU this rank really uses, from the driver (the check of issue 30: which GPU each process used)
+        "gpu_uuid": torch_device_uuid(torch.cuda.current_device()) if cfg.run.device == "cuda" else None,
         "master_addr": os.environ.get("MASTER_ADDR"),
         "master_port": os.environ.get("MASTER_PORT"),
         "run_name": cfg.run.run_name,
@@ -126,6 +130,8 @@ class Trainer:
         self.attempt = job_env().attempt
         self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
         self._last_heartbeat = -HEARTBEAT_S
+        self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
+        self._phase_since = time.time()
         # disk sync or no engines: no engine to wait for or to publish to again
         needs_engines = cfg.train.weight_sync == "distributed" and not self.no_engines
         self.delivery = WeightDelivery(self.control, needs_engines=needs_engines,
@@ -139,6 +145,7 @@ class Trainer:
         from rlslurm.trainer.setup import build_trainer
 
         cfg, rd = self.cfg, self.rd
+        self._phase("building the model")
         self.st = st = build_trainer(cfg, self.world)
         log.info("models built; resuming from the latest checkpoint if any")
         progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
@@ -156,77 +163,19 @@ class Trainer:
             self._defer(progress.weight_version)
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=self.attempt,
                                      cfg=cfg)
-        self.colo = self._colocation()
+        self.colo = None
         try:
-            while progress.next_rollout_id < cfg.rollout.num_rollout:
-                self._beat()
-                t0 = time.perf_counter()
-                cmd = self._next_command(progress.next_rollout_id)
-                if cmd is Next.PREEMPT:
-                    return self._preempt(progress)
-                if cmd is Next.STOP:
-                    return self._stop(progress)
-                if cmd is Next.END:
-                    break
-                if cmd is Next.SUPERSEDED:
-                    return self._superseded_exit()
-                rollout = self.reader.read(progress.next_rollout_id)
-                if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
-                    rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
-                if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
-                    # every engine up first: one still starting (a requeue trains buffered rollouts
-                    # meanwhile) would hold its memory through the turn and miss its release
-                    self._wait_for_engines()
-                    try:
-                        self.colo.to_trainer(rollout.rollout_id + 1)
-                    except EnginesGone as e:
-                        return self._engines_gone(progress, e)
-                lines = self._train_rollout(rollout, time.perf_counter() - t0)
-                if self._superseded_collective():  # no publish or checkpoint from a lost attempt
-                    return self._superseded_exit()
-                progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
-                if self.colo is None:
-                    t1 = time.perf_counter()
-                    if self._publish_due(progress):
-                        self._publish_or_defer(progress.weight_version)
-                    t2 = time.perf_counter()
-                    self._save_if_due(progress)
-                    times = {"time/publish": t2 - t1, "time/save": time.perf_counter() - t2}
-                else:  # save while everything is on the GPU; the engines then take it back
-                    t1 = time.perf_counter()
-                    self._save_if_due(progress)
-                    t2 = time.perf_counter()
-                    try:
-                        self.colo.to_engines_for_weights()
-                        t3 = time.perf_counter()
-                        published = self._publish_due(progress)
-                        if published:
-                            self._wait_for_engines()
-                            self._publish(progress.weight_version, in_turn=True)
-                        t4 = time.perf_counter()
-                        self.colo.to_engines()
-                    except EnginesGone as e:
-                        for step, values in lines:  # trained: its metrics stay with it (found on an H200)
-                            self.metrics.log(step, values)
-                        return self._engines_gone(progress, e)
-                    if published and cfg.train.verify_weight_sync:  # the engines generate again only now
-                        with self._on_gpu(params_only=True):
-                            self._probe(progress.weight_version)
-                    times = {"time/save": t2 - t1, "time/publish": t4 - t3, **self.colo.times}
-                for _, values in lines:  # rollout-level phases, repeated on each of its steps
-                    values.update(times)
-                for step, values in lines:
-                    self.metrics.log(step, values)
-            if self.delivery.pending is not None:  # the engines never came up while we trained
-                self._wait_for_engines()
-                self._publish(self.delivery.pending)
-            if self.last_saved != progress.trained_rollouts:
-                self._save(progress)
-                self._save_hf(progress)
+            try:
+                self.colo = self._colocation()
+                ended = self._loop(progress)
+            except SyncInterrupted as e:  # a sync in flight when the job began to end
+                ended = self._ending(progress, e)
+            if ended is not None:
+                return ended
             if self.rank == 0:
-                ended = {} if self.ended_early is None else {"ended_early": self.ended_early}
+                ended_early = {} if self.ended_early is None else {"ended_early": self.ended_early}
                 rd.mark_finished({"trained_rollouts": progress.trained_rollouts,
-                                  "weight_version": progress.weight_version, "at": time.time(), **ended})
+                                  "weight_version": progress.weight_version, "at": time.time(), **ended_early})
                 if self.ended_early is not None:
                     log.warning("run FINISHED after %d rollouts: %s", progress.trained_rollouts, self.ended_early)
             return 0
@@ -237,6 +186,88 @@ class Trainer:
             close = getattr(self.publisher, "close", None)
             if close is not None:
                 close()
+
+    def _loop(self, progress: TrainerProgress) -> int | None:
+        """Train every rollout of the run; an exit status if the attempt ends before (preempt, stop,
+        superseded), None once the run is complete."""
+        cfg = self.cfg
+        while progress.next_rollout_id < cfg.rollout.num_rollout:
+            self._beat()
+            t0 = time.perf_counter()
+            self._phase(f"waiting for rollout {progress.next_rollout_id}")
+            cmd = self._next_command(progress.next_rollout_id)
+            if cmd is Next.PREEMPT:
+                return self._preempt(progress)
+            if cmd is Next.STOP:
+                return self._stop(progress)
+            if cmd is Next.END:
+                break
+            if cmd is Next.SUPERSEDED:
+                return self._superseded_exit()
+            rollout = self.reader.read(progress.next_rollout_id)
+            if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
+                rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
+            if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
+                # every engine up first: one still starting (a requeue trains buffered rollouts
+                # meanwhile) would hold its memory through the turn and miss its release
+                self._wait_for_engines()
+                try:
+                    self.colo.to_trainer(rollout.rollout_id + 1)
+                except EnginesGone as e:
+                    return self._ending(progress, e)
+            self._phase(f"training rollout {rollout.rollout_id}")
+            lines = self._train_rollout(rollout, time.perf_counter() - t0)
+            if self._superseded_collective():  # no publish or checkpoint from a lost attempt
+                return self._superseded_exit()
+            progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
+            try:
+                times = self._after_training(progress)
+            except (EnginesGone, SyncInterrupted) as e:
+                for step, values in lines:  # trained: its metrics stay with it (found on an H200)
+                    self.metrics.log(step, values)
+                return self._ending(progress, e)
+            sync = self.delivery.metrics()
+            for _, values in lines:  # rollout-level phases, repeated on each of its steps
+                values.update(times)
+                values.update({k: v for k, v in sync.items() if k != "weight_sync/deliveries"})
+            if "weight_sync/deliveries" in sync and lines:  # each publish once, on the rollout's first step
+                lines[0][1]["weight_sync/deliveries"] = sync["weight_sync/deliveries"]
+            for step, values in lines:
+                self.metrics.log(step, values)
+        if self.delivery.pending is not None:  # the engines never came up while we trained
+            self._wait_for_engines()
+            self._publish(self.delivery.pending)
+        if self.last_saved != progress.trained_rollouts:
+            self._save(progress)
+            self._save_hf(progress)
+        return None
+
+    def _after_training(self, progress: TrainerProgress) -> dict[str, float]:
+        """Publish (if due) and checkpoint (if due) a trained rollout; its phases' times."""
+        cfg = self.cfg
+        if self.colo is None:
+            t1 = time.perf_counter()
+            if self._publish_due(progress):
+                self._publish_or_defer(progress.weight_version)
+            t2 = time.perf_counter()
+            self._save_if_due(progress)
+            return {"time/publish": t2 - t1, "time/save": time.perf_counter() - t2}
+        # --colocate: save while everything is on the GPU; the engines then take it back
+        t1 = time.perf_counter()
+        self._save_if_due(progress)
+        t2 = time.perf_counter()
+        self.colo.to_engines_for_weights()
+        t3 = time.perf_counter()
+        published = self._publish_due(progress)
+        if published:
+            self._wait_for_engines()
+            self._publish(progress.weight_version, in_turn=True)
+        t4 = time.perf_counter()
+        self.colo.to_engines()
+        if published and cfg.train.verify_weight_sync and self.delivery.published == progress.weight_version:
+            with self._on_gpu(params_only=True):  # the engines generate again only now
+                self._probe(progress.weight_version)
+        return {"time/save": t2 - t1, "time/publish": t4 - t3, **self.colo.times}
 
     def _save_if_due(self, progress: TrainerProgress) -> None:
         si = self.cfg.train.save_interval
@@ -315,6 +346,7 @@ class Trainer:
         timeout the publish goes ahead and its own failure handling (disk fallback) applies."""
         if not self.delivery.needs_engines:
             return
+        self._phase("waiting for the engines")
         if self.rank == 0:
             deadline = time.monotonic() + self.cfg.train.weight_sync_timeout_s
             while time.monotonic() < deadline:
@@ -330,7 +362,12 @@ class Trainer:
         paused after the update and the probe waits until the colocation has resumed them."""
         if hasattr(self.publisher, "leave_paused"):  # DistributedPublisher; every publish comes through here
             self.publisher.leave_paused = in_turn
-        self.publisher.publish(self.st.actor.model, version)
+        self._phase(f"publishing weights v{version}")
+        d = self.publisher.publish(self.st.actor.model, version)
+        self.delivery.record(d)
+        if d.reached_none:  # the fallback found no engine answering: not delivered, pending again
+            self.delivery.undelivered(version)
+            return
         self.delivery.delivered(version)
         if self.cfg.train.verify_weight_sync and not in_turn:
             self._probe(version)
@@ -398,7 +435,8 @@ class Trainer:
 
         key = self.rd.api_key() if self.rd.api_key_file.exists() else None
         common = dict(api_key=key, opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
-                      fallback=disk, attempt=job_env().attempt)
+                      fallback=disk if self.cfg.train.weight_sync_fallback == "disk" else None,
+                      attempt=job_env().attempt, ending=self._attempt_ending, note=self._phase)
         if self.cfg.weight_transport == "ipc":  # --colocate: in place on each GPU (trainer/ipc_sync.py)
             from rlslurm.trainer.ipc_sync import IpcPublisher
 
@@ -427,13 +465,21 @@ class Trainer:
             if cmd is not Next.WAIT:
                 return cmd
 
-    def _beat(self) -> None:
+    def _beat(self, *, now: bool = False) -> None:
         """This rank's heartbeat (control/heartbeats/trainer-<rank>.json), read by the attempt's
-        watchdog (rlslurm/watchdog.py): written while waiting for rollouts and once per trained rollout."""
-        now = time.monotonic()
-        if now - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
-            self.control.heartbeat("trainer", self.rank)
-            self._last_heartbeat = now
+        watchdog (rlslurm/watchdog.py): written while waiting for rollouts and once per trained rollout,
+        and by rank 0 at each change of phase (`rlslurm status` says what it does, and for how long)."""
+        t = time.monotonic()
+        if now or t - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
+            self.control.heartbeat("trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since)
+            self._last_heartbeat = t
+
+    def _phase(self, text: str) -> None:
+        """Rank 0: what the trainer does from now on ("weight sync v3 (nccl): try 2/2"), recorded at once."""
+        if self.rank != 0 or text == self._phase_text:
+            return
+        self._phase_text, self._phase_since = text, time.time()
+        self._beat(now=True)
 
     def _poll(self, rollout_id: int) -> Command:
         """Rank 0's verdict: a stop or preempt first, then a publish due, then the rollout."""
@@ -484,6 +530,7 @@ class Trainer:
     def _save(self, progress: TrainerProgress) -> None:
         from rlslurm.trainer import checkpoint
 
+        self._phase(f"saving the checkpoint of {progress.trained_rollouts} rollouts")
         with self._on_gpu():
             d = checkpoint.save(self.st, progress, self.rd.checkpoints_dir, self.cfg.train.keep_checkpoints)
         self.last_saved = progress.trained_rollouts
@@ -522,11 +569,14 @@ class Trainer:
         log.info("stop requested: saved, exiting before rollout %d", progress.next_rollout_id)
         return 0
 
-    def _engines_gone(self, progress: TrainerProgress, e: Exception) -> int:
-        """--colocate: a turn's engine call failed while the job ends (the engines went down with the
-        TERM): keep what was trained, as a stop or preempt between rollouts would."""
+    def _ending(self, progress: TrainerProgress, e: Exception) -> int:
+        """The job ends while the engines are being called: a weight sync in flight was given up
+        (`SyncInterrupted`), or --colocate's turn lost its engines as they went down with the TERM
+        (`EnginesGone`). Keep what was trained, as a stop or preempt between rollouts would; the next
+        attempt publishes the checkpoint's version."""
         log.warning("%s while the job ends: checkpointing what was trained and exiting", e)
         return self._stop(progress) if self.control.stop_requested() is not None else self._preempt(progress)
+
 
     def _preempt(self, progress: TrainerProgress) -> int:
         if term_received():

@@ -1,5 +1,7 @@
 """Weight publication after training a rollout: `WeightPublisher.publish(model, version)`.
 
+Each `publish` returns the `Delivered` record of what delivered the version (trainer/delivery.py).
+
 - `NullPublisher`: replay runs (no engine listens).
 - `VersionRecorder`: --debug-train-only runs: no engine listens, the version is recorded for the driver.
 - `DiskPublisher`: HF safetensors into RUN/weights/v<N>/ (built in a temp directory, renamed into
@@ -25,15 +27,16 @@ import torch.distributed as dist
 from rlslurm.buffer.atomic import fsync_dir
 from rlslurm.buffer.control import Control
 from rlslurm.model_config import ModelConfig
+from rlslurm.trainer.delivery import Delivered
 
 
 class WeightPublisher(Protocol):
-    def publish(self, model: torch.nn.Module, version: int) -> None: ...
+    def publish(self, model: torch.nn.Module, version: int) -> Delivered: ...
 
 
 class NullPublisher:
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        return None
+    def publish(self, model: torch.nn.Module, version: int) -> Delivered:
+        return Delivered(version, "none")
 
 
 class VersionRecorder:
@@ -44,9 +47,10 @@ class VersionRecorder:
     def __init__(self, control: Control):
         self.control = control
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, model: torch.nn.Module, version: int) -> Delivered:
         if not dist.is_initialized() or dist.get_rank() == 0:
-            self.control.set_weight_version(version)
+            self.control.set_weight_version(version, transport="none")
+        return Delivered(version, "none")
 
 
 def version_dir(weights_dir: Path, version: int) -> Path:
@@ -97,13 +101,16 @@ class DiskPublisher:
         self.mc, self.weights_dir, self.control = mc, Path(weights_dir), control
         self.hf_dir, self.dtype, self.keep = (Path(hf_dir) if hf_dir else None), dtype, keep
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, model: torch.nn.Module, version: int, *, record: bool = True) -> Delivered:
+        """`record`: write control/weight_version.json (the driver then loads the files); the broadcast
+        publisher's fallback records the version itself, once an engine has loaded it."""
         writer = export_hf(self.mc, model, version_dir(self.weights_dir, version), hf_dir=self.hf_dir,
                            dtype=self.dtype)
         if writer:
             self._prune(version)
-        if writer and self.control is not None:
-            self.control.set_weight_version(version)
+        if writer and record and self.control is not None:
+            self.control.set_weight_version(version, transport="disk")
+        return Delivered(version, "disk")
 
     def _prune(self, newest: int) -> None:
         for p in self.weights_dir.iterdir():

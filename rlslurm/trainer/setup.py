@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 def init_distributed(device: str, timeout_minutes: float) -> tuple[int, int]:
     """Join torchrun's process group: NCCL on GPUs, gloo on CPU, with an explicit timeout
     (trainer/collectives.py says why)."""
+    # Device numbers in NVML's (PCI) order, as the rollout node reads its engines' GPUs through
+    # nvidia-smi (docs/gpu.md, "Which GPU"); before CUDA reads it, at its first use below.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     use_cuda = device == "cuda" and torch.cuda.is_available()
     if use_cuda:
         # Every rank of the weight-sync group must agree on NCCL's cuMem buffers, and SGLang sets

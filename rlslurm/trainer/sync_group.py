@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,14 @@ STORE_DEVICE: dict[str, str] = {"gloo": "cpu", "nccl": "cuda"}
 
 class SyncGroupError(RuntimeError):
     """Creating the group or a collective on it failed or timed out."""
+
+
+class SyncCancelled(SyncGroupError):
+    """A wait given up because its `cancel` said so (the job is ending)."""
+
+
+# How often a wait looks at its `cancel` (the job ending), as engines/fanout.py's
+CANCEL_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -108,23 +117,46 @@ class SyncGroup:
         self._prefixed = dist.PrefixStore(f"{s.group_name}/", dist.PrefixStore(s.group_name, self._store))
         return self
 
-    def join(self) -> None:
+    def join(self, *, cancel: Callable[[], bool] | None = None) -> None:
         """Build the backend: gloo waits for every rank here, bounded by the spec's timeout (NCCL
-        only exchanges its id through the store on the first collective)."""
+        only exchanges its id through the store on the first collective). `cancel`: checked while
+        waiting; true raises `SyncCancelled` (the build goes on in its daemon thread until the
+        engines join or the timeout fails it, which nobody waits for)."""
         s = self.spec
         if self._prefixed is None:
             raise SyncGroupError("open() the group before join()")
         t0 = time.monotonic()
         store = dist.PrefixStore(f"{STORE_DEVICE[s.backend]}/", self._prefixed)
-        try:
-            be = self._make_backend(store)
-            if hasattr(be, "_set_sequence_number_for_group"):  # what torch does after building it
-                be._set_sequence_number_for_group()
-            self._backend = be
-        except (RuntimeError, dist.DistError) as e:
-            raise SyncGroupError(f"weight-update group {s.group_name!r} on {s.master_addr}:{s.master_port}: "
-                                 f"engines did not join within {s.timeout_s:g} s "
-                                 f"({time.monotonic() - t0:.1f} s): {e}") from e
+        box: dict[str, Any] = {}
+
+        def build() -> None:
+            try:
+                be = self._make_backend(store)
+                if hasattr(be, "_set_sequence_number_for_group"):  # what torch does after building it
+                    be._set_sequence_number_for_group()
+                box["backend"] = be
+            except BaseException as e:  # handed to the waiting thread
+                box["error"] = e
+
+        if cancel is None:
+            build()
+        else:
+            worker = threading.Thread(target=build, name=f"join-{s.group_name}", daemon=True)
+            worker.start()
+            while worker.is_alive():
+                worker.join(CANCEL_POLL_S)
+                if worker.is_alive() and cancel():
+                    raise SyncCancelled(f"weight-update group {s.group_name!r}: joining given up, the job is ending")
+        e = box.pop("error", None)
+        del store, build  # the store's port must be free once close() drops ours (a rebuild may take it)
+        if isinstance(e, (RuntimeError, dist.DistError)):
+            msg = (f"weight-update group {s.group_name!r} on {s.master_addr}:{s.master_port}: engines did not join "
+                   f"within {s.timeout_s:g} s ({time.monotonic() - t0:.1f} s): {e}")
+            e.__traceback__ = None  # its frames hold the store
+            raise SyncGroupError(msg) from e
+        if e is not None:
+            raise e
+        self._backend = box["backend"]
         # NCCL connects lazily, on the first bucket: no warm-up collective here, the engines post
         # a receive only for what /update_weights_from_distributed names (one would deadlock).
 
@@ -138,11 +170,12 @@ class SyncGroup:
         opts.group_name = s.group_name
         return dist.ProcessGroupNCCL(store, 0, s.world_size, opts)
 
-    def broadcast(self, tensors: list[torch.Tensor], *, timeout_s: float | None = None) -> None:
+    def broadcast(self, tensors: list[torch.Tensor], *, timeout_s: float | None = None,
+                  cancel: Callable[[], bool] | None = None) -> None:
         """Broadcast each tensor from rank 0, in order (the engine posts one receive per tensor
         of the bucket, in the order of the names it was given), then wait for all of them.
         `timeout_s` bounds this call (default: the spec's timeout)."""
-        self.finish(self.start(tensors, timeout_s=timeout_s), timeout_s=timeout_s)
+        self.finish(self.start(tensors, timeout_s=timeout_s), timeout_s=timeout_s, cancel=cancel)
 
     def start(self, tensors: list[torch.Tensor], *, timeout_s: float | None = None) -> list:
         """Post the broadcasts of `tensors` and return their works without waiting (`finish` waits).
@@ -162,10 +195,10 @@ class SyncGroup:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed: {e}") from e
         return works
 
-    def finish(self, works: list, *, timeout_s: float | None = None) -> None:
+    def finish(self, works: list, *, timeout_s: float | None = None, cancel: Callable[[], bool] | None = None) -> None:
         limit = self.spec.timeout if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         try:
-            _wait_all(works, time.monotonic() + limit.total_seconds())
+            _wait_all(works, time.monotonic() + limit.total_seconds(), cancel)
         except (RuntimeError, dist.DistError) as e:
             raise SyncGroupError(f"broadcast on weight-update group {self.spec.group_name!r} failed or timed out "
                                  f"(limit {limit.total_seconds():g} s): {e}") from e
@@ -203,18 +236,23 @@ POLL_MAX_S = 0.01
 NCCL_WATCHDOG_MARGIN = datetime.timedelta(seconds=120)
 
 
-def _wait_all(works: list, deadline: float) -> None:
+def _wait_all(works: list, deadline: float, cancel: Callable[[], bool] | None = None) -> None:
     """Block until every work has completed, or raise at `deadline`. NCCL's `Work.wait(timeout)` does
     not block the caller (it only orders the current stream after the collective), so a receiver that
     never completes would surface only at the trainer's next synchronisation, with no bound; polling
     `is_completed()` keeps the bound, and `close()` then aborts the communicator. A peer that fails
     inside NCCL's connection set-up blocks the broadcast call itself, before there is a work to poll:
     that case is not bounded here (docs/gpu.md)."""
-    pause = 1e-4
+    pause, next_look = 1e-4, time.monotonic() + CANCEL_POLL_S
     for w in works:
         while not w.is_completed():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise SyncGroupError(f"broadcast did not complete by its deadline ({len(works)} tensor(s))")
+            if cancel is not None and now > next_look:
+                next_look = now + CANCEL_POLL_S
+                if cancel():
+                    raise SyncCancelled("broadcast given up, the job is ending")
             time.sleep(pause)
             pause = min(pause * 2, POLL_MAX_S)
         w.wait()  # raises the work's own error, if any; completed, so it does not block

@@ -23,10 +23,15 @@ One publish, every trainer rank calling `publish(model, version)`:
 Ranks agree on success after each phase (an all-reduce over the default group), so a failure on
 one leader is seen by every rank at the same point. Every HTTP call and collective is bounded by
 `timeout_s`. A failed attempt tears the group down (the engines' pending receives fail once our
-connections close) and the next attempt rebuilds it; after `attempts` failed attempts the
-version is published by the fallback (disk: `DiskPublisher` writes weights/v<N>/, the stage-0
-leader loads it into every engine that answers), or with no fallback `WeightSyncError` is raised
-so the step fails and SLURM's requeue takes over. It never waits without a bound.
+connections close) and the next attempt rebuilds it, without the engines that did not answer the
+failed one (their supervisors check them once the bracket is closed, and restart a wedged one); after
+`attempts` failed attempts the version is published by the fallback (--weight-sync-fallback disk:
+`DiskPublisher` writes weights/v<N>/, the stage-0 leader loads it into every engine that answers),
+or with no fallback `WeightSyncError` is raised: the attempt fails and SLURM requeues it. What a
+retry cannot heal ends the attempt at once as a user error (`WeightSyncSetupError`: NCCL refuses a
+group with two ranks on one GPU, checked before the engines are asked to join: issue 30). A stop,
+preempt or TERM interrupts a sync in flight (`SyncInterrupted`). Every publish returns a
+`Delivered` (trainer/delivery.py) naming the transport that delivered it. It never waits without a bound.
 
 The rollout side must not restart an engine that is blocked in a join or a broadcast (it answers
 neither /health nor /generate): every rollout node's `UpdateWatcher` (engines/update_watch.py) holds
@@ -51,9 +56,11 @@ import torch.distributed as dist
 from rlslurm.buffer.control import Control, RendezvousRecord, RendezvousTaken
 from rlslurm.engines.fanout import (
     REFUSED_TIMEOUT_S,
+    Cancelled,
     Engines,
     EngineTarget,
     HttpLoop,
+    Unanswered,
     dtype_name,
     engine_targets,
     refusing,
@@ -62,16 +69,67 @@ from rlslurm.engines.fanout import (
 from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from rlslurm.engines.receiver import BucketPlan, plan_payload
 from rlslurm.errors import ConfigError, UserError
+from rlslurm.gpus import torch_device_uuid
 from rlslurm.net import free_port, node_ip
 from rlslurm.trainer.collectives import collective_device
-from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
+from rlslurm.trainer.delivery import ERROR_CHARS, Delivered
+from rlslurm.trainer.sync_group import (
+    GroupSpec,
+    SyncCancelled,
+    SyncGroup,
+    SyncGroupError,
+    flatten_bucket,
+    iter_buckets,
+)
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
 
 
-class WeightSyncError(UserError):
-    """A weight sync failed after every attempt and no fallback was configured: the step fails
-    and the job's requeue restarts it."""
+class WeightSyncError(RuntimeError):
+    """A weight sync failed after every try and there is no fallback (--weight-sync-fallback off):
+    the attempt fails and SLURM requeues it within --max-failures."""
+
+
+class WeightSyncSetupError(UserError):
+    """The weight-sync group cannot be built on this layout (NCCL refuses two ranks on one GPU):
+    a retry, the fallback or a requeue would meet the same GPUs, so the job ends with the reason."""
+
+
+class SyncInterrupted(RuntimeError):
+    """The job is ending (a stop, a preempt request, a TERM) while a sync was in flight: the sync is
+    abandoned on every rank and the trainer checkpoints (the next attempt publishes the version)."""
+
+
+# NCCL's words for a group it refuses to build (ncclInvalidUsage), e.g. "Duplicate GPU detected :
+# rank 0 and rank 1 both on CUDA device 60" (issue 30): tried again it fails the same way.
+SETUP_REFUSALS = ("Duplicate GPU detected", "ncclInvalidUsage", "invalid usage")
+
+
+def setup_refusal(errors: list[str]) -> str | None:
+    return next((e for e in errors if any(w in e for w in SETUP_REFUSALS)), None)
+
+
+def gpu_clashes(trainer: tuple[str, str | None], targets: list[EngineTarget]) -> list[str]:
+    """The GPUs two members of one weight-sync group would share: `trainer` is (who, uuid); an engine's
+    TP ranks are its `gpus`. Unknown identities (None, ()) say nothing."""
+    members = [trainer] + [(f"engine {t.url} TP rank {j}", g) for t in targets for j, g in enumerate(t.gpus)]
+    seen: dict[str, str] = {}
+    out = []
+    for who, gpu in members:
+        if gpu is None:
+            continue
+        if gpu in seen:
+            out.append(f"{seen[gpu]} and {who} are both on {gpu}")
+        else:
+            seen[gpu] = who
+    return out
+
+
+def gpu_map(trainer: tuple[str, str | None], targets: list[EngineTarget]) -> str:
+    """Each member's GPU, for a one-line error."""
+    parts = [f"{trainer[0]}: {trainer[1] or 'unknown'}"]
+    parts += [f"{t.url}: {', '.join(t.gpus) or 'unknown'}" for t in targets]
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -108,6 +166,11 @@ class SyncOptions:
                    flattened=t.update_weight_flattened_bucket, receiver=t.update_weight_receiver, **kw)
 
 
+def backend_for(opts: SyncOptions, device: torch.device) -> Literal["gloo", "nccl"]:
+    """The weight-sync group's backend: the configured one, else NCCL from a CUDA trainer."""
+    return opts.backend or ("nccl" if device.type == "cuda" else "gloo")
+
+
 # --- one stage's leader -------------------------------------------------------------------
 
 @dataclass
@@ -128,18 +191,22 @@ class StageSender:
     sends buckets. Used only on the stage's leader; knows nothing about Megatron."""
 
     def __init__(self, control: Control, api_key: str | None, opts: SyncOptions, *, stage: int = 0,
-                 attempt: int = 0, host: str | None = None, device: torch.device | None = None):
+                 attempt: int = 0, host: str | None = None, device: torch.device | None = None,
+                 ending: Callable[[], bool] | None = None):
         self.control, self.api_key, self.opts = control, api_key, opts
         self.stage, self.attempt = stage, attempt
         self.host = host or node_ip()
         self.device = device or torch.device("cpu")
-        backend = opts.backend or ("nccl" if self.device.type == "cuda" else "gloo")
-        self.backend: Literal["gloo", "nccl"] = backend
+        self.backend: Literal["gloo", "nccl"] = backend_for(opts, self.device)
+        self.ending = ending
         self._loop = HttpLoop()
         self.engines: Engines | None = None
         self.group: SyncGroup | None = None
         self._builds = 0
         self.last = SendStats()
+        # engine processes (url, pid, restarts) that did not answer a failed try: left out of the next
+        # tries (a wedged one would hold each for the whole timeout) until their supervisor restarts them
+        self.unanswered: set[tuple[str, int | None, int]] = set()
         # rlslurm's receiver: the bucket layout of the last publish, sent ahead as the plan of the next
         self._plan: list[BucketPlan] | None = None
 
@@ -157,6 +224,12 @@ class StageSender:
             log.warning("weight sync: leaving out %s (connection refused: exited or restarting; a later sync "
                         "includes it again)", gone)
             targets = [t for t in targets if t.url not in gone]
+        self.unanswered &= {t.identity for t in targets}  # a restarted engine is another process
+        hung = [t.url for t in targets if t.identity in self.unanswered]
+        if hung:
+            log.warning("weight sync: leaving out %s (did not answer the last try; its supervisor checks it now "
+                        "that the update bracket is closed, and a later sync includes it again once restarted)", hung)
+            targets = [t for t in targets if t.identity not in self.unanswered]
         if not targets:
             raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to"
                                  + (f" ({len(gone)} refused connections)" if gone else ""))
@@ -165,8 +238,23 @@ class StageSender:
         self.teardown()
         self._build(targets)
 
+    def _check_gpus(self, targets: list[EngineTarget]) -> None:
+        """NCCL refuses a group with two ranks on one GPU, and a refused group can leave an engine's
+        TP ranks wedged in it (issue 30: a TP2 engine beside the trainer on GPU 0 hung for 300 s).
+        Refuse it here, before any engine is asked to join."""
+        if self.backend != "nccl" or self.device.type != "cuda":
+            return
+        me = (f"trainer (stage {self.stage} leader)", torch_device_uuid(self.device.index or 0))
+        clashes = gpu_clashes(me, targets)
+        if clashes:
+            raise WeightSyncSetupError(
+                f"weight sync over NCCL: {'; '.join(clashes)}, and NCCL refuses two ranks of one group on one GPU. "
+                f"GPUs: {gpu_map(me, targets)}. Give the engines GPUs of their own (docs/gpu.md, 'Which GPU'), or "
+                "share them on purpose with --colocate (rlslurm run: --shared-gpu)")
+
     def _build(self, targets: list[EngineTarget]) -> None:
         o = self.opts
+        self._check_gpus(targets)
         self._builds += 1
         name = f"{o.group_prefix}-a{self.attempt}-pp{self.stage}-b{self._builds}"
         world = 1 + sum(t.ranks for t in targets)
@@ -181,15 +269,15 @@ class StageSender:
         if group is None:
             raise SyncGroupError(f"could not host a weight-sync store on {self.host} (3 ports tried)")
         self._record(group.spec)
-        engines = Engines(self._loop, targets, self.api_key)
+        engines = Engines(self._loop, targets, self.api_key, cancel=self.ending)
         offsets = [1 + sum(t.ranks for t in targets[:i]) for i in range(len(targets))]
         t0 = time.monotonic()
         futs = engines.submit("init_weights_update_group", lambda i: {"rank_offset": offsets[i]},
                               master_address=group.spec.master_addr, master_port=group.spec.master_port,
                               world_size=world, group_name=name, backend=self.backend, timeout=o.timeout_s)
         try:
-            group.join()
-            Engines.wait(futs, o.timeout_s, "init_weights_update_group")
+            group.join(cancel=self.ending)
+            engines.wait(futs, o.timeout_s, "init_weights_update_group")
         except BaseException:
             group.close()  # closes the store: engines still waiting in their init fail now
             engines.close()
@@ -272,16 +360,16 @@ class StageSender:
                     raise SyncGroupError(f"weight sync: bucket {k} differs from the plan sent to the engines")
                 flat = flatten_bucket([t for _, t in bucket])
                 if len(in_flight) == 2:
-                    self.group.finish(in_flight.pop(0)[1])
+                    self.group.finish(in_flight.pop(0)[1], cancel=self.ending)
                 in_flight.append((flat, self.group.start([flat])))
                 stats.count(bucket)
             for _, works in in_flight:
-                self.group.finish(works)
+                self.group.finish(works, cancel=self.ending)
         except BaseException:
             for f in futs:
                 f.cancel()
             raise
-        Engines.wait(futs, to, "update_weights_from_tensor")
+        self.engines.wait(futs, to, "update_weights_from_tensor")
 
     def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats, *, flattened: bool) -> None:
         assert self.group is not None and self.engines is not None
@@ -295,12 +383,12 @@ class StageSender:
             dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
             group_name=self.group.spec.group_name, flush_cache=True, timeout=to, **extra)
         try:
-            self.group.broadcast(tensors)
+            self.group.broadcast(tensors, cancel=self.ending)
         except SyncGroupError:
             for f in futs:
                 f.cancel()
             raise
-        Engines.wait(futs, to, "update_weights_from_distributed")
+        self.engines.wait(futs, to, "update_weights_from_distributed")
         stats.count(bucket)
 
     def close(self) -> None:
@@ -336,26 +424,36 @@ class DistributedPublisher:
 
     `fallback`: the publisher used for a version whose broadcast failed `opts.attempts` times
     (a `DiskPublisher`; its weights are then loaded into the engines from RUN/weights/v<N>/), or
-    None to raise `WeightSyncError` instead."""
+    None to raise `WeightSyncError` instead. `ending`: true once the job ends (a stop, a preempt, a
+    TERM; checked by the leaders while they wait): the sync in flight is given up. `note`: told what
+    the publish is doing ("weight sync v3 (nccl): try 2/2"), for the trainer's phase record."""
 
-    MODE, SENT = "distributed", "broadcast"   # the history's mode, the log's verb
+    SENT = "broadcast"   # the log's verb
 
     def __init__(self, mc: Any, control: Control, *, api_key: str | None, opts: SyncOptions,
                  fallback: Any | None = None, weights_dir: Path | None = None, attempt: int = 0,
                  host: str | None = None, roles: Callable[[], _Roles] = _megatron_roles,
                  export: Callable[[Any, torch.nn.Module, torch.dtype | None], Iterator[tuple[str, torch.Tensor]]]
-                 | None = None):
+                 | None = None, ending: Callable[[], bool] | None = None,
+                 note: Callable[[str], None] | None = None):
         self.mc, self.control, self.api_key, self.opts = mc, control, api_key, opts
         self.fallback, self.attempt, self.host = fallback, attempt, host
         self.weights_dir = Path(weights_dir) if weights_dir is not None else control.run.weights_dir
         self._roles_fn, self._export = roles, export
+        self.ending, self._note = ending, note
         self._roles: _Roles | None = None
         self.sender: StageSender | None = None
-        self.history: list[dict[str, Any]] = []   # one entry per publish (the leader's view)
+        self.deliveries: list[Delivered] = []   # one per publish (every rank's view of the agreed outcome)
+        self.fallbacks = 0                       # versions the disk fallback delivered in this attempt
+        self._interrupted = False                # this rank gave up a wait: the job is ending
         # --colocate's turn (trainer/colocate.py): the engines' KV cache is still released during the
         # publish, so they must stay paused after it; the colocation continues them once it is back
         # (a scheduler continued without it crashed at its next prefill, SGLang 0.5.14 on an H100)
         self.leave_paused = False
+
+    def transport(self, r: _Roles) -> str:
+        """What delivers a version when the tries succeed (trainer/delivery.py TRANSPORTS)."""
+        return backend_for(self.opts, r.device)
 
     # -- collective helpers ----------------------------------------------------------------
     def _agree(self, ok: bool) -> bool:
@@ -365,6 +463,13 @@ class DistributedPublisher:
         t = torch.tensor([1 if ok else 0], dtype=torch.int32, device=collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return [obj]
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
 
     def _stream(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         if self._export is not None:
@@ -377,44 +482,87 @@ class DistributedPublisher:
         try:
             fn()
             return True
+        except WeightSyncSetupError:
+            raise  # collective: raised by every rank that sees it, before any engine is asked to join
+        except (Cancelled, SyncCancelled) as e:
+            self._interrupted = True
+            errors.append(f"{what}: {e}")
+            log.warning("weight sync: %s given up: the job is ending", what)
+            return False
         except Exception as e:  # every failure of a step means: tear down, retry or fall back
+            if isinstance(e, Unanswered) and self.sender is not None and getattr(self.sender, "engines", None):
+                hung = set(e.urls)
+                self.sender.unanswered |= {t.identity for t in self.sender.engines.targets if t.url in hung}
             errors.append(f"{what}: {e}")
             log.warning("weight sync: %s failed: %s", what, e)
             return False
 
+    def _say(self, text: str) -> None:
+        if self._note is not None:
+            self._note(text)
+
     # -- publish ---------------------------------------------------------------------------
-    def publish(self, model: torch.nn.Module, version: int) -> None:
+    def publish(self, model: torch.nn.Module, version: int) -> Delivered:
         r = self._roles = self._roles or self._roles_fn()
         if self.sender is None:
             self.sender = self._new_sender(r)
+        transport = self.transport(r)
         t0 = time.monotonic()
         errors: list[str] = []
         for i in range(1, self.opts.attempts + 1):
+            self._say(f"weight sync v{version} ({transport}): try {i}/{self.opts.attempts}")
             t_try = time.monotonic()
             if self._attempt(model, version, r, errors):
                 if r.coordinator:
-                    self.control.set_weight_version(version)
+                    self.control.set_weight_version(version, transport=transport, fallbacks=self.fallbacks)
                     self.control.clear_weight_update()
-                    log.info("weights v%d %s to %d engine(s) in %.2f s (%d bytes, %d buckets)", version, self.SENT,
-                             len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
-                             time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
+                    log.info("weights v%d %s to %d engine(s) over %s in %.2f s (%d bytes, %d buckets)", version,
+                             self.SENT, len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
+                             transport, time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
                              self.sender.last.buckets if self.sender else 0)
-                self.history.append({"version": version, "mode": self.MODE, "tries": i,
-                                     "seconds": time.monotonic() - t0, "errors": errors})
-                return
+                return self._delivered(Delivered(version, transport, tries=i, seconds=time.monotonic() - t0))
             if self.sender is not None:
                 self.sender.teardown()
+            self._after_failed_try(version, r, errors)
             if r.coordinator:  # the bound each try keeps is checked against this line (tests/e2e)
                 log.warning("weight sync v%d: try %d/%d failed after %.1f s (timeout %g s)", version, i,
                             self.opts.attempts, time.monotonic() - t_try, self.opts.timeout_s)
-        self._fail(model, version, r, errors, t0)
+        return self._fail(model, version, r, errors, t0)
+
+    def _delivered(self, d: Delivered) -> Delivered:
+        self.deliveries.append(d)
+        return d
+
+    def _after_failed_try(self, version: int, r: _Roles, errors: list[str]) -> None:
+        """Collective, after a failed try: what no retry heals ends the sync here on every rank (a group
+        NCCL refused: `WeightSyncSetupError`; the job ending: `SyncInterrupted`); else the bracket is
+        closed until the next try, so that the rollout nodes' health checks find a wedged engine."""
+        refused = setup_refusal(errors)
+        if refused is not None and self.sender is not None and isinstance(self.sender, StageSender):
+            targets = self.sender.current_targets()
+            me = (f"trainer (stage {r.stage} leader)", torch_device_uuid(r.device.index or 0)
+                  if r.device.type == "cuda" else None)
+            refused = f"{refused}. GPUs: {gpu_map(me, targets)}"
+        ending = self._interrupted or (r.coordinator and self.ending is not None and self.ending())
+        verdicts = self._gather((refused, ending))
+        refused = next((v[0] for v in verdicts if v[0]), None)
+        if refused is not None or any(v[1] for v in verdicts):
+            if r.coordinator:  # the attempt ends: nothing to release the engines for (they end with it)
+                self.control.clear_weight_update()
+            self._interrupted = False
+            if refused is not None:
+                raise WeightSyncSetupError(f"weight sync v{version}: the group was refused, which no retry, fallback "
+                                           f"or requeue heals: {refused}")
+            raise SyncInterrupted(f"weight sync v{version}: given up, the job is ending")
+        if r.coordinator:
+            self.control.clear_weight_update()
 
     def _new_sender(self, r: _Roles) -> Any:
         """This rank's sender: the stage's leaders send, the other ranks only take part in the export."""
         if not r.leader:
             return None
         return StageSender(self.control, self.api_key, self.opts, stage=r.stage, attempt=self.attempt,
-                           host=self.host, device=r.device)
+                           host=self.host, device=r.device, ending=self.ending)
 
     def _attempt(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str]) -> bool:
         o, s = self.opts, self.sender
@@ -456,10 +604,20 @@ class DistributedPublisher:
         # in opposite orders, each then waiting for the other inside a different group (seen in the
         # PP=2 test: both joins timed out).
         for stage in range(r.stages):
+            refused: str | None = None
             if ok and r.leader and r.stage == stage:
                 assert s is not None
                 what = "joining engines" if r.stages == 1 else f"joining engines (stage {stage})"
-                ok = self._step(what, s.ensure_group, errors)
+                try:
+                    ok = self._step(what, s.ensure_group, errors)
+                except WeightSyncSetupError as e:
+                    ok, refused = False, str(e)
+            # collective: a refused group ends the sync on every rank at once
+            refused = next((v for v in self._gather(refused) if v), None)
+            if refused is not None:
+                if r.coordinator:
+                    self.control.clear_weight_update()
+                raise WeightSyncSetupError(refused)
             if r.stages > 1:
                 ok = self._agree(ok)
         return ok
@@ -481,25 +639,35 @@ class DistributedPublisher:
             ok = self._agree(ok)
         return ok
 
-    def _fail(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str], t0: float) -> None:
+    def _fail(self, model: torch.nn.Module, version: int, r: _Roles, errors: list[str], t0: float) -> Delivered:
         summary = "; ".join(errors) or "another rank failed"
         if self.fallback is None:
             if r.coordinator:
                 self._release_engines(None, version)
             raise WeightSyncError(f"weight sync of version {version} failed {self.opts.attempts} time(s) within "
-                                  f"{time.monotonic() - t0:.1f} s ({summary}); failing the step so that the job "
-                                  "is requeued")
+                                  f"{time.monotonic() - t0:.1f} s ({summary}); --weight-sync-fallback off: the "
+                                  "attempt fails and the job is requeued")
         if r.coordinator:
-            log.error("WEIGHT SYNC FALLBACK: broadcast of version %d failed %d time(s) in %.1f s (%s); publishing "
-                      "it to disk (%s) instead", version, self.opts.attempts, time.monotonic() - t0, summary,
-                      self.weights_dir)
-        self.fallback.publish(model, version)  # collective, like ours; records the version
+            log.error("WEIGHT SYNC FALLBACK: %s of version %d failed %d time(s) in %.1f s (%s); publishing it to "
+                      "disk (%s) instead", self.transport(r), version, self.opts.attempts, time.monotonic() - t0,
+                      summary, self.weights_dir)
+        self._say(f"weight sync v{version}: disk fallback")
+        self.fallback.publish(model, version, record=False)  # collective, like ours
         loaded = self._release_engines(self.weights_dir / f"v{version}", version) if r.coordinator else []
+        reached = [len(loaded)] if r.coordinator else [0]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(reached, src=0)
+        if reached[0]:
+            self.fallbacks += 1
         if r.coordinator:
-            log.warning("weight sync v%d: disk fallback done in %.1f s, loaded by %s", version,
-                        time.monotonic() - t0, loaded)
-        self.history.append({"version": version, "mode": "disk", "tries": self.opts.attempts,
-                             "seconds": time.monotonic() - t0, "errors": errors, "loaded": loaded})
+            if loaded:
+                self.control.set_weight_version(version, transport="disk", fallbacks=self.fallbacks,
+                                                last_fallback=f"v{version}: {summary}")
+            log.warning("weight sync v%d: disk fallback %s in %.1f s, loaded by %s", version,
+                        "done" if loaded else "reached no engine", time.monotonic() - t0, loaded)
+        return self._delivered(Delivered(version, "disk", fallback=True, tries=self.opts.attempts,
+                                         seconds=time.monotonic() - t0, engines=reached[0],
+                                         errors=tuple(e[:ERROR_CHARS] for e in errors)))
 
     def _release_engines(self, path: Path | None, version: int) -> list[str]:
         """After a failed broadcast: `fanout.release` on the engines of engines.json, then close

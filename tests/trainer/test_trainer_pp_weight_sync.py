@@ -40,8 +40,9 @@ def test_pp2_broadcast_reaches_engines(tmp_path: Path, tiny_hf: Path) -> None:
     assert not restarts, restarts  # no engine was restarted while blocked in a broadcast
     seen = {tuple(res["before"])}
     for v in res["versions"]:
-        assert v["history"]["mode"] == "distributed" and not v["history"]["errors"], v
-        assert v["recorded"] == v["version"]
+        assert v["history"]["transport"] == "gloo" and not v["history"].get("fallback"), v
+        assert v["history"]["tries"] == 1 and "errors" not in v["history"], v
+        assert (v["recorded"], v["recorded_transport"]) == (v["version"], "gloo")
         assert len(v["engines"]) == 2, v
         for url, e in v["engines"].items():
             assert e.get("tokens") == v["trainer"], (url, v)

@@ -1,6 +1,8 @@
 """DistributedPublisher's failure path without a live engine (no SGLang needed): a sync that
 cannot reach its engines fails every try within its bound, cleans up after itself, and with no
-fallback raises `WeightSyncError` so the step fails and the job is requeued."""
+fallback raises `WeightSyncError`, a failure (the attempt is requeued), not a user error. What no
+retry heals is refused at once: a weight-sync group NCCL would refuse (two members on one GPU). A
+job that ends while a sync waits gives the sync up at once (`SyncInterrupted`)."""
 
 from __future__ import annotations
 
@@ -15,45 +17,59 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.engines import fanout
 from rlslurm.engines.fanout import engine_targets
 from rlslurm.engines.update_watch import update_in_progress
-from rlslurm.errors import ConfigError
+from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port
-from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, WeightSyncError, _Roles
+from rlslurm.trainer import weight_sync
+from rlslurm.trainer.weight_sync import (
+    DistributedPublisher,
+    SyncInterrupted,
+    SyncOptions,
+    WeightSyncError,
+    WeightSyncSetupError,
+    _Roles,
+    setup_refusal,
+)
 
 
-def _publisher(control: Control, opts: SyncOptions) -> DistributedPublisher:
+def _publisher(control: Control, opts: SyncOptions, *, device: str = "cpu", ending=None) -> DistributedPublisher:
     exported = []
 
     def export(mc, model, dtype):
         exported.append(True)
         yield "model.norm.weight", torch.ones(4)
 
+    roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=torch.device(device))
     pub = DistributedPublisher(None, control, api_key=None, opts=opts, fallback=None, attempt=0, host="127.0.0.1",
-                               roles=lambda: _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1),
-                               export=export)
+                               roles=lambda: roles, export=export, ending=ending)
     pub.exported = exported
     return pub
+
+
+def _hung_engine() -> tuple[socket.socket, str]:
+    """A peer that accepts connections and never answers (like a SIGSTOPped server: the kernel still
+    completes the handshake into the listen backlog)."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    return hung, f"http://127.0.0.1:{hung.getsockname()[1]}"
 
 
 def test_engine_that_never_answers_fails_within_bound_and_raises(tmp_path, monkeypatch):
     cleanup_s = 1.0  # the cleanup calls' own bound (10 s in production), short to keep the test short
     monkeypatch.setattr(fanout, "CLEANUP_TIMEOUT_S", cleanup_s)
     control = Control(RunDir.create(tmp_path / "run"))
-    # a peer that accepts connections and never answers (like a SIGSTOPped server: the kernel
-    # still completes the handshake into the listen backlog)
-    hung = socket.socket()
-    hung.bind(("127.0.0.1", 0))
-    hung.listen(64)
-    url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+    hung, url = _hung_engine()
     control.write_engines([EngineRecord(url=url, node="n0", healthy=True)])
     opts = SyncOptions(timeout_s=2.0, attempts=2)
     pub = _publisher(control, opts)
     t0 = time.monotonic()
     try:
-        with pytest.raises(WeightSyncError, match=r"version 7 failed 2 time\(s\).*joining engines.*requeued"):
+        with pytest.raises(WeightSyncError, match=r"version 7 failed 2 time\(s\).*joining engines.*requeued") as e:
             pub.publish(torch.nn.Linear(2, 2), 7)
     finally:
         pub.close()
         hung.close()
+    assert not isinstance(e.value, UserError)  # a failed attempt, requeued within --max-failures; not final
     # each try waits for the join timeout (+5 s for the init call's future) and the bounded
     # cleanup (destroy; end/continue on release), never more
     assert time.monotonic() - t0 < opts.attempts * (opts.timeout_s + 5 + cleanup_s + 5) + 2 * cleanup_s + 5
@@ -122,3 +138,59 @@ def test_update_in_progress_expires(tmp_path):
     assert not update_in_progress(control, now=time.time() + 61)  # a crashed trainer's file goes stale
     control.clear_weight_update()
     assert not update_in_progress(control)
+
+
+def test_a_group_nccl_would_refuse_is_a_user_error_before_any_engine_is_asked(tmp_path, monkeypatch):
+    """Issue 30: the trainer and a TP2 engine's rank 0 on one GPU. NCCL refuses such a group ("Duplicate
+    GPU detected") and the engine's ranks stayed wedged in it while the trainer waited 300 s, then fell back
+    to disk. The check compares the GPUs' UUIDs first: one line naming each member's GPU, no join asked."""
+    monkeypatch.setattr(weight_sync, "torch_device_uuid", lambda index: "gpu-aaa")  # the trainer's cuda:0
+    control = Control(RunDir.create(tmp_path / "run"))
+    hung, url = _hung_engine()  # accepts connections: a join request would hold the publish for its timeout
+    control.write_engines([EngineRecord(url=url, node="n0", healthy=True, gpu_ids=[0, 1], ranks=2,
+                                        gpu_uuids=["gpu-aaa", "gpu-bbb"])])
+    pub = _publisher(control, SyncOptions(timeout_s=30.0, attempts=2, backend="nccl"), device="cuda")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncSetupError) as e:
+            pub.publish(torch.nn.Linear(2, 2), 1)
+    finally:
+        pub.close()
+        hung.close()
+    msg = str(e.value)
+    assert "\n" not in msg and f"engine {url} TP rank 0" in msg and "both on gpu-aaa" in msg, msg
+    assert f"{url}: gpu-aaa, gpu-bbb" in msg and "trainer (stage 0 leader): gpu-aaa" in msg, msg
+    assert isinstance(e.value, UserError)  # final: no retry, fallback or requeue heals it
+    assert time.monotonic() - t0 < 10 and control.rendezvous(0) is None and pub.exported == []
+    assert not (control.dir / "weight_update.json").exists() and control.weight_version() is None
+
+    # GPUs of their own: no clash
+    assert weight_sync.gpu_clashes(("trainer", "gpu-ccc"), engine_targets(control.engines())) == []
+
+
+def test_nccl_invalid_usage_in_a_try_is_named_as_a_refused_group():
+    """What NCCL says when it refuses a group (torch's DistBackendError text) ends the sync, not a retry."""
+    nccl = ("sending stage 0: NCCL error in: ProcessGroupNCCL.cpp:3523, invalid usage (run with NCCL_DEBUG=WARN "
+            "for details), NCCL version 2.28.9 ncclInvalidUsage: This usually reflects invalid usage of NCCL "
+            "library. Last error: Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 60")
+    assert setup_refusal(["joining engines: timed out", nccl]) == nccl
+    assert setup_refusal(["joining engines: engines did not join within 300 s"]) is None
+
+
+def test_a_job_that_ends_gives_up_the_sync_in_flight(tmp_path):
+    """Issue 30: Ctrl-C 3 s into a sync whose engines hung was answered "up to 300 s" and the attempt ran on
+    for 5 minutes. The waits look at `ending` (a stop, preempt or TERM): the sync is given up within seconds."""
+    control = Control(RunDir.create(tmp_path / "run"))
+    hung, url = _hung_engine()
+    control.write_engines([EngineRecord(url=url, node="n0", healthy=True)])
+    t0 = time.monotonic()
+    pub = _publisher(control, SyncOptions(timeout_s=120.0, attempts=2), ending=lambda: time.monotonic() - t0 > 1.0)
+    try:
+        with pytest.raises(SyncInterrupted, match="v3: given up, the job is ending"):
+            pub.publish(torch.nn.Linear(2, 2), 3)
+    finally:
+        pub.close()
+        hung.close()
+    assert time.monotonic() - t0 < 15, "the stop waited for the sync's timeout"
+    assert not (control.dir / "weight_update.json").exists()  # the rollout side is not left paused
+    assert control.weight_version() is None

@@ -4,7 +4,9 @@ weights through `DistributedPublisher` to the real SGLang engines listed in RUN/
 
 The test drives it step by step: before version v it writes `<out>/go-<v>.json`; the worker "trains" (adds seeded noise to every parameter shard), publishes v,
 computes its own greedy continuation of the probe prompt with the new weights, and rank 0
-writes `<out>/done-<v>.json`. `{"stop": true}` ends it.
+writes `<out>/done-<v>.json`. `{"stop": true}` ends it. `{"break_transfer": true}`: every try of
+that version fails on rank 0 after the export (a broken transfer the engines see as a closed group),
+so the fallback delivers it.
 """
 
 from __future__ import annotations
@@ -93,7 +95,23 @@ def main() -> None:
     # receive, which the e2e runs use)
     opts = SyncOptions(bucket_bytes=a.bucket_bytes, timeout_s=a.timeout_s, attempts=a.attempts, flattened=True,
                        receiver="rlslurm")
-    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=opts,
+    broken = {"on": False}
+
+    def export(mc_, model_, dtype):
+        from rlslurm.convert import mcore_to_hf
+
+        stream = mcore_to_hf(mc_, model_, dtype=dtype)
+        if not (broken["on"] and rank == 0):
+            return stream
+
+        def breaking():
+            for _ in stream:  # every gather over TP completes: only the sending side breaks
+                pass
+            raise RuntimeError("the transfer broke (injected by the test)")
+            yield  # a generator
+        return breaking()
+
+    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=opts, export=export,
                                fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)),
                                attempt=0, host="127.0.0.1")
     # --colocate's transport: each rank's buffer read in place by the engine it serves (memfd on CPU);
@@ -104,6 +122,7 @@ def main() -> None:
     while True:
         v += 1
         go = wait_go(out, v, rank)
+        broken["on"] = bool(go.get("break_transfer"))
         if go.get("stop"):
             break
         tp_rank = ps.get_tensor_model_parallel_rank()
@@ -121,7 +140,7 @@ def main() -> None:
         except WeightSyncError as e:
             result["error"] = str(e)
         result["seconds"] = time.monotonic() - t0
-        result["history"] = used.history[-1:] if used.history else []
+        result["history"] = [used.deliveries[-1].as_dict()] if used.deliveries else []
         result["greedy"] = greedy(model, mc, prompt, a.new_tokens)
         if rank == 0:
             tmp = out / f".done-{v}.json"
