@@ -133,7 +133,7 @@ class Notices:
     def __init__(self, rd: RunDir, console: Console, t0: float):
         self.rd, self.console = rd, console
         self.fallbacks = 0
-        self.trained, self.progress_at, self.said_at = -1, t0, t0
+        self.trained, self.progress_at, self.said_at = len(reward_curve(rd.path)), t0, t0
 
     def check(self) -> None:
         wv = Control(self.rd).weight_version()

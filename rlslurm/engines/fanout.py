@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable
 from urllib.parse import urlsplit
 
 from rlslurm.buffer.control import EngineRecord
-from rlslurm.engines.sglang_client import SGLangClient, SGLangError
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError, SGLangTimeout
 from rlslurm.engines.sglang_versions import api_for
 
 if TYPE_CHECKING:
@@ -149,11 +149,13 @@ class Engines:
         for f in pending:
             f.cancel()
         done = [f for f in futs if f not in pending]
+        # an engine that timed out on its own request (its client's bound) did not answer either
+        silent = [f for f in futs if f in pending or isinstance(f.exception(), SGLangTimeout)]
+        if silent:
+            raise Unanswered(what, [self._url_of.get(f, "?") for f in silent], timeout)
         errors = [f.exception() for f in done if f.exception() is not None]
         if errors:
             raise errors[0]
-        if pending:
-            raise Unanswered(what, [self._url_of.get(f, "?") for f in futs if f in pending], timeout)
 
     def call(self, method: str, *, timeout: float, **kw: Any) -> None:
         self.wait(self.submit(method, timeout=timeout, **kw), timeout + 5, method)

@@ -44,7 +44,7 @@ from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from rlslurm.engines.receiver import mapped_payload
 from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
 from rlslurm.errors import ConfigError
-from rlslurm.trainer.sync_group import SyncGroupError, iter_buckets
+from rlslurm.trainer.sync_group import NoEngines, SyncGroupError, iter_buckets
 from rlslurm.trainer.weight_sync import (
     DistributedPublisher,
     SendStats,
@@ -214,7 +214,7 @@ class IpcSender:
         found = [Found(t, tuple(r.nodes or [r.node]), tuple(r.gpu_ids))
                  for r, t in zip(records, targets, strict=True) if r.url not in gone | hung]
         if not found:
-            raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
+            raise NoEngines(f"{self.control.dir}/engines.json lists no healthy engine to send weights to")
         return found
 
     def prepare(self, found: list[Found], servers: list[Server]) -> None:

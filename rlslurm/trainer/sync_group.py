@@ -48,6 +48,11 @@ class SyncGroupError(RuntimeError):
     """Creating the group or a collective on it failed or timed out."""
 
 
+class NoEngines(SyncGroupError):
+    """No engine is there to take the weights (all restarting or gone): nothing to retry or fall back
+    to now; the version waits until they are up (trainer/delivery.py)."""
+
+
 class SyncCancelled(SyncGroupError):
     """A wait given up because its `cancel` said so (the job is ending)."""
 

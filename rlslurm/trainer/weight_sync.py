@@ -75,6 +75,7 @@ from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.delivery import ERROR_CHARS, Delivered
 from rlslurm.trainer.sync_group import (
     GroupSpec,
+    NoEngines,
     SyncCancelled,
     SyncGroup,
     SyncGroupError,
@@ -231,7 +232,7 @@ class StageSender:
                         "that the update bracket is closed, and a later sync includes it again once restarted)", hung)
             targets = [t for t in targets if t.identity not in self.unanswered]
         if not targets:
-            raise SyncGroupError(f"{self.control.dir}/engines.json lists no healthy engine to send weights to"
+            raise NoEngines(f"{self.control.dir}/engines.json lists no healthy engine to send weights to"
                                  + (f" ({len(gone)} refused connections)" if gone else ""))
         if self.group is not None and self.engines is not None and self.engines.targets == targets:
             return
@@ -307,8 +308,11 @@ class StageSender:
             # and can then answer the destroy.
             group.close()
         if engines is not None:
-            if group is not None:
-                engines.best_effort("destroy_weights_update_group", group_name=group.spec.group_name)
+            live = [t for t in engines.targets if t.identity not in self.unanswered]  # a hung one: no 10 s each
+            if group is not None and live:
+                alive = Engines(self._loop, live, self.api_key)
+                alive.best_effort("destroy_weights_update_group", group_name=group.spec.group_name)
+                alive.close()
             engines.close()
 
     # -- sending ---------------------------------------------------------------------------
@@ -446,6 +450,7 @@ class DistributedPublisher:
         self.deliveries: list[Delivered] = []   # one per publish (every rank's view of the agreed outcome)
         self.fallbacks = 0                       # versions the disk fallback delivered in this attempt
         self._interrupted = False                # this rank gave up a wait: the job is ending
+        self._no_engines = False                 # this rank found no engine to send to
         # --colocate's turn (trainer/colocate.py): the engines' KV cache is still released during the
         # publish, so they must stay paused after it; the colocation continues them once it is back
         # (a scheduler continued without it crashed at its next prefill, SGLang 0.5.14 on an H100)
@@ -484,6 +489,11 @@ class DistributedPublisher:
             return True
         except WeightSyncSetupError:
             raise  # collective: raised by every rank that sees it, before any engine is asked to join
+        except NoEngines as e:
+            self._no_engines = True
+            errors.append(f"{what}: {e}")
+            log.warning("weight sync: %s: %s", what, e)
+            return False
         except (Cancelled, SyncCancelled) as e:
             self._interrupted = True
             errors.append(f"{what}: {e}")
@@ -521,22 +531,44 @@ class DistributedPublisher:
                              transport, time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
                              self.sender.last.buckets if self.sender else 0)
                 return self._delivered(Delivered(version, transport, tries=i, seconds=time.monotonic() - t0))
+            if r.coordinator:
+                self._end_sessions()
             if self.sender is not None:
                 self.sender.teardown()
-            self._after_failed_try(version, r, errors)
+            nobody = self._after_failed_try(version, r, errors)
             if r.coordinator:  # the bound each try keeps is checked against this line (tests/e2e)
                 log.warning("weight sync v%d: try %d/%d failed after %.1f s (timeout %g s)", version, i,
                             self.opts.attempts, time.monotonic() - t_try, self.opts.timeout_s)
+            if nobody:  # every engine is restarting or gone: the version waits for them, no fallback
+                if r.coordinator:
+                    log.warning("weight sync v%d: no engine to send it to; it goes out once they are up", version)
+                return self._delivered(Delivered(version, transport, tries=i, seconds=time.monotonic() - t0,
+                                                 engines=0, errors=tuple(e[:ERROR_CHARS] for e in errors)))
         return self._fail(model, version, r, errors, t0)
+
+    def _end_sessions(self) -> None:
+        """After a failed try: close the engines' weight-update session (SGLang 0.5.23 refuses a second
+        /begin_weight_update while one is open: every retry failed on it), leaving them paused for the
+        next try; not on engines that did not answer (each would cost the cleanup timeout)."""
+        s = self.sender
+        engines = getattr(s, "engines", None)
+        if engines is None:
+            return
+        live = [t for t in engines.targets if t.identity not in s.unanswered]
+        if live:
+            ending = Engines(engines.loop, live, self.api_key)
+            ending.best_effort("end_weight_update")
+            ending.close()
 
     def _delivered(self, d: Delivered) -> Delivered:
         self.deliveries.append(d)
         return d
 
-    def _after_failed_try(self, version: int, r: _Roles, errors: list[str]) -> None:
+    def _after_failed_try(self, version: int, r: _Roles, errors: list[str]) -> bool:
         """Collective, after a failed try: what no retry heals ends the sync here on every rank (a group
-        NCCL refused: `WeightSyncSetupError`; the job ending: `SyncInterrupted`); else the bracket is
-        closed until the next try, so that the rollout nodes' health checks find a wedged engine."""
+        NCCL refused: `WeightSyncSetupError`; the job ending: `SyncInterrupted`). The bracket is closed
+        until the next try, so that the rollout nodes' health checks find a wedged engine. True: there
+        was no engine to send to (`NoEngines`)."""
         refused = setup_refusal(errors)
         if refused is not None and self.sender is not None and isinstance(self.sender, StageSender):
             targets = self.sender.current_targets()
@@ -544,18 +576,17 @@ class DistributedPublisher:
                   if r.device.type == "cuda" else None)
             refused = f"{refused}. GPUs: {gpu_map(me, targets)}"
         ending = self._interrupted or (r.coordinator and self.ending is not None and self.ending())
-        verdicts = self._gather((refused, ending))
+        verdicts = self._gather((refused, ending, self._no_engines))
+        self._interrupted = self._no_engines = False
         refused = next((v[0] for v in verdicts if v[0]), None)
-        if refused is not None or any(v[1] for v in verdicts):
-            if r.coordinator:  # the attempt ends: nothing to release the engines for (they end with it)
-                self.control.clear_weight_update()
-            self._interrupted = False
-            if refused is not None:
-                raise WeightSyncSetupError(f"weight sync v{version}: the group was refused, which no retry, fallback "
-                                           f"or requeue heals: {refused}")
-            raise SyncInterrupted(f"weight sync v{version}: given up, the job is ending")
-        if r.coordinator:
+        if r.coordinator:  # closed: the rollout nodes' health checks run until the next try
             self.control.clear_weight_update()
+        if refused is not None:  # the attempt ends: nothing to release the engines for (they end with it)
+            raise WeightSyncSetupError(f"weight sync v{version}: the group was refused, which no retry, fallback "
+                                       f"or requeue heals: {refused}")
+        if any(v[1] for v in verdicts):
+            raise SyncInterrupted(f"weight sync v{version}: given up, the job is ending")
+        return any(v[2] for v in verdicts)
 
     def _new_sender(self, r: _Roles) -> Any:
         """This rank's sender: the stage's leaders send, the other ranks only take part in the export."""

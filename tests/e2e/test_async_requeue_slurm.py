@@ -34,6 +34,7 @@ from rlslurm.buffer.store import BufferStore
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
+from tests.deliveries import assert_delivered_by
 from tests.e2e.helpers import batch_log, probes, submit_grpo, trained_per_attempt
 from tests.process_groups import trainer_pids
 from tests.slurm_runs import ledger, wait_reports
@@ -177,5 +178,6 @@ def test_async_run_hard_requeued_keeps_the_staleness_bound_and_trains_each_rollo
         assert len(answered) < len(r["engines"]), r
         assert all(e["same"] for e in answered), r
     assert recs and recs[-1]["version"] == NUM_ROLLOUT and recs[-1]["match"], [r["version"] for r in recs]
+    assert_delivered_by(run_dir, "gloo")  # over the broadcast group, never the disk fallback
 
     print(f"async k={K}: trained {steps}; versions {versions}; probes cut {cut}")

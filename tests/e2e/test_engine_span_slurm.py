@@ -34,6 +34,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.demo_task import make_prompts
 from rlslurm.rollout.node import RemoteRouter
 
+from tests.deliveries import assert_delivered_by
 from tests.e2e.helpers import probes
 from tests.e2e.stopped_runs import (at_next_commit, check_no_stale_samples, last_probe, stop_and_check,
                                      submit, wait_for)
@@ -104,3 +105,5 @@ def test_engine_spanning_two_nodes_syncs_every_rank_and_restarts_as_one(slurm_cl
     # every probe that reached the engine found it at the trainer's version with the same greedy tokens
     assert recs and all(r["match"] for r in recs if url in r["engines"] and "error" not in r["engines"][url]), recs
     assert len(ids) >= back + 2
+    # in place from the trainer ranks' memfd buffers (CUDA IPC's CPU twin) on each rank's own node
+    assert_delivered_by(run_dir, "memfd", versions=set(range(1, before_stop + 1)))

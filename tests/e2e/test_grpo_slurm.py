@@ -22,6 +22,7 @@ import pytest
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
 
+from tests.deliveries import assert_delivered_by
 from tests.e2e.helpers import GRPO_NUM_ROLLOUT, batch_log, probes, submit_grpo, trained_per_attempt
 from tests.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 
@@ -57,6 +58,8 @@ def test_grpo_learns_and_engines_on_two_rollout_nodes_follow_every_sync(slurm_cl
     bad = [r for r in recs if not r["match"]]
     assert not bad, bad[:2]
     assert all(len(r["engines"]) == 2 for r in recs)
+    # ... each delivered by the gloo broadcast group at its first try (the disk fallback gives the same probes)
+    assert all(d["tries"] == 1 for d in assert_delivered_by(run_dir, "gloo", versions=set(range(1, NUM_ROLLOUT + 1))))
     assert [(l["attempt"], l["reason"]) for l in ledger(run_dir)] == [(0, "finished")]
 
     # one rollout process per rollout node, on two different SLURM nodes
@@ -171,6 +174,7 @@ def test_usr1_preemption_and_hard_requeue_lose_nothing_and_train_nothing_twice(s
     for a in range(4):  # separate attempt logs
         assert (run_dir / f"logs/attempt-{a}/trainer-0.log").exists(), a
     assert "integer expression expected" not in batch_log(run_dir, job)  # the clock survives SLURM's TERM
+    assert_delivered_by(run_dir, "gloo")  # each attempt's versions over the broadcast group, none by the fallback
 
     lines = ledger(run_dir)
     assert [l["attempt"] for l in lines] == [0, 1, 2, 3]

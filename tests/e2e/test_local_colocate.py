@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.deliveries import assert_delivered_by
+
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +52,8 @@ def test_tool_calling_example_trains_colocated_and_every_sync_is_read_in_place(t
     assert {p["version"] for p in probes} >= set(range(1, NUM_ROLLOUT + 1)), probes
     assert all(p["match"] and len(p["engines"]) == 2 for p in probes), probes
 
+    # each version read in place from the trainer's memfd buffers (CUDA IPC's CPU twin), none by the fallback
+    assert_delivered_by(run_dir, "memfd", versions=set(range(1, NUM_ROLLOUT + 1)))
     metrics = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     phases = {m["rollout_id"] for m in metrics if {"time/engines_release", "time/onload", "time/publish"} <= set(m)}
     assert phases == set(range(NUM_ROLLOUT)), metrics[-1]

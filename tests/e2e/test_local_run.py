@@ -25,6 +25,7 @@ import pytest
 from rlslurm.buffer.control import Control
 from rlslurm.curve import reward_curve
 
+from tests.deliveries import assert_delivered_by
 from tests.process_groups import rollout_pids
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
@@ -106,6 +107,16 @@ def test_demo_stops_cleanly_and_continues(tmp_path: Path) -> None:
     assert json.loads((run_dir / "FINISHED").read_text())["trained_rollouts"] == NUM_ROLLOUT
     assert [r for r, _ in reward_curve(run_dir)] == list(range(NUM_ROLLOUT))
     assert (run_dir / "reward_curve.png").exists()
+    # every version went over the gloo broadcast group, the resumed attempt's first one included
+    recs = assert_delivered_by(run_dir, "gloo")
+    assert {d["attempt"] for d in recs} == {0, 1} and all(d["tries"] == 1 for d in recs), recs
+    # the finished local run as `rlslurm status` tells it: from the run's own record, engines gone
+    st = json.loads(subprocess.run([sys.executable, "-m", "rlslurm.cli", "status", str(run_dir), "--json"], cwd=ROOT,
+                                   capture_output=True, text=True, check=True, timeout=120).stdout)
+    assert (st["slurm"]["state"], st["slurm"]["source"], st["live"]) == ("FINISHED", "run directory", False), st["slurm"]
+    assert st["engines"] and all(e["gone"] and not e["healthy"] for e in st["engines"]), st["engines"]
+    assert (st["weights"]["version"], st["weights"]["transport"], st["weights"]["fallbacks"]) == (NUM_ROLLOUT, "gloo", 0)
+    assert {(p["role"], p["rank"]) for p in st["phases"]} >= {("trainer", 0), ("rollout", 0)}, st["phases"]
     # logs are the owner's only, as under SLURM's umask 077, and no file but control/api_key holds the key
     key = (control / "api_key").read_bytes().strip()
     files = [p for p in run_dir.rglob("*") if p.is_file()]

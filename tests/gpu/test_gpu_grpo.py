@@ -25,6 +25,7 @@ from pathlib import Path
 from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
 
+from tests.deliveries import assert_delivered_by
 from tests.gpu.bundle_flags import run_flags
 from tests.process_groups import trainer_pids
 
@@ -45,13 +46,36 @@ def where() -> str:
     return "one shared GPU, gloo weight sync" if placement() else "trainer and engine on GPUs of their own, NCCL"
 
 
+def transport() -> str:
+    return "gloo" if placement() else "nccl"
+
+
+def check_placement(run_dir: Path) -> None:
+    """Each attempt's trainer and engine on the GPUs the placement gives them (issue 30: the first attempt
+    had put both on GPU 0): the trainer ranks' GPUs (from torch) and the engines' (engines.json) are
+    disjoint unless they share on purpose."""
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
+
+    for attempt in sorted(run_dir.glob("logs/attempt-*")):
+        trainer = {json.loads(p.read_text())["gpu_uuid"] for p in attempt.glob("env-trainer-*.json")}
+        rollout = [json.loads(p.read_text()) for p in attempt.glob("env-rollout-*.json")]
+        assert trainer and None not in trainer and rollout and all(r["gpu_uuids"] for r in rollout), attempt
+        if not placement():
+            # the rollout's own GPUs come first in its CUDA_VISIBLE_DEVICES: its engine's device 0 is gpu_uuids[0]
+            assert not trainer & {r["gpu_uuids"][0] for r in rollout}, (attempt.name, trainer, rollout)
+    engines = {u for e in Control(RunDir(run_dir)).engines() for u in e.gpu_uuids}
+    assert engines and (placement() or not engines & trainer), (engines, trainer)
+
+
 def rlslurm_run(run_dir: Path, log: Path, num_rollout: int, *extra: str, gpus: int = 1,
                 layout: list[str] | None = None) -> subprocess.Popen:
     """`layout`: the placement flags (default: `placement()`)."""
+    # no disk fallback: a sync that fails fails the run, so the transport each test asserts is what ran
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
            "--device", "cuda", "--gpus-per-node", str(gpus), "--trainer-procs-per-node", str(gpus),
            "--num-rollout", str(num_rollout), "--save-interval", str(SAVE_INTERVAL), "--verify-weight-sync",
-           *SGLANG_GPU_FLAGS, *(placement() if layout is None else layout), *extra]
+           "--weight-sync-fallback", "off", *SGLANG_GPU_FLAGS, *(placement() if layout is None else layout), *extra]
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -132,6 +156,8 @@ def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path
     assert n in {r["version"] for r in recs}  # the final weights reached the engine too
     diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
     assert diffs and max(diffs) < 0.1, diffs  # same weights on both sides, bf16 kernels apart
+    assert_delivered_by(run_dir, transport())  # every version, both attempts, by the transport, no fallback
+    check_placement(run_dir)
     print(f"GPU sync bf16 ({where()}): {len(recs)} probes at the trainer's version, greedy tokens equal in "
           f"{sum(r['match'] for r in recs)}; trained {before} then {resumed}; reward {first:.3f} -> {last:.3f}; "
           f"max |train - rollout logprob| {max(diffs):.2e}")
@@ -155,6 +181,8 @@ def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
     recs = probes(run_dir)
     assert recs and all(all(str(e.get("weight_version")) == str(r["version"]) for e in r["engines"].values())
                         for r in recs), recs[:2]
+    assert_delivered_by(run_dir, transport(), versions=set(range(1, n + 1)))
+    check_placement(run_dir)
     first, last = reward_rose(run_dir)
     print(f"GPU async bf16 ({where()}): staleness <= {k} held for {n} rollouts; max |train - rollout logprob| "
           f"{max(diffs):.4f}; greedy equal in {sum(r['match'] for r in recs)}/{len(recs)} probes; "
@@ -195,6 +223,7 @@ def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_pat
         assert gib(m, "released") <= gib(m, "engine_weights") < gib(m, "engines_resumed"), m
     first, last = reward_rose(run_dir)
     assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
+    assert_delivered_by(run_dir, "cuda-ipc")  # every version of both attempts in place, none by the fallback
     # every publish went in place (trainer/ipc_sync.py), each engine rank reading its own GPU's buffer
     final = max(run_dir.glob("logs/attempt-*"), key=lambda p: int(p.name.split("-")[1]))
     engine_logs = [p.read_text(errors="replace") for p in sorted(final.glob("engine-*.log"))]

@@ -90,3 +90,24 @@ def test_stop_and_preempt_still_win(tmp_path):
     engines(t.control)
     t.control.request_stop("test")
     assert t._poll(3) is Next.STOP
+
+
+def test_a_version_that_reached_no_engine_waits_for_them_and_is_recorded(tmp_path):
+    """Issue 30: the disk fallback 'done, loaded by []' reported a version nobody had. A publish that
+    reached no engine (all restarting) is pending again until every engine is up, and the metrics say
+    what happened to each publish."""
+    from rlslurm.trainer.delivery import Delivered
+
+    t = trainer(tmp_path, published=2)
+    t.delivery.record(Delivered(3, "nccl", tries=1, engines=0, errors=("joining engines: no healthy engine",)))
+    t.delivery.undelivered(3)
+    engines(t.control, b_healthy=False)
+    assert t._poll(3) is Next.WAIT  # B still restarting: not yet, whatever the sync timeout
+    engines(t.control, b_awaiting=False)
+    assert t._poll(3) == Publish(3)
+    t.delivery.record(Delivered(3, "nccl", tries=1, engines=2))
+    t.delivery.delivered(3)
+    m = t.delivery.metrics()
+    assert [(d["version"], d["engines"]) for d in m["weight_sync/deliveries"]] == [(3, 0), (3, 2)]
+    assert (m["weight_sync/transport"], m["weight_sync/fallbacks"]) == ("nccl", 0)
+    assert "weight_sync/deliveries" not in t.delivery.metrics()  # each publish on one line only

@@ -5,8 +5,8 @@ weights through `DistributedPublisher` to the real SGLang engines listed in RUN/
 The test drives it step by step: before version v it writes `<out>/go-<v>.json`; the worker "trains" (adds seeded noise to every parameter shard), publishes v,
 computes its own greedy continuation of the probe prompt with the new weights, and rank 0
 writes `<out>/done-<v>.json`. `{"stop": true}` ends it. `{"break_transfer": true}`: every try of
-that version fails on rank 0 after the export (a broken transfer the engines see as a closed group),
-so the fallback delivers it.
+that version fails on rank 0 after its export and before it hands the engine anything, so the fallback
+delivers it.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def main() -> None:
                                attempt=0, host="127.0.0.1")
     # --colocate's transport: each rank's buffer read in place by the engine it serves (memfd on CPU);
     # the fixture's control publisher names the engines' node "node0"
-    ipc = IpcPublisher(mc, control, api_key=rd.api_key(), opts=opts, node="node0",
+    ipc = IpcPublisher(mc, control, api_key=rd.api_key(), opts=opts, node="node0", export=export,
                        fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)), attempt=0)
     v = 0
     while True:

@@ -1,0 +1,162 @@
+"""The GPU layout matrix (issue 30) through `rlslurm run --demo` on a machine of 4 GPUs: each layout puts
+the trainer and the engines on GPUs of their own and proves the mechanism, not only the outcome (the disk
+fallback gives the same probes and rewards):
+
+* the transport: every version delivered by the NCCL broadcast group, never by the fallback
+  (`--weight-sync-fallback off`: a failed sync fails the run instead), read from metrics.jsonl;
+* the GPUs: nvidia-smi's own list of which process holds which GPU, mid-run; the trainer ranks' and the
+  engines' GPUs are disjoint and are the ones the run recorded (env-trainer-*.json, engines.json);
+* every probe at the trainer's version, and the lineage (each rollout trained once).
+
+Layouts: trainer TP2 + one TP2 engine (one NCCL group of world 3), trainer DP2 + two TP1 engines (world 3),
+trainer PP2 + one engine (a group per stage, world 2 each). In the TP2 one the engine's server is killed
+(kill -9) mid-run: its supervisor restarts it, the trainer syncs it again, and since the run is synchronous
+every rollout is generated from the weights of the rollout before it. The colocated layouts are in
+test_gpu_grpo.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlslurm.buffer.control import Control
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.engines.procfs import all_pids
+
+from tests.deliveries import assert_delivered_by, final_lineage
+from tests.gpu.bundle_flags import run_flags
+from tests.gpu.test_gpu_grpo import finish, logs, probes
+
+NUM_ROLLOUT = 10
+
+# name: (flags after `rlslurm run --demo --device cuda`, GPUs needed, kill the engine mid-run)
+LAYOUTS = {
+    "trainer-tp2-engine-tp2": (["--gpus-per-node", "2", "--trainer-procs-per-node", "2",
+                                "--tensor-model-parallel-size", "2", "--rollout-num-gpus-per-engine", "2"], 4, True),
+    "trainer-dp2-two-engines": (["--gpus-per-node", "2", "--trainer-procs-per-node", "2"], 4, False),
+    "trainer-pp2-one-engine": (["--gpus-per-node", "1", "--trainer-procs-per-node", "2",
+                                "--pipeline-model-parallel-size", "2"], 3, False),
+}
+
+
+def gpu_processes() -> dict[int, str]:
+    """pid -> GPU UUID of every process nvidia-smi sees on a GPU."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return {int(p): u.strip().lower() for p, u in (l.split(",") for l in out.splitlines() if l.strip())}
+
+
+def ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+        chain.append(pid)
+    return chain
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def who_is_on_which_gpu(run_dir: Path) -> dict[str, set[str]]:
+    """{"trainer": GPUs, "engines": GPUs} from nvidia-smi: a process is the trainer's if it runs
+    rlslurm.trainer.main, an engine's if an engine server of engines.json is it or its ancestor."""
+    engine_pids = {e.pid for e in Control(RunDir(run_dir)).engines() if e.pid}
+    out: dict[str, set[str]] = {"trainer": set(), "engines": set(), "other": set()}
+    for pid, gpu in gpu_processes().items():
+        if "rlslurm.trainer.main" in cmdline(pid):
+            out["trainer"].add(gpu)
+        elif pid in engine_pids or engine_pids & set(ancestors(pid)):
+            out["engines"].add(gpu)
+        else:
+            out["other"].add(gpu)
+    return out
+
+
+def recorded_gpus(run_dir: Path) -> dict[str, set[str]]:
+    """The GPUs the run recorded: each trainer rank's (its env report, from torch) and each engine rank's
+    (engines.json, from the rollout node's CUDA_VISIBLE_DEVICES through nvidia-smi)."""
+    attempt = max(run_dir.glob("logs/attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    trainer = {json.loads(p.read_text())["gpu_uuid"] for p in attempt.glob("env-trainer-*.json")}
+    engines = {u for e in Control(RunDir(run_dir)).engines() for u in e.gpu_uuids}
+    return {"trainer": trainer, "engines": engines}
+
+
+def start(run_dir: Path, log: Path, flags: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
+           "--device", "cuda", "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "4", "--verify-weight-sync",
+           "--rollout-dtype", "bfloat16", "--weight-sync-fallback", "off", "--weight-sync-timeout-s", "60",
+           *run_flags(0.3), *flags]
+    return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def trained(run_dir: Path) -> int:
+    return len(final_lineage(run_dir))
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_syncs_over_nccl_on_gpus_of_its_own(name: str, tmp_path: Path) -> None:
+    import torch
+
+    flags, need, kill = LAYOUTS[name]
+    if torch.cuda.device_count() < need:
+        pytest.skip(f"{name} needs {need} GPUs, {torch.cuda.device_count()} here")
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = start(run_dir, log, flags)
+    deadline = time.monotonic() + 480
+    seen: dict[str, set[str]] = {}
+    killed = None
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, logs(run_dir, log)
+        if trained(run_dir) >= 2 and not seen:
+            seen = who_is_on_which_gpu(run_dir)  # mid-run: every process holds its GPU now
+        if kill and killed is None and trained(run_dir) >= 4:
+            [engine] = Control(RunDir(run_dir)).engines()
+            os.kill(engine.pid, signal.SIGKILL)  # the server itself, as `kill -9 <pid>` would
+            killed = (engine.url, engine.pid, trained(run_dir))
+        time.sleep(0.5)
+    assert finish(proc, run_dir, log, 60) == 0, logs(run_dir, log)
+
+    # the GPUs: nvidia-smi's view, disjoint, and the ones the run recorded
+    recorded = recorded_gpus(run_dir)
+    assert seen["trainer"] and seen["engines"] and not seen["trainer"] & seen["engines"], seen
+    assert seen["trainer"] == recorded["trainer"] and seen["engines"] <= recorded["engines"], (seen, recorded)
+    # the transport: each version over NCCL, none by the fallback (which is off: a failed sync fails the run)
+    recs = assert_delivered_by(run_dir, "nccl", versions=set(range(1, NUM_ROLLOUT + 1)))
+    assert final_lineage(run_dir) == list(range(NUM_ROLLOUT))
+    ps = probes(run_dir)
+    assert ps and all(str(e.get("weight_version")) == str(p["version"]) for p in ps for e in p["engines"].values()), \
+        ps[:2]
+    assert NUM_ROLLOUT in {p["version"] for p in ps}
+    engines = Control(RunDir(run_dir)).engines()
+    if killed is not None:
+        url, old_pid, at = killed
+        [e] = [e for e in engines if e.url == url]
+        assert e.restarts == 1 and e.pid != old_pid, e
+        # synced again after the restart: a probe of a later version found it at the trainer's weights
+        assert any(url in p["engines"] and p["version"] > at for p in ps), ps[-3:]
+        # synchronous: every sample of rollout k came from weight version k, across the restart
+        lines = [json.loads(l) for l in (run_dir / "rollout_metrics.jsonl").read_text().splitlines()]
+        train = [(l["rollout_id"], l["rollout/weight_version_min"], l["rollout/weight_version_max"])
+                 for l in lines if l["kind"] == "train"]
+        assert train and all(lo == hi == rid for rid, lo, hi in train), train
+    print(f"{name}: GPUs trainer {sorted(seen['trainer'])} engines {sorted(seen['engines'])}; {len(recs)} publishes "
+          f"over nccl, {sum(d['seconds'] for d in recs) / len(recs):.3f} s mean; {len(ps)} probes at the trainer's "
+          f"version, greedy equal in {sum(p['match'] for p in ps)}" + (f"; engine killed after {killed[2]} rollouts, "
+                                                                     "restarted and synced again" if killed else ""))
