@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LOG_DIR = Path("/var/log/rlslurm-ci")
+LOG_DIR = Path(os.environ.get("RLSLURM_CI_LOGS", "/var/log/rlslurm-ci"))  # boot.sh's knob of the same name
 JOBCOMP_LOG = LOG_DIR / "jobcomp.log"
 
 # States after which a job will not run again by itself. REQUEUED is missing on purpose:

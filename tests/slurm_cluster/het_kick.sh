@@ -8,7 +8,7 @@
 # Resources/BeginTime/Dependency is waiting for a real reason.
 # Exits by itself when the slurmctld that boot.sh started is gone.
 set -uo pipefail
-RUN=/run/rlslurm-ci
+RUN="${RLSLURM_CI_RUN:-/run/rlslurm-ci}"   # boot.sh exports it, and SLURM_CONF
 INTERVAL="${RLSLURM_CI_HET_KICK_INTERVAL:-2}"
 export PATH="$PATH:/usr/sbin:/sbin"
 

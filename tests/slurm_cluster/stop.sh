@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Stops the test cluster that boot.sh started: cancels every job, then stops each process
-# named by a pid file in /run/rlslurm-ci, and only if /proc/PID still is what we started
-# (pids get reused). Never kills by name. A zombie counts as stopped (PID 1 here reaps
-# orphans only after a few seconds). Idempotent: with nothing running it is a no-op.
+# named by a pid file in /run/rlslurm-ci (RLSLURM_CI_RUN), and only if /proc/PID still is
+# what we started (pids get reused). Never kills by name. A zombie counts as stopped (PID 1
+# here reaps orphans only after a few seconds). Idempotent: with nothing running it is a no-op.
 # Usage: stop.sh [--quiet]
 set -uo pipefail
 
-RUN=/run/rlslurm-ci
+RUN="${RLSLURM_CI_RUN:-/run/rlslurm-ci}"     # boot.sh's RLSLURM_CI_RUN
 JOB_WAIT="${RLSLURM_CI_STOP_JOB_WAIT:-20}"   # seconds for cancelled jobs to leave the queue
 quiet=0
 [ "${1:-}" = "--quiet" ] && quiet=1
@@ -52,6 +52,8 @@ stop_pidfile() { # pidfile expected-comm
 }
 
 [ -d "$RUN" ] || { log "nothing to stop"; exit 0; }
+# squeue/scancel below must reach the slurmctld of the cluster boot.sh started with this RUN.
+if [ -s "$RUN/slurm_conf" ]; then SLURM_CONF="$(cat "$RUN/slurm_conf")"; export SLURM_CONF; fi
 
 # Leave a cluster that a live pytest session owns alone (boot.sh records it), unless told.
 owner_id() { [ -n "$1" ] && [ -r "/proc/$1/stat" ] && echo "$1 $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f20)"; }
@@ -97,6 +99,6 @@ for d in /proc/[0-9]*; do
   [ "$(cat "$d/comm" 2>/dev/null)" = slurmstepd ] && [ "$(state_of "${d#/proc/}")" != Z ] && left="$left ${d#/proc/}"
 done
 [ -z "$left" ] || warn "slurmstepd processes still running (job steps that ignored the cancel?):$left"
-[ "$rc" = 0 ] && rm -f "$RUN/owner"
+[ "$rc" = 0 ] && rm -f "$RUN/owner" "$RUN/slurm_conf"
 log "stopped"
 exit "$rc"
