@@ -377,11 +377,22 @@ def logs(
     n = attempts[-1] if attempt is None else attempt
     if n not in attempts:
         raise UserError(f"--attempt {n}: no such attempt (have {attempts})")
-    files = sorted(rd.attempt_log_dir(n).glob("*.log")) + sorted(rd.logs_dir.glob("slurm-*.out"))
+    files = _logs_in_reading_order(rd.attempt_log_dir(n)) + sorted(rd.logs_dir.glob("slurm-*.out"))
     cmd = ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files]
     if not files:
         raise UserError(f"attempt {n}: no log files yet")
     os.execvp("tail", cmd)
+
+
+def _logs_in_reading_order(attempt_dir: Path) -> list[Path]:
+    """The trainer's logs (by rank), then the rollout nodes', then the rest (engines, router): a
+    failure is read in the roles' logs first, and an engine's log is mostly its requests."""
+    def key(p: Path) -> tuple[int, str, int]:
+        role, _, rank = p.stem.partition("-")
+        order = {"trainer": 0, "rollout": 1}.get(role, 2)
+        return (order, p.name if order == 2 else role, int(rank) if order < 2 and rank.isdigit() else 0)
+
+    return sorted(attempt_dir.glob("*.log"), key=key)
 
 
 @app.command()
