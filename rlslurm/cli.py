@@ -79,7 +79,8 @@ def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: 
 ConfigOpt = typer.Option(None, "--config", help="run YAML (sections or flat field names); flags override it")
 ModelOpt = typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a YAML path")
 NodesOpt = typer.Option(None, "--nodes", help="total nodes: trainer + rollout")
-DataOpt = typer.Option(None, "--prompt-data", help="prompts, .jsonl or .parquet")
+DataOpt = typer.Option(None, "--prompt-data", help="prompts: a .jsonl or .parquet file, a directory of them, or a "
+                         "`datasets` save_to_disk directory")
 NameOpt = typer.Option(None, "--run-name", help="run name (default: rlslurm)")
 DirOpt = typer.Option(None, "--run-dir", help="run directory on shared storage (default: ./runs/<run-name>)")
 
