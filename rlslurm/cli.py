@@ -33,7 +33,7 @@ err = make_console(stderr=True)
 
 # The ~166 run flags are not typer options (they are parsed by rlslurm/flags.py from the config's
 # fields), so a command's --help names only a few: this line points to the full list.
-FLAGS_EPILOG = ("Every run setting is a flag (about 166, plus --sglang-*, --router-*, --megatron-* passthrough): "
+FLAGS_EPILOG = ("Every run setting is a flag (over 160, plus --sglang-*, --router-*, --megatron-* passthrough): "
                 "`rlslurm flags` lists each with its section, type, default and description; "
                 "`rlslurm flags KEYWORD` filters them (e.g. rlslurm flags sbatch).")
 

@@ -147,8 +147,15 @@ class SlurmSection(Section):
     secret_env: list[str] = Field(default_factory=list, description="variables passed through a 0600 file, never "
                                                                     "run.yaml; a name alone takes its value from "
                                                                     "the submitting environment")
+    # In every het component: SLURM applies an option given before the first `hetjob` line to
+    # component 0 only (a --constraint there never reached the rollout group; measured on SLURM 22.05,
+    # docs/slurm-test-cluster.md); repeating one per component is accepted.
     sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options, --key=value, given to "
                                                                       "every het group (e.g. --constraint=h100)")
+    trainer_sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options of the "
+                                                                              "trainer group only")
+    rollout_sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options of the "
+                                                                              "rollout group only")
 
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
     @classmethod
@@ -187,7 +194,7 @@ class SlurmSection(Section):
         """The secret values given as `--env NAME=VALUE` in this process (never from run.yaml)."""
         return dict(self._secret_given)
 
-    @field_validator("sbatch_extra")
+    @field_validator("sbatch_extra", "trainer_sbatch_extra", "rollout_sbatch_extra")
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
         for opt in v:

@@ -193,6 +193,14 @@ def parse_flags(argv: list[str]) -> Layer:
             while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 value.append(argv[i + 1])
                 i += 1
+            if not value and i + 1 < len(argv) and field_name.endswith("sbatch_extra"):
+                # its values are options themselves: `--sbatch-extra --constraint=h100` would read
+                # --constraint as an rlslurm flag
+                raise ConfigError(f"{origin} takes one sbatch option after '=': {origin}={argv[i + 1]} (repeat "
+                                  f"{origin}=... for more)")
+            key = (FIELDS[field_name][0], field_name)
+            if key in layer.values:  # the flag given again: its values add up
+                value = [*layer.values[key], *value]
         elif kind == "dict":
             items = [inline] if eq else []
             while i + 1 < len(argv) and not argv[i + 1].startswith("--"):

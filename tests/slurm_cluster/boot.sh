@@ -25,6 +25,7 @@ CONF_DIR="${RLSLURM_CI_CONF_DIR:-/etc/slurm}"  # where client commands look by d
 OWNER_PID="${RLSLURM_CI_OWNER_PID:-}"          # process that owns the cluster (the pytest session)
 OWNER_WAIT="${RLSLURM_CI_OWNER_WAIT:-600}"     # seconds to wait for another live owner to finish
 FORCE="${RLSLURM_CI_FORCE:-0}"                 # 1 = take the cluster from a live owner
+CONF_EXTRA="${RLSLURM_CI_CONF_EXTRA:-}"        # lines appended to slurm.conf (measurements, docs/slurm-test-cluster.md)
 
 STATE=/var/lib/rlslurm-ci
 LOGS=/var/log/rlslurm-ci
@@ -134,7 +135,6 @@ done
 # ---- config --------------------------------------------------------------------------------
 range() { if [ "$1" = "$2" ]; then echo "$1"; else echo "[$1-$2]"; fi; }
 node_names="n$(range 1 "$NODES")"
-node_ports="$(range "$SLURMD_PORT" $((SLURMD_PORT + NODES - 1)))"
 gres_line=""
 if [ "$GPUS" -gt 0 ]; then gres_line=" Gres=gpu:$GPUS"; fi
 
@@ -199,9 +199,15 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGS/jobcomp.log
 EOF
 {
+  if [ -n "$CONF_EXTRA" ]; then printf '%s\n' "$CONF_EXTRA"; fi
   if [ -n "$REQUEUE_EXIT" ]; then echo "RequeueExit=$REQUEUE_EXIT"; fi
   if [ "$GPUS" -gt 0 ]; then echo "GresTypes=gpu"; fi
-  echo "NodeName=$node_names NodeHostname=localhost NodeAddr=127.0.0.1 Port=$node_ports CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB$gres_line State=UNKNOWN"
+  # One line per node: odd nodes have Feature ci_odd, even ones ci_even, so a job's --constraint
+  # decides where each het component may run (tests/launcher/test_slurm_job.py, --sbatch-extra).
+  for ((i = 1; i <= NODES; i++)); do
+    feature=ci_odd; [ $((i % 2)) = 0 ] && feature=ci_even
+    echo "NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((SLURMD_PORT + i - 1)) CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB$gres_line Feature=$feature State=UNKNOWN"
+  done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF"
   echo "PartitionName=preemptible Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=$PREEMPT_GRACE"
   echo "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF"
