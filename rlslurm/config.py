@@ -286,6 +286,9 @@ class RolloutSection(Section):
     engines_per_node: int | None = Field(None, ge=1, description="SGLang servers per rollout node (default: GPUs "
                                                                  "/ --rollout-num-gpus-per-engine; CPU: set it)")
     rollout_dtype: str | None = Field(None, description="the engines' --dtype, e.g. float32 for exact CPU tests")
+    # engines/sglang_versions.py: an untested version gets the API of the nearest tested one below it
+    allow_untested_sglang: bool = Field(False, description="GPU engines: start with an SGLang other than the tested "
+                                                           "0.5.14 and 0.5.23, with a warning instead of an error")
     rm_type: Literal[RM_TYPES] = Field(  # type: ignore[valid-type]  # rlslurm/rm_types.py
         "math", description="built-in reward: math, exact, dapo, f1, gpqa, remote, ... (docs/slime-flags.md); "
                             "--custom-rm-path wins")
