@@ -152,10 +152,13 @@ class SlurmSection(Section):
     # docs/slurm-test-cluster.md); repeating one per component is accepted.
     sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options, --key=value, given to "
                                                                       "every het group (e.g. --constraint=h100)")
+    # after --sbatch-extra in the component: sbatch takes the last of two same options (measured)
     trainer_sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options of the "
-                                                                              "trainer group only")
+                                                                              "trainer group only (the same option "
+                                                                              "as in --sbatch-extra wins)")
     rollout_sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options of the "
-                                                                              "rollout group only")
+                                                                              "rollout group only (the same option "
+                                                                              "as in --sbatch-extra wins)")
 
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
     @classmethod
