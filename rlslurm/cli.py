@@ -17,19 +17,43 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
-from rlslurm.console import make_console
+from rlslurm.console import make_console, print_pairs, print_table
 from rlslurm.errors import UserError
 
 app = typer.Typer(
     help="SLURM-native RL post-training (Megatron-core + SGLang) with torchrun and no Ray.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
 )
 out = make_console()
 err = make_console(stderr=True)
+
+# The ~166 run flags are not typer options (they are parsed by rlslurm/flags.py from the config's
+# fields), so a command's --help names only a few: this line points to the full list.
+FLAGS_EPILOG = ("Every run setting is a flag (over 160, plus --sglang-*, --router-*, --megatron-* passthrough): "
+                "`rlslurm flags` lists each with its section, type, default and description; "
+                "`rlslurm flags KEYWORD` filters them (e.g. rlslurm flags sbatch).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        import platform
+
+        import rlslurm
+
+        # where it runs from: the job script bakes in the submitting interpreter (--python)
+        print(f"rlslurm {rlslurm.__version__} ({Path(rlslurm.__file__).parent}; "
+              f"Python {platform.python_version()} at {sys.executable})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print rlslurm's version, where it is installed and its Python")) -> None:
+    """SLURM-native RL post-training (Megatron-core + SGLang) with torchrun and no Ray."""
 
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -55,12 +79,13 @@ def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: 
 ConfigOpt = typer.Option(None, "--config", help="run YAML (sections or flat field names); flags override it")
 ModelOpt = typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a YAML path")
 NodesOpt = typer.Option(None, "--nodes", help="total nodes: trainer + rollout")
-DataOpt = typer.Option(None, "--prompt-data", help="prompts, .jsonl or .parquet")
+DataOpt = typer.Option(None, "--prompt-data", help="prompts: a .jsonl or .parquet file, a directory of them, or a "
+                         "`datasets` save_to_disk directory")
 NameOpt = typer.Option(None, "--run-name", help="run name (default: rlslurm)")
 DirOpt = typer.Option(None, "--run-dir", help="run directory on shared storage (default: ./runs/<run-name>)")
 
 
-@app.command(context_settings=_PASSTHROUGH)
+@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 def submit(
     ctx: typer.Context,
     model: Optional[str] = ModelOpt,
@@ -99,7 +124,7 @@ DEMO_FLAGS = [
 ]
 
 
-@app.command(context_settings=_PASSTHROUGH)
+@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 def run(
     ctx: typer.Context,
     model: Optional[str] = ModelOpt,
@@ -210,7 +235,7 @@ def resubmit(
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
 
 
-@app.command(context_settings=_PASSTHROUGH)
+@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 def render(
     ctx: typer.Context,
     model: Optional[str] = ModelOpt,
@@ -260,50 +285,51 @@ def status(
     if as_json:
         print(json.dumps(st.as_dict(), indent=2, default=str))
         return
-    head = Table(show_header=False, box=None)
-    head.add_row("run dir", st.run_dir)
-    head.add_row("job", f"{st.job_id or '-'}  {st.slurm.get('state')}  (from {st.slurm.get('source') or 'nowhere'})")
+    head: list[tuple[str, str | Text]] = [("run dir", str(st.run_dir)), (
+        "job", f"{st.job_id or '-'}  {st.slurm.get('state')}  (from {st.slurm.get('source') or 'nowhere'})")]
     for c in st.slurm.get("components", []):
         # a --nodes 1 job is one group, no het components (docs/single-node.md)
         label = f"  het group {c['offset']}" if c.get("offset") is not None else "  one node, both groups"
-        head.add_row(label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}")
-    head.add_row("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else ""))
-    head.add_row("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}")
-    head.add_row("weights", weights_line(st.weights))
+        head.append((label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}"))
+    head.append(("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else "")))
+    head.append(("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}"))
+    head.append(("weights", weights_line(st.weights)))
     for p in sorted(st.phases, key=lambda p: (p["role"] != "trainer", p["role"], p["rank"])):
         if p["phase"] and (p["role"], p["rank"]) in (("trainer", 0), ("rollout", 0)):
-            head.add_row(f"{p['role']} {p['rank']}", phase_line(p, st.live))
+            head.append((f"{p['role']} {p['rank']}", phase_line(p, st.live)))
     if st.reward_trend:
         from rlslurm.curve import sparkline
 
         vals = [v for _, v in st.reward_trend]
-        head.add_row("reward", f"{sparkline(vals)}  last {vals[-1]:.3f} (rollout {st.reward_trend[-1][0]}), "
-                     f"min {min(vals):.3f} max {max(vals):.3f}")
+        head.append(("reward", f"{sparkline(vals)}  last {vals[-1]:.3f} (rollout {st.reward_trend[-1][0]}), "
+                     f"min {min(vals):.3f} max {max(vals):.3f}"))
     if st.engines and all(e.get("gone") for e in st.engines):
-        head.add_row("engines", f"{len(st.engines)} gone with the attempt")
+        head.append(("engines", f"{len(st.engines)} gone with the attempt"))
     elif st.engines:
         healthy = sum(1 for e in st.engines if e.get("healthy"))
         waiting = sum(1 for e in st.engines if e.get("awaiting_weights"))
-        head.add_row("engines", f"{healthy}/{len(st.engines)} healthy, "
+        head.append(("engines", f"{healthy}/{len(st.engines)} healthy, "
                      f"{sum(e.get('restarts', 0) for e in st.engines)} restarts"
-                     + (f", {waiting} awaiting weights (not routed)" if waiting else ""))
-    out.print(head)
-    t = Table(title=f"attempts ({len(st.attempts) + (1 if st.current_attempt else 0)})")
-    for col in ("attempt", "job", "start", "end", "exit", "reason"):
-        t.add_column(col)
+                     + (f", {waiting} awaiting weights (not routed)" if waiting else "")))
+    print_pairs(out, head)
     fmt = lambda ts: time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if ts and ts > 0 else "-"  # noqa: E731
+    attempts: list[tuple[str | Text, ...]] = []
     rows = [(a.get("attempt", 0), 1, a) for a in st.attempts] + [(r.get("next_attempt", 0), 0, r) for r in st.resubmits]
     for _, _, a in sorted(rows, key=lambda r: r[:2]):
         if "event" in a:  # a resubmit: before the attempt it numbered
-            t.add_row("", "", fmt(a.get("at")), "", "", "resubmitted" + (", new failure budget"
-                                                                          if a.get("reset_failures") else ""))
+            attempts.append(("", "", fmt(a.get("at")), "", "", "resubmitted" + (", new failure budget"
+                                                                                if a.get("reset_failures") else "")))
             continue
-        t.add_row(str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), fmt(a.get("end")),
-                  str(a.get("exit_code")), str(a.get("reason")))
+        attempts.append((str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), fmt(a.get("end")),
+                         str(a.get("exit_code")), str(a.get("reason"))))
     if st.current_attempt:
         a = st.current_attempt
-        t.add_row(str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), "-", "-", "[green]running[/]")
-    out.print(t)
+        attempts.append((str(a.get("attempt")), str(a.get("job_id")), fmt(a.get("start")), "-", "-",
+                         Text("running", style="green")))
+    if not out.is_terminal:
+        out.file.write("\n")  # the attempts' rows after a blank line: two blocks a script can split
+    print_table(out, ("attempt", "job", "start", "end", "exit", "reason"), attempts,
+                title=f"attempts ({len(st.attempts) + (1 if st.current_attempt else 0)})")
     if st.user_error:  # on a line of its own: a table cell wraps; the message is the user's text
         ue = st.user_error
         where = ", ".join(f"{k} {ue[k]}" for k in ("attempt", "role", "host") if ue.get(k) is not None)
@@ -357,16 +383,31 @@ def logs(
     n = attempts[-1] if attempt is None else attempt
     if n not in attempts:
         raise UserError(f"--attempt {n}: no such attempt (have {attempts})")
-    files = sorted(rd.attempt_log_dir(n).glob("*.log")) + sorted(rd.logs_dir.glob("slurm-*.out"))
+    files = _logs_in_reading_order(rd.attempt_log_dir(n)) + sorted(rd.logs_dir.glob("slurm-*.out"))
     cmd = ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files]
     if not files:
         raise UserError(f"attempt {n}: no log files yet")
     os.execvp("tail", cmd)
 
 
+def _logs_in_reading_order(attempt_dir: Path) -> list[Path]:
+    """The trainer's logs (by rank), then the rollout nodes', then the rest (engines, router): a
+    failure is read in the roles' logs first, and an engine's log is mostly its requests."""
+    def key(p: Path) -> tuple[int, str, int]:
+        role, _, rank = p.stem.partition("-")
+        order = {"trainer": 0, "rollout": 1}.get(role, 2)
+        return (order, p.name if order == 2 else role, int(rank) if order < 2 and rank.isdigit() else 0)
+
+    return sorted(attempt_dir.glob("*.log"), key=key)
+
+
 @app.command()
-def models(as_json: bool = typer.Option(False, "--json")) -> None:
-    """List the model configs (architecture, size, default layout for 2 and 4 nodes)."""
+def models(as_json: bool = typer.Option(False, "--json", help="one JSON array of {name, hf_architecture, "
+                                        "params, tiny}")) -> None:
+    """List the model configs (architecture, size, default layout for 2 and 4 nodes) for --model.
+
+    Into a pipe, plain tab-separated rows: rlslurm models | grep qwen3-4B
+    """
     from rlslurm.model_config import MODEL_CONFIG_DIR, available_models, load_model_config
 
     rows = [load_model_config(n) for n in available_models()]
@@ -374,9 +415,7 @@ def models(as_json: bool = typer.Option(False, "--json")) -> None:
         print(json.dumps([{"name": m.name, "hf_architecture": m.hf_architecture, "params": m.num_params,
                            "tiny": m.tiny} for m in rows], indent=2))
         return
-    t = Table(title=f"model configs ({MODEL_CONFIG_DIR}/*.yaml)")
-    for col in ("name", "HF architecture", "params", "layers", "hidden", "heads/kv", "MoE", "defaults @2 / @4 nodes"):
-        t.add_column(col)
+    cells = []
     for m in rows:
         a = m.arch
         size = f"{m.num_params / 1e9:.1f} B" if m.num_params > 1e8 else f"{m.num_params / 1e3:.0f} k"
@@ -386,24 +425,51 @@ def models(as_json: bool = typer.Option(False, "--json")) -> None:
             d = m.defaults_for(n)
             return f"TP{d.get('tensor_model_parallel_size', 1)} eng{d.get('rollout_num_gpus_per_engine', 1)}" if d else "-"
 
-        t.add_row(m.name, m.hf_architecture, size, str(a.num_layers), str(a.hidden_size),
-                  f"{a.num_attention_heads}/{a.num_query_groups}", moe, f"{layout(2)} / {layout(4)}")
-    out.print(t)
+        cells.append((m.name, m.hf_architecture, size, str(a.num_layers), str(a.hidden_size),
+                      f"{a.num_attention_heads}/{a.num_query_groups}", moe, f"{layout(2)} / {layout(4)}"))
+    print_table(out, ("name", "HF architecture", "params", "layers", "hidden", "heads/kv", "MoE",
+                      "defaults @2 / @4 nodes"), cells, title=f"model configs ({MODEL_CONFIG_DIR}/*.yaml)")
 
 
 @app.command()
-def flags() -> None:
-    """List every run flag, its config section, type and default."""
-    from rlslurm.config import RunConfig
-    from rlslurm.flags import FIELDS, flag_name
+def flags(
+    keyword: Optional[str] = typer.Argument(None, help="show only flags whose name or section contains it, or "
+                                            "whose description has it as a word (e.g. lr, sbatch, wandb)"),
+    as_json: bool = typer.Option(False, "--json", help="one JSON array of {flag, section, type, default, "
+                                 "description}"),
+) -> None:
+    """Every run flag: its config section, type, default and what it does.
 
-    defaults = RunConfig()
-    t = Table(title="run flags (also settable in --config YAML); plus --sglang-*, --router-* and --megatron-* passthrough")
-    for col in ("flag", "section", "default"):
-        t.add_column(col)
-    for name, (section, _) in FIELDS.items():
-        t.add_row(flag_name(name), section, repr(getattr(getattr(defaults, section), name)))
-    out.print(t)
+    Each is also a key of a --config run YAML (its field name: --rollout-batch-size is rollout_batch_size).
+    Passthrough families, not listed: --sglang-<flag> (every SGLang server), --router-<flag> (sglang-router),
+    --megatron-<field> (a megatron-core config field).\n
+    Examples: rlslurm flags | rlslurm flags lr | rlslurm flags --json | rlslurm flags | grep -i wandb
+    """
+    from rlslurm.flags import flag_help
+
+    found = flag_help(keyword)
+    if not found:
+        raise UserError(f"rlslurm flags {keyword}: no flag matches it (`rlslurm flags` lists all "
+                        f"{len(flag_help())})")
+    if as_json:
+        print(json.dumps([{"flag": h.flag, "field": h.field, "section": h.section, "type": h.type,
+                           "default": h.default, "description": h.description} for h in found],
+                         indent=2, default=str))
+        return
+    print_table(out, ("flag", "section", "type", "default", "description"),
+                [(h.flag, h.section, h.type, _shown_default(h.default), h.description) for h in found],
+                title="run flags (also --config YAML keys); plus --sglang-*, --router-*, --megatron-* passthrough")
+
+
+def _shown_default(v: object) -> str:
+    """A default as a user would type it: `-` for unset, lower-case booleans, lists space-separated."""
+    if v is None or v == [] or v == {}:
+        return "-"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list):
+        return " ".join(map(str, v))
+    return str(v)
 
 
 @app.command("import-slime")
@@ -438,8 +504,10 @@ def convert(ctx: typer.Context) -> None:
     one-node SLURM job of TP x PP x EP processes (submitit), optionally with --partition,
     --account, --time MIN, --gpus-per-node, --cpus-per-task, --job-dir.
     """
+    from rlslurm.slurm.convert_job import SUBMIT_HELP
+
     args = list(ctx.args)
-    if "--submit" in args:
+    if "--submit" in args and "--help" not in args:
         from rlslurm.slurm.convert_job import split_submit_args, submit as submit_conversion
 
         job = submit_conversion(split_submit_args([a for a in args if a != "--wait"]))
@@ -451,7 +519,11 @@ def convert(ctx: typer.Context) -> None:
         return
     from rlslurm.convert.cli import app as convert_app
 
-    convert_app(args=args, prog_name="rlslurm convert")
+    # the converter's own parser, with --submit and its SLURM flags added to every --help
+    command = typer.main.get_command(convert_app)
+    for c in [command, *getattr(command, "commands", {}).values()]:
+        c.epilog = SUBMIT_HELP
+    command(args=args, prog_name="rlslurm convert")
 
 
 _mount_subapps()
@@ -459,7 +531,7 @@ _mount_subapps()
 
 def main() -> None:
     try:
-        app()
+        app(prog_name="rlslurm")  # also under `python -m rlslurm`: help and completion name the command
     except UserError as e:
         # escaped: a message quoting user input ("'[full'") is not rich markup
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)

@@ -42,30 +42,43 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+# Every field carries a `description`: `rlslurm flags` prints it, and it is the one place a field's
+# meaning is written down (tests/launcher/test_flag_help.py checks that none is missing). Comments
+# beside a field say why it is built that way; the description says what it does for the user.
+
+
 class RunSection(Section):
-    run_name: str = "rlslurm"
-    run_dir: Path | None = None          # default: ./runs/<run_name>
-    seed: int = 1234
-    device: Literal["cuda", "cpu"] = "cuda"
-    group_shared: bool = False           # run dir 0750 + setgid instead of 0700
-    # `rlslurm run` only: the trainer and the engines share this machine's GPU(s) as separate processes
-    # (a one-GPU box); weight sync then goes over gloo, NCCL refuses two ranks on one GPU (docs/gpu.md)
-    shared_gpu: bool = False
-    # slime's --colocate: the trainer and the engines on the same GPUs of every node, taking turns
-    # (engines release their memory while the trainer trains; docs/colocate.md)
-    colocate: bool = False
-    # Weights & Biases (slime's flags; docs/wandb.md). Read by rlslurm/metrics_sink.py only; the
-    # API key is never a field: WANDB_API_KEY goes through --secret-env (docs/security.md).
-    use_wandb: bool = False
-    wandb_mode: Literal["online", "offline", "disabled"] | None = None   # None: WANDB_MODE in --env, else online
-    wandb_project: str | None = None
-    wandb_group: str | None = None       # default: --run-name
-    wandb_team: str | None = None        # W&B entity
-    wandb_host: str | None = None        # W&B server (self-hosted), e.g. https://wandb.example.org
-    wandb_dir: Path | None = None        # default: RUN/wandb
-    # Base of the two runs' ids (<id>-trainer, <id>-rollout); resolve derives it from the run
-    # name and directory, and run.yaml keeps it, so every attempt resumes the same runs.
-    wandb_run_id: str | None = None
+    run_name: str = Field("rlslurm", description="name of the run: the SLURM job name and the default run directory "
+                                                 "runs/<run-name>")
+    run_dir: Path | None = Field(None, description="run directory on shared storage, seen by every node "
+                                                   "(default: ./runs/<run-name>)")
+    seed: int = Field(1234, description="random seed of the trainer (initialisation, dropout)")
+    device: Literal["cuda", "cpu"] = Field("cuda", description="cuda on GPU nodes; cpu runs megatron-core over gloo "
+                                                              "and SGLang's CPU mode (tests, the demo)")
+    group_shared: bool = Field(False, description="make the run directory 2750 (group-readable, setgid) instead "
+                                                  "of 0700 (docs/security.md)")
+    # weight sync then goes over gloo: NCCL refuses two ranks on one GPU (docs/gpu.md)
+    shared_gpu: bool = Field(False, description="`rlslurm run` only: the trainer and the engines share this "
+                                                "machine's GPU(s) as separate processes (a one-GPU box; needs "
+                                                "--sglang-mem-fraction-static)")
+    colocate: bool = Field(False, description="slime's --colocate: trainer and engines on the same GPUs of every "
+                                              "node, taking turns (docs/colocate.md)")
+    # Read by rlslurm/metrics_sink.py only; the API key is never a field: WANDB_API_KEY goes
+    # through --secret-env (docs/security.md).
+    use_wandb: bool = Field(False, description="log metrics to Weights & Biases, one run per role in one group "
+                                               "(docs/wandb.md)")
+    wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="W&B mode (default: WANDB_MODE from --env, else online)")
+    wandb_project: str | None = Field(None, description="W&B project")
+    wandb_group: str | None = Field(None, description="W&B group of the two runs (default: --run-name)")
+    wandb_team: str | None = Field(None, description="W&B entity (team or user)")
+    wandb_host: str | None = Field(None, description="W&B server URL of a self-hosted instance, e.g. "
+                                                     "https://wandb.example.org")
+    wandb_dir: Path | None = Field(None, description="W&B's local directory (default: RUN/wandb)")
+    # resolve derives it from the run name and directory, and run.yaml keeps it, so every attempt
+    # resumes the same runs.
+    wandb_run_id: str | None = Field(None, description="base of the two W&B run ids (<id>-trainer, <id>-rollout); "
+                                                       "default: derived from the run")
 
     @field_validator("wandb_run_id")
     @classmethod
@@ -86,36 +99,66 @@ class RunSection(Section):
 
 
 class SlurmSection(Section):
-    nodes: int = Field(2, ge=1)
-    trainer_nodes: int | None = Field(None, ge=1)
-    rollout_nodes: int | None = Field(None, ge=1)
-    gpus_per_node: int = Field(8, ge=0)
-    # --nodes 1 only: how the node's --gpus-per-node are split (slime's --actor-num-gpus-per-node and
-    # --rollout-num-gpus); default half each, or the rest of the one given (docs/single-node.md)
-    trainer_gpus: int | None = Field(None, ge=1)
-    rollout_gpus: int | None = Field(None, ge=0)
-    trainer_procs_per_node: int | None = Field(None, ge=1)  # default: gpus_per_node (CPU: set explicitly)
-    cpus_per_node: int | None = Field(None, ge=1)
-    mem: str | None = None
-    partition: str | None = None
-    trainer_partition: str | None = None
-    rollout_partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str = "24:00:00"
-    exclusive: bool = True
-    container_image: str | None = None     # pyxis/enroot --container-image
-    container_mounts: str | None = None    # pyxis/enroot --container-mounts
-    apptainer_image: str | None = None     # runs every step as `apptainer exec --nv IMAGE ...`
-    signal_grace_s: int = Field(300, ge=30)    # USR1 this long before the time limit
-    max_failures: int = Field(3, ge=0)         # requeues after failures (preemptions do not count)
-    python: str | None = None                  # interpreter on the nodes; default: the submitting one
-    setup_script: Path | None = None           # sourced by every step before python (module load, venv)
-    env: dict[str, str] = Field(default_factory=dict)
+    nodes: int = Field(2, ge=1, description="total nodes of the job: trainer + rollout (1: both groups on one node, "
+                                            "docs/single-node.md)")
+    trainer_nodes: int | None = Field(None, ge=1, description="nodes of het group 0, the trainer (default: from the "
+                                                              "model config's layout for --nodes)")
+    rollout_nodes: int | None = Field(None, ge=1, description="nodes of het group 1, the engines and the rollout "
+                                                              "driver (default: the rest of --nodes)")
+    gpus_per_node: int = Field(8, ge=0, description="GPUs of each node (sbatch --gpus-per-node); 0 on CPU-only "
+                                                    "nodes")
+    # slime's --actor-num-gpus-per-node and --rollout-num-gpus
+    trainer_gpus: int | None = Field(None, ge=1, description="--nodes 1 only: the node's GPUs the trainer takes "
+                                                             "(default: half, or the rest of --rollout-gpus)")
+    rollout_gpus: int | None = Field(None, ge=0, description="--nodes 1 only: the node's GPUs the engines take "
+                                                             "(default: half, or the rest of --trainer-gpus)")
+    trainer_procs_per_node: int | None = Field(None, ge=1, description="trainer processes per node (default: "
+                                                                       "--gpus-per-node; on CPU set it)")
+    cpus_per_node: int | None = Field(None, ge=1, description="sbatch --cpus-per-task of each node's one task")
+    mem: str | None = Field(None, description="sbatch --mem per node, e.g. 500G")
+    partition: str | None = Field(None, description="SLURM partition of both groups")
+    trainer_partition: str | None = Field(None, description="partition of the trainer group (overrides "
+                                                            "--partition)")
+    rollout_partition: str | None = Field(None, description="partition of the rollout group (overrides "
+                                                            "--partition)")
+    account: str | None = Field(None, description="SLURM account to charge")
+    qos: str | None = Field(None, description="SLURM quality of service")
+    time: str = Field("24:00:00", description="time limit of each attempt (sbatch --time: MIN, HH:MM:SS, "
+                                              "D-HH:MM:SS); at least twice --signal-grace-s")
+    exclusive: bool = Field(True, description="sbatch --exclusive: whole nodes (--no-exclusive shares them)")
+    container_image: str | None = Field(None, description="pyxis/enroot image every step runs in (srun "
+                                                          "--container-image), e.g. nvcr.io#nvidia/pytorch:25.01-py3")
+    container_mounts: str | None = Field(None, description="pyxis --container-mounts with --container-image, "
+                                                           "e.g. /gpfs:/gpfs (the run directory must be inside)")
+    apptainer_image: str | None = Field(None, description="run every step as `apptainer exec --nv IMAGE ...` "
+                                                          "(a .sif path)")
+    signal_grace_s: int = Field(300, ge=30, description="seconds before the time limit SLURM sends USR1: the "
+                                                        "trainer checkpoints and the job requeues itself")
+    max_failures: int = Field(3, ge=0, description="failed attempts that are requeued before the job gives up "
+                                                   "(preemptions do not count)")
+    python: str | None = Field(None, description="Python interpreter on the nodes (default: the one running "
+                                                 "`rlslurm submit`; it must exist on every node)")
+    setup_script: Path | None = Field(None, description="bash file every step sources before Python (module "
+                                                        "load, conda/venv activate)")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of every step: NAME=VALUE ... "
+                                                                  "(secret-looking names move to --secret-env)")
     # Names passed by file, not by run.yaml (rlslurm/secret_env.py): secret-looking --env names
-    # are moved here at validation; a name only listed here takes its value from the environment.
-    secret_env: list[str] = Field(default_factory=list)
-    sbatch_extra: list[str] = Field(default_factory=list)  # extra `--key=value` sbatch options
+    # are moved here at validation.
+    secret_env: list[str] = Field(default_factory=list, description="variables passed through a 0600 file, never "
+                                                                    "run.yaml; a name alone takes its value from "
+                                                                    "the submitting environment")
+    # In every het component: SLURM applies an option given before the first `hetjob` line to
+    # component 0 only (a --constraint there never reached the rollout group; measured on SLURM 22.05,
+    # docs/slurm-test-cluster.md); repeating one per component is accepted.
+    sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options, --key=value, given to "
+                                                                      "every het group (e.g. --constraint=h100)")
+    # after --sbatch-extra in the component: sbatch takes the last of two same options (measured)
+    trainer_sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options of the "
+                                                                              "trainer group only (the same option "
+                                                                              "as in --sbatch-extra wins)")
+    rollout_sbatch_extra: list[str] = Field(default_factory=list, description="extra sbatch options of the "
+                                                                              "rollout group only (the same option "
+                                                                              "as in --sbatch-extra wins)")
 
     @field_validator("partition", "trainer_partition", "rollout_partition", "account", "qos", "mem")
     @classmethod
@@ -154,7 +197,7 @@ class SlurmSection(Section):
         """The secret values given as `--env NAME=VALUE` in this process (never from run.yaml)."""
         return dict(self._secret_given)
 
-    @field_validator("sbatch_extra")
+    @field_validator("sbatch_extra", "trainer_sbatch_extra", "rollout_sbatch_extra")
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
         for opt in v:
@@ -164,28 +207,40 @@ class SlurmSection(Section):
 
 
 class ModelSection(Section):
-    model: str = "tiny-qwen3"
-    hf_checkpoint: Path | None = None   # HF directory: initial actor/ref weights + tokenizer
-    ref_load: Path | None = None        # reference model (default: hf_checkpoint)
-    load: Path | None = None            # Megatron dist checkpoint to start from (default: RUN/checkpoints)
+    model: str = Field("tiny-qwen3", description="model config: a name from `rlslurm models` or a YAML path")
+    hf_checkpoint: Path | None = Field(None, description="HF model directory: initial actor and reference "
+                                                         "weights, and the tokenizer")
+    ref_load: Path | None = Field(None, description="reference model for the KL terms (default: "
+                                                    "--hf-checkpoint)")
+    load: Path | None = Field(None, description="Megatron distributed checkpoint to start from (default: "
+                                                "RUN/checkpoints)")
 
 
 class DataSection(Section):
-    prompt_data: Path | None = None
-    input_key: str = "prompt"
-    label_key: str | None = "label"
-    metadata_key: str | None = None
-    tool_key: str | None = None
-    apply_chat_template: bool = False
-    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    rollout_shuffle: bool = True
-    rollout_seed: int = 42
-    num_epoch: int = Field(1, ge=1)
-    max_prompt_len: int | None = Field(None, ge=1)
-    data_strict: bool = True
-    data_source_path: str | None = None   # module:Class of a custom prompt source
-    eval_prompt_data: list[str] = Field(default_factory=list)  # NAME PATH [NAME PATH ...]
-    eval_config: Path | None = None   # slime's per-dataset eval YAML, instead of eval_prompt_data (rlslurm/eval_config.py)
+    prompt_data: Path | None = Field(None, description="training prompts: a .jsonl or .parquet file, a directory "
+                                                       "of such shards, or a `datasets` save_to_disk directory; "
+                                                       "PATH@[START:END] takes a slice")
+    input_key: str = Field("prompt", description="record key of the prompt (text, or a list of chat messages)")
+    label_key: str | None = Field("label", description="record key of the label the reward compares with")
+    metadata_key: str | None = Field(None, description="record key of a JSON object passed to the reward and "
+                                                       "generate functions")
+    tool_key: str | None = Field(None, description="record key of the tool list given to the chat template")
+    apply_chat_template: bool = Field(False, description="format each prompt with the tokenizer's chat template")
+    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra arguments of the "
+                                                                                         "chat template, KEY=VALUE "
+                                                                                         "or JSON")
+    rollout_shuffle: bool = Field(True, description="shuffle the prompts each epoch")
+    rollout_seed: int = Field(42, description="seed of the prompt shuffle")
+    num_epoch: int = Field(1, ge=1, description="passes over the prompts the run may take")
+    max_prompt_len: int | None = Field(None, ge=1, description="drop prompts longer than this many tokens")
+    data_strict: bool = Field(True, description="a malformed prompt record is an error naming file:line "
+                                                "(--no-data-strict counts and skips it)")
+    data_source_path: str | None = Field(None, description="module:Class of a custom prompt source, instead of "
+                                                           "--prompt-data")
+    eval_prompt_data: list[str] = Field(default_factory=list, description="evaluation sets: NAME PATH [NAME PATH "
+                                                                          "...]")
+    eval_config: Path | None = Field(None, description="slime's per-dataset eval YAML, instead of "
+                                                       "--eval-prompt-data (rlslurm/eval_config.py)")
 
     @field_validator("eval_prompt_data")
     @classmethod
@@ -205,58 +260,84 @@ class DataSection(Section):
 
 
 class RolloutSection(Section):
-    num_rollout: int = Field(100, ge=0)
-    rollout_batch_size: int = Field(32, ge=1)      # prompts per rollout
-    n_samples_per_prompt: int = Field(8, ge=1)
-    over_sampling_batch_size: int | None = Field(None, ge=1)
-    # slime's --partial-rollout: groups cut off by an abort (batch full, weight update, preempt) go
-    # back to the data source with their tokens so far and are continued, not restarted
-    partial_rollout: bool = False
-    # ... and tokens that weights older than a sample's newest segment generated get loss_mask 0
-    mask_offpolicy_in_partial_rollout: bool = False
-    rollout_max_response_len: int = Field(1024, ge=1)
-    # prompt + response tokens, at most (slime's name); prompts longer than this - 1 are dropped
-    rollout_max_context_len: int | None = Field(None, ge=2)
-    # the reward's response text without special tokens (slime's flag; its default is False, rlslurm's
-    # reward text has always skipped them: --no-rollout-skip-special-tokens keeps them)
-    rollout_skip_special_tokens: bool = True
-    rollout_temperature: float = Field(1.0, ge=0)
-    rollout_top_p: float = Field(1.0, gt=0, le=1)
-    rollout_top_k: int = -1   # SGLang: -1 (the whole vocabulary) or >= 1
-    rollout_stop: list[str] = Field(default_factory=list)
-    rollout_stop_token_ids: list[int] = Field(default_factory=list)
-    rollout_num_gpus_per_engine: int = Field(1, ge=1)
-    engines_per_node: int | None = Field(None, ge=1)  # CPU: how many servers per rollout node
-    rollout_dtype: str | None = None                  # engines' --dtype, e.g. float32 for exact CPU tests
-    rm_type: Literal[RM_TYPES] = "math"  # type: ignore[valid-type]  # rlslurm/rm_types.py; --custom-rm-path wins
-    rm_url: str | None = None
-    custom_rm_path: str | None = None
-    custom_generate_function_path: str | None = None
-    # slime's flag: an async function that generates a whole rollout instead of the driver's group loop
-    # (rollout/rollout_fn.py)
-    rollout_function_path: str | None = None
-    dynamic_sampling_filter_path: str | None = None
-    rollout_sample_filter_path: str | None = None     # samples not trained on (rollout/filters.py)
-    buffer_filter_path: str | None = None
-    reward_key: str | None = None
-    rollout_max_concurrency: int = Field(256, ge=1)
-    async_buffer_size: int = Field(0, ge=0)           # 0: synchronous (generate N, train N, sync)
-    update_weights_interval: int = Field(1, ge=1)
-    engine_health_interval_s: float = Field(10.0, gt=0)
-    eval_interval: int | None = Field(None, ge=1)
-    # slime's flag: no eval at rollout 0 (the weights before training); later evals are unchanged
-    skip_eval_before_train: bool = False
-    n_samples_per_eval_prompt: int = Field(1, ge=1)
-    eval_temperature: float = Field(0.0, ge=0)
-    eval_max_response_len: int | None = Field(None, ge=1)
-    eval_top_p: float | None = Field(None, gt=0, le=1)   # None: --rollout-top-p
-    eval_top_k: int | None = None                        # None: --rollout-top-k
-    # Trained rollouts kept in the buffer after a checkpoint, at least: rollouts a kept checkpoint
-    # (--keep-checkpoints) would train again after a fallback stay as well (docs/buffer-retention.md).
-    keep_trained_rollouts: int = Field(4, ge=0)
-    # Each rollout the trainer retires from the buffer is first written here as JSONL
-    # (<kind>-<id>.jsonl, rlslurm/buffer/export.py); None: retired rollouts are deleted.
-    export_retired_rollouts: Path | None = None
+    num_rollout: int = Field(100, ge=0, description="rollouts to generate and train; the run is FINISHED after the "
+                                                    "last")
+    rollout_batch_size: int = Field(32, ge=1, description="prompts per rollout")
+    n_samples_per_prompt: int = Field(8, ge=1, description="samples generated per prompt (a GRPO group)")
+    over_sampling_batch_size: int | None = Field(None, ge=1, description="prompts drawn at a time while dynamic "
+                                                                         "sampling fills a rollout (default: "
+                                                                         "--rollout-batch-size)")
+    # abort = batch full, weight update or preempt
+    partial_rollout: bool = Field(False, description="slime's --partial-rollout: groups cut off by an abort go back "
+                                                     "with their tokens so far and are continued, not restarted")
+    mask_offpolicy_in_partial_rollout: bool = Field(False, description="with --partial-rollout: tokens generated by "
+                                                                       "weights older than a sample's newest segment "
+                                                                       "get loss mask 0")
+    rollout_max_response_len: int = Field(1024, ge=1, description="most tokens generated per sample")
+    rollout_max_context_len: int | None = Field(None, ge=2, description="prompt + response tokens at most (slime's "
+                                                                        "name); longer prompts are dropped")
+    # slime's default is False; rlslurm's reward text has always skipped them
+    rollout_skip_special_tokens: bool = Field(True, description="the reward sees the response without special tokens "
+                                                                "(--no-rollout-skip-special-tokens keeps them)")
+    rollout_temperature: float = Field(1.0, ge=0, description="sampling temperature of the rollouts")
+    rollout_top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: top-p of the rollouts")
+    rollout_top_k: int = Field(-1, description="top-k of the rollouts: -1 (the whole vocabulary) or >= 1")
+    rollout_stop: list[str] = Field(default_factory=list, description="stop strings of the rollouts")
+    rollout_stop_token_ids: list[int] = Field(default_factory=list, description="stop token ids of the rollouts")
+    rollout_num_gpus_per_engine: int = Field(1, ge=1, description="GPUs per SGLang engine (its tensor-parallel "
+                                                                  "size); may span nodes")
+    engines_per_node: int | None = Field(None, ge=1, description="SGLang servers per rollout node (default: GPUs "
+                                                                 "/ --rollout-num-gpus-per-engine; CPU: set it)")
+    rollout_dtype: str | None = Field(None, description="the engines' --dtype, e.g. float32 for exact CPU tests")
+    # engines/sglang_versions.py: an untested version gets the API of the nearest tested one below it
+    allow_untested_sglang: bool = Field(False, description="GPU engines: start with an SGLang other than the tested "
+                                                           "0.5.14 and 0.5.23, with a warning instead of an error")
+    rm_type: Literal[RM_TYPES] = Field(  # type: ignore[valid-type]  # rlslurm/rm_types.py
+        "math", description="built-in reward: math, exact, dapo, f1, gpqa, remote, ... (docs/slime-flags.md); "
+                            "--custom-rm-path wins")
+    rm_url: str | None = Field(None, description="URL of an HTTP reward model (--rm-type remote)")
+    custom_rm_path: str | None = Field(None, description="your reward function, module:fn or file.py:fn "
+                                                         "(per sample, or per group with @group_reward)")
+    custom_generate_function_path: str | None = Field(None, description="async function turning one prompt into "
+                                                                        "its samples (multi-turn, tools; "
+                                                                        "rollout/generate_api.py)")
+    rollout_function_path: str | None = Field(None, description="slime's flag: async function generating a whole "
+                                                                "rollout instead of the driver's group loop "
+                                                                "(rollout/rollout_fn.py)")
+    dynamic_sampling_filter_path: str | None = Field(None, description="function keeping or dropping each finished "
+                                                                       "group (dynamic sampling, "
+                                                                       "rollout/filters.py)")
+    rollout_sample_filter_path: str | None = Field(None, description="function marking samples not to train on "
+                                                                     "(rollout/filters.py)")
+    buffer_filter_path: str | None = Field(None, description="function choosing which handed-back prompts are "
+                                                             "served again first (default: oldest first)")
+    reward_key: str | None = Field(None, description="the key to train on when the reward returns a dict of "
+                                                     "scores")
+    rollout_max_concurrency: int = Field(256, ge=1, description="generate requests in flight at once from the "
+                                                                "rollout driver")
+    async_buffer_size: int = Field(0, ge=0, description="rollouts generation may run ahead of training (0: "
+                                                        "synchronous: generate, train, sync)")
+    update_weights_interval: int = Field(1, ge=1, description="trained rollouts between weight syncs to the "
+                                                              "engines")
+    engine_health_interval_s: float = Field(10.0, gt=0, description="seconds between health checks of each "
+                                                                    "engine (a dead one is restarted)")
+    eval_interval: int | None = Field(None, ge=1, description="evaluate every N rollouts (needs "
+                                                              "--eval-prompt-data or --eval-config)")
+    skip_eval_before_train: bool = Field(False, description="no eval at rollout 0 (the weights before training)")
+    n_samples_per_eval_prompt: int = Field(1, ge=1, description="samples per eval prompt")
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of eval")
+    eval_max_response_len: int | None = Field(None, ge=1, description="most tokens generated per eval sample "
+                                                                      "(default: --rollout-max-response-len)")
+    eval_top_p: float | None = Field(None, gt=0, le=1, description="top-p of eval (default: --rollout-top-p)")
+    eval_top_k: int | None = Field(None, description="top-k of eval (default: --rollout-top-k)")
+    # rollouts a kept checkpoint (--keep-checkpoints) would train again after a fallback stay as
+    # well (docs/buffer-retention.md)
+    keep_trained_rollouts: int = Field(4, ge=0, description="trained rollouts kept in the buffer after a "
+                                                            "checkpoint, at least (docs/buffer-retention.md)")
+    # rlslurm/buffer/export.py
+    export_retired_rollouts: Path | None = Field(None, description="directory where each rollout retired from "
+                                                                   "the buffer is first written as JSONL (default: "
+                                                                   "deleted)")
 
     @field_validator("rm_type", mode="before")
     @classmethod
@@ -296,42 +377,47 @@ def _check_pattern(v: str | None, allowed: tuple[str, ...]) -> str | None:
 
 class TrainSection(Section):
     # Megatron names, so users can paste slime/Megatron flags.
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    context_parallel_size: int = Field(1, ge=1)
-    expert_model_parallel_size: int = Field(1, ge=1)
-    micro_batch_size: int = Field(1, ge=1)
-    global_batch_size: int | None = Field(None, ge=1)   # default: from the batch identity
-    num_steps_per_rollout: int = Field(1, ge=1)
-    use_dynamic_batch_size: bool = False
-    max_tokens_per_gpu: int | None = Field(None, ge=1)
-    # slime's --qkv-format: "thd" packs each micro-batch's samples into one row (no padding; each
-    # sample attends within itself; dynamic batching counts real tokens), "bshd" right-pads them
-    # (trainer/batching.py, docs/sequence-packing.md). slime's default is thd; ours stays bshd
-    # until the packed path is measured on GPU.
-    qkv_format: Literal["bshd", "thd"] = "bshd"
-    lr: float = Field(1e-6, gt=0)
-    min_lr: float = Field(0.0, ge=0)
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
-    lr_warmup_iters: int = Field(0, ge=0)
-    weight_decay: float = Field(0.1, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.98, ge=0, lt=1)
-    adam_eps: float = Field(1e-8, gt=0)
-    clip_grad: float = Field(1.0, ge=0)
-    bf16: bool = True
-    # None: on whenever the data-parallel size is > 1 (Adam state sharded over DP ranks), on any device.
-    use_distributed_optimizer: bool | None = None
-    # Rollouts between checkpoints: bounds the work a hard kill (node failure, SIGKILL past KillWait)
-    # loses. Preempt, stop, SIGTERM and the end of the run save on their own. null: only those.
-    save_interval: int | None = Field(10, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    # slime's --save-hf: with every periodic checkpoint and at the end, the weights in HF format to
-    # this directory, `{rollout_id}` replaced by the last trained rollout (trainer/publish.py export_hf)
-    save_hf: str | None = None
-    # slime's --save-debug-train-data: per rollout and trainer rank, what the loss is computed from
-    # (advantages, returns, old/ref log-probs, masks) as a torch file (trainer/main.py)
-    save_debug_train_data: str | None = None
+    tensor_model_parallel_size: int = Field(1, ge=1, description="trainer tensor parallelism (TP)")
+    pipeline_model_parallel_size: int = Field(1, ge=1, description="trainer pipeline parallelism (PP)")
+    context_parallel_size: int = Field(1, ge=1, description="trainer context parallelism (CP; > 1 is refused "
+                                                            "for now)")
+    expert_model_parallel_size: int = Field(1, ge=1, description="trainer expert parallelism of MoE layers (EP)")
+    micro_batch_size: int = Field(1, ge=1, description="samples per micro-batch of each data-parallel rank")
+    global_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step (default: from "
+                                                                  "rollout-batch-size x n-samples-per-prompt / "
+                                                                  "num-steps-per-rollout)")
+    num_steps_per_rollout: int = Field(1, ge=1, description="optimizer steps per rollout")
+    use_dynamic_batch_size: bool = Field(False, description="pack micro-batches up to --max-tokens-per-gpu tokens "
+                                                            "instead of --micro-batch-size samples")
+    max_tokens_per_gpu: int | None = Field(None, ge=1, description="tokens per micro-batch with "
+                                                                   "--use-dynamic-batch-size")
+    # slime's default is thd; ours stays bshd until the packed path is measured on GPU
+    # (trainer/batching.py, docs/sequence-packing.md)
+    qkv_format: Literal["bshd", "thd"] = Field("bshd", description="thd packs each micro-batch's samples into one "
+                                                                   "row (no padding); bshd right-pads them")
+    lr: float = Field(1e-6, gt=0, description="learning rate of the actor")
+    min_lr: float = Field(0.0, ge=0, description="lowest learning rate of a decaying schedule")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="learning-rate "
+                                                                                            "schedule")
+    lr_warmup_iters: int = Field(0, ge=0, description="optimizer steps of linear learning-rate warm-up")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1")
+    adam_beta2: float = Field(0.98, ge=0, lt=1, description="Adam beta2")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon")
+    clip_grad: float = Field(1.0, ge=0, description="gradient norm clipping (0: off)")
+    bf16: bool = Field(True, description="train in bfloat16 (--no-bf16: fp32)")
+    use_distributed_optimizer: bool | None = Field(None, description="shard the Adam state over data-parallel "
+                                                                     "ranks (default: on when DP > 1)")
+    # bounds the work a hard kill (node failure, SIGKILL past KillWait) loses; preempt, stop,
+    # SIGTERM and the end of the run save on their own
+    save_interval: int | None = Field(10, ge=1, description="rollouts between checkpoints (null: only at "
+                                                            "preemption, stop and the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept in RUN/checkpoints")
+    save_hf: str | None = Field(None, description="slime's --save-hf: with every checkpoint, the weights in HF "
+                                                  "format to this directory ({rollout_id} filled in)")
+    save_debug_train_data: str | None = Field(None, description="per rollout and rank, what the loss is computed "
+                                                                "from as a torch file to this path ({rollout_id}, "
+                                                                "{rank})")
 
     @field_validator("save_hf")
     @classmethod
@@ -342,67 +428,100 @@ class TrainSection(Section):
     @classmethod
     def _save_debug_train_data(cls, v: str | None) -> str | None:
         return _check_pattern(v, ("rollout_id", "rank"))
+
     # RL
-    loss_type: Literal[LOSS_TYPE_NAMES] = "policy_loss"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
-    custom_loss_function_path: str | None = None          # --loss-type custom_loss (trainer/actor_loss.py)
-    advantage_estimator: Literal[ESTIMATOR_NAMES] = "grpo"  # type: ignore[valid-type]  # rlslurm/rl_settings.py
-    custom_advantage_function_path: str | None = None      # replaces the estimator's advantages (trainer/advantages.py)
-    custom_reward_post_process_path: str | None = None     # replaces the group baseline (trainer/advantages.py)
-    grpo_std_normalization: bool = True
-    rewards_normalization: bool = True   # the group baseline at all (slime: --disable-rewards-normalization)
-    normalize_advantages: bool = False
-    eps_clip: float = Field(0.2, gt=0)
-    eps_clip_high: float | None = Field(None, gt=0)
-    eps_clip_c: float | None = Field(None, gt=1)
-    use_kl_loss: bool = False
-    kl_loss_coef: float = Field(0.0, ge=0)
-    use_unbiased_kl: bool = False   # the KL loss weighted by the new/old ratio (trainer/losses.kl_estimate)
-    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
-    kl_coef: float = Field(0.0, ge=0)
-    entropy_coef: float = Field(0.0, ge=0)
-    calculate_per_token_loss: bool = False
-    gamma: float = Field(1.0, ge=0, le=1)
-    lambd: float = Field(1.0, ge=0, le=1)
-    value_clip: float = Field(0.2, gt=0)
-    num_critic_only_steps: int = Field(0, ge=0)
-    critic_lr: float | None = None
-    use_tis: bool = False
-    tis_clip_low: float = Field(0.0, ge=0)
-    tis_clip: float = Field(2.0, gt=0)
-    custom_tis_function_path: str | None = None   # --use-tis weights of one's own (trainer/losses.py)
-    use_rollout_logprobs: bool = False
+    loss_type: Literal[LOSS_TYPE_NAMES] = Field(  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+        "policy_loss", description="policy_loss, sft_loss or custom_loss (rlslurm/rl_settings.py)")
+    custom_loss_function_path: str | None = Field(None, description="your loss function with --loss-type "
+                                                                    "custom_loss (trainer/actor_loss.py)")
+    advantage_estimator: Literal[ESTIMATOR_NAMES] = Field(  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+        "grpo", description="grpo, gspo, cispo, reinforce_plus_plus, reinforce_plus_plus_baseline or ppo "
+                            "(rlslurm/rl_settings.py)")
+    custom_advantage_function_path: str | None = Field(None, description="function replacing the estimator's "
+                                                                         "advantages (trainer/advantages.py)")
+    custom_reward_post_process_path: str | None = Field(None, description="function replacing the group baseline "
+                                                                          "(trainer/advantages.py)")
+    grpo_std_normalization: bool = Field(True, description="divide GRPO advantages by the group's reward std "
+                                                           "(--no-grpo-std-normalization: Dr.GRPO)")
+    rewards_normalization: bool = Field(True, description="subtract the group baseline at all (slime: "
+                                                          "--disable-rewards-normalization)")
+    normalize_advantages: bool = Field(False, description="whiten the advantages over the batch")
+    eps_clip: float = Field(0.2, gt=0, description="PPO ratio clip (lower bound, and upper without "
+                                                   "--eps-clip-high)")
+    eps_clip_high: float | None = Field(None, gt=0, description="upper PPO ratio clip (DAPO's clip-higher)")
+    eps_clip_c: float | None = Field(None, gt=1, description="dual-clip bound for negative advantages (> 1)")
+    use_kl_loss: bool = Field(False, description="add a KL(actor || reference) loss term")
+    kl_loss_coef: float = Field(0.0, ge=0, description="weight of the KL loss term")
+    # trainer/losses.kl_estimate
+    use_unbiased_kl: bool = Field(False, description="weight the KL loss by the new/old probability ratio")
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = Field("low_var_kl", description="KL estimator of the "
+                                                                                           "KL loss")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty folded into the per-token reward")
+    entropy_coef: float = Field(0.0, ge=0, description="weight of the entropy bonus")
+    calculate_per_token_loss: bool = Field(False, description="average the loss over tokens of the batch instead "
+                                                              "of per sample")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount factor (PPO/GAE)")
+    lambd: float = Field(1.0, ge=0, le=1, description="GAE lambda (PPO)")
+    value_clip: float = Field(0.2, gt=0, description="critic value clip (PPO)")
+    num_critic_only_steps: int = Field(0, ge=0, description="first rollouts that train only the critic (PPO)")
+    critic_lr: float | None = Field(None, description="learning rate of the critic (default: --lr)")
+    use_tis: bool = Field(False, description="truncated importance sampling between the engines' and the "
+                                             "trainer's log-probs")
+    tis_clip_low: float = Field(0.0, ge=0, description="lower clip of the TIS weights")
+    tis_clip: float = Field(2.0, gt=0, description="upper clip of the TIS weights")
+    custom_tis_function_path: str | None = Field(None, description="--use-tis weights of your own "
+                                                                   "(trainer/losses.py)")
+    use_rollout_logprobs: bool = Field(False, description="use the engines' log-probs as the old policy's instead "
+                                                          "of recomputing them")
     # weight sync
-    weight_sync: Literal["distributed", "disk"] = "distributed"
-    # the trainer -> engines broadcast group; auto: nccl on CUDA, gloo on CPU and with --shared-gpu
-    weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
-    # how weights reach the engines: a broadcast group, or in place on the same GPU (--colocate only:
-    # trainer/ipc_sync.py); auto: ipc with --colocate and PP 1, broadcast otherwise
-    weight_sync_transport: Literal["auto", "broadcast", "ipc"] = "auto"
-    update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024)
-    # one broadcast per bucket, received as SGLang's flattened bucket (docs/sglang-behaviour.md): as
-    # fast as one per tensor for dense models on 2xH200 (bench/results/engine-sync-h200x2-flattened.md) and a bucket's
-    # extra copy on the trainer's GPU, so off by default
-    update_weight_flattened_bucket: bool = False
-    # who loads the broadcast into the engine: SGLang's per-bucket request + load_weights, or rlslurm's
-    # receiver inside the engine (engines/receiver.py: one request per publish, overlapped, copies
-    # learnt from load_weights); the rollout node then starts SGLang with --custom-weight-loader
-    update_weight_receiver: Literal["sglang", "rlslurm"] = "sglang"
-    # what delivers a version whose broadcast/IPC failed every try: disk (HF files in RUN/weights, loaded
-    # by every engine that answers; recorded and shown as a fallback) or off (the attempt fails and
-    # SLURM requeues it). The GPU tier runs with off, so a fallback cannot pass for the transport.
-    weight_sync_fallback: Literal["disk", "off"] = "disk"
-    weight_sync_timeout_s: float = Field(300.0, gt=0)
-    distributed_timeout_minutes: float = Field(60.0, gt=0)   # every trainer process group (trainer/collectives.py)
-    # the attempt's watchdog (rlslurm/watchdog.py): None = distributed timeout + 10 min, 0 = off
-    hang_timeout_minutes: float | None = Field(None, ge=0)
-    verify_weight_sync: bool = False   # after each sync compare trainer vs engine greedy output (control/weight_probe.jsonl)
-    load_debug_rollout_data: Path | None = None   # replay: train from another run's buffer, no engines
-    debug_rollout_only: bool = False   # generate and keep every rollout, train nothing (trainer/rollout_only.py)
-    # slime's flag: no engines. With a replay it changes nothing; without one the rollout node builds
-    # the rollouts itself with the --rollout-function-path function (default SFT: rollout/sft.py)
-    debug_train_only: bool = False
-    # ... on this fraction of each replayed rollout's groups (rlslurm/trainer/replay_subsample.py)
-    load_debug_rollout_data_subsample: float | None = Field(None, gt=0, le=1)
+    weight_sync: Literal["distributed", "disk"] = Field("distributed", description="how new weights reach the "
+                                                                                  "engines: a broadcast group, or a "
+                                                                                  "checkpoint on disk")
+    weight_sync_backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="backend of the weight-sync "
+                                                                                     "group (auto: nccl on CUDA, "
+                                                                                     "gloo on CPU and with "
+                                                                                     "--shared-gpu)")
+    # trainer/ipc_sync.py
+    weight_sync_transport: Literal["auto", "broadcast", "ipc"] = Field(
+        "auto", description="broadcast group, or in place on the same GPU (CUDA IPC, --colocate only); auto: "
+                            "ipc with --colocate and PP 1")
+    update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024, description="bytes per weight-sync bucket")
+    # as fast as one broadcast per tensor for dense models on 2xH200
+    # (bench/results/engine-sync-h200x2-flattened.md) and a bucket's extra copy on the trainer's GPU,
+    # so off by default (docs/sglang-behaviour.md)
+    update_weight_flattened_bucket: bool = Field(False, description="one broadcast per bucket, received as "
+                                                                    "SGLang's flattened bucket")
+    # engines/receiver.py: one request per publish, overlapped, copies learnt from load_weights; the
+    # rollout node then starts SGLang with --custom-weight-loader
+    update_weight_receiver: Literal["sglang", "rlslurm"] = Field(
+        "sglang", description="who loads broadcast weights into an engine: SGLang's per-bucket path, or "
+                              "rlslurm's receiver (faster; dense qwen3 proven)")
+    # the GPU tier runs with off, so a fallback cannot pass for the transport (docs/gpu.md)
+    weight_sync_fallback: Literal["disk", "off"] = Field(
+        "disk", description="what delivers a version whose transport failed every try: disk (HF files in "
+                            "RUN/weights, loaded by each engine that answers; recorded and shown as a fallback) "
+                            "or off (the attempt fails and SLURM requeues it)")
+    weight_sync_timeout_s: float = Field(300.0, gt=0, description="bound of each weight-sync step; a try that "
+                                                                  "passes it fails (then a retry, then "
+                                                                  "--weight-sync-fallback)")
+    distributed_timeout_minutes: float = Field(60.0, gt=0, description="timeout of every trainer process group "
+                                                                       "(trainer/collectives.py)")
+    hang_timeout_minutes: float | None = Field(None, ge=0, description="end the attempt when a role's heartbeat "
+                                                                       "is silent this long (default: "
+                                                                       "distributed timeout + 10; 0: off)")
+    verify_weight_sync: bool = Field(False, description="after each sync, compare trainer and engine greedy output "
+                                                        "(control/weight_probe.jsonl)")
+    load_debug_rollout_data: Path | None = Field(None, description="replay: train from another run's buffer "
+                                                                   "directory, no engines")
+    debug_rollout_only: bool = Field(False, description="generate and keep every rollout, train nothing "
+                                                        "(trainer/rollout_only.py)")
+    # With a replay it changes nothing; without one the rollout node builds the rollouts itself with
+    # the --rollout-function-path function (default SFT: rollout/sft.py)
+    debug_train_only: bool = Field(False, description="slime's flag: start no engines (SFT, or a replay)")
+    # rlslurm/trainer/replay_subsample.py
+    load_debug_rollout_data_subsample: float | None = Field(None, gt=0, le=1, description="replay this fraction "
+                                                                                          "of each rollout's "
+                                                                                          "groups")
 
 
 class RunConfig(Section):
@@ -412,9 +531,12 @@ class RunConfig(Section):
     data: DataSection = Field(default_factory=DataSection)
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     train: TrainSection = Field(default_factory=TrainSection)
-    megatron: dict[str, Any] = Field(default_factory=dict)   # --megatron-<field> passthrough
-    sglang_args: list[str] = Field(default_factory=list)     # --sglang-<flag> passthrough, argv form
-    router_args: list[str] = Field(default_factory=list)     # --router-<flag> passthrough (sglang-router)
+    megatron: dict[str, Any] = Field(default_factory=dict, description="--megatron-<field> VALUE passthrough: "
+                                                                       "megatron-core config fields")
+    sglang_args: list[str] = Field(default_factory=list, description="--sglang-<flag> [VALUE] passthrough to every "
+                                                                     "SGLang server, argv form")
+    router_args: list[str] = Field(default_factory=list, description="--router-<flag> [VALUE] passthrough to "
+                                                                     "sglang-router, argv form")
 
     # Derived, filled by `resolve` (see rlslurm/validate.py).
     @property

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,53 @@ FIELDS = _fields()
 
 def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class FlagHelp:
+    """One run flag as `rlslurm flags` shows it; the description is the config field's (rlslurm/config.py)."""
+
+    flag: str
+    field: str
+    section: str
+    type: str
+    default: Any
+    description: str
+
+
+def type_name(annotation: Any) -> str:
+    """A field's type in flag terms: `int`, `path`, `a|b` for a choice, `str ...` for a list."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return "|".join(str(a) for a in typing.get_args(annotation))
+    if origin is list:
+        return f"{type_name(args[0])} ..."
+    if origin is dict:
+        return "KEY=VALUE ... | JSON"
+    if args and len(args) == 1 and origin is not None:  # X | None: optional, same type
+        return type_name(args[0])
+    if annotation is Path:
+        return "path"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def flag_help(keyword: str | None = None) -> list[FlagHelp]:
+    """Every run flag with its section, type, default and description; with `keyword`, those whose
+    flag or section contains it or whose description has it as a word (case-insensitive; a leading
+    `--` and `_` for `-` are accepted, so `--rollout_top_k` finds --rollout-top-k)."""
+    defaults = RunConfig()
+    key = (keyword or "").strip().lstrip("-").replace("_", "-").lower()
+    word = re.compile(rf"(?<![\w-]){re.escape(key)}(?![\w-])", re.I) if key else None
+    out = []
+    for name, (section, annotation) in FIELDS.items():
+        f = flag_name(name)
+        info = type(getattr(defaults, section)).model_fields[name]
+        h = FlagHelp(f, name, section, type_name(annotation), getattr(getattr(defaults, section), name),
+                     info.description or "")
+        if word is None or key in f[2:] or key == section or word.search(h.description):
+            out.append(h)
+    return out
 
 
 def _kind(annotation: Any) -> str:
@@ -145,6 +193,14 @@ def parse_flags(argv: list[str]) -> Layer:
             while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 value.append(argv[i + 1])
                 i += 1
+            if not value and i + 1 < len(argv) and field_name.endswith("sbatch_extra"):
+                # its values are options themselves: `--sbatch-extra --constraint=h100` would read
+                # --constraint as an rlslurm flag
+                raise ConfigError(f"{origin} takes one sbatch option after '=': {origin}={argv[i + 1]} (repeat "
+                                  f"{origin}=... for more)")
+            key = (FIELDS[field_name][0], field_name)
+            if key in layer.values:  # the flag given again: its values add up
+                value = [*layer.values[key], *value]
         elif kind == "dict":
             items = [inline] if eq else []
             while i + 1 < len(argv) and not argv[i + 1].startswith("--"):

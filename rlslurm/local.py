@@ -20,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
+from rich.text import Text
 from rich.table import Table
 
 from rlslurm import owned_role
@@ -114,7 +115,7 @@ def _status_table(rd: RunDir, num_rollout: int, t0: float) -> Table:
     wv = Control(rd).weight_version()
     t.add_row("weights", weights_line(wv.model_dump() if wv else None))
     for p in _main_phases(rd):
-        t.add_row(f"{p['role']} {p['rank']}", phase_line(p, live=True))
+        t.add_row(f"{p['role']} {p['rank']}", Text(phase_line(p, live=True)))
     return t
 
 
@@ -148,7 +149,7 @@ class Notices:
         elif now - self.progress_at > self.STALL_S and now - self.said_at > self.STALL_S:
             self.said_at = now
             doing = "; ".join(f"{p['role']} {p['rank']}: {phase_line(p, live=True)}" for p in _main_phases(self.rd))
-            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: {doing or 'no heartbeat yet'}")
+            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: {escape(doing) or 'no heartbeat yet'}")
 
 
 class _Terminated(Exception):

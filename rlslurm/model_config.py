@@ -7,6 +7,8 @@ checkpoint's `config.json` at start-up) and sensible defaults per node count, so
 
 from __future__ import annotations
 
+import difflib
+
 from pathlib import Path
 from typing import Any, Literal
 
@@ -181,10 +183,13 @@ def model_config_path(name_or_path: str, config_dir: Path = MODEL_CONFIG_DIR) ->
         return path
     path = config_dir / f"{name_or_path}.yaml"
     if not path.exists():
-        raise ConfigError(
-            f"--model: unknown model {name_or_path!r}; available: {', '.join(available_models(config_dir))}"
-            f" (or pass a path to a model config YAML)"
-        )
+        names = available_models(config_dir)
+        same_case = [n for n in names if n.lower() == name_or_path.lower()]
+        close = same_case or difflib.get_close_matches(name_or_path, names, n=2, cutoff=0.75)
+        hint = (f"did you mean {' or '.join(close)}? (`rlslurm models` lists all" if close
+                else f"available: {', '.join(names)} (")
+        raise ConfigError(f"--model: unknown model {name_or_path!r}; {hint}{', ' if close else ''}or pass a path "
+                          f"to a model config YAML)")
     return path
 
 

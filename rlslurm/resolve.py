@@ -369,7 +369,8 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
     d, m = cfg.data, cfg.model
     if d.data_source_path is None:
         if d.prompt_data is None:
-            _need(res, strict, "--prompt-data is required (a .jsonl or .parquet file of prompts)")
+            _need(res, strict, "--prompt-data is required (a .jsonl or .parquet file of prompts, or a directory "
+                               "of them)")
         else:
             from rlslurm.rollout.data import validate_prompt_file
 

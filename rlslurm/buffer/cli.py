@@ -9,11 +9,13 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from rlslurm.buffer.atomic import write_bytes_atomic
 from rlslurm.buffer.export import export_jsonl, sample_to_json
 from rlslurm.buffer.manifest import CorruptRollout
 from rlslurm.buffer.reader import RolloutReader
+from rlslurm.console import make_console, print_table
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
 
@@ -74,14 +76,13 @@ def ls(run: Path = RunArg, kind: str = KindOpt, as_json: bool = typer.Option(Fal
         for row in rows:
             sys.stdout.write(json.dumps(row) + "\n")
         return
-    t = Table(title=f"{r.dir} ({len(rows)} rollouts)")
-    for col in ("id", "samples", "reward mean", "reward std", "truncated", "tokens", "weight versions", "trained"):
-        t.add_column(col, justify="right")
+    cells = []
     for row in rows:
         if "error" in row or "quarantined" in row:
-            t.add_row(str(row["rollout_id"]), "[red]" + row.get("error", "quarantined: " + row.get("reason", "")) + "[/red]")
+            why = row.get("error") or "quarantined: " + row.get("reason", "")
+            cells.append((str(row["rollout_id"]), Text(why, style="red"), *[""] * 6))
             continue
-        t.add_row(
+        cells.append((
             str(row["rollout_id"]),
             str(row["samples"]),
             f"{row['reward_mean']:.4f}",
@@ -90,8 +91,9 @@ def ls(run: Path = RunArg, kind: str = KindOpt, as_json: bool = typer.Option(Fal
             str(row["response_tokens"]),
             ",".join(map(str, row["weight_versions"])),
             "yes" if row["trained"] else "no",
-        )
-    Console(width=160).print(t)
+        ))
+    columns = ("id", "samples", "reward mean", "reward std", "truncated", "tokens", "weight versions", "trained")
+    print_table(make_console(), columns, cells, title=f"{r.dir} ({len(rows)} rollouts)", right=columns)
 
 
 @app.command("show")

@@ -74,6 +74,7 @@ class EngineSpec:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+    allow_untested_sglang: bool = False   # --allow-untested-sglang (engines/sglang_versions.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host", check_ip_literal(self.host, where=f"{self.name} host"))
@@ -171,7 +172,7 @@ class EngineProcess:
         if self.spec.device == "cpu":
             sglang_cpu.check_sglang_version()
         else:
-            sglang_versions.check_gpu_sglang()
+            sglang_versions.check_gpu_sglang(self.spec.allow_untested_sglang)
         # Short on purpose: ZMQ ipc paths must fit in a unix socket address (108 bytes).
         self._tmpdir = tempfile.mkdtemp(prefix=f"rlsl-{self.spec.port}-")
         with open_log(self.spec.log_path) as log:

@@ -14,9 +14,13 @@ HTTP contract rlslurm uses differs in one place: 0.5.23 wraps a weight update in
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import re
 from dataclasses import dataclass
 
 from rlslurm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,21 +45,46 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+# pip extras that install each tested version on GPU machines (pyproject.toml; docs/sglang-versions.md)
+EXTRAS = {"0.5.23": "rlslurm[sglang]", "0.5.14": "rlslurm[sglang-torch211]"}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "0.5.20.post1" -> (0, 5, 20); () if it has none."""
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def nearest_tested(version: str) -> SGLangAPI:
+    """The API rlslurm assumes for an untested version: the newest tested release not newer than it
+    (an older one has fewer endpoints, and rlslurm calls only what that one has), else the oldest."""
+    tested = sorted(SUPPORTED.values(), key=lambda a: _release(a.version))
+    below = [a for a in tested if _release(a.version) <= _release(version)]
+    return below[-1] if below else tested[0]
+
+
 def api_for(version: str | None) -> SGLangAPI:
-    """The API of an engine that reported `version` (None: an older record, DEFAULT)."""
+    """The API of an engine that reported `version` (None: an older record, DEFAULT). An untested
+    version could only have started with --allow-untested-sglang (check_gpu_sglang): its API is
+    the nearest tested one's."""
     if version is None:
         return DEFAULT
-    try:
-        return SUPPORTED[version]
-    except KeyError:
-        raise ConfigError(f"SGLang {version} is not supported by rlslurm (supported: {', '.join(SUPPORTED)})") from None
+    return SUPPORTED.get(version) or nearest_tested(version)
 
 
-def check_gpu_sglang() -> SGLangAPI:
-    """Before starting a GPU engine: the installed SGLang is one rlslurm knows the API of."""
+def check_gpu_sglang(allow_untested: bool = False) -> SGLangAPI:
+    """Before starting a GPU engine: the installed SGLang is a tested one, or --allow-untested-sglang
+    says to go on with a warning and the nearest tested version's API."""
     found = installed_sglang_version()
-    if found not in SUPPORTED:
-        what = "is not installed" if found is None else f"is {found}"
-        raise ConfigError(f"rollout device cuda: SGLang {what}; rlslurm supports sglang "
-                          f"{' or '.join(SUPPORTED)} (pip install 'rlslurm[sglang]', or docs/gpu.md)")
-    return SUPPORTED[found]
+    if found in SUPPORTED:
+        return SUPPORTED[found]
+    install = " or ".join(f"pip install '{EXTRAS[v]}' (SGLang {v})" for v in SUPPORTED)
+    if found is None:
+        raise ConfigError(f"rollout device cuda: SGLang is not installed; {install} (docs/sglang-versions.md)")
+    if not allow_untested:
+        raise ConfigError(f"rollout device cuda: SGLang is {found}, not a tested version ({', '.join(SUPPORTED)}); "
+                          f"{install}, or --allow-untested-sglang to try it (docs/sglang-versions.md)")
+    api = nearest_tested(found)
+    log.warning("SGLang %s is not a tested version (%s); going on as --allow-untested-sglang asks, with SGLang "
+                "%s's API (docs/sglang-versions.md)", found, ", ".join(SUPPORTED), api.version)
+    return api

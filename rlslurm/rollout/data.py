@@ -7,6 +7,8 @@ A prompt file can be far larger than memory, so records are never loaded whole:
   offset when it is served.
 - Parquet: the row-group sizes come from the footer; a served record decodes its row
   group (only the columns we need), and the last decoded row groups are cached.
+- A directory: its shards as one sequence, or a `datasets` save_to_disk directory
+  (rlslurm/rollout/data_dirs.py).
 
 Shuffling permutes record numbers with a generator seeded by (seed, epoch), so the
 order of any epoch can be recomputed from three integers. For parquet the permutation
@@ -36,6 +38,7 @@ import numpy as np
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_object
 from rlslurm.prompt_slice import PromptSpec, parse_prompt_spec
+from rlslurm.rollout import data_dirs
 
 log = logging.getLogger(__name__)
 
@@ -213,19 +216,41 @@ def _file_format(path: Path) -> str:
     raise DataError(str(path), f"unsupported prompt file type {suffix or '(no suffix)'!r}; use .jsonl or .parquet")
 
 
-def _check_exists(path: Path) -> None:
+def _check_exists(path: Path, flag: str = "--prompt-data") -> None:
     if not path.exists():
-        raise DataError(str(path), "prompt file does not exist")
-    if not path.is_file():
-        raise DataError(str(path), "prompt data path is not a file")
+        raise DataError(str(path), f"prompt file does not exist{data_dirs.missing_path_hint(path, flag)}")
+    if not path.is_file() and not path.is_dir():
+        raise DataError(str(path), "prompt data path is not a file or a directory")
 
 
-def _fingerprint(path: Path, n_records: int) -> dict[str, Any]:
-    """Cheap identity of a data file: a cursor into another file is meaningless."""
+def _file_digest(path: Path) -> dict[str, Any]:
     h = hashlib.sha1()
     with open(path, "rb") as f:
         h.update(f.read(_FINGERPRINT_BYTES))
-    return {"size": path.stat().st_size, "records": int(n_records), "head_sha1": h.hexdigest()}
+    return {"size": path.stat().st_size, "head_sha1": h.hexdigest()}
+
+
+def _fingerprint(path: Path, n_records: int, flag: str = "--prompt-data") -> dict[str, Any]:
+    """Cheap identity of the data: a cursor into another file (or other shards) is meaningless."""
+    if path.is_dir():
+        return {"records": int(n_records), "shards": data_dirs.dir_digest(path, flag, _file_digest)}
+    digest = _file_digest(path)
+    return {"size": digest["size"], "records": int(n_records), "head_sha1": digest["head_sha1"]}
+
+
+def _open_records(path: Path, columns: Sequence[str], required: Sequence[tuple[str, str]],
+                  flag: str = "--prompt-data") -> "_JsonlRecords | _ParquetRecords | data_dirs.ShardedRecords":
+    """A reader of the records at `path`: a .jsonl/.parquet file, or a directory (data_dirs)."""
+    def open_file(p: Path) -> _JsonlRecords | _ParquetRecords:
+        return _JsonlRecords(p) if _file_format(p) == "jsonl" else _ParquetRecords(p, columns, required)
+
+    return data_dirs.open_dir(path, open_file, columns, required, flag) if path.is_dir() else open_file(path)
+
+
+def _key_columns(input_key: str, label_key: str | None, *more: str | None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The columns a columnar reader decodes, and those a record must have (with their flags)."""
+    required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
+    return [c for c in (input_key, label_key, *more) if c], required
 
 
 class _JsonlRecords:
@@ -425,8 +450,9 @@ class PromptSource:
         # `path` may carry slime's @[START:END] slice (rlslurm/prompt_slice.py)
         self.spec: PromptSpec = parse_prompt_spec(path, flag)
         self.path = self.spec.path
-        _check_exists(self.path)
-        self.format = _file_format(self.path)
+        _check_exists(self.path, flag)
+        if self.path.is_file():
+            _file_format(self.path)  # an unknown suffix is refused before anything else
         if num_epochs < 1:
             raise ConfigError(f"--num-epoch must be >= 1, got {num_epochs}")
         if max_prompt_len is not None and max_prompt_len < 1:
@@ -451,16 +477,12 @@ class PromptSource:
             buffer_filter = load_object(buffer_filter, what="--buffer-filter-path")
         self.buffer_filter: BufferFilter = buffer_filter or pop_first
 
-        if self.format == "jsonl":
-            self._records: _JsonlRecords | _ParquetRecords = _JsonlRecords(self.path)
-        else:
-            wanted = [input_key, label_key, metadata_key, tool_key]
-            required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
-            self._records = _ParquetRecords(self.path, [c for c in wanted if c], required)
+        columns, required = _key_columns(input_key, label_key, metadata_key, tool_key)
+        self._records = _open_records(self.path, columns, required, flag)
         self.file_records = len(self._records)
         if self.file_records == 0:
             raise DataError(str(self.path), "prompt file has no records")
-        self._fingerprint = _fingerprint(self.path, self.file_records)
+        self._fingerprint = _fingerprint(self.path, self.file_records, flag)
         # the records served: [lo, hi) of the file; record numbers (Prompt.index) stay the file's
         self._lo, self._hi = self.spec.bounds(self.file_records)
         self.num_records = self._hi - self._lo
@@ -676,10 +698,10 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
     records were checked."""
     spec = parse_prompt_spec(path, flag)
     p = spec.path
-    _check_exists(p)
+    _check_exists(p, flag)
+    if spec.sliced or p.is_dir():
+        return _validate_records(spec, input_key, label_key, n_lines, flag)
     fmt = _file_format(p)
-    if spec.sliced:
-        return _validate_slice(spec, fmt, input_key, label_key, n_lines, flag)
     checked = 0
     if fmt == "jsonl":
         with open(p, "rb") as f:
@@ -705,8 +727,7 @@ def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt"
                 _check_keys(obj, where, input_key, label_key)
                 checked += 1
     else:
-        records = _ParquetRecords(p, [k for k in (input_key, label_key) if k],
-                                  [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else []))
+        records = _ParquetRecords(p, *_key_columns(input_key, label_key))
         for i in range(min(n_lines, len(records))):
             _check_keys(records.read(i) or {}, records.where(i), input_key, label_key)
             checked += 1
@@ -724,8 +745,13 @@ def count_records(path: str | os.PathLike[str], flag: str = "--prompt-data") -> 
     """How many records the prompt spec serves per epoch (its @[START:END] slice applied), or None
     when the file is too large to count at submit."""
     spec = parse_prompt_spec(path, flag)
-    fmt = _file_format(spec.path)
-    if fmt == "jsonl":
+    if spec.path.is_dir():
+        if data_dirs.dir_bytes(spec.path, flag) > COUNT_MAX_BYTES:
+            return None
+        records = _open_records(spec.path, [], [], flag)
+        n = len(records)
+        records.close()
+    elif _file_format(spec.path) == "jsonl":
         if spec.path.stat().st_size > COUNT_MAX_BYTES:
             return None
         n = len(_JsonlRecords._build_index(spec.path)[0])
@@ -737,13 +763,10 @@ def count_records(path: str | os.PathLike[str], flag: str = "--prompt-data") -> 
     return hi - lo
 
 
-def _validate_slice(spec: PromptSpec, fmt: str, input_key: str, label_key: str | None, n_lines: int,
-                    flag: str) -> int:
-    """The sliced form of validate_prompt_file: the slice's bounds need the file's record count,
-    so the file is indexed (one pass, as the driver does at start) and the slice's first records read."""
-    required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
-    records = _JsonlRecords(spec.path) if fmt == "jsonl" else \
-        _ParquetRecords(spec.path, [k for k in (input_key, label_key) if k], required)
+def _validate_records(spec: PromptSpec, input_key: str, label_key: str | None, n_lines: int, flag: str) -> int:
+    """validate_prompt_file for a slice or a directory: the slice's bounds need the record count, so
+    the data is indexed (one pass, as the driver does at start) and the first records read."""
+    records = _open_records(spec.path, *_key_columns(input_key, label_key), flag)
     try:
         if len(records) == 0:
             raise DataError(str(spec.path), "prompt file has no records")

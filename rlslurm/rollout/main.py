@@ -24,6 +24,7 @@ import signal
 import time
 from pathlib import Path
 
+from rlslurm import role_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.gpus import visible_gpu_uuids
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--trainer-addr", required=True)
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    role_log.configure("%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
     env = job_env()

@@ -110,6 +110,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     # what every engine of the run shares
     common = dict(model_path=str(cfg.model.hf_checkpoint), host=host, api_key=api_key,
                   dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
+                  allow_untested_sglang=cfg.rollout.allow_untested_sglang,
                   extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg), *colocate_args(cfg)))
     span = nodes_per_engine(cfg)
     if span > 1:

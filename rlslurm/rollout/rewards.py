@@ -169,9 +169,9 @@ class RemoteRM:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"--rm-url {url!r}: must be an http:// or https:// URL")
         if retries < 0:
-            raise ConfigError(f"--rm-retries must be >= 0, got {retries}")
+            raise ConfigError(f"RemoteRM: retries must be >= 0, got {retries}")
         if timeout <= 0:
-            raise ConfigError(f"--rm-timeout must be > 0, got {timeout}")
+            raise ConfigError(f"RemoteRM: timeout must be > 0 s, got {timeout}")
         self.url = url
         self.timeout = timeout
         self.retries = retries
@@ -295,8 +295,8 @@ def reward_executor(workers: int) -> concurrent.futures.ProcessPoolExecutor:
 def load_reward_fn(spec: str, *, group: bool | None = None) -> RewardFn:
     """--custom-rm-path `module:function` or `file.py:function`.
 
-    Per-group when `group` (the --group-rm flag) is true or the function is decorated
-    with `@group_reward`; per-sample otherwise.
+    Per-group when `group` is true or the function is decorated with `@group_reward`
+    (slime's --group-rm is refused with that advice, rlslurm/slime_flags.py); per-sample otherwise.
     """
     fn = load_callable(spec, what="--custom-rm-path", min_args=1)
     is_group = bool(getattr(fn, "group_reward", False)) if group is None else group

@@ -36,6 +36,16 @@ _SUBMIT_FLAGS = {"--partition": check_slurm_name, "--account": check_slurm_name,
                  "--gpus-per-node": _int_at_least(0), "--cpus-per-task": _int_at_least(1), "--job-dir": Path}
 
 
+# `rlslurm convert --help` and its subcommands' show this (the flags are taken out before the
+# converter's own parser sees the rest, so that parser cannot list them).
+SUBMIT_HELP = ("As a SLURM job: add --submit [--wait] and optionally --partition NAME, --account NAME, --time MINUTES "
+               "(default 60), --gpus-per-node N (default 0), --cpus-per-task N (default 2), --job-dir DIR (default "
+               "convert-jobs): one node runs TP x PP x EP processes under torchrun. Without --submit the conversion "
+               "runs in this process (torchrun it for TP/PP/EP > 1). Example: rlslurm convert hf-to-mcore --model "
+               "qwen3-8B --hf /ckpt/Qwen3-8B --out /ckpt/qwen3-8B-mcore --tp 2 --submit --partition gpu "
+               "--gpus-per-node 2 --wait")
+
+
 @dataclass
 class ConvertJob:
     argv: list[str]           # the conversion's own arguments (hf-to-mcore ... / mcore-to-hf ...)

@@ -73,6 +73,7 @@ class Group:
     nodes: int
     gpus_per_node: int
     partition: str | None
+    extra: tuple[str, ...] = ()   # --sbatch-extra and the group's own extra options (config.py says why)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,12 @@ class Step:
     select: str
     nodes: int
     nodelist: str
+
+
+def _extra(*lists: list[str]) -> tuple[str, ...]:
+    """A component's extra options: the common ones, then its group's; each once, in order (the one
+    group of a --nodes 1 or --colocate job runs both roles, so it takes both groups' options)."""
+    return tuple(dict.fromkeys(opt for opts in lists for opt in opts))
 
 
 def job_name(run_name: str) -> str:
@@ -121,13 +128,15 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
         # the job's (rlslurm/gpus.py); colocated, both use all of them on every node. A het job
         # would not be sure to put two components on the same nodes.
         groups = [Group(nodes=s.nodes, gpus_per_node=gpus,
-                        partition=s.trainer_partition or s.rollout_partition or s.partition)]
+                        partition=s.trainer_partition or s.rollout_partition or s.partition,
+                        extra=_extra(s.sbatch_extra, s.trainer_sbatch_extra, s.rollout_sbatch_extra))]
         steps = {role: Step("--overlap", s.nodes, "SLURM_JOB_NODELIST") for role in ("trainer", "rollout")}
     else:
         groups = [
-            Group(nodes=s.trainer_nodes or 1, gpus_per_node=gpus, partition=s.trainer_partition or s.partition),
+            Group(nodes=s.trainer_nodes or 1, gpus_per_node=gpus, partition=s.trainer_partition or s.partition,
+                  extra=_extra(s.sbatch_extra, s.trainer_sbatch_extra)),
             Group(nodes=s.rollout_nodes or 1, gpus_per_node=gpus if engines else 0,
-                  partition=s.rollout_partition or s.partition),
+                  partition=s.rollout_partition or s.partition, extra=_extra(s.sbatch_extra, s.rollout_sbatch_extra)),
         ]
         steps = {role: Step(f"--het-group={i}", g.nodes, f"SLURM_JOB_NODELIST_HET_GROUP_{i}")
                  for i, (role, g) in enumerate(zip(("trainer", "rollout"), groups))}

@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlslurm.buffer.attempts import is_event
 from rlslurm.buffer.control import Control
@@ -23,6 +23,9 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.curve import reward_curve
 from rlslurm.slurm.submit import current_job_id
 from rlslurm.user_error import REASON_PREFIX, read_user_error
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 _TIMEOUT_S = 20
 # A heartbeat older than this says its process is gone (the trainer beats every 10 s and at each
@@ -223,24 +226,23 @@ def _current_attempt(rd: RunDir, ended: list[dict[str, Any]]) -> dict[str, Any] 
     return None
 
 
-def weights_line(w: dict[str, Any] | None) -> str:
+def weights_line(w: dict[str, Any] | None) -> "Text":
     """control/weight_version.json for people: the version, what delivered it, the fallbacks in yellow."""
-    if not w:
-        return "v0 (none published)"
-    line = f"v{w['version']}" + (f" via {w['transport']}" if w.get("transport") else "")
-    if w.get("fallbacks"):
-        from rich.markup import escape
+    from rich.markup import escape
+    from rich.text import Text
 
+    if not w:
+        return Text("v0 (none published)")
+    line = f"v{w['version']}" + (f" via {escape(w['transport'])}" if w.get("transport") else "")
+    if w.get("fallbacks"):
         line += (f"  [yellow]{w['fallbacks']} version(s) delivered by the disk fallback this attempt"
                  + (f" (last {escape(w['last_fallback'][:200])})" if w.get("last_fallback") else "") + "[/]")
-    return line
+    return Text.from_markup(line)
 
 
 def phase_line(p: dict[str, Any], live: bool) -> str:
     """A role's heartbeat phase: what it does and for how long (or did, if its process is gone)."""
-    from rich.markup import escape
-
     took = f" for {p['for_s']:.0f} s" if p.get("for_s") is not None else ""
     if not live or p["age_s"] > LIVE_S:
-        return f"{escape(p['phase'])} (its last heartbeat, {p['age_s']:.0f} s ago)"
-    return f"{escape(p['phase'])}{took}"
+        return f"{p['phase']} (its last heartbeat, {p['age_s']:.0f} s ago)"
+    return f"{p['phase']}{took}"

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlslurm import role_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.progress import TrainerProgress, after_checkpoint
 from rlslurm.buffer.reader import BufferTimeout, RolloutReader
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_run_config(a.run_dir)
     rd = RunDir(a.run_dir)
     rank, world = init_distributed(cfg.run.device, cfg.train.distributed_timeout_minutes)
-    logging.basicConfig(level=logging.INFO, format=f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")
+    role_log.configure(f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")
     write_env_report(rd.path, "trainer", rank, {
         "world_size": world,
         # the GPU this rank really uses, from the driver (the check of issue 30: which GPU each process used)

@@ -153,7 +153,7 @@ class SyncGroup:
                 if worker.is_alive() and cancel():
                     raise SyncCancelled(f"weight-update group {s.group_name!r}: joining given up, the job is ending")
         e = box.pop("error", None)
-        del store, build  # the store's port must be free once close() drops ours (a rebuild may take it)
+        store = build = None  # type: ignore[assignment]  # the port must be free once close() drops ours
         if isinstance(e, (RuntimeError, dist.DistError)):
             msg = (f"weight-update group {s.group_name!r} on {s.master_addr}:{s.master_port}: engines did not join "
                    f"within {s.timeout_s:g} s ({time.monotonic() - t0:.1f} s): {e}")

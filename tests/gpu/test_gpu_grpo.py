@@ -26,6 +26,7 @@ from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
 
 from tests.deliveries import assert_delivered_by
+from tests.gpu.run_checks import finish, logs, metrics, probes
 from tests.gpu.bundle_flags import run_flags
 from tests.process_groups import trainer_pids
 
@@ -93,9 +94,6 @@ def kill9_trainer_midway(proc: subprocess.Popen, run_dir: Path, log: Path) -> li
     return trained_ids(run_dir)[0]
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    p = run_dir / "metrics.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
 
 
 def trained_ids(run_dir: Path) -> dict[int, list[int]]:
@@ -107,28 +105,12 @@ def trained_ids(run_dir: Path) -> dict[int, list[int]]:
     return out
 
 
-def probes(run_dir: Path) -> list[dict]:
-    p = run_dir / "control" / "weight_probe.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
 
 
-def tail(p: Path, n: int = 3000) -> str:
-    return p.read_text(errors="replace")[-n:] if p.exists() else ""
 
 
-def logs(run_dir: Path, log: Path) -> str:
-    parts = [f"== {log.name}\n{tail(log)}"]
-    for f in sorted(run_dir.glob("logs/attempt-*/*.log")):
-        parts.append(f"== {f.relative_to(run_dir)}\n{tail(f, 2000)}")
-    return "\n".join(parts)
 
 
-def finish(proc: subprocess.Popen, run_dir: Path, log: Path, timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"rlslurm run did not end within {timeout:.0f} s\n{logs(run_dir, log)}")
 
 
 def reward_rose(run_dir: Path) -> tuple[float, float]:

@@ -29,11 +29,10 @@ import pytest
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.engines.procfs import all_pids
 
 from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.bundle_flags import run_flags
-from tests.gpu.test_gpu_grpo import finish, logs, probes
+from tests.gpu.run_checks import finish, logs, probes, who_is_on_which_gpu
 
 NUM_ROLLOUT = 10
 
@@ -47,46 +46,12 @@ LAYOUTS = {
 }
 
 
-def gpu_processes() -> dict[int, str]:
-    """pid -> GPU UUID of every process nvidia-smi sees on a GPU."""
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    return {int(p): u.strip().lower() for p, u in (l.split(",") for l in out.splitlines() if l.strip())}
 
 
-def ancestors(pid: int) -> list[int]:
-    chain = []
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            break
-        chain.append(pid)
-    return chain
 
 
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
-def who_is_on_which_gpu(run_dir: Path) -> dict[str, set[str]]:
-    """{"trainer": GPUs, "engines": GPUs} from nvidia-smi: a process is the trainer's if it runs
-    rlslurm.trainer.main, an engine's if an engine server of engines.json is it or its ancestor."""
-    engine_pids = {e.pid for e in Control(RunDir(run_dir)).engines() if e.pid}
-    out: dict[str, set[str]] = {"trainer": set(), "engines": set(), "other": set()}
-    for pid, gpu in gpu_processes().items():
-        if "rlslurm.trainer.main" in cmdline(pid):
-            out["trainer"].add(gpu)
-        elif pid in engine_pids or engine_pids & set(ancestors(pid)):
-            out["engines"].add(gpu)
-        else:
-            out["other"].add(gpu)
-    return out
 
 
 def recorded_gpus(run_dir: Path) -> dict[str, set[str]]:

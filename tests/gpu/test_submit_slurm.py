@@ -29,7 +29,7 @@ from rlslurm.demo_task import make_prompts
 
 from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.bundle_flags import run_flags
-from tests.gpu.test_layouts import who_is_on_which_gpu
+from tests.gpu.run_checks import who_is_on_which_gpu
 from tests.slurm_cluster import SlurmCluster
 from tests.slurm_runs import env_reports, ledger, rlslurm
 

@@ -33,7 +33,9 @@ def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypa
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), "--run-dir", str(RUN_DIR),
             "--run-name", "golden run", "--python", "/opt/venv/bin/python", "--partition", "gpu", "--account", "proj",
             "--time", "1-00:00:00", "--setup-script", "/gpfs/env.sh", "--env", "NCCL_DEBUG=WARN",
-            "--secret-env", "HF_TOKEN", "--max-failures", "2", "--signal-grace-s", "600"]
+            "--secret-env", "HF_TOKEN", "--max-failures", "2", "--signal-grace-s", "600",
+            "--sbatch-extra=--constraint=h100", "--rollout-sbatch-extra=--exclude=gpu-17",
+            "--sbatch-extra=--mail-type=FAIL"]
     script = render(resolve(argv, strict_inputs=False).cfg, RUN_DIR)
     assert "hf_not_in_the_script" not in script
     if os.environ.get("RLSLURM_UPDATE_GOLDEN") == "1":

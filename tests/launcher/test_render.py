@@ -88,6 +88,34 @@ def test_extra_sbatch_options_must_be_plain() -> None:
         _render("--model", "tiny-qwen3", "--sbatch-extra=--constraint=$(id)")
 
 
+def _components(script: str) -> list[list[str]]:
+    """The #SBATCH lines of each het component (the job-wide ones count as component 0's)."""
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH ")]
+    parts: list[list[str]] = [[]]
+    for line in directives:
+        if line == "#SBATCH hetjob":
+            parts.append([])
+        else:
+            parts[-1].append(line.removeprefix("#SBATCH "))
+    return parts
+
+
+def test_extra_sbatch_options_reach_every_het_component() -> None:
+    """SLURM applies an option before the first `hetjob` line to component 0 only: a --constraint
+    there left the rollout group free to run anywhere (the SLURM check: test_slurm_job.py)."""
+    trainer, rollout = _components(_render("--model", "tiny-qwen3", "--nodes", "2", "--sbatch-extra=--constraint=h100",
+                                           "--sbatch-extra=--exclude=n7", "--trainer-sbatch-extra=--gres=gpu:8",
+                                           "--rollout-sbatch-extra=--constraint=h100"))
+    assert trainer.count("--constraint=h100") == 1 and "--exclude=n7" in trainer and "--gres=gpu:8" in trainer
+    assert rollout.count("--constraint=h100") == 1 and "--exclude=n7" in rollout and "--gres=gpu:8" not in rollout
+    [one] = _components(_render("--model", "tiny-qwen3", "--nodes", "1", "--gpus-per-node", "2",
+                                "--trainer-sbatch-extra=--gres=gpu:2", "--rollout-sbatch-extra=--exclude=n7"))
+    assert "--gres=gpu:2" in one and "--exclude=n7" in one  # one group runs both roles
+    with pytest.raises(ConfigError, match=r"^--sbatch-extra takes one sbatch option after '=': "
+                                          r"--sbatch-extra=--constraint=h100 \(repeat"):
+        _render("--model", "tiny-qwen3", "--sbatch-extra", "--constraint=h100")
+
+
 def test_trainer_port_is_never_one_rlslurm_picks_for_itself() -> None:
     """Virtual-node clusters put both het groups on one host: an engine that picked the trainer's
     rendezvous port first made torchrun's store fail with EADDRINUSE (seen in CI). The batch

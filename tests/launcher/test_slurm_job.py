@@ -59,6 +59,17 @@ def test_dry_run_script_passes_sbatch_test_only(slurm_cluster, tmp_path: Path, m
     assert "to start at" in p.stderr
 
 
+def test_sbatch_extra_reaches_every_het_component(slurm_cluster, tmp_path: Path, prompts: Path) -> None:
+    """A real --constraint (boot.sh gives even nodes Feature ci_even, odd ones ci_odd) in --sbatch-extra:
+    both het components carry it and run on even nodes. When it was rendered before component 0 only,
+    SLURM applied it to the trainer alone and the rollout group ran on n1 (measured, SLURM 22.05)."""
+    job = submit_tiny(tmp_path / "run", prompts, "--sbatch-extra=--constraint=ci_even")
+    comps = slurm_cluster.wait_state(job, "RUNNING", JOB_TIMEOUT)["het_components"]
+    assert [c["Features"] for c in comps] == ["ci_even", "ci_even"], comps
+    assert {c["NodeList"] for c in comps} <= {"n2", "n4"}, [c["NodeList"] for c in comps]
+    slurm_cluster.cancel(job)
+
+
 def wait_trainer_polling(run_dir: Path, attempt: int, timeout: float = 120) -> None:
     """Until trainer rank 0 of `attempt` has written its first heartbeat (from its control-file poll)."""
     start = json.loads((run_dir / f"logs/attempt-{attempt}/attempt.json").read_text())["start"]

@@ -395,3 +395,12 @@ def test_rewards_in_a_process_pool_match_inline():
         bad = RewardInput("q", "x", "y", {"rm_type": "nope"}, where="d.jsonl:3")
         with pytest.raises(RewardError, match="d.jsonl:3: metadata rm_type 'nope'"):
             asyncio.run(score_group([bad], fn, executor=pool))
+
+
+def test_remote_rm_bounds_name_no_phantom_flags() -> None:
+    """timeout and retries are RemoteRM's arguments, not flags: the errors must not send a user looking
+    for --rm-timeout or --rm-retries (issue 33)."""
+    for kwargs, what in (({"retries": -1}, "retries"), ({"timeout": 0}, "timeout")):
+        with pytest.raises(ConfigError, match=f"^RemoteRM: {what} must be") as e:
+            RemoteRM("http://127.0.0.1:1", **kwargs)
+        assert "--rm-" not in str(e.value)

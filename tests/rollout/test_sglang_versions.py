@@ -5,13 +5,18 @@ engine recorded."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from rlslurm.buffer.control import EngineRecord
 from rlslurm.engines.fanout import engine_targets
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
-from rlslurm.engines.sglang_versions import DEFAULT, SUPPORTED, api_for
+from rlslurm.engines import sglang_versions
+from rlslurm.engines.sglang_versions import DEFAULT, SUPPORTED, api_for, check_gpu_sglang
 from rlslurm.errors import ConfigError
 
 NOWHERE = "http://127.0.0.1:9"  # discard port: nothing listens, a request fails at once
@@ -21,8 +26,47 @@ def test_api_for_known_unknown_and_unrecorded() -> None:
     assert api_for("0.5.14").weight_update_session is False
     assert api_for("0.5.23").weight_update_session is True
     assert api_for(None) is DEFAULT
-    with pytest.raises(ConfigError, match="SGLang 0.4.0 is not supported.*0.5.14, 0.5.23"):
-        api_for("0.4.0")
+    # an untested version (started with --allow-untested-sglang): the nearest tested API at or below it
+    assert api_for("0.5.20.post1") is SUPPORTED["0.5.14"] and api_for("0.6.1") is SUPPORTED["0.5.23"]
+    assert api_for("0.4.0") is SUPPORTED["0.5.14"]
+
+
+@pytest.mark.parametrize("installed", ["0.5.20", "0.6.0.post2"])
+def test_an_untested_gpu_sglang_is_refused_unless_allowed(monkeypatch, caplog, installed: str) -> None:
+    """Issue 33 item 7: the tested versions, or --allow-untested-sglang's warning; the error names the
+    extras that install a tested version and the flag."""
+    monkeypatch.setattr(sglang_versions, "installed_sglang_version", lambda: installed)
+    with pytest.raises(ConfigError, match=rf"^rollout device cuda: SGLang is {re.escape(installed)}, not a tested "
+                                          r"version \(0.5.14, 0.5.23\); pip install 'rlslurm\[sglang-torch211\]' "
+                                          r"\(SGLang 0.5.14\) or pip install 'rlslurm\[sglang\]' \(SGLang 0.5.23\), or "
+                                          r"--allow-untested-sglang to try it"):
+        check_gpu_sglang()
+    with caplog.at_level(logging.WARNING, logger="rlslurm.engines.sglang_versions"):
+        api = check_gpu_sglang(allow_untested=True)
+    assert api is api_for(installed) and f"SGLang {installed} is not a tested version" in caplog.text
+    monkeypatch.setattr(sglang_versions, "installed_sglang_version", lambda: "0.5.14")
+    assert check_gpu_sglang() is SUPPORTED["0.5.14"]
+
+
+def test_the_extras_pin_the_tested_versions() -> None:
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for version, extra in sglang_versions.EXTRAS.items():
+        name = extra.removeprefix("rlslurm[").removesuffix("]")
+        assert f"sglang=={version}" in extras[name], (extra, extras[name])
+    assert set(sglang_versions.EXTRAS) == set(SUPPORTED)
+
+
+def test_the_flag_reaches_every_gpu_engine(tmp_path: Path) -> None:
+    from rlslurm.resolve import resolve
+    from rlslurm.rollout.node import engine_specs
+
+    argv = ["--model", "tiny-qwen3", "--nodes", "2", "--gpus-per-node", "2"]
+    for extra, want in (([], False), (["--allow-untested-sglang"], True)):
+        cfg = resolve(argv + extra, strict_inputs=False).cfg
+        cfg.model.hf_checkpoint = tmp_path  # the servers' model; not read here
+        specs = engine_specs(cfg, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
+        assert specs and all(s.allow_untested_sglang is want for s in specs)
 
 
 def test_session_calls_are_skipped_without_a_request_on_0_5_14() -> None:
