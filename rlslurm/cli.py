@@ -279,7 +279,7 @@ def status(
 
     Example: rlslurm status runs/glm4-grpo --json
     """
-    from rlslurm.slurm.status import phase_line, run_status, weights_line
+    from rlslurm.slurm.status import pending_hint, phase_line, run_status, weights_line
 
     st = run_status(_run_dir_arg(run_dir))
     if as_json:
@@ -293,6 +293,8 @@ def status(
         head.append((label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}"))
     head.append(("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else "")))
     head.append(("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}"))
+    if (hint := pending_hint(st.slurm)) is not None:
+        head.append(("note", Text(hint, style="yellow")))
     head.append(("weights", weights_line(st.weights)))
     for p in sorted(st.phases, key=lambda p: (p["role"] != "trainer", p["role"], p["rank"])):
         if p["phase"] and (p["role"], p["rank"]) in (("trainer", 0), ("rollout", 0)):

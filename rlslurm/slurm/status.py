@@ -161,6 +161,16 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
     )
 
 
+def pending_hint(slurm: dict[str, Any]) -> str | None:
+    """A requeued het job that SLURM leaves `PENDING (None)`: on a quiet cluster backfill may not look
+    at it for minutes (docs/slurm-test-cluster.md); what starts it now."""
+    if slurm.get("state") == "PENDING" and slurm.get("reason") in (None, "None") and slurm.get("restarts", 0) > 0:
+        job = next((c["id"] for c in slurm.get("components", []) if c.get("offset") in (None, "0")), None)
+        return (f"requeued and PENDING (None): on a quiet cluster SLURM may not start it for minutes; "
+                f"`scontrol update jobid={job or '<job>'} StartTime=now` starts it now (docs/slurm-test-cluster.md)")
+    return None
+
+
 def role_phases(control: Control, now: float | None = None) -> list[dict[str, Any]]:
     """Each role process's heartbeat: what it does and for how long."""
     now = time.time() if now is None else now

@@ -384,8 +384,9 @@ class Trainer:
         if not self.delivery.needs_engines:
             self._publish(version)
             return
-        # after a TERM the engines are being killed too: the checkpoint carries this version instead
-        ready = [self.delivery.engines_ready() and not term_received() if self.rank == 0 else None]
+        # once the job ends (a TERM, a stop or preempt request) no publish begins: the engines are going,
+        # and the checkpoint carries this version to the next attempt
+        ready = [self.delivery.engines_ready() and not self._attempt_ending() if self.rank == 0 else None]
         dist.broadcast_object_list(ready, src=0)
         if ready[0]:
             self._publish(version)

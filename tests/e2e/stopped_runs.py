@@ -52,8 +52,8 @@ def stop_and_check(slurm_cluster, run_dir: Path, job: int) -> tuple[list[int], i
     """`rlslurm stop`, wait for the job, and check that it ended COMPLETED with every rollout
     the trainer took trained exactly once, in order, by the one attempt (metrics.jsonl has one
     line per optimizer step). Returns the trained ids and the last version synced before the
-    stop: the rollout node kills its engines at once on a stop, so a sync in flight then fails
-    (and falls back to disk, bounded) through no fault of the test's."""
+    stop: once the stop is requested no publish begins and one in flight is given up (the checkpoint
+    carries its version), and the rollout node kills its engines."""
     before_stop = last_probe(run_dir)
     rlslurm("stop", str(run_dir))
     info = slurm_cluster.wait_finished(job, 10 * 60)

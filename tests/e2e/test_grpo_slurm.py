@@ -167,8 +167,10 @@ def test_usr1_preemption_and_hard_requeue_lose_nothing_and_train_nothing_twice(s
     # `rlslurm status` while attempt 3 runs: the three ended attempts and the current one
     st = json.loads(rlslurm("status", str(run_dir), "--json").stdout)
     assert len(st["attempts"]) == 3 and st["current_attempt"]["attempt"] == 3, st
-    human = rlslurm("status", str(run_dir)).stdout
-    assert "attempts (4)" in human and "running" in human, human
+    human = rlslurm("status", str(run_dir)).stdout  # piped: tab-separated rows, one per attempt
+    rows = [l.split("\t") for l in human.splitlines()]
+    assert [r[0] for r in rows if len(r) == 6 and r[0].isdigit()] == ["0", "1", "2", "3"], human
+    assert rows[-1][0] == "3" and rows[-1][-1] == "running", human
     info = slurm_cluster.wait_finished(job, 20 * 60)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", batch_log(run_dir, job)
     for a in range(4):  # separate attempt logs

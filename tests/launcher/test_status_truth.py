@@ -74,3 +74,15 @@ def test_rlslurm_run_prints_a_fallback_and_a_stall(tmp_path: Path, monkeypatch) 
     n = buf.getvalue().count("fell back")
     notices.check()
     assert buf.getvalue().count("fell back") == n  # once per fallback
+
+
+def test_a_requeued_job_pending_without_reason_gets_the_command_that_starts_it() -> None:
+    """Issue 33: a requeued het job can sit PENDING (None) for minutes on a quiet cluster
+    (docs/slurm-test-cluster.md); `rlslurm status` says so and what starts it now."""
+    from rlslurm.slurm.status import pending_hint
+
+    slurm = {"state": "PENDING", "reason": "None", "restarts": 1,
+             "components": [{"id": "41", "offset": "0"}, {"id": "42", "offset": "1"}]}
+    assert "scontrol update jobid=41 StartTime=now" in pending_hint(slurm)
+    assert pending_hint({**slurm, "restarts": 0}) is None  # a fresh job waiting for nodes: nothing to say
+    assert pending_hint({**slurm, "reason": "Resources"}) is None
