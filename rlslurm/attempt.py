@@ -136,12 +136,14 @@ def begin(rd: RunDir, a: Attempt) -> str | None:
 # --- the roles' command lines ------------------------------------------------------------------------
 
 def trainer_argv(run_dir: Path | str, *, nnodes: int, node_rank: int, procs_per_node: int, master_addr: str,
-                 master_port: int | str, python: str = sys.executable) -> list[str]:
+                 master_port: int | str, shutdown_timeout_s: int, python: str = sys.executable) -> list[str]:
     """One node's trainer: torchrun with its rendezvous store bound to the master address
-    (rlslurm/slurm/torchrun.py)."""
+    (rlslurm/slurm/torchrun.py). `shutdown_timeout_s` (the run's --signal-grace-s): how long torchrun
+    lets the ranks finish their checkpoint after a TERM before it KILLs them (torch's default, 30 s,
+    is shorter than a real model's save)."""
     return [python, "-m", "rlslurm.slurm.torchrun", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
             f"--nproc-per-node={procs_per_node}", f"--master-addr={master_addr}", f"--master-port={master_port}",
-            "-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)]
+            f"--shutdown-timeout={shutdown_timeout_s}", "-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)]
 
 
 def rollout_argv(run_dir: Path | str, *, trainer_addr: str, python: str = sys.executable) -> list[str]:

@@ -76,10 +76,11 @@ def last_error_line(log: Path, limit: int = 300) -> str | None:
     return None if line is None else (line if len(line) <= limit else line[:limit] + " ...")
 
 
-def role_commands(rd: RunDir, trainer_procs: int, port: int) -> dict[str, list[str]]:
-    """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node."""
+def role_commands(rd: RunDir, trainer_procs: int, port: int, stop_grace_s: float = STOP_GRACE_S) -> dict[str, list[str]]:
+    """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node.
+    torchrun gives the trainer's checkpoint on a TERM the same grace this process gives it."""
     return {"trainer": trainer_argv(rd.path, nnodes=1, node_rank=0, procs_per_node=trainer_procs,
-                                    master_addr=LOCAL_ADDR, master_port=port),
+                                    master_addr=LOCAL_ADDR, master_port=port, shutdown_timeout_s=int(stop_grace_s)),
             "rollout": rollout_argv(rd.path, trainer_addr=LOCAL_ADDR)}
 
 
@@ -162,7 +163,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         rollout_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[1])}
     port = rendezvous_port(LOCAL_ADDR)  # the batch script's range: no engine takes it first
     start = time.time()
-    cmds = role_commands(rd, trainer_procs, port)
+    cmds = role_commands(rd, trainer_procs, port, stop_grace_s)
     # umask: the batch script's `umask 077`, so what the children create (logs, checkpoints) is private
     with open_log(logs / "trainer-0.log") as tlog, open_log(logs / "rollout-0.log") as rlog:
         # owned: both end (TERM, then KILL after the stop grace) if this process is killed outright

@@ -24,6 +24,7 @@ import queue
 import random
 import shutil
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,18 @@ def _in_process_write_results() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+# Test hook (tests only): seconds each save's write takes longer, standing in for a real model's
+# save on a CPU-sized one (tests/trainer/test_term_save.py). Unset in every real run.
+TEST_SAVE_DELAY_ENV = "RLSLURM_TEST_SAVE_DELAY_S"
+
+
+def _test_save_delay() -> None:
+    delay = float(os.environ.get(TEST_SAVE_DELAY_ENV) or 0)
+    if delay > 0:
+        log.warning("%s=%s: this save is held %.0f s (a test hook)", TEST_SAVE_DELAY_ENV, delay, delay)
+        time.sleep(delay)
+
+
 def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory."""
     from megatron.core import dist_checkpointing
@@ -297,6 +310,7 @@ def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
     dist.barrier()
     optimizers = _optimizers_with_state(st)
     dist_checkpointing.save(_sharded_state(st, progress, loading=False, with_rng=True, optimizers=optimizers), str(d))
+    _test_save_delay()
     dist.barrier()
     if rank == 0:
         write_meta(d, progress.trained_rollouts, dist.get_world_size(),

@@ -1,0 +1,77 @@
+"""The checkpoint on SIGTERM under the real trainer command (rlslurm.slurm.torchrun, as the batch
+script and `rlslurm run` start it), with a save slower than torchrun's default shutdown timeout
+(30 s): the save is held by the test hook RLSLURM_TEST_SAVE_DELAY_S (rlslurm/trainer/checkpoint.py),
+standing in for a real model's save."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, commit_rollouts, free_port, kill_tree, make_run, metrics
+from rlslurm.attempt import trainer_argv
+from rlslurm.trainer.checkpoint import TEST_SAVE_DELAY_ENV
+
+pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+
+TRAIN = dict(save_interval=None, num_steps_per_rollout=1, global_batch_size=8, micro_batch_size=2, weight_sync="disk")
+GRACE_S = 300  # --signal-grace-s (its default): what torchrun gives the TERM checkpoint
+
+
+def start(run: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The trainer of one node, 2 ranks, started as an attempt starts it (rlslurm/attempt.py)."""
+    cmd = trainer_argv(run, nnodes=1, node_rank=0, procs_per_node=2, master_addr="127.0.0.1",
+                       master_port=free_port(), shutdown_timeout_s=GRACE_S)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_trained(run: Path, proc: subprocess.Popen, log: Path, steps: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run / "metrics.jsonl").exists() or len(metrics(run)) < steps:
+        assert proc.poll() is None, log.read_text()[-6000:]
+        assert time.monotonic() < deadline, f"{steps} steps not trained\n" + log.read_text()[-6000:]
+        time.sleep(0.3)
+
+
+def term_once(proc: subprocess.Popen) -> None:
+    """SIGTERM to every process of the tree, once, as slurmstepd ends a step (scancel, requeue,
+    preemption): torchrun forwards it to its workers and, torch's default, KILLs them 30 s later."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_term_save_longer_than_30s_completes_and_acks(tmp_path: Path, tiny_hf: Path) -> None:
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
+    commit_rollouts(run, range(2))
+    log = tmp_path / "trainer.log"
+    proc = start(run, log, {TEST_SAVE_DELAY_ENV: "35"})
+    try:
+        wait_trained(run, proc, log, 2)  # 2 rollouts x 1 step; rollout 2 never comes
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        term_once(proc)
+        proc.wait(timeout=GRACE_S)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    text = log.read_text()
+    assert "forcefully exiting" not in text, text[-6000:]  # torchrun's KILL of a worker
+    ack = json.loads((run / "control" / "preempt_ack.json").read_text())
+    assert ack["checkpoint_iteration"] == 2, text[-6000:]
+    assert json.loads((run / "checkpoints" / "latest").read_text())["name"] == "iter_0000002"
+    assert took > 35, took  # the save really outlasted torchrun's 30 s default
