@@ -63,11 +63,22 @@ def read_user_error(attempt_log_dir: Path) -> dict[str, Any] | None:
     return rec if isinstance(rec, dict) and isinstance(rec.get("reason"), str) else None
 
 
+FAILURE_EXIT_CODE = 1  # an attempt's failure: requeued within --max-failures
+
+
 def run_role(role: str, main: Callable[[list[str] | None], int], run_dir_of: Callable[[list[str]], Path]) -> NoReturn:
     """A role's `__main__`: exit with main()'s status; on a UserError print it, record it and exit
-    with USER_ERROR_EXIT_CODE."""
+    with USER_ERROR_EXIT_CODE. The run directory's filesystem failing (full, or a transient error
+    that outlasted its retries: buffer/atomic.py StorageError) is no user error: one line, and the
+    attempt fails (docs/shared-filesystem.md, "When the filesystem fails")."""
+    from rlslurm.buffer.atomic import StorageError
+
     try:
         sys.exit(main(None))
+    except StorageError as e:
+        print(f"rlslurm {role}: error: {e}", file=sys.stderr, flush=True)
+        print(f"rlslurm {role}: this attempt fails (requeued within --max-failures)", file=sys.stderr, flush=True)
+        sys.exit(FAILURE_EXIT_CODE)
     except UserError as e:
         print(f"rlslurm {role}: error: {e}", file=sys.stderr)
         try:

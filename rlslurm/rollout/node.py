@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rlslurm.buffer.atomic import ensure_dir, listdir_fresh, read_json, write_json_atomic
-from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord
+from rlslurm.buffer.atomic import CorruptRecord, ensure_dir, listdir_fresh, write_json_atomic
+from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord, read_record
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.engines.engine import EngineProcess, EngineSpec
@@ -247,10 +247,15 @@ class RolloutNode:
         engines: list[EngineRecord] = []
         for name in sorted(listdir_fresh(self.control.dir), key=lambda n: (len(n), n)):
             if _NODE_FILE.match(name):
-                obj = read_json(self.control.dir / name)
-                if obj is not None:
-                    engines += EnginesRecord.model_validate(obj).engines
-        if engines != self.control.engines():
+                rec = read_record(self.control.dir / name, EnginesRecord)  # damaged: the attempt fails
+                if rec is not None:
+                    engines += rec.engines
+        try:
+            current = self.control.engines()
+        except CorruptRecord as e:  # this node writes it: rebuild it from the node records
+            log.warning("%s; rewriting it", e)
+            current = None
+        if engines != current:
             self.control.write_engines(engines)
 
     def ensure_registered(self) -> None:
