@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlslurm.buffer.atomic import LOG_DIR_MODE, LOG_FILE_MODE, exists_fresh
+from rlslurm.buffer.atomic import LOG_DIR_MODE, LOG_FILE_MODE, append_line, exists_fresh
 from rlslurm.buffer.attempts import is_event
 from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
@@ -85,10 +85,10 @@ class Attempt:
 
 
 def append_ledger(rd: RunDir, rec: dict[str, Any]) -> None:
-    with open(rd.ledger, "a") as f:  # single writer at a time: the attempt's runner
-        f.write(json.dumps(rec) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """One ledger line (single writer at a time: the attempt's runner), whole or absent; a refused
+    append raises a StorageError naming the ledger (the batch script checks its appends the same
+    way: a failure the ledger does not count must not be followed by another attempt)."""
+    append_line(rd.ledger, (json.dumps(rec) + "\n").encode(), f"attempt {rec.get('attempt')}'s ledger line")
 
 
 def end(rd: RunDir, a: Attempt, exit_code: int, reason: str) -> None:
