@@ -227,6 +227,12 @@ class RolloutSection(Section):
     rollout_stop_token_ids: list[int] = Field(default_factory=list)
     rollout_num_gpus_per_engine: int = Field(1, ge=1)
     engines_per_node: int | None = Field(None, ge=1)  # CPU: how many servers per rollout node
+    # An engine spanning nodes with --sglang-enable-dp-attention talks between its nodes over SGLang
+    # ZMQ ports that take pickled objects from anyone who connects (docs/security.md, "Engines spanning
+    # nodes"): refused unless the user names the interface they bind (a network only the job's nodes
+    # reach) or states that they are closed otherwise (a firewall, a private job network).
+    engine_span_interface: str | None = None
+    engine_span_ports_closed: bool = False
     rollout_dtype: str | None = None                  # engines' --dtype, e.g. float32 for exact CPU tests
     rm_type: Literal[RM_TYPES] = "math"  # type: ignore[valid-type]  # rlslurm/rm_types.py; --custom-rm-path wins
     rm_url: str | None = None

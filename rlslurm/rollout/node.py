@@ -40,7 +40,7 @@ from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
-from rlslurm.net import engine_port_block, free_port
+from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,15 @@ def nodes_per_engine(cfg: RunConfig) -> int:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     per_node = cfg.rollout_gpus_per_node if cfg.run.device == "cuda" else 1
     return 1 if tp <= per_node else tp // per_node
+
+
+def span_bind_host(cfg: RunConfig) -> str | None:
+    """Where an engine spanning nodes meets its ranks: --engine-span-interface's address on this node
+    (engines/span.py), else None (the node's address)."""
+    name = cfg.rollout.engine_span_interface
+    if name is None or nodes_per_engine(cfg) < 2:
+        return None
+    return interface_ipv4(name, where="--engine-span-interface")
 
 
 def engines_per_node(cfg: RunConfig) -> int:
@@ -202,7 +211,8 @@ class RolloutNode:
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
                                            on_restart=self._on_restart,
                                            admit=weights_current(self.control, self.api_key),
-                                           span=SpanLeader(self.control, attempt=self.attempt))
+                                           span=SpanLeader(self.control, attempt=self.attempt,
+                                                           bind_host=span_bind_host(self.cfg)))
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
