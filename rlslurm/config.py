@@ -332,6 +332,10 @@ class TrainSection(Section):
     # loses. Preempt, stop, SIGTERM and the end of the run save on their own. null: only those.
     save_interval: int | None = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
+    # megatron's --async-save: a save stalls training only while the state is copied off the model;
+    # forked writers write it while the trainer trains on, and `latest` moves once it is complete and
+    # verified (trainer/ckpt_writer.py, docs/checkpoints.md). --no-async-save: the trainer waits.
+    async_save: bool = True
     # slime's --save-hf: with every periodic checkpoint and at the end, the weights in HF format to
     # this directory, `{rollout_id}` replaced by the last trained rollout (trainer/publish.py export_hf)
     save_hf: str | None = None

@@ -106,7 +106,7 @@ def filesystem_of(path: str | Path) -> tuple[str, str]:
     return best, fstype
 
 
-def _size(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -120,7 +120,7 @@ def storage_full(path: str | Path, errno_: int, what: str, needs: str | None) ->
     mount, fstype = filesystem_of(path)
     try:
         st = os.statvfs(Path(path).parent if not Path(path).is_dir() else path)
-        room = f"{_size(st.f_bavail * st.f_frsize)} free of {_size(st.f_blocks * st.f_frsize)}"
+        room = f"{human_size(st.f_bavail * st.f_frsize)} free of {human_size(st.f_blocks * st.f_frsize)}"
     except OSError:
         room = "free space unknown"
     return StorageFull(
@@ -157,7 +157,7 @@ def fsync_dir(path: str | Path) -> None:
 
 def _storage_error(path: Path, e: OSError, needs: int | None = None) -> StorageError:
     if e.errno in NO_SPACE_ERRNOS:
-        return storage_full(path, e.errno, f"writing {path.name}", None if needs is None else f"it needs {_size(needs)}")
+        return storage_full(path, e.errno, f"writing {path.name}", None if needs is None else f"it needs {human_size(needs)}")
     return StorageError(f"{path}: cannot write: {e.strerror or e}")
 
 
@@ -206,7 +206,7 @@ def append_line(path: Path, line: bytes, what: str) -> None:
         retry_transient(once, path, f"appending {what}")
     except OSError as e:
         if e.errno in NO_SPACE_ERRNOS:
-            raise storage_full(path, e.errno, f"appending {what}", f"it needs {_size(len(line))}") from None
+            raise storage_full(path, e.errno, f"appending {what}", f"it needs {human_size(len(line))}") from None
         raise StorageError(f"{path}: {e.strerror or e} while appending {what}; the lines before it are intact") from None
 
 

@@ -1,7 +1,7 @@
 """The checkpoint on SIGTERM under the real trainer command (rlslurm.slurm.torchrun, as the batch
 script and `rlslurm run` start it), with a save slower than torchrun's default shutdown timeout
-(30 s): the save is held by the test hook RLSLURM_TEST_SAVE_DELAY_S (rlslurm/trainer/checkpoint.py),
-standing in for a real model's save."""
+(30 s): the save is held by the test hook RLSLURM_TEST_SAVE_DELAY_S,
+standing in for a real model's save (rlslurm/trainer/ckpt_writer.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, commit_rollouts, free_port, kill_tree, make_run, metrics
 from rlslurm.attempt import trainer_argv
-from rlslurm.trainer.checkpoint import TEST_SAVE_DELAY_ENV
+from rlslurm.trainer.ckpt_writer import TEST_SAVE_DELAY_ENV
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
