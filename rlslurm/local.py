@@ -31,7 +31,7 @@ from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.net import rendezvous_port
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
-from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
+from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 from rlslurm.runfile import load_run_config
 from rlslurm.secret_env import read_secret_env
@@ -223,6 +223,9 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
                    f"to continue" if ack else "; no checkpoint was acknowledged")
     elif (user_error := read_user_error(logs)) is not None:
         rc, reason = USER_ERROR_EXIT_CODE, user_error["reason"]  # as the batch script: final
+    elif not reason and (failure := read_failure(logs)) is not None:  # the run dir's filesystem, say
+        reason = (f"failed: {failure['reason']} ({first} ended first, trainer rc={codes['trainer']}, "
+                  f"rollout rc={codes['rollout']})")
     elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
         # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
         # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")

@@ -17,7 +17,7 @@ from rlslurm.buffer import Control, RolloutReader, RolloutWriter, RunDir, atomic
 from rlslurm.buffer.atomic import CorruptRecord, StorageError, StorageFull, TransientStorageError
 from rlslurm.buffer.control import Heartbeat
 from rlslurm.errors import UserError
-from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE, run_role
+from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE, read_failure, run_role
 
 from .helpers import assert_same, make_meta, make_samples
 
@@ -176,7 +176,7 @@ def test_a_role_that_hits_the_filesystem_fails_without_a_user_error(run, monkeyp
     """run_role (every role's __main__): a StorageError exits 1, the attempt's failure, and records no
     user_error.json (which would end the job without requeue); a UserError still exits 3."""
     monkeypatch.setenv("RLSLURM_ATTEMPT", "0")
-    monkeypatch.setattr(os, "fsync", Flaky(os.fsync, err, times=1000, match=""))
+    monkeypatch.setattr(os, "replace", Flaky(os.replace, err, times=1000, match="rollout-0.json"))
 
     with pytest.raises(SystemExit) as ei:
         run_role("rollout", _role_main(lambda: Control(run).heartbeat("rollout", 0)), lambda argv: run.path)
@@ -185,6 +185,8 @@ def test_a_role_that_hits_the_filesystem_fails_without_a_user_error(run, monkeyp
     err_lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("rlslurm rollout: error:")]
     assert len(err_lines) == 1 and "rollout-0.json" in err_lines[0]
     assert not (run.attempt_log_dir(0) / USER_ERROR_FILE).exists()
+    assert "rollout-0.json" in read_failure(run.attempt_log_dir(0))["reason"]  # the ledger's "failed: ..." line
+    (run.attempt_log_dir(0) / "failure.json").unlink()
 
     def user_error():
         raise UserError("--flag: bad")

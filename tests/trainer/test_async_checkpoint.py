@@ -98,6 +98,8 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(ful
     assert f"filesystem {run / 'checkpoints'} (tmpfs)" in line and "free of 2.0 MiB" in line, line
     assert "a checkpoint of this run takes" in line and "(iter_0000002), which is intact" in line, line
     assert "this attempt fails (requeued within --max-failures)" in p.stderr
-    assert not (run / "logs").exists() or not list((run / "logs").rglob("user_error.json"))  # not final
+    assert not list((run / "logs").rglob("user_error.json"))  # not final
+    [failure] = list((run / "logs").rglob("failure.json"))  # the ledger's reason: this line
+    assert "saving checkpoint iter_0000004" in json.loads(failure.read_text())["reason"]
     assert _latest(run) == "iter_0000002" and verify(run / "checkpoints" / "iter_0000002") is None
     assert not (run / "checkpoints" / "iter_0000004").exists()  # the partial save is gone, its space free
