@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from rlslurm.buffer.atomic import StorageError
 from rlslurm.console import make_console
 from rlslurm.errors import UserError
 
@@ -455,10 +456,10 @@ _mount_subapps()
 def main() -> None:
     try:
         app()
-    except UserError as e:
+    except (UserError, StorageError) as e:  # StorageError: the run directory's filesystem, one line too
         # escaped: a message quoting user input ("'[full'") is not rich markup
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(2 if isinstance(e, UserError) else 1)
     except KeyboardInterrupt:
         sys.exit(130)
 
