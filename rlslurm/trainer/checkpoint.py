@@ -348,8 +348,12 @@ class Checkpointer:
                 _sharded_state(st, snapshot, loading=False, with_rng=True, optimizers=optimizers), str(d),
                 sharded_strategy=strategy, async_sharded_save=True)
             write = ckpt_writer.RankWrite(d, rank, request)
-        except OSError as e:
-            raise self._no_space(d, e) if _is_no_space(e) else e
+        except OSError as e:  # rank 0's common.pt: the other ranks meet a dead peer at the next collective
+            if not _is_no_space(e):
+                raise
+            if rank == 0:
+                shutil.rmtree(d, ignore_errors=True)
+            raise self._no_space(d, e) from e
         finalizer = None
         if rank == 0:
             finalizer = ckpt_writer.Finalizer(
