@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlslurm.buffer.atomic import LOG_DIR_MODE, LOG_FILE_MODE, exists_fresh
+from rlslurm.buffer.atomic import LOG_DIR_MODE, LOG_FILE_MODE, append_line, exists_fresh
 from rlslurm.buffer.attempts import is_event
 from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
@@ -85,10 +85,10 @@ class Attempt:
 
 
 def append_ledger(rd: RunDir, rec: dict[str, Any]) -> None:
-    with open(rd.ledger, "a") as f:  # single writer at a time: the attempt's runner
-        f.write(json.dumps(rec) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """One ledger line (single writer at a time: the attempt's runner), whole or absent; a refused
+    append raises a StorageError naming the ledger (the batch script checks its appends the same
+    way: a failure the ledger does not count must not be followed by another attempt)."""
+    append_line(rd.ledger, (json.dumps(rec) + "\n").encode(), f"attempt {rec.get('attempt')}'s ledger line")
 
 
 def end(rd: RunDir, a: Attempt, exit_code: int, reason: str) -> None:
@@ -136,12 +136,14 @@ def begin(rd: RunDir, a: Attempt) -> str | None:
 # --- the roles' command lines ------------------------------------------------------------------------
 
 def trainer_argv(run_dir: Path | str, *, nnodes: int, node_rank: int, procs_per_node: int, master_addr: str,
-                 master_port: int | str, python: str = sys.executable) -> list[str]:
+                 master_port: int | str, shutdown_timeout_s: int, python: str = sys.executable) -> list[str]:
     """One node's trainer: torchrun with its rendezvous store bound to the master address
-    (rlslurm/slurm/torchrun.py)."""
+    (rlslurm/slurm/torchrun.py). `shutdown_timeout_s` (the run's --signal-grace-s): how long torchrun
+    lets the ranks finish their checkpoint after a TERM before it KILLs them (torch's default, 30 s,
+    is shorter than a real model's save)."""
     return [python, "-m", "rlslurm.slurm.torchrun", f"--nnodes={nnodes}", f"--node-rank={node_rank}",
             f"--nproc-per-node={procs_per_node}", f"--master-addr={master_addr}", f"--master-port={master_port}",
-            "-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)]
+            f"--shutdown-timeout={shutdown_timeout_s}", "-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)]
 
 
 def rollout_argv(run_dir: Path | str, *, trainer_addr: str, python: str = sys.executable) -> list[str]:

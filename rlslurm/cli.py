@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from rlslurm.buffer.atomic import StorageError
 from rlslurm.console import make_console, print_pairs, print_table
 from rlslurm.errors import UserError
 
@@ -534,10 +535,10 @@ _mount_subapps()
 def main() -> None:
     try:
         app(prog_name="rlslurm")  # also under `python -m rlslurm`: help and completion name the command
-    except UserError as e:
+    except (UserError, StorageError) as e:  # StorageError: the run directory's filesystem, one line too
         # escaped: a message quoting user input ("'[full'") is not rich markup
         err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        sys.exit(2 if isinstance(e, UserError) else 1)
     except KeyboardInterrupt:
         sys.exit(130)
 

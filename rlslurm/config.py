@@ -288,6 +288,16 @@ class RolloutSection(Section):
                                                                   "size); may span nodes")
     engines_per_node: int | None = Field(None, ge=1, description="SGLang servers per rollout node (default: GPUs "
                                                                  "/ --rollout-num-gpus-per-engine; CPU: set it)")
+    # An engine spanning nodes with --sglang-enable-dp-attention talks between its nodes over SGLang
+    # ZMQ ports that take pickled objects from anyone who connects (docs/security.md, "Engines spanning
+    # nodes"): refused unless the user names the interface they bind (a network only the job's nodes
+    # reach) or states that they are closed otherwise (a firewall, a private job network).
+    engine_span_interface: str | None = Field(None, description="engines spanning nodes with DP attention: the "
+                                                                "network interface their ZMQ ports bind to (one "
+                                                                "only the job's nodes reach)")
+    engine_span_ports_closed: bool = Field(False, description="engines spanning nodes with DP attention: their "
+                                                              "ZMQ ports are closed to others by other means "
+                                                              "(firewall, private job network)")
     rollout_dtype: str | None = Field(None, description="the engines' --dtype, e.g. float32 for exact CPU tests")
     # engines/sglang_versions.py: an untested version gets the API of the nearest tested one below it
     allow_untested_sglang: bool = Field(False, description="GPU engines: start with an SGLang other than the tested "
@@ -413,6 +423,11 @@ class TrainSection(Section):
     save_interval: int | None = Field(10, ge=1, description="rollouts between checkpoints (null: only at "
                                                             "preemption, stop and the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept in RUN/checkpoints")
+    # forked writers write it while the trainer trains on, and `latest` moves once it is complete and
+    # verified (trainer/ckpt_writer.py, docs/checkpoints.md)
+    async_save: bool = Field(True, description="megatron's --async-save: a save stalls training only while the "
+                                               "state is copied off the model (--no-async-save: the trainer "
+                                               "waits for the write)")
     save_hf: str | None = Field(None, description="slime's --save-hf: with every checkpoint, the weights in HF "
                                                   "format to this directory ({rollout_id} filled in)")
     save_debug_train_data: str | None = Field(None, description="per rollout and rank, what the loss is computed "

@@ -34,7 +34,7 @@ from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.net import rendezvous_port
 from rlslurm.slurm.jobenv import ATTEMPT_ENV
 from rlslurm.slurm.status import phase_line, role_phases, weights_line
-from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_user_error
+from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 from rlslurm.runfile import load_run_config
 from rlslurm.secret_env import read_secret_env
@@ -79,10 +79,11 @@ def last_error_line(log: Path, limit: int = 300) -> str | None:
     return None if line is None else (line if len(line) <= limit else line[:limit] + " ...")
 
 
-def role_commands(rd: RunDir, trainer_procs: int, port: int) -> dict[str, list[str]]:
-    """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node."""
+def role_commands(rd: RunDir, trainer_procs: int, port: int, stop_grace_s: float = STOP_GRACE_S) -> dict[str, list[str]]:
+    """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node.
+    torchrun gives the trainer's checkpoint on a TERM the same grace this process gives it."""
     return {"trainer": trainer_argv(rd.path, nnodes=1, node_rank=0, procs_per_node=trainer_procs,
-                                    master_addr=LOCAL_ADDR, master_port=port),
+                                    master_addr=LOCAL_ADDR, master_port=port, shutdown_timeout_s=int(stop_grace_s)),
             "rollout": rollout_argv(rd.path, trainer_addr=LOCAL_ADDR)}
 
 
@@ -200,7 +201,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         rollout_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[1])}
     port = rendezvous_port(LOCAL_ADDR)  # the batch script's range: no engine takes it first
     start = time.time()
-    cmds = role_commands(rd, trainer_procs, port)
+    cmds = role_commands(rd, trainer_procs, port, stop_grace_s)
     # umask: the batch script's `umask 077`, so what the children create (logs, checkpoints) is private
     with open_log(logs / "trainer-0.log") as tlog, open_log(logs / "rollout-0.log") as rlog:
         # owned: both end (TERM, then KILL after the stop grace) if this process is killed outright
@@ -262,6 +263,9 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
                    f"to continue" if ack else "; no checkpoint was acknowledged")
     elif (user_error := read_user_error(logs)) is not None:
         rc, reason = USER_ERROR_EXIT_CODE, user_error["reason"]  # as the batch script: final
+    elif not reason and (failure := read_failure(logs)) is not None:  # the run dir's filesystem, say
+        reason = (f"failed: {failure['reason']} ({first} ended first, trainer rc={codes['trainer']}, "
+                  f"rollout rc={codes['rollout']})")
     elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
         # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
         # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")

@@ -195,3 +195,20 @@ def engine_port_block(host: str, n_engines: int) -> list[EnginePorts]:
     """Collision-free (port, nccl_port) pairs for `n_engines` engines on this node."""
     ports = allocate_ports(host, 2 * n_engines)
     return [EnginePorts(ports[2 * i], ports[2 * i + 1]) for i in range(n_engines)]
+
+
+def interface_ipv4(name: str, *, where: str) -> str:
+    """The IPv4 address of network interface `name` on this node (SIOCGIFADDR); a ConfigError naming
+    `where` (the flag) and the interfaces this node has when it has none."""
+    import fcntl
+    import struct
+
+    have = sorted(n for _, n in socket.if_nameindex())
+    if name not in have:
+        raise ConfigError(f"{where} {name}: no such interface on {socket.gethostname()} (it has: {', '.join(have)})")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError:
+            raise ConfigError(f"{where} {name}: the interface has no IPv4 address on {socket.gethostname()}") from None
+    return socket.inet_ntoa(packed[20:24])

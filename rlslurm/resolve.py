@@ -204,6 +204,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         _check_engine_size(cfg, r.rollout_num_gpus_per_engine, 1, "one rank per node with --device cpu")
     if not cfg.starts_no_engines:
         check_parallel(cfg.sglang_args, r.rollout_num_gpus_per_engine)
+        _check_span_exposure(cfg)
 
     check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
     _check_train_only(cfg)
@@ -296,6 +297,20 @@ def _check_rollout_only(cfg: RunConfig) -> None:
                           "from a buffer, generate nothing) exclude each other")
     if t.verify_weight_sync:
         raise ConfigError("--verify-weight-sync: --debug-rollout-only publishes no weights to verify")
+
+
+def _check_span_exposure(cfg: RunConfig) -> None:
+    """No engine whose nodes talk over SGLang's unauthenticated ZMQ ports on a routable address
+    unless the user said where they bind or that they are closed (engines/span.py)."""
+    from rlslurm.engines.span import span_exposure_refusal
+    from rlslurm.rollout.node import nodes_per_engine
+
+    r = cfg.rollout
+    if (why := span_exposure_refusal(cfg.sglang_args, nodes_per_engine(cfg), r.engine_span_interface,
+                                     r.engine_span_ports_closed)) is not None:
+        raise ConfigError(why)
+    if r.engine_span_interface is not None and not r.engine_span_interface.strip():
+        raise ConfigError("--engine-span-interface: an empty interface name")
 
 
 def _check_engine_size(cfg: RunConfig, tp: int, per_node: int, per_node_desc: str) -> None:

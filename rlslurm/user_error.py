@@ -38,36 +38,74 @@ def attempt_dir(run_dir: Path) -> Path:
     return RunDir(run_dir).attempt_log_dir(job_env().attempt)
 
 
-def record_user_error(run_dir: Path, role: str, error: BaseException) -> Path:
-    """Write this attempt's user_error.json (the first writer wins: every trainer rank may fail
-    the same way at once)."""
+# A failure that is not the user's but has a cause worth a line of its own (the run directory's
+# filesystem full or failing, buffer/atomic.py StorageError): recorded the same way, best effort (a
+# full disk may refuse it too), and the batch script puts it in the ledger's "failed: ..." reason.
+# The attempt is requeued as any failure.
+FAILURE_FILE = "failure.json"
+
+
+def _record(run_dir: Path, role: str, error: BaseException, name: str, prefix: str) -> Path:
+    """Write this attempt's record `name` (the first writer wins: every trainer rank may fail the
+    same way at once)."""
     from rlslurm.buffer.atomic import publish_exclusive
 
     message = " ".join(str(error).split())  # one line
     if len(message) > MAX_MESSAGE_CHARS:
         message = message[:MAX_MESSAGE_CHARS] + "..."
-    rec = {"reason": REASON_PREFIX + message, "role": role,
+    rec = {"reason": prefix + message, "role": role,
            "rank": int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0),
            "host": os.uname().nodename, "error": type(error).__name__, "at": time.time()}
-    path = attempt_dir(run_dir) / USER_ERROR_FILE
+    path = attempt_dir(run_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     publish_exclusive(path, (json.dumps(rec, ensure_ascii=True) + "\n").encode())
     return path
 
 
-def read_user_error(attempt_log_dir: Path) -> dict[str, Any] | None:
+def record_user_error(run_dir: Path, role: str, error: BaseException) -> Path:
+    return _record(run_dir, role, error, USER_ERROR_FILE, REASON_PREFIX)
+
+
+def record_failure(run_dir: Path, role: str, error: BaseException) -> Path:
+    return _record(run_dir, role, error, FAILURE_FILE, "")
+
+
+def _read(attempt_log_dir: Path, name: str) -> dict[str, Any] | None:
     try:
-        rec = json.loads((attempt_log_dir / USER_ERROR_FILE).read_text())
+        rec = json.loads((attempt_log_dir / name).read_text())
     except (OSError, ValueError):
         return None
     return rec if isinstance(rec, dict) and isinstance(rec.get("reason"), str) else None
 
 
+def read_user_error(attempt_log_dir: Path) -> dict[str, Any] | None:
+    return _read(attempt_log_dir, USER_ERROR_FILE)
+
+
+def read_failure(attempt_log_dir: Path) -> dict[str, Any] | None:
+    return _read(attempt_log_dir, FAILURE_FILE)
+
+
+FAILURE_EXIT_CODE = 1  # an attempt's failure: requeued within --max-failures
+
+
 def run_role(role: str, main: Callable[[list[str] | None], int], run_dir_of: Callable[[list[str]], Path]) -> NoReturn:
     """A role's `__main__`: exit with main()'s status; on a UserError print it, record it and exit
-    with USER_ERROR_EXIT_CODE."""
+    with USER_ERROR_EXIT_CODE. The run directory's filesystem failing (full, or a transient error
+    that outlasted its retries: buffer/atomic.py StorageError) is no user error: one line, and the
+    attempt fails (docs/shared-filesystem.md, "When the filesystem fails")."""
+    from rlslurm.buffer.atomic import StorageError
+
     try:
         sys.exit(main(None))
+    except StorageError as e:
+        print(f"rlslurm {role}: error: {e}", file=sys.stderr, flush=True)
+        try:
+            record_failure(run_dir_of(sys.argv[1:]), role, e)
+        except Exception as rec_err:  # the filesystem that failed may refuse this too
+            print(f"rlslurm {role}: could not record the failure: {rec_err!r}", file=sys.stderr)
+        print(f"rlslurm {role}: this attempt fails (requeued within --max-failures)", file=sys.stderr, flush=True)
+        sys.exit(FAILURE_EXIT_CODE)
     except UserError as e:
         print(f"rlslurm {role}: error: {e}", file=sys.stderr)
         try:

@@ -10,22 +10,29 @@ here so that no other module has to remember them:
   never exposes a half-written file;
 - no flock/fcntl locks anywhere;
 - a reader re-lists the parent directory before trusting that a name exists or not,
-  because NFS caches lookups and listings (acdirmax, often 60 s).
+  because NFS caches lookups and listings (acdirmax, often 60 s);
+- a transient error (EIO, ESTALE, EAGAIN: a routine NFS/Lustre hiccup) is retried with backoff
+  (`retry_transient`); one that persists, a full disk and any other refusal are `StorageError`s,
+  which fail the attempt (requeued within --max-failures), never a user error
+  (docs/shared-filesystem.md, "When the filesystem fails").
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import secrets
 import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, TypeVar
 
-from rlslurm.errors import DataError, UserError
+from rlslurm.errors import DataError
+
+log = logging.getLogger(__name__)
 
 # Files are private by default: the run directory itself is 0700 (or 0750 for a group),
 # so 0640 only matters when the user asked for group sharing.
@@ -34,8 +41,92 @@ DEFAULT_FILE_MODE = 0o640
 Cancel = threading.Event | Callable[[], bool] | None
 
 
-class StorageError(UserError):
-    """Writing to the run directory failed (disk full, quota, permissions); names the path."""
+class StorageError(Exception):
+    """Writing to the run directory failed; names the path. Not a UserError: nothing the user
+    typed is wrong, and the filesystem may be fine again after a requeue, so the role exits as a
+    failure (one line, rlslurm/user_error.py `run_role`) and the attempt is requeued within
+    --max-failures."""
+
+
+class StorageFull(StorageError):
+    """ENOSPC / EDQUOT: names the filesystem, how full it is and what the write needed."""
+
+
+class TransientStorageError(StorageError):
+    """EIO / ESTALE / EAGAIN that persisted through every retry of `retry_transient`."""
+
+
+# NFS/Lustre/GPFS report a server or network hiccup as EIO, a file handle invalidated by another
+# node's rename as ESTALE, a busy lock manager or server as EAGAIN: worth retrying.
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ESTALE, errno.EAGAIN})
+NO_SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+# Backoff between tries (16 s in all): long enough for an NFS server failover's retransmits, short
+# against a heartbeat's hang bound (rlslurm/watchdog.py). Tests shorten it.
+RETRY_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+T = TypeVar("T")
+
+
+def retry_transient(fn: Callable[[], T], path: str | Path, what: str) -> T:
+    """`fn()`, again after each backoff delay while it raises a transient OSError; a transient error
+    that outlasts them is a TransientStorageError naming `path`. `fn` must be safe to repeat (each
+    try writes a fresh temp file, or only reads)."""
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return fn()
+        except OSError as e:
+            if e.errno not in TRANSIENT_ERRNOS:
+                raise
+            if delay is None:
+                raise TransientStorageError(
+                    f"{path}: {e.strerror or e} while {what}, still after {len(RETRY_DELAYS_S) + 1} tries over "
+                    f"{sum(RETRY_DELAYS_S):.0f} s; this attempt fails and is requeued (--max-failures)") from e
+            log.warning("%s: %s while %s; retrying in %.1f s", path, e.strerror or e, what, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def filesystem_of(path: str | Path) -> tuple[str, str]:
+    """(mount point, filesystem type) holding `path` (its nearest existing ancestor), from
+    /proc/self/mountinfo; ("?", "?") where that cannot be read."""
+    p = Path(os.path.abspath(path))
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    real = os.path.realpath(p)
+    best, fstype = "?", "?"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                mnt = left.split()[4].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (best == "?" or len(mnt) > len(best)):
+                    best, fstype = mnt, right.split()[0]
+    except (OSError, IndexError):
+        pass
+    return best, fstype
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def storage_full(path: str | Path, errno_: int, what: str, needs: str | None) -> StorageFull:
+    """The one line of a full filesystem: which one, how full, what the write needed, and that
+    what was committed before is intact."""
+    mount, fstype = filesystem_of(path)
+    try:
+        st = os.statvfs(Path(path).parent if not Path(path).is_dir() else path)
+        room = f"{human_size(st.f_bavail * st.f_frsize)} free of {human_size(st.f_blocks * st.f_frsize)}"
+    except OSError:
+        room = "free space unknown"
+    return StorageFull(
+        f"{path}: {NO_SPACE_ERRNOS[errno_]} while {what}; filesystem {mount} ({fstype}) has {room}"
+        f"{'; ' + needs if needs else ''}; the last checkpoint and everything committed before are intact "
+        f"(free space on {mount} or move the run directory, then `rlslurm resubmit`)")
 
 
 class Cancelled(Exception):
@@ -64,47 +155,59 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def _storage_error(path: Path, e: OSError) -> StorageError:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        what = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
-        return StorageError(
-            f"{path}: {what} while writing; the previously committed state is unchanged "
-            f"(free space on {path.parent} or move the run directory)"
-        )
+def _storage_error(path: Path, e: OSError, needs: int | None = None) -> StorageError:
+    if e.errno in NO_SPACE_ERRNOS:
+        return storage_full(path, e.errno, f"writing {path.name}", None if needs is None else f"it needs {human_size(needs)}")
     return StorageError(f"{path}: cannot write: {e.strerror or e}")
 
 
-_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+def storage_errors(path: str | Path, what: str, needs: int | None = None) -> Callable[[Callable[[], T]], T]:
+    """Run a write to `path`: transient errors retried (`retry_transient`), then every OSError as the
+    StorageError that names it. Used as `storage_errors(path, what)(fn)`."""
+    path = Path(path)
+
+    def run(fn: Callable[[], T]) -> T:
+        try:
+            return retry_transient(fn, path, what)
+        except OSError as e:
+            raise _storage_error(path, e, needs) from e
+
+    return run
 
 
 def append_line(path: Path, line: bytes, what: str) -> None:
     """Append + fsync one line of a JSON Lines log with one writer (metrics.jsonl: trainer rank 0;
     rollout_metrics.jsonl: the driver). The line is whole or absent: a write the disk refuses
     (ENOSPC, quota) is cut back off and raised as a StorageError naming the file, and a torn last
-    line a crash left behind is ended first, so that it never swallows this one."""
-    try:
+    line a crash left behind is ended first, so that it never swallows this one. A transient error
+    is retried the same way: the line cut back off, then appended again."""
+    path = Path(path)
+
+    def once() -> None:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)  # RDWR: pread of the last byte
-    except OSError as e:
-        raise StorageError(f"{path}: cannot open it to append {what}: {e.strerror or e}") from None
-    try:
-        start = os.fstat(fd).st_size
         try:
-            if start and os.pread(fd, 1, start - 1) != b"\n":
-                line = b"\n" + line
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except OSError as e:
+            start = os.fstat(fd).st_size
             try:
-                os.ftruncate(fd, start)  # no part of this line stays behind
+                data = line if not start or os.pread(fd, 1, start - 1) == b"\n" else b"\n" + line
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
             except OSError:
-                pass
-            reason = _NO_SPACE.get(e.errno, e.strerror or str(e))
-            raise StorageError(f"{path}: {reason} while appending {what}; the lines before it are intact "
-                               f"(free space on {path.parent}, then `rlslurm resubmit`)") from None
-    finally:
-        os.close(fd)
+                try:
+                    os.ftruncate(fd, start)  # no part of this line stays behind
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(fd)
+
+    try:
+        retry_transient(once, path, f"appending {what}")
+    except OSError as e:
+        if e.errno in NO_SPACE_ERRNOS:
+            raise storage_full(path, e.errno, f"appending {what}", f"it needs {human_size(len(line))}") from None
+        raise StorageError(f"{path}: {e.strerror or e} while appending {what}; the lines before it are intact") from None
 
 
 _IOV_MAX = 1024  # Linux UIO_MAXIOV; writev refuses more buffers per call
@@ -128,16 +231,10 @@ def write_chunks_to(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
     return total
 
 
-def write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int = DEFAULT_FILE_MODE) -> Path:
-    """Write chunks to a fresh temp file beside `path`, fsync it, return its name.
-
-    On any error the temp file is removed, so a failed write leaves nothing behind.
-    """
+def _write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int) -> Path:
+    """`write_tmp` raising the OSError itself (for a caller that retries)."""
     tmp = tmp_name(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    except OSError as e:
-        raise _storage_error(path, e) from e
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         try:
             os.fchmod(fd, mode)  # umask-proof
@@ -145,24 +242,41 @@ def write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int = DEFA
             os.fsync(fd)
         finally:
             os.close(fd)
-    except BaseException as e:
+    except BaseException:
         _unlink_quiet(tmp)
-        if isinstance(e, OSError):
-            raise _storage_error(path, e) from e
         raise
     return tmp
 
 
+def write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int = DEFAULT_FILE_MODE) -> Path:
+    """Write chunks to a fresh temp file beside `path`, fsync it, return its name.
+
+    On any error the temp file is removed, so a failed write leaves nothing behind. A transient
+    error is retried when the chunks can be read again (bytes, a list: not a one-shot iterator)."""
+    if not isinstance(chunks, (list, tuple)):
+        try:
+            return _write_tmp(path, chunks, mode)
+        except OSError as e:
+            raise _storage_error(path, e) from e
+    return storage_errors(path, f"writing {path.name}", needs=sum(memoryview(c).nbytes for c in chunks))(
+        lambda: _write_tmp(path, chunks, mode))
+
+
 def write_bytes_atomic(path: str | Path, data: bytes | memoryview, *, mode: int = DEFAULT_FILE_MODE) -> None:
-    """Replace `path` with `data` atomically and durably (temp + fsync + rename + fsync dir)."""
+    """Replace `path` with `data` atomically and durably (temp + fsync + rename + fsync dir); a
+    transient error retries the whole sequence with a fresh temp file."""
     path = Path(path)
-    tmp = write_tmp(path, [data], mode)
-    try:
-        os.replace(tmp, path)
-    except OSError as e:
-        _unlink_quiet(tmp)
-        raise _storage_error(path, e) from e
-    fsync_dir(path.parent)
+
+    def once() -> None:
+        tmp = _write_tmp(path, [data], mode)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            _unlink_quiet(tmp)
+            raise
+        fsync_dir(path.parent)
+
+    storage_errors(path, f"writing {path.name}", needs=memoryview(data).nbytes)(once)
 
 
 def dumps_json(obj: Any) -> bytes:
@@ -182,24 +296,40 @@ def publish_exclusive(path: str | Path, data: bytes, *, mode: int = DEFAULT_FILE
     filesystems, NFS included.
     """
     path = Path(path)
-    tmp = write_tmp(path, [data], mode)
-    try:
+    tries = 0
+
+    def once() -> bool:
+        nonlocal tries
+        tries += 1
+        tmp = _write_tmp(path, [data], mode)
         try:
-            os.link(tmp, path)
-            won = True
-        except FileExistsError:
-            # NFSv3 may retransmit a LINK that already succeeded and report EEXIST;
-            # the link count of our own temp file tells the truth.
-            won = os.stat(tmp).st_nlink == 2
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                raise _storage_error(path, e) from e
-            won = _publish_exclusive_no_links(path, data, mode)
-    finally:
-        _unlink_quiet(tmp)
-    if won:
-        fsync_dir(path.parent)
-    return won
+            try:
+                os.link(tmp, path)
+                won = True
+            except FileExistsError:
+                # NFSv3 may retransmit a LINK that already succeeded and report EEXIST;
+                # the link count of our own temp file tells the truth. After a transient error
+                # an earlier try of ours may have linked it: then the name holds exactly our data.
+                won = os.stat(tmp).st_nlink == 2 or (tries > 1 and _holds(path, data))
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                won = _publish_exclusive_no_links(path, data, mode)
+        finally:
+            _unlink_quiet(tmp)
+        if won:
+            fsync_dir(path.parent)
+        return won
+
+    return storage_errors(path, f"publishing {path.name}", needs=len(data))(once)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) == data
+    except FileNotFoundError:
+        return False
 
 
 def _publish_exclusive_no_links(path: Path, data: bytes, mode: int) -> bool:
@@ -213,10 +343,10 @@ def _publish_exclusive_no_links(path: Path, data: bytes, mode: int) -> bool:
         os.fchmod(fd, mode)
         write_chunks_to(fd, [data])
         os.fsync(fd)
-    except OSError as e:
+    except OSError:
         os.close(fd)
         _unlink_quiet(path)
-        raise _storage_error(path, e) from e
+        raise
     os.close(fd)
     return True
 
@@ -264,11 +394,20 @@ def ensure_dir(path: str | Path) -> Path:
 
 def listdir_fresh(path: str | Path) -> list[str]:
     """List a directory, bypassing cached negative lookups (NFS re-validates a
-    directory when it is read). Missing directory -> []."""
-    try:
-        return os.listdir(path)
-    except FileNotFoundError:
-        return []
+    directory when it is read). Missing directory -> []. Transient errors are retried."""
+    def once() -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    return _read_retrying(once, path, "listing it")
+
+
+def _read_retrying(fn: Callable[[], T], path: str | Path, what: str) -> T:
+    """A read: transient errors retried; one that persists is a TransientStorageError; any other
+    OSError propagates as it is."""
+    return retry_transient(fn, path, what)
 
 
 def exists_fresh(path: str | Path) -> bool:
@@ -280,11 +419,15 @@ def read_bytes(path: str | Path) -> bytes | None:
     """Read a whole file; None if it is absent after re-listing its parent."""
     path = Path(path)
     listdir_fresh(path.parent)
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
+
+    def once() -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    return _read_retrying(once, path, "reading it")
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -304,6 +447,52 @@ def read_json(path: str | Path) -> dict | None:
     if not isinstance(obj, dict):
         raise DataError(str(path), f"expected a JSON object, found {type(obj).__name__}")
     return obj
+
+
+class CorruptRecord(StorageError):
+    """A record the run wrote itself (atomically) reads as damaged twice: the filesystem damaged it.
+    It was set aside (kept for a post-mortem), so the next attempt's writer rebuilds it; this
+    attempt fails and is requeued within --max-failures."""
+
+
+CORRUPT_PREFIX = ".corrupt."
+
+
+def read_bytes_ino(path: str | Path) -> tuple[bytes, int] | None:
+    """`read_bytes`, with the inode the bytes came from (for `set_aside`)."""
+    path = Path(path)
+    listdir_fresh(path.parent)
+
+    def once() -> tuple[bytes, int] | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read(), os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            return None
+
+    return _read_retrying(once, path, "reading it")
+
+
+def set_aside(path: str | Path, ino: int) -> Path | None:
+    """Move a damaged file (inode `ino`, as read) out of its name, to `.corrupt.<name>.<time>`,
+    without ever taking a newer version its writer put there meanwhile: if the name holds another
+    inode by the time it is moved, that one goes back (unless a still newer one took the name).
+    Returns where the damaged file went, or None if it was no longer there."""
+    path = Path(path)
+    aside = path.with_name(f"{CORRUPT_PREFIX}{path.name}.{int(time.time())}.{secrets.token_hex(2)}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return None
+    if os.stat(aside).st_ino != ino:  # the writer replaced it after our read: that version is good
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass  # a newer one still
+        _unlink_quiet(aside)
+        return None
+    fsync_dir(path.parent)
+    return aside
 
 
 def unlink_durable(path: str | Path, *, missing_ok: bool = True) -> bool:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rlslurm.buffer.atomic import write_bytes_atomic
+from rlslurm.buffer.atomic import StorageError, write_bytes_atomic
 from rlslurm.buffer.export import export_jsonl, sample_to_json
 from rlslurm.buffer.manifest import CorruptRollout
 from rlslurm.buffer.reader import RolloutReader
@@ -70,7 +70,7 @@ def ls(run: Path = RunArg, kind: str = KindOpt, as_json: bool = typer.Option(Fal
             )
         for q in r.quarantined():
             rows.append({"rollout_id": q["rollout_id"], "quarantined": q["path"], "reason": q["reason"]})
-    except UserError as e:
+    except (UserError, StorageError) as e:
         _fail(e)
     if as_json:
         for row in rows:
@@ -111,7 +111,7 @@ def show(
             rollout = r.read(rollout_id)
         except KeyError:
             raise ConfigError(f"{r.manifest_path(rollout_id)}: rollout {rollout_id} is not committed") from None
-    except UserError as e:
+    except (UserError, StorageError) as e:
         _fail(e)
     if as_json:
         for s in rollout.samples:
@@ -160,7 +160,7 @@ def export(
             sys.stdout.flush()
         else:
             write_bytes_atomic(out, data, mode=0o600)
-    except UserError as e:
+    except (UserError, StorageError) as e:
         _fail(e)
 
 

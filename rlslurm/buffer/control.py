@@ -24,6 +24,8 @@ reader sees the old or the new version, never a mix. Records:
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import socket
 import time
@@ -34,11 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlslurm.buffer.atomic import (
     Cancel,
+    CorruptRecord,
     dumps_json,
     ensure_dir,
     listdir_fresh,
     publish_exclusive,
+    read_bytes_ino,
     read_json,
+    set_aside,
     sleep_or_cancel,
     unlink_durable,
     write_json_atomic,
@@ -46,6 +51,8 @@ from rlslurm.buffer.atomic import (
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.store import as_rundir
 from rlslurm.errors import DataError, UserError
+
+log = logging.getLogger(__name__)
 
 
 class _Record(BaseModel):
@@ -144,6 +151,12 @@ class Heartbeat(_Record):
     phase_since: float | None = None
 
 
+class PreemptRequest(BaseModel):
+    """preempt.json, written by the batch script's printf (or a test): any JSON object."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class PreemptAck(_Record):
     checkpoint_iteration: int
     acked_at: float = Field(default_factory=time.time)
@@ -166,6 +179,49 @@ class StopRequest(_Record):
 R = TypeVar("R", bound=_Record)
 
 
+# A record that reads as damaged is read once more after this long (a filesystem that briefly
+# served a torn block) before it is set aside (`read_record`).
+REREAD_S = 0.2
+
+
+def _parse(data: bytes, path: Path, model: type[R]) -> R:
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(str(path), f"not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise DataError(str(path), f"expected a JSON object, found {type(obj).__name__}")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
+
+
+def read_record(path: Path, model: type[R]) -> R | None:
+    """A control record, None if absent. Every record is written atomically by the run itself, so one
+    that reads as damaged twice was damaged on disk: it is set aside (buffer/atomic.py `set_aside`)
+    and a CorruptRecord fails this attempt; the next attempt's writer rebuilds it
+    (docs/shared-filesystem.md, "When the filesystem fails")."""
+    for last in (False, True):
+        got = read_bytes_ino(path)
+        if got is None:
+            return None
+        data, ino = got
+        try:
+            return _parse(data, path, model)
+        except DataError as e:
+            if not last:
+                time.sleep(REREAD_S)
+                continue
+            aside = set_aside(path, ino)
+            if aside is None:  # replaced by its writer meanwhile: read that one
+                return read_record(path, model)
+            raise CorruptRecord(f"{path}: damaged on disk ({e.message}); the run wrote it itself, so it was set "
+                                f"aside as {aside.name} and the next attempt rebuilds it; this attempt fails and is "
+                                f"requeued (--max-failures)") from None
+    raise AssertionError("unreachable")
+
+
 class RendezvousTaken(UserError):
     """The weight-sync rendezvous of this attempt was already published."""
 
@@ -182,13 +238,7 @@ class Control:
         write_json_atomic(self.dir / name, rec.model_dump(mode="json"))
 
     def _read(self, path: Path, model: type[R]) -> R | None:
-        obj = read_json(path)
-        if obj is None:
-            return None
-        try:
-            return model.model_validate(obj)
-        except ValidationError as e:
-            raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from e
+        return read_record(path, model)
 
     # --- engines / router ---------------------------------------------------------------
     def write_engines(self, engines: list[EngineRecord]) -> None:
@@ -282,7 +332,11 @@ class Control:
         out = []
         for name in sorted(listdir_fresh(self.heartbeat_dir)):
             if name.endswith(".json") and not name.startswith("."):
-                hb = self._read(self.heartbeat_dir / name, Heartbeat)
+                try:
+                    hb = self._read(self.heartbeat_dir / name, Heartbeat)
+                except CorruptRecord as e:  # set aside; its process writes a new one within seconds
+                    log.warning("%s", e)
+                    continue
                 if hb is not None:
                     out.append(hb)
         return out
@@ -306,7 +360,8 @@ class Control:
 
     def preempt_requested(self) -> dict | None:
         """The batch script's preempt request (written on USR1), or None."""
-        return read_json(self.preempt_file)
+        rec = self._read(self.preempt_file, PreemptRequest)
+        return None if rec is None else rec.model_dump()
 
     def ack_preempt(self, checkpoint_iteration: int) -> None:
         """Tell the batch trap the preempt checkpoint is saved; it then requeues."""

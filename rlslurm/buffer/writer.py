@@ -40,6 +40,7 @@ from rlslurm.buffer.atomic import (
     listdir_fresh,
     publish_exclusive,
     read_json,
+    retry_transient,
     unlink_durable,
     write_json_atomic,
     write_tmp,
@@ -113,10 +114,13 @@ class RolloutWriter(BufferStore):
             # No directory fsync here: the one after the manifest link below persists
             # this entry too (same directory), and journaled/NFS/Lustre/GPFS metadata is
             # ordered, so the manifest cannot survive a crash without its data name.
-            os.replace(tmp, data_path)
+            retry_transient(lambda: os.replace(tmp, data_path), data_path, "committing the data file")
         except OSError as e:
             _unlink_quiet(tmp)
             raise StorageError(f"{data_path}: cannot commit: {e.strerror or e}") from e
+        except StorageError:
+            _unlink_quiet(tmp)
+            raise
 
         stats = RolloutStats.of(samples)
         if not meta.weight_versions:

@@ -26,6 +26,7 @@ from typing import Iterator
 import torch
 import typer
 
+from rlslurm.buffer.atomic import StorageError
 from rlslurm.errors import ConfigError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -76,7 +77,7 @@ def _reduce_sum(values: list[int]) -> list[int]:
 def _run(fn) -> None:
     try:
         fn()
-    except UserError as e:
+    except (UserError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
 

@@ -20,6 +20,14 @@ engine over several nodes"). rlslurm runs the ranks as one unit:
   Ranks that cannot meet (a node gone) never make rank 0 healthy: its start times out and counts
   against the restart budget like any failed start.
 
+With DP attention (`--sglang-enable-dp-attention`) the nodes of one engine talk over ZMQ TCP ports on
+the dist-init host (dist-init port + 1 .. + 6, sglang/srt/server_args.py PortArgs.init_new, 0.5.23)
+that accept pickled objects without authentication: anyone who reaches them runs code as the user.
+Such an engine is refused at submit (`span_exposure_refusal`) unless the user names the interface
+those ports bind (`--engine-span-interface`: rank 0 then meets its ranks on that interface's address,
+`SpanLeader(bind_host=...)`) or states that they are closed otherwise (`--engine-span-ports-closed`);
+docs/security.md lists every port.
+
 Weight sync needs nothing else: the trainer talks to rank 0's URL and gives the engine as many
 group ranks as its whole TP size (control/engines.json `ranks`); SGLang passes the calls on to every
 rank, on every node. Under --colocate the IPC transport also needs each rank's node: rank 0's record
@@ -47,19 +55,41 @@ def dist_init_addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+DP_ATTENTION_FLAG = "--enable-dp-attention"
+SECURITY_DOC = 'docs/security.md, "Engines spanning nodes"'
+
+
+def span_exposure_refusal(sglang_args: list[str] | tuple[str, ...], nodes_per_engine: int, interface: str | None,
+                          ports_closed: bool) -> str | None:
+    """Why an engine spanning nodes may not start as configured, or None: with DP attention its ZMQ
+    ports run code for whoever connects (module docstring), so the user must say where they bind or
+    that they are closed."""
+    if nodes_per_engine < 2 or interface or ports_closed:
+        return None
+    if not any(a == DP_ATTENTION_FLAG or a.startswith(DP_ATTENTION_FLAG + "=") for a in sglang_args):
+        return None
+    return (f"--sglang-enable-dp-attention with an engine spanning {nodes_per_engine} nodes: SGLang's ZMQ ports "
+            f"between them accept pickled objects from anyone who can connect (code runs as you); name the "
+            f"private interface they bind with --engine-span-interface IFNAME, or pass --engine-span-ports-closed "
+            f"if a firewall or a private job network closes them ({SECURITY_DOC})")
+
+
 class SpanLeader:
     """Node rank 0's side: the supervisor's hooks for its engines that span nodes (an engine of one
     node passes through untouched)."""
 
-    def __init__(self, control: Control, *, attempt: int):
-        self.control, self.attempt = control, attempt
+    def __init__(self, control: Control, *, attempt: int, bind_host: str | None = None):
+        """`bind_host`: the address the ranks meet on (and SGLang's ports between them bind), the
+        --engine-span-interface's on this node; None: the engine's own host."""
+        self.control, self.attempt, self.bind_host = control, attempt, bind_host
         self._generation: dict[str, int] = {}
 
     def prepare(self, spec: EngineSpec) -> EngineSpec:
         """The spec for rank 0's next start, after telling the other ranks where to meet."""
         if spec.nnodes == 1:
             return spec
-        addr = dist_init_addr(spec.host, consecutive_ports(spec.host, DIST_INIT_PORTS))
+        host = self.bind_host or spec.host
+        addr = dist_init_addr(host, consecutive_ports(host, DIST_INIT_PORTS))
         gen = self._generation.get(spec.name, 0) + 1
         self.control.write_span(SpanRecord(engine=spec.name, attempt=self.attempt, generation=gen,
                                            dist_init_addr=addr, nnodes=spec.nnodes))

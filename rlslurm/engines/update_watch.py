@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rlslurm.buffer.control import Control, WeightUpdateRecord
+from rlslurm.buffer.atomic import CorruptRecord
 from rlslurm.errors import DataError
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def active_update(control: Control, *, now: float | None = None) -> WeightUpdate
     its `until`; else None."""
     try:
         rec = control.weight_update()
-    except DataError as e:  # a foreign or torn file must not stop health checking
+    except (DataError, CorruptRecord) as e:  # a foreign or damaged file must not stop health checking
         log.warning("ignoring %s", e)
         return None
     if rec is None:

@@ -52,6 +52,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
+from rlslurm.buffer.sweep import sweep
 from rlslurm.config import RunConfig
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
@@ -260,6 +261,7 @@ class RolloutDriver:
             self.close_metrics()
 
     async def _run(self, should_stop: ShouldStop) -> DriverResult:
+        sweep(self.rd)  # what killed writers of earlier attempts left (buffer/sweep.py)
         resume = self.writer.resume_point()
         if resume.data_cursor:
             self.source.load_state_dict(resume.data_cursor)

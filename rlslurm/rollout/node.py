@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
-from rlslurm.buffer.atomic import ensure_dir, listdir_fresh, read_json, write_json_atomic
-from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord
+from rlslurm.buffer.atomic import CorruptRecord, ensure_dir, listdir_fresh, write_json_atomic
+from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord, read_record
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.engines.engine import EngineProcess, EngineSpec
@@ -41,7 +41,7 @@ from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
-from rlslurm.net import engine_port_block, free_port
+from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,15 @@ def nodes_per_engine(cfg: RunConfig) -> int:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     per_node = cfg.rollout_gpus_per_node if cfg.run.device == "cuda" else 1
     return 1 if tp <= per_node else tp // per_node
+
+
+def span_bind_host(cfg: RunConfig) -> str | None:
+    """Where an engine spanning nodes meets its ranks: --engine-span-interface's address on this node
+    (engines/span.py), else None (the node's address)."""
+    name = cfg.rollout.engine_span_interface
+    if name is None or nodes_per_engine(cfg) < 2:
+        return None
+    return interface_ipv4(name, where="--engine-span-interface")
 
 
 def engines_per_node(cfg: RunConfig) -> int:
@@ -207,7 +216,8 @@ class RolloutNode:
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
                                            on_restart=self._on_restart,
                                            admit=weights_current(self.control, self.api_key),
-                                           span=SpanLeader(self.control, attempt=self.attempt))
+                                           span=SpanLeader(self.control, attempt=self.attempt,
+                                                           bind_host=span_bind_host(self.cfg)))
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
@@ -252,10 +262,15 @@ class RolloutNode:
         engines: list[EngineRecord] = []
         for name in sorted(listdir_fresh(self.control.dir), key=lambda n: (len(n), n)):
             if _NODE_FILE.match(name):
-                obj = read_json(self.control.dir / name)
-                if obj is not None:
-                    engines += EnginesRecord.model_validate(obj).engines
-        if engines != self.control.engines():
+                rec = read_record(self.control.dir / name, EnginesRecord)  # damaged: the attempt fails
+                if rec is not None:
+                    engines += rec.engines
+        try:
+            current = self.control.engines()
+        except CorruptRecord as e:  # this node writes it: rebuild it from the node records
+            log.warning("%s; rewriting it", e)
+            current = None
+        if engines != current:
             self.control.write_engines(engines)
 
     def ensure_registered(self) -> None:

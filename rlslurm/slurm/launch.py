@@ -38,9 +38,10 @@ def role_argv(argv: list[str] | None = None) -> list[str]:
         return rollout_argv(a.run_dir, trainer_addr=a.master_addr)
     # One srun task per node, so the task's rank is the node rank (submitit parses the step's env).
     step = SlurmJobEnvironment()
+    cfg = load_run_config(a.run_dir)
     return trainer_argv(a.run_dir, nnodes=step.num_tasks, node_rank=step.global_rank,
-                        procs_per_node=load_run_config(a.run_dir).trainer_procs_per_node,
-                        master_addr=a.master_addr, master_port=a.master_port)
+                        procs_per_node=cfg.trainer_procs_per_node, master_addr=a.master_addr,
+                        master_port=a.master_port, shutdown_timeout_s=cfg.slurm.signal_grace_s)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ import jinja2
 from rlslurm import attempt
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE
+from rlslurm.user_error import FAILURE_FILE, USER_ERROR_EXIT_CODE, USER_ERROR_FILE
 from rlslurm.watchdog import hang_timeout_s
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
@@ -147,7 +147,7 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
         steps=steps,
         run_dir=str(run_dir.resolve()),
         attempt_base=attempt_base,
-        user_error_exit=USER_ERROR_EXIT_CODE, user_error_file=USER_ERROR_FILE,
+        user_error_exit=USER_ERROR_EXIT_CODE, user_error_file=USER_ERROR_FILE, failure_file=FAILURE_FILE,
         hang_timeout_s=int(hang_timeout_s(cfg.train)),
         **_attempt_values(),
     )

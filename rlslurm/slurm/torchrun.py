@@ -10,11 +10,22 @@ socket bound to the master address (`master_listen_fd`), and then runs torchrun 
 the rendezvous, the agent's store and the trainer ranks' default group (clients of the agent
 store) all use it. If the master address is not one of this node's (a NAT'd or alias name),
 torchrun's own wildcard store is used, with a warning.
+
+`--shutdown-timeout=S`: how long torchrun waits for its workers after it forwards a TERM before it
+KILLs them. torch's default is 30 s, shorter than a real model's checkpoint on TERM; rlslurm passes
+the run's --signal-grace-s (rlslurm/attempt.py `trainer_argv`), so SLURM's own KILL (KillWait or the
+partition's GraceTime), not torchrun's, bounds the save. torch >= 2.13 takes the flag itself (its
+LaunchConfig has `shutdown_timeout`); older torch (2.11 in the GPU image) has the 30 s as the
+default argument of the agent's `_shutdown` and no way to set it, so there the flag is taken off the
+command line and that default is raised in-process (`apply_shutdown_timeout`;
+docs/slurm-preemption.md, "torchrun's own KILL").
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import signal
 import sys
 
 # The store outlives every timeout of the job's own: torchrun sets the real ones per operation.
@@ -52,10 +63,58 @@ def host_rendezvous_store(addr: str, port: int):
     return store
 
 
+SHUTDOWN_TIMEOUT = "shutdown-timeout"
+
+
+def torch_has_shutdown_timeout() -> bool:
+    """Does this torch's torchrun take --shutdown-timeout (torch >= 2.13: LaunchConfig.shutdown_timeout)?"""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return "shutdown_timeout" in getattr(LaunchConfig, "__dataclass_fields__", {})
+
+
+def apply_shutdown_timeout(seconds: int) -> None:
+    """For a torch without --shutdown-timeout: every shutdown of the local agent waits at least
+    `seconds` for the workers before the KILL. Its `_shutdown(death_sig, timeout=30)` is the one
+    place the agent passes a timeout to the workers' close (on a TERM: `SignalException` in
+    `SimpleElasticAgent.run`)."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    original = LocalElasticAgent._shutdown
+    if getattr(original, "rlslurm_timeout", None) is not None:
+        original = original.__wrapped__
+
+    @functools.wraps(original)
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        return original(self, death_sig, max(timeout, seconds))
+
+    _shutdown.rlslurm_timeout = seconds  # type: ignore[attr-defined]
+    LocalElasticAgent._shutdown = _shutdown  # type: ignore[method-assign]
+
+
+def shutdown_timeout_argv(argv: list[str], native: bool | None = None) -> list[str]:
+    """torchrun's argv with our --shutdown-timeout= handled: left for a torch that takes it, else
+    taken off and applied in-process."""
+    value = _opt(argv, SHUTDOWN_TIMEOUT)
+    if value is None:
+        return argv
+    try:
+        seconds = int(value)
+        if seconds < 0:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"rlslurm.slurm.torchrun: --{SHUTDOWN_TIMEOUT}={value}: not a whole number of seconds >= 0")
+    if native if native is not None else torch_has_shutdown_timeout():
+        return argv
+    apply_shutdown_timeout(seconds)
+    return [a for a in argv if not a.startswith(f"--{SHUTDOWN_TIMEOUT}=")]
+
+
 def main(argv: list[str]) -> None:
     addr, port, node_rank = _opt(argv, "master-addr"), _opt(argv, "master-port"), _opt(argv, "node-rank")
     if addr is None or port is None or node_rank is None:
         raise SystemExit("rlslurm.slurm.torchrun: needs --master-addr=, --master-port= and --node-rank=")
+    argv = shutdown_timeout_argv(argv)
     keep = host_rendezvous_store(addr, int(port)) if int(node_rank) == 0 else None  # noqa: F841 (kept alive)
     from torch.distributed import run
 

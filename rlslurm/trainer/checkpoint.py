@@ -17,6 +17,7 @@ comes from keeping the progress in the same checkpoint as the weights (buffer/pr
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,7 +25,9 @@ import queue
 import random
 import shutil
 import sys
+import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlslurm.buffer.atomic import fsync_dir, write_json_atomic
+from rlslurm.buffer.atomic import NO_SPACE_ERRNOS, StorageError, StorageFull, fsync_dir, human_size, storage_full, write_json_atomic
 from rlslurm.buffer.progress import Retention, TrainerProgress
 from rlslurm.errors import DataError
 from rlslurm.trainer.collectives import collective_device
@@ -270,41 +273,260 @@ def _in_process_write_results() -> None:
     process. SLURM ends a job by TERMing every process of the step (proctrack/linuxproc, cgroup):
     the Manager, a fresh interpreter with SIGTERM at its default, dies at once, and the TERM's own
     checkpoint then fails with BrokenPipeError when the writer reports its results (measured on a
-    real `scontrol requeue`: docs/slurm-preemption.md). rlslurm only saves synchronously, where the
-    results are put and read by this very process, so a plain queue is all that is needed. The
-    writer's forked worker processes inherit the trainer's own TERM handling and survive."""
+    real `scontrol requeue`: docs/slurm-preemption.md). rlslurm's writer process (trainer/ckpt_writer.py)
+    is forked and reports through a queue of its own, so no Manager is needed."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if not isinstance(filesystem_async._results_queue, queue.Queue):
         filesystem_async._results_queue = queue.Queue()
 
 
-def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory."""
-    from megatron.core import dist_checkpointing
+@dataclass
+class Saved:
+    """A checkpoint that is complete, verified and `latest`."""
 
-    _in_process_write_results()
-    rank = dist.get_rank()
-    d = root / ckpt_name(progress.trained_rollouts)
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if d.exists():  # a partial save of a crashed attempt, or a re-save of the same iteration
-            if (d / META).exists():
-                (d / META).unlink()
-            shutil.rmtree(d)
-        d.mkdir()
+    path: Path
+    progress: TrainerProgress  # what it holds (the trainer has moved on since, when it was asynchronous)
+    stall_s: float             # the trainer's stop to stage it
+    total_s: float             # start to `latest` (rank 0's finalizer moved it)
+
+
+@dataclass
+class _InFlight:
+    path: Path
+    progress: TrainerProgress
+    write: Any            # ckpt_writer.RankWrite
+    finalizer: Any        # ckpt_writer.Finalizer on rank 0, else None
+    t0: float
+    stall_s: float
+
+
+class Checkpointer:
+    """This trainer's checkpoints: at most one save in flight (docs/checkpoints.md, "Asynchronous
+    saves"). Every method is collective (every rank calls it at the same point).
+
+    `start` stages a copy of the state and returns: forked writers write it, rank 0's finalizer
+    completes it and moves `latest` (trainer/ckpt_writer.py), while the trainer trains or waits for
+    rollouts. `poll` (non-blocking) and `wait` (blocking: before a preempt/stop ack, the end of the
+    run, the next save) report a finished save to every rank alike; a failed one raises on every
+    rank. `asynchronous=False` waits inside `start`."""
+
+    def __init__(self, root: Path, keep: int, *, asynchronous: bool = True):
+        self.root, self.keep, self.asynchronous = root, keep, asynchronous
+        self.in_flight: _InFlight | None = None
+
+    @property
+    def pending_iteration(self) -> int | None:
+        return None if self.in_flight is None else self.in_flight.progress.trained_rollouts
+
+    def start(self, st, progress: TrainerProgress) -> Saved | None:
+        """Stage and hand off the checkpoint of `progress`. Returns a save this had to wait for
+        first (or, synchronous, this one)."""
+        from megatron.core import dist_checkpointing
+
+        from rlslurm.trainer import ckpt_writer
+
+        before = self.wait() if self.in_flight is not None else None
+        t0 = time.perf_counter()
+        _in_process_write_results()
+        rank, world = dist.get_rank(), dist.get_world_size()
+        snapshot = TrainerProgress.from_state_dict(progress.state_dict())
+        d = self.root / ckpt_name(snapshot.trained_rollouts)
+        try:
+            if rank == 0:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if d.exists():  # a partial save of a crashed attempt, or a re-save of the same iteration
+                    if (d / META).exists():
+                        (d / META).unlink()
+                    shutil.rmtree(d)
+                d.mkdir()
+                fsync_dir(self.root)
+            dist.barrier()
+            optimizers = _optimizers_with_state(st)
+            strategy = ckpt_writer.keeping_strategy()
+            request = dist_checkpointing.save(
+                _sharded_state(st, snapshot, loading=False, with_rng=True, optimizers=optimizers), str(d),
+                sharded_strategy=strategy, async_sharded_save=True)
+            write = ckpt_writer.RankWrite(d, rank, request)
+        except OSError as e:  # rank 0's common.pt: the other ranks meet a dead peer at the next collective
+            if not _is_no_space(e):
+                raise
+            if rank == 0:
+                shutil.rmtree(d, ignore_errors=True)
+            raise self._no_space(d, e) from e
+        finalizer = None
+        if rank == 0:
+            finalizer = ckpt_writer.Finalizer(
+                d, world, strategy.kept,
+                lambda: self._complete(d, snapshot, world, sorted(optimizers)))
+            finalizer.start()
+        stall = time.perf_counter() - t0
+        self.in_flight = _InFlight(d, snapshot, write, finalizer, t0, stall)
+        log.info("checkpoint %s staged in %.2f s; writing in the background", d.name, stall)
+        if not self.asynchronous:
+            return self.wait()
+        return before
+
+    def _complete(self, d: Path, progress: TrainerProgress, world: int, optimizers: list[str]) -> None:
+        """Rank 0, the finalizer's last step: the completeness mark, a check of every file against
+        it, and only then `latest`."""
+        write_meta(d, progress.trained_rollouts, world, {"progress": progress.state_dict(), "optimizers": optimizers})
+        if (problem := verify(d)) is not None:
+            raise DataError(str(d), f"the checkpoint just written does not verify: {problem}")
+        write_json_atomic(self.root / LATEST, {"name": d.name, "iteration": progress.trained_rollouts})
+        prune(self.root, self.keep)
+
+    def poll(self) -> Saved | None:
+        """The in-flight save if it has finished (then every rank knows), else None."""
+        if self.in_flight is None:
+            return None
+        return self._settle(block=False)
+
+    def wait(self) -> Saved | None:
+        """Block until the in-flight save is `latest` (or has failed: raised on every rank)."""
+        if self.in_flight is None:
+            return None
+        return self._settle(block=True)
+
+    def _settle(self, *, block: bool) -> Saved | None:
+        """Every rank's writer outcome to every rank, then rank 0's finalizer's: all ranks reach the
+        same verdict at the same call. A failed writer stops the finalizer, which would wait for its
+        results forever."""
+        f = self.in_flight
+        assert f is not None
+        mine = f.write.status(block=block)
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        failures = {r: o[1] for r, o in enumerate(everyone) if o is not None and o[0] != "ok"}
+        if not failures and any(o is None for o in everyone):
+            return None  # still writing
+        verdict: list[Any] = [None]
+        if f.finalizer is not None:
+            if failures:
+                f.finalizer.stop()
+            if block or failures:
+                f.finalizer.join()
+            if failures:
+                verdict = [("error", failures, None)]
+            elif (out := f.finalizer.outcome) is not None:
+                verdict = [(*out, f.finalizer.t_done - f.t0)]
+        dist.broadcast_object_list(verdict, src=0)
+        return None if verdict[0] is None else self._finish(verdict[0])
+
+    def _finish(self, outcome: tuple[str, Any, float | None]) -> Saved:
+        f, self.in_flight = self.in_flight, None
+        assert f is not None
+        status, error, latest_after = outcome
+        if status != "ok":
+            f.write.kill()  # another rank's failure may end this save while this rank still writes
+            # torch's zip writer reports a short write without its errno ("unexpected pos"): ask the disk
+            full = _is_no_space(error) or _nearly_full(f.path)
+            if dist.get_rank() == 0:
+                shutil.rmtree(f.path, ignore_errors=True)  # never pointed to; on a full disk, the space
+            if full:
+                raise self._no_space(f.path, error)
+            what = ("; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(error.items()))
+                    if isinstance(error, dict) else f"{type(error).__name__}: {error}")
+            raise RuntimeError(f"checkpoint {f.path}: the save failed ({what}); `latest` still names the last "
+                               f"complete one")
+        log.info("checkpoint %s complete and latest %.2f s after its start (stall %.2f s)", f.path.name,
+                 latest_after, f.stall_s)
+        return Saved(f.path, f.progress, f.stall_s, latest_after)
+
+    def _no_space(self, d: Path, error: BaseException | str | None) -> StorageError:
+        """One line: the full filesystem, what a checkpoint of this run takes, the last one intact."""
+        last = find_complete(self.root)
+        needs = (f"a checkpoint of this run takes {human_size(checkpoint_bytes(last))} ({last.name}), which is intact"
+                 if last is not None else "this is the run's first checkpoint")
+        return storage_full(d, errno.ENOSPC, f"saving checkpoint {d.name}", needs)
+
+    def abort(self) -> None:
+        """Drop the in-flight save (the process is going anyway): its writer is killed."""
+        if self.in_flight is not None:
+            self.in_flight.write.kill()
+            if self.in_flight.finalizer is not None:
+                self.in_flight.finalizer.stop()
+            self.in_flight = None
+
+
+def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
+    """Collective: one synchronous save (staged, written, complete and `latest` on return)."""
+    saved = Checkpointer(root, keep, asynchronous=False).start(st, progress)
+    assert saved is not None
+    return saved.path
+
+
+def _is_no_space(error: BaseException | str | None) -> bool:
+    """Does a failure (megatron wraps the writers' OSErrors) come from a full disk or quota?"""
+    seen = 0
+    todo: list[Any] = [error]
+    while todo and seen < 50:
+        e = todo.pop()
+        seen += 1
+        if isinstance(e, StorageFull) or (isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS):
+            return True
+        if isinstance(e, dict):  # rank -> exception
+            todo += list(e.values())
+            continue
+        if isinstance(e, BaseException):
+            todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]
+            text = str(e)
+        elif isinstance(e, tuple):  # megatron's WRAPPED_EXCEPTION: (exception, traceback)
+            todo += list(e)
+            continue
+        else:
+            text = str(e) if e is not None else ""
+        if "no space left on device" in text.lower() or "disk quota exceeded" in text.lower():
+            return True
+    return False
+
+
+def _nearly_full(path: Path) -> bool:
+    """Is the filesystem holding `path` out of space (under 64 MiB or 1 % free, whichever is less)?"""
+    try:
+        st = os.statvfs(path if path.exists() else path.parent)
+    except OSError:
+        return False
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return free < min(64 * 2**20, total / 100)
+
+
+def checkpoint_bytes(d: Path) -> int:
+    try:
+        meta = json.loads((d / META).read_text())
+        return sum(int(f["size"]) for f in meta.get("files", {}).values())
+    except (OSError, ValueError, KeyError, TypeError):
+        return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def find_complete(root: Path) -> Path | None:
+    """The newest checkpoint with its completeness mark (not re-verified: for sizes and messages)."""
+    for d in candidates(root):
+        if (d / META).exists():
+            return d
+    return None
+
+
+def sweep_incomplete(root: Path, min_age_s: float = 600.0) -> list[Path]:
+    """Rank 0 at start-up: remove checkpoint directories a killed save left without their
+    completeness mark (never loadable; on a full disk, likely what fills it). Only those whose
+    newest file is older than `min_age_s`: a zombie trainer of an earlier attempt may still write."""
+    if not root.is_dir():
+        return []
+    removed = []
+    now = time.time()
+    for d in root.iterdir():
+        if not d.is_dir() or _iteration_of(d.name) is None or (d / META).exists():
+            continue
+        newest = max((p.stat().st_mtime for p in d.rglob("*")), default=d.stat().st_mtime)
+        if now - max(newest, d.stat().st_mtime) < min_age_s:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    if removed:
         fsync_dir(root)
-    dist.barrier()
-    optimizers = _optimizers_with_state(st)
-    dist_checkpointing.save(_sharded_state(st, progress, loading=False, with_rng=True, optimizers=optimizers), str(d))
-    dist.barrier()
-    if rank == 0:
-        write_meta(d, progress.trained_rollouts, dist.get_world_size(),
-                   {"progress": progress.state_dict(), "optimizers": sorted(optimizers)})
-        write_json_atomic(root / LATEST, {"name": d.name, "iteration": progress.trained_rollouts})
-        prune(root, keep)
-    dist.barrier()
-    return d
+        _warn(f"removed {len(removed)} checkpoint(s) a killed save left incomplete: {[d.name for d in removed]}")
+    return removed
 
 
 def _materialize_state(opt) -> None:
@@ -387,6 +609,7 @@ def resume(st, root: Path) -> tuple[TrainerProgress, Path | None]:
     """Find the newest intact checkpoint (rank 0 decides for all) and load it."""
     choice = [None]
     if dist.get_rank() == 0:
+        sweep_incomplete(root)
         found = find_resume(root)
         choice = [str(found) if found is not None else None]
     dist.broadcast_object_list(choice, src=0)

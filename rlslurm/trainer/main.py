@@ -271,9 +271,10 @@ class Trainer:
         return {"time/save": t2 - t1, "time/publish": t4 - t3, **self.colo.times}
 
     def _save_if_due(self, progress: TrainerProgress) -> None:
+        self._saved(self._checkpointer().poll())  # the save in flight, if it has become `latest` meanwhile
         si = self.cfg.train.save_interval
         if si is not None and progress.trained_rollouts % si == 0:
-            self._save(progress)
+            self._save(progress, wait=False)  # trains on while it is written (trainer/ckpt_writer.py)
             self._save_hf(progress)
 
     def _colocation(self):
@@ -529,16 +530,39 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _save(self, progress: TrainerProgress) -> None:
+    def _save(self, progress: TrainerProgress, *, wait: bool = True) -> None:
+        """Checkpoint `progress` (collective). The state is staged at once; `wait`: return only once the
+        checkpoint is complete and `latest` (a save of the same progress already in flight is waited
+        for, not repeated); else it completes in the background (`_save_if_due` reports it)."""
+        ckpt = self._checkpointer()
+        if ckpt.pending_iteration != progress.trained_rollouts:
+            self._phase(f"saving the checkpoint of {progress.trained_rollouts} rollouts")
+            with self._on_gpu():
+                self._saved(ckpt.start(self.st, progress))
+        if wait:
+            self._phase(f"waiting for the checkpoint of {progress.trained_rollouts} rollouts to be written")
+            self._saved(ckpt.wait())
+
+    def _checkpointer(self):
+        from rlslurm.trainer.checkpoint import Checkpointer
+
+        if getattr(self, "_ckpt", None) is None:
+            self._ckpt = Checkpointer(self.rd.checkpoints_dir, self.cfg.train.keep_checkpoints,
+                                      asynchronous=self.cfg.train.async_save)
+        return self._ckpt
+
+    def _saved(self, saved) -> None:
+        """A checkpoint is complete and `latest` (every rank learns it at the same call): what it holds
+        is durable, so the buffer may retire the rollouts it trained (buffer/progress.py)."""
         from rlslurm.trainer import checkpoint
 
-        self._phase(f"saving the checkpoint of {progress.trained_rollouts} rollouts")
-        with self._on_gpu():
-            d = checkpoint.save(self.st, progress, self.rd.checkpoints_dir, self.cfg.train.keep_checkpoints)
-        self.last_saved = progress.trained_rollouts
-        log.info("saved checkpoint %s", d)
+        if saved is None:
+            return
+        self.last_saved = saved.progress.trained_rollouts
+        log.info("saved checkpoint %s (training stalled %.2f s, latest after %.2f s)", saved.path, saved.stall_s,
+                 saved.total_s)
         if self.rank == 0 and not self.replay:
-            after_checkpoint(self.reader, progress,
+            after_checkpoint(self.reader, saved.progress,
                              checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts,
                                                   self.cfg.rollout.export_retired_rollouts))
 
@@ -564,6 +588,7 @@ class Trainer:
     def _stop(self, progress: TrainerProgress) -> int:
         """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the
         rollout group go — it keeps the engines until this ack, so no sync in flight loses its peers."""
+        self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
             self._save(progress)
         if self.rank == 0:
@@ -583,6 +608,7 @@ class Trainer:
     def _preempt(self, progress: TrainerProgress) -> int:
         if term_received():
             log.info("SIGTERM %.1fs ago: checkpointing before SLURM's KILL", time.time() - _term_at)
+        self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
             self._save(progress)
         if self.rank == 0:

@@ -9,7 +9,7 @@ import pytest
 from rlslurm.buffer import Control, EngineRecord, RendezvousRecord, RendezvousTaken, read_ledger
 from rlslurm.attempt import clear_stale
 from rlslurm.buffer.ledger import LedgerProblem
-from rlslurm.errors import DataError
+from rlslurm.buffer.atomic import CorruptRecord
 
 
 def test_engines_router_weight_version(run):
@@ -23,11 +23,20 @@ def test_engines_router_weight_version(run):
     assert c.weight_version().version == 7
 
 
-def test_bad_record_names_file(run):
+def test_bad_record_names_file_and_is_set_aside(run):
+    """The run writes every control record itself, atomically: one that reads as damaged was damaged
+    on disk. Not a user error (that would end the run for good): it is set aside, the attempt fails
+    (requeued), and the next attempt's writer rebuilds it (tests/buffer/test_transient.py has more)."""
+    from rlslurm.buffer.atomic import CorruptRecord
+    from rlslurm.errors import UserError
+
     c = Control(run)
     (run.control_dir / "router.json").write_text(json.dumps({"uri": "x"}))
-    with pytest.raises(DataError, match="router.json"):
+    with pytest.raises(CorruptRecord, match="router.json") as ei:
         c.router()
+    assert not isinstance(ei.value, UserError)
+    assert c.router() is None  # set aside: the next writer starts afresh
+    assert [n for n in os.listdir(run.control_dir) if n.startswith(".corrupt.router.json.")]
 
 
 def test_rendezvous_once_per_attempt(run):
@@ -121,6 +130,6 @@ def test_corrupt_weight_update_is_one_line_naming_the_file(run, body):
     c = Control(run)
     run.control_dir.mkdir(parents=True, exist_ok=True)
     c.weight_update_file.write_text(body)
-    with pytest.raises(DataError, match="weight_update.json") as e:
+    with pytest.raises(CorruptRecord, match="weight_update.json") as e:
         c.weight_update()
     assert "\n" not in str(e.value)

@@ -73,9 +73,12 @@ def test_engines_spanning_nodes_resolve_only_in_whole_nodes(prompts: Path) -> No
                               "--rollout-num-gpus-per-engine", "8"),
                     "--rollout-num-gpus-per-engine 8", "--nodes 1")
     span = _gpu_argv(prompts, "--rollout-num-gpus-per-engine", "16")
-    resolve(span + ["--sglang-enable-dp-attention", "--sglang-dp-size", "4", "--sglang-ep-size", "16"])
+    # DP attention across nodes opens SGLang's ZMQ ports between them: the user says how they are closed
+    resolve(span + ["--sglang-enable-dp-attention", "--sglang-dp-size", "4", "--sglang-ep-size", "16",
+                    "--engine-span-ports-closed"])
     one_line_naming(span + ["--sglang-dp-size", "2"], "--sglang-dp-size 2", "--sglang-enable-dp-attention")
-    one_line_naming(span + ["--sglang-enable-dp-attention", "--sglang-dp-size", "3"], "--sglang-dp-size 3",
+    one_line_naming(span + ["--sglang-enable-dp-attention", "--sglang-dp-size", "3", "--engine-span-ports-closed"],
+                    "--sglang-dp-size 3",
                     "16 GPUs")
     one_line_naming(span + ["--sglang-ep-size", "6"], "--sglang-ep-size 6", "--rollout-num-gpus-per-engine 16")
     one_line_naming(span + ["--sglang-nnodes", "2"], "--sglang-nnodes")

@@ -77,3 +77,24 @@ def test_status_reports_the_user_error_of_the_last_attempt(tmp_path: Path, attem
     assert st.user_error["reason"] == line["reason"] and st.user_error["role"] == "trainer"
     rd.ledger.write_text(rd.ledger.read_text() + json.dumps({"attempt": 3, "reason": "finished"}) + "\n")
     assert run_status(tmp_path, query_slurm=False).user_error is None
+
+
+def test_a_recorded_failure_becomes_the_failed_reason_and_is_requeued(tmp_path: Path, attempt_env) -> None:
+    """A role that failed for a cause of its own (the run directory's filesystem: buffer/atomic.py
+    StorageError) records it in failure.json; the batch script puts that line, escaped exactly, into
+    the ledger's "failed: ..." reason, which counts against --max-failures (no user error)."""
+    from rlslurm.buffer.atomic import StorageFull
+    from rlslurm.user_error import FAILURE_FILE, read_failure, record_failure
+
+    script = render(RunConfig(), tmp_path)
+    [block] = re.findall(r'^if \[ -e "\$LOG_DIR/' + re.escape(FAILURE_FILE) + r'" \]; then\n.*?^fi$', script,
+                         re.MULTILINE | re.DOTALL)
+    p = record_failure(tmp_path, "trainer", StorageFull(NASTY))
+    sh = "\n".join([f"LOG_DIR={p.parent}", 'WHY="trainer step ended first (trainer rc=1, rollout rc=143)"', block,
+                    'printf \'{"reason": "failed: %s; requeue 1/3"}\\n\' "$WHY"'])
+    line = subprocess.run(["bash", "-c", sh], capture_output=True, text=True, check=True).stdout
+    reason = json.loads(line)["reason"]
+    assert reason == (f"failed: {read_failure(p.parent)['reason']} (trainer step ended first (trainer rc=1, "
+                      f"rollout rc=143)); requeue 1/3")
+    assert read_failure(p.parent)["reason"] == " ".join(NASTY.split())
+    assert not (tmp_path / "pwned").exists() and read_user_error(p.parent) is None

@@ -17,14 +17,8 @@ from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.rollout_fn import TrackedSource
 from rlslurm.rollout.sft import generate_rollout, mask_conversation, sft_sample
+from tests.rollout.chat_tokenizer import CONV, WORDS, make_tokenizer
 
-SPECIAL = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
-WORDS = SPECIAL + ["system", "user", "assistant", "tool", "be", "brief", "hi", "hello", "there", "how", "are",
-                   "you", "fine", "thanks", "call", "f", "result", "42", "it", "is", "ok", "<think>", "</think>",
-                   "hmm", "assistant:hi"]
-CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
-# Qwen3's habit: the last assistant turn carries an (empty) think block, earlier ones do not
 QWEN3_LIKE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} "
               "{% if m['role'] == 'assistant' and loop.last %}<think> </think> {% endif %}"
               "{{ m['content'] }} <|im_end|> {% endfor %}"
@@ -34,22 +28,6 @@ GLUED = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }} {% endfor %}
          "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
-def make_tokenizer(chat_template: str | None = CHATML):
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
-
-    spec = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i, t in enumerate(SPECIAL)],
-        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
-        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
-        "model": {"type": "WordLevel", "vocab": {w: i for i, w in enumerate(WORDS)}, "unk_token": "<unk>"},
-    }
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), unk_token="<unk>",
-                                  pad_token="<pad>")
-    tok.chat_template = chat_template
-    return tok
 
 
 def ids(tok, text: str) -> list[int]:
@@ -60,13 +38,6 @@ def trained_text(tok, conv) -> list[str]:
     return [WORDS[t] for t, m in zip(conv.tokens, conv.loss_mask) if m]
 
 
-CONV = [
-    {"role": "system", "content": "be brief"},
-    {"role": "user", "content": "hi"},
-    {"role": "assistant", "content": "hello there"},
-    {"role": "user", "content": "how are you"},
-    {"role": "assistant", "content": "fine thanks"},
-]
 
 
 def test_multi_turn_mask_is_exactly_the_assistant_turns() -> None:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,23 @@ def kill_tree(proc: subprocess.Popen) -> None:
             pass
     proc.wait()
     psutil.wait_procs([psutil.Process(p) for p in victims[1:] if psutil.pid_exists(p)], timeout=30)
+
+
+GRACE_S = 300  # --signal-grace-s (its default): what torchrun gives the TERM checkpoint
+
+def start_attempt_trainer(run: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The trainer of one node, 2 ranks, started as an attempt starts it (rlslurm/attempt.py)."""
+    from rlslurm.attempt import trainer_argv
+
+    cmd = trainer_argv(run, nnodes=1, node_rank=0, procs_per_node=2, master_addr="127.0.0.1",
+                       master_port=free_port(), shutdown_timeout_s=GRACE_S)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+def wait_trained(run: Path, proc: subprocess.Popen, log: Path, steps: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not (run / "metrics.jsonl").exists() or len(metrics(run)) < steps:
+        assert proc.poll() is None, log.read_text()[-6000:]
+        assert time.monotonic() < deadline, f"{steps} steps not trained\n" + log.read_text()[-6000:]
+        time.sleep(0.3)

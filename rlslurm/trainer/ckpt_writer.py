@@ -1,0 +1,252 @@
+"""A checkpoint written in the background while the trainer trains on (trainer/checkpoint.py
+`Checkpointer` drives it; docs/checkpoints.md, "Asynchronous saves").
+
+megatron-core's `dist_checkpointing.save(..., async_sharded_save=True)` plans the save (collectives),
+writes `common.pt` and returns an `AsyncRequest`: the function that writes this rank's shard files
+from "write buckets", and finalize functions that gather every rank's write results and write the
+global `.metadata` and `metadata.json`. megatron schedules those with its `AsyncCallsQueue`, whose
+completion check is a CUDA all-reduce and whose finalize is a collective that every rank must call
+at the same point of its loop. rlslurm's trainer spends most of its time waiting for rollouts, where
+no collective point exists, and the checkpoint must become `latest` there too (a hard kill then
+loses nothing it had written). So the pieces are run differently:
+
+1. `stage`: the tensors of the write buckets are copied off the live model (GPU: to host memory;
+   CPU: a clone), synchronously. This copy is the training stall; after it the trainer may change
+   its weights freely.
+2. `RankWrite`: a forked process writes this rank's files with megatron's own writer (which forks
+   its per-bucket workers) and then publishes the write results as `<dir>/.rlslurm-write-<rank>.pkl`.
+   Its outcome (ok, or the exception) comes back over a pipe, and `Checkpointer.poll`/`wait` pass
+   every rank's to every rank: a failure cannot travel through a file the full disk refuses.
+   A forked process inherits the trainer's TERM handling (trainer/main.py `_on_term`), so SLURM's
+   TERM to every process of the step does not stop the save, and it shares the staged copy
+   copy-on-write: the trainer drops its references at once.
+3. `Finalizer` (rank 0, a thread): once every rank's results file is there, writes `.metadata`
+   (megatron's storage writer `finish`) and `metadata.json`, then calls back into checkpoint.py,
+   which writes `rlslurm.json`, verifies the directory and only then moves `latest`.
+
+No collective runs outside the trainer's own calls (`Checkpointer.poll` / `wait`), so nothing here
+can interleave with the trainer's collectives. A SIGKILL at any point leaves a directory without
+`rlslurm.json`, never pointed to (checkpoint.py `find_resume` skips it; `sweep_incomplete` removes
+it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import threading
+import time
+from itertools import chain
+from pathlib import Path
+from typing import Any, Callable
+
+from rlslurm.buffer.atomic import listdir_fresh, write_bytes_atomic
+
+log = logging.getLogger(__name__)
+
+RESULTS_PREFIX = ".rlslurm-write-"
+POLL_S = 0.2  # the finalizer's look for the ranks' results files
+# Test hook (tests only): seconds each rank's writer holds its results after writing its files,
+# standing in for a real model's write on a CPU-sized one (tests/trainer/test_term_save.py,
+# tests/trainer/test_async_checkpoint.py). Unset in every real run.
+TEST_SAVE_DELAY_ENV = "RLSLURM_TEST_SAVE_DELAY_S"
+
+
+def results_path(d: Path, rank: int) -> Path:
+    return d / f"{RESULTS_PREFIX}{rank}.pkl"
+
+
+def keeping_strategy():
+    """megatron's default torch_dist save strategy, keeping the storage writer and the global
+    metadata its `async_save` plans (coordinator only) for the `Finalizer`. The override point,
+    `_get_save_and_finalize_callbacks(writer, save_state_dict_ret)`, is where megatron-core 0.16.1
+    turns exactly these into its own (collective) finalize function."""
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+    class KeepingStrategy(TorchDistSaveShardedStrategy):
+        kept: tuple[Any, Any] | None = None
+
+        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret):
+            self.kept = (writer, save_state_dict_ret[1])
+            return super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret)
+
+    return KeepingStrategy("torch_dist", 1)
+
+
+def stage(write_buckets: list) -> list:
+    """A copy of every tensor the buckets would write, off the live model (module docstring, 1).
+    GPU tensors go to ordinary (pageable) host memory: pinned memory may be withheld from a fork."""
+    out = []
+    for file_name, key, (bytes_data, tensor_data) in write_buckets:
+        staged = [(item, t.detach().clone() if t.device.type == "cpu" else t.detach().to("cpu"))
+                  for item, t in tensor_data]
+        out.append((file_name, key, (bytes_data, staged)))
+    return out
+
+
+def _test_delay() -> float:
+    return float(os.environ.get(TEST_SAVE_DELAY_ENV) or 0)
+
+
+def _dump(path: Path, out: Any) -> None:
+    write_bytes_atomic(path, pickle.dumps(out))
+
+
+def _picklable(e: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # an exception that does not pickle: its words do
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+# What the forked writer runs: set just before the fork and cleared right after, so that the
+# trainer holds no reference to the staged copy (the child has its own, copy-on-write).
+_JOB: tuple | None = None
+
+
+def _child() -> None:
+    gc.disable()  # collecting the trainer's CUDA tensors in a forked child would call into CUDA
+    fn, args, results, n_buckets, report = _JOB  # type: ignore[misc]
+    q: queue.Queue = queue.Queue()  # megatron's writer reports here (in-process: no Manager)
+    try:
+        fn(args[0], args[1], q)
+        out = q.get_nowait()
+        if not isinstance(out, BaseException):
+            out = (list(chain.from_iterable(out.values())) if len(out) == n_buckets else
+                   RuntimeError(f"incomplete write results: {len(out)} of {n_buckets} buckets"))
+    except BaseException as e:
+        out = e
+    if (delay := _test_delay()) > 0:
+        log.warning("%s=%s: this rank's write is held %.0f s (a test hook)", TEST_SAVE_DELAY_ENV, delay, delay)
+        time.sleep(delay)
+    if isinstance(out, BaseException):
+        report.send(("error", _picklable(out)))  # rank 0 learns it from the trainer (Checkpointer.poll/wait)
+        return
+    try:
+        _dump(results, out)  # for rank 0's finalizer
+    except BaseException as e:  # a full disk refuses even this small file
+        report.send(("error", _picklable(e)))
+        return
+    report.send(("ok", None))
+
+
+_LIVE: set["RankWrite"] = set()
+
+
+class RankWrite:
+    """This rank's part of one checkpoint, written by a forked process (module docstring, 2). Its
+    outcome comes back over a pipe, ("ok", None) or ("error", exception): a failure must reach the
+    other ranks through the trainer's collectives, as a results file may be what the disk refuses."""
+
+    def __init__(self, d: Path, rank: int, request) -> None:
+        global _JOB
+        self.results = results_path(d, rank)
+        self.proc: mp.process.BaseProcess | None = None
+        self.outcome: tuple[str, BaseException | None] | None = None
+        if request.async_fn is None:  # nothing of this rank's to write
+            _dump(self.results, [])
+            self.outcome = ("ok", None)
+            return
+        args = list(request.async_fn_args)
+        buckets = stage(args[1])
+        ctx = mp.get_context("fork")
+        self._recv, send = ctx.Pipe(duplex=False)
+        _JOB = (request.async_fn, (args[0], buckets), self.results, len(buckets), send)
+        del buckets, args
+        try:
+            self.proc = ctx.Process(target=_child, name=f"rlslurm-ckpt-writer-{rank}", daemon=False)
+            self.proc.start()
+        finally:
+            _JOB = None
+            send.close()
+        _LIVE.add(self)
+
+    def status(self, block: bool = False) -> tuple[str, BaseException | None] | None:
+        """None while the writer runs; then its outcome (a writer that died says so)."""
+        if self.outcome is None and (block or self._recv.poll()):
+            try:
+                self.outcome = self._recv.recv()
+            except EOFError:  # gone without a word: killed (OOM, SIGKILL)
+                self.proc.join()
+                self.outcome = ("error", RuntimeError(f"checkpoint writer {self.proc.pid} exited with "
+                                                      f"{self.proc.exitcode} before it reported"))
+            self.proc.join()
+            _LIVE.discard(self)
+        return self.outcome
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        _LIVE.discard(self)
+
+
+@atexit.register
+def _kill_live_writers() -> None:
+    """A trainer that exits with a save in flight (a crash, a superseded attempt) does not wait for
+    it: nothing would finalize it. Runs before multiprocessing's own exit hook, which would join."""
+    for w in list(_LIVE):
+        w.kill()
+
+
+class CheckpointWriteFailed(Exception):
+    """Some rank's write failed; `failures` maps its rank to the exception."""
+
+    def __init__(self, d: Path, failures: dict[int, BaseException]):
+        self.failures = failures
+        what = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(failures.items()))
+        super().__init__(f"{d}: writing the checkpoint failed: {what}")
+
+
+class Finalizer(threading.Thread):
+    """Rank 0: completes the checkpoint once every rank's files are written (module docstring, 3).
+    `complete()` (checkpoint.py) writes rlslurm.json, verifies and moves `latest`. `outcome` is None
+    while it runs, then ("ok", None) or ("error", exception). A rank whose writer failed never
+    publishes its results: `Checkpointer` then stops this thread (`stop`)."""
+
+    def __init__(self, d: Path, world: int, kept: tuple[Any, Any], complete: Callable[[], None]):
+        super().__init__(name=f"rlslurm-ckpt-finalize-{d.name}", daemon=True)
+        self.d, self.world, self.kept, self.complete = d, world, kept, complete
+        self.outcome: tuple[str, BaseException | None] | None = None
+        self.t_done: float | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            results = self._gather()
+            failures = {r: out for r, out in enumerate(results) if isinstance(out, BaseException)}
+            if failures:
+                raise CheckpointWriteFailed(self.d, failures)
+            writer, metadata = self.kept
+            writer.finish(metadata, results)  # .metadata: every rank's write results
+            from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
+
+            save_config(CheckpointingConfig("torch_dist", 1), str(self.d))
+            for r in range(self.world):
+                results_path(self.d, r).unlink(missing_ok=True)
+            self.complete()
+            self.t_done = time.perf_counter()
+            self.outcome = ("ok", None)
+        except BaseException as e:  # reported to every rank by Checkpointer.poll / wait
+            self.t_done = time.perf_counter()
+            self.outcome = ("error", e)
+
+    def _gather(self) -> list[Any]:
+        want = {results_path(self.d, r).name for r in range(self.world)}
+        while not want <= set(listdir_fresh(self.d)):
+            if self._halt.wait(POLL_S):
+                raise RuntimeError(f"{self.d}: finalizing stopped before every rank had written")
+        out = []
+        for r in range(self.world):
+            with open(results_path(self.d, r), "rb") as f:
+                out.append(pickle.load(f))
+        return out
+
+    def stop(self) -> None:
+        self._halt.set()

@@ -1,0 +1,105 @@
+"""Asynchronous checkpoints (rlslurm/trainer/ckpt_writer.py, checkpoint.py `Checkpointer`): the trainer
+trains on while forked writers write a save, `latest` moves only once it is complete and verified, a
+SIGKILL mid-save leaves the previous checkpoint the one resumed, and a full disk during a save is one
+line naming the filesystem, with the last checkpoint intact. Writes are held by the test hook
+RLSLURM_TEST_SAVE_DELAY_S, standing in for a real model's save."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_attempt_trainer as start
+from conftest import wait_trained
+from rlslurm.trainer.checkpoint import META, verify
+from rlslurm.trainer.ckpt_writer import TEST_SAVE_DELAY_ENV
+
+pytestmark = [pytest.mark.megatron, pytest.mark.slow]
+
+TRAIN = dict(save_interval=2, keep_checkpoints=2, num_steps_per_rollout=1, global_batch_size=8, micro_batch_size=2,
+             weight_sync="disk")
+
+
+def _latest(run: Path) -> str:
+    return json.loads((run / "checkpoints" / "latest").read_text())["name"]
+
+
+def test_sigkill_mid_save_resumes_from_the_previous_checkpoint(tmp_path: Path, tiny_hf: Path) -> None:
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=6))
+    commit_rollouts(run, range(2))
+    # attempt 0: checkpoint 2, written in the background, becomes latest while the trainer waits
+    log0 = tmp_path / "attempt0.log"
+    proc = start(run, log0, {})
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints" / "latest").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, log0.read_text()[-6000:]
+            time.sleep(0.3)
+    finally:
+        kill_tree(proc)
+    assert _latest(run) == "iter_0000002" and verify(run / "checkpoints" / "iter_0000002") is None
+    # attempt 1: the write of checkpoint 4 is held 60 s; the trainer trains rollout 4 meanwhile (and 5,
+    # whose metrics are logged after its own save, which first waits for checkpoint 4)
+    commit_rollouts(run, range(2, 6))
+    log1 = tmp_path / "attempt1.log"
+    proc = start(run, log1, {TEST_SAVE_DELAY_ENV: "60"})
+    try:
+        wait_trained(run, proc, log1, 5)  # rollouts 0-4, one step each
+        held = run / "checkpoints" / "iter_0000004"
+        assert held.is_dir() and not (held / META).exists(), log1.read_text()[-6000:]  # still being written
+        assert _latest(run) == "iter_0000002"
+        assert [l["rollout_id"] for l in metrics(run)][-1] == 4  # trained on after checkpoint 4 was handed off
+    finally:
+        kill_tree(proc)  # SIGKILL mid-save: writers and all
+    assert _latest(run) == "iter_0000002" and not (held / META).exists()
+    # attempt 2: resumes from checkpoint 2 (4 never completed), trains 2-5 again and finishes
+    p = run_trainer(run, nproc=2, timeout=300)
+    assert "resumed from" in p.stderr and "iter_0000002" in p.stderr, p.stderr[-4000:]
+    assert (run / "FINISHED").exists() and _latest(run) == "iter_0000006"
+    assert verify(run / "checkpoints" / "iter_0000006") is None and verify(held) is None  # 4 re-saved whole
+
+
+@pytest.fixture
+def full_checkpoints(tmp_path: Path):
+    """The run's checkpoints directory on a 2 MiB tmpfs: room for one tiny checkpoint (1.3 MiB), not two."""
+    from rlslurm.buffer import RunDir
+
+    run = RunDir.create(tmp_path / "run").path
+    mnt = run / "checkpoints"
+    mnt.mkdir(exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", str(mnt)], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(res.stderr)
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.strip()}")
+    try:
+        yield run
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(full_checkpoints: Path,
+                                                                             tiny_hf: Path) -> None:
+    run = full_checkpoints
+    make_run(run, tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
+    commit_rollouts(run, range(4))
+    p = run_trainer(run, nproc=2, timeout=300, check=False)
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.splitlines() if "rlslurm trainer: error:" in l]
+    assert lines, p.stderr[-6000:]
+    line = lines[0][lines[0].index("rlslurm trainer: error:"):]
+    assert "no space left on device while saving checkpoint iter_0000004" in line, line
+    assert f"filesystem {run / 'checkpoints'} (tmpfs)" in line and "free of 2.0 MiB" in line, line
+    assert "a checkpoint of this run takes" in line and "(iter_0000002), which is intact" in line, line
+    assert "this attempt fails (requeued within --max-failures)" in p.stderr
+    assert not list((run / "logs").rglob("user_error.json"))  # not final
+    [failure] = list((run / "logs").rglob("failure.json"))  # the ledger's reason: this line
+    assert "saving checkpoint iter_0000004" in json.loads(failure.read_text())["reason"]
+    assert _latest(run) == "iter_0000002" and verify(run / "checkpoints" / "iter_0000002") is None
+    assert not (run / "checkpoints" / "iter_0000004").exists()  # the partial save is gone, its space free
