@@ -90,12 +90,18 @@ def role_gpus(cfg: "RunConfig", model: "ModelConfig | None" = None,
 def step_gpus(cfg: "RunConfig", role: str) -> str | None:
     """--nodes 1 in SLURM: the role's CUDA_VISIBLE_DEVICES, picked from the job's GPUs that both
     overlapping steps see (rlslurm/slurm/launch.py). None where SLURM's own is right: a het group's
-    node belongs to its role alone, and --colocate shares every GPU."""
-    if not cfg.single_node or not cfg.slurm.trainer_gpus or cfg.run.device != "cuda":
+    node belongs to its role alone, and --colocate shares every GPU. Split on --device cpu too when
+    SLURM gave the job GPUs (gres): the step's environment is then what a GPU node's would be, which
+    the SLURM test cluster's device-file GPUs check (tests/launcher/test_slurm_job.py)."""
+    if not cfg.single_node or not cfg.slurm.trainer_gpus:
         return None
-    gpus = role_gpus(cfg)
-    assert gpus is not None
-    return ",".join(gpus[0] if role == "trainer" else gpus[1])
+    visible = visible_gpus()
+    if cfg.run.device != "cuda" and not visible:
+        return None
+    s = cfg.slurm  # the job's GPUs as layout.py split them (on --device cpu the trainer's procs differ)
+    trainer, rollout = assign(GpuSplit(s.trainer_gpus, s.rollout_gpus or 0, cfg.shares_gpus, cfg.gpu_split_flags),
+                              visible)
+    return ",".join(trainer if role == "trainer" else rollout)
 
 
 # --- physical identity ------------------------------------------------------------------------

@@ -48,6 +48,12 @@ def test_each_step_takes_its_own_gpus_of_the_jobs(argv: list[str], monkeypatch) 
     assert step_gpus(cfg, "rollout") == "2,3,4,5,6,7,0,1"  # its own first: engines number them from 0
     two = resolve(argv[:2] + ["--nodes", "2"] + argv[4:]).cfg
     assert step_gpus(two, "trainer") is None and step_gpus(two, "rollout") is None  # a het group's node is its own
+    # --device cpu with gres GPUs (the SLURM test cluster's device files): split all the same; none given: no split
+    cpu = resolve(argv + ["--rollout-gpus", "6", "--device", "cpu", "--engines-per-node", "1"]).cfg
+    assert step_gpus(cpu, "rollout") == "2,3,4,5,6,7,0,1"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr("rlslurm.gpus._nvidia_smi", lambda: ())
+    assert step_gpus(cpu, "rollout") is None
 
 
 def test_bad_one_node_layouts_are_one_line_errors(argv: list[str]) -> None:

@@ -192,7 +192,9 @@ def test_resubmit_continues_attempts_and_resets_the_failure_budget_on_request(sl
     assert [a["attempt"] for a in st["attempts"]] == [0, 1, 2, 3, 4] and st["current_attempt"] is None
     assert [r["reset_failures"] for r in st["resubmits"]] == [False, True]
     human = rlslurm("status", str(run_dir)).stdout
-    assert "attempts (5)" in human and human.count("resubmitted") == 2
+    rows = [r for l in human.split("\n\n")[-1].splitlines() if len(r := l.split("\t")) == 6]  # piped: TSV
+    assert rows[0][0] == "attempt" and [r[0] for r in rows[1:]] == ["0", "1", "", "2", "", "3", "4"]
+    assert [r[-1] for r in rows[1:] if not r[0]] == ["resubmitted", "resubmitted, new failure budget"]
 
 
 def test_user_error_found_on_a_node_ends_the_job_without_requeue(slurm_cluster, tmp_path: Path,
