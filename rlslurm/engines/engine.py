@@ -355,6 +355,8 @@ def _main(argv: list[str]) -> None:
         scrubber = log_scrub.redirect_through_scrubber(key, rotate)  # before SGLang starts any thread
     owner_watch.start()  # ends this server if the rollout process dies without stopping it
     sys.argv = [module, *args]
+    if sglang_cpu.is_cpu_launch(args):
+        sglang_cpu.fork_subprocesses()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:

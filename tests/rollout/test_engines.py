@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -97,6 +98,19 @@ def test_cpu_path_is_pinned_to_the_known_sglang(monkeypatch):
     monkeypatch.setattr(sglang_cpu, "installed_sglang_version", lambda: None)
     with pytest.raises(ConfigError, match="not installed"):
         sglang_cpu.check_sglang_version()
+
+
+def test_only_a_cpu_server_forks_its_children(monkeypatch):
+    import multiprocessing
+
+    assert sglang_cpu.is_cpu_launch(["--port", "1", *sglang_cpu.cpu_server_args()])
+    assert not sglang_cpu.is_cpu_launch(["--device", "cuda"]) and not sglang_cpu.is_cpu_launch(["cpu", "--device"])
+    asked: list[tuple] = []
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda m=None, force=False: asked.append((m, force)))
+    sglang_cpu.fork_subprocesses()
+    multiprocessing.set_start_method("spawn", force=True)  # what SGLang's launch code calls
+    multiprocessing.set_start_method("forkserver")
+    assert asked == [("fork", True), ("forkserver", False)]
 
 
 def test_port_block_is_distinct_and_bindable():
@@ -298,6 +312,7 @@ def _post(url: str, path: str, key: str | None, body: dict, timeout: float = 60.
 def test_engines_healthy_registered_and_published(deployment, tmp_path):
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
+    from rlslurm.engines.procfs import descendants
     from rlslurm.engines.supervisor import control_publisher
 
     sup, router = deployment.supervisor, deployment.router
@@ -316,6 +331,9 @@ def test_engines_healthy_registered_and_published(deployment, tmp_path):
         states = info.get("internal_states") or [{}]
         assert info.get("max_total_tokens") == 8192, {k: v for k, v in info.items() if "token" in k}
         assert states[0].get("max_total_num_tokens", 8192) == 8192, states[0]
+    for i in infos:  # scheduler and detokenizer forked, not spawned (sglang_cpu.fork_subprocesses)
+        kids = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in descendants(i.pid)]
+        assert kids and not [k for k in kids if b"multiprocessing.spawn" in k], kids
     control = Control(RunDir.create(tmp_path / "run"))
     control_publisher(control, node="node0")(infos)
     recs = control.engines()
