@@ -107,10 +107,14 @@ def test_only_a_cpu_server_forks_its_children(monkeypatch):
     assert not sglang_cpu.is_cpu_launch(["--device", "cuda"]) and not sglang_cpu.is_cpu_launch(["cpu", "--device"])
     asked: list[tuple] = []
     monkeypatch.setattr(multiprocessing, "set_start_method", lambda m=None, force=False: asked.append((m, force)))
+    monkeypatch.setitem(sys.modules, "megatron", sys.modules.get("megatron"))  # put back as it was after the test
+    monkeypatch.delitem(sys.modules, "megatron")
     sglang_cpu.fork_subprocesses()
     multiprocessing.set_start_method("spawn", force=True)  # what SGLang's launch code calls
     multiprocessing.set_start_method("forkserver")
     assert asked == [("fork", True), ("forkserver", False)]
+    with pytest.raises(ImportError):  # SGLang's dumper finds no megatron-core in a CPU server
+        import megatron.core  # noqa: F401
 
 
 def test_port_block_is_distinct_and_bindable():

@@ -28,6 +28,7 @@ Used only when the rollout device is cpu.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from rlslurm.engines.sglang_versions import SUPPORTED, installed_sglang_version
@@ -100,7 +101,7 @@ def fork_subprocesses() -> None:
     children start (one intra-op thread, `cpu_env`), and a forked child inherits the imports:
     a server's start-up, measured on 2 busy cores, took 84 s with spawn and 69 s with fork (the
     scheduler's 43-s import gone; docs/sglang-behaviour.md, "CPU start-up"). Call before
-    SGLang's launch code runs; never on a GPU server."""
+    SGLang's launch code runs; never on a GPU server. Also hides megatron-core from the server."""
     import multiprocessing
 
     real = multiprocessing.set_start_method
@@ -109,3 +110,7 @@ def fork_subprocesses() -> None:
         real("fork" if method == "spawn" else method, force=force)
 
     multiprocessing.set_start_method = fork_instead  # type: ignore[assignment]  # SGLang calls mp.set_start_method
+    # SGLang's tensor dumper imports megatron-core at class definition when it is installed (it is,
+    # beside rlslurm's trainer): 3.5 s of every scheduler's start for a debug plugin a server never
+    # uses. Marked absent, its import fails as on a machine without it, which the dumper handles.
+    sys.modules.setdefault("megatron", None)  # type: ignore[arg-type]
