@@ -22,7 +22,7 @@ from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
 from rlslurm.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
-from rlslurm.slurm.timespec import time_limit_s
+from rlslurm.job.timespec import time_limit_s
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
 # used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.

@@ -142,3 +142,14 @@ def _split_one_node(cfg: RunConfig) -> None:
                               f"one process per trainer GPU (--trainer-gpus {t})")
         s.trainer_procs_per_node = t
     s.trainer_gpus, s.rollout_gpus = t, r
+
+
+def context_parallel_refusal(cp: int, have_te: bool | None) -> str:
+    """Why --context-parallel-size > 1 is refused (have_te None: not known on this host)."""
+    if have_te is False:
+        return (f"--context-parallel-size {cp}: context parallelism needs transformer-engine's attention "
+                "(megatron-core's local DotProductAttention has no context-parallel path: it would attend "
+                "within each rank's sequence chunk only), and transformer_engine is not importable here")
+    return (f"--context-parallel-size {cp}: not implemented in the RL trainer loop (its log-prob, entropy "
+            "and loss code assumes every rank holds whole sequences; CP would split them and needs "
+            "per-chunk response slicing and load-balanced sequence splits)")

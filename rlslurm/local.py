@@ -32,7 +32,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
 from rlslurm.net import rendezvous_port
-from rlslurm.slurm.jobenv import ATTEMPT_ENV
+from rlslurm.job.env import ATTEMPT_ENV
 from rlslurm.slurm.status import phase_line, role_phases, weights_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles

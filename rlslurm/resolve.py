@@ -17,11 +17,11 @@ from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
-from rlslurm.preflight import context_parallel_refusal
+from rlslurm.layout import context_parallel_refusal
 from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
 from rlslurm.rm_types import RM_REGISTRY
-from rlslurm.slurm.timespec import time_limit_s
+from rlslurm.job.timespec import time_limit_s
 from rlslurm.trainer.replay_subsample import check_subsample
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.

@@ -33,7 +33,7 @@ MAX_MESSAGE_CHARS = 1000        # a ledger line stays a line a person reads
 
 def attempt_dir(run_dir: Path) -> Path:
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.slurm.jobenv import job_env
+    from rlslurm.job.env import job_env
 
     return RunDir(run_dir).attempt_log_dir(job_env().attempt)
 

@@ -90,7 +90,7 @@ from rlslurm.rollout.rollout_fn import (
 )
 from rlslurm.rollout.sft import SFT_ROLLOUT_FN
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
-from rlslurm.slurm.jobenv import job_env
+from rlslurm.job.env import job_env
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from rlslurm.gpus import visible_gpu_uuids
 from rlslurm.layout import no_engines_reason
 from rlslurm.net import node_ip
 from rlslurm.runfile import load_run_config
-from rlslurm.slurm.jobenv import job_env
-from rlslurm.slurm.report import write_env_report
+from rlslurm.job.env import job_env
+from rlslurm.job.report import write_env_report
 
 log = logging.getLogger("rlslurm.rollout")
 

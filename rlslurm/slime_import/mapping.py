@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, build_config, parse_flags
-from rlslurm.preflight import context_parallel_refusal, megatron_fields
+from rlslurm.layout import context_parallel_refusal
+from rlslurm.preflight import megatron_fields
 from rlslurm.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
 from rlslurm.slime_import.bash import Element
 

@@ -29,7 +29,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.store import BufferStore
 from rlslurm.config import RunConfig
-from rlslurm.slurm.jobenv import job_env
+from rlslurm.job.env import job_env
 from rlslurm.trainer.main import HEARTBEAT_S, POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")

@@ -1,6 +1,12 @@
 """The two roles are peers: rlslurm.trainer (het-group 0) and rlslurm.rollout (het-group 1) never
-import each other, and rlslurm.engines, which both use, imports neither. Checked on the source
-with `ast` (nothing is imported), so a lazy import inside a function counts as well."""
+import each other, and rlslurm.engines, which both use, imports neither; and nothing that runs on
+the job's nodes (the roles, the engines, the buffer, rlslurm.job) depends on the login side (the
+CLI, `rlslurm run`, rlslurm/slurm/, the submit-time checks). Followed through every module in
+between (issue 35: trainer/setup.py reached the rollout through preflight.py, which a check of
+direct imports did not see). Checked on the source with `ast` (nothing is imported), so a lazy
+import inside a function counts as well.
+
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "rlslurm"
 FORBIDDEN = {"trainer": ("rollout",), "rollout": ("trainer",), "engines": ("trainer", "rollout")}
+NODE_SIDE = ("trainer", "rollout", "engines", "buffer", "job")
+LOGIN_SIDE = ("slurm", "cli", "local", "preflight", "resolve", "slime_import")
 # a module named in a string (importlib.import_module, `python -m ...`) is a dependency too
 MODULE_STRING = re.compile(r"^rlslurm\.(\w+)(?:[.:]|$)")
 
@@ -37,16 +45,60 @@ def _imports(path: Path, pkg: Path) -> list[tuple[int, str]]:
     return out
 
 
+def _graph(pkg: Path) -> dict[str, dict[str, int]]:
+    """module -> {rlslurm module it imports: line}, for every module of the package at `pkg`."""
+    files = {}
+    for path in pkg.rglob("*.py"):
+        parts = path.relative_to(pkg).with_suffix("").parts
+        files[".".join(("rlslurm", *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+
+    def known(module: str) -> str:  # `from rlslurm.x import name`: the longest prefix that is a module
+        parts = module.split(":")[0].split(".")
+        while len(parts) > 2 and ".".join(parts) not in files:
+            parts.pop()
+        return ".".join(parts)
+
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in files.items():
+        deps = graph.setdefault(name, {})
+        for line, module in _imports(path, pkg):
+            target = known(module) if MODULE_STRING.match(module) else None
+            if target and target != name and target != "rlslurm":
+                deps.setdefault(target, line)
+    return graph
+
+
+def _top(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _chain(graph: dict[str, dict[str, int]], start: str, banned: tuple[str, ...]) -> list[str] | None:
+    """The shortest import chain from `start` to a module under rlslurm.<banned>, or None."""
+    came_from: dict[str, str | None] = {start: None}
+    queue = [start]
+    for module in queue:
+        for dep in graph.get(module, {}):
+            if dep in came_from:
+                continue
+            came_from[dep] = module
+            if _top(dep) in banned:
+                chain = [dep]
+                while (prev := came_from[chain[-1]]) is not None:
+                    chain.append(prev)
+                return chain[::-1]
+            queue.append(dep)
+    return None
+
+
 def violations(pkg: Path = PKG) -> list[str]:
+    graph = _graph(pkg)
+    rules = [*FORBIDDEN.items(), *((side, LOGIN_SIDE) for side in NODE_SIDE)]
     bad = []
-    for role, banned in FORBIDDEN.items():
-        for path in sorted((pkg / role).rglob("*.py")):
-            seen = set()
-            for line, module in _imports(path, pkg):
-                m = MODULE_STRING.match(module)
-                if m and m.group(1) in banned and line not in seen:
-                    seen.add(line)
-                    bad.append(f"rlslurm/{path.relative_to(pkg)}:{line}: rlslurm.{role} uses {module}")
+    for role, banned in rules:
+        for module in sorted(m for m in graph if _top(m) == role):
+            if chain := _chain(graph, module, banned):
+                first = f"rlslurm/{'/'.join(module.split('.')[1:])}.py:{graph[module][chain[1]]}"
+                bad.append(f"{first}: rlslurm.{role} reaches {chain[-1]} ({' -> '.join(chain)})")
     return bad
 
 
@@ -60,11 +112,17 @@ def test_roles_are_peers_and_engines_stand_alone():
     ("rollout", "import rlslurm.trainer.weight_sync\n", True),
     ("engines", "from ..trainer import collectives\n", True),
     ("engines", "CMD = ['-m', 'rlslurm.rollout.main']\n", True),
+    ("trainer", "from rlslurm.checks import refusal\n", True),       # through a module in between
+    ("buffer", "def f():\n    from rlslurm.slurm.submit import submit\n", True),  # a node needs the login side
     ("rollout", "from rlslurm.engines.engine import EngineSpec\n", False),
     ("trainer", "from rlslurm.engines.fanout import Engines\n", False),
+    ("trainer", "from rlslurm.job.env import job_env\n", False),
 ])
 def test_the_check_sees_each_form(tmp_path, role, source, banned):
-    (tmp_path / role).mkdir()
-    (tmp_path / role / "mod.py").write_text(source)
-    found = violations(tmp_path)
+    for mod, text in ((f"{role}/mod.py", source), ("checks.py", "from rlslurm.rollout.rollout_fn import x\n"),
+                      ("rollout/rollout_fn.py", ""), ("slurm/submit.py", ""), ("job/env.py", ""),
+                      ("engines/fanout.py", ""), ("engines/engine.py", "")):
+        (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / mod).write_text(text)
+    found = [v for v in violations(tmp_path) if v.startswith(f"rlslurm/{role}/mod.py")]
     assert bool(found) == banned, found

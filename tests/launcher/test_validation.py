@@ -10,7 +10,7 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
-from rlslurm.slurm.timespec import time_limit_s
+from rlslurm.job.timespec import time_limit_s
 from tests.config_errors import one_line_naming
 from tests.prompt_files import prompt_lines
 

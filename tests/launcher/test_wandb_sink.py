@@ -25,7 +25,7 @@ from rlslurm.rollout.data import PromptSource  # noqa: E402
 from rlslurm.rollout.driver import RolloutDriver, eval_metrics, generation_metrics, number_samples  # noqa: E402
 from rlslurm.rollout.filters import GroupCollector, zero_std_filter  # noqa: E402
 from rlslurm.runfile import load_run_config  # noqa: E402
-from rlslurm.slurm.jobenv import ATTEMPT_ENV  # noqa: E402
+from rlslurm.job.env import ATTEMPT_ENV  # noqa: E402
 from rlslurm.slurm.submit import prepare_run_dir  # noqa: E402
 from rlslurm.trainer.metrics import MetricsLogger, read_metrics  # noqa: E402
 from tests.hf_shape import hf_shaped_dir  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Any
 
 from rlslurm.buffer.atomic import write_json_atomic
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.slurm.jobenv import job_env
+from rlslurm.job.env import job_env
 
 
 def write_env_report(run_dir: Path, role: str, rank: int, extra: dict[str, Any]) -> Path:
