@@ -15,13 +15,12 @@ from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
+from rlslurm.job.timespec import time_limit_s
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
-from rlslurm.layout import context_parallel_refusal
 from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
 from rlslurm.rm_types import RM_REGISTRY
-from rlslurm.job.timespec import time_limit_s
 from rlslurm.trainer.replay_subsample import check_subsample
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
@@ -135,7 +134,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         )
 
     if t.context_parallel_size > 1:
-        raise ConfigError(context_parallel_refusal(t.context_parallel_size, None))
+        raise ConfigError(layout.context_parallel_refusal(t.context_parallel_size, None))
     if cfg.run.shared_gpu:
         _check_shared_gpu(cfg)
     world = cfg.trainer_gpus

@@ -28,11 +28,11 @@ from rlslurm import role_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.gpus import visible_gpu_uuids
+from rlslurm.job.env import job_env
+from rlslurm.job.report import write_env_report
 from rlslurm.layout import no_engines_reason
 from rlslurm.net import node_ip
 from rlslurm.runfile import load_run_config
-from rlslurm.job.env import job_env
-from rlslurm.job.report import write_env_report
 
 log = logging.getLogger("rlslurm.rollout")
 

@@ -37,9 +37,9 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import DataError, UserError
 from rlslurm.gpus import torch_device_uuid
-from rlslurm.runfile import load_run_config
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
+from rlslurm.runfile import load_run_config
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import Command, Failed, Next

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import ModelConfig, load_model_config
 from rlslurm.layout import context_parallel_refusal
+from rlslurm.model_config import ModelConfig, load_model_config
 from rlslurm.rl_settings import check_rl_settings, estimator
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
 from rlslurm.trainer.collectives import group_timeout
