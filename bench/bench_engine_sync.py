@@ -58,17 +58,30 @@ SHAPES = {  # Qwen3 dense configs (HF config.json fields); "tiny" only checks th
     "4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
 }
-GPU_ENGINE_FLAGS = server_flags(0.5)  # the trimmed GPU bundle's (tests/gpu/bundle_flags.py)
+MOE_SHAPES = {  # Qwen3-MoE configs (HF config.json fields); "tiny-moe" only checks the bench on CPU
+    "tiny-moe": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+                     num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, vocab_size=512, tie_word_embeddings=False),
+    # Qwen/Qwen3-30B-A3B's config.json: 30.5 B parameters, 61 GB in bf16
+    "30B-A3B": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                    num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                    head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+}
 MODES = {"rlslurm": "rlslurm's receiver in the engine", "flattened": "SGLang's flattened_bucket receive",
          "per_tensor": "SGLang's per-tensor receive"}
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12], [1, 64, 65, 66], [1, 2000 % 512, 3, 4, 250]]
 
 
 def write_model_dir(size: str, out: Path, dtype: str) -> Path:
-    from transformers import Qwen3Config
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
-    cfg = Qwen3Config(**SHAPES[size], max_position_embeddings=4096, architectures=["Qwen3ForCausalLM"],
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if size in MOE_SHAPES:
+        cfg = Qwen3MoeConfig(**MOE_SHAPES[size], max_position_embeddings=4096, architectures=["Qwen3MoeForCausalLM"],
+                             bos_token_id=1, eos_token_id=2, pad_token_id=0, norm_topk_prob=True,
+                             decoder_sparse_step=1, mlp_only_layers=[])
+    else:
+        cfg = Qwen3Config(**SHAPES[size], max_position_embeddings=4096, architectures=["Qwen3ForCausalLM"],
+                          bos_token_id=1, eos_token_id=2, pad_token_id=0)
     cfg.torch_dtype = dtype
     cfg.save_pretrained(out)
     return out
@@ -76,12 +89,36 @@ def write_model_dir(size: str, out: Path, dtype: str) -> Path:
 
 def hf_tensors(size: str, device: torch.device, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
     """The HF-named parameters of a Qwen3-shaped model (tied embedding once), as the export yields them."""
+    if size in MOE_SHAPES:
+        return moe_tensors(MOE_SHAPES[size], device, dtype)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     with torch.device("meta"):
         m = Qwen3ForCausalLM(Qwen3Config(**SHAPES[size], max_position_embeddings=4096))
     m = m.to_empty(device=device).to(dtype)
     return [(n, p.detach()) for n, p in m.named_parameters()]
+
+
+def moe_tensors(c: dict, device: torch.device, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+    """A Qwen3-MoE checkpoint's tensors by their HF checkpoint names, one per expert matrix, in the order
+    rlslurm's export yields them (convert/export.py: layer by layer). Written out rather than taken from
+    transformers' module, whose 5.x MoE keeps the experts fused in 3-D parameters of other names."""
+    h, hd, e, i = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
+    shapes = [("model.embed_tokens.weight", (c["vocab_size"], h))]
+    for n in range(c["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,)),
+                   (p + "self_attn.q_proj.weight", (c["num_attention_heads"] * hd, h)),
+                   (p + "self_attn.k_proj.weight", (c["num_key_value_heads"] * hd, h)),
+                   (p + "self_attn.v_proj.weight", (c["num_key_value_heads"] * hd, h)),
+                   (p + "self_attn.o_proj.weight", (h, c["num_attention_heads"] * hd)),
+                   (p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,)),
+                   (p + "mlp.gate.weight", (e, h))]
+        for x in range(e):
+            q = f"{p}mlp.experts.{x}."
+            shapes += [(q + "gate_proj.weight", (i, h)), (q + "up_proj.weight", (i, h)), (q + "down_proj.weight", (h, i))]
+    shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (c["vocab_size"], h))]
+    return [(n, torch.empty(shape, device=device, dtype=dtype)) for n, shape in shapes]
 
 
 def fill(named: list[tuple[str, torch.Tensor]], seed: int) -> None:
@@ -95,27 +132,29 @@ def fill(named: list[tuple[str, torch.Tensor]], seed: int) -> None:
                 t.copy_(0.02 * torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32))
 
 
-def raw_receiver(port: int, group_name: str, device: str, backend: str, conn) -> None:
-    """Joins the way an engine does (tcp rendezvous, PrefixStore(group_name), torch's helper) and
-    receives one flat buffer per request: the reference's other end."""
+def raw_receiver(port: int, group_name: str, device: str, backend: str, rank: int, world: int, chunk: int,
+                 conn) -> None:
+    """Joins the way an engine rank does (tcp rendezvous, PrefixStore(group_name), torch's helper) and
+    receives each request's bytes as broadcasts of `chunk` bytes into one buffer: the reference's other
+    end (one buffer of a 61 GB model would not fit beside the engine)."""
     from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
                                                     rendezvous)
 
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     timeout = datetime.timedelta(seconds=300)
-    store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{port}", 1, 2, timeout=timeout))
+    store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{port}", rank, world, timeout=timeout))
     store.set_timeout(timeout)
     pg, _ = _new_process_group_helper(world, rank, [], Backend(backend), PrefixStore(group_name, store),
                                       group_name=group_name, timeout=timeout)
     _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    buf = torch.empty(chunk, dtype=torch.uint8, device=device)
     conn.send("ready")
     while (n := conn.recv()) is not None:
-        buf = torch.empty(n, dtype=torch.uint8, device=device)
-        torch.distributed.broadcast(buf, src=0, group=pg)
+        for at in range(0, n, chunk):
+            torch.distributed.broadcast(buf[:min(chunk, n - at)], src=0, group=pg)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        del buf
         conn.send("ok")
 
 
@@ -139,7 +178,10 @@ def max_logprob_diff(x: list, y: list) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["1.7B", "4B"], choices=sorted(SHAPES))
+    ap.add_argument("--models", nargs="+", default=["1.7B", "4B"], choices=sorted(SHAPES) + sorted(MOE_SHAPES))
+    ap.add_argument("--engine-tp", type=int, default=1, help="the engine's TP size (its GPUs follow the sender's)")
+    ap.add_argument("--engine-gpu", type=int, default=1, help="the engine's first GPU (the sender has GPU 0)")
+    ap.add_argument("--mem-fraction", type=float, default=0.5, help="the engine's --mem-fraction-static")
     ap.add_argument("--bucket-mib", type=int, nargs="+", default=[512, 1024])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -164,11 +206,12 @@ def main() -> None:
     os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
     backend = "nccl" if cuda else "gloo"
     send_dev = torch.device("cuda:0") if cuda else torch.device("cpu")
-    recv_gpu = 1 if cuda and torch.cuda.device_count() > 1 else 0
+    recv_gpu = a.engine_gpu if cuda else 0
     if cuda:
         torch.cuda.set_device(0)
-        if recv_gpu == 0:
-            sys.exit("bench_engine_sync: needs 2 GPUs (NCCL refuses two ranks of one group on one GPU)")
+        if recv_gpu == 0 or recv_gpu + a.engine_tp > torch.cuda.device_count():
+            sys.exit(f"bench_engine_sync: the sender needs GPU 0 and the engine GPUs {recv_gpu}..{recv_gpu + a.engine_tp - 1} "
+                     f"of the {torch.cuda.device_count()} here (NCCL refuses two ranks of one group on one GPU)")
     dtype = torch.bfloat16 if cuda else torch.float32
     host, key = "127.0.0.1", secrets.token_urlsafe(24)
     mpctx = mp.get_context("spawn")
@@ -179,10 +222,11 @@ def main() -> None:
         control = Control(RunDir.create(work / "run"))
         port = engine_port_block(host, 1)[0]
         extra = ("--load-format", "dummy", "--skip-tokenizer-init", "--custom-weight-loader", RECEIVER_LOADER) \
-            + (GPU_ENGINE_FLAGS if cuda else ())
+            + (server_flags(a.mem_fraction) if cuda else ())
         spec = EngineSpec(name="engine-0", model_path=str(model_dir), host=host, port=port.port,
                           nccl_port=port.nccl_port, log_path=work / "engine-0.log", api_key=key,
                           dtype="bfloat16" if cuda else "float32", device=a.device, base_gpu_id=recv_gpu,
+                          tp_size=a.engine_tp,
                           extra_args=extra, cpu_core=None if cuda else 0, max_total_tokens=None if cuda else 8192)
         router = RouterProcess(host=host, port=free_port(host), log_path=work / "router.log", api_key=key,
                                extra_args=("--log-level", "warn"))
@@ -199,7 +243,7 @@ def main() -> None:
                     lines.append(one_setting(a, size, bucket_mib, default_poll, named, total, control, key, host,
                                              backend, send_dev, recv_gpu, mpctx, sup, startup_s,
                                              installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles,
-                                             mode))
+                                             mode, spec.log_path))
                     print(json.dumps(lines[-1]), flush=True)
                     if a.out:  # line by line: a run cut short keeps what it measured
                         a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -213,9 +257,20 @@ def main() -> None:
             torch.cuda.empty_cache()
 
 
+def receiver_lines(log_path: Path) -> dict:
+    """What rlslurm's receiver said in the engine's log: how each bucket layout is copied (learnt copies,
+    or SGLang's load_weights kept, with why), counted per kind, and its last per-request line."""
+    text = Path(log_path).read_text(errors="replace").splitlines()
+    lines = [ln[ln.index("rlslurm receiver:"):] for ln in text if "rlslurm receiver:" in ln]
+    learnt = [ln for ln in lines if "learnt copies" in ln]
+    kept = [ln for ln in lines if "keeps SGLang's load_weights" in ln]
+    return {"layouts_learnt": len(learnt), "layouts_kept_load_weights": len(kept), "kept_why": sorted(set(
+        ln.split("load_weights: ", 1)[1] for ln in kept))[:3], "last_request": lines[-1] if lines else None}
+
+
 def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host, backend, send_dev, recv_gpu,
                 mpctx, sup, startup_s, sglang_version, DistributedPublisher, SyncOptions, _Roles,
-                mode: str) -> dict:
+                mode: str, engine_log: Path) -> dict:
     from rlslurm.net import free_port
     from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
 
@@ -231,14 +286,19 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
                                export=lambda mc, model, dt: iter(named))
     # the reference's pair: a plain receiver on the engine's GPU, its own group
     rport, rname = free_port(host), f"bench-raw-{size}-{bucket_mib}-{mode}"
-    parent, child = mpctx.Pipe()
-    recv_device = f"cuda:{recv_gpu}" if cuda else "cpu"
-    proc = mpctx.Process(target=raw_receiver, args=(rport, rname, recv_device, backend, child))
-    proc.start()
-    raw_group = SyncGroup(GroupSpec(host, rport, 2, rname, backend, 300.0), device=send_dev).open()
+    chunk, tp = bucket_mib * 1024**2, a.engine_tp
+    pipes, procs = [], []
+    for r in range(tp):  # one plain receiver per engine rank, on that rank's GPU
+        parent, child = mpctx.Pipe()
+        recv_device = f"cuda:{recv_gpu + r}" if cuda else "cpu"
+        procs.append(mpctx.Process(target=raw_receiver,
+                                   args=(rport, rname, recv_device, backend, 1 + r, 1 + tp, chunk, child)))
+        procs[-1].start()
+        pipes.append(parent)
+    raw_group = SyncGroup(GroupSpec(host, rport, 1 + tp, rname, backend, 300.0), device=send_dev).open()
     raw_group.join()
-    assert parent.recv() == "ready"
-    flat = torch.empty(total, dtype=torch.uint8, device=send_dev)
+    assert all(p.recv() == "ready" for p in pipes)
+    flat = torch.empty(chunk, dtype=torch.uint8, device=send_dev)
     version = 0
 
     def sync_once() -> tuple[float, float]:
@@ -253,9 +313,11 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        parent.send(total)
-        raw_group.broadcast([flat])
-        assert parent.recv() == "ok"
+        for p in pipes:
+            p.send(total)
+        for at in range(0, total, chunk):
+            raw_group.broadcast([flat[:min(chunk, total - at)]])
+        assert all(p.recv() == "ok" for p in pipes)
         return time.perf_counter() - t0
 
     try:
@@ -281,8 +343,10 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
                              f"must be > 1e-3)")
     finally:
         pub.close()
-        parent.send(None)
-        proc.join(timeout=60)
+        for p in pipes:
+            p.send(None)
+        for proc in procs:
+            proc.join(timeout=60)
         raw_group.close()
     med = statistics.median
     ts, tp, tr = med(sends), med(pubs), med(raws)
@@ -296,9 +360,10 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         "send_s_all": [round(x, 4) for x in sends], "publish_s_all": [round(x, 4) for x in pubs],
         "raw_s_all": [round(x, 4) for x in raws],
         "greedy_A_vs_A_again_max_logprob_diff": a_again, "greedy_A_vs_B_max_logprob_diff": a_b,
-        "model": f"qwen3-{size}-shaped", "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
+        "model": f"qwen3-{size}-shaped", "engine_tp": a.engine_tp,
+        "receiver_lines": receiver_lines(engine_log) if mode == "rlslurm" else None, "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
         "bucket_mib": bucket_mib, "mode": mode, "flattened_bucket": flattened, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
-        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpu": recv_gpu, "sglang": sglang_version,
+        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpus": list(range(recv_gpu, recv_gpu + a.engine_tp)), "sglang": sglang_version,
         "engine_startup_s": round(startup_s, 1), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

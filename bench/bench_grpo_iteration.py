@@ -38,8 +38,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from flops import peak_bf16, qwen3_forward_flops_per_token  # noqa: E402
 from tests.gpu.bundle_flags import run_flags  # noqa: E402
 
-# the trimmed GPU bundle's engine flags; the engine has GPU 1 to itself, so a larger KV pool
+# the trimmed GPU bundle's engine flags; the engine has its GPUs to itself, so a larger KV pool
 ENGINE_FLAGS = run_flags(0.7)
+# placement flags of `rlslurm run` and GPUs used, per layout: the trainer's GPUs first, the engine's next
+LAYOUTS = {
+    "tp1": (["--gpus-per-node", "1", "--trainer-procs-per-node", "1"], 1, 2),
+    "tp2": (["--gpus-per-node", "2", "--trainer-procs-per-node", "2", "--tensor-model-parallel-size", "2",
+             "--rollout-num-gpus-per-engine", "2"], 2, 4),
+}
 
 
 def jsonl(p: Path) -> list[dict]:
@@ -53,6 +59,8 @@ def med(xs: list[float]) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3-1.7B")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="tp1",
+                    help="tp1: trainer on GPU 0, one engine on GPU 1; tp2: trainer TP2 on GPUs 0-1, one TP2 engine on 2-3")
     ap.add_argument("--num-rollout", type=int, default=5)
     ap.add_argument("--save-interval", type=int, default=2)
     ap.add_argument("--rollout-batch-size", type=int, default=32)
@@ -82,12 +90,13 @@ def main() -> None:
     from rlslurm.model_config import load_model_config
 
     mc = load_model_config(a.model)
+    placement, tp, gpus = LAYOUTS[a.layout]
     batch = a.rollout_batch_size * a.n_samples
     ckpt_s = wall = None
     if a.from_run is not None:
         run_dir, gpu = a.from_run, a.gpu_name or "?"
     else:
-        assert a.cpu_smoke or torch.cuda.device_count() >= 2, "needs two GPUs: the trainer's and the engine's"
+        assert a.cpu_smoke or torch.cuda.device_count() >= gpus, f"layout {a.layout} needs {gpus} GPUs"
         gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)
         t = time.perf_counter()
         ckpt, prompts = checkpoint_and_prompts(a.model, a.work, cpu=a.cpu_smoke)
@@ -96,7 +105,7 @@ def main() -> None:
         cmd = [*run_command(a.model, ckpt, prompts, run_dir, num_rollout=a.num_rollout, save_interval=a.save_interval,
                             rollout_batch_size=a.rollout_batch_size, n_samples=a.n_samples,
                             response_len=a.response_len),
-               "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
+               *placement,
                *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []), *a.run_flag,
                *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
         wall = run_logged(cmd, a.work / "run.log")
@@ -112,10 +121,13 @@ def main() -> None:
     peak = peak_bf16(gpu)
     step_s = med([r["time/actor_step"] for r in steady])
     recompute_s = med([r["time/old_logprob"] for r in steady])
+    transports = sorted({r.get("weight_sync/transport") for r in train} - {None})
     res = {
         "bench": "grpo_iteration_rlslurm_run",
         "figure": round(tokens / step_s, 1),
-        "figure_name": "actor step tokens/s inside `rlslurm run` (one GPU)",
+        "figure_name": f"actor step tokens/s inside `rlslurm run` (trainer TP{tp}, {tp} GPU(s))",
+        "layout": a.layout, "weight_sync_transports": transports,
+        "weight_sync_fallbacks": max([r.get("weight_sync/fallbacks", 0) for r in train] or [0]),
         "phases_s": {
             "iteration": med(iters),
             "generate": med([roll[r["rollout_id"]]["rollout/time/generate_s"] for r in steady if r["rollout_id"] in roll]),
@@ -129,9 +141,9 @@ def main() -> None:
         "generate_tokens_per_s": med([roll[i]["rollout/tokens_per_s"] for i in roll if i >= 1]),
         "samples": batch, "train_tokens": tokens,
         "micro_batches": "one sample each" if a.one_sample_micro_batches else "dynamic, max_tokens_per_gpu of the config", "mean_seq": round(seq, 1),
-        "mfu_actor_step": round(3 * fwd * tokens / step_s / peak, 4) if peak else None,
-        "mfu_old_logprob": round(fwd * tokens / recompute_s / peak, 4) if peak else None,
-        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": 2, "torch": None if a.from_run else torch.__version__,
+        "mfu_actor_step": round(3 * fwd * tokens / step_s / peak / tp, 4) if peak else None,
+        "mfu_old_logprob": round(fwd * tokens / recompute_s / peak / tp, 4) if peak else None,
+        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": gpus, "run_dir": str(run_dir), "torch": None if a.from_run else torch.__version__,
         "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1), "num_rollout": a.num_rollout,
         "response_len_max": a.response_len,
     }
@@ -140,20 +152,22 @@ def main() -> None:
     elif not a.no_reference:  # plain megatron on the same shape and micro-batches, GPU 0, same call
         ref_out = a.work / "trainer-ref.json"
         mbs = max(d for d in range(1, batch + 1) if batch % d == 0 and d * round(seq) <= 9216)  # max_tokens_per_gpu
-        subprocess.run([sys.executable, str(ROOT / "bench/bench_trainer.py"), "--layers", str(mc.arch.num_layers),
+        launch = [sys.executable] if tp == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                   "--nproc-per-node", str(tp)]
+        subprocess.run([*launch, str(ROOT / "bench/bench_trainer.py"), "--model", a.model, "--tp", str(tp),
                         "--samples", str(batch), "--seq", str(int(round(seq))), "--prompt", "3", "--mbs", str(mbs),
                         "--iters", "3", "--warmup", "1", "--out", str(ref_out)], check=True, cwd=ROOT,
-                       env=dict(os.environ, CUDA_VISIBLE_DEVICES="0"))
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(tp))))
         ref = json.loads(ref_out.read_text())
     if a.reference_json is not None or not a.no_reference:
         where = "given" if a.reference_json is not None else "same call"
         res.update({
             "reference": ref["reference"], "reference_name": "plain megatron forward+backward+step tokens/s "
-                                                             f"(bench_trainer.py, same shape, GPU 0, {where})",
+                                                             f"(bench_trainer.py, same shape, TP{tp} on GPUs 0-{tp - 1}, {where})",
             "reference_torch": ref.get("torch"), "reference_gpu": ref.get("gpu"),
             "ratio": round(res["figure"] / ref["reference"], 4),
             "bench_trainer_rl_vs_plain": ref["ratio"],
-            "mfu_plain": round(3 * fwd * ref["reference"] / peak, 4) if peak else None,
+            "mfu_plain": round(3 * fwd * ref["reference"] / peak / tp, 4) if peak else None,
         })
     line = json.dumps(res)
     print(line, flush=True)

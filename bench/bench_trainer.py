@@ -89,9 +89,10 @@ def plain_step(st, rollout, plan_step) -> None:
     tr.scheduler.step(increment=1)
 
 
-def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict):
-    """One-process trainer (rank 0 of 1) for a bench: tiny-qwen3 in fp32, or the qwen3-1.7B shape
-    with `layers` layers in bf16; `train` adds to the train section. Returns (setup, vocab size)."""
+def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str | None = None):
+    """A trainer for a bench: tiny-qwen3 in fp32, or in bf16 the shipped config `model`, or the qwen3-1.7B
+    shape with `layers` layers. One process (rank 0 of 1), or each rank of a torchrun (its env names
+    the rank and world; `train` sets the parallel layout). Returns (setup, vocab size)."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
@@ -104,6 +105,10 @@ def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict):
     tmp = Path(tempfile.mkdtemp())
     if tiny:
         model, vocab, bf16 = "tiny-qwen3", 64, False
+    elif model is not None:
+        from rlslurm.model_config import load_model_config
+
+        vocab, bf16 = load_model_config(model).arch.vocab_size, True
     else:
         (tmp / "qwen3-1.7B-bench.yaml").write_text(QWEN3_1_7B.format(layers=layers))
         model, vocab, bf16 = str(tmp / "qwen3-1.7B-bench.yaml"), 151936, True
@@ -114,7 +119,7 @@ def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict):
         "train": {"num_steps_per_rollout": 1, "lr": 1e-6, "bf16": bf16, "use_distributed_optimizer": True,
                   "clip_grad": 1.0, **train},
     })
-    return build_trainer(cfg, 1), vocab
+    return build_trainer(cfg, int(os.environ["WORLD_SIZE"])), vocab
 
 
 def main() -> None:
@@ -126,6 +131,9 @@ def main() -> None:
     ap.add_argument("--mbs", type=int, default=2)
     ap.add_argument("--iters", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--model", default=None, help="a shipped model config (e.g. qwen3-4B) instead of the "
+                    "qwen3-1.7B shape of --layers layers")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallelism (run under torchrun with as many ranks)")
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
@@ -134,8 +142,9 @@ def main() -> None:
     from rlslurm.trainer import step as steps
 
     t0 = time.perf_counter()
-    st, vocab = bench_trainer(tiny=a.tiny, cpu=a.cpu, layers=a.layers,
-                              train={"micro_batch_size": a.mbs, "global_batch_size": a.samples})
+    st, vocab = bench_trainer(tiny=a.tiny, cpu=a.cpu, layers=a.layers, model=a.model,
+                              train={"micro_batch_size": a.mbs, "global_batch_size": a.samples,
+                                     "tensor_model_parallel_size": a.tp})
     build_s = time.perf_counter() - t0
     bf16 = st.cfg.train.bf16
     rollout = make_rollout(a.samples, a.seq, a.prompt, vocab)
@@ -187,7 +196,9 @@ def main() -> None:
         "rollout_with_recompute_ratio": round(mp / (mr + mq), 4),
         "old_logprob_recompute_s": round(mq, 4),
         "step_s": {"rl": [round(x, 4) for x in t_rl], "plain": [round(x, 4) for x in t_plain]},
-        "model": "tiny-qwen3" if a.tiny else f"qwen3-1.7B shape, {a.layers} layers, random init",
+        "model": "tiny-qwen3" if a.tiny else (f"{a.model} config, random init" if a.model
+                                               else f"qwen3-1.7B shape, {a.layers} layers, random init"),
+        "tp": a.tp, "ranks": int(os.environ["WORLD_SIZE"]),
         "params": sum(p.numel() for p in st.actor.model.parameters()),
         "batch": {"samples": a.samples, "seq": a.seq, "prompt": a.prompt, "micro_batch_size": a.mbs, "tokens": tokens},
         "dtype": "bf16" if bf16 else "fp32", "gpu": gpu, "torch": torch.__version__,
@@ -195,6 +206,9 @@ def main() -> None:
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if gpu != "cpu" else None,
     }
     line = json.dumps(res)
+    if int(os.environ["RANK"]) != 0:  # every rank measured the same steps; rank 0 reports
+        torch.distributed.destroy_process_group()
+        return
     print(line, flush=True)
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
