@@ -61,6 +61,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-1.7B")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="tp1",
                     help="tp1: trainer on GPU 0, one engine on GPU 1; tp2: trainer TP2 on GPUs 0-1, one TP2 engine on 2-3")
+    ap.add_argument("--recompute", action="store_true", help="full activation recompute in the run and the "
+                    "reference (slime's recipe for 4B+ on 80 GB: without it qwen3-4B at TP2 ran out of memory)")
     ap.add_argument("--num-rollout", type=int, default=5)
     ap.add_argument("--save-interval", type=int, default=2)
     ap.add_argument("--rollout-batch-size", type=int, default=32)
@@ -106,6 +108,8 @@ def main() -> None:
                             rollout_batch_size=a.rollout_batch_size, n_samples=a.n_samples,
                             response_len=a.response_len),
                *placement,
+               *(["--megatron-recompute-granularity", "full", "--megatron-recompute-method", "uniform",
+                  "--megatron-recompute-num-layers", "1"] if a.recompute else []),
                *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []), *a.run_flag,
                *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
         wall = run_logged(cmd, a.work / "run.log")
@@ -126,7 +130,7 @@ def main() -> None:
         "bench": "grpo_iteration_rlslurm_run",
         "figure": round(tokens / step_s, 1),
         "figure_name": f"actor step tokens/s inside `rlslurm run` (trainer TP{tp}, {tp} GPU(s))",
-        "layout": a.layout, "weight_sync_transports": transports,
+        "layout": a.layout, "recompute": a.recompute, "weight_sync_transports": transports,
         "weight_sync_fallbacks": max([r.get("weight_sync/fallbacks", 0) for r in train] or [0]),
         "phases_s": {
             "iteration": med(iters),
@@ -156,7 +160,8 @@ def main() -> None:
                                                    "--nproc-per-node", str(tp)]
         subprocess.run([*launch, str(ROOT / "bench/bench_trainer.py"), "--model", a.model, "--tp", str(tp),
                         "--samples", str(batch), "--seq", str(int(round(seq))), "--prompt", "3", "--mbs", str(mbs),
-                        "--iters", "3", "--warmup", "1", "--out", str(ref_out)], check=True, cwd=ROOT,
+                        "--iters", "3", "--warmup", "1", "--out", str(ref_out),
+                        *(["--recompute"] if a.recompute else [])], check=True, cwd=ROOT,
                        env=dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(tp))))
         ref = json.loads(ref_out.read_text())
     if a.reference_json is not None or not a.no_reference:

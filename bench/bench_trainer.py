@@ -89,7 +89,11 @@ def plain_step(st, rollout, plan_step) -> None:
     tr.scheduler.step(increment=1)
 
 
-def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str | None = None):
+RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}  # slime's
+
+
+def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str | None = None,
+                  megatron: dict | None = None):
     """A trainer for a bench: tiny-qwen3 in fp32, or in bf16 the shipped config `model`, or the qwen3-1.7B
     shape with `layers` layers. One process (rank 0 of 1), or each rank of a torchrun (its env names
     the rank and world; `train` sets the parallel layout). Returns (setup, vocab size)."""
@@ -116,6 +120,7 @@ def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str
         "run": {"run_dir": str(tmp / "run"), "device": device, "seed": 1},
         "model": {"model": model},
         "rollout": {"num_rollout": 100},
+        "megatron": megatron or {},
         "train": {"num_steps_per_rollout": 1, "lr": 1e-6, "bf16": bf16, "use_distributed_optimizer": True,
                   "clip_grad": 1.0, **train},
     })
@@ -134,6 +139,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a shipped model config (e.g. qwen3-4B) instead of the "
                     "qwen3-1.7B shape of --layers layers")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallelism (run under torchrun with as many ranks)")
+    ap.add_argument("--recompute", action="store_true", help="full activation recompute, one layer at a time "
+                    "(slime's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1)")
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
@@ -143,6 +150,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     st, vocab = bench_trainer(tiny=a.tiny, cpu=a.cpu, layers=a.layers, model=a.model,
+                              megatron=RECOMPUTE if a.recompute else None,
                               train={"micro_batch_size": a.mbs, "global_batch_size": a.samples,
                                      "tensor_model_parallel_size": a.tp})
     build_s = time.perf_counter() - t0
@@ -198,7 +206,7 @@ def main() -> None:
         "step_s": {"rl": [round(x, 4) for x in t_rl], "plain": [round(x, 4) for x in t_plain]},
         "model": "tiny-qwen3" if a.tiny else (f"{a.model} config, random init" if a.model
                                                else f"qwen3-1.7B shape, {a.layers} layers, random init"),
-        "tp": a.tp, "ranks": int(os.environ["WORLD_SIZE"]),
+        "tp": a.tp, "ranks": int(os.environ["WORLD_SIZE"]), "recompute": a.recompute,
         "params": sum(p.numel() for p in st.actor.model.parameters()),
         "batch": {"samples": a.samples, "seq": a.seq, "prompt": a.prompt, "micro_batch_size": a.mbs, "tokens": tokens},
         "dtype": "bf16" if bf16 else "fp32", "gpu": gpu, "torch": torch.__version__,

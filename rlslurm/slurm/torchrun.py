@@ -16,8 +16,8 @@ KILLs them. torch's default is 30 s, shorter than a real model's checkpoint on T
 the run's --signal-grace-s (rlslurm/attempt.py `trainer_argv`), so SLURM's own KILL (KillWait or the
 partition's GraceTime), not torchrun's, bounds the save. torch >= 2.13 takes the flag itself (its
 LaunchConfig has `shutdown_timeout`); older torch (2.11 in the GPU image) has the 30 s as the
-default argument of the agent's `_shutdown` and no way to set it, so there the flag is taken off the
-command line and that default is raised in-process (`apply_shutdown_timeout`;
+default argument of the workers' `PContext.close` and no way to set it, so there the flag is taken off
+the command line and that default is raised in-process (`apply_shutdown_timeout`;
 docs/slurm-preemption.md, "torchrun's own KILL").
 """
 
@@ -74,22 +74,23 @@ def torch_has_shutdown_timeout() -> bool:
 
 
 def apply_shutdown_timeout(seconds: int) -> None:
-    """For a torch without --shutdown-timeout: every shutdown of the local agent waits at least
-    `seconds` for the workers before the KILL. Its `_shutdown(death_sig, timeout=30)` is the one
-    place the agent passes a timeout to the workers' close (on a TERM: `SignalException` in
-    `SimpleElasticAgent.run`)."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    """For a torch without --shutdown-timeout: every close of the workers' process context waits at
+    least `seconds` for them before the KILL. `PContext.close(death_sig, timeout=30)` is where every
+    torch version's agent stops its workers; torch 2.11's `LocalElasticAgent._shutdown(death_sig)`
+    takes no timeout at all and calls it with the default (measured on the GPU image: wrapping
+    `_shutdown` with a timeout argument raised TypeError there, docs/slurm-preemption.md)."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
 
-    original = LocalElasticAgent._shutdown
+    original = PContext.close
     if getattr(original, "rlslurm_timeout", None) is not None:
         original = original.__wrapped__
 
     @functools.wraps(original)
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+    def close(self, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
         return original(self, death_sig, max(timeout, seconds))
 
-    _shutdown.rlslurm_timeout = seconds  # type: ignore[attr-defined]
-    LocalElasticAgent._shutdown = _shutdown  # type: ignore[method-assign]
+    close.rlslurm_timeout = seconds  # type: ignore[attr-defined]
+    PContext.close = close  # type: ignore[method-assign]
 
 
 def shutdown_timeout_argv(argv: list[str], native: bool | None = None) -> list[str]:

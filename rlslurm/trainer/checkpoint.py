@@ -281,6 +281,19 @@ def _in_process_write_results() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+def _mcore_async_strategy() -> dict[str, str]:
+    """megatron-core's own asynchronous save machinery, where the installed version lets one choose:
+    0.19 defaults `dist_checkpointing.save(async_strategy=...)` to "nvrx", which needs
+    nvidia-resiliency-ext (not in the GPU image: its first async save raised ModuleNotFoundError,
+    docs/gpu.md); 0.16 has only megatron's own and no such parameter."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(dist_checkpointing.save).parameters \
+        else {}
+
+
 @dataclass
 class Saved:
     """A checkpoint that is complete, verified and `latest`."""
@@ -346,7 +359,7 @@ class Checkpointer:
             strategy = ckpt_writer.keeping_strategy()
             request = dist_checkpointing.save(
                 _sharded_state(st, snapshot, loading=False, with_rng=True, optimizers=optimizers), str(d),
-                sharded_strategy=strategy, async_sharded_save=True)
+                sharded_strategy=strategy, async_sharded_save=True, **_mcore_async_strategy())
             write = ckpt_writer.RankWrite(d, rank, request)
         except OSError as e:  # rank 0's common.pt: the other ranks meet a dead peer at the next collective
             if not _is_no_space(e):

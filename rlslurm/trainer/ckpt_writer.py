@@ -64,16 +64,17 @@ def results_path(d: Path, rank: int) -> Path:
 def keeping_strategy():
     """megatron's default torch_dist save strategy, keeping the storage writer and the global
     metadata its `async_save` plans (coordinator only) for the `Finalizer`. The override point,
-    `_get_save_and_finalize_callbacks(writer, save_state_dict_ret)`, is where megatron-core 0.16.1
-    turns exactly these into its own (collective) finalize function."""
+    `_get_save_and_finalize_callbacks(writer, save_state_dict_ret[, async_strategy])`, is where
+    megatron-core turns exactly these into its own (collective) finalize function (0.16.1; 0.19.2
+    adds the async strategy's name)."""
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
 
     class KeepingStrategy(TorchDistSaveShardedStrategy):
         kept: tuple[Any, Any] | None = None
 
-        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret):
+        def _get_save_and_finalize_callbacks(self, writer, save_state_dict_ret, *strategy):
             self.kept = (writer, save_state_dict_ret[1])
-            return super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret)
+            return super()._get_save_and_finalize_callbacks(writer, save_state_dict_ret, *strategy)
 
     return KeepingStrategy("torch_dist", 1)
 

@@ -31,30 +31,41 @@ def test_a_torch_that_takes_the_flag_gets_it() -> None:
     assert get_args_parser().parse_args(ARGV[:-4] + ["x.py"]).shutdown_timeout == 300
 
 
-class _Context:
-    def __init__(self) -> None:
-        self.closed: list[tuple[signal.Signals, int]] = []
+def _context():
+    """A real PContext whose `_close` (what `close` calls with the timeout it settled on) records."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
 
-    def close(self, death_sig: signal.Signals, timeout: int) -> None:
-        self.closed.append((death_sig, timeout))
+    class Recording(PContext):
+        def _close(self, death_sig, timeout: int = 30) -> None:
+            self.closed.append((death_sig, timeout))
+
+        _start = _poll = pids = None  # abstract there, unused here
+
+    ctx = Recording.__new__(Recording)  # only what close() touches
+    ctx.closed, ctx._tail_logs, ctx.filtered_stdout, ctx.filtered_stderr = [], [], None, None
+    return ctx
 
 
 def test_an_older_torch_gets_the_timeout_in_process(monkeypatch) -> None:
-    """torch 2.11: no flag (torchrun would refuse it), and `SimpleElasticAgent.run` shuts the workers
-    down on a TERM with `_shutdown(sigval)`, i.e. LocalElasticAgent's default of 30 s."""
+    """torch 2.11: no flag (torchrun would refuse it), and on a TERM the agent's
+    `_shutdown(death_sig)` (no timeout parameter there) calls `PContext.close(death_sig)`, i.e. 30 s."""
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import PContext
 
-    monkeypatch.setattr(LocalElasticAgent, "_shutdown", LocalElasticAgent._shutdown)  # undone after the test
+    monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
     argv = torchrun.shutdown_timeout_argv(ARGV, native=False)
     assert argv == [a for a in ARGV if not a.startswith("--shutdown-timeout")]
-    agent = LocalElasticAgent.__new__(LocalElasticAgent)  # only what _shutdown touches
-    agent._worker_watchdog = agent._health_check_server = None
-    agent._pcontext = ctx = _Context()
-    agent._shutdown(signal.SIGTERM)  # as the agent calls it on a TERM in torch 2.11
-    agent._shutdown(signal.SIGTERM, timeout=600)  # a longer one asked for stays longer
+    ctx = _context()
+    ctx.close(signal.SIGTERM)  # torch 2.11's LocalElasticAgent._shutdown(death_sig)
+    ctx.close(signal.SIGTERM, timeout=600)  # a longer one asked for stays longer
     assert ctx.closed == [(signal.SIGTERM, 300), (signal.SIGTERM, 600)]
-    torchrun.shutdown_timeout_argv(ARGV, native=False)  # applied twice (one process, one agent): not stacked
+    agent = LocalElasticAgent.__new__(LocalElasticAgent)  # this torch's agent: _shutdown(sig, timeout=30)
+    agent._worker_watchdog = agent._health_check_server = None
+    agent._pcontext = ctx
     agent._shutdown(signal.SIGTERM)
+    assert ctx.closed[-1] == (signal.SIGTERM, 300)
+    torchrun.shutdown_timeout_argv(ARGV, native=False)  # applied twice (one process, one agent): not stacked
+    ctx.close(signal.SIGTERM)
     assert ctx.closed[-1] == (signal.SIGTERM, 300)
 
 
