@@ -53,4 +53,5 @@ os.rmdir(f"{out}/all")
 for p in sorted(used):
     print(f"p{p}: {used[p] / 2**20:.1f} MiB")
 PY
+for p in "$OUT"/p*; do bash "$(dirname "$0")/pack-part.sh" "$p"; done  # wheels -> one .tar.xz (docs/gpu.md)
 echo "parts: $(ls -d "$OUT"/p* | wc -l); stage each on the GPU machine with tools/gpu/stage.sh (see docs/gpu.md)"
