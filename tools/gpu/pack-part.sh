@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, after tools/gpu/build-bundle.sh: turn one bundle part's wheels into one wheels.tar.xz of their
 # unpacked files (what `pip install --target` would put there: none of them has a .data/ directory,
-# checked below), which tools/gpu/stage.sh unpacks the same way. xz takes p1 from 60.0 to 40.5 MiB
+# checked below), which tools/gpu/stage.sh unpacks the same way. xz took p1 from 62.9 to 42.5 MB
 # (sglang-router's and flashinfer's wheels are deflate-compressed .so files), so a part plus this
 # repository stays under the device tool's 64 MiB per call as the repository grows (docs/gpu.md).
 #   bash tools/gpu/pack-part.sh .gpu-bundle/p1
