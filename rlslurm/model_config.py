@@ -125,6 +125,9 @@ class ModelConfig(_Strict):
     arch: Arch
     # node count -> run-flag defaults; the largest key <= --nodes applies.
     defaults: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    # megatron-core settings of every GPU run of this model (`--megatron-<field>`), each family
+    # (recompute_*) left out as a whole where the user sets any of it (resolve.py)
+    megatron: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def num_params(self) -> int:

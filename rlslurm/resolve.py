@@ -59,11 +59,21 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         if name == "trainer_procs_per_node" and device == "cuda" and (probe.run.colocate or probe.slurm.nodes == 1):
             continue  # the placement gives the trainer its GPUs (layout.py); a config's CPU process count does not
         defaults.set(name, value, where)
+    if device == "cuda":
+        defaults.megatron.update(_megatron_defaults(mc.megatron, user_layers))
     cfg = build_config([defaults, *user_layers])
     res = Resolved(cfg, mc)
     _derive(res)
     _check(res, strict_inputs)
     return res
+
+
+def _megatron_defaults(model: dict, user_layers: list[Layer]) -> dict:
+    """The model config's megatron-core settings, but none of a family (the word before the first
+    `_`: recompute_granularity/method/num_layers go together) the user set any of: a user's
+    `--megatron-recompute-granularity selective` must not meet the config's `recompute_method`."""
+    families = {k.split("_", 1)[0] for layer in user_layers for k in layer.megatron}
+    return {k: v for k, v in model.items() if k.split("_", 1)[0] not in families}
 
 
 def _derive(res: Resolved) -> None:
