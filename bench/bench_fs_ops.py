@@ -70,19 +70,28 @@ def _ppid(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1]) if stat else 0
 
 
-def job_processes(job: int) -> dict[int, dict]:
-    """Every process of the job (its environment names the job), with its cmdline and parent."""
+def job_processes(job: int | None, root: int | None = None) -> dict[int, dict]:
+    """Every process of the job (its environment names the job), or every descendant of `root` and
+    itself (`rlslurm run`), with its cmdline and parent."""
     out = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         env = _environ(int(d.name))
-        if env.get("SLURM_JOB_ID") != str(job):
+        if job is not None and env.get("SLURM_JOB_ID") != str(job):
             continue
         cmd = _read(d / "cmdline").replace("\0", " ").strip()
         if not cmd or "strace" in cmd:
             continue
         out[int(d.name)] = {"cmd": cmd, "env": env, "ppid": _ppid(int(d.name))}
+    if root is not None:
+        def under(pid: int) -> bool:
+            while pid > 1 and pid in out:
+                if pid == root:
+                    return True
+                pid = out[pid]["ppid"]
+            return False
+        out = {pid: p for pid, p in out.items() if under(pid)}
     return out
 
 
@@ -99,8 +108,8 @@ def role_of(pid: int, procs: dict[int, dict]) -> tuple[str, str]:
     if "rlslurm.rollout.main" in cmd:
         node = int(env.get("SLURM_PROCID", 0))
         return ("rollout node 0" if node == 0 else "rollout node>0"), f"rollout-{node}"
-    if "slurm_script" in cmd:
-        return "batch script", "batch"
+    if "slurm_script" in cmd or "rlslurm.cli run" in cmd or "rlslurm run" in cmd:
+        return "batch script", "batch"  # `rlslurm run` plays its part
     parent = p["ppid"]
     if parent in procs:
         cls, inst = role_of(parent, procs)
@@ -143,19 +152,32 @@ def trained(run_dir: Path) -> list[int]:
     return ids
 
 
-def wait_trained(cluster: SlurmCluster, run_dir: Path, job: int, n: int, timeout: float) -> None:
+def wait_trained(alive, run_dir: Path, n: int, timeout: float, tail) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if len(trained(run_dir)) >= n:
             return
-        if not cluster.in_queue(job):
-            raise RuntimeError(f"job {job} ended before {n} rollouts were trained\n{batch_log_tail(run_dir, job)}")
+        if not alive():
+            raise RuntimeError(f"the run ended before {n} rollouts were trained\n{tail()}")
         time.sleep(2)
-    raise RuntimeError(f"{n} rollouts not trained within {timeout:.0f}s\n{batch_log_tail(run_dir, job)}")
+    raise RuntimeError(f"{n} rollouts not trained within {timeout:.0f}s\n{tail()}")
 
 
-def measure(run_dir: Path, job: int, window_s: float, work: Path) -> dict:
-    procs = job_processes(job)
+def start_local(run_dir: Path, prompts: Path, log: Path) -> subprocess.Popen:
+    """`rlslurm run` of the same tiny GRPO run on this machine: one trainer node of 2 ranks, one
+    rollout node of one engine; `rlslurm run` plays the batch script's part."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--model", "tiny-qwen3", "--prompt-data", str(prompts),
+           "--run-dir", str(run_dir), "--no-progress", "--custom-rm-path", "rlslurm.demo_task:reward",
+           "--num-rollout", "400", "--num-epoch", "100", "--rollout-dtype", "float32", "--weight-sync", "distributed",
+           "--verify-weight-sync", "--no-use-distributed-optimizer", "--save-interval", "400",
+           "--engine-health-interval-s", "2", "--trainer-procs-per-node", "2", "--engines-per-node", "1"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def measure(run_dir: Path, job: int | None, window_s: float, work: Path, root: int | None = None) -> dict:
+    procs = job_processes(job, root)
     roles = {pid: role_of(pid, procs) for pid in procs}
     cwds = {}
     for pid in procs:
@@ -243,36 +265,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout-period-s", type=float, default=60.0,
                    help="seconds per rollout at scale, for the per-rollout sources")
     p.add_argument("--label", default="", help="appended to the result file names (e.g. 'before')")
+    p.add_argument("--local", action="store_true", help="`rlslurm run` on this machine instead of a SLURM job "
+                   "(1 trainer node of 2 ranks + 1 rollout node)")
     p.add_argument("--no-boot", action="store_true", help="use the running SLURM test cluster; neither boot nor stop it")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     a = p.parse_args(argv)
     tn, rn = a.nodes // 2, a.nodes - a.nodes // 2
+    if a.local:
+        a.nodes, tn, rn = 2, 1, 1
     cluster = SlurmCluster(owner_pid=os.getpid(), env={"RLSLURM_CI_NODES": "4", "RLSLURM_CI_GPUS": "8"})
     work = Path(tempfile.mkdtemp(prefix="rlslurm-bench-fsops-"))
     run_dir = work / "run"
     t_start = time.monotonic()
+    local = None
     try:
-        if not a.no_boot:
-            cluster.boot()
-        job = submit_tiny_grpo(run_dir, make_prompts(work / "prompts.jsonl", n=64), 400, "--nodes", str(a.nodes),
-                               "--trainer-nodes", str(tn), "--rollout-nodes", str(rn), "--engines-per-node", "1",
-                               "--save-interval", "400")
-        print(f"[bench] job {job}, run dir {run_dir}", flush=True)
-        wait_trained(cluster, run_dir, job, a.warm, 15 * 60)
-        m = measure(run_dir, job, a.window_s, work)
+        prompts = make_prompts(work / "prompts.jsonl", n=64)
+        if a.local:
+            local = start_local(run_dir, prompts, work / "run.log")
+            job = None
+            print(f"[bench] rlslurm run pid {local.pid}, run dir {run_dir}", flush=True)
+            wait_trained(lambda: local.poll() is None, run_dir, a.warm, 15 * 60,
+                         lambda: _read(work / "run.log")[-4000:])
+        else:
+            if not a.no_boot:
+                cluster.boot()
+            job = submit_tiny_grpo(run_dir, prompts, 400, "--nodes", str(a.nodes), "--trainer-nodes", str(tn),
+                                   "--rollout-nodes", str(rn), "--engines-per-node", "1", "--save-interval", "400")
+            print(f"[bench] job {job}, run dir {run_dir}", flush=True)
+            wait_trained(lambda: cluster.in_queue(job), run_dir, a.warm, 15 * 60, lambda: batch_log_tail(run_dir, job))
+        m = measure(run_dir, job, a.window_s, work, root=local.pid if local else None)
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         s = summarize(m, nodes=a.nodes, scale_nodes=a.scale_nodes, scale_gpus=a.scale_gpus,
                       rollout_period_s=a.rollout_period_s, meas_rollout_nodes=rn)
         try:
             rlslurm("stop", str(run_dir), "--reason", "bench_fs_ops done")
-            cluster.wait_finished(job, 240)
-        except (RuntimeError, SlurmError):
-            cluster.cancel(job)
+            local.wait(timeout=240) if local else cluster.wait_finished(job, 240)
+        except (RuntimeError, SlurmError, subprocess.TimeoutExpired):
+            local.kill() if local else cluster.cancel(job)
         per_class = {cls: {"instances": sorted(v["instances"]), "by_class": dict(v["counts"].by_class),
                            "by_source": {f"{k[0]} {k[1]}": n for k, n in sorted(v["counts"].by_source.items())},
                            "top_paths": dict(v["counts"].paths.most_common(25))}
                      for cls, v in sorted(m["per_class"].items())}
-        line = {"bench": "fs_metadata_ops", "nodes": a.nodes, "trainer_nodes": tn, "rollout_nodes": rn,
+        line = {"bench": "fs_metadata_ops", "where": "rlslurm run (local)" if a.local else "SLURM test cluster",
+                "nodes": a.nodes, "trainer_nodes": tn, "rollout_nodes": rn,
                 "ranks_per_trainer_node": 2, "commit": head, "label": a.label,
                 "figure": s["total_ops_s_at_scale"], "figure_is": f"steady-state metadata ops/s of the run dir, "
                 f"extrapolated to {a.scale_nodes} nodes x {a.scale_gpus} GPUs, {a.rollout_period_s:g} s per rollout",
@@ -284,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(line), flush=True)
         a.results.mkdir(parents=True, exist_ok=True)
         suffix = f"-{a.label}" if a.label else ""
-        (a.results / f"fs-ops-{a.nodes}nodes{suffix}.json").write_text(json.dumps(
+        (a.results / f"fs-ops-{'local' if a.local else f'{a.nodes}nodes'}{suffix}.json").write_text(json.dumps(
             {**line, "rows": s["rows"], "per_class": per_class, "processes": m["processes"]}, indent=1) + "\n")
         with open(a.results / "fs-ops.jsonl", "a") as fh:
             fh.write(json.dumps(line) + "\n")
     finally:
+        if local is not None and local.poll() is None:
+            os.killpg(local.pid, signal.SIGKILL)
         if not a.no_boot and cluster.booted:
             print(cluster.stop().strip(), flush=True)
         print(f"[bench] strace logs and run dir kept in {work}" if os.environ.get("KEEP") else "", flush=True)

@@ -28,6 +28,7 @@ from rlslurm import role_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.gpus import visible_gpu_uuids
+from rlslurm.heartbeat import Beat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
 from rlslurm.layout import no_engines_reason
@@ -127,12 +128,13 @@ async def serve_without_engines(rd: RunDir, control: Control, cfg, tokenizer, ro
 
     driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=lambda: [], api_key=None, tokenizer=tokenizer)
     task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    return await until_end(task, lambda: control.heartbeat("rollout", role_rank), rd, control)
+    return await until_end(task, Beat(lambda: control.heartbeat("rollout", role_rank)), rd, control)
 
 
 def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:
+    beat = Beat(lambda: control.heartbeat("rollout", role_rank))
     while True:
-        control.heartbeat("rollout", role_rank)
+        beat()
         reason = end_reason(rd, control)
         if reason is not None:
             return reason

@@ -41,6 +41,7 @@ from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
+from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
 
@@ -191,13 +192,15 @@ class RolloutNode:
         self.restart_events: list[RestartEvent] = []
         self.phase, self.phase_since = "starting engines", time.time()
         self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
+        self._heartbeat = Beat(lambda: self.control.heartbeat("rollout", self.node, phase=self.phase,
+                                                              phase_since=self.phase_since))
 
     @property
     def node_file(self) -> Path:
         return self.control.dir / f"engines-node{self.node}.json"
 
     def start(self, *, cancel=lambda: False) -> None:
-        self._beat()  # "starting engines" from now: minutes on GPUs, with no heartbeat until they are up
+        self._heartbeat(now=True)  # "starting engines" from now: minutes on GPUs, with no heartbeat until they are up
         specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
         if specs[0].node_rank > 0:
             self._publish([])  # no engine of its own: clears what an earlier attempt's layout left
@@ -303,12 +306,14 @@ class RolloutNode:
 
     def _beat(self) -> None:
         """This node's heartbeat with its phase: starting engines, then serving (node 0: what the
-        driver does); `phase_since` moves only when the phase changes."""
+        driver does); `phase_since` moves only when the phase changes. Written every HEARTBEAT_S and
+        at each change of phase, not at every housekeeping poll (rlslurm/heartbeat.py)."""
         phase = self.phase_of() if self.phase_of is not None else (
             "starting engines" if self.supervisor is None and self.follower is None else "serving")
-        if phase != self.phase:
+        changed = phase != self.phase
+        if changed:
             self.phase, self.phase_since = phase, time.time()
-        self.control.heartbeat("rollout", self.node, phase=self.phase, phase_since=self.phase_since)
+        self._heartbeat(now=changed)
 
     def wait_for_all_nodes(self, *, timeout: float, cancel=lambda: False) -> bool:
         """Node 0, before the first rollout: wait until every rollout node's engines are healthy

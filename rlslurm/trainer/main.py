@@ -37,6 +37,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import DataError, UserError
 from rlslurm.gpus import torch_device_uuid
+from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
 from rlslurm.runfile import load_run_config
@@ -51,7 +52,6 @@ from rlslurm.trainer.setup import init_distributed
 log = logging.getLogger("rlslurm.trainer")
 
 POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
-HEARTBEAT_S = 10.0
 
 # SLURM ends a job (scancel, scontrol requeue, preemption, the time limit) by TERMing every process
 # and KILLing it KillWait (or the partition's GraceTime) later. Dying at once on TERM would lose
@@ -130,7 +130,8 @@ class Trainer:
         self.last_saved: int | None = None
         self.attempt = job_env().attempt
         self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
-        self._last_heartbeat = -HEARTBEAT_S
+        self._heartbeat = Beat(lambda: self.control.heartbeat(
+            "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
         # disk sync or no engines: no engine to wait for or to publish to again
@@ -469,13 +470,11 @@ class Trainer:
                 return cmd
 
     def _beat(self, *, now: bool = False) -> None:
-        """This rank's heartbeat (control/heartbeats/trainer-<rank>.json), read by the attempt's
-        watchdog (rlslurm/watchdog.py): written while waiting for rollouts and once per trained rollout,
-        and by rank 0 at each change of phase (`rlslurm status` says what it does, and for how long)."""
-        t = time.monotonic()
-        if now or t - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
-            self.control.heartbeat("trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since)
-            self._last_heartbeat = t
+        """This node's heartbeat (control/heartbeats/trainer-<rank>.json; local rank 0 only:
+        rlslurm/heartbeat.py), read by the attempt's watchdog (rlslurm/watchdog.py): written while
+        waiting for rollouts and once per trained rollout, and by rank 0 at each change of phase
+        (`rlslurm status` says what it does, and for how long)."""
+        self._heartbeat(now=now)
 
     def _phase(self, text: str) -> None:
         """Rank 0: what the trainer does from now on ("weight sync v3 (nccl): try 2/2"), recorded at once."""
