@@ -8,8 +8,8 @@ and `fsync(5</run/control/.x.tmp>)` are attributed as well.
 
 What counts as a metadata operation (one round trip to an NFS server or a Lustre MDS, cold cache):
 open/openat (any flags; O_CREAT ones are also counted apart), stat/lstat/newfstatat/statx/access
-on a path, getdents, fsync/fdatasync, rename, unlink, mkdir, rmdir, link, utimensat, chmod,
-readlink. An fstat of an open descriptor (`newfstatat(fd, "", AT_EMPTY_PATH)`, Python does one
+on a path, getdents, fsync/fdatasync, rename, unlink, mkdir, rmdir, link, utimensat, chmod/fchmod
+(a SETATTR), readlink. An fstat of an open descriptor (`newfstatat(fd, "", AT_EMPTY_PATH)`, Python does one
 after every open) is counted apart as `fstat(fd)` and not in the total: it is answered from the
 attributes the open just fetched.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 # strace's -e trace= set: every syscall naming a path, plus the descriptor-based ones that reach
 # the metadata server. read/write/close/epoll (the rest of `desc`) are data or socket traffic, and
 # tracing them on the SGLang engines would cost more CPU than the two cores of the test host have.
-TRACE = "%file,getdents,getdents64,fsync,fdatasync,fstat,ftruncate"
+TRACE = "%file,getdents,getdents64,fsync,fdatasync,fstat,ftruncate,fchmod"
 
 OPEN = {"open", "openat", "creat", "openat2"}
 STAT = {"stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat"}
@@ -33,7 +33,7 @@ SYNC = {"fsync", "fdatasync"}
 RENAME = {"rename", "renameat", "renameat2"}
 UNLINK = {"unlink", "unlinkat", "rmdir"}
 MKDIR = {"mkdir", "mkdirat"}
-OTHER_META = {"link", "linkat", "symlink", "symlinkat", "utimensat", "utime", "utimes", "chmod", "fchmodat",
+OTHER_META = {"link", "linkat", "symlink", "symlinkat", "utimensat", "utime", "utimes", "chmod", "fchmodat", "fchmod",
               "truncate", "ftruncate", "chown", "fchownat", "lchown"}
 
 

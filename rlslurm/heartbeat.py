@@ -2,10 +2,10 @@
 
 Read by the attempt's watchdogs (rlslurm/watchdog.py, the batch script's `silent_role`: a bound of
 --distributed-timeout-minutes + 10 min) and by `rlslurm status` (a process is live while its heartbeat
-is younger than LIVE_S, 120 s). Each one is an fsynced temp file, a rename and a directory fsync on
-the shared run directory (~6 metadata operations), so they are written per node, at most every
-HEARTBEAT_S, and at once when the phase `rlslurm status` shows changes (docs/shared-fs-load.md has
-the measured load).
+is younger than LIVE_S, 120 s). Each one is a temp file and a rename on the shared run directory
+(create, chmod, rename: 3 metadata operations; not fsynced, buffer/control.py), so they are written
+per node, at most every HEARTBEAT_S, and at once when the phase `rlslurm status` shows changes
+(docs/shared-fs-load.md has the measured load).
 
 Trainer: one rank per node (torchrun's local rank 0; rank 0 is one of them), not every rank. Nothing is
 lost for the watchdogs: every trainer rank takes part in the collective of each poll of the loop
@@ -20,7 +20,9 @@ import os
 import time
 from typing import Callable
 
-HEARTBEAT_S = 10.0
+# The watchdogs' bound is >= 10 min and `rlslurm status` calls a process gone after 120 s: 30 s is
+# four beats within the latter, and a third of the shared filesystem's load of 10 s.
+HEARTBEAT_S = 30.0
 
 
 def keeps_heartbeat(rank: int) -> bool:

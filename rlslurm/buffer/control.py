@@ -231,6 +231,7 @@ class Control:
         self.run = as_rundir(run)
         self.dir = self.run.control_dir
         self.heartbeat_dir = self.dir / "heartbeats"
+        self._heartbeat_dir_made = False
 
     # --- generic ----------------------------------------------------------------------
     def _write(self, name: str, rec: _Record) -> None:
@@ -324,8 +325,11 @@ class Control:
     def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,
                   phase_since: float | None = None) -> Heartbeat:
         hb = Heartbeat(role=role, rank=rank, phase=phase, phase_since=phase_since)
-        ensure_dir(self.heartbeat_dir)
-        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"))
+        if not self._heartbeat_dir_made:  # once per process: a stat per beat is a metadata op per beat
+            ensure_dir(self.heartbeat_dir)
+            self._heartbeat_dir_made = True
+        # atomic, not durable: a heartbeat lost in a crash says nothing its writer's death does not
+        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"), durable=False)
         return hb
 
     def heartbeats(self) -> list[Heartbeat]:

@@ -36,10 +36,12 @@ log = logging.getLogger(__name__)
 # bracket's HTTP calls and a bucket's broadcast are each bounded by the timeout, and the
 # teardown of a failed try by CLEANUP_TIMEOUT_S (10 s) per call.
 PAUSE_MARGIN_S = 30.0
-# A tiny model's whole sync takes ~50 ms on CPU; a check that fails while the watcher has not
-# noticed the record yet is ignored once the pause begins (EngineSupervisor._check), so this
-# only has to be well below the health-check timeout.
-POLL_S = 0.05
+# A check that fails while the watcher has not noticed the record yet is ignored once the pause
+# begins (EngineSupervisor._check), so this only has to be well below the health-check timeout
+# (>= 5 s, rollout/node.py). Each poll lists control/ and opens the record (~4 metadata operations
+# on the shared run directory, per rollout node): 20 polls a second were most of a 1,024-GPU job's
+# load (docs/shared-fs-load.md).
+POLL_S = 1.0
 
 
 def active_update(control: Control, *, now: float | None = None) -> WeightUpdateRecord | None:

@@ -38,6 +38,11 @@ from rlslurm.runfile import load_run_config
 log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
+# Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) this often: each
+# look reads three files of the shared run directory (~11 metadata operations), and on 64 rollout nodes
+# once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0 looks every POLL_S (its
+# driver must stop at once); the others only have to exit, within the batch script's minute for it.
+END_POLL_S = 10.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
 # collector waits up to 60 s for aborted requests to come back).
 DRIVER_STOP_S = 90.0
@@ -81,13 +86,17 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
         node.phase_of = lambda: driver.phase
         driver_task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    return await until_end(driver_task, node.housekeeping, rd, control)
+    return await until_end(driver_task, node.housekeeping, rd, control,
+                           end_poll_s=POLL_S if node.node == 0 else END_POLL_S)
 
 
-async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, control: Control) -> str:
-    """Call `tick` (heartbeats, engine housekeeping) every POLL_S until the run ends; a driver that
-    ends first is logged (its error ends the process, non-zero exit), one still running when the run
-    ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the same stop)."""
+async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, control: Control, *,
+                    end_poll_s: float = POLL_S) -> str:
+    """Call `tick` (heartbeats, engine housekeeping) every POLL_S until the run ends (looked for every
+    `end_poll_s`); a driver that ends first is logged (its error ends the process, non-zero exit), one
+    still running when the run ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the
+    same stop)."""
+    next_look = 0.0
     try:
         while True:
             tick()
@@ -95,7 +104,10 @@ async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, cont
                 result = driver_task.result()  # a driver error ends the process (non-zero exit)
                 log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
                 driver_task = None
-            reason = end_reason(rd, control)
+            reason = None
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + end_poll_s
+                reason = end_reason(rd, control)
             if reason is not None:
                 if driver_task is not None:
                     # it saw the same stop: let it abort and save its hand-back while the engines live

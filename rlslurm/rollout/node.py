@@ -48,6 +48,10 @@ from rlslurm.rollout.router_context import parse_weight_version
 log = logging.getLogger(__name__)
 
 ROUTER_WAIT_S = 900.0
+# Node 0 merges the other nodes' engine records into engines.json at least this often (its own
+# engines' changes at once). Another node's restart reaches the trainer up to this much later; the
+# restarted engine awaits weights meanwhile and a dead one fails its sync's try like a late notice.
+MERGE_S = 5.0
 _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 # Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
 # and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
@@ -192,6 +196,7 @@ class RolloutNode:
         self.restart_events: list[RestartEvent] = []
         self.phase, self.phase_since = "starting engines", time.time()
         self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
+        self._merged_at = -MERGE_S  # node 0: engines.json's last merge (monotonic)
         self._heartbeat = Beat(lambda: self.control.heartbeat("rollout", self.node, phase=self.phase,
                                                               phase_since=self.phase_since))
 
@@ -260,8 +265,15 @@ class RolloutNode:
         if self.node == 0:
             self.merge_engines()
 
-    def merge_engines(self) -> None:
-        """Node 0: every node's engines into control/engines.json (the file the trainer reads)."""
+    def merge_engines(self, *, due: bool = True) -> None:
+        """Node 0: every node's engines into control/engines.json (the file the trainer reads). Not
+        `due`: only if MERGE_S passed since the last merge (this node's own engines' changes merge at
+        once, `_publish`); each merge reads every node's record: ~4 metadata operations per rollout
+        node, docs/shared-fs-load.md."""
+        now = time.monotonic()
+        if not due and now - self._merged_at < MERGE_S:
+            return
+        self._merged_at = now
         engines: list[EngineRecord] = []
         for name in sorted(listdir_fresh(self.control.dir), key=lambda n: (len(n), n)):
             if _NODE_FILE.match(name):
@@ -300,7 +312,7 @@ class RolloutNode:
             self.supervisor.raise_if_failed()
         self._beat()
         if self.node == 0:
-            self.merge_engines()
+            self.merge_engines(due=False)
         else:
             self.ensure_registered()
 

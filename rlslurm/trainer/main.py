@@ -206,7 +206,7 @@ class Trainer:
                 break
             if cmd is Next.SUPERSEDED:
                 return self._superseded_exit()
-            rollout = self.reader.read(progress.next_rollout_id)
+            rollout = self._read_rollout(progress.next_rollout_id)
             if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
                 rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
             if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
@@ -342,6 +342,16 @@ class Trainer:
             return RolloutReader.replay(src)
         # One rank owns the buffer's side effects (quarantine); the others only read.
         return RolloutReader(self.rd, readonly=self.rank != 0)
+
+    def _read_rollout(self, rollout_id: int):
+        """Collective: rank 0 reads the rollout (verified: rlslurm/buffer/reader.py) and every rank
+        gets it by a broadcast, not by opening its manifest and data file on the shared run directory
+        itself: per rank that was 2 metadata operations per rollout on every GPU of the job
+        (docs/shared-fs-load.md). Ranks > 0 hold copies (writable), rank 0 the read-only views."""
+        msg = [self.reader.read(rollout_id) if self.rank == 0 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(msg, src=0)
+        return msg[0]
 
     def _wait_for_engines(self) -> None:
         """Collective. Rank 0 waits (bounded by --weight-sync-timeout-s) until this attempt's engines
