@@ -13,6 +13,8 @@ reader sees the old or the new version, never a mix. Records:
     weight_version.json          trainer rank 0   WeightVersionRecord
     weight_update.json           trainer leader   WeightUpdateRecord (the stage-0 leader, only while it writes
                                                   weights into the engines; engines/update_watch.py reads it)
+    colocate_turn.json           trainer rank 0   TurnRecord (--colocate: while the trainer holds the GPUs;
+                                                  engines/turn_watch.py holds engine restarts until it goes)
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
@@ -136,6 +138,16 @@ class WeightUpdateRecord(_Record):
     state: Literal["updating"] = "updating"
     version: int
     until: float  # the trainer's wall clock (time.time()); readers bound it by their own clock too
+    pid: int = Field(default_factory=os.getpid)
+
+
+class TurnRecord(_Record):
+    """--colocate: the trainer's turn on the GPUs, from the engines' release to their last resume
+    (trainer/colocate.py). A rollout node restarts an engine that died in it only once it is over
+    (engines/turn_watch.py): a new engine would take the memory the trainer is using."""
+    version: int
+    until: float  # the trainer's wall clock; renewed while the turn lasts, readers bound it by their own clock too
+    since: float = Field(default_factory=time.time)
     pid: int = Field(default_factory=os.getpid)
 
 
@@ -320,6 +332,22 @@ class Control:
     def weight_update(self) -> WeightUpdateRecord | None:
         """The bracket's record, stale or not (its reader decides); DataError if it is corrupt."""
         return self._read(self.weight_update_file, WeightUpdateRecord)
+
+    # --- the colocated trainer's turn (trainer/colocate.py, engines/turn_watch.py) -------
+    @property
+    def turn_file(self) -> Path:
+        return self.dir / "colocate_turn.json"
+
+    def mark_turn(self, version: int, budget_s: float, since: float) -> TurnRecord:
+        rec = TurnRecord(version=version, until=time.time() + budget_s, since=since)
+        self._write(self.turn_file.name, rec)
+        return rec
+
+    def clear_turn(self) -> None:
+        unlink_durable(self.turn_file)
+
+    def turn(self) -> TurnRecord | None:
+        return self._read(self.turn_file, TurnRecord)
 
     # --- heartbeats -------------------------------------------------------------------
     def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,

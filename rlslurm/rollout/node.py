@@ -39,6 +39,7 @@ from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
+from rlslurm.engines.turn_watch import TurnHold
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
 from rlslurm.heartbeat import Beat
@@ -225,11 +226,19 @@ class RolloutNode:
                                            on_restart=self._on_restart,
                                            admit=weights_current(self.control, self.api_key),
                                            span=SpanLeader(self.control, attempt=self.attempt,
-                                                           bind_host=span_bind_host(self.cfg)))
+                                                           bind_host=span_bind_host(self.cfg)),
+                                           hold_restart=self._turn_hold())
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
                                          cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
+
+    def _turn_hold(self) -> TurnHold | None:
+        """--colocate: restarts wait for the trainer's turn to end (engines/turn_watch.py), for at most
+        the turn's own bound (each engine call of the turn: --weight-sync-timeout-s) plus a margin."""
+        if not self.cfg.run.colocate:
+            return None
+        return TurnHold(self.control, cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S)
 
     def _router_ready(self, cancel) -> RouterProcess:
         if self.node == 0:

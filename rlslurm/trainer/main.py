@@ -256,13 +256,20 @@ class Trainer:
             return {"time/publish": t2 - t1, "time/save": time.perf_counter() - t2}
         # --colocate: save while everything is on the GPU; the engines then take it back
         t1 = time.perf_counter()
+        if self._ending_collective():
+            # the job ends inside the turn: its checkpoint is written now, while the trainer holds the
+            # GPU and the engines are released; later (the engines resumed) it would onload the trainer
+            # beside the engines' memory (docs/colocate.md, "When the job ends inside a turn")
+            self._save(progress)
+            raise EnginesGone("the job ends inside the turn: saved before the engines resume")
         self._save_if_due(progress)
         t2 = time.perf_counter()
         self.colo.to_engines_for_weights()
         t3 = time.perf_counter()
         published = self._publish_due(progress)
         if published:
-            self._wait_for_engines()
+            # no wait for every engine here: one that died in this turn is restarted only after it
+            # (engines/turn_watch.py); it gets this version by the publish again once it is back
             self._publish(progress.weight_version, in_turn=True)
         t4 = time.perf_counter()
         self.colo.to_engines()
@@ -427,6 +434,12 @@ class Trainer:
             rec = record_probe(self.rd.control_dir / "weight_probe.jsonl", version, mine, answers)
             (log.info if rec["match"] else log.warning)("weight probe v%d: %s", version,
                                                        "engines match" if rec["match"] else rec)
+
+    def _ending_collective(self) -> bool:
+        """Rank 0's `_attempt_ending`, learnt by every rank at the same call."""
+        flag = [self._attempt_ending() if self.rank == 0 else None]
+        dist.broadcast_object_list(flag, src=0)
+        return bool(flag[0])
 
     def _attempt_ending(self) -> bool:
         return term_received() or self.control.preempt_requested() is not None or \
@@ -599,6 +612,8 @@ class Trainer:
         rollout group go — it keeps the engines until this ack, so no sync in flight loses its peers."""
         self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
+            if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
+                self.colo.release_for_save()
             self._save(progress)
         if self.rank == 0:
             self.control.ack_stop(checkpoint_iteration=self.last_saved if self.last_saved is not None else -1)
@@ -619,6 +634,8 @@ class Trainer:
             log.info("SIGTERM %.1fs ago: checkpointing before SLURM's KILL", time.time() - _term_at)
         self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
+            if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
+                self.colo.release_for_save()
             self._save(progress)
         if self.rank == 0:
             it = self.last_saved if self.last_saved is not None else -1
