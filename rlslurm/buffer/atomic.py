@@ -463,10 +463,12 @@ class CorruptRecord(StorageError):
 CORRUPT_PREFIX = ".corrupt."
 
 
-def read_bytes_ino(path: str | Path) -> tuple[bytes, int] | None:
-    """`read_bytes`, with the inode the bytes came from (for `set_aside`)."""
+def read_bytes_ino(path: str | Path, *, relist: bool = True) -> tuple[bytes, int] | None:
+    """`read_bytes`, with the inode the bytes came from (for `set_aside`). `relist=False`: the caller
+    has just listed the parent (and found the name), so it is not listed again."""
     path = Path(path)
-    listdir_fresh(path.parent)
+    if relist:
+        listdir_fresh(path.parent)
 
     def once() -> tuple[bytes, int] | None:
         try:

@@ -209,13 +209,14 @@ def _parse(data: bytes, path: Path, model: type[R]) -> R:
         raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
 
 
-def read_record(path: Path, model: type[R]) -> R | None:
-    """A control record, None if absent. Every record is written atomically by the run itself, so one
+def read_record(path: Path, model: type[R], *, relist: bool = True) -> R | None:
+    """A control record, None if absent (`relist=False`: its directory was just listed by the caller).
+    Every record is written atomically by the run itself, so one
     that reads as damaged twice was damaged on disk: it is set aside (buffer/atomic.py `set_aside`)
     and a CorruptRecord fails this attempt; the next attempt's writer rebuilds it
     (docs/shared-filesystem.md, "When the filesystem fails")."""
     for last in (False, True):
-        got = read_bytes_ino(path)
+        got = read_bytes_ino(path, relist=relist)
         if got is None:
             return None
         data, ino = got
@@ -407,6 +408,20 @@ class Control:
 
     def stop_requested(self) -> StopRequest | None:
         return self._read(self.stop_file, StopRequest)
+
+    def acknowledged_ends(self) -> tuple[bool, bool]:
+        """(a stop requested and acknowledged, a preempt requested and acknowledged) from one listing
+        of control/: the rollout nodes ask this at every look for the run's end, and a listing per
+        record was ~11 metadata operations per look (docs/shared-fs-load.md). A record present is read
+        and validated as stop_requested() and the others read it."""
+        names = set(listdir_fresh(self.dir))
+
+        def there(path: Path, model: type[_Record] | type[PreemptRequest]) -> bool:
+            return path.name in names and read_record(path, model, relist=False) is not None
+
+        stop = there(self.stop_file, StopRequest) and there(self.stop_ack_file, PreemptAck)
+        preempt = there(self.preempt_file, PreemptRequest) and there(self.preempt_ack_file, PreemptAck)
+        return stop, preempt
 
     @property
     def stop_ack_file(self) -> Path:

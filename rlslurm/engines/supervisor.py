@@ -180,6 +180,9 @@ class EngineSupervisor:
         self.admit = admit
         self.span = span
         self.hold_restart = hold_restart  # --colocate: why a restart must wait now (engines/turn_watch.py)
+        # is a weight update on now (read fresh)? Asked when a check fails outside a pause: the
+        # UpdateWatcher looks only every 10 s (engines/update_watch.py `covers`)
+        self.in_update: Callable[[], bool] | None = None
         self._slots = [_Slot(s, RestartBudget(max_restarts, restart_window_s)) for s in specs]
         self._router_budget = RestartBudget(max_restarts, restart_window_s)
         # set once an engine or the router used up its budget: nothing is restarted any more
@@ -393,6 +396,10 @@ class EngineSupervisor:
         with self._cond:
             if self._paused:  # a pause began during this check: its broadcast may be why it failed
                 return None
+        if self.in_update is not None and self.in_update():  # an update the watcher has not seen yet
+            s.failures = 0
+            return None
+        with self._cond:
             s.failures += 1
         log.warning("%s: health check failed (%d/%d)", s.proc.spec.name, s.failures, self.unhealthy_after)
         if s.failures >= self.unhealthy_after:

@@ -55,11 +55,12 @@ def end_reason(rd: RunDir, control: Control) -> str | None:
         return "finished"
     # A stop, like a preempt, ends the engines only once the trainer is done with them (it saves,
     # acks and exits); if the trainer is gone instead, the batch script ends this step.
-    if control.stop_requested() is not None and control.stop_ack() is not None:
-        return "stop"
     # On USR1 the trainer finishes its step (and any weight sync into our engines), checkpoints and
     # acks; only then may the engines go, or the sync in flight would fail against dead peers.
-    if control.preempt_requested() is not None and control.preempt_ack() is not None:
+    stop, preempt = control.acknowledged_ends()  # one listing of control/ for the four records
+    if stop:
+        return "stop"
+    if preempt:
         return "preempt"
     return None
 

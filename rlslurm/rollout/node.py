@@ -232,6 +232,7 @@ class RolloutNode:
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
                                          cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
+            self.supervisor.in_update = self.watcher.covers
 
     def _turn_hold(self) -> TurnHold | None:
         """--colocate: restarts wait for the trainer's turn to end (engines/turn_watch.py), for at most
@@ -286,7 +287,8 @@ class RolloutNode:
         engines: list[EngineRecord] = []
         for name in sorted(listdir_fresh(self.control.dir), key=lambda n: (len(n), n)):
             if _NODE_FILE.match(name):
-                rec = read_record(self.control.dir / name, EnginesRecord)  # damaged: the attempt fails
+                # just listed: not listed again per record (docs/shared-fs-load.md); damaged: the attempt fails
+                rec = read_record(self.control.dir / name, EnginesRecord, relist=False)
                 if rec is not None:
                     engines += rec.engines
         try:
