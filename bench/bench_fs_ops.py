@@ -239,7 +239,7 @@ def summarize(m: dict, *, nodes: int, scale_nodes: int, scale_gpus: int, rollout
             rate = n / k / (r if per_rollout else w)  # per instance: ops per rollout, or per second
             grows = ""
             factor = n_scale
-            if cls == "batch script" and src.startswith("control/heartbeats"):
+            if cls == "batch script" and src.startswith("control/heartbeats/") and src.endswith("<r>"):
                 # the watchdog stats every heartbeat file: today's files at scale
                 hb_scale = tn * scale_gpus + rn if hb_meas > meas_rollout_nodes + nodes // 2 else tn + rn
                 factor, grows = hb_scale / max(hb_meas, 1), "heartbeat files"
@@ -253,6 +253,26 @@ def summarize(m: dict, *, nodes: int, scale_nodes: int, scale_gpus: int, rollout
                          "ops_s_at_scale": round(at_scale, 2)})
     return {"rows": rows, "total_ops_s_at_scale": round(total_scale, 1), "measured_total_ops_s": round(
         sum(total(a["counts"]) for a in m["per_class"].values()) / w, 2)}
+
+
+def resummarize(path: Path, *, scale_nodes: int, scale_gpus: int, rollout_period_s: float) -> None:
+    """Recompute a result file's extrapolation from the counts it keeps (after a change of the model)."""
+    d = json.loads(path.read_text())
+    per_class = {}
+    for cls, v in d["per_class"].items():
+        c = Counts()
+        c.by_class.update(v["by_class"])
+        for key, n in v["by_source"].items():
+            src, op = key.rsplit(" ", 1)
+            c.by_source[(src, op)] += n
+        per_class[cls] = {"instances": set(v["instances"]), "counts": c}
+    m = {"window_s": d["window_s"], "rollouts_in_window": d["rollouts_in_window"],
+         "heartbeat_files": d["heartbeat_files"], "per_class": per_class}
+    s = summarize(m, nodes=d["nodes"], scale_nodes=scale_nodes, scale_gpus=scale_gpus,
+                  rollout_period_s=rollout_period_s, meas_rollout_nodes=d["rollout_nodes"])
+    d.update(rows=s["rows"], figure=s["total_ops_s_at_scale"], ratio=round(s["total_ops_s_at_scale"] / REFERENCE, 2))
+    path.write_text(json.dumps(d, indent=1) + "\n")
+    print(json.dumps({k: d[k] for k in ("bench", "nodes", "label", "figure", "reference", "ratio", "measured_total_ops_s")}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +289,12 @@ def main(argv: list[str] | None = None) -> int:
                    "(1 trainer node of 2 ranks + 1 rollout node)")
     p.add_argument("--no-boot", action="store_true", help="use the running SLURM test cluster; neither boot nor stop it")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--resummarize", type=Path, nargs="*", help="recompute these result files' extrapolation")
     a = p.parse_args(argv)
+    if a.resummarize:
+        for f in a.resummarize:
+            resummarize(f, scale_nodes=a.scale_nodes, scale_gpus=a.scale_gpus, rollout_period_s=a.rollout_period_s)
+        return 0
     tn, rn = a.nodes // 2, a.nodes - a.nodes // 2
     if a.local:
         a.nodes, tn, rn = 2, 1, 1

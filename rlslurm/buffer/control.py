@@ -31,6 +31,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -189,6 +190,15 @@ class StopRequest(_Record):
 
 
 R = TypeVar("R", bound=_Record)
+
+
+@dataclass(frozen=True)
+class Requests:
+    """`Control.requests()`: what one listing of control/ found (None: absent)."""
+    stop: "StopRequest | None"
+    stop_ack: "PreemptAck | None"
+    preempt: "PreemptRequest | None"
+    preempt_ack: "PreemptAck | None"
 
 
 # A record that reads as damaged is read once more after this long (a filesystem that briefly
@@ -409,19 +419,24 @@ class Control:
     def stop_requested(self) -> StopRequest | None:
         return self._read(self.stop_file, StopRequest)
 
-    def acknowledged_ends(self) -> tuple[bool, bool]:
-        """(a stop requested and acknowledged, a preempt requested and acknowledged) from one listing
-        of control/: the rollout nodes ask this at every look for the run's end, and a listing per
-        record was ~11 metadata operations per look (docs/shared-fs-load.md). A record present is read
-        and validated as stop_requested() and the others read it."""
+    def requests(self) -> "Requests":
+        """The stop and preempt requests and their acks from one listing of control/, each record there
+        read and validated as stop_requested() and the others read it. The pollers (the rollout nodes'
+        look for the run's end, the driver's stop check, trainer rank 0's poll) ask this: a listing
+        per record was 4 metadata operations per record and look (docs/shared-fs-load.md)."""
         names = set(listdir_fresh(self.dir))
 
-        def there(path: Path, model: type[_Record] | type[PreemptRequest]) -> bool:
-            return path.name in names and read_record(path, model, relist=False) is not None
+        def there(path: Path, model):
+            return read_record(path, model, relist=False) if path.name in names else None
 
-        stop = there(self.stop_file, StopRequest) and there(self.stop_ack_file, PreemptAck)
-        preempt = there(self.preempt_file, PreemptRequest) and there(self.preempt_ack_file, PreemptAck)
-        return stop, preempt
+        return Requests(stop=there(self.stop_file, StopRequest), stop_ack=there(self.stop_ack_file, PreemptAck),
+                        preempt=there(self.preempt_file, PreemptRequest),
+                        preempt_ack=there(self.preempt_ack_file, PreemptAck))
+
+    def acknowledged_ends(self) -> tuple[bool, bool]:
+        """(a stop requested and acknowledged, a preempt requested and acknowledged), from `requests`."""
+        r = self.requests()
+        return (r.stop is not None and r.stop_ack is not None, r.preempt is not None and r.preempt_ack is not None)
 
     @property
     def stop_ack_file(self) -> Path:

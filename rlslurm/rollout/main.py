@@ -69,8 +69,10 @@ def driver_should_stop(rd: RunDir, control: Control) -> bool:
     """The driver stops at a preempt *request*, before the trainer's ack: the trainer needs no
     further rollout (it checkpoints at its next safe point), and a driver that stops early has
     its unfinished groups handed back and saved before the engines go."""
-    return (end_reason(rd, control) is not None or control.preempt_requested() is not None
-            or control.stop_requested() is not None)
+    if rd.is_finished():
+        return True
+    r = control.requests()  # a request, acknowledged or not: one listing of control/ for all four records
+    return r.preempt is not None or r.stop is not None
 
 
 async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:

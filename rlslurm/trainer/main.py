@@ -508,9 +508,10 @@ class Trainer:
 
     def _poll(self, rollout_id: int) -> Command:
         """Rank 0's verdict: a stop or preempt first, then a publish due, then the rollout."""
-        if self.control.preempt_requested() or term_received():
+        requests = self.control.requests()  # one listing of control/ a poll (docs/shared-fs-load.md)
+        if requests.preempt is not None or term_received():
             return Next.PREEMPT
-        if self.control.stop_requested():
+        if requests.stop is not None:
             return Next.STOP
         if self._superseded():
             return Next.SUPERSEDED
