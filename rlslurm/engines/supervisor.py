@@ -6,7 +6,7 @@ and they start in parallel), waits for each to be healthy, registers each with t
 the router itself reports them healthy. A background thread then checks every engine each
 `health_interval_s`:
 
-- process gone (kill -9, OOM)        -> restart at once;
+- process gone (kill -9, OOM)        -> restart at once (--colocate: once the trainer's turn is over);
 - `/health` failing `unhealthy_after` times in a row (hung, SIGSTOPped) -> restart.
 
 A restart is: SIGKILL the process tree, DELETE the worker from the router (it would otherwise

@@ -39,8 +39,8 @@ log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
 # Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) this often: each
-# look reads three files of the shared run directory (~11 metadata operations), and on 64 rollout nodes
-# once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0 looks every POLL_S (its
+# look lists the run directory and control/ (6 metadata operations, 11 before Control.requests), and on
+# 64 rollout nodes once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0 looks every POLL_S (its
 # driver must stop at once); the others only have to exit, within the batch script's minute for it.
 END_POLL_S = 10.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
