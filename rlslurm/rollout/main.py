@@ -39,10 +39,12 @@ log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
 # Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) this often: each
-# look lists the run directory and control/ (6 metadata operations, 11 before Control.requests), and on
-# 64 rollout nodes once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0 looks every POLL_S (its
-# driver must stop at once); the others only have to exit, within the batch script's minute for it.
-END_POLL_S = 10.0
+# look lists the run directory and control/ (6 metadata operations; 11 before Control.requests), and
+# on 64 rollout nodes once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0
+# looks every POLL_S (its driver must stop at once); the others only have to exit, within the minute
+# the batch script gives the steps after FINISHED or a stop before it TERMs them (a TERM ends this
+# process cleanly too).
+END_POLL_S = 30.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
 # collector waits up to 60 s for aborted requests to come back).
 DRIVER_STOP_S = 90.0

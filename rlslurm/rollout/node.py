@@ -49,10 +49,11 @@ from rlslurm.rollout.router_context import parse_weight_version
 log = logging.getLogger(__name__)
 
 ROUTER_WAIT_S = 900.0
-# Node 0 merges the other nodes' engine records into engines.json at least this often (its own
-# engines' changes at once). Another node's restart reaches the trainer up to this much later; the
-# restarted engine awaits weights meanwhile and a dead one fails its sync's try like a late notice.
-MERGE_S = 5.0
+# Node 0 merges the other nodes' engine records into engines.json this often (its own engines'
+# changes at once): each merge opens every node's record (docs/shared-fs-load.md). Another node's
+# restart reaches the trainer up to this much later; the restarted engine awaits weights meanwhile
+# and a dead one fails its sync's try like a late notice.
+MERGE_S = 10.0
 _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 # Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
 # and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
