@@ -91,8 +91,8 @@ def source_of(rel: str) -> str:
         if parts[1] == "heartbeats":
             return "control/heartbeats/" + (_role_of(parts[2]) if len(parts) > 2 else "")
         name = parts[1]
-        if name.startswith("."):
-            name = re.sub(r"^\.(tmp\.)?|\.tmp.*$|\.[0-9a-f]{6,}.*$", "", name)
+        if name.startswith("."):  # a temp file: .tmp.<name>.<pid>.<hex>
+            name = re.sub(r"^\.(tmp\.)?|\.tmp.*$|\.\d+\.[0-9a-f]+$|\.\d+$", "", name)
         name = re.sub(r"node\d+", "node<k>", name)
         name = re.sub(r"rendezvous-\d+", "rendezvous-<a>", name)
         return "control/" + name
