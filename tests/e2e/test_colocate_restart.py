@@ -53,7 +53,10 @@ def test_engine_killed_in_the_trainers_turn_restarts_after_it(tmp_path: Path) ->
     run, log = tmp_path / "run", tmp_path / "run.log"
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--colocate", "--run-dir", str(run), "--no-progress",
            "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "1000", "--engine-health-interval-s", "1",
-           "--num-steps-per-rollout", "4", "--global-batch-size", "8", "--verify-weight-sync"]
+           # a turn of many small steps (~8 s on the CPU stack): the supervisor, checking every second,
+           # notices the kill well inside it, however loaded the machine (4 steps, ~2 s, were not enough)
+           "--num-steps-per-rollout", "16", "--global-batch-size", "2", "--micro-batch-size", "1",
+           "--verify-weight-sync"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
