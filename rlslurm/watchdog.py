@@ -2,9 +2,10 @@
 attempt ends as a failure (requeued within --max-failures) instead of holding the allocation until
 its time limit.
 
-Heartbeats: `control/heartbeats/<role>-<rank>.json`, rewritten at most every 10 s by every trainer
-rank (while it waits for rollouts and once per trained rollout, rlslurm/trainer/main.py) and by every
-rollout node (its housekeeping loop, rlslurm/rollout/node.py). Each attempt starts without them (the
+Heartbeats: `control/heartbeats/<role>-<rank>.json`, rewritten at most every 10 s (and at a change of
+phase) by one trainer rank per node (while it waits for rollouts and once per trained rollout,
+rlslurm/trainer/main.py) and by every rollout node (its housekeeping loop, rlslurm/rollout/node.py);
+who keeps one and why that is enough: rlslurm/heartbeat.py. Each attempt starts without them (the
 batch script and `rlslurm run` remove the previous attempt's), and the first trainer rank and the
 first rollout node must beat within the bound of the attempt's start, so a start-up that hangs is
 caught too.

@@ -231,7 +231,7 @@ def write_chunks_to(fd: int, chunks: Iterable[bytes | memoryview]) -> int:
     return total
 
 
-def _write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int) -> Path:
+def _write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int, *, durable: bool = True) -> Path:
     """`write_tmp` raising the OSError itself (for a caller that retries)."""
     tmp = tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
@@ -239,7 +239,8 @@ def _write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int) -> P
         try:
             os.fchmod(fd, mode)  # umask-proof
             write_chunks_to(fd, chunks)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
     except BaseException:
@@ -262,19 +263,23 @@ def write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int = DEFA
         lambda: _write_tmp(path, chunks, mode))
 
 
-def write_bytes_atomic(path: str | Path, data: bytes | memoryview, *, mode: int = DEFAULT_FILE_MODE) -> None:
+def write_bytes_atomic(path: str | Path, data: bytes | memoryview, *, mode: int = DEFAULT_FILE_MODE,
+                       durable: bool = True) -> None:
     """Replace `path` with `data` atomically and durably (temp + fsync + rename + fsync dir); a
-    transient error retries the whole sequence with a fresh temp file."""
+    transient error retries the whole sequence with a fresh temp file. `durable=False`: atomic but
+    without the two fsyncs, for a record whose loss in a crash costs nothing and which is rewritten
+    often (a heartbeat: after a crash its writer is gone anyway; docs/shared-fs-load.md)."""
     path = Path(path)
 
     def once() -> None:
-        tmp = _write_tmp(path, [data], mode)
+        tmp = _write_tmp(path, [data], mode, durable=durable)
         try:
             os.replace(tmp, path)
         except OSError:
             _unlink_quiet(tmp)
             raise
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
 
     storage_errors(path, f"writing {path.name}", needs=memoryview(data).nbytes)(once)
 
@@ -283,8 +288,8 @@ def dumps_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
-def write_json_atomic(path: str | Path, obj: Any, *, mode: int = DEFAULT_FILE_MODE) -> None:
-    write_bytes_atomic(path, dumps_json(obj), mode=mode)
+def write_json_atomic(path: str | Path, obj: Any, *, mode: int = DEFAULT_FILE_MODE, durable: bool = True) -> None:
+    write_bytes_atomic(path, dumps_json(obj), mode=mode, durable=durable)
 
 
 def publish_exclusive(path: str | Path, data: bytes, *, mode: int = DEFAULT_FILE_MODE) -> bool:
@@ -458,10 +463,12 @@ class CorruptRecord(StorageError):
 CORRUPT_PREFIX = ".corrupt."
 
 
-def read_bytes_ino(path: str | Path) -> tuple[bytes, int] | None:
-    """`read_bytes`, with the inode the bytes came from (for `set_aside`)."""
+def read_bytes_ino(path: str | Path, *, relist: bool = True) -> tuple[bytes, int] | None:
+    """`read_bytes`, with the inode the bytes came from (for `set_aside`). `relist=False`: the caller
+    has just listed the parent (and found the name), so it is not listed again."""
     path = Path(path)
-    listdir_fresh(path.parent)
+    if relist:
+        listdir_fresh(path.parent)
 
     def once() -> tuple[bytes, int] | None:
         try:

@@ -13,6 +13,8 @@ reader sees the old or the new version, never a mix. Records:
     weight_version.json          trainer rank 0   WeightVersionRecord
     weight_update.json           trainer leader   WeightUpdateRecord (the stage-0 leader, only while it writes
                                                   weights into the engines; engines/update_watch.py reads it)
+    colocate_turn.json           trainer rank 0   TurnRecord (--colocate: while the trainer holds the GPUs;
+                                                  engines/turn_watch.py holds engine restarts until it goes)
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
@@ -29,6 +31,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -139,6 +142,16 @@ class WeightUpdateRecord(_Record):
     pid: int = Field(default_factory=os.getpid)
 
 
+class TurnRecord(_Record):
+    """--colocate: the trainer's turn on the GPUs, from the engines' release to their last resume
+    (trainer/colocate.py). A rollout node restarts an engine that died in it only once it is over
+    (engines/turn_watch.py): a new engine would take the memory the trainer is using."""
+    version: int
+    until: float  # the trainer's wall clock; renewed while the turn lasts, readers bound it by their own clock too
+    since: float = Field(default_factory=time.time)
+    pid: int = Field(default_factory=os.getpid)
+
+
 class Heartbeat(_Record):
     role: str
     rank: int
@@ -179,6 +192,15 @@ class StopRequest(_Record):
 R = TypeVar("R", bound=_Record)
 
 
+@dataclass(frozen=True)
+class Requests:
+    """`Control.requests()`: what one listing of control/ found (None: absent)."""
+    stop: "StopRequest | None"
+    stop_ack: "PreemptAck | None"
+    preempt: "PreemptRequest | None"
+    preempt_ack: "PreemptAck | None"
+
+
 # A record that reads as damaged is read once more after this long (a filesystem that briefly
 # served a torn block) before it is set aside (`read_record`).
 REREAD_S = 0.2
@@ -197,13 +219,14 @@ def _parse(data: bytes, path: Path, model: type[R]) -> R:
         raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
 
 
-def read_record(path: Path, model: type[R]) -> R | None:
-    """A control record, None if absent. Every record is written atomically by the run itself, so one
+def read_record(path: Path, model: type[R], *, relist: bool = True) -> R | None:
+    """A control record, None if absent (`relist=False`: its directory was just listed by the caller).
+    Every record is written atomically by the run itself, so one
     that reads as damaged twice was damaged on disk: it is set aside (buffer/atomic.py `set_aside`)
     and a CorruptRecord fails this attempt; the next attempt's writer rebuilds it
     (docs/shared-filesystem.md, "When the filesystem fails")."""
     for last in (False, True):
-        got = read_bytes_ino(path)
+        got = read_bytes_ino(path, relist=relist)
         if got is None:
             return None
         data, ino = got
@@ -231,6 +254,7 @@ class Control:
         self.run = as_rundir(run)
         self.dir = self.run.control_dir
         self.heartbeat_dir = self.dir / "heartbeats"
+        self._heartbeat_dir_made = False
 
     # --- generic ----------------------------------------------------------------------
     def _write(self, name: str, rec: _Record) -> None:
@@ -320,12 +344,31 @@ class Control:
         """The bracket's record, stale or not (its reader decides); DataError if it is corrupt."""
         return self._read(self.weight_update_file, WeightUpdateRecord)
 
+    # --- the colocated trainer's turn (trainer/colocate.py, engines/turn_watch.py) -------
+    @property
+    def turn_file(self) -> Path:
+        return self.dir / "colocate_turn.json"
+
+    def mark_turn(self, version: int, budget_s: float, since: float) -> TurnRecord:
+        rec = TurnRecord(version=version, until=time.time() + budget_s, since=since)
+        self._write(self.turn_file.name, rec)
+        return rec
+
+    def clear_turn(self) -> None:
+        unlink_durable(self.turn_file)
+
+    def turn(self) -> TurnRecord | None:
+        return self._read(self.turn_file, TurnRecord)
+
     # --- heartbeats -------------------------------------------------------------------
     def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,
                   phase_since: float | None = None) -> Heartbeat:
         hb = Heartbeat(role=role, rank=rank, phase=phase, phase_since=phase_since)
-        ensure_dir(self.heartbeat_dir)
-        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"))
+        if not self._heartbeat_dir_made:  # once per process: a stat per beat is a metadata op per beat
+            ensure_dir(self.heartbeat_dir)
+            self._heartbeat_dir_made = True
+        # atomic, not durable: a heartbeat lost in a crash says nothing its writer's death does not
+        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"), durable=False)
         return hb
 
     def heartbeats(self) -> list[Heartbeat]:
@@ -375,6 +418,25 @@ class Control:
 
     def stop_requested(self) -> StopRequest | None:
         return self._read(self.stop_file, StopRequest)
+
+    def requests(self) -> "Requests":
+        """The stop and preempt requests and their acks from one listing of control/, each record there
+        read and validated as stop_requested() and the others read it. The pollers (the rollout nodes'
+        look for the run's end, the driver's stop check, trainer rank 0's poll) ask this: a listing
+        per record was 4 metadata operations per record and look (docs/shared-fs-load.md)."""
+        names = set(listdir_fresh(self.dir))
+
+        def there(path: Path, model):
+            return read_record(path, model, relist=False) if path.name in names else None
+
+        return Requests(stop=there(self.stop_file, StopRequest), stop_ack=there(self.stop_ack_file, PreemptAck),
+                        preempt=there(self.preempt_file, PreemptRequest),
+                        preempt_ack=there(self.preempt_ack_file, PreemptAck))
+
+    def acknowledged_ends(self) -> tuple[bool, bool]:
+        """(a stop requested and acknowledged, a preempt requested and acknowledged), from `requests`."""
+        r = self.requests()
+        return (r.stop is not None and r.stop_ack is not None, r.preempt is not None and r.preempt_ack is not None)
 
     @property
     def stop_ack_file(self) -> Path:

@@ -6,7 +6,7 @@ and they start in parallel), waits for each to be healthy, registers each with t
 the router itself reports them healthy. A background thread then checks every engine each
 `health_interval_s`:
 
-- process gone (kill -9, OOM)        -> restart at once;
+- process gone (kill -9, OOM)        -> restart at once (--colocate: once the trainer's turn is over);
 - `/health` failing `unhealthy_after` times in a row (hung, SIGSTOPped) -> restart.
 
 A restart is: SIGKILL the process tree, DELETE the worker from the router (it would otherwise
@@ -42,6 +42,10 @@ exited is still restarted inside a pause: it is in no broadcast, and marking it 
 lets the sync's next try leave it out instead of waiting out the join timeout for it.
 `restarts_total` lets the weight sync notice that an engine was restarted (and must re-join the
 update group).
+
+With --colocate, an engine that has to be restarted while the trainer holds the GPUs (its turn,
+control/colocate_turn.json) is restarted only once the turn is over (`hold_restart`,
+engines/turn_watch.py): started inside it, the engine would take memory the trainer is using.
 
 An engine spanning nodes is supervised through its node rank 0 (engines/span.py): `span.prepare`
 gives each start of it a new meeting address for its other ranks, and an exit of one of them
@@ -159,7 +163,8 @@ class EngineSupervisor:
                  restart_backoff_s: float = 5.0,
                  max_restarts: int = MAX_RESTARTS, restart_window_s: float = RESTART_WINDOW_S,
                  on_change: OnChange | None = None, on_restart: OnRestart | None = None,
-                 admit: Admit | None = None, span: "SpanLeader | None" = None):
+                 admit: Admit | None = None, span: "SpanLeader | None" = None,
+                 hold_restart: Callable[[], str | None] | None = None):
         names = [s.name for s in specs]
         if len(set(names)) != len(names) or len({s.url for s in specs}) != len(specs):
             raise ValueError(f"engine names and urls must be unique: {names}")
@@ -174,6 +179,10 @@ class EngineSupervisor:
         self.on_restart = on_restart
         self.admit = admit
         self.span = span
+        self.hold_restart = hold_restart  # --colocate: why a restart must wait now (engines/turn_watch.py)
+        # is a weight update on now (read fresh)? Asked when a check fails outside a pause: the
+        # UpdateWatcher looks only every 10 s (engines/update_watch.py `covers`)
+        self.in_update: Callable[[], bool] | None = None
         self._slots = [_Slot(s, RestartBudget(max_restarts, restart_window_s)) for s in specs]
         self._router_budget = RestartBudget(max_restarts, restart_window_s)
         # set once an engine or the router used up its budget: nothing is restarted any more
@@ -387,6 +396,10 @@ class EngineSupervisor:
         with self._cond:
             if self._paused:  # a pause began during this check: its broadcast may be why it failed
                 return None
+        if self.in_update is not None and self.in_update():  # an update the watcher has not seen yet
+            s.failures = 0
+            return None
+        with self._cond:
             s.failures += 1
         log.warning("%s: health check failed (%d/%d)", s.proc.spec.name, s.failures, self.unhealthy_after)
         if s.failures >= self.unhealthy_after:
@@ -396,8 +409,9 @@ class EngineSupervisor:
     def _restart(self, s: _Slot, reason: str) -> None:
         name = s.proc.spec.name
         t0 = time.monotonic()
-        log.warning("%s (%s): %s; restarting", name, s.proc.url, reason)
         self._changed()
+        self._await_turn(s, reason)
+        log.warning("%s (%s): %s; restarting", name, s.proc.url, reason)
         error: str | None = None
         while not self._stop.is_set():
             if not s.budget.take():
@@ -441,6 +455,24 @@ class EngineSupervisor:
         with self._cond:
             s.restarting = False
             self._cond.notify_all()
+
+    def _await_turn(self, s: _Slot, reason: str) -> None:
+        """--colocate: while the trainer's turn holds the GPUs, what is left of the dead engine goes at
+        once (its processes may still hold GPU memory the trainer needs) and the new one starts only
+        after the turn (engines/turn_watch.py). Listed unhealthy meanwhile: the turn leaves it out."""
+        why = self.hold_restart() if self.hold_restart is not None else None
+        if why is None:
+            return
+        from rlslurm.engines.turn_watch import POLL_S
+
+        name, t0 = s.proc.spec.name, time.monotonic()
+        with s.lock:
+            s.proc.kill_tree()
+        log.warning("%s (%s): %s; its restart waits: %s", name, s.proc.url, reason, why)
+        while why is not None and not self._stop.wait(POLL_S):
+            why = self.hold_restart()
+        if not self._stop.is_set():
+            log.info("%s: the trainer's turn is over; restart held %.1f s", name, time.monotonic() - t0)
 
     def _restart_router(self) -> None:
         code = self.router.proc.returncode if self.router.proc else None

@@ -28,6 +28,7 @@ from rlslurm import role_log
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.gpus import visible_gpu_uuids
+from rlslurm.heartbeat import Beat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
 from rlslurm.layout import no_engines_reason
@@ -37,6 +38,13 @@ from rlslurm.runfile import load_run_config
 log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
+# Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) this often: each
+# look lists the run directory and control/ (6 metadata operations; 11 before Control.requests), and
+# on 64 rollout nodes once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0
+# looks every POLL_S (its driver must stop at once); the others only have to exit, within the minute
+# the batch script gives the steps after FINISHED or a stop before it TERMs them (a TERM ends this
+# process cleanly too).
+END_POLL_S = 30.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
 # collector waits up to 60 s for aborted requests to come back).
 DRIVER_STOP_S = 90.0
@@ -49,11 +57,12 @@ def end_reason(rd: RunDir, control: Control) -> str | None:
         return "finished"
     # A stop, like a preempt, ends the engines only once the trainer is done with them (it saves,
     # acks and exits); if the trainer is gone instead, the batch script ends this step.
-    if control.stop_requested() is not None and control.stop_ack() is not None:
-        return "stop"
     # On USR1 the trainer finishes its step (and any weight sync into our engines), checkpoints and
     # acks; only then may the engines go, or the sync in flight would fail against dead peers.
-    if control.preempt_requested() is not None and control.preempt_ack() is not None:
+    stop, preempt = control.acknowledged_ends()  # one listing of control/ for the four records
+    if stop:
+        return "stop"
+    if preempt:
         return "preempt"
     return None
 
@@ -62,8 +71,10 @@ def driver_should_stop(rd: RunDir, control: Control) -> bool:
     """The driver stops at a preempt *request*, before the trainer's ack: the trainer needs no
     further rollout (it checkpoints at its next safe point), and a driver that stops early has
     its unfinished groups handed back and saved before the engines go."""
-    return (end_reason(rd, control) is not None or control.preempt_requested() is not None
-            or control.stop_requested() is not None)
+    if rd.is_finished():
+        return True
+    r = control.requests()  # a request, acknowledged or not: one listing of control/ for all four records
+    return r.preempt is not None or r.stop is not None
 
 
 async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
@@ -80,13 +91,17 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
         node.phase_of = lambda: driver.phase
         driver_task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    return await until_end(driver_task, node.housekeeping, rd, control)
+    return await until_end(driver_task, node.housekeeping, rd, control,
+                           end_poll_s=POLL_S if node.node == 0 else END_POLL_S)
 
 
-async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, control: Control) -> str:
-    """Call `tick` (heartbeats, engine housekeeping) every POLL_S until the run ends; a driver that
-    ends first is logged (its error ends the process, non-zero exit), one still running when the run
-    ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the same stop)."""
+async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, control: Control, *,
+                    end_poll_s: float = POLL_S) -> str:
+    """Call `tick` (heartbeats, engine housekeeping) every POLL_S until the run ends (looked for every
+    `end_poll_s`); a driver that ends first is logged (its error ends the process, non-zero exit), one
+    still running when the run ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the
+    same stop)."""
+    next_look = 0.0
     try:
         while True:
             tick()
@@ -94,7 +109,10 @@ async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, cont
                 result = driver_task.result()  # a driver error ends the process (non-zero exit)
                 log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
                 driver_task = None
-            reason = end_reason(rd, control)
+            reason = None
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + end_poll_s
+                reason = end_reason(rd, control)
             if reason is not None:
                 if driver_task is not None:
                     # it saw the same stop: let it abort and save its hand-back while the engines live
@@ -127,12 +145,13 @@ async def serve_without_engines(rd: RunDir, control: Control, cfg, tokenizer, ro
 
     driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=lambda: [], api_key=None, tokenizer=tokenizer)
     task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    return await until_end(task, lambda: control.heartbeat("rollout", role_rank), rd, control)
+    return await until_end(task, Beat(lambda: control.heartbeat("rollout", role_rank)), rd, control)
 
 
 def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:
+    beat = Beat(lambda: control.heartbeat("rollout", role_rank))
     while True:
-        control.heartbeat("rollout", role_rank)
+        beat()
         reason = end_reason(rd, control)
         if reason is not None:
             return reason

@@ -39,14 +39,21 @@ from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
+from rlslurm.engines.turn_watch import TurnHold
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
+from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
 
 log = logging.getLogger(__name__)
 
 ROUTER_WAIT_S = 900.0
+# Node 0 merges the other nodes' engine records into engines.json this often (its own engines'
+# changes at once): each merge opens every node's record (docs/shared-fs-load.md). Another node's
+# restart reaches the trainer up to this much later; the restarted engine awaits weights meanwhile
+# and a dead one fails its sync's try like a late notice.
+MERGE_S = 10.0
 _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 # Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
 # and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
@@ -191,13 +198,16 @@ class RolloutNode:
         self.restart_events: list[RestartEvent] = []
         self.phase, self.phase_since = "starting engines", time.time()
         self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
+        self._merged_at = -MERGE_S  # node 0: engines.json's last merge (monotonic)
+        self._heartbeat = Beat(lambda: self.control.heartbeat("rollout", self.node, phase=self.phase,
+                                                              phase_since=self.phase_since))
 
     @property
     def node_file(self) -> Path:
         return self.control.dir / f"engines-node{self.node}.json"
 
     def start(self, *, cancel=lambda: False) -> None:
-        self._beat()  # "starting engines" from now: minutes on GPUs, with no heartbeat until they are up
+        self._heartbeat(now=True)  # "starting engines" from now: minutes on GPUs, with no heartbeat until they are up
         specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
         if specs[0].node_rank > 0:
             self._publish([])  # no engine of its own: clears what an earlier attempt's layout left
@@ -217,11 +227,20 @@ class RolloutNode:
                                            on_restart=self._on_restart,
                                            admit=weights_current(self.control, self.api_key),
                                            span=SpanLeader(self.control, attempt=self.attempt,
-                                                           bind_host=span_bind_host(self.cfg)))
+                                                           bind_host=span_bind_host(self.cfg)),
+                                           hold_restart=self._turn_hold())
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
             self.watcher = UpdateWatcher(self.control, self.supervisor,
                                          cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
+            self.supervisor.in_update = self.watcher.covers
+
+    def _turn_hold(self) -> TurnHold | None:
+        """--colocate: restarts wait for the trainer's turn to end (engines/turn_watch.py), for at most
+        the turn's own bound (each engine call of the turn: --weight-sync-timeout-s) plus a margin."""
+        if not self.cfg.run.colocate:
+            return None
+        return TurnHold(self.control, cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S)
 
     def _router_ready(self, cancel) -> RouterProcess:
         if self.node == 0:
@@ -257,12 +276,20 @@ class RolloutNode:
         if self.node == 0:
             self.merge_engines()
 
-    def merge_engines(self) -> None:
-        """Node 0: every node's engines into control/engines.json (the file the trainer reads)."""
+    def merge_engines(self, *, due: bool = True) -> None:
+        """Node 0: every node's engines into control/engines.json (the file the trainer reads). Not
+        `due`: only if MERGE_S passed since the last merge (this node's own engines' changes merge at
+        once, `_publish`); each merge reads every node's record: ~4 metadata operations per rollout
+        node, docs/shared-fs-load.md."""
+        now = time.monotonic()
+        if not due and now - self._merged_at < MERGE_S:
+            return
+        self._merged_at = now
         engines: list[EngineRecord] = []
         for name in sorted(listdir_fresh(self.control.dir), key=lambda n: (len(n), n)):
             if _NODE_FILE.match(name):
-                rec = read_record(self.control.dir / name, EnginesRecord)  # damaged: the attempt fails
+                # just listed: not listed again per record (docs/shared-fs-load.md); damaged: the attempt fails
+                rec = read_record(self.control.dir / name, EnginesRecord, relist=False)
                 if rec is not None:
                     engines += rec.engines
         try:
@@ -297,18 +324,20 @@ class RolloutNode:
             self.supervisor.raise_if_failed()
         self._beat()
         if self.node == 0:
-            self.merge_engines()
+            self.merge_engines(due=False)
         else:
             self.ensure_registered()
 
     def _beat(self) -> None:
         """This node's heartbeat with its phase: starting engines, then serving (node 0: what the
-        driver does); `phase_since` moves only when the phase changes."""
+        driver does); `phase_since` moves only when the phase changes. Written every HEARTBEAT_S and
+        at each change of phase, not at every housekeeping poll (rlslurm/heartbeat.py)."""
         phase = self.phase_of() if self.phase_of is not None else (
             "starting engines" if self.supervisor is None and self.follower is None else "serving")
-        if phase != self.phase:
+        changed = phase != self.phase
+        if changed:
             self.phase, self.phase_since = phase, time.time()
-        self.control.heartbeat("rollout", self.node, phase=self.phase, phase_since=self.phase_since)
+        self._heartbeat(now=changed)
 
     def wait_for_all_nodes(self, *, timeout: float, cancel=lambda: False) -> bool:
         """Node 0, before the first rollout: wait until every rollout node's engines are healthy

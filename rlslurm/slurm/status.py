@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 _TIMEOUT_S = 20
-# A heartbeat older than this says its process is gone (the trainer beats every 10 s and at each
-# phase, rollout nodes every second; a trainer inside a long step may be silent a while).
+# A heartbeat older than this says its process is gone (trainer nodes and rollout nodes beat every
+# 10 s and at each phase, rlslurm/heartbeat.py; a trainer inside a long step may be silent a while).
 LIVE_S = 120.0
 
 

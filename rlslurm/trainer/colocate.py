@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 # SGLang's GPU_MEMORY_TYPE_* tags (sglang/srt/constants.py)
 WEIGHTS, KV_CACHE, CUDA_GRAPH = "weights", "kv_cache", "cuda_graph"
 RELEASE_TRIES = 3
+SAVE_RELEASE_S = 10.0  # each engine call of the release before the job's last save (release_for_save): a TERM's
+                       # save must fit SLURM's KillWait; engines gone with the job refuse at once
 GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as gone (SGLang ends a
                     # spanning engine's rank 0 about 6 s after another rank died: docs/sglang-behaviour.md)
 
@@ -423,6 +425,27 @@ class Colocation:
         self.times["time/engines_resume"] = self.times.get("time/engines_resume", 0.0) + time.perf_counter() - t1
         self._gpu_used("engines_resumed")
 
+    def release_for_save(self) -> None:
+        """The job ends (a preempt, TERM or stop) and the trainer must onload everything to save: between
+        rollouts, or after an engine phase of the turn failed as the engines went down. Every engine still
+        answering gives its memory up first, and a turn record is kept until the trainer exits (no
+        restart takes memory during the save; engines/turn_watch.py). Best effort, bounded by
+        SAVE_RELEASE_S per call: an engine that does not answer is going or gone with the job; one
+        already released may refuse a second release (logged). Collective; never raises."""
+        if self.rank == 0:
+            if self._keeper is None:
+                self._keeper = _BracketKeeper(self.control, -1, self.timeout_s)
+            timeout_s, self.timeout_s = self.timeout_s, min(self.timeout_s, SAVE_RELEASE_S)
+            try:
+                for method, kw in (("pause_generation", {"mode": "abort"}), ("release_memory_occupation", {"tags": None})):
+                    try:
+                        self._engines(method, **kw)
+                    except Exception as e:  # going down with the job: nothing to give back
+                        log.warning("colocate: before the job's last save, %s: %s: %s", method, type(e).__name__, e)
+            finally:
+                self.timeout_s = timeout_s
+        dist.barrier()
+
     def _gpu_used(self, phase: str) -> None:
         """Memory in use on this rank's GPU by every process (the engines' included), after `phase`."""
         if self.cuda:
@@ -458,10 +481,16 @@ class Colocation:
 class _BracketKeeper:
     """Rank 0 renews control/weight_update.json while the engines are released, so the rollout nodes
     keep their health checks paused for as long as the trainer trains (engines/update_watch.py caps
-    one record's hold at the sync timeout; a renewed record is honoured again)."""
+    one record's hold at the sync timeout; a renewed record is honoured again). It also keeps
+    control/colocate_turn.json, the turn itself: the publish inside the turn opens and clears the
+    weight-update bracket of its own, the turn record stays until the last resume. While it is there
+    the rollout nodes restart an engine that died only after the turn (engines/turn_watch.py): a
+    restart at once would take GPU memory the trainer uses (the engine or the trainer OOMs)."""
 
     def __init__(self, control: Any, version: int, timeout_s: float):
         self.control, self.version, self.timeout_s = control, version, timeout_s
+        self.since = time.time()
+        self.control.mark_turn(version, timeout_s, self.since)
         self.control.mark_weight_update(version, timeout_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="colocate-bracket", daemon=True)
@@ -469,9 +498,12 @@ class _BracketKeeper:
 
     def _run(self) -> None:
         while not self._stop.wait(min(10.0, self.timeout_s / 3)):
+            self.control.mark_turn(self.version, self.timeout_s, self.since)
             self.control.mark_weight_update(self.version, self.timeout_s)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         self.control.clear_weight_update()
+        self.control.clear_turn()
+        log.info("colocate: the turn of v%d is over after %.2f s", self.version, time.time() - self.since)

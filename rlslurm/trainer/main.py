@@ -37,6 +37,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.config import RunConfig
 from rlslurm.errors import DataError, UserError
 from rlslurm.gpus import torch_device_uuid
+from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
 from rlslurm.runfile import load_run_config
@@ -51,7 +52,6 @@ from rlslurm.trainer.setup import init_distributed
 log = logging.getLogger("rlslurm.trainer")
 
 POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
-HEARTBEAT_S = 10.0
 
 # SLURM ends a job (scancel, scontrol requeue, preemption, the time limit) by TERMing every process
 # and KILLing it KillWait (or the partition's GraceTime) later. Dying at once on TERM would lose
@@ -130,7 +130,8 @@ class Trainer:
         self.last_saved: int | None = None
         self.attempt = job_env().attempt
         self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
-        self._last_heartbeat = -HEARTBEAT_S
+        self._heartbeat = Beat(lambda: self.control.heartbeat(
+            "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
         # disk sync or no engines: no engine to wait for or to publish to again
@@ -205,7 +206,7 @@ class Trainer:
                 break
             if cmd is Next.SUPERSEDED:
                 return self._superseded_exit()
-            rollout = self.reader.read(progress.next_rollout_id)
+            rollout = self._read_rollout(progress.next_rollout_id)
             if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
                 rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
             if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
@@ -255,13 +256,20 @@ class Trainer:
             return {"time/publish": t2 - t1, "time/save": time.perf_counter() - t2}
         # --colocate: save while everything is on the GPU; the engines then take it back
         t1 = time.perf_counter()
+        if self._ending_collective():
+            # the job ends inside the turn: its checkpoint is written now, while the trainer holds the
+            # GPU and the engines are released; later (the engines resumed) it would onload the trainer
+            # beside the engines' memory (docs/colocate.md, "When the job ends inside a turn")
+            self._save(progress)
+            raise EnginesGone("the job ends inside the turn: saved before the engines resume")
         self._save_if_due(progress)
         t2 = time.perf_counter()
         self.colo.to_engines_for_weights()
         t3 = time.perf_counter()
         published = self._publish_due(progress)
         if published:
-            self._wait_for_engines()
+            # no wait for every engine here: one that died in this turn is restarted only after it
+            # (engines/turn_watch.py); it gets this version by the publish again once it is back
             self._publish(progress.weight_version, in_turn=True)
         t4 = time.perf_counter()
         self.colo.to_engines()
@@ -342,6 +350,16 @@ class Trainer:
         # One rank owns the buffer's side effects (quarantine); the others only read.
         return RolloutReader(self.rd, readonly=self.rank != 0)
 
+    def _read_rollout(self, rollout_id: int):
+        """Collective: rank 0 reads the rollout (verified: rlslurm/buffer/reader.py) and every rank
+        gets it by a broadcast, not by opening its manifest and data file on the shared run directory
+        itself: per rank that was 2 metadata operations per rollout on every GPU of the job
+        (docs/shared-fs-load.md). Ranks > 0 hold copies (writable), rank 0 the read-only views."""
+        msg = [self.reader.read(rollout_id) if self.rank == 0 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(msg, src=0)
+        return msg[0]
+
     def _wait_for_engines(self) -> None:
         """Collective. Rank 0 waits (bounded by --weight-sync-timeout-s) until this attempt's engines
         are registered and healthy; the batch script removed the previous attempt's records. On
@@ -417,6 +435,12 @@ class Trainer:
             (log.info if rec["match"] else log.warning)("weight probe v%d: %s", version,
                                                        "engines match" if rec["match"] else rec)
 
+    def _ending_collective(self) -> bool:
+        """Rank 0's `_attempt_ending`, learnt by every rank at the same call."""
+        flag = [self._attempt_ending() if self.rank == 0 else None]
+        dist.broadcast_object_list(flag, src=0)
+        return bool(flag[0])
+
     def _attempt_ending(self) -> bool:
         return term_received() or self.control.preempt_requested() is not None or \
             self.control.stop_requested() is not None
@@ -469,13 +493,11 @@ class Trainer:
                 return cmd
 
     def _beat(self, *, now: bool = False) -> None:
-        """This rank's heartbeat (control/heartbeats/trainer-<rank>.json), read by the attempt's
-        watchdog (rlslurm/watchdog.py): written while waiting for rollouts and once per trained rollout,
-        and by rank 0 at each change of phase (`rlslurm status` says what it does, and for how long)."""
-        t = time.monotonic()
-        if now or t - self._last_heartbeat >= HEARTBEAT_S:  # an fsynced file per poll is too much for NFS
-            self.control.heartbeat("trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since)
-            self._last_heartbeat = t
+        """This node's heartbeat (control/heartbeats/trainer-<rank>.json; local rank 0 only:
+        rlslurm/heartbeat.py), read by the attempt's watchdog (rlslurm/watchdog.py): written while
+        waiting for rollouts and once per trained rollout, and by rank 0 at each change of phase
+        (`rlslurm status` says what it does, and for how long)."""
+        self._heartbeat(now=now)
 
     def _phase(self, text: str) -> None:
         """Rank 0: what the trainer does from now on ("weight sync v3 (nccl): try 2/2"), recorded at once."""
@@ -486,9 +508,10 @@ class Trainer:
 
     def _poll(self, rollout_id: int) -> Command:
         """Rank 0's verdict: a stop or preempt first, then a publish due, then the rollout."""
-        if self.control.preempt_requested() or term_received():
+        requests = self.control.requests()  # one listing of control/ a poll (docs/shared-fs-load.md)
+        if requests.preempt is not None or term_received():
             return Next.PREEMPT
-        if self.control.stop_requested():
+        if requests.stop is not None:
             return Next.STOP
         if self._superseded():
             return Next.SUPERSEDED
@@ -590,6 +613,8 @@ class Trainer:
         rollout group go — it keeps the engines until this ack, so no sync in flight loses its peers."""
         self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
+            if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
+                self.colo.release_for_save()
             self._save(progress)
         if self.rank == 0:
             self.control.ack_stop(checkpoint_iteration=self.last_saved if self.last_saved is not None else -1)
@@ -610,6 +635,8 @@ class Trainer:
             log.info("SIGTERM %.1fs ago: checkpointing before SLURM's KILL", time.time() - _term_at)
         self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
+            if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
+                self.colo.release_for_save()
             self._save(progress)
         if self.rank == 0:
             it = self.last_saved if self.last_saved is not None else -1

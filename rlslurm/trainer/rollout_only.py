@@ -30,7 +30,8 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.store import BufferStore
 from rlslurm.config import RunConfig
 from rlslurm.job.env import job_env
-from rlslurm.trainer.main import HEARTBEAT_S, POLL_S  # the trainer loop's cadence
+from rlslurm.heartbeat import Beat, keeps_heartbeat
+from rlslurm.trainer.main import POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")
 
@@ -56,12 +57,9 @@ def watch(cfg: RunConfig, rd: RunDir, rank: int, term_received: Callable[[], boo
     attempt = job_env().attempt
     log.info("--debug-rollout-only: no model is built; waiting for rollouts 0..%d to be committed",
              cfg.rollout.num_rollout - 1)
-    last_beat = -HEARTBEAT_S
+    beat = Beat(lambda: control.heartbeat("trainer", rank), on=keeps_heartbeat(rank))  # the watchdog's (rlslurm/watchdog.py)
     while True:
-        now = time.monotonic()
-        if now - last_beat >= HEARTBEAT_S:  # the attempt's watchdog reads it (rlslurm/watchdog.py)
-            control.heartbeat("trainer", rank)
-            last_beat = now
+        beat()
         msg: list = [_verdict(cfg, rd, control, term_received, attempt) if rank == 0 else None]
         dist.broadcast_object_list(msg, src=0)
         verdict = msg[0]

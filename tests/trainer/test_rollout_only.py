@@ -31,7 +31,8 @@ def _worker(rank: int, port: int, run: str, q) -> None:
 
     from rlslurm.trainer.rollout_only import watch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # each rank the only one of its node (LOCAL_RANK 0), as on two trainer nodes: both keep a heartbeat
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK="0")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         cfg = RunConfig(rollout=RolloutSection(num_rollout=NUM_ROLLOUT), train=TrainSection(debug_rollout_only=True))

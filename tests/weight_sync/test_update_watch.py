@@ -126,3 +126,23 @@ def test_a_restart_in_progress_does_not_delay_the_hold(setup):
         w.close()
         with sup._cond:
             sup._slots[1].restarting = False
+
+
+def test_covers_answers_from_a_fresh_read_between_the_watchers_polls(setup):
+    """The watcher looks every 10 s (each look costs the shared filesystem ~4 metadata operations per
+    rollout node, docs/shared-fs-load.md); a health check that fails in between asks `covers()`, which
+    reads the record itself, within the record's cap."""
+    control, sup = setup
+    w = UpdateWatcher(control, sup, cap_s=0.5, poll_s=60.0).start()
+    try:
+        assert not w.covers()
+        _mark(control, 4, 60)
+        assert w.covers() and not sup.paused  # the watcher has not looked yet; the answer is fresh
+        time.sleep(0.7)
+        assert not w.covers()  # past the cap on this node's clock: a hung sync excuses nothing
+        _mark(control, 5, 60)  # the trainer's next try: a new record, honoured afresh
+        assert w.covers()
+        unlink_durable(control.weight_update_file)
+        assert not w.covers()
+    finally:
+        w.close()
