@@ -18,11 +18,12 @@ for a in "$@"; do
   esac
 done
 
-if [ "$want_slurm" = 1 ] && ! command -v slurmctld >/dev/null 2>&1; then
-  log "apt: slurmctld slurmd slurm-client munge"
+if [ "$want_slurm" = 1 ] && ! { command -v slurmctld && command -v strace; } >/dev/null 2>&1; then
+  # strace: tests/trainer/test_trainer_shared_fs.py and bench/bench_fs_ops.py count run-dir file operations
+  log "apt: slurmctld slurmd slurm-client munge strace"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 procps >/dev/null
+  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 procps strace >/dev/null
 fi
 
 pipi() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
