@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from rlslurm import layout, preflight
 from rlslurm.config import RunConfig
 from rlslurm.engines.sglang_flags import check_parallel
@@ -61,8 +63,14 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         defaults.set(name, value, where)
     cfg = build_config([defaults, *user_layers])
     res = Resolved(cfg, mc)
-    _derive(res)
-    _check(res, strict_inputs)
+    try:
+        _derive(res)
+        _check(res, strict_inputs)
+    except ValidationError as e:  # a derived value out of its field's bounds: one line, never a traceback
+        err = e.errors()[0]
+        name = str(err["loc"][-1]) if err["loc"] else "config"
+        raise ConfigError(f"{flag_name(name)}: derived value {err.get('input')!r} is refused: "
+                          f"{err['msg'].removeprefix('Value error, ')}") from None
     return res
 
 
@@ -72,10 +80,18 @@ def _derive(res: Resolved) -> None:
     layout.place_groups(cfg)
     if s.trainer_nodes is None and s.rollout_nodes is None:
         s.trainer_nodes = max(1, s.nodes // 2)
+    # the other side of the split is the rest of --nodes; checked here, before the assignment, whose
+    # pydantic bound (>= 1) would otherwise surface as a traceback (issue 32 item 7)
+    given = "--trainer-nodes" if s.rollout_nodes is None else "--rollout-nodes"
+    rest = s.nodes - (s.trainer_nodes if s.rollout_nodes is None else s.rollout_nodes)
+    if (s.trainer_nodes is None or s.rollout_nodes is None) and rest < 1:
+        other = "--rollout-nodes" if given == "--trainer-nodes" else "--trainer-nodes"
+        raise ConfigError(f"{given} {s.nodes - rest} with --nodes {s.nodes} leaves no node for {other} (the rest of "
+                          f"--nodes): give --nodes {s.nodes - rest + 1} or more")
     if s.trainer_nodes is None:
-        s.trainer_nodes = s.nodes - (s.rollout_nodes or 0)
+        s.trainer_nodes = rest
     if s.rollout_nodes is None:
-        s.rollout_nodes = s.nodes - s.trainer_nodes
+        s.rollout_nodes = rest
     r, t = cfg.rollout, cfg.train
     if t.global_batch_size is None:
         samples = r.rollout_batch_size * r.n_samples_per_prompt

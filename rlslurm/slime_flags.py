@@ -22,6 +22,14 @@ SLIME_ALIASES: dict[str, tuple[str, Any]] = {
     "rollout_max_prompt_len": ("max_prompt_len", None),
 }
 
+# slime switches whose effect rlslurm always has: accepted (slime's spelling) and ignored.
+SLIME_ALWAYS: dict[str, str] = {
+    # slime: "Balance estimated training FLOPs between data parallel ranks with karmarkar_karp"
+    # (slime/utils/arguments.py); rlslurm/trainer/batching.py balances every step by tokens
+    "balance_data": "rlslurm always balances each optimizer step's samples over the data-parallel ranks by "
+                    "tokens (longest first onto the rank with the fewest, rlslurm/trainer/batching.py)",
+}
+
 _RESUME = "rlslurm resumes from the run directory (rlslurm resubmit RUN)"
 
 # slime flag -> what to use in rlslurm instead (one clause, shown after the flag).
