@@ -72,9 +72,15 @@ def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: 
     from rlslurm.resolve import resolve
 
     res = resolve(_collect(ctx, **named), config, strict_inputs=strict)
-    for w in res.warnings:
-        err.print(f"[yellow]warning:[/] {w}")
+    _print_notes(res)
     return res
+
+
+def _print_notes(res) -> None:
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}")
+    for n in res.notes:
+        err.print(f"note: {escape(n)}", highlight=False)
 
 
 ConfigOpt = typer.Option(None, "--config", help="run YAML (sections or flat field names); flags override it")
@@ -180,8 +186,7 @@ def run(
         colocate = build_config([*layers, parse_flags(argv)]).run.colocate
         machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
         res = resolve(["--device", "cpu", *machine] + argv, config, strict_inputs=True)
-        for w in res.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
+        _print_notes(res)
         gpus = role_gpus(res.cfg, res.model)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)

@@ -34,6 +34,7 @@ class Resolved:
     cfg: RunConfig
     model: ModelConfig
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # facts of the run worth one line at submit
 
 
 def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: bool = True) -> Resolved:
@@ -62,6 +63,7 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
             continue  # the placement gives the trainer its GPUs (layout.py); a config's CPU process count does not
         defaults.set(name, value, where)
     cfg = build_config([defaults, *user_layers])
+    _sft_batch(cfg, {name for layer in user_layers for _, name in layer.values})
     res = Resolved(cfg, mc)
     try:
         _derive(res)
@@ -72,6 +74,26 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         raise ConfigError(f"{flag_name(name)}: derived value {err.get('input')!r} is refused: "
                           f"{err['msg'].removeprefix('Value error, ')}") from None
     return res
+
+
+def _is_sft(cfg: RunConfig) -> bool:
+    """SFT rollouts (rollout/sft.py): named, slime's spelling, or --debug-train-only's default."""
+    from rlslurm.rollout.sft import SFT_ROLLOUT_FN, SLIME_SFT_ROLLOUT_FN
+
+    fn = cfg.rollout.rollout_function_path
+    return fn in (SFT_ROLLOUT_FN, SLIME_SFT_ROLLOUT_FN) or (cfg.builds_without_engines and not fn)
+
+
+def _sft_batch(cfg: RunConfig, user_set: set[str]) -> None:
+    """SFT has one sample per conversation (rollout/sft.py refuses more): --n-samples-per-prompt defaults
+    to 1 there, as it does everywhere in slime (slime/utils/arguments.py: default=1), not to rlslurm's
+    GRPO group of 8; a global batch the model's defaults gave for groups of 8 is derived again from
+    the rollout batch. The user's values win."""
+    if not _is_sft(cfg) or "n_samples_per_prompt" in user_set:
+        return
+    cfg.rollout.n_samples_per_prompt = 1
+    if "global_batch_size" not in user_set:
+        cfg.train.global_batch_size = None
 
 
 def _derive(res: Resolved) -> None:
@@ -409,7 +431,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
                 sft = cfg.rollout.rollout_function_path == SFT_ROLLOUT_FN
                 # SFT records are conversations: no label (rollout/sft.py)
                 validate_prompt_file(d.prompt_data, d.input_key, None if sft else d.label_key)
-                _check_prompt_supply(cfg)
+                _check_prompt_supply(cfg, res.notes)
                 if sft:
                     preflight.check_sft_data(cfg, res.warnings)
             else:
@@ -450,10 +472,12 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         preflight.check_plugins(cfg, res.warnings)
 
 
-def _check_prompt_supply(cfg: RunConfig) -> None:
-    """Refuse a run whose prompts run out before --num-rollout: every rollout takes at least
-    --rollout-batch-size prompts (filters and over-sampling take more), and a driver that runs out
-    ends the run early (control/data_exhausted.json). A replay generates nothing."""
+def _check_prompt_supply(cfg: RunConfig, notes: list[str]) -> None:
+    """--num-epoch given: refuse a run whose prompts run out before --num-rollout (every rollout takes
+    at least --rollout-batch-size prompts; filters and over-sampling take more), as a driver that runs
+    out ends the run early (control/data_exhausted.json). Not given: the prompts cycle, reshuffled per
+    epoch with --rollout-shuffle, as slime's data source does; one note says how many epochs that is.
+    A replay generates nothing."""
     from rlslurm.rollout.data import count_records
 
     d, r = cfg.data, cfg.rollout
@@ -463,6 +487,13 @@ def _check_prompt_supply(cfg: RunConfig) -> None:
     if n is None:
         return
     need = r.num_rollout * r.rollout_batch_size
+    if d.num_epoch is None:
+        epochs = -(-need // n)
+        order = "reshuffled each epoch (--rollout-shuffle)" if d.rollout_shuffle else "in file order"
+        notes.append(f"--num-rollout {r.num_rollout} x --rollout-batch-size {r.rollout_batch_size} = {need} prompts of "
+                     f"--prompt-data's {n}: {epochs} epoch{'s' * (epochs != 1)} or more with filters, {order}; "
+                     "--num-epoch N caps it")
+        return
     if n * d.num_epoch >= need:
         return
     fewer = n * d.num_epoch // r.rollout_batch_size
