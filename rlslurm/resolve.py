@@ -18,6 +18,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.job.timespec import time_limit_s
+from rlslurm.low_precision import check_megatron_precision
 from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.prompt_slice import parse_prompt_spec
@@ -284,6 +285,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
+    check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
     _check_inputs(res, strict_inputs)
     _check_memory(res)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlslurm import low_precision
+
 # slime flag -> (rlslurm field, value). value None: the flag takes its value as the field would;
 # otherwise the flag is a switch that sets the field to this value.
 SLIME_ALIASES: dict[str, tuple[str, Any]] = {
@@ -74,6 +76,8 @@ SLIME_INSTEAD: dict[str, str] = {
     "ref_update_interval": "the reference model stays the --ref-load (or --hf-checkpoint) weights for the whole run",
     "disable_compute_advantages_and_returns": "advantages are always computed; --loss-type sft_loss or "
                                               "custom_loss need not use them",
+    # FP8/FP4 training (rlslurm/low_precision.py): refused with the reason, never dropped
+    **{name: low_precision.WHY_TRAINING for name in low_precision.SLIME_FLAGS},
 }
 
 

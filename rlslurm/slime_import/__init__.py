@@ -16,7 +16,7 @@ import yaml
 
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.slime_import.bash import ScriptError, read_script
-from rlslurm.slime_import.mapping import PORTING_GUIDE, group_flags, map_flags
+from rlslurm.slime_import.mapping import group_flags, map_flags
 
 
 @dataclass
@@ -97,8 +97,8 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
                    list(sc.warnings))
     if mapped.not_carried:
         features = list(dict.fromkeys(feature for _, feature in mapped.not_carried))
-        res.warnings.append((mapped.not_carried[0][0], "the imported run does not do what this script's plugins do: "
-                             f"{'; '.join(features)} (not mapped below; {PORTING_GUIDE} says how to port them)"))
+        res.warnings.append((mapped.not_carried[0][0], "the imported run does not do what this script does: "
+                             f"{'; '.join(features)} (each not mapped below)"))
     if launcher == "train_async.py":
         res.notes.append((line, "train_async.py: slime's asynchronous trainer; rlslurm trains asynchronously with "
                                 "--async-buffer-size N (not set by the import)"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlslurm import low_precision
 from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, build_config, parse_flags
 from rlslurm.layout import context_parallel_refusal
@@ -67,6 +68,8 @@ _METRICS = "metrics go to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (Tenso
 # Flags with nothing to pass on, and why (checked before the megatron-core fields).
 NOT_MAPPED = {
     "use_opd": _OPD_WHY,
+    "transformer_impl": "rlslurm picks the layer spec itself: transformer-engine's when it is importable, "
+                        "megatron-core's local one otherwise (rlslurm/trainer/model.py)",
     "accumulate_allreduce_grads_in_fp32": "a Megatron-LM DistributedDataParallelConfig setting; the "
                                           "--megatron-* passthrough sets TransformerConfig/OptimizerConfig "
                                           "fields only (rlslurm reduces gradients in fp32 already)",
@@ -171,7 +174,9 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
         if fixed:  # the same whatever the value
             drop(f, fixed)
             if fixed is _OPD_WHY:
-                out.not_carried.append((f.line, _OPD))
+                out.not_carried.append((f.line, f"{_OPD} ({PORTING_GUIDE})"))
+            elif n in low_precision.SLIME_FLAGS:
+                out.not_carried.append((f.line, f"FP8/FP4 training: it trains in bf16 ({low_precision.DOC})"))
             continue
         if f.unresolved:
             drop(f, f"value not known without running the script: {f.unresolved}")
@@ -199,7 +204,7 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
                 drop(f, f"{what} (slime calls it with its own arguments); port it to rlslurm's plugin "
                         f"interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr "
                         f"({PORTING_GUIDE})")
-                out.not_carried.append((f.line, feature or f"{f.shown} {spec}"))
+                out.not_carried.append((f.line, f"{feature or f.shown + ' ' + spec} ({PORTING_GUIDE})"))
             continue
         if n == "context_parallel_size" and f.values and f.values[0] != "1":
             drop(f, context_parallel_refusal(int(f.values[0]) if f.values[0].isdigit() else 2, None))

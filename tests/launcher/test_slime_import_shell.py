@@ -122,9 +122,9 @@ def test_plugins_not_carried_are_named_with_the_porting_guide(tmp_path: Path) ->
         "   --opd-kl-coef 1.0\n"))
     imp = import_script(s, check=False)
     report = imp.report_lines()
-    assert report[0] == (f"{s}:2: warning: the imported run does not do what this script's plugins do: on-policy "
-                         "distillation; --custom-generate-function-path generate_with_retool.generate (not mapped "
-                         "below; docs/slime-plugins.md says how to port them)")
+    assert report[0] == (f"{s}:2: warning: the imported run does not do what this script does: on-policy "
+                         "distillation (docs/slime-plugins.md); --custom-generate-function-path "
+                         "generate_with_retool.generate (docs/slime-plugins.md) (each not mapped below)")
     for line, flag in ((2, "--custom-rm-path"), (3, "--custom-generate-function-path"), (4, "--use-opd"),
                        (5, "--opd-kl-coef")):
         mine = [ln for ln in report if ln.startswith(f"{s}:{line}: not mapped: {flag}: ")]
