@@ -207,7 +207,8 @@ class SlurmSection(Section):
 
 
 class ModelSection(Section):
-    model: str = Field("tiny-qwen3", description="model config: a name from `rlslurm models` or a YAML path")
+    model: str | None = Field(None, description="model config: a name from `rlslurm models` or a YAML path "
+                                                "(default: built from --hf-checkpoint's config.json)")
     hf_checkpoint: Path | None = Field(None, description="HF model directory: initial actor and reference "
                                                          "weights, and the tokenizer")
     ref_load: Path | None = Field(None, description="reference model for the KL terms (default: "

@@ -19,7 +19,8 @@ from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.job.timespec import time_limit_s
 from rlslurm.low_precision import check_megatron_precision
-from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
+from rlslurm.model_config import ModelConfig, model_config_path
+from rlslurm.model_from_hf import run_model
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
@@ -47,9 +48,12 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         user_layers.insert(0, absolutize(load_yaml_layer(config_file), config_file.parent))
     # The model and node count pick the defaults layer, so read them from the user layers first.
     probe = build_config(user_layers)
-    mc = load_model_config(probe.model.model)
+    if not probe.run.colocate and not probe.single_node:
+        _split_rest(probe.slurm)  # a wrong split is the user's first problem, whatever the model
+    mc = run_model(probe.model.model, probe.model.hf_checkpoint)
     defaults = Layer()
-    where = f"{model_config_path(probe.model.model)} (defaults for {probe.slurm.nodes} nodes)"
+    source = model_config_path(probe.model.model) if probe.model.model else f"{probe.model.hf_checkpoint}/config.json"
+    where = f"{source} (defaults for {probe.slurm.nodes} nodes)"
     split = ("trainer_nodes", "rollout_nodes")
     user_split = any(("slurm", n) in layer.values for layer in user_layers for n in split)
     lent = mc.defaults_for(probe.slurm.nodes)
@@ -75,6 +79,20 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         raise ConfigError(f"{flag_name(name)}: derived value {err.get('input')!r} is refused: "
                           f"{err['msg'].removeprefix('Value error, ')}") from None
     return res
+
+
+def _split_rest(s) -> int | None:
+    """The nodes left for the side of the trainer/rollout split the user did not give (None when both
+    or neither are given). Checked before the assignment, whose pydantic bound (>= 1) would otherwise
+    surface as a traceback (issue 32 item 7)."""
+    if (s.trainer_nodes is None) == (s.rollout_nodes is None):
+        return None
+    given, n = ("--trainer-nodes", s.trainer_nodes) if s.rollout_nodes is None else ("--rollout-nodes", s.rollout_nodes)
+    if s.nodes - n < 1:
+        other = "--rollout-nodes" if given == "--trainer-nodes" else "--trainer-nodes"
+        raise ConfigError(f"{given} {n} with --nodes {s.nodes} leaves no node for {other} (the rest of --nodes): "
+                          f"give --nodes {n + 1} or more")
+    return s.nodes - n
 
 
 def _is_sft(cfg: RunConfig) -> bool:
@@ -103,14 +121,7 @@ def _derive(res: Resolved) -> None:
     layout.place_groups(cfg)
     if s.trainer_nodes is None and s.rollout_nodes is None:
         s.trainer_nodes = max(1, s.nodes // 2)
-    # the other side of the split is the rest of --nodes; checked here, before the assignment, whose
-    # pydantic bound (>= 1) would otherwise surface as a traceback (issue 32 item 7)
-    given = "--trainer-nodes" if s.rollout_nodes is None else "--rollout-nodes"
-    rest = s.nodes - (s.trainer_nodes if s.rollout_nodes is None else s.rollout_nodes)
-    if (s.trainer_nodes is None or s.rollout_nodes is None) and rest < 1:
-        other = "--rollout-nodes" if given == "--trainer-nodes" else "--trainer-nodes"
-        raise ConfigError(f"{given} {s.nodes - rest} with --nodes {s.nodes} leaves no node for {other} (the rest of "
-                          f"--nodes): give --nodes {s.nodes - rest + 1} or more")
+    rest = _split_rest(s)
     if s.trainer_nodes is None:
         s.trainer_nodes = rest
     if s.rollout_nodes is None:

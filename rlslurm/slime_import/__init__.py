@@ -71,10 +71,11 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
             notes.append((w.line, f"source {tail}: --model {match} (its architecture is rlslurm/model_configs/"
                                   f"{match}.yaml)"))
         elif "/models/" in w.literal_tail() or w.literal_tail().startswith("models/"):
-            dropped.append((w.line, f"source {tail}: rlslurm has no model config {stem!r} (`rlslurm models` lists "
-                                    "them); pass --model NAME or a model config YAML"))
-    if found is None and not dropped:
-        dropped.append((0, "no `source scripts/models/<model>.sh` line: pass --model"))
+            notes.append((w.line, f"source {tail}: rlslurm ships no model config {stem!r}, so the model config is "
+                                  "built from --hf-checkpoint's config.json at submit (rlslurm/model_from_hf.py)"))
+    if found is None and not notes:
+        notes.append((0, "no `source scripts/models/<model>.sh` line: the model config is built from "
+                         "--hf-checkpoint's config.json at submit (or pass --model)"))
     return found, dropped, notes
 
 
