@@ -15,8 +15,8 @@ resolve() and render(), as the CLI does) with placeholder inputs made to match t
   else translated from that script's MODEL_ARGS for the families rlslurm maps; for any other family
   it carries the family's model_type, so the refusal says what rlslurm lacks. When the checkpoint
   path or the script's name says FP8 or INT4, the config.json has the matching quantization_config,
-  as the released checkpoint's has. The placeholder has no tokenizer, so SFT scripts are refused
-  by the SFT check of the chat template (a limit of the placeholder, said in the results).
+  as the released checkpoint's has. For SFT scripts it also has rlslurm's tiny tokenizer with a
+  chat template (submit masks the first conversations with it), and the records use its words.
 
 Only those paths are substituted; every other flag is the script's as imported. Prints one JSON
 line: scripts, imported, dry_run_ok, and the refusal reasons counted (first clause of each).
@@ -35,6 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# the chat template of the SFT placeholder's tokenizer (tests/trainer/test_sft_run.py's)
+SFT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} <eos> {% endfor %}"
+                "{% if add_generation_prompt %}assistant : {% endif %}")
 DAPO_RECORDS = 17398  # zhuzilin/dapo-math-17k (slime's --prompt-data in most scripts)
 
 # slime's models/<stem>.sh -> (HF model_type, architecture); first match of the stem's prefix wins.
@@ -143,8 +146,8 @@ def _first_dense(sc) -> int:
 def _data(path: Path, n: int, input_key: str, label_key: str, sft: bool) -> Path:
     with path.open("w") as fh:
         for i in range(n):
-            if sft:
-                rec = {input_key: [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            if sft:  # words the tiny tokenizer knows (rlslurm/tiny.py)
+                rec = {input_key: [{"role": "user", "content": "say digits"}, {"role": "assistant", "content": "1 2 3"}]}
             else:
                 rec = {input_key: f"What is {i} + 1?", label_key: str(i + 1)}
             fh.write(json.dumps(rec) + "\n")
@@ -200,6 +203,13 @@ def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[s
         config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
     (hf / "config.json").write_text(json.dumps(config))
     (hf / "model.safetensors").write_bytes(b"")
+    if sft:  # SFT is checked with the checkpoint's tokenizer and chat template: give it rlslurm's tiny one
+        from rlslurm.tiny import tokenizer_json
+
+        (hf / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+            "pad_token": "<pad>", "unk_token": "<unk>", "chat_template": SFT_TEMPLATE}))
     out += ["--hf-checkpoint", str(hf), "--run-dir", str(work / "run")]
     return out
 

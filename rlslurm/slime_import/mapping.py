@@ -225,7 +225,15 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             continue
         drop(f, "not an rlslurm flag (rlslurm flags), a slime flag rlslurm maps, nor a megatron-core "
                 "TransformerConfig/OptimizerConfig field (--megatron-*)")
-    _layout(layout, out)
+    offload = by_field.get("optimizer_cpu_offload")
+    if offload is not None and "use_distributed_optimizer" not in by_field and not offload.unresolved:
+        # slime always runs megatron's distributed optimizer (slime/backends/megatron_utils/arguments.py
+        # _set_default_megatron_args: "always use zero optimizer"); rlslurm only with DP > 1, and
+        # megatron-core offloads only the distributed optimizer's state, so the offload needs it here
+        out.argv.append("--use-distributed-optimizer")
+        out.notes.append((offload.line, f"{offload.shown}: with --use-distributed-optimizer, which slime always "
+                                        "sets and the offload needs (rlslurm's default is on only at DP > 1)"))
+    _layout(layout, out, train_only="debug_train_only" in by_field)
     if model is not None:
         out.argv = ["--model", model] + out.argv
     return out
@@ -255,7 +263,7 @@ def _int(f: Flag | None, out: Mapped) -> int | None:
     return None
 
 
-def _layout(layout: dict[str, Flag], out: Mapped) -> None:
+def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False) -> None:
     """slime's Ray placement -> the two het groups: the trainer's nodes, then the engines' own; or,
     with slime's --colocate, ours: the engines on the trainer's own nodes and GPUs."""
     trainer = _int(layout.get("actor_num_nodes"), out)
@@ -285,6 +293,13 @@ def _layout(layout: dict[str, Flag], out: Mapped) -> None:
         else:
             out.dropped.append((f.line, f"{f.shown} {rollout_gpus}: not a whole number of nodes of "
                                         f"--actor-num-gpus-per-node's GPUs; set --rollout-nodes"))
+    if trainer is not None and rollout is None and rollout_gpus is None and train_only:
+        # slime's train-only run has no rollout GPUs; rlslurm's builds its (SFT) rollouts on a node of
+        # the rollout group without engines (docs/slime-flags.md, --debug-train-only)
+        rollout = 1
+        f = layout["actor_num_nodes"]
+        out.notes.append((f.line, f"{f.shown} {trainer} with --debug-train-only and no --rollout-num-gpus: "
+                                  "--rollout-nodes 1, the node that builds the rollouts without engines"))
     if trainer is not None and rollout is not None:
         argv += ["--nodes", str(trainer + rollout)]
     if trainer is not None:

@@ -160,3 +160,23 @@ def test_a_split_that_leaves_no_node_is_one_line_not_a_traceback(tmp_path: Path)
     assert p.stderr.strip().splitlines() == [
         "error: --trainer-nodes 4 with --nodes 2 leaves no node for --rollout-nodes (the rest of --nodes): give "
         "--nodes 5 or more"]
+
+
+def test_cpu_offload_brings_the_distributed_optimizer_slime_always_has(tmp_path: Path) -> None:
+    """slime sets use_distributed_optimizer=True always (its _set_default_megatron_args); rlslurm only at
+    DP > 1, so slime's run-qwen3-32B.sh (TP 8 on 8 GPUs, --optimizer-cpu-offload) was refused."""
+    s = _script(tmp_path, "python3 train.py --tensor-model-parallel-size 8 \\\n   --optimizer-cpu-offload\n")
+    imp = import_script(s, check=False)
+    assert "--use-distributed-optimizer" in imp.argv
+    assert f"{s}:2: note: --optimizer-cpu-offload: with --use-distributed-optimizer, which slime always sets" in \
+        "\n".join(imp.report_lines())
+    cfg = build_config([parse_flags(imp.argv)])
+    assert cfg.train.use_distributed_optimizer is True and cfg.megatron["optimizer_cpu_offload"] is True
+
+
+def test_a_train_only_script_gets_its_rollout_node(tmp_path: Path) -> None:
+    """slime's run-qwen3-235B-A22B-sft.sh: 4 actor nodes, no rollout GPUs. rlslurm builds SFT rollouts on
+    a rollout-group node, so the import asks for 5 nodes instead of leaving --nodes at 2."""
+    s = _script(tmp_path, "python3 train.py --actor-num-nodes 4 --actor-num-gpus-per-node 8 --debug-train-only\n")
+    cfg = build_config([parse_flags(import_script(s, check=False).argv)])
+    assert (cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (5, 4, 1)
