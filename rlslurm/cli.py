@@ -72,9 +72,15 @@ def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: 
     from rlslurm.resolve import resolve
 
     res = resolve(_collect(ctx, **named), config, strict_inputs=strict)
-    for w in res.warnings:
-        err.print(f"[yellow]warning:[/] {w}")
+    _print_notes(res)
     return res
+
+
+def _print_notes(res) -> None:
+    for w in res.warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}")
+    for n in res.notes:
+        err.print(f"note: {escape(n)}", highlight=False)
 
 
 ConfigOpt = typer.Option(None, "--config", help="run YAML (sections or flat field names); flags override it")
@@ -147,7 +153,7 @@ def run(
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
-    from rlslurm.model_config import load_model_config
+    from rlslurm.model_from_hf import run_model
     from rlslurm.resolve import Resolved
     from rlslurm.runfile import load_run_config
     from rlslurm.slurm.submit import prepare_run_dir
@@ -168,7 +174,7 @@ def run(
         gpus = role_gpus(cfg)
         err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
         _clear_stop(existing.path)
-        res = Resolved(cfg, load_model_config(cfg.model.model))
+        res = Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint))
         prepare_run_dir(res, resume=True)
     else:
         from rlslurm.resolve import resolve
@@ -180,8 +186,7 @@ def run(
         colocate = build_config([*layers, parse_flags(argv)]).run.colocate
         machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
         res = resolve(["--device", "cpu", *machine] + argv, config, strict_inputs=True)
-        for w in res.warnings:
-            err.print(f"[yellow]warning:[/] {w}")
+        _print_notes(res)
         gpus = role_gpus(res.cfg, res.model)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
     cfg = load_run_config(res.cfg.run_dir)
@@ -214,7 +219,7 @@ def resubmit(
     from rlslurm.buffer.attempts import failures_counted
     from rlslurm.buffer.ledger import read_ledger
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.model_config import load_model_config
+    from rlslurm.model_from_hf import run_model
     from rlslurm.resolve import Resolved
     from rlslurm.runfile import load_run_config
     from rlslurm.slurm.status import job_alive
@@ -232,7 +237,8 @@ def resubmit(
         err.print(f"[yellow]warning:[/] {failed} failed attempts count against --max-failures "
                   f"{cfg.slurm.max_failures}: the first failure ends the job; --reset-failures gives a new budget")
     _clear_stop(run_dir)
-    sub = do_submit(Resolved(cfg, load_model_config(cfg.model.model)), resume=True, reset_failures=reset_failures)
+    sub = do_submit(Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint)), resume=True,
+                    reset_failures=reset_failures)
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
 
 

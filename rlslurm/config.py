@@ -207,7 +207,8 @@ class SlurmSection(Section):
 
 
 class ModelSection(Section):
-    model: str = Field("tiny-qwen3", description="model config: a name from `rlslurm models` or a YAML path")
+    model: str | None = Field(None, description="model config: a name from `rlslurm models` or a YAML path "
+                                                "(default: built from --hf-checkpoint's config.json)")
     hf_checkpoint: Path | None = Field(None, description="HF model directory: initial actor and reference "
                                                          "weights, and the tokenizer")
     ref_load: Path | None = Field(None, description="reference model for the KL terms (default: "
@@ -231,7 +232,8 @@ class DataSection(Section):
                                                                                          "or JSON")
     rollout_shuffle: bool = Field(True, description="shuffle the prompts each epoch")
     rollout_seed: int = Field(42, description="seed of the prompt shuffle")
-    num_epoch: int = Field(1, ge=1, description="passes over the prompts the run may take")
+    num_epoch: int | None = Field(None, ge=1, description="passes over the prompts the run may take (default: as "
+                                                          "many as --num-rollout needs, slime's)")
     max_prompt_len: int | None = Field(None, ge=1, description="drop prompts longer than this many tokens")
     data_strict: bool = Field(True, description="a malformed prompt record is an error naming file:line "
                                                 "(--no-data-strict counts and skips it)")
@@ -335,7 +337,8 @@ class RolloutSection(Section):
                                                               "--eval-prompt-data or --eval-config)")
     skip_eval_before_train: bool = Field(False, description="no eval at rollout 0 (the weights before training)")
     n_samples_per_eval_prompt: int = Field(1, ge=1, description="samples per eval prompt")
-    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of eval")
+    eval_temperature: float | None = Field(None, ge=0, description="sampling temperature of eval (default: "
+                                                                   "--rollout-temperature, slime's)")
     eval_max_response_len: int | None = Field(None, ge=1, description="most tokens generated per eval sample "
                                                                       "(default: --rollout-max-response-len)")
     eval_top_p: float | None = Field(None, gt=0, le=1, description="top-p of eval (default: --rollout-top-p)")

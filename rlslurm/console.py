@@ -4,6 +4,9 @@ On a terminal Rich wraps at the terminal's width; into a file or a pipe (a batch
 log`, a test capturing output) it would wrap at 80 columns and leave a trailing space at each break,
 so a message with a long run path no longer reads as one line to grep. There it does not wrap at all.
 
+Emoji codes are off: Rich turns `:name:` into an emoji even with markup=False, and a message
+naming a file and line ("run.sh:100: ...") has `:100:`, which printed as 💯 (issue 32 item 7).
+
 Tables follow the same rule: on a terminal a Rich table whose cells wrap, never cut ("…"); into a
 pipe plain tab-separated rows under one header line, whole, so `rlslurm models | grep qwen3-4B` and
 `cut -f1` work (Rich cut the name column at 80 columns: "qwen3-…").
@@ -22,7 +25,7 @@ from rich.text import Text
 def make_console(*, stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     is_tty = hasattr(stream, "isatty") and stream.isatty()
-    return Console(stderr=stderr, soft_wrap=not is_tty)
+    return Console(stderr=stderr, soft_wrap=not is_tty, emoji=False)
 
 
 def print_table(console: Console, columns: Sequence[str], rows: Sequence[Sequence[str | Text]], *,

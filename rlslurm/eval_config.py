@@ -54,7 +54,9 @@ class EvalDataset:
 def _from_flags(cfg: RunConfig) -> dict[str, Any]:
     r, d = cfg.rollout, cfg.data
     return {
-        "n_samples_per_eval_prompt": r.n_samples_per_eval_prompt, "temperature": r.eval_temperature,
+        "n_samples_per_eval_prompt": r.n_samples_per_eval_prompt,
+        # slime samples eval at the rollout temperature unless --eval-temperature is given
+        "temperature": r.rollout_temperature if r.eval_temperature is None else r.eval_temperature,
         "top_p": r.eval_top_p if r.eval_top_p is not None else r.rollout_top_p,
         "top_k": r.eval_top_k if r.eval_top_k is not None else r.rollout_top_k,
         "max_response_len": r.eval_max_response_len or r.rollout_max_response_len,

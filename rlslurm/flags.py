@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from rlslurm.config import SECTIONS, RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.slime_flags import SLIME_ALIASES, slime_instead
+from rlslurm.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, slime_instead
 
 SGLANG_PREFIX = "--sglang-"
 ROUTER_PREFIX = "--router-"    # sglang-router's own flags (rlslurm/engines/router.py)
@@ -170,6 +170,11 @@ def parse_flags(argv: list[str]) -> Layer:
         switch: Any = None
         if field_name in SLIME_ALIASES and field_name not in FIELDS:
             field_name, switch = SLIME_ALIASES[field_name]  # slime's spelling of the same setting
+        if field_name in SLIME_ALWAYS and field_name not in FIELDS:  # slime's switch for what rlslurm always does
+            if not eq and has_next and argv[i + 1].lower() in ("true", "false", "1", "0", "yes", "no"):
+                i += 1
+            i += 1
+            continue
         if field_name not in FIELDS and field_name.startswith("no_") and field_name[3:] in FIELDS:
             field_name, negated = field_name[3:], True
         if field_name not in FIELDS:

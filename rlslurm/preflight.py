@@ -317,6 +317,9 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> None:
         raise ConfigError(f"{flag} {path}: not a directory (a Hugging Face model directory is expected)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"{flag} {path}: no config.json, so not a Hugging Face model directory")
+    from rlslurm.low_precision import check_unquantized
+
+    check_unquantized(flag, path)  # before the weights: a quantized one is refused for what it is
     if not (path / INDEX_NAME).is_file() and not any(path.glob("*.safetensors")):
         raise ConfigError(f"{flag} {path}: no *.safetensors weights (nor {INDEX_NAME})")
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from rlslurm import layout, preflight
 from rlslurm.config import RunConfig
 from rlslurm.engines.sglang_flags import check_parallel
@@ -16,7 +18,9 @@ from rlslurm.errors import ConfigError
 from rlslurm.eval_config import eval_datasets
 from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.job.timespec import time_limit_s
-from rlslurm.model_config import ModelConfig, load_model_config, model_config_path
+from rlslurm.low_precision import check_megatron_precision
+from rlslurm.model_config import ModelConfig, model_config_path
+from rlslurm.model_from_hf import run_model
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
@@ -32,6 +36,7 @@ class Resolved:
     cfg: RunConfig
     model: ModelConfig
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # facts of the run worth one line at submit
 
 
 def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: bool = True) -> Resolved:
@@ -43,9 +48,12 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         user_layers.insert(0, absolutize(load_yaml_layer(config_file), config_file.parent))
     # The model and node count pick the defaults layer, so read them from the user layers first.
     probe = build_config(user_layers)
-    mc = load_model_config(probe.model.model)
+    if not probe.run.colocate and not probe.single_node:
+        _split_rest(probe.slurm)  # a wrong split is the user's first problem, whatever the model
+    mc = run_model(probe.model.model, probe.model.hf_checkpoint)
     defaults = Layer()
-    where = f"{model_config_path(probe.model.model)} (defaults for {probe.slurm.nodes} nodes)"
+    source = model_config_path(probe.model.model) if probe.model.model else f"{probe.model.hf_checkpoint}/config.json"
+    where = f"{source} (defaults for {probe.slurm.nodes} nodes)"
     split = ("trainer_nodes", "rollout_nodes")
     user_split = any(("slurm", n) in layer.values for layer in user_layers for n in split)
     lent = mc.defaults_for(probe.slurm.nodes)
@@ -62,9 +70,16 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     if device == "cuda":
         defaults.megatron.update(_megatron_defaults(mc.megatron, user_layers))
     cfg = build_config([defaults, *user_layers])
+    _sft_batch(cfg, {name for layer in user_layers for _, name in layer.values})
     res = Resolved(cfg, mc)
-    _derive(res)
-    _check(res, strict_inputs)
+    try:
+        _derive(res)
+        _check(res, strict_inputs)
+    except ValidationError as e:  # a derived value out of its field's bounds: one line, never a traceback
+        err = e.errors()[0]
+        name = str(err["loc"][-1]) if err["loc"] else "config"
+        raise ConfigError(f"{flag_name(name)}: derived value {err.get('input')!r} is refused: "
+                          f"{err['msg'].removeprefix('Value error, ')}") from None
     return res
 
 
@@ -76,16 +91,51 @@ def _megatron_defaults(model: dict, user_layers: list[Layer]) -> dict:
     return {k: v for k, v in model.items() if k.split("_", 1)[0] not in families}
 
 
+def _split_rest(s) -> int | None:
+    """The nodes left for the side of the trainer/rollout split the user did not give (None when both
+    or neither are given). Checked before the assignment, whose pydantic bound (>= 1) would otherwise
+    surface as a traceback (issue 32 item 7)."""
+    if (s.trainer_nodes is None) == (s.rollout_nodes is None):
+        return None
+    given, n = ("--trainer-nodes", s.trainer_nodes) if s.rollout_nodes is None else ("--rollout-nodes", s.rollout_nodes)
+    if s.nodes - n < 1:
+        other = "--rollout-nodes" if given == "--trainer-nodes" else "--trainer-nodes"
+        raise ConfigError(f"{given} {n} with --nodes {s.nodes} leaves no node for {other} (the rest of --nodes): "
+                          f"give --nodes {n + 1} or more")
+    return s.nodes - n
+
+
+def _is_sft(cfg: RunConfig) -> bool:
+    """SFT rollouts (rollout/sft.py): named, slime's spelling, or --debug-train-only's default."""
+    from rlslurm.rollout.sft import SFT_ROLLOUT_FN, SLIME_SFT_ROLLOUT_FN
+
+    fn = cfg.rollout.rollout_function_path
+    return fn in (SFT_ROLLOUT_FN, SLIME_SFT_ROLLOUT_FN) or (cfg.builds_without_engines and not fn)
+
+
+def _sft_batch(cfg: RunConfig, user_set: set[str]) -> None:
+    """SFT has one sample per conversation (rollout/sft.py refuses more): --n-samples-per-prompt defaults
+    to 1 there, as it does everywhere in slime (slime/utils/arguments.py: default=1), not to rlslurm's
+    GRPO group of 8; a global batch the model's defaults gave for groups of 8 is derived again from
+    the rollout batch. The user's values win."""
+    if not _is_sft(cfg) or "n_samples_per_prompt" in user_set:
+        return
+    cfg.rollout.n_samples_per_prompt = 1
+    if "global_batch_size" not in user_set:
+        cfg.train.global_batch_size = None
+
+
 def _derive(res: Resolved) -> None:
     cfg = res.cfg
     s = cfg.slurm
     layout.place_groups(cfg)
     if s.trainer_nodes is None and s.rollout_nodes is None:
         s.trainer_nodes = max(1, s.nodes // 2)
+    rest = _split_rest(s)
     if s.trainer_nodes is None:
-        s.trainer_nodes = s.nodes - (s.rollout_nodes or 0)
+        s.trainer_nodes = rest
     if s.rollout_nodes is None:
-        s.rollout_nodes = s.nodes - s.trainer_nodes
+        s.rollout_nodes = rest
     r, t = cfg.rollout, cfg.train
     if t.global_batch_size is None:
         samples = r.rollout_batch_size * r.n_samples_per_prompt
@@ -256,6 +306,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
+    check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
     _check_inputs(res, strict_inputs)
     _check_memory(res)
@@ -403,7 +454,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
                 sft = cfg.rollout.rollout_function_path == SFT_ROLLOUT_FN
                 # SFT records are conversations: no label (rollout/sft.py)
                 validate_prompt_file(d.prompt_data, d.input_key, None if sft else d.label_key)
-                _check_prompt_supply(cfg)
+                _check_prompt_supply(cfg, res.notes)
                 if sft:
                     preflight.check_sft_data(cfg, res.warnings)
             else:
@@ -444,10 +495,12 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         preflight.check_plugins(cfg, res.warnings)
 
 
-def _check_prompt_supply(cfg: RunConfig) -> None:
-    """Refuse a run whose prompts run out before --num-rollout: every rollout takes at least
-    --rollout-batch-size prompts (filters and over-sampling take more), and a driver that runs out
-    ends the run early (control/data_exhausted.json). A replay generates nothing."""
+def _check_prompt_supply(cfg: RunConfig, notes: list[str]) -> None:
+    """--num-epoch given: refuse a run whose prompts run out before --num-rollout (every rollout takes
+    at least --rollout-batch-size prompts; filters and over-sampling take more), as a driver that runs
+    out ends the run early (control/data_exhausted.json). Not given: the prompts cycle, reshuffled per
+    epoch with --rollout-shuffle, as slime's data source does; one note says how many epochs that is.
+    A replay generates nothing."""
     from rlslurm.rollout.data import count_records
 
     d, r = cfg.data, cfg.rollout
@@ -457,6 +510,13 @@ def _check_prompt_supply(cfg: RunConfig) -> None:
     if n is None:
         return
     need = r.num_rollout * r.rollout_batch_size
+    if d.num_epoch is None:
+        epochs = -(-need // n)
+        order = "reshuffled each epoch (--rollout-shuffle)" if d.rollout_shuffle else "in file order"
+        notes.append(f"--num-rollout {r.num_rollout} x --rollout-batch-size {r.rollout_batch_size} = {need} prompts of "
+                     f"--prompt-data's {n}: {epochs} epoch{'s' * (epochs != 1)} or more with filters, {order}; "
+                     "--num-epoch N caps it")
+        return
     if n * d.num_epoch >= need:
         return
     fewer = n * d.num_epoch // r.rollout_batch_size

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlslurm import low_precision
+
 # slime flag -> (rlslurm field, value). value None: the flag takes its value as the field would;
 # otherwise the flag is a switch that sets the field to this value.
 SLIME_ALIASES: dict[str, tuple[str, Any]] = {
@@ -20,6 +22,14 @@ SLIME_ALIASES: dict[str, tuple[str, Any]] = {
     "disable_rewards_normalization": ("rewards_normalization", False),
     # slime drops prompts longer than this at load; so does --max-prompt-len
     "rollout_max_prompt_len": ("max_prompt_len", None),
+}
+
+# slime switches whose effect rlslurm always has: accepted (slime's spelling) and ignored.
+SLIME_ALWAYS: dict[str, str] = {
+    # slime: "Balance estimated training FLOPs between data parallel ranks with karmarkar_karp"
+    # (slime/utils/arguments.py); rlslurm/trainer/batching.py balances every step by tokens
+    "balance_data": "rlslurm always balances each optimizer step's samples over the data-parallel ranks by "
+                    "tokens (longest first onto the rank with the fewest, rlslurm/trainer/batching.py)",
 }
 
 _RESUME = "rlslurm resumes from the run directory (rlslurm resubmit RUN)"
@@ -66,6 +76,8 @@ SLIME_INSTEAD: dict[str, str] = {
     "ref_update_interval": "the reference model stays the --ref-load (or --hf-checkpoint) weights for the whole run",
     "disable_compute_advantages_and_returns": "advantages are always computed; --loss-type sft_loss or "
                                               "custom_loss need not use them",
+    # FP8/FP4 training (rlslurm/low_precision.py): refused with the reason, never dropped
+    **{name: low_precision.WHY_TRAINING for name in low_precision.SLIME_FLAGS},
 }
 
 

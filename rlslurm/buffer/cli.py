@@ -133,9 +133,9 @@ def show(
             str(s.weight_version),
             "" if s.label is None else str(s.label)[:30],
         )
-    Console(width=160).print(t)
+    Console(width=160, emoji=False).print(t)  # labels are user text: ":100:" stays text
     if limit > 0 and len(rollout) > limit:
-        Console().print(f"... {len(rollout) - limit} more (--limit 0 for all)")
+        Console(emoji=False).print(f"... {len(rollout) - limit} more (--limit 0 for all)")
 
 
 @app.command("export")

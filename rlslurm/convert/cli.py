@@ -54,7 +54,7 @@ def _progress(enabled: bool, description: str):
 def _console():
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, emoji=False)  # ":100:" in a message is a line number, not 💯
 
 
 def _summary(title: str, rows: dict[str, object]) -> None:

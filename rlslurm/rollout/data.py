@@ -423,7 +423,8 @@ def _load_tokenizer(tokenizer: Any) -> Any:
 class PromptSource:
     """Streams prompts from a .jsonl or .parquet file in a resumable, seeded order.
 
-    `take(n)` serves up to n prompts (fewer only once every epoch is used up);
+    `take(n)` serves up to n prompts (fewer only once every epoch is used up; with
+    `num_epochs=None` epochs never run out, as slime's data source wraps to the next epoch);
     `push_back` returns an unfinished prompt so it is served again before new ones;
     `state_dict`/`load_state_dict` save and restore the cursor.
     """
@@ -442,7 +443,7 @@ class PromptSource:
         max_prompt_len: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
-        num_epochs: int = 1,
+        num_epochs: int | None = 1,
         strict: bool = True,
         buffer_filter: BufferFilter | str | None = None,
         flag: str = "--prompt-data",
@@ -453,7 +454,7 @@ class PromptSource:
         _check_exists(self.path, flag)
         if self.path.is_file():
             _file_format(self.path)  # an unknown suffix is refused before anything else
-        if num_epochs < 1:
+        if num_epochs is not None and num_epochs < 1:
             raise ConfigError(f"--num-epoch must be >= 1, got {num_epochs}")
         if max_prompt_len is not None and max_prompt_len < 1:
             raise ConfigError(f"--max-prompt-len must be >= 1, got {max_prompt_len}")
@@ -471,7 +472,7 @@ class PromptSource:
         self.max_prompt_len = max_prompt_len
         self.shuffle = shuffle
         self.seed = int(seed)
-        self.num_epochs = int(num_epochs)
+        self.num_epochs = None if num_epochs is None else int(num_epochs)
         self.strict = strict
         if isinstance(buffer_filter, str):
             buffer_filter = load_object(buffer_filter, what="--buffer-filter-path")
@@ -491,6 +492,9 @@ class PromptSource:
 
         self.epoch = 0
         self.position = 0
+        # prompts served in this epoch so far: without an epoch cap, an epoch that serves none (every
+        # record filtered by --max-prompt-len) ends the data instead of cycling forever
+        self._epoch_served = 0
         self.counters: dict[str, int] = collections.Counter()
         self._pending: list[Prompt] = []
         self._order_cache: tuple[int, np.ndarray] | None = None
@@ -523,7 +527,10 @@ class PromptSource:
 
     @property
     def exhausted(self) -> bool:
-        return not self._pending and self.epoch >= self.num_epochs
+        return not self._pending and not self._epochs_left()
+
+    def _epochs_left(self) -> bool:
+        return self.num_epochs is None or self.epoch < self.num_epochs
 
     @property
     def num_pending(self) -> int:
@@ -563,11 +570,16 @@ class PromptSource:
         return chosen
 
     def _next_new(self) -> Prompt | None:
-        while self.epoch < self.num_epochs:
+        while self._epochs_left():
             if self.position >= self.num_records:
+                if self.num_epochs is None and self._epoch_served == 0:
+                    return None  # a whole epoch served nothing: so would every later one
                 self.epoch += 1
                 self.position = 0
+                self._epoch_served = 0
                 continue
+            # each epoch's order is a function of (--rollout-seed, epoch) alone (epoch_order), so the
+            # cursor (epoch, position) resumes mid-epoch exactly, whatever the number of epochs
             record = int(self.epoch_order(self.epoch)[self.position])
             prompt = self._build(record, self.epoch)
             # Advance only after the record was handled: a strict error leaves the
@@ -575,6 +587,7 @@ class PromptSource:
             self.position += 1
             if prompt is not None:
                 self.counters["served"] += 1
+                self._epoch_served += 1
                 return prompt
         return None
 
@@ -675,6 +688,7 @@ class PromptSource:
         if position < 0 or position > self.num_records or epoch < 0:
             raise DataError(where, f"epoch {epoch} position {position} out of range ({self.num_records} records)")
         self.epoch, self.position = epoch, position
+        self._epoch_served = position  # at most: what matters is only whether an epoch served none
         self.counters = collections.Counter({k: int(v) for k, v in state.get("counters", {}).items()})
         self._pending = [Prompt.from_json(p) for p in state.get("pending", [])]
 

@@ -129,7 +129,7 @@ def sampling_params(cfg: RunConfig, *, eval: bool = False) -> dict[str, Any]:
     router drops nulls but forwards empties, and SGLang treats [] and None alike)."""
     r = cfg.rollout
     sp: dict[str, Any] = {
-        "temperature": r.eval_temperature if eval else r.rollout_temperature,
+        "temperature": r.eval_temperature if eval and r.eval_temperature is not None else r.rollout_temperature,
         "top_p": r.eval_top_p if eval and r.eval_top_p is not None else r.rollout_top_p,
         "top_k": r.eval_top_k if eval and r.eval_top_k is not None else r.rollout_top_k,
         "max_new_tokens": (r.eval_max_response_len or r.rollout_max_response_len) if eval
@@ -437,6 +437,16 @@ class RolloutDriver:
 
     # ------------------------------------------------------------------ train rollouts
 
+    def _draw_limit(self) -> int | None:
+        """Without --num-epoch the prompts never run out, so filters that drop every group would draw
+        forever: one rollout may draw one epoch's prompts (at least two over-sampling batches), then
+        stops with DynamicSamplingStalled's message. With --num-epoch the data's end bounds it."""
+        n = getattr(self.source, "num_records", None)
+        if self.cfg.data.num_epoch is not None or not self.filters or n is None:
+            return None
+        r = self.cfg.rollout
+        return max(int(n), 2 * (r.over_sampling_batch_size or r.rollout_batch_size))
+
     async def generate_rollout(self, rollout_id: int, engine_version: int) -> bool:
         """Generate, filter and commit rollout `rollout_id`. False when the data ran out first
         (nothing is committed, the cursor is not advanced)."""
@@ -460,13 +470,15 @@ class RolloutDriver:
         else:
             collector = GroupCollector(self.source, run_group, rollout_batch_size=r.rollout_batch_size,
                                        over_sampling_batch_size=r.over_sampling_batch_size, filters=self.filters,
-                                       partial_rollout=r.partial_rollout, abort=self.abort_engines)
+                                       partial_rollout=r.partial_rollout, abort=self.abort_engines,
+                                       max_groups=self._draw_limit())
             collected = await collector.collect()
         gen_s = time.perf_counter() - t0
         if collected.exhausted or len(collected.groups) < r.rollout_batch_size:
             why = (f"the prompt data ran out in rollout {rollout_id} of --num-rollout {r.num_rollout} "
                    f"({len(collected.groups)} of --rollout-batch-size {r.rollout_batch_size} groups; "
-                   f"--num-epoch {self.cfg.data.num_epoch})")
+                   + (f"--num-epoch {self.cfg.data.num_epoch})" if self.cfg.data.num_epoch is not None else
+                      "no --num-epoch: an epoch served no prompt at all)"))
             log.warning("%s: no further rollout", why)
             # the trainer ends the run after the rollouts before this one (trainer/main.py)
             self.control.mark_data_exhausted(rollout_id, job_env().attempt, why)

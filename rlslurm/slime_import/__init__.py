@@ -26,12 +26,14 @@ class Imported:
     model: str | None
     dropped: list[tuple[int, str]] = field(default_factory=list)   # (line, "--flag: why")
     notes: list[tuple[int, str]] = field(default_factory=list)
+    warnings: list[tuple[int, str]] = field(default_factory=list)   # the script, or the run, differs from slime's
     refusal: str | None = None    # what `rlslurm submit` would still refuse in the result
 
     def report_lines(self) -> list[str]:
-        """One line per flag left out (then the notes), each naming the script's line."""
+        """The warnings, one line per flag left out, then the notes, each naming the script's line."""
         at = lambda line: f"{self.path}:{line}" if line else self.path  # noqa: E731
-        lines = [f"{at(ln)}: not mapped: {msg}" for ln, msg in sorted(self.dropped, key=lambda d: d[0])]
+        lines = [f"{at(ln)}: warning: {msg}" for ln, msg in sorted(self.warnings, key=lambda d: d[0])]
+        lines += [f"{at(ln)}: not mapped: {msg}" for ln, msg in sorted(self.dropped, key=lambda d: d[0])]
         lines += [f"{at(ln)}: note: {msg}" for ln, msg in sorted(self.notes, key=lambda d: d[0])]
         if self.refusal:
             lines.append(f"{self.path}: rlslurm submit would refuse the result as it stands: {self.refusal}")
@@ -69,10 +71,11 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
             notes.append((w.line, f"source {tail}: --model {match} (its architecture is rlslurm/model_configs/"
                                   f"{match}.yaml)"))
         elif "/models/" in w.literal_tail() or w.literal_tail().startswith("models/"):
-            dropped.append((w.line, f"source {tail}: rlslurm has no model config {stem!r} (`rlslurm models` lists "
-                                    "them); pass --model NAME or a model config YAML"))
-    if found is None and not dropped:
-        dropped.append((0, "no `source scripts/models/<model>.sh` line: pass --model"))
+            notes.append((w.line, f"source {tail}: rlslurm ships no model config {stem!r}, so the model config is "
+                                  "built from --hf-checkpoint's config.json at submit (rlslurm/model_from_hf.py)"))
+    if found is None and not notes:
+        notes.append((0, "no `source scripts/models/<model>.sh` line: the model config is built from "
+                         "--hf-checkpoint's config.json at submit (or pass --model)"))
     return found, dropped, notes
 
 
@@ -91,7 +94,12 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
         mla = bool(load_model_config(model).arch.mla)
     flags = group_flags(args, dropped)
     mapped = map_flags(flags, model, mla)
-    res = Imported(str(path), mapped.argv, model, dropped + mapped.dropped, notes + sc.notes + mapped.notes)
+    res = Imported(str(path), mapped.argv, model, dropped + mapped.dropped, notes + sc.notes + mapped.notes,
+                   list(sc.warnings))
+    if mapped.not_carried:
+        features = list(dict.fromkeys(feature for _, feature in mapped.not_carried))
+        res.warnings.append((mapped.not_carried[0][0], "the imported run does not do what this script does: "
+                             f"{'; '.join(features)} (each not mapped below)"))
     if launcher == "train_async.py":
         res.notes.append((line, "train_async.py: slime's asynchronous trainer; rlslurm trains asynchronously with "
                                 "--async-buffer-size N (not set by the import)"))

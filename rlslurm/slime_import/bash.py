@@ -52,6 +52,7 @@ class Var:
 @dataclass
 class Sub:
     text: str              # `$(...)`, backticks or `$((...))`, as written
+    quoted: bool = False   # inside "...": no word splitting of what it gives
 
 
 @dataclass
@@ -233,7 +234,7 @@ class _Lexer:
             text = "$" + self.s[self.i:end]
             self.line += text.count("\n")
             self.i = end
-            return Sub(text)
+            return Sub(text, quoted)
         if nxt == "{":
             self.i += 1
             end = self._balanced("{", "}")
@@ -295,6 +296,7 @@ class Script:
     sources: list[Word] = field(default_factory=list)
     launch: tuple[str, list[Element], int] | None = None   # (launcher, args, line)
     notes: list[tuple[int, str]] = field(default_factory=list)
+    warnings: list[tuple[int, str]] = field(default_factory=list)   # what the script likely got wrong
     _noted: set[str] = field(default_factory=set)
 
 
@@ -345,19 +347,45 @@ class _Expander:
             return default
         raise _Stop(f"{v.source}: {v.name} is not set in the script (an environment variable?)")
 
+    def sub(self, p: Sub, line: int) -> str:
+        """What `$((...))` or `$(seq ...)` prints (slime_import/shell_eval.py); any other command
+        substitution would need the command run, so it stays unknown."""
+        from rlslurm.slime_import.shell_eval import arithmetic, seq
+
+        if p.text.startswith("$((") and p.text.endswith("))"):
+            try:
+                return str(arithmetic(p.text[3:-2], lambda name: self._number(name, line)))
+            except ValueError as e:
+                raise _Stop(f"{_short(p.text)}: {e}") from None
+            except _Stop as e:  # a variable in it has no known value
+                raise _Stop(f"{_short(p.text)}: {e.reason}") from None
+        if p.text.startswith("$(") and p.text.endswith(")"):
+            inner = _Lexer(p.text[2:-1], self.sc.path)
+            inner.line = line
+            toks = inner.tokens()
+            if toks and all(t[0] == "word" for t in toks) and toks[0][1].literal() == "seq":
+                args = [f for t in toks[1:] for f in self.fields(t[1])]
+                try:
+                    return "\n".join(seq(args))
+                except ValueError as e:
+                    raise _Stop(f"{_short(p.text)}: {e}") from None
+        raise _Stop(f"{_short(p.text)}: a command substitution is not run")
+
+    def _number(self, name: str, line: int) -> str:
+        """A variable's text inside `$((...))` (bash evaluates it as an expression there too)."""
+        return self.single(Word([Var(name, None, None, None, True, "$" + name)], line), line)
+
     def fields(self, w: Word) -> list[str]:
         """The words `w` becomes (unquoted expansions split on blanks, an empty unquoted one dropped)."""
         out: list[str] = []
         cur: list[str] = []
         started = False
         for p in w.parts:
-            if isinstance(p, Sub):
-                raise _Stop(f"{_short(p.text)}: a command substitution is not run")
             if isinstance(p, Lit):
                 cur.append(p.text)
                 started = True
                 continue
-            val = self.var(p, w.line)
+            val = self.sub(p, w.line) if isinstance(p, Sub) else self.var(p, w.line)
             if isinstance(val, list):
                 if p.quoted:
                     val = [" ".join(val)] if p.index == "*" else val
@@ -393,10 +421,10 @@ class _Expander:
         """An assignment's value: one string, no splitting."""
         out = []
         for p in w.parts:
-            if isinstance(p, Sub):
-                raise _Stop(f"{_short(p.text)}: a command substitution is not run")
             if isinstance(p, Lit):
                 out.append(p.text)
+            elif isinstance(p, Sub):
+                out.append(self.sub(p, line))
             else:
                 val = self.var(p, line)
                 out.append(" ".join(val) if isinstance(val, list) else val)
@@ -425,6 +453,7 @@ def read_script(text: str, path: str) -> Script:
     block_line: list[int] = []
     i = 0
     launches: list[int] = []
+    prev: tuple[int, str] | None = None   # the last command's last line, and what it was
     while i < len(toks):
         t = toks[i]
         if t[0] != "word":
@@ -451,6 +480,10 @@ def read_script(text: str, path: str) -> Script:
             i += 1
         if not words:
             continue
+        if prev is not None and _flag_like(words[0]):
+            sc.warnings.append((words[0].line, _broken_continuation(words[0], prev)))
+        launcher = next((b for w in words if (b := w.literal_tail().rsplit("/", 1)[-1]) in LAUNCHERS), None)
+        prev = (words[-1].line, f"the {launcher} launch" if launcher else f"`{_short(words[0].literal() or '...')} ...`")
         head = words[0].literal()
         while head in _LEADS and words:
             words = words[1:]
@@ -502,6 +535,21 @@ def read_script(text: str, path: str) -> Script:
         raise ScriptError(f"{path}:{launches[1]}: a second {sc.launch[0] if sc.launch else 'train.py'} launch "
                           f"(the first is at line {launches[0]}); import a script with one")
     return sc
+
+
+def _flag_like(w: Word) -> bool:
+    """A command that starts as an argument list would: `--flag ...` or `${ARGS[@]} ...`."""
+    if (w.literal() or "").startswith("-"):
+        return True
+    return len(w.parts) == 1 and isinstance(w.parts[0], Var) and w.parts[0].index in ("@", "*")
+
+
+def _broken_continuation(w: Word, prev: tuple[int, str]) -> str:
+    first = w.literal() or (w.parts[0].source if isinstance(w.parts[0], Var) else "")
+    last_line, what = prev
+    return (f"{first} starts a command of its own: line {last_line} ({what}) does not end with `\\`, so bash "
+            "ends that command there and runs this line and its continuation separately; their flags are not "
+            f"imported (add the missing `\\` to line {last_line} if they belong to it)")
 
 
 def _first_lit(w: Word) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlslurm import low_precision
 from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, build_config, parse_flags
 from rlslurm.layout import context_parallel_refusal
 from rlslurm.preflight import megatron_fields
-from rlslurm.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
+from rlslurm.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD
 from rlslurm.slime_import.bash import Element
 
 # slime's own plugins with an rlslurm built-in of the same rule.
@@ -42,7 +43,19 @@ PLUGIN_FLAGS = ("custom_rm_path", "custom_generate_function_path", "rollout_func
 PLUGIN_INTERFACES = {
     "rollout_function_path": " (async def f(ctx: RolloutContext), rlslurm/rollout/rollout_fn.py)",
     "custom_generate_function_path": " (async def f(ctx, prompt, sampling_params), rlslurm/rollout/generate_api.py)",
+    "custom_rm_path": " (f(item: RewardInput) -> float, rlslurm/rollout/rewards.py)",
 }
+PORTING_GUIDE = "docs/slime-plugins.md"
+
+# slime features the import cannot carry: a prefix of a plugin path or a flag name -> the feature.
+# Each is "not mapped" on its line and named once more in a warning (Imported.warnings).
+_OPD = "on-policy distillation"
+FEATURE_PLUGINS = {
+    "slime.rollout.on_policy_distillation.": _OPD,
+    "slime.rollout.fully_async_rollout.": "fully-async rollout function",
+}
+_OPD_WHY = (f"{_OPD} (a teacher model's log-probs): rlslurm runs no teacher model and has no OPD loss "
+            f"term; see {PORTING_GUIDE}")
 
 # Megatron-LM command-line names whose TransformerConfig field is spelled otherwise.
 MEGATRON_LM_RENAMES = {
@@ -54,7 +67,9 @@ _METRICS = "metrics go to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (Tenso
 
 # Flags with nothing to pass on, and why (checked before the megatron-core fields).
 NOT_MAPPED = {
-    "balance_data": "slime's balancing of tokens across data-parallel ranks; rlslurm has no such switch",
+    "use_opd": _OPD_WHY,
+    "transformer_impl": "rlslurm picks the layer spec itself: transformer-engine's when it is importable, "
+                        "megatron-core's local one otherwise (rlslurm/trainer/model.py)",
     "accumulate_allreduce_grads_in_fp32": "a Megatron-LM DistributedDataParallelConfig setting; the "
                                           "--megatron-* passthrough sets TransformerConfig/OptimizerConfig "
                                           "fields only (rlslurm reduces gradients in fp32 already)",
@@ -68,7 +83,7 @@ NOT_MAPPED = {
 }
 # --use-wandb and --wandb-* are rlslurm fields (docs/wandb.md) and pass as written; --wandb-key and
 # slime's other W&B switches are SLIME_INSTEAD hints
-_PREFIX_NOT_MAPPED = {"tb_": _METRICS}
+_PREFIX_NOT_MAPPED = {"tb_": _METRICS, "opd_": _OPD_WHY}
 
 _LAYOUT = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "colocate")
 _ARCH = "model architecture: rlslurm takes it from the --model config (rlslurm/model_configs/)"
@@ -96,6 +111,7 @@ class Mapped:
     argv: list[str] = field(default_factory=list)
     dropped: list[tuple[int, str]] = field(default_factory=list)   # (line, "--flag: why")
     notes: list[tuple[int, str]] = field(default_factory=list)
+    not_carried: list[tuple[int, str]] = field(default_factory=list)   # (line, feature) the run lacks
 
 
 def group_flags(args: list[Element], dropped: list[tuple[int, str]]) -> list[Flag]:
@@ -145,6 +161,9 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
         if f.array == "MODEL_ARGS":
             drop(f, _ARCH)
             continue
+        if n in SLIME_ALWAYS:
+            out.notes.append((f.line, f"{f.shown}: nothing to pass: {SLIME_ALWAYS[n]}"))
+            continue
         if n == "ref_load":
             drop(f, "a Megatron torch_dist checkpoint in slime; rlslurm's --ref-load is a Hugging Face "
                     "directory and defaults to --hf-checkpoint")
@@ -154,6 +173,10 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             fixed = SLIME_INSTEAD[n]
         if fixed:  # the same whatever the value
             drop(f, fixed)
+            if fixed is _OPD_WHY:
+                out.not_carried.append((f.line, f"{_OPD} ({PORTING_GUIDE})"))
+            elif n in low_precision.SLIME_FLAGS:
+                out.not_carried.append((f.line, f"FP8/FP4 training: it trains in bf16 ({low_precision.DOC})"))
             continue
         if f.unresolved:
             drop(f, f"value not known without running the script: {f.unresolved}")
@@ -176,8 +199,12 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             elif spec in PLUGIN_DEFAULTS:
                 drop(f, PLUGIN_DEFAULTS[spec])
             else:
-                drop(f, f"{spec} is a slime plugin (slime calls it with its own arguments); port it to "
-                        f"rlslurm's plugin interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr")
+                feature = next((v for k, v in FEATURE_PLUGINS.items() if spec.startswith(k)), None)
+                what = f"{spec} is slime's {feature}" if feature else f"{spec} is a slime plugin"
+                drop(f, f"{what} (slime calls it with its own arguments); port it to rlslurm's plugin "
+                        f"interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr "
+                        f"({PORTING_GUIDE})")
+                out.not_carried.append((f.line, f"{feature or f.shown + ' ' + spec} ({PORTING_GUIDE})"))
             continue
         if n == "context_parallel_size" and f.values and f.values[0] != "1":
             drop(f, context_parallel_refusal(int(f.values[0]) if f.values[0].isdigit() else 2, None))
@@ -198,7 +225,15 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             continue
         drop(f, "not an rlslurm flag (rlslurm flags), a slime flag rlslurm maps, nor a megatron-core "
                 "TransformerConfig/OptimizerConfig field (--megatron-*)")
-    _layout(layout, out)
+    offload = by_field.get("optimizer_cpu_offload")
+    if offload is not None and "use_distributed_optimizer" not in by_field and not offload.unresolved:
+        # slime always runs megatron's distributed optimizer (slime/backends/megatron_utils/arguments.py
+        # _set_default_megatron_args: "always use zero optimizer"); rlslurm only with DP > 1, and
+        # megatron-core offloads only the distributed optimizer's state, so the offload needs it here
+        out.argv.append("--use-distributed-optimizer")
+        out.notes.append((offload.line, f"{offload.shown}: with --use-distributed-optimizer, which slime always "
+                                        "sets and the offload needs (rlslurm's default is on only at DP > 1)"))
+    _layout(layout, out, train_only="debug_train_only" in by_field)
     if model is not None:
         out.argv = ["--model", model] + out.argv
     return out
@@ -228,7 +263,7 @@ def _int(f: Flag | None, out: Mapped) -> int | None:
     return None
 
 
-def _layout(layout: dict[str, Flag], out: Mapped) -> None:
+def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False) -> None:
     """slime's Ray placement -> the two het groups: the trainer's nodes, then the engines' own; or,
     with slime's --colocate, ours: the engines on the trainer's own nodes and GPUs."""
     trainer = _int(layout.get("actor_num_nodes"), out)
@@ -258,6 +293,13 @@ def _layout(layout: dict[str, Flag], out: Mapped) -> None:
         else:
             out.dropped.append((f.line, f"{f.shown} {rollout_gpus}: not a whole number of nodes of "
                                         f"--actor-num-gpus-per-node's GPUs; set --rollout-nodes"))
+    if trainer is not None and rollout is None and rollout_gpus is None and train_only:
+        # slime's train-only run has no rollout GPUs; rlslurm's builds its (SFT) rollouts on a node of
+        # the rollout group without engines (docs/slime-flags.md, --debug-train-only)
+        rollout = 1
+        f = layout["actor_num_nodes"]
+        out.notes.append((f.line, f"{f.shown} {trainer} with --debug-train-only and no --rollout-num-gpus: "
+                                  "--rollout-nodes 1, the node that builds the rollouts without engines"))
     if trainer is not None and rollout is not None:
         argv += ["--nodes", str(trainer + rollout)]
     if trainer is not None:

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.layout import context_parallel_refusal
-from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.model_config import ModelConfig
+from rlslurm.model_from_hf import run_model
 from rlslurm.rl_settings import check_rl_settings, estimator
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
 from rlslurm.trainer.collectives import group_timeout
@@ -319,7 +320,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     adv_cfg, loss_cfg = rl_configs_from_train(cfg.train)
     par = init_parallel(cfg, world)
     set_seeds(cfg.run.seed)
-    mc = load_model_config(cfg.model.model)
+    mc = run_model(cfg.model.model, cfg.model.hf_checkpoint)  # --model, or --hf-checkpoint's config.json
     from rlslurm.trainer.model import padded_vocab_size, transformer_config
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)

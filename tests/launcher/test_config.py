@@ -192,7 +192,8 @@ def test_unsafe_slurm_names_are_refused() -> None:
 
 def test_kl_loss_and_kl_reward_are_exclusive() -> None:
     with pytest.raises(ConfigError, match="--kl-coef 0.01 .*--use-kl-loss --kl-loss-coef 0.01 .*exclusive"):
-        resolve(["--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-coef", "0.01"], strict_inputs=False)
+        resolve(["--model", "tiny-qwen3", "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-coef", "0.01"],
+                strict_inputs=False)
 
 
 def test_real_submit_requires_inputs_dry_run_only_warns() -> None:

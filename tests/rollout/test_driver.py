@@ -226,6 +226,7 @@ def test_debug_rollout_only_generates_with_the_initial_weights_until_the_prompts
     cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 5), num_rollout=3, rollout_batch_size=2,
                    n_samples_per_prompt=2, rollout_max_response_len=8)
     cfg.train.debug_rollout_only = True
+    cfg.data.num_epoch = 1  # a cap: without --num-epoch the prompts cycle, as slime's do
     result = asyncio.run(asyncio.wait_for(make_driver(dep, cfg, run).run(), 120))
     assert result.reason == "exhausted" and result.committed == [0, 1]
     reader = RolloutReader(run)

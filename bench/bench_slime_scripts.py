@@ -1,0 +1,286 @@
+"""How many of slime's launch scripts rlslurm takes (issue 32 item 8).
+
+    python bench/bench_slime_scripts.py SLIME/scripts [--markdown OUT.md]
+
+Fetches nothing: it reads the directory given (slime's scripts/, e.g. from a checkout of
+THUDM/slime), and for every run-*.sh under it (scripts/models/ aside) does what a slime user would:
+`rlslurm import-slime`, then `rlslurm submit --dry-run` of the printed command (in this process:
+resolve() and render(), as the CLI does) with placeholder inputs made to match the model:
+
+- --prompt-data: a JSON Lines file of DAPO-math-17k's size (17398 records) with the script's
+  --input-key / --label-key (SFT scripts: one conversation per record);
+- --eval-prompt-data paths: a small file of the same shape;
+- --hf-checkpoint: a directory with a config.json and an empty safetensors file. Its config.json is
+  rlslurm's own YAML's (hf_config_dict) when the sourced `models/X.sh` names a shipped model config,
+  else translated from that script's MODEL_ARGS for the families rlslurm maps; for any other family
+  it carries the family's model_type, so the refusal says what rlslurm lacks. When the checkpoint
+  path or the script's name says FP8 or INT4, the config.json has the matching quantization_config,
+  as the released checkpoint's has. For SFT scripts it also has rlslurm's tiny tokenizer with a
+  chat template (submit masks the first conversations with it), and the records use its words.
+
+Only those paths are substituted; every other flag is the script's as imported. Prints one JSON
+line: scripts, imported, dry_run_ok, and the refusal reasons counted (first clause of each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# the chat template of the SFT placeholder's tokenizer (tests/trainer/test_sft_run.py's)
+SFT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} <eos> {% endfor %}"
+                "{% if add_generation_prompt %}assistant : {% endif %}")
+DAPO_RECORDS = 17398  # zhuzilin/dapo-math-17k (slime's --prompt-data in most scripts)
+
+# slime's models/<stem>.sh -> (HF model_type, architecture); first match of the stem's prefix wins.
+# Families rlslurm maps get a translated config.json; the others keep their own model_type.
+FAMILIES = [
+    ("qwen2.5", "qwen2", "Qwen2ForCausalLM"), ("qwen3-next", "qwen3_next", "Qwen3NextForCausalLM"),
+    ("qwen3.5", "qwen3_5", "Qwen3_5ForConditionalGeneration"), ("qwen3", "qwen3", "Qwen3ForCausalLM"),
+    ("glm4-", "glm4", "Glm4ForCausalLM"), ("glm4.5", "glm4_moe", "Glm4MoeForCausalLM"),
+    ("glm4.7", "glm4_moe", "Glm4MoeForCausalLM"), ("glm5", "glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    ("deepseek-v3", "deepseek_v3", "DeepseekV3ForCausalLM"), ("kimi-k2", "deepseek_v3", "DeepseekV3ForCausalLM"),
+    ("moonlight", "deepseek_v3", "DeepseekV3ForCausalLM"), ("mimo", "mimo", "MiMoForCausalLM"),
+    ("minimax", "minimax_m2", "MiniMaxM2ForCausalLM"), ("llama", "llama", "LlamaForCausalLM"),
+]
+# slime's model script stem -> rlslurm's shipped model config of the same checkpoint
+SHIPPED = {"moonlight": "moonlight-16B-A3B"}
+
+
+def _flags(elements) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    cur = None
+    for e in elements:
+        if e.text is not None and e.text.startswith("--"):
+            cur = e.text[2:]
+            out[cur] = []
+        elif cur is not None and e.text is not None:
+            out[cur].append(e.text)
+    return out
+
+
+def _hf_config(model_script: Path) -> dict:
+    """config.json for the model a slime models/X.sh describes (see the module docstring)."""
+    from rlslurm.model_config import available_models, load_model_config
+    from rlslurm.slime_import.bash import read_script
+    from rlslurm.tiny import hf_config_dict
+
+    stem = model_script.stem
+    shipped = SHIPPED.get(stem) or next((n for n in available_models() if n.lower() == stem.lower()), None)
+    if shipped:
+        return hf_config_dict(load_model_config(shipped))
+    sc = read_script(model_script.read_text(), str(model_script))
+    arr = sc.arrays.get("MODEL_ARGS")
+    f = _flags(arr if isinstance(arr, list) else [])
+    mt, archs = next(((t, a) for p, t, a in FAMILIES if stem.lower().startswith(p)), ("unknown", "Unknown"))
+    mla = "multi-latent-attention" in f
+    if mt == "glm4_moe" and mla:
+        mt, archs = "glm4_moe_lite", "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: MLA, not GLM-4.5's GQA
+    if mt == "qwen3" and "num-experts" in f:
+        mt, archs = "qwen3_moe", "Qwen3MoeForCausalLM"
+    one = lambda k, d=None: (f.get(k) or [d])[0]  # noqa: E731
+    heads = int(one("num-attention-heads", 1))
+    cfg: dict = {
+        "architectures": [archs], "model_type": mt, "num_hidden_layers": int(one("num-layers", 1)),
+        "hidden_size": int(one("hidden-size", 1)), "intermediate_size": int(one("ffn-hidden-size", 1)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(one("num-query-groups", heads)) if "group-query-attention" in f else heads,
+        "head_dim": int(one("kv-channels", int(one("hidden-size", 1)) // heads)),
+        "vocab_size": int(one("vocab-size", 1)), "rms_norm_eps": float(one("norm-epsilon", 1e-5)),
+        "rope_theta": float(one("rotary-base", 10000)), "tie_word_embeddings": "untie-embeddings-and-output-weights" not in f,
+        "max_position_embeddings": int(one("max-position-embeddings", 131072)), "hidden_act": "silu",
+        "attention_bias": "add-qkv-bias" in f, "torch_dtype": "bfloat16",
+    }
+    if one("rotary-percent", "1.0") != "1.0" or mt == "glm4_moe":
+        cfg["partial_rotary_factor"] = float(one("rotary-percent", 1.0))
+    if mt == "qwen2":
+        del cfg["attention_bias"]
+    dense = _first_dense(sc)
+    if mt == "qwen3_moe":
+        cfg.update(num_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
+                   moe_intermediate_size=int(one("moe-ffn-hidden-size")), norm_topk_prob=True,
+                   decoder_sparse_step=1, mlp_only_layers=[])
+    if mt in ("glm4_moe", "deepseek_v3"):
+        moe_ffn = int(one("moe-ffn-hidden-size"))
+        cfg.update(n_routed_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
+                   moe_intermediate_size=moe_ffn,
+                   n_shared_experts=int(one("moe-shared-expert-intermediate-size", 0)) // moe_ffn,
+                   first_k_dense_replace=dense, norm_topk_prob=True,
+                   routed_scaling_factor=float(one("moe-router-topk-scaling-factor", 1.0)),
+                   n_group=int(one("moe-router-num-groups", 1)), topk_group=int(one("moe-router-group-topk", 1)),
+                   num_nextn_predict_layers=0)
+    if mt == "glm4_moe":
+        cfg["use_qk_norm"] = "qk-layernorm" in f
+    if mt == "deepseek_v3":
+        del cfg["head_dim"], cfg["attention_bias"]
+        q = one("q-lora-rank")
+        cfg.update(q_lora_rank=int(q) if q else None, kv_lora_rank=int(one("kv-lora-rank")),
+                   qk_nope_head_dim=int(one("qk-head-dim")), qk_rope_head_dim=int(one("qk-pos-emb-head-dim")),
+                   v_head_dim=int(one("v-head-dim")), rope_interleave=True, scoring_func="sigmoid")
+        factor = float(one("rotary-scaling-factor", 1.0))
+        if factor != 1.0:
+            cfg["rope_scaling"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096,
+                                   "beta_fast": 32, "beta_slow": 1, "mscale": float(one("mscale", 1.0)),
+                                   "mscale_all_dim": float(one("mscale-all-dim", 1.0))}
+    return cfg
+
+
+def _first_dense(sc) -> int:
+    """Leading dense layers: slime's scripts say it as FIRST_K_DENSE_REPLACE or N_DENSE_LAYERS (their
+    --moe-layer-freq is built from it in a bash loop the importer does not run)."""
+    for name in ("FIRST_K_DENSE_REPLACE", "N_DENSE_LAYERS"):
+        v = sc.scalars.get(name)
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+    return 0
+
+
+def _data(path: Path, n: int, input_key: str, label_key: str, sft: bool) -> Path:
+    with path.open("w") as fh:
+        for i in range(n):
+            if sft:  # words the tiny tokenizer knows (rlslurm/tiny.py)
+                rec = {input_key: [{"role": "user", "content": "say digits"}, {"role": "assistant", "content": "1 2 3"}]}
+            else:
+                rec = {input_key: f"What is {i} + 1?", label_key: str(i + 1)}
+            fh.write(json.dumps(rec) + "\n")
+    return path
+
+
+def _model_script(script: Path, root: Path) -> Path | None:
+    m = re.search(r"models/([A-Za-z0-9._-]+\.sh)", script.read_text())
+    if not m:
+        return None
+    hits = sorted(root.rglob(m.group(1)))
+    return hits[0] if hits else None
+
+
+def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[str]:
+    """The imported command with its data and checkpoint paths replaced by placeholders."""
+    from rlslurm.flags import parse_flags
+
+    cfg_layer = parse_flags(argv).values
+    get = lambda name, default: cfg_layer.get(("data", name), default)  # noqa: E731
+    input_key, label_key = get("input_key", "prompt"), get("label_key", "label") or "label"
+    sft = any(a.endswith("sft_rollout.generate_rollout") or a == "rlslurm.rollout.sft:generate_rollout" for a in argv)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--prompt-data", "--hf-checkpoint", "--eval-prompt-data"):
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            vals = argv[i + 1:j]
+            if a == "--eval-prompt-data":
+                names = vals[0::2]
+                out += [a] + [x for k, nm in enumerate(names) for x in
+                              (nm, str(_data(work / f"eval-{k}.jsonl", 32, input_key, label_key, False)))]
+            i = j
+            continue
+        out.append(a)
+        i += 1
+    prompts = _data(work / "prompts.jsonl", DAPO_RECORDS, input_key, label_key, sft)
+    out += ["--prompt-data", str(prompts)]
+    ms = _model_script(script, root)
+    hf = work / "hf"
+    hf.mkdir()
+    config = _hf_config(ms) if ms else {"model_type": "unknown"}
+    # the script's checkpoint (or the script, scripts/low_precision/*-int4.sh) names a quantized release
+    # (Qwen3-4B-FP8, *-INT4): so is its placeholder, as
+    # the real config.json carries quantization_config (Qwen/Qwen3-4B-FP8: fp8 e4m3, 128x128 blocks)
+    ckpt = next((argv[k + 1] for k, a in enumerate(argv[:-1]) if a == "--hf-checkpoint"), "") + " " + script.name
+    if re.search(r"fp8", ckpt, re.I):
+        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    elif re.search(r"int4", ckpt, re.I):
+        config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+    (hf / "config.json").write_text(json.dumps(config))
+    (hf / "model.safetensors").write_bytes(b"")
+    if sft:  # SFT is checked with the checkpoint's tokenizer and chat template: give it rlslurm's tiny one
+        from rlslurm.tiny import tokenizer_json
+
+        (hf / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+            "pad_token": "<pad>", "unk_token": "<unk>", "chat_template": SFT_TEMPLATE}))
+    out += ["--hf-checkpoint", str(hf), "--run-dir", str(work / "run")]
+    return out
+
+
+def _reason(msg: str) -> str:
+    """The refusal's kind: its message without paths and numbers, first clause."""
+    msg = re.sub(r"/\S+", "PATH", msg)
+    msg = re.sub(r"\d+(\.\d+)?", "N", msg)
+    return msg.split(": ")[0][:100] if msg.startswith("--") else msg[:100]
+
+
+def run(root: Path) -> tuple[dict, list[dict]]:
+    from rlslurm.errors import UserError
+    from rlslurm.resolve import resolve
+    from rlslurm.slime_import import import_script
+    from rlslurm.slurm.render import render
+
+    scripts = sorted(p for p in root.rglob("run-*.sh") if "models" not in p.relative_to(root).parts)
+    rows, reasons = [], collections.Counter()
+    imported = ok = 0
+    for s in scripts:
+        row = {"script": str(s.relative_to(root)), "imported": False, "dry_run": "", "reason": "", "warnings": 0}
+        try:
+            imp = import_script(s, check=False)
+            row["imported"] = True
+            imported += 1
+            row["not_mapped"] = len(imp.dropped)
+            row["warnings"] = len(imp.warnings)  # a missing `\`, plugins or FP8 the run lacks
+            with tempfile.TemporaryDirectory() as tmp:
+                argv = _substitute(imp.argv, Path(tmp), s, root)
+                res = resolve(argv, strict_inputs=False)
+                render(res.cfg, res.cfg.run_dir.resolve())
+            row["dry_run"] = "ok"
+            ok += 1
+        except UserError as e:
+            msg = " ".join(str(e).split())
+            row["dry_run"] = "refused" if row["imported"] else "import failed"
+            row["reason"] = msg
+            reasons[_reason(msg)] += 1
+        except Exception as e:  # a crash is a finding of its own: recorded, never hidden
+            row["dry_run"] = "crash"
+            row["reason"] = f"{type(e).__name__}: {e}"
+            reasons[f"crash {type(e).__name__}"] += 1
+        rows.append(row)
+    summary = {"scripts": len(scripts), "imported": imported, "dry_run_ok": ok,
+               "refusals": dict(reasons.most_common())}
+    return summary, rows
+
+
+def markdown(summary: dict, rows: list[dict], root: Path) -> str:
+    lines = ["| script | import (flags not mapped, warnings) | dry run | reason |", "|---|---|---|---|"]
+    for r in rows:
+        reason = re.sub(r"/tmp/\S+?/hf", "HF", r["reason"])[:300].replace("|", "\\|")
+        imp = f"yes ({r.get('not_mapped', 0)}, {r['warnings']})" if r["imported"] else "no"
+        lines.append(f"| {r['script']} | {imp} | {r['dry_run']} | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scripts", type=Path, help="slime's scripts/ directory")
+    ap.add_argument("--markdown", type=Path, help="also write the per-script table here")
+    a = ap.parse_args()
+    import logging
+
+    logging.disable(logging.WARNING)
+    summary, rows = run(a.scripts)
+    print(json.dumps(summary))
+    if a.markdown:
+        a.markdown.write_text(markdown(summary, rows, a.scripts))
+
+
+if __name__ == "__main__":
+    main()

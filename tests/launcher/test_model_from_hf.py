@@ -1,0 +1,78 @@
+"""The model config from --hf-checkpoint's config.json (issue 32 item 1): every family rlslurm maps,
+no silent default model, and import-slime's `source scripts/models/X.sh` without a shipped YAML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlslurm.errors import ConfigError
+from rlslurm.model_config import available_models, load_model_config
+from rlslurm.model_from_hf import model_config_from_hf
+from rlslurm.resolve import resolve
+from rlslurm.slime_import import import_script
+from rlslurm.tiny import hf_config_dict
+from tests.hf_shape import hf_shaped_dir
+
+
+@pytest.mark.parametrize("name", available_models())
+def test_every_shipped_model_is_rebuilt_from_its_config_json(tmp_path: Path, name: str) -> None:
+    """The shipped YAMLs cover qwen2, qwen3, qwen3_moe, llama, glm4, glm4_moe and deepseek_v3 (MLA, MoE,
+    YaRN): their config.json must give back the same architecture."""
+    mc = load_model_config(name)
+    hf = tmp_path / name
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(hf_config_dict(mc)))
+    got = model_config_from_hf(hf)
+    assert (got.arch, got.hf_model_type, got.hf_architecture) == (mc.arch, mc.hf_model_type, mc.hf_architecture)
+    assert got.name == name and got.defaults == {}
+
+
+def test_without_model_the_run_takes_the_checkpoints_architecture(tmp_path: Path) -> None:
+    """A shipped architecture runs with that config's per-node defaults (qwen3-4B at 4 nodes: 64 x 8
+    prompts); another one (here qwen3-4B with 40 layers, as no shipped config has) with the flags'."""
+    hf = hf_shaped_dir(tmp_path / "Qwen3-4B", "qwen3-4B")
+    res = resolve(["--hf-checkpoint", str(hf), "--nodes", "4"], strict_inputs=False)
+    assert res.cfg.model.model is None and res.model == load_model_config("qwen3-4B")
+    assert (res.cfg.rollout.rollout_batch_size, res.cfg.train.tensor_model_parallel_size) == (64, 2)
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 40}))
+    res = resolve(["--hf-checkpoint", str(hf), "--nodes", "4", "--rollout-batch-size", "16"], strict_inputs=False)
+    assert res.model.name == "Qwen3-4B" and res.model.arch.num_layers == 40 and res.model.defaults == {}
+    assert res.model.arch.hidden_size == 2560
+
+
+@pytest.mark.parametrize("argv, names", [
+    ([], ("no model", "--model", "--hf-checkpoint")),
+    (["--hf-checkpoint", "/nowhere/Qwen3-14B"], ("--hf-checkpoint /nowhere/Qwen3-14B: no config.json here",
+                                                 "pass --model")),
+])
+def test_a_run_whose_model_is_unknown_is_refused_naming_the_flags(argv: list[str], names: tuple[str, ...]) -> None:
+    """No silent tiny-qwen3: before, these resolved to the default test model and refused later with
+    batch-identity errors that never named the model."""
+    with pytest.raises(ConfigError) as e:
+        resolve(argv, strict_inputs=False)
+    msg = str(e.value)
+    assert "\n" not in msg and all(n in msg for n in names), msg
+
+
+def test_an_unmapped_family_is_refused_naming_model_type(tmp_path: Path) -> None:
+    hf = hf_shaped_dir(tmp_path / "hf", "tiny-qwen3")
+    cfg = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ConfigError, match=r"config.json model_type 'gpt2' has no rlslurm mapping \(supported: .*"
+                                          r"deepseek_v3.*\); pass --model"):
+        resolve(["--hf-checkpoint", str(hf)], strict_inputs=False)
+
+
+def test_import_maps_an_unshipped_model_script_to_the_checkpoint(tmp_path: Path) -> None:
+    s = tmp_path / "run.sh"
+    s.write_text('source "scripts/models/qwen3-14B.sh"\npython3 train.py ${MODEL_ARGS[@]} --hf-checkpoint /m/Q\n')
+    imp = import_script(s, check=False)
+    assert imp.model is None and "--model" not in imp.argv
+    report = "\n".join(imp.report_lines())
+    assert f"{s}:1: note: source qwen3-14B.sh: rlslurm ships no model config 'qwen3-14B', so the model config is " \
+           "built from --hf-checkpoint's config.json at submit" in report
+    assert "not mapped: source" not in report

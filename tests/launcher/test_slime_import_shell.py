@@ -1,0 +1,182 @@
+"""`rlslurm import-slime` on the shell forms of slime's launch scripts (issue 32 item 7): `$((...))`
+and `$(seq ...)` are evaluated, a missing `\\` is warned about with its file and line, plugins the
+import cannot carry are named with the porting guide, and nothing prints a traceback or an emoji
+for a line number."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlslurm.flags import build_config, parse_flags
+from rlslurm.slime_import import import_script
+from rlslurm.slime_import.bash import read_script
+from rlslurm.slime_import.shell_eval import arithmetic, seq
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _script(tmp_path: Path, text: str) -> Path:
+    s = tmp_path / "run.sh"
+    s.write_text(text)
+    return s
+
+
+def test_arithmetic_and_seq_values_are_the_ones_bash_prints(tmp_path: Path) -> None:
+    s = _script(tmp_path, (
+        "N=4\n"
+        "HALF=$(( N / 2 ))\n"
+        "ARGS=(\n"
+        "   --update-weight-buffer-size $(( ${N} * 512 * 1024 * 1024 ))\n"
+        "   --rollout-batch-size $((HALF*3))\n"
+        "   --rollout-stop 1 2 4 8 $(seq 16 8 40)\n"
+        "   --rollout-stop \"$(seq 3)\"\n"
+        ")\n"
+        "python3 train.py ${ARGS[@]}\n"))
+    sc = read_script(s.read_text(), str(s))
+    assert sc.scalars["HALF"] == "2"
+    got = [e.text for e in sc.launch[1]]
+    assert got[:2] == ["--update-weight-buffer-size", str(4 * 512 * 1024 * 1024)]
+    assert got[2:4] == ["--rollout-batch-size", "6"]
+    # unquoted: one word per number; quoted: one word with the newlines seq prints
+    # (slime's use is --sglang-cuda-graph-bs; a rlslurm list flag here, to check it without importing SGLang)
+    assert got[4:13] == ["--rollout-stop", "1", "2", "4", "8", "16", "24", "32", "40"]
+    assert got[13:] == ["--rollout-stop", "1\n2\n3"]
+    cfg = build_config([parse_flags(import_script(s, check=False).argv)])
+    assert cfg.train.update_weight_buffer_size == 4 * 512 * 1024 * 1024 and cfg.rollout.rollout_batch_size == 6
+    assert cfg.rollout.rollout_stop == ["1", "2", "4", "8", "16", "24", "32", "40", "1\n2\n3"]
+
+
+@pytest.mark.parametrize("expr, value", [("-7 / 2", -3), ("-7 % 2", -1), ("7 % -2", 1), ("2 ** 10", 1024),
+                                         ("1 << 4 | 1", 17), ("(1 + 2) * 3", 9), ("", 0), ("X * 2", 14)])
+def test_arithmetic_follows_c_integer_rules(expr: str, value: int) -> None:
+    """bash(1): `/` truncates toward zero and `%` takes the dividend's sign (Python's // and % differ)."""
+    assert arithmetic(expr, {"X": "3 + 4"}.__getitem__) == value
+
+
+@pytest.mark.parametrize("expr", ["1 < 2", "x = 3", "1 ? 2 : 3", "1.5 * 2", "1 / 0", "f(1)"])
+def test_unsupported_arithmetic_is_refused_by_name(expr: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(expr.strip())) if expr != "1 / 0" else "divides by zero"):
+        arithmetic(expr, {}.__getitem__)
+
+
+def test_seq_forms() -> None:
+    assert seq(["3"]) == ["1", "2", "3"] and seq(["5", "-2", "1"]) == ["5", "3", "1"]
+    with pytest.raises(ValueError, match="whole numbers"):
+        seq(["-w", "1", "10"])
+
+
+def test_unknown_values_stay_reported_not_guessed(tmp_path: Path) -> None:
+    s = _script(tmp_path, "python3 train.py --lr $(( LR * 2 )) --rollout-batch-size $(nproc)\n")
+    report = "\n".join(import_script(s, check=False).report_lines())
+    assert f"{s}:1: not mapped: --lr: value not known without running the script: $(( LR * 2 )): $LR: LR is " \
+           "not set in the script" in report
+    assert f"{s}:1: not mapped: --rollout-batch-size: value not known without running the script: $(nproc): a " \
+           "command substitution is not run" in report
+
+
+def test_missing_backslash_is_a_warning_naming_file_and_lines(tmp_path: Path) -> None:
+    """slime's run-kimi-k2-Instruct.sh line 172: bash ends the launch there, so the arrays on the
+    lines after it never reach train.py. The import does as bash does and says so."""
+    s = _script(tmp_path, (
+        "MODEL_ARGS=(--num-layers 2)\n"
+        "ARGS=(--rollout-batch-size 8)\n"
+        "python3 train.py \\\n"
+        "   --colocate \\\n"
+        "   --update-weight-buffer-size $(( 4 * 512 * 1024 * 1024))\n"
+        "   ${ARGS[@]} \\\n"
+        "   --lr 1e-6\n"))
+    imp = import_script(s, check=False)
+    warnings = [ln for ln in imp.report_lines() if ": warning: " in ln]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"{s}:6: warning: ${{ARGS[@]}} starts a command of its own: line 5 (the train.py "
+                                  "launch) does not end with `\\`")
+    assert "--rollout-batch-size" not in imp.argv and "--lr" not in imp.argv
+    assert "--update-weight-buffer-size" in imp.argv
+
+
+def test_continued_lines_are_no_warning(tmp_path: Path) -> None:
+    s = _script(tmp_path, "ARGS=(\n  --lr 1e-6\n  --colocate\n)\npython3 train.py \\\n  ${ARGS[@]} \\\n  --num-rollout 3\n")
+    assert not [ln for ln in import_script(s, check=False).report_lines() if ": warning: " in ln]
+
+
+def test_plugins_not_carried_are_named_with_the_porting_guide(tmp_path: Path) -> None:
+    """slime's examples/on_policy_distillation and examples/retool: the example's defining feature is
+    a plugin or switch rlslurm cannot run; each is not mapped on its line, and one warning says the
+    imported run lacks it."""
+    s = _script(tmp_path, (
+        "python3 train.py \\\n"
+        "   --custom-rm-path slime.rollout.on_policy_distillation.reward_func \\\n"
+        "   --custom-generate-function-path generate_with_retool.generate \\\n"
+        "   --use-opd \\\n"
+        "   --opd-kl-coef 1.0\n"))
+    imp = import_script(s, check=False)
+    report = imp.report_lines()
+    assert report[0] == (f"{s}:2: warning: the imported run does not do what this script does: on-policy "
+                         "distillation (docs/slime-plugins.md); --custom-generate-function-path "
+                         "generate_with_retool.generate (docs/slime-plugins.md) (each not mapped below)")
+    for line, flag in ((2, "--custom-rm-path"), (3, "--custom-generate-function-path"), (4, "--use-opd"),
+                       (5, "--opd-kl-coef")):
+        mine = [ln for ln in report if ln.startswith(f"{s}:{line}: not mapped: {flag}: ")]
+        assert len(mine) == 1 and "docs/slime-plugins.md" in mine[0], (flag, report)
+    assert (REPO / "docs" / "slime-plugins.md").is_file()
+    assert not any(a.startswith(("--custom", "--use-opd", "--opd")) for a in imp.argv)
+
+
+def test_balance_data_is_accepted_with_the_true_reason(tmp_path: Path) -> None:
+    """rlslurm balances every step over the DP ranks (trainer/batching.py): slime's switch is
+    accepted, by the importer as a note and by `rlslurm submit` itself, never 'not mapped'."""
+    s = _script(tmp_path, "python3 train.py --balance-data --lr 1e-6\n")
+    report = "\n".join(import_script(s, check=False).report_lines())
+    assert f"{s}:1: note: --balance-data: nothing to pass: rlslurm always balances" in report
+    assert "not mapped: --balance-data" not in report
+    assert build_config([parse_flags(["--balance-data", "--lr", "1e-6"])]) == build_config([parse_flags(["--lr",
+                                                                                                         "1e-6"])])
+
+
+def test_line_100_prints_as_a_line_number_not_an_emoji(tmp_path: Path) -> None:
+    """Rich turned `:100:` into 💯 in "run.sh:100: not mapped: ..." (emoji codes, on even without markup)."""
+    s = _script(tmp_path, "python3 train.py \\\n" + "   --lr 1e-6 \\\n" * 98 + "   --no-such-flag 1\n")
+    p = _cli("import-slime", str(s), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"{s}:100: not mapped: --no-such-flag: " in p.stderr and "\U0001f4af" not in p.stderr
+
+
+def test_a_split_that_leaves_no_node_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """`--trainer-nodes 4` with the default `--nodes 2` gave the rollout group -2 nodes, which the
+    config model refused with a pydantic traceback."""
+    p = _cli("submit", "--trainer-nodes", "4", "--dry-run", cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "error: --trainer-nodes 4 with --nodes 2 leaves no node for --rollout-nodes (the rest of --nodes): give "
+        "--nodes 5 or more"]
+
+
+def test_cpu_offload_brings_the_distributed_optimizer_slime_always_has(tmp_path: Path) -> None:
+    """slime sets use_distributed_optimizer=True always (its _set_default_megatron_args); rlslurm only at
+    DP > 1, so slime's run-qwen3-32B.sh (TP 8 on 8 GPUs, --optimizer-cpu-offload) was refused."""
+    s = _script(tmp_path, "python3 train.py --tensor-model-parallel-size 8 \\\n   --optimizer-cpu-offload\n")
+    imp = import_script(s, check=False)
+    assert "--use-distributed-optimizer" in imp.argv
+    assert f"{s}:2: note: --optimizer-cpu-offload: with --use-distributed-optimizer, which slime always sets" in \
+        "\n".join(imp.report_lines())
+    cfg = build_config([parse_flags(imp.argv)])
+    assert cfg.train.use_distributed_optimizer is True and cfg.megatron["optimizer_cpu_offload"] is True
+
+
+def test_a_train_only_script_gets_its_rollout_node(tmp_path: Path) -> None:
+    """slime's run-qwen3-235B-A22B-sft.sh: 4 actor nodes, no rollout GPUs. rlslurm builds SFT rollouts on
+    a rollout-group node, so the import asks for 5 nodes instead of leaving --nodes at 2."""
+    s = _script(tmp_path, "python3 train.py --actor-num-nodes 4 --actor-num-gpus-per-node 8 --debug-train-only\n")
+    cfg = build_config([parse_flags(import_script(s, check=False).argv)])
+    assert (cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (5, 4, 1)
