@@ -1,8 +1,12 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
-different TP/PP/EP on each side, bit-identical tensors, and the export loads and generates in HF."""
+different TP/PP/EP on each side, bit-identical tensors, and the export loads and generates in HF.
+The six conversions run in one torchrun (tests/convert/cli_worker.py); a command in torchrun
+processes of its own is tests/launcher/test_convert_submit.py's (TP=2 under SLURM), one from another
+directory tests/convert/test_ckpt_convert_entry.py's."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +20,6 @@ from rlslurm.convert import HFCheckpoint
 from convert_helpers import REPO, check, run_procs
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
-
-
-def _convert(nproc: int, *args: str) -> None:
-    check(run_procs(nproc, ["rlslurm.convert", *args], module=True, timeout=300))
 
 
 def _assert_bit_identical(src: Path, dst: Path, dtype: torch.dtype) -> None:
@@ -52,39 +52,55 @@ def bf16_qwen3(tiny_ckpts, tmp_path_factory) -> Path:
     return d
 
 
-def test_qwen3_bf16_pp2_to_tp2(bf16_qwen3, tmp_path):
-    _convert(2, "hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(bf16_qwen3), "--out", str(tmp_path / "mc"),
-             "--pp", "2", "--dtype", "bf16")
-    assert len(list((tmp_path / "mc").glob("*.distcp"))) >= 2
-    _convert(2, "mcore-to-hf", "--model", "tiny-qwen3", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--tp", "2", "--hf-config-from", str(bf16_qwen3))
-    _assert_bit_identical(bf16_qwen3, tmp_path / "hf", torch.bfloat16)
-    _generates(tmp_path / "hf")
+@pytest.fixture(scope="module")
+def converted(bf16_qwen3, tiny_ckpts, tmp_path_factory) -> Path:
+    """The six conversions of the three round trips below, each a real `rlslurm.convert` command
+    (the CLI's typer app with a user's argv) on 2 ranks, all in one torchrun (tests/convert/cli_worker.py):
+    a torchrun start costs ~20 s of imports on 2 cores, and the commands are independent of one
+    another but for the process group they share. `<root>/<case>/{mc,hf}`."""
+    root = tmp_path_factory.mktemp("cli")
+    glm4, deepseek = tiny_ckpts / "tiny-glm4", tiny_ckpts / "tiny-deepseek-v3"
+    q, g, d = root / "qwen3", root / "glm4", root / "deepseek"
+    plan = [
+        ["hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(bf16_qwen3), "--out", str(q / "mc"), "--pp", "2",
+         "--dtype", "bf16"],
+        ["mcore-to-hf", "--model", "tiny-qwen3", "--load", str(q / "mc"), "--out", str(q / "hf"), "--tp", "2",
+         "--hf-config-from", str(bf16_qwen3)],
+        ["hf-to-mcore", "--model", "tiny-glm4", "--hf", str(glm4), "--out", str(g / "mc"), "--tp", "2", "--dtype", "fp32",
+         "--vocab-divisible-by", "64"],
+        ["mcore-to-hf", "--model", "tiny-glm4", "--load", str(g / "mc"), "--out", str(g / "hf"), "--pp", "2",
+         "--hf-config-from", str(glm4)],
+        # experts sharded over EP=2 written, read back at TP=2 (sequence parallel, MLA duplicated)
+        ["hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(deepseek), "--out", str(d / "mc"), "--ep", "2",
+         "--dtype", "fp32"],
+        ["mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(d / "mc"), "--out", str(d / "hf"), "--tp", "2",
+         "--hf-config-from", str(deepseek)],
+    ]
+    (root / "plan.json").write_text(json.dumps(plan))
+    check(run_procs(2, ["tests/convert/cli_worker.py", str(root / "plan.json")], timeout=600))
+    return root
 
 
-def test_glm4_tp2_to_pp2(tiny_ckpts, tmp_path):
-    src = tiny_ckpts / "tiny-glm4"
-    _convert(2, "hf-to-mcore", "--model", "tiny-glm4", "--hf", str(src), "--out", str(tmp_path / "mc"),
-             "--tp", "2", "--dtype", "fp32", "--vocab-divisible-by", "64")
+def test_qwen3_bf16_pp2_to_tp2(bf16_qwen3, converted):
+    assert len(list((converted / "qwen3" / "mc").glob("*.distcp"))) >= 2
+    _assert_bit_identical(bf16_qwen3, converted / "qwen3" / "hf", torch.bfloat16)
+    _generates(converted / "qwen3" / "hf")
+
+
+def test_glm4_tp2_to_pp2(tiny_ckpts, converted):
     from rlslurm.convert.meta import read_meta
 
-    assert read_meta(tmp_path / "mc")["vocab_size_padded"] == 128  # 64 x TP 2, read back at TP 1
-    _convert(2, "mcore-to-hf", "--model", "tiny-glm4", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--pp", "2", "--hf-config-from", str(src))
-    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()  # one shard per stage + index
-    _assert_bit_identical(src, tmp_path / "hf", torch.float32)
-    _generates(tmp_path / "hf")
+    assert read_meta(converted / "glm4" / "mc")["vocab_size_padded"] == 128  # 64 x TP 2, read back at TP 1
+    hf = converted / "glm4" / "hf"
+    assert (hf / "model.safetensors.index.json").exists()  # one shard per stage + index
+    _assert_bit_identical(tiny_ckpts / "tiny-glm4", hf, torch.float32)
+    _generates(hf)
 
 
-def test_deepseek_ep2_to_tp2(tiny_ckpts, tmp_path):
+def test_deepseek_ep2_to_tp2(tiny_ckpts, converted):
     """Experts sharded over EP=2 written, read back at TP=2 (sequence parallel, MLA duplicated)."""
-    src = tiny_ckpts / "tiny-deepseek-v3"
-    _convert(2, "hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(src), "--out", str(tmp_path / "mc"),
-             "--ep", "2", "--dtype", "fp32")
-    _convert(2, "mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(tmp_path / "mc"), "--out",
-             str(tmp_path / "hf"), "--tp", "2", "--hf-config-from", str(src))
-    _assert_bit_identical(src, tmp_path / "hf", torch.float32)
-    _generates(tmp_path / "hf")
+    _assert_bit_identical(tiny_ckpts / "tiny-deepseek-v3", converted / "deepseek" / "hf", torch.float32)
+    _generates(converted / "deepseek" / "hf")
 
 
 def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):

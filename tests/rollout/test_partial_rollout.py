@@ -191,33 +191,40 @@ def test_a_stopped_rollout_is_continued_by_the_next_driver(private_deployment, t
 @pytest.mark.slow
 def test_groups_cut_off_by_a_full_batch_continue_in_the_next_rollout(private_deployment, tmp_path):
     """Over-sampling: the batch fills while other groups still generate; they are aborted and their
-    tokens so far travel in the committed cursor to the next rollout, which continues them."""
+    tokens so far travel in the committed cursor to the next rollout, which continues them.
+
+    That some group is cut mid-generation depends on the random model's lengths (EOS ~1.4 % per token,
+    ~11 % of samples reach the 160-token cap): every other group must still be generating when the
+    batch fills and the driver's abort lands. With 6 groups drawn for 2, all 4 others had finished
+    by then in ~0.2 % of draws with an instant abort and ~3 % with an abort 40 tokens late (a loaded
+    2-core machine; a simulation of these lengths, geometric per prompt); once in CI none was cut. 10
+    groups drawn for 2 leave 8 to be cut: ~0.05 % at 40 tokens late."""
     dep = private_deployment
     asyncio.run(set_version(dep, 0))
     run = tmp_path / "run"
     cfg = make_cfg(write_prompts(tmp_path / "p.jsonl", 12), num_rollout=1, rollout_batch_size=2,
-                   over_sampling_batch_size=6, n_samples_per_prompt=2, rollout_max_response_len=160,
+                   over_sampling_batch_size=10, n_samples_per_prompt=2, rollout_max_response_len=160,
                    partial_rollout=True, mask_offpolicy_in_partial_rollout=True, async_buffer_size=1,
-                   weight_sync="distributed")
+                   weight_sync="distributed", rollout_max_concurrency=20)  # every drawn sample in flight at once
     assert asyncio.run(make_driver(dep, cfg, run).run()).committed == [0]
     r0 = RolloutReader(run).read(0)
     pending = pending_of(r0.meta.data_cursor)
-    assert len(pending) == 4 and r0.meta.data_cursor["position"] == 6
+    assert len(pending) == 8 and r0.meta.data_cursor["position"] == 10
     assert not {s.metadata["prompt_index"] for s in r0.samples} & set(pending)
 
     asyncio.run(set_version(dep, 1))
-    # the next rollout takes exactly the 4 handed-back groups (pending prompts are served first)
-    cfg.rollout.num_rollout, cfg.rollout.rollout_batch_size, cfg.rollout.over_sampling_batch_size = 2, 4, 4
+    # the next rollout takes exactly the 8 handed-back groups (pending prompts are served first)
+    cfg.rollout.num_rollout, cfg.rollout.rollout_batch_size, cfg.rollout.over_sampling_batch_size = 2, 8, 8
     assert asyncio.run(make_driver(dep, cfg, run).run()).committed == [1]
     r1 = RolloutReader(run).read(1)
     assert {s.metadata["prompt_index"] for s in r1.samples} == set(pending)
     got = check_continued(r1, pending, newer=1)
     if not got["cut"]:
         pytest.fail(f"no group was cut mid-generation when the batch filled: make the responses longer ({pending})")
-    # nothing lost, nothing repeated: the 6 drawn prompts are used once
+    # nothing lost, nothing repeated: the 10 drawn prompts are used once
     used = [s.metadata["prompt_index"] for r in (r0, r1) for s in r.samples[::2]]
-    assert len(set(used)) == len(used) == 6 and r1.meta.data_cursor == {**r1.meta.data_cursor, "position": 6,
-                                                                         "pending": []}
+    assert len(set(used)) == len(used) == 10 and r1.meta.data_cursor == {**r1.meta.data_cursor, "position": 10,
+                                                                          "pending": []}
 
 
 @pytest.mark.sglang

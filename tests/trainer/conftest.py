@@ -94,6 +94,19 @@ def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) ->
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **popen)
 
 
+def run_steps(runs: list[tuple[Path, Path]], nproc: int, timeout: float = 400) -> list[tuple[dict, Any]]:
+    """tests/trainer/step_worker.py on (run dir, out dir) pairs of one world size, in one torchrun (each
+    run from a fresh megatron parallel state); per pair its result.json and its exported weights."""
+    import torch
+
+    args = [str(HERE / "step_worker.py")]
+    for run, out in runs:
+        args += ["--run-dir", str(run), "--out", str(out)]
+    p = torchrun(args, nproc, timeout)
+    assert p.returncode == 0, p.stderr[-6000:]
+    return [(json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")) for _, out in runs]
+
+
 def run_trainer(run_dir: Path, nproc: int = 1, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
     p = torchrun(["-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)], nproc, timeout)
     if check and p.returncode != 0:

@@ -3,7 +3,9 @@ directory, check its log-probs against HF transformers on the same weights, then
 and dump losses and the updated weights (exported to HF names, gathered over TP and from every
 pipeline stage) for cross-layout comparison.
 
-Writes <out>/result.json and <out>/weights.pt from global rank 0.
+Writes <out>/result.json and <out>/weights.pt from global rank 0. Several `--run-dir R --out O` pairs
+(all of one world size): the runs in turn in one set of processes, each from a fresh megatron parallel
+state at its own layout (a torchrun start costs ~15 s of imports per process on the 2-core CI box).
 """
 
 from __future__ import annotations
@@ -18,11 +20,26 @@ import torch.distributed as dist
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--run-dir", required=True, type=Path)
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--run-dir", required=True, type=Path, action="append")
+    ap.add_argument("--out", required=True, type=Path, action="append")
     a = ap.parse_args()
+    assert len(a.run_dir) == len(a.out), "one --out per --run-dir"
     torch.set_num_threads(1)
+    from megatron.core import parallel_state as ps
 
+    from rlslurm.trainer.setup import init_distributed
+
+    init_distributed("cpu", 10)
+    for run_dir, out in zip(a.run_dir, a.out):
+        one_run(run_dir, out)
+        # the next run sets megatron's parallel state up again at its own layout, as a fresh process
+        # would (init_parallel: model_parallel_is_initialized() is False again), in the same process group
+        ps.destroy_model_parallel()
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def one_run(run_dir: Path, out_dir: Path) -> None:
     from rlslurm.buffer import RolloutReader
     from rlslurm.convert import mcore_to_hf
     from rlslurm.runfile import load_run_config
@@ -34,10 +51,10 @@ def main() -> None:
     from rlslurm.trainer.batching import collate, collate_packed
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
-    cfg = load_run_config(a.run_dir)
-    rank, world = init_distributed("cpu", 10)
+    cfg = load_run_config(run_dir)
+    rank, world = init_distributed("cpu", 10)  # joined already: this rank and the world size
     st = build_trainer(cfg, world)
-    rollout = RolloutReader(a.run_dir, readonly=True).read(0)
+    rollout = RolloutReader(run_dir, readonly=True).read(0)
     result: dict = {"tp": st.par.tp, "dp": st.par.dp, "pp": st.par.pp}
 
     # Log-probs and entropy of every sample under the trainer's path (this rank's TP shard of the
@@ -79,11 +96,10 @@ def main() -> None:
     for name, t in stages_to_first(mcore_to_hf(st.mc, st.actor.model), sender=sender):
         weights[name] = t.clone()
     if rank == 0:
-        a.out.mkdir(parents=True, exist_ok=True)
-        torch.save(weights, a.out / "weights.pt")
-        (a.out / "result.json").write_text(json.dumps(result, indent=1))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(weights, out_dir / "weights.pt")
+        (out_dir / "result.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

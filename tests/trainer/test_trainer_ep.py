@@ -76,8 +76,8 @@ def _torchrun(args: list[str], nproc: int) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None,
-         tp: int = 1, pp: int = 1) -> tuple[dict, dict]:
+def _prepare(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None,
+             tp: int = 1, pp: int = 1) -> Path:
     import yaml
 
     from rlslurm.buffer import RolloutMeta, RolloutWriter
@@ -90,10 +90,19 @@ def _run(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | N
     cfg["model"]["model"] = MODEL
     (run / "run.yaml").write_text(yaml.safe_dump(cfg))
     RolloutWriter(run).commit(0, _samples(), RolloutMeta(weight_versions=[0], data_cursor={"next": 1}))
-    out = tmp / f"{name}-out"
-    rc, log = _torchrun([str(HERE / "step_worker.py"), "--run-dir", str(run), "--out", str(out)], nproc)
+    return run
+
+
+def _run(tmp: Path, hf: Path, runs: list[tuple[str, int, int, int]], nproc: int) -> dict[str, tuple[dict, dict]]:
+    """step_worker.py on the runs (name, ep, tp, pp), all of `nproc` processes, in one torchrun (each
+    run from a fresh parallel state; a torchrun start costs ~15 s of imports per process on 2 cores)."""
+    args = [str(HERE / "step_worker.py")]
+    for name, ep, tp, pp in runs:
+        args += ["--run-dir", str(_prepare(tmp, hf, name, nproc, ep, tp=tp, pp=pp)), "--out", str(tmp / f"{name}-out")]
+    rc, log = _torchrun(args, nproc)
     assert rc == 0, log[-6000:]
-    return json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")
+    return {name: (json.loads((tmp / f"{name}-out" / "result.json").read_text()),
+                   torch.load(tmp / f"{name}-out" / "weights.pt")) for name, *_ in runs}
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +117,9 @@ def moe_hf(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def layouts(moe_hf) -> dict[str, tuple[dict, dict]]:
     tmp, hf = moe_hf
-    return {name: _run(tmp, hf, name, nproc, ep) for name, nproc, ep in (("ep1", 1, 1), ("ep2dp2", 2, 2))}
+    return {**_run(tmp, hf, [("ep1", 1, 1, 1)], 1), **_run(tmp, hf, [("ep2dp2", 2, 1, 1)], 2),
+            # EP=2 with TP=2 or PP=2, DP=2: 4 processes, one torchrun
+            **_run(tmp, hf, [("ep2tp2pp1", 2, 2, 1), ("ep2tp1pp2", 2, 1, 2)], 4)}
 
 
 def _assert_equal_runs(ref: tuple[dict, dict], got: tuple[dict, dict]) -> None:
@@ -146,12 +157,11 @@ def test_expert_parallel_dynamic_batches_equal_single_process(layouts) -> None:
 
 
 @pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["ep2tp2", "ep2pp2"])
-def test_expert_parallel_with_tensor_or_pipeline_parallel_equals_single_process(layouts, moe_hf, tp, pp) -> None:
+def test_expert_parallel_with_tensor_or_pipeline_parallel_equals_single_process(layouts, tp, pp) -> None:
     """EP=2 with TP=2 (sequence parallel) or PP=2, 4 processes, DP=2: the token all-to-all runs
     over the expert group while attention is split over TP or the layers over stages, and the
     export gathers over all of them; the same dynamic micro-batches as above. Equal to EP=1."""
-    tmp, hf = moe_hf
-    got = _run(tmp, hf, f"ep2tp{tp}pp{pp}", 4, 2, tp=tp, pp=pp)
+    got = layouts[f"ep2tp{tp}pp{pp}"]
     assert (got[0]["dp"], got[0]["tp"], got[0]["pp"]) == (2, tp, pp)
     assert got[0]["logprob_max_abs_diff"] < 1e-5
     _assert_equal_runs(layouts["ep1"], got)

@@ -3,14 +3,13 @@ real path (megatron-core on CPU): a custom loss that is the SFT loss trains exac
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import HERE, commit_rollouts, make_run, torchrun
+from conftest import commit_rollouts, make_run, run_steps
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -29,22 +28,20 @@ def ones(inputs):
 '''
 
 
-def _run(tmp: Path, hf: Path, name: str, train: dict) -> tuple[dict, dict]:
+def _prepare(tmp: Path, hf: Path, name: str, train: dict) -> tuple[Path, Path]:
     run = make_run(tmp / name, hf, train={"lr": 3e-3, "adam_eps": 1e-3, **train})
     commit_rollouts(run, range(1))
-    out = tmp / f"{name}-out"
-    p = torchrun([str(HERE / "step_worker.py"), "--run-dir", str(run), "--out", str(out)], 1)
-    assert p.returncode == 0, p.stderr[-6000:]
-    return json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")
+    return run, tmp / f"{name}-out"
 
 
 def test_custom_loss_equal_to_sft_trains_exactly_as_sft_loss(tmp_path: Path, tiny_hf: Path) -> None:
     plugin = tmp_path / "plugin.py"
     plugin.write_text(PLUGIN)
-    sft, w_sft = _run(tmp_path, tiny_hf, "sft", {"loss_type": "sft_loss"})
-    custom, w_custom = _run(tmp_path, tiny_hf, "custom", {
-        "loss_type": "custom_loss", "custom_loss_function_path": f"{plugin}:nll",
-        "custom_advantage_function_path": f"{plugin}:ones"})
+    # both runs in one process, in turn (each from a fresh parallel state)
+    (sft, w_sft), (custom, w_custom) = run_steps([
+        _prepare(tmp_path, tiny_hf, "sft", {"loss_type": "sft_loss"}),
+        _prepare(tmp_path, tiny_hf, "custom", {"loss_type": "custom_loss", "custom_loss_function_path": f"{plugin}:nll",
+                                               "custom_advantage_function_path": f"{plugin}:ones"})], 1)
     for a, b in zip(sft["steps"], custom["steps"]):
         assert "pg_loss" not in a and "pg_loss" not in b
         assert math.isfinite(a["loss"]) and a["loss"] > 0  # a mean negative log-likelihood

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
-from conftest import HERE, MODEL, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer, torchrun
+from conftest import MODEL, commit_rollouts, kill_tree, make_run, metrics, run_steps, run_trainer, start_trainer
 from rlslurm.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -36,8 +35,8 @@ COMPARED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_n
             "train_rollout_logprob_abs_diff")
 
 
-def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int, pp: int, model: str | None = None,
-         dist_opt: bool = False) -> tuple[dict, dict]:
+def _prepare(tmp: Path, hf: Path, name: str, nproc: int, tp: int, pp: int, model: str | None = None,
+             dist_opt: bool = False) -> Path:
     run = make_run(tmp / name, hf, nproc=nproc,
                    train={**TRAIN, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                           "use_distributed_optimizer": dist_opt})
@@ -48,10 +47,7 @@ def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int, pp: int, model: st
         cfg["model"]["model"] = model
         (run / "run.yaml").write_text(yaml.safe_dump(cfg))
     commit_rollouts(run, range(1))
-    out = tmp / f"{name}-out"
-    p = torchrun([str(HERE / "step_worker.py"), "--run-dir", str(run), "--out", str(out)], nproc, timeout=400)
-    assert p.returncode == 0, p.stderr[-6000:]
-    return json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")
+    return run
 
 
 def _same(ref: tuple[dict, dict], got: tuple[dict, dict], what: str) -> None:
@@ -69,8 +65,16 @@ def _same(ref: tuple[dict, dict], got: tuple[dict, dict], what: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
-    """tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too)."""
+def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+    """Every step_worker run of this module, "<model>/<layout>": one torchrun per world size (1, 2, 4
+    processes), each run in it from a fresh parallel state (a torchrun start costs ~15 s of imports per
+    process on 2 cores).
+
+    dense: tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too);
+    dp2pp2: the distributed optimizer (the default whenever DP > 1) shards the state over DP inside
+    each stage; its grad norm and clipping still span both stages.
+    mla: tiny-deepseek-v3, MLA attention, a dense first layer (stage 0) and an MoE second layer with a
+    shared expert and router expert bias (stage 1)."""
     import yaml
 
     from rlslurm.model_config import load_model_config
@@ -80,14 +84,27 @@ def dense(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{MODEL}.yaml").read_text())
     raw["name"] = f"{MODEL}-tied"
     raw["arch"]["tie_word_embeddings"] = True
-    model = tmp / f"{MODEL}-tied.yaml"
-    model.write_text(yaml.safe_dump(raw))
-    hf = make_tiny_checkpoint(load_model_config(str(model)), tmp / "hf", seed=3)
-    # dp2pp2: the distributed optimizer (the default whenever DP > 1) shards the state over DP
-    # inside each stage; its grad norm and clipping still span both stages.
-    return {name: _run(tmp, hf, name, nproc, tp, pp, model=str(model), dist_opt=dp2)
-            for name, nproc, tp, pp, dp2 in (("pp1", 1, 1, 1, False), ("pp2", 2, 1, 2, False),
-                                             ("tp2pp2", 4, 2, 2, False), ("dp2pp2", 4, 1, 2, True))}
+    tied = tmp / f"{MODEL}-tied.yaml"
+    tied.write_text(yaml.safe_dump(raw))
+    hf = make_tiny_checkpoint(load_model_config(str(tied)), tmp / "hf", seed=3)
+    mla_tmp = tmp / "mla-moe"
+    mla_hf = make_tiny_checkpoint(load_model_config("tiny-deepseek-v3"), mla_tmp / "hf", seed=5)
+    specs = [("dense/pp1", tmp, hf, 1, 1, 1, str(tied), False), ("dense/pp2", tmp, hf, 2, 1, 2, str(tied), False),
+             ("dense/tp2pp2", tmp, hf, 4, 2, 2, str(tied), False), ("dense/dp2pp2", tmp, hf, 4, 1, 2, str(tied), True),
+             ("mla/pp1", mla_tmp, mla_hf, 1, 1, 1, "tiny-deepseek-v3", False),
+             ("mla/tp2pp2", mla_tmp, mla_hf, 4, 2, 2, "tiny-deepseek-v3", False)]
+    out: dict[str, tuple[dict, dict]] = {}
+    for nproc in (1, 2, 4):
+        mine = [s for s in specs if s[3] == nproc]
+        runs = [(_prepare(d, h, key.split("/")[1], n, tp, pp, model=m, dist_opt=do), d / f"{key.split('/')[1]}-out")
+                for key, d, h, n, tp, pp, m, do in mine]
+        out.update(zip([s[0] for s in mine], run_steps(runs, nproc)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def dense(layouts) -> dict[str, tuple[dict, dict]]:
+    return {k.split("/")[1]: v for k, v in layouts.items() if k.startswith("dense/")}
 
 
 def test_pipelined_logprobs_match_hf_transformers(dense) -> None:
@@ -109,17 +126,11 @@ def test_pipeline_equals_single_stage(dense, name: str) -> None:
     _same(dense["pp1"], dense[name], name)
 
 
-def test_mla_moe_pipeline_equals_single_stage(tmp_path_factory) -> None:
+def test_mla_moe_pipeline_equals_single_stage(layouts) -> None:
     """tiny-deepseek-v3 at TP=2 x PP=2: MLA attention, a dense first layer (stage 0) and an MoE
     second layer with a shared expert and router expert bias (stage 1); TP > 1 turns on sequence
     parallelism, so micro-batches are padded to a multiple of TP."""
-    from rlslurm.model_config import load_model_config
-    from rlslurm.tiny import make_tiny_checkpoint
-
-    tmp = tmp_path_factory.mktemp("pp-mla-moe")
-    hf = make_tiny_checkpoint(load_model_config("tiny-deepseek-v3"), tmp / "hf", seed=5)
-    ref = _run(tmp, hf, "pp1", 1, 1, 1, model="tiny-deepseek-v3")
-    got = _run(tmp, hf, "tp2pp2", 4, 2, 2, model="tiny-deepseek-v3")
+    ref, got = layouts["mla/pp1"], layouts["mla/tp2pp2"]
     assert got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
     _same(ref, got, "tiny-deepseek-v3 tp2pp2")
 

@@ -6,14 +6,13 @@ padded is checked by the pipeline and expert-parallel tests)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import HERE, commit_rollouts, make_run, torchrun
+from conftest import commit_rollouts, make_run, run_steps
 
 pytestmark = pytest.mark.megatron
 
@@ -29,20 +28,19 @@ TRAIN = dict(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1, num_steps_pe
 PACKED = dict(qkv_format="thd", use_dynamic_batch_size=True, max_tokens_per_gpu=24)
 
 
-def _run(tmp: Path, hf: Path, name: str, nproc: int, tp: int, extra: dict | None = None) -> tuple[dict, dict]:
+def _prepare(tmp: Path, hf: Path, name: str, nproc: int, tp: int, extra: dict | None = None) -> tuple[Path, Path]:
     run = make_run(tmp / name, hf, nproc=nproc, train={**TRAIN, "tensor_model_parallel_size": tp, **(extra or {})})
     commit_rollouts(run, range(1))
-    out = tmp / f"{name}-out"
-    p = torchrun([str(HERE / "step_worker.py"), "--run-dir", str(run), "--out", str(out)], nproc)
-    assert p.returncode == 0, p.stderr[-6000:]
-    return json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")
+    return run, tmp / f"{name}-out"
 
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory, tiny_hf) -> dict[str, tuple[dict, dict]]:
+    """One torchrun per world size: TP=1; TP=2 packed and DP=2 in turn in one 2-process torchrun."""
     tmp = tmp_path_factory.mktemp("layouts")
-    return {name: _run(tmp, tiny_hf, name, nproc, tp, extra)
-            for name, nproc, tp, extra in (("tp1", 1, 1, None), ("tp2-thd", 2, 2, PACKED), ("dp2", 2, 1, None))}
+    [tp1] = run_steps([_prepare(tmp, tiny_hf, "tp1", 1, 1)], 1)
+    tp2, dp2 = run_steps([_prepare(tmp, tiny_hf, "tp2-thd", 2, 2, PACKED), _prepare(tmp, tiny_hf, "dp2", 2, 1)], 2)
+    return {"tp1": tp1, "tp2-thd": tp2, "dp2": dp2}
 
 
 @pytest.mark.parametrize("name", ["tp1", "tp2-thd"])
