@@ -125,8 +125,8 @@ class ModelConfig(_Strict):
     arch: Arch
     # node count -> run-flag defaults; the largest key <= --nodes applies.
     defaults: dict[int, dict[str, Any]] = Field(default_factory=dict)
-    # megatron-core settings of every GPU run of this model (`--megatron-<field>`), each family
-    # (recompute_*) left out as a whole where the user sets any of it (resolve.py)
+    # megatron-core settings of every GPU run of this model (`--megatron-<field>`); the user's flags
+    # win key by key (resolve.py `_megatron_defaults`)
     megatron: dict[str, Any] = Field(default_factory=dict)
 
     @property

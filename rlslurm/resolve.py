@@ -84,11 +84,14 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
 
 
 def _megatron_defaults(model: dict, user_layers: list[Layer]) -> dict:
-    """The model config's megatron-core settings, but none of a family (the word before the first
-    `_`: recompute_granularity/method/num_layers go together) the user set any of: a user's
-    `--megatron-recompute-granularity selective` must not meet the config's `recompute_method`."""
-    families = {k.split("_", 1)[0] for layer in user_layers for k in layer.megatron}
-    return {k: v for k, v in model.items() if k.split("_", 1)[0] not in families}
+    """The model config's megatron-core settings the user did not set. recompute_method and
+    recompute_num_layers belong to full recompute only (megatron-core refuses them beside
+    `selective`), so they stay only while the granularity is still `full`."""
+    user = {k: v for layer in user_layers for k, v in layer.megatron.items()}
+    out = {k: v for k, v in model.items() if k not in user}
+    if user.get("recompute_granularity", model.get("recompute_granularity")) != "full":
+        out = {k: v for k, v in out.items() if k not in ("recompute_method", "recompute_num_layers")}
+    return out
 
 
 def _split_rest(s) -> int | None:

@@ -112,8 +112,9 @@ def test_expert_grid_counts_tensor_parallelism(prompts: Path) -> None:
 
 def test_gpu_runs_of_slime_sized_models_recompute_as_slime_does(tmp_path: Path, prompts: Path) -> None:
     """slime's scripts all run full activation recompute; qwen3-4B at TP 2 without it ran out of memory
-    on an 80 GB H100 (docs/gpu.md). A user's recompute flags replace the config's as a whole; a CPU run
-    and a model measured without it (qwen3-1.7B) get none."""
+    on an 80 GB H100 (docs/gpu.md). The user's flags win key by key, and a granularity other than full
+    drops the config's full-only keys (megatron-core refuses them beside selective); a CPU run and a
+    model measured without it (qwen3-1.7B) get none."""
     def megatron(model: str, *extra: str) -> dict:
         argv = ["--model", model, "--nodes", "2", "--prompt-data", str(prompts), "--hf-checkpoint",
                 str(hf_shaped_dir(tmp_path / model, model)), "--run-dir", str(tmp_path / "run"), *extra]
@@ -122,6 +123,8 @@ def test_gpu_runs_of_slime_sized_models_recompute_as_slime_does(tmp_path: Path, 
     slime = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     assert megatron("qwen3-4B") == slime
     assert megatron("qwen3-4B", "--megatron-recompute-granularity", "selective") == {"recompute_granularity": "selective"}
+    assert megatron("qwen3-4B", "--megatron-recompute-granularity", "full") == slime  # the README's line
+    assert megatron("qwen3-4B", "--megatron-recompute-num-layers", "2") == {**slime, "recompute_num_layers": 2}
     assert megatron("qwen3-4B", "--megatron-fp16") == {**slime, "fp16": True}
     assert megatron("qwen3-4B", "--device", "cpu", "--engines-per-node", "1") == {}
     assert megatron("qwen3-1.7B") == {}
