@@ -464,7 +464,7 @@ class TrainSection(Section):
     rewards_normalization: bool = Field(True, description="subtract the group baseline at all (slime: "
                                                           "--disable-rewards-normalization)")
     normalize_advantages: bool = Field(False, description="whiten the advantages over the batch")
-    eps_clip: float = Field(0.2, gt=0, description="PPO ratio clip (lower bound, and upper without "
+    eps_clip: float = Field(0.2, gt=0, le=1, description="PPO ratio clip (lower bound, and upper without "
                                                    "--eps-clip-high)")
     eps_clip_high: float | None = Field(None, gt=0, description="upper PPO ratio clip (DAPO's clip-higher)")
     eps_clip_c: float | None = Field(None, gt=1, description="dual-clip bound for negative advantages (> 1)")
@@ -556,7 +556,7 @@ class RunConfig(Section):
     router_args: list[str] = Field(default_factory=list, description="--router-<flag> [VALUE] passthrough to "
                                                                      "sglang-router, argv form")
 
-    # Derived, filled by `resolve` (see rlslurm/validate.py).
+    # Derived from the fields above (and filled by rlslurm/resolve.py `_derive`).
     @property
     def trainer_gpus(self) -> int:
         return self.slurm.trainer_nodes * self.trainer_procs_per_node  # type: ignore[operator]

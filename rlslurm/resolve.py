@@ -272,8 +272,6 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     _check_train_only(cfg)
     _check_rollout_only(cfg)
     _check_cpu_offload(cfg)
-    if t.eps_clip > 1:
-        raise ConfigError(f"--eps-clip {t.eps_clip} must be <= 1")
     rm = RM_REGISTRY[r.rm_type]
     if rm.needs_url and not r.rm_url and not r.custom_rm_path:
         raise ConfigError(f"--rm-type {r.rm_type} needs --rm-url")

@@ -34,6 +34,10 @@ SLIME_ALWAYS: dict[str, str] = {
 
 _RESUME = "rlslurm resumes from the run directory (rlslurm resubmit RUN)"
 
+# slime offloads the trainer and the engines to share GPUs; rlslurm shares them by turns (--colocate)
+_OFFLOAD = ("use --colocate: trainer and engines share the GPUs and take turns, each releasing its memory "
+            "to the other (docs/colocate.md)")
+
 # slime flag -> what to use in rlslurm instead (one clause, shown after the flag).
 SLIME_INSTEAD: dict[str, str] = {
     # Not a field: rollout ids number the weight versions (version N = after training rollouts 0..N-1),
@@ -46,9 +50,9 @@ SLIME_INSTEAD: dict[str, str] = {
                                "--trainer-gpus",
     "rollout_num_gpus": "use --rollout-nodes (times --gpus-per-node); on one node, --nodes 1 --rollout-gpus",
     "num_gpus_per_node": "use --gpus-per-node",
-    "offload": "trainer and engines never share GPUs here; nothing to offload",
-    "offload_train": "trainer and engines never share GPUs here; nothing to offload",
-    "offload_rollout": "trainer and engines never share GPUs here; nothing to offload",
+    "offload": _OFFLOAD,
+    "offload_train": _OFFLOAD,
+    "offload_rollout": _OFFLOAD,
     "save": "checkpoints go to RUN/checkpoints (--run-dir); use --save-interval and --keep-checkpoints",
     "model_name": "use --model (a model config name, rlslurm/model_configs)",
     "update_weight_mode": "use --weight-sync distributed|disk",

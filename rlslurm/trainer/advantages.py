@@ -37,7 +37,7 @@ from torch import Tensor
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import cached_callable
 from rlslurm.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator
-from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, kl_estimate
+from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, check_same_lengths, kl_estimate
 
 # The names and what each estimator needs and does live in one registry (rlslurm/rl_settings.py).
 ESTIMATORS: tuple[str, ...] = ESTIMATOR_NAMES
@@ -189,7 +189,7 @@ def _custom_advantages(cfg: AdvantageConfig, inputs: AdvantageInputs) -> tuple[l
         if not all(isinstance(x, Tensor) for x in xs):
             raise ConfigError(f"--custom-advantage-function-path {spec}: {name} must be torch tensors")
         try:
-            _check_aligned(inputs.loss_masks, **{name: list(xs)})
+            check_same_lengths(inputs.loss_masks, **{name: list(xs)})
         except ValueError as e:
             raise ConfigError(f"--custom-advantage-function-path {spec}: returned {e}") from None
         bad = next((i for i, x in enumerate(xs) if not bool(torch.isfinite(x).all())), None)
@@ -418,7 +418,7 @@ def compute_advantages_and_returns(
     kind = estimator(cfg.estimator).advantage  # the kinds: rlslurm/rl_settings.py
     if cfg.custom_advantage_function_path:
         if values is not None:
-            _check_aligned(masks, values=values)
+            check_same_lengths(masks, values=values)
         advantages, returns = _custom_advantages(cfg, AdvantageInputs(
             cfg=cfg, rewards=rewards.clone(), group_index=group_index.clone(), loss_masks=[m.clone() for m in masks],
             kl=kl, log_probs=[x.detach() for x in log_probs] if log_probs is not None else None,
@@ -437,7 +437,7 @@ def compute_advantages_and_returns(
     else:  # gae
         if values is None:
             raise ValueError(f"the {cfg.estimator} estimator needs the critic's values")
-        _check_aligned(masks, values=values)
+        check_same_lengths(masks, values=values)
         advantages, returns = gae(
             _token_rewards(cfg, rewards, masks, kl), [v.detach().float() for v in values], cfg.gamma, cfg.lam
         )
@@ -458,7 +458,7 @@ def _shaping_kl(
         return [torch.zeros_like(m) for m in masks]
     if log_probs is None or ref_log_probs is None:
         raise ValueError("--kl-coef > 0 needs log_probs and ref_log_probs")
-    _check_aligned(masks, log_probs=log_probs, ref_log_probs=ref_log_probs)
+    check_same_lengths(masks, log_probs=log_probs, ref_log_probs=ref_log_probs)
     return [
         kl_estimate(lp.detach(), ref.detach(), cfg.kl_estimator) * m
         for lp, ref, m in zip(log_probs, ref_log_probs, masks)
@@ -482,12 +482,3 @@ def _pad(xs: list[Tensor]) -> tuple[Tensor, list[int]]:
     for i, x in enumerate(xs):
         padded[i, : x.numel()] = x.float()
     return padded, lengths
-
-
-def _check_aligned(masks: list[Tensor], **others: list[Tensor]) -> None:
-    for name, other in others.items():
-        if len(other) != len(masks):
-            raise ValueError(f"{name} has {len(other)} samples, expected {len(masks)}")
-        for i, (m, o) in enumerate(zip(masks, other)):
-            if m.shape != o.shape:
-                raise ValueError(f"{name}[{i}] has shape {tuple(o.shape)}, expected {tuple(m.shape)}")

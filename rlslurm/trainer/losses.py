@@ -219,7 +219,7 @@ def gspo_policy_loss(
     flow through the mean into every masked token. Returns per-sample lists of
     (per-token loss, clip indicator, per-token copy of the sequence log-ratio).
     """
-    _check_same_lengths(log_probs, old_log_probs=old_log_probs, advantages=advantages, loss_masks=loss_masks)
+    check_same_lengths(log_probs, old_log_probs=old_log_probs, advantages=advantages, loss_masks=loss_masks)
     losses, clipfracs, kls = [], [], []
     for lp, old, adv, mask in zip(log_probs, old_log_probs, advantages, loss_masks, strict=True):
         seq_kl = sequence_log_ratio(lp, old, mask).expand(lp.shape)
@@ -348,7 +348,7 @@ def reduce_masked(
     padding) contribute nothing. A sample with an all-zero mask contributes 0.
     """
     _check_mode(mode)
-    _check_same_lengths(per_token, masks=masks)
+    check_same_lengths(per_token, masks=masks)
     if not per_token:
         return torch.zeros(())
     if global_denominator is None:
@@ -399,10 +399,10 @@ def compute_rl_loss(
     All are this micro-batch's share of the global-batch mean (see ``reduce_masked``);
     metrics are detached.
     """
-    _check_same_lengths(log_probs, advantages=advantages, loss_masks=loss_masks)
+    check_same_lengths(log_probs, advantages=advantages, loss_masks=loss_masks)
     if old_log_probs is None:
         old_log_probs = [lp.detach() for lp in log_probs]
-    _check_same_lengths(log_probs, old_log_probs=old_log_probs)
+    check_same_lengths(log_probs, old_log_probs=old_log_probs)
 
     def reduce(xs: list[Tensor]) -> Tensor:
         return reduce_masked(xs, loss_masks, cfg.loss_reduction, global_denominator)
@@ -429,7 +429,7 @@ def compute_rl_loss(
     if cfg.use_tis:
         if rollout_log_probs is None:
             raise ValueError("use_tis needs rollout_log_probs (the engine's token log-probs)")
-        _check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)
+        check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)
         weighted, ratios, tis_clip = [], [], []
         for loss_i, old, roll, mask in zip(pg, old_log_probs, rollout_log_probs, loss_masks):
             if cfg.custom_tis_function_path:
@@ -453,7 +453,7 @@ def compute_rl_loss(
     metrics["ppo_kl"] = reduce(ppo_kl)
 
     if entropy is not None:
-        _check_same_lengths(log_probs, entropy=entropy)
+        check_same_lengths(log_probs, entropy=entropy)
         entropy_mean = reduce(entropy)
         metrics["entropy"] = entropy_mean
         loss = loss - cfg.entropy_coef * entropy_mean
@@ -465,7 +465,7 @@ def compute_rl_loss(
     if ref_log_probs is not None:
         # Reported whenever the reference is at hand: the drift from it is worth watching
         # even when it is penalised in the reward (--kl-coef) or not at all.
-        _check_same_lengths(log_probs, ref_log_probs=ref_log_probs)
+        check_same_lengths(log_probs, ref_log_probs=ref_log_probs)
         # --use-unbiased-kl: the ratio to the policy that sampled the tokens (1 on the first step)
         weights = ([torch.exp(lp.float() - old.float()) for lp, old in zip(log_probs, old_log_probs)]
                    if cfg.use_unbiased_kl else [None] * len(log_probs))
@@ -476,7 +476,7 @@ def compute_rl_loss(
             loss = loss + cfg.kl_loss_coef * kl
 
     if rollout_log_probs is not None:
-        _check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)
+        check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)
         metrics["train_rollout_logprob_abs_diff"] = reduce(
             [(old.float() - roll.float()).abs() for old, roll in zip(old_log_probs, rollout_log_probs)]
         )
@@ -499,7 +499,7 @@ def compute_value_loss(
 
     Returns (loss, {"value_loss", "value_clipfrac"}), shares of the global-batch mean.
     """
-    _check_same_lengths(values, old_values=old_values, returns=returns, loss_masks=loss_masks)
+    check_same_lengths(values, old_values=old_values, returns=returns, loss_masks=loss_masks)
     losses, clips = [], []
     for v, old, ret in zip(values, old_values, returns):
         loss_i, clip_i = value_loss(v, old, ret, value_clip)
@@ -519,7 +519,7 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"unknown loss reduction {mode!r}; expected one of {LOSS_REDUCTIONS}")
 
 
-def _check_same_lengths(reference: list[Tensor], **others: list[Tensor]) -> None:
+def check_same_lengths(reference: list[Tensor], **others: list[Tensor]) -> None:
     """Catch a trainer bug (misaligned samples) here, not as a silently wrong loss."""
     for name, other in others.items():
         if len(other) != len(reference):
