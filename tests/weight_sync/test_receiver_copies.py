@@ -158,3 +158,57 @@ def _memfd_writer(conn) -> None:
         buf.tensor[:data.numel()].copy_(data)
         conn.send(buf.source(data.numel()))
     buf.close()
+
+
+E, I, HM = 2, 4, 3  # experts, expert FFN width, hidden (the MoE loader below)
+
+
+class MoEish(torch.nn.Module):
+    """A loader written like SGLang's FusedMoE at TP > 1: each rank keeps its slice of every expert,
+    gate and up stacked into w13 (row slices), down into w2 (a column slice: a strided view of the
+    received buffer), one expert per index of a 3-D parameter."""
+
+    def __init__(self, rank: int, tp: int):
+        super().__init__()
+        self.rank, self.n = rank, I // tp
+        self.w13 = torch.nn.Parameter(torch.zeros(E, 2 * self.n, HM))
+        self.w2 = torch.nn.Parameter(torch.zeros(E, HM, self.n))
+
+    def load_weights(self, weights):
+        for name, w in weights:
+            _, e, kind, _ = name.split(".")
+            mine = slice(self.rank * self.n, (self.rank + 1) * self.n)
+            if kind == "gate_proj":
+                self.w13.data[int(e), : self.n].copy_(w[mine])
+            elif kind == "up_proj":
+                self.w13.data[int(e), self.n:].copy_(w[mine])
+            else:
+                self.w2.data[int(e)].copy_(w[:, mine])
+
+
+def _experts(seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(f"experts.{e}.{kind}.weight", torch.randn(*shape, generator=g)) for e in range(E)
+            for kind, shape in (("gate_proj", (I, HM)), ("up_proj", (I, HM)), ("down_proj", (HM, I)))]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_tp_rank_replays_its_slice_of_every_expert(rank: int) -> None:
+    """The receiver on an MoE engine at TP 2 (proven on GPUs with SGLang's own FusedMoE loader:
+    bench/results/production-shapes-h100x4.md): each rank learns copies of its own slices, the
+    column slice of down_proj included, and a replay lands where its load_weights would."""
+    plan = bucket_plan(_experts(1))
+    model, receiver = MoEish(rank, 2), _Receiver(MoEish(rank, 2))
+    receiver.model = model
+    receiver._load(_buffer(_experts(1)), plan)
+    cmap = receiver.maps[plan.key()]
+    assert cmap.complete, cmap.why
+    assert len(cmap.copies) == 3 * E
+    receiver._load(_buffer(_experts(2)), plan)
+    reference = MoEish(rank, 2)
+    reference.load_weights(_experts(2))
+    got = _state(model)
+    for k, want in _state(reference).items():
+        assert torch.equal(got[k], want), k
+    mine = slice(rank * (I // 2), (rank + 1) * (I // 2))
+    assert torch.equal(got["w2"][1], _experts(2)[5][1][:, mine])  # expert 1's down_proj columns of this rank
