@@ -67,6 +67,8 @@ MOE_SHAPES = {  # Qwen3-MoE configs (HF config.json fields); "tiny-moe" only che
                     num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
                     head_dim=128, vocab_size=151936, tie_word_embeddings=False),
 }
+GPU_ENGINE_FLAGS = server_flags(0.5)  # the trimmed GPU bundle's (tests/gpu/bundle_flags.py); tests/gpu and
+# bench_rollout_overhead.py start their engines with it (this bench takes --mem-fraction)
 MODES = {"rlslurm": "rlslurm's receiver in the engine", "flattened": "SGLang's flattened_bucket receive",
          "per_tensor": "SGLang's per-tensor receive"}
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12], [1, 64, 65, 66], [1, 2000 % 512, 3, 4, 250]]
