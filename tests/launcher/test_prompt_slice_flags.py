@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,12 @@ import pytest
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
+from tests.prompt_files import numbered_prompts
 
 
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "p.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"say {i}", "label": str(i)}) + "\n" for i in range(10)))
-    return p
+    return numbered_prompts(tmp_path / "p.jsonl", 10)
 
 
 def test_a_slice_resolves_and_is_kept_in_the_config(prompts: Path) -> None:

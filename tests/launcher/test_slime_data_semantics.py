@@ -14,13 +14,12 @@ from rlslurm.resolve import resolve
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.driver import sampling_params
 from tests.config_errors import one_line_naming
+from tests.prompt_files import numbered_prompts
 
 
 @pytest.fixture
 def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "p.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"say {i}", "label": str(i)}) + "\n" for i in range(10)))
-    return p
+    return numbered_prompts(tmp_path / "p.jsonl", 10)
 
 
 def test_without_num_epoch_the_run_cycles_and_says_how_many_epochs(prompts: Path) -> None:
