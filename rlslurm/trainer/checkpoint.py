@@ -302,6 +302,8 @@ class Saved:
     progress: TrainerProgress  # what it holds (the trainer has moved on since, when it was asynchronous)
     stall_s: float             # the trainer's stop to stage it
     total_s: float             # start to `latest` (rank 0's finalizer moved it)
+    staging: str = "none"      # where this rank's copy went: "pinned", "pageable" (ckpt_staging.py)
+    stage_s: float = 0.0       # the copy's part of the stall
 
 
 @dataclass
@@ -375,7 +377,8 @@ class Checkpointer:
             finalizer.start()
         stall = time.perf_counter() - t0
         self.in_flight = _InFlight(d, snapshot, write, finalizer, t0, stall)
-        log.info("checkpoint %s staged in %.2f s; writing in the background", d.name, stall)
+        log.info("checkpoint %s staged in %.2f s (the copy %.2f s, %s); writing in the background", d.name,
+                 stall, write.stage_s, write.staging)
         if not self.asynchronous:
             return self.wait()
         return before
@@ -444,7 +447,7 @@ class Checkpointer:
                                f"complete one")
         log.info("checkpoint %s complete and latest %.2f s after its start (stall %.2f s)", f.path.name,
                  latest_after, f.stall_s)
-        return Saved(f.path, f.progress, f.stall_s, latest_after)
+        return Saved(f.path, f.progress, f.stall_s, latest_after, f.write.staging, f.write.stage_s)
 
     def _no_space(self, d: Path, error: BaseException | str | None) -> StorageError:
         """One line: the full filesystem, what a checkpoint of this run takes, the last one intact."""

@@ -10,16 +10,17 @@ at the same point of its loop. rlslurm's trainer spends most of its time waiting
 no collective point exists, and the checkpoint must become `latest` there too (a hard kill then
 loses nothing it had written). So the pieces are run differently:
 
-1. `stage`: the tensors of the write buckets are copied off the live model (GPU: to host memory;
-   CPU: a clone), synchronously. This copy is the training stall; after it the trainer may change
-   its weights freely.
+1. `stage`: the tensors of the write buckets are copied off the live model into this process's
+   staging area (trainer/ckpt_staging.py: shared memory, page-locked for the GPU's copy),
+   synchronously. This copy is the training stall; after it the trainer may change its weights
+   freely.
 2. `RankWrite`: a forked process writes this rank's files with megatron's own writer (which forks
    its per-bucket workers) and then publishes the write results as `<dir>/.rlslurm-write-<rank>.pkl`.
    Its outcome (ok, or the exception) comes back over a pipe, and `Checkpointer.poll`/`wait` pass
    every rank's to every rank: a failure cannot travel through a file the full disk refuses.
    A forked process inherits the trainer's TERM handling (trainer/main.py `_on_term`), so SLURM's
-   TERM to every process of the step does not stop the save, and it shares the staged copy
-   copy-on-write: the trainer drops its references at once.
+   TERM to every process of the step does not stop the save, and it reads the staged copy from the
+   area's descriptor (the next save waits for this writer before it rewrites the area).
 3. `Finalizer` (rank 0, a thread): once every rank's results file is there, writes `.metadata`
    (megatron's storage writer `finish`) and `metadata.json`, then calls back into checkpoint.py,
    which writes `rlslurm.json`, verifies the directory and only then moves `latest`.
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlslurm.buffer.atomic import listdir_fresh, write_bytes_atomic
+from rlslurm.trainer.ckpt_staging import StagingArea, open_slots
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +81,31 @@ def keeping_strategy():
     return KeepingStrategy("torch_dist", 1)
 
 
+_AREA: StagingArea | None = None
+
+
+def area() -> StagingArea:
+    global _AREA
+    if _AREA is None:
+        _AREA = StagingArea()
+    return _AREA
+
+
 def stage(write_buckets: list) -> list:
-    """A copy of every tensor the buckets would write, off the live model (module docstring, 1).
-    GPU tensors go to ordinary (pageable) host memory: pinned memory may be withheld from a fork."""
-    out = []
-    for file_name, key, (bytes_data, tensor_data) in write_buckets:
-        staged = [(item, t.detach().clone() if t.device.type == "cpu" else t.detach().to("cpu"))
-                  for item, t in tensor_data]
-        out.append((file_name, key, (bytes_data, staged)))
-    return out
+    """Every tensor the buckets would write, copied into the staging area (module docstring, 1); the
+    buckets come back with a `ckpt_staging.Slot` where each tensor was."""
+    tensors = [t for _, _, (_, tensor_data) in write_buckets for _, t in tensor_data]
+    slots = iter(area().stage(tensors))
+    return [(file_name, key, (bytes_data, [(item, next(slots)) for item, _ in tensor_data]))
+            for file_name, key, (bytes_data, tensor_data) in write_buckets]
+
+
+def unstage(buckets: list, fd: int, size: int) -> list:
+    """In the writer: the buckets with the staged tensors in place of their slots."""
+    slots = [s for _, _, (_, data) in buckets for _, s in data]
+    tensors = iter(open_slots(fd, size, slots))
+    return [(file_name, key, (bytes_data, [(item, next(tensors)) for item, _ in data]))
+            for file_name, key, (bytes_data, data) in buckets]
 
 
 def _test_delay() -> float:
@@ -113,10 +131,10 @@ _JOB: tuple | None = None
 
 def _child() -> None:
     gc.disable()  # collecting the trainer's CUDA tensors in a forked child would call into CUDA
-    fn, args, results, n_buckets, report = _JOB  # type: ignore[misc]
+    fn, args, results, n_buckets, report, (fd, size) = _JOB  # type: ignore[misc]
     q: queue.Queue = queue.Queue()  # megatron's writer reports here (in-process: no Manager)
     try:
-        fn(args[0], args[1], q)
+        fn(args[0], unstage(args[1], fd, size), q)
         out = q.get_nowait()
         if not isinstance(out, BaseException):
             out = (list(chain.from_iterable(out.values())) if len(out) == n_buckets else
@@ -150,15 +168,19 @@ class RankWrite:
         self.results = results_path(d, rank)
         self.proc: mp.process.BaseProcess | None = None
         self.outcome: tuple[str, BaseException | None] | None = None
+        self.staging, self.stage_s = "none", 0.0  # how this rank's copy was staged, and how long it took
         if request.async_fn is None:  # nothing of this rank's to write
             _dump(self.results, [])
             self.outcome = ("ok", None)
             return
         args = list(request.async_fn_args)
+        t = time.perf_counter()
         buckets = stage(args[1])
+        self.stage_s, self.staging = time.perf_counter() - t, area().staging
         ctx = mp.get_context("fork")
         self._recv, send = ctx.Pipe(duplex=False)
-        _JOB = (request.async_fn, (args[0], buckets), self.results, len(buckets), send)
+        _JOB = (request.async_fn, (args[0], buckets), self.results, len(buckets), send,
+                (area().fd, area().size))
         del buckets, args
         try:
             self.proc = ctx.Process(target=_child, name=f"rlslurm-ckpt-writer-{rank}", daemon=False)

@@ -582,8 +582,8 @@ class Trainer:
         if saved is None:
             return
         self.last_saved = saved.progress.trained_rollouts
-        log.info("saved checkpoint %s (training stalled %.2f s, latest after %.2f s)", saved.path, saved.stall_s,
-                 saved.total_s)
+        log.info("saved checkpoint %s (training stalled %.2f s, of which the copy %.2f s to %s host memory; "
+                 "latest after %.2f s)", saved.path, saved.stall_s, saved.stage_s, saved.staging, saved.total_s)
         if self.rank == 0 and not self.replay:
             after_checkpoint(self.reader, saved.progress,
                              checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts,
