@@ -149,6 +149,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--engine-tp", type=int, default=1, help="cuda: GPUs per engine (one engine per TP GPUs)")
+    ap.add_argument("--mem-fraction", type=float, default=0.5, help="cuda: the engines' --mem-fraction-static")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rollout-overhead.jsonl")
     a = ap.parse_args()
 
@@ -159,16 +161,19 @@ def main() -> None:
     if a.device == "cuda":
         import torch
 
-        from bench_engine_sync import GPU_ENGINE_FLAGS, SHAPES, write_model_dir
+        from bench_engine_sync import SHAPES, write_model_dir
+
+        from tests.gpu.bundle_flags import server_flags
 
         if a.size not in SHAPES:
             sys.exit(f"--device cuda takes --size {' or '.join(s for s in SHAPES if s != 'tiny')}")
         model, vocab = write_model_dir(a.size, work / "model", "bfloat16"), SHAPES[a.size]["vocab_size"]
-        n_engines, gpu = torch.cuda.device_count(), torch.cuda.get_device_name(0)
+        n_engines, gpu = torch.cuda.device_count() // a.engine_tp, torch.cuda.get_device_name(0)
         specs = [EngineSpec(name=f"engine-{i}", model_path=str(model), host=host, port=p.port,
                             nccl_port=p.nccl_port, log_path=work / f"engine-{i}.log", api_key=key, dtype="bfloat16",
-                            device="cuda", base_gpu_id=i,
-                            extra_args=("--load-format", "dummy", "--skip-tokenizer-init", *GPU_ENGINE_FLAGS))
+                            device="cuda", base_gpu_id=i * a.engine_tp, tp_size=a.engine_tp,
+                            extra_args=("--load-format", "dummy", "--skip-tokenizer-init",
+                                        *server_flags(a.mem_fraction)))
                  for i, p in enumerate(engine_port_block(host, n_engines))]
     else:
         mc = model_config(a.model, a.size)
@@ -217,7 +222,7 @@ def main() -> None:
         "router_cpu_s_per_1k_tokens": round(1000 * router_cpu / (a.reps * a.prompts * a.new_tokens), 4),
         "reps_figure": [round(x, 1) for x in fig], "reps_reference": [round(x, 1) for x in ref],
         "reps_router_raw": [round(x, 1) for x in raw],
-        "prompts": a.prompts, "new_tokens": a.new_tokens, "engines": len(specs), "model": a.model, "size": a.size,
+        "prompts": a.prompts, "new_tokens": a.new_tokens, "engines": len(specs), "engine_tp": a.engine_tp, "model": a.model, "size": a.size,
         "device": a.device, "gpu": gpu, "engine_startup_s": round(startup_s, 1), "cpus": ncpu, "host": platform.node(),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -28,6 +28,11 @@ REPO = HERE.parents[1]
 
 
 @pytest.fixture(scope="session")
+
+def _pythonpath() -> str:
+    """This checkout first, then whatever the caller's path holds (the GPU bundle's packages: docs/gpu.md)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+
 def tiny_hf(tmp_path_factory) -> Path:
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
@@ -90,7 +95,7 @@ def free_port() -> int:
 def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **popen)
 
 
@@ -122,7 +127,7 @@ def start_trainer(run: Path, log: Path) -> subprocess.Popen:
     """The trainer on 2 ranks under torchrun, in a session of its own, logging to `log`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), "-m", "rlslurm.trainer.main", "--run-dir", str(run)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
     with open(log, "w") as out:  # a file, not a pipe nobody drains (megatron is chatty)
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -150,7 +155,7 @@ def start_attempt_trainer(run: Path, log: Path, env: dict[str, str]) -> subproce
 
     cmd = trainer_argv(run, nnodes=1, node_rank=0, procs_per_node=2, master_addr="127.0.0.1",
                        master_port=free_port(), shutdown_timeout_s=GRACE_S)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **env}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath(), **env}
     with open(log, "w") as out:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
