@@ -423,6 +423,10 @@ class Trainer:
         if self.rank == 0:
             # an engine awaiting weights was restarted after this sync began: it is not serving
             urls = [e.url for e in self.control.engines() if e.healthy and not e.awaiting_weights]
+            if not urls:  # e.g. the only engine, restarted, not yet listed as serving: nothing to compare
+                log.info("weight probe v%d not recorded: no engine serves yet (a restarted one still awaits "
+                         "its weights); the next sync's probe reads it", version)
+                return
             key = self.rd.api_key() if self.rd.api_key_file.exists() else None
             answers = engine_greedy(urls, key, prompt, PROBE_NEW_TOKENS)
             if any("error" in a for a in answers.values()) and self._attempt_ending():

@@ -14,4 +14,4 @@ pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
 
 def test_engine_killed_in_a_turn_restarts_after_it_and_a_term_in_a_turn_saves_there(tmp_path: Path) -> None:
-    kill_then_term_inside_turns(tmp_path, [], steps=48)  # ~10 s turns here
+    kill_then_term_inside_turns(tmp_path, [], steps=48, engines=2)  # ~10 s turns here

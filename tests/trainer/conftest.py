@@ -27,12 +27,12 @@ HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 
 
-@pytest.fixture(scope="session")
-
 def _pythonpath() -> str:
     """This checkout first, then whatever the caller's path holds (the GPU bundle's packages: docs/gpu.md)."""
     return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 
+
+@pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory) -> Path:
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint

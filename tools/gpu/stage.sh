@@ -16,5 +16,6 @@ fi
 # SGLang 0.5.14 imports IPython.display for notebook helpers only; the image has no IPython.
 printf 'def display(*a, **k):\n    pass\n\n\nclass HTML(str):\n    pass\n' > "$prefix/stubs/IPython/display.py"
 # matplotlib asks a loaded IPython module for its shell (pyplot's REPL hook): none here.
-printf 'def get_ipython():\n    return None\n' > "$prefix/stubs/IPython/__init__.py"
+# matplotlib also reads IPython.version_info once it sees the module (a run's reward_curve.png)
+printf 'version_info = (8, 0, 0)\n\n\ndef get_ipython():\n    return None\n' > "$prefix/stubs/IPython/__init__.py"
 echo "staged $(basename "$part") into $prefix: $(ls "$prefix/site" | wc -l) entries"
