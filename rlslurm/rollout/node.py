@@ -15,7 +15,7 @@ publish no engine of their own.
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
 the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
 nothing), for at most --weight-sync-timeout-s plus a margin; past it a peer that never answers
-is restarted like any hung engine. A restarted engine holds the HF checkpoint (version 0): it
+is restarted like any hung engine. Nodes > 0 read that record only when a health check fails. A restarted engine holds the HF checkpoint (version 0): it
 stays out of the router until it serves the published version (`weights_current`) — the trainer
 publishes again when it sees the restart (trainer/main.py), the driver loads it in disk mode.
 """
@@ -231,7 +231,8 @@ class RolloutNode:
                                            hold_restart=self._turn_hold())
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
-            self.watcher = UpdateWatcher(self.control, self.supervisor,
+            # nodes > 0 read the bracket only when a check fails (covers): engines/update_watch.py
+            self.watcher = UpdateWatcher(self.control, self.supervisor, look=self.node == 0,
                                          cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
             self.supervisor.in_update = self.watcher.covers
 
