@@ -54,6 +54,15 @@ ROUTER_WAIT_S = 900.0
 # restart reaches the trainer up to this much later; the restarted engine awaits weights meanwhile
 # and a dead one fails its sync's try like a late notice.
 MERGE_S = 10.0
+# Nodes > 0 learn that node 0 ended from its router: node 0 closes it on every way out (the run's end,
+# a stop, a preempt, a crash), and they ask it for its workers at every poll (`ensure_registered`).
+# A router that stops answering makes them look for the run's end at once (rollout/main.py
+# `until_end`), at most this often while it stays silent (node 0 restarting it, or node 0 dead: SLURM
+# then ends the step, --kill-on-bad-exit). Their own looks can then be rare (docs/shared-fs-load.md).
+NODE0_SILENT_LOOK_S = 10.0
+# A node running another node's engine's rank (a span follower) has no router of its own to ask: it
+# reads node 0's control/router.json this often until it finds one that answers.
+ROUTER_FIND_S = 30.0
 _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 # Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
 # and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
@@ -199,6 +208,8 @@ class RolloutNode:
         self.phase, self.phase_since = "starting engines", time.time()
         self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
         self._merged_at = -MERGE_S  # node 0: engines.json's last merge (monotonic)
+        self._silent_look_at = -NODE0_SILENT_LOOK_S  # nodes > 0: the last look node 0's silence asked for
+        self._router_find_at = -ROUTER_FIND_S  # span followers: the last read of router.json
         self._heartbeat = Beat(lambda: self.control.heartbeat("rollout", self.node, phase=self.phase,
                                                               phase_since=self.phase_since))
 
@@ -301,14 +312,10 @@ class RolloutNode:
         if engines != current:
             self.control.write_engines(engines)
 
-    def ensure_registered(self) -> None:
-        """Nodes > 0: add back engines the router does not know (after a router restart)."""
+    def ensure_registered(self, known: set[str]) -> None:
+        """Nodes > 0: add back engines the router does not know (`known`: its workers' urls; after a
+        router restart)."""
         if self.supervisor is None or self.router is None or self.node == 0:
-            return
-        try:
-            known = {w.get("url") for w in self.router.workers()}
-        except RouterError as e:
-            log.warning("router unreachable: %s", e)
             return
         for info in self.supervisor.engines():
             if info.healthy and not info.awaiting_weights and info.url not in known:
@@ -318,16 +325,51 @@ class RolloutNode:
                 except RouterError as e:
                     log.warning("re-registering %s failed: %s", info.name, e)
 
-    def housekeeping(self) -> None:
+    def node0_silent(self) -> bool:
+        """Nodes > 0, every poll: ask node 0's router for its workers (and register this node's engines
+        it lost again). True when it does not answer, at most every NODE0_SILENT_LOOK_S: then the
+        caller looks for the run's end (NODE0_SILENT_LOOK_S has the why)."""
+        router = self.router if self.router is not None else self._find_router()
+        if router is None:
+            return False
+        try:
+            known = {w.get("url") for w in router.workers()}
+        except RouterError as e:
+            if self.follower is not None:  # perhaps an earlier attempt's router.json: read it again later
+                router.close()
+                self.router = None
+            now = time.monotonic()
+            if now - self._silent_look_at < NODE0_SILENT_LOOK_S:
+                return False
+            self._silent_look_at = now
+            log.warning("router unreachable: %s; looking for the run's end", e)
+            return True
+        self.ensure_registered(known)
+        return False
+
+    def _find_router(self) -> RemoteRouter | None:
+        """A span follower's view of node 0's router, from control/router.json (read at most every
+        ROUTER_FIND_S); None before node 0 wrote it, and on nodes whose router comes from start()."""
+        now = time.monotonic()
+        if self.follower is None or now - self._router_find_at < ROUTER_FIND_S:
+            return None
+        self._router_find_at = now
+        rec = self.control.router()
+        if rec is not None:
+            self.router = RemoteRouter.at(rec.url, api_key=self.api_key, log_path=self.log_dir / "router.log")
+        return self.router
+
+    def housekeeping(self) -> bool:
         """Every poll of the rollout process. Raises EngineFailure once an engine or the router is
-        past its restart budget (engines/supervisor.py): the attempt then ends as a failure."""
+        past its restart budget (engines/supervisor.py): the attempt then ends as a failure. True (nodes
+        > 0): node 0's router stopped answering, look for the run's end now (`node0_silent`)."""
         if self.supervisor is not None:
             self.supervisor.raise_if_failed()
         self._beat()
         if self.node == 0:
             self.merge_engines(due=False)
-        else:
-            self.ensure_registered()
+            return False
+        return self.node0_silent()
 
     def _beat(self) -> None:
         """This node's heartbeat with its phase: starting engines, then serving (node 0: what the
