@@ -208,6 +208,7 @@ class RolloutNode:
         self.phase, self.phase_since = "starting engines", time.time()
         self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
         self._merged_at = -MERGE_S  # node 0: engines.json's last merge (monotonic)
+        self._merged: list[EngineRecord] | None = None  # node 0: what engines.json holds (it writes it)
         self._silent_look_at = -NODE0_SILENT_LOOK_S  # nodes > 0: the last look node 0's silence asked for
         self._router_find_at = -ROUTER_FIND_S  # span followers: the last read of router.json
         self._heartbeat = Beat(lambda: self.control.heartbeat("rollout", self.node, phase=self.phase,
@@ -304,13 +305,20 @@ class RolloutNode:
                 rec = read_record(self.control.dir / name, EnginesRecord, relist=False)
                 if rec is not None:
                     engines += rec.engines
-        try:
-            current = self.control.engines()
-        except CorruptRecord as e:  # this node writes it: rebuild it from the node records
-            log.warning("%s; rewriting it", e)
-            current = None
+        current = self._merged
+        if current is None:  # this attempt's first merge: what an earlier attempt left
+            try:
+                current = self.control.engines()
+            except CorruptRecord as e:  # this node writes it: rebuild it from the node records
+                log.warning("%s; rewriting it", e)
         if engines != current:
             self.control.write_engines(engines)
+        self._merged = engines
+
+    def _engines(self) -> list[EngineRecord]:
+        """engines.json: node 0 (its only writer) answers from what it last wrote, not a read of the
+        shared run dir per call (the driver asks every 0.5 s while it waits for weights)."""
+        return self._merged if self._merged is not None else self.control.engines()
 
     def ensure_registered(self, known: set[str]) -> None:
         """Nodes > 0: add back engines the router does not know (`known`: its workers' urls; after a
@@ -392,7 +400,7 @@ class RolloutNode:
         deadline = time.monotonic() + timeout
         while not cancel():
             self.merge_engines()
-            up = [e for e in self.control.engines() if e.healthy]
+            up = [e for e in self._engines() if e.healthy]
             if len(up) >= want:
                 return True
             if time.monotonic() > deadline:
@@ -407,11 +415,11 @@ class RolloutNode:
         return f"{len(self.supervisor.urls) if self.supervisor else 0} engine(s)"
 
     def engine_urls(self) -> list[str]:
-        urls = [e.url for e in self.control.engines()]
+        urls = [e.url for e in self._engines()]
         return urls or (self.supervisor.urls if self.supervisor else [])
 
     def restarts_total(self) -> int:
-        return sum(e.restarts for e in self.control.engines())
+        return sum(e.restarts for e in self._engines())
 
     def close(self) -> None:
         """Kill every process this node started; always safe to call."""

@@ -273,3 +273,47 @@ def test_node_zeros_driver_shares_its_look_for_the_end(tmp_path, monkeypatch):
     control.ack_stop(checkpoint_iteration=0)
     time.sleep(0.5)
     assert look().end_reason() == "stop" and len(listed) == 3
+
+
+def test_node_zero_answers_engines_from_memory_and_reads_the_version_only_when_it_decides(tmp_path, monkeypatch):
+    """Node 0 writes engines.json: the driver's engine list (every 0.5 s while it waits for weights) comes
+    from what it wrote, and the published version is read only while some engines have the version a
+    rollout needs and others not (docs/shared-fs-load.md)."""
+    import asyncio
+
+    from rlslurm.engines.supervisor import EngineInfo
+    from rlslurm.rollout.driver import RolloutDriver
+    from rlslurm.rollout.node import RolloutNode
+
+    rd = _run_dir(tmp_path)
+    n0 = RolloutNode(RunConfig(), rd, node=0, node_name="n0", host="10.0.0.1", attempt=0)
+    n0._publish([EngineInfo(name="e", url="http://10.0.0.1:1", host="10.0.0.1", port=1, nccl_port=2, base_gpu_id=0,
+                            tp_size=1, device="cuda", pid=7, healthy=True, restarts=0, worker_id=None)])
+    reads = []
+    for name in ("engines", "weight_version"):
+        real = getattr(Control, name)
+        monkeypatch.setattr(Control, name, lambda self, *a, _r=real, _n=name: reads.append(_n) or _r(self, *a))
+    assert n0.engine_urls() == ["http://10.0.0.1:1"] and n0.restarts_total() == 0 and reads == []
+
+    from rlslurm.runfile import load_run_config
+
+    cfg = load_run_config(rd.path)
+    driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=n0.engine_urls, api_key=None, tokenizer=None,
+                           source=object(), poll_s=0.01)  # the weight gate needs neither prompts nor tokens
+    versions = {"a": 0, "b": 0}
+
+    async def engine_versions():
+        return dict(versions)
+
+    driver.engine_versions = engine_versions
+    rid = cfg.rollout.async_buffer_size + 1  # needs version 1
+
+    async def scenario():
+        wait = asyncio.ensure_future(driver.wait_for_weights(rid))
+        await asyncio.sleep(0.2)  # ~20 polls, every engine behind: nothing to read
+        assert not wait.done() and reads == []
+        Control(rd).set_weight_version(1)
+        versions["a"] = 1  # b was restarted and missed it: the published version decides
+        return await asyncio.wait_for(wait, timeout=5)
+
+    assert asyncio.run(scenario()) == 0 and "weight_version" in reads and "engines" not in reads
