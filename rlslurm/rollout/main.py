@@ -40,13 +40,14 @@ from rlslurm.runfile import load_run_config
 log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
-# Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) this often on
-# their own: each look lists the run directory and control/ (6 metadata operations), once a second on
-# 64 rollout nodes was ~400 operations a second (docs/shared-fs-load.md). They look at once when node
-# 0's router stops answering (node 0 closes it when the run ends: rollout/node.py NODE0_SILENT_LOOK_S),
-# so this is only the fallback; the batch script TERMs the steps a minute after FINISHED or a stop
-# anyway (a TERM ends this process cleanly too). Node 0 looks every POLL_S: its driver must stop.
-END_POLL_S = 120.0
+# Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) when node 0's
+# router stops answering (node 0 closes it on every way out: rollout/node.py NODE0_SILENT_LOOK_S), and
+# on their own only this often: a fallback for a node 0 that hangs with its router alive, which the batch
+# script covers too (it TERMs the steps a minute after FINISHED or a stop; a TERM ends this process
+# cleanly). Each look lists the run directory and control/ (6 metadata operations): every 30 s on 64
+# rollout nodes was 13 operations a second, every second ~400 (docs/shared-fs-load.md). Node 0 looks
+# every POLL_S: its driver must stop.
+END_POLL_S = 600.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
 # collector waits up to 60 s for aborted requests to come back).
 DRIVER_STOP_S = 90.0
