@@ -122,3 +122,20 @@ def test_dirs_made_later_inherit_the_run_dir_mode(tmp_path):
     assert _mode(rd.buffer_dir / "quarantine") == 0o2750
     data = [p for p in (rd.buffer_dir / "quarantine").rglob("*.data")]
     assert data and _mode(data[0]) == 0o640
+
+
+@pytest.mark.parametrize("umask,chmods", [(0o022, 0), (0o077, 1)])
+def test_atomic_files_get_their_mode_with_a_chmod_only_when_the_umask_took_bits(tmp_path, monkeypatch, umask, chmods):
+    """Every atomic write (a heartbeat every 30 s per node, every control record) is umask-proof; the
+    chmod is a metadata round trip of its own, made only when needed (docs/shared-fs-load.md)."""
+    from rlslurm.buffer.atomic import write_json_atomic
+
+    calls = []
+    real = os.fchmod
+    monkeypatch.setattr(os, "fchmod", lambda fd, mode: calls.append(mode) or real(fd, mode))
+    old = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "r.json", {"a": 1}, durable=False)
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "r.json") == 0o640 and len(calls) == chmods
