@@ -268,7 +268,7 @@ class Control:
         self.run = as_rundir(run)
         self.dir = self.run.control_dir
         self.heartbeat_dir = self.dir / "heartbeats"
-        self._heartbeat_dir_made = False
+        self._heartbeat_mode: int | None = None  # set with the heartbeat directory, at the first beat
 
     # --- generic ----------------------------------------------------------------------
     def _write(self, name: str, rec: _Record) -> None:
@@ -382,11 +382,12 @@ class Control:
     def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,
                   phase_since: float | None = None) -> Heartbeat:
         hb = Heartbeat(role=role, rank=rank, phase=phase, phase_since=phase_since)
-        if not self._heartbeat_dir_made:  # once per process: a stat per beat is a metadata op per beat
+        if self._heartbeat_mode is None:  # once per process: a stat per beat is a metadata op per beat
             ensure_dir(self.heartbeat_dir)
-            self._heartbeat_dir_made = True
+            self._heartbeat_mode = self.run.private_file_mode()  # no chmod per beat in a private run
         # atomic, not durable: a heartbeat lost in a crash says nothing its writer's death does not
-        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"), durable=False)
+        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"), durable=False,
+                          mode=self._heartbeat_mode)
         return hb
 
     def heartbeats(self) -> list[Heartbeat]:

@@ -124,18 +124,25 @@ def test_dirs_made_later_inherit_the_run_dir_mode(tmp_path):
     assert data and _mode(data[0]) == 0o640
 
 
-@pytest.mark.parametrize("umask,chmods", [(0o022, 0), (0o077, 1)])
-def test_atomic_files_get_their_mode_with_a_chmod_only_when_the_umask_took_bits(tmp_path, monkeypatch, umask, chmods):
-    """Every atomic write (a heartbeat every 30 s per node, every control record) is umask-proof; the
-    chmod is a metadata round trip of its own, made only when needed (docs/shared-fs-load.md)."""
-    from rlslurm.buffer.atomic import write_json_atomic
+@pytest.mark.parametrize("group_shared,mode,chmods", [(False, 0o600, 0), (True, 0o640, 1)])
+def test_heartbeats_under_the_jobs_umask_cost_a_chmod_only_in_a_group_shared_run(tmp_path, monkeypatch, group_shared,
+                                                                                  mode, chmods):
+    """Under the batch script's umask 077 a 0640 file needs a chmod, a metadata round trip of its own,
+    at every write: a third of a heartbeat (every 30 s per node, docs/shared-fs-load.md). In a private
+    run (0700) the group cannot enter the directory, so a heartbeat is 0600 and needs none; in a
+    group-shared one it stays group-readable for `rlslurm status`."""
+    from rlslurm.buffer.control import Control
 
+    rd = RunDir.create(tmp_path / "run", group_shared=group_shared)
     calls = []
     real = os.fchmod
-    monkeypatch.setattr(os, "fchmod", lambda fd, mode: calls.append(mode) or real(fd, mode))
-    old = os.umask(umask)
+    monkeypatch.setattr(os, "fchmod", lambda fd, m: calls.append(m) or real(fd, m))
+    old = os.umask(0o077)
     try:
-        write_json_atomic(tmp_path / "r.json", {"a": 1}, durable=False)
+        control = Control(rd)
+        for _ in range(3):
+            control.heartbeat("rollout", 1)
     finally:
         os.umask(old)
-    assert _mode(tmp_path / "r.json") == 0o640 and len(calls) == chmods
+    assert _mode(control.heartbeat_dir / "rollout-1.json") == mode and len(calls) == 3 * chmods
+    assert [hb.rank for hb in control.heartbeats()] == [1]
