@@ -443,17 +443,12 @@ class Control:
         now), each record there read and validated as stop_requested() and the others read it. The
         pollers (the rollout nodes' look for the run's end, the driver's stop check, trainer rank 0's
         poll) ask this: a listing per record was 4 metadata operations per record and look
-        (docs/shared-fs-load.md)."""
+        (docs/shared-fs-load.md); rollout/main.py `Look` tells an acknowledged end from a request."""
         seen = self.listing() if seen is None else seen
         return Requests(stop=seen.read(self.stop_file.name, StopRequest),
                         stop_ack=seen.read(self.stop_ack_file.name, PreemptAck),
                         preempt=seen.read(self.preempt_file.name, PreemptRequest),
                         preempt_ack=seen.read(self.preempt_ack_file.name, PreemptAck))
-
-    def acknowledged_ends(self) -> tuple[bool, bool]:
-        """(a stop requested and acknowledged, a preempt requested and acknowledged), from `requests`."""
-        r = self.requests()
-        return (r.stop is not None and r.stop_ack is not None, r.preempt is not None and r.preempt_ack is not None)
 
     @property
     def stop_ack_file(self) -> Path:

@@ -15,9 +15,10 @@ publish no engine of their own.
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
 the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
 nothing), for at most --weight-sync-timeout-s plus a margin; past it a peer that never answers
-is restarted like any hung engine. Nodes > 0 read that record only when a health check fails. A restarted engine holds the HF checkpoint (version 0): it
-stays out of the router until it serves the published version (`weights_current`) — the trainer
-publishes again when it sees the restart (trainer/main.py), the driver loads it in disk mode.
+is restarted like any hung engine; nodes > 0 read that record only when a health check fails. A
+restarted engine holds the HF checkpoint (version 0): it stays out of the router until it serves the
+published version (`weights_current`) — the trainer publishes again when it sees the restart
+(trainer/main.py), the driver loads it in disk mode.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ ROUTER_WAIT_S = 900.0
 # and a dead one fails its sync's try like a late notice.
 MERGE_S = 10.0
 # Nodes > 0 learn that node 0 ended from its router: node 0 closes it on every way out (the run's end,
-# a stop, a preempt, a crash), and they ask it for its workers at every poll (`ensure_registered`).
+# a stop, a preempt, a crash), and they ask it for its workers at every poll (`node0_silent`).
 # A router that stops answering makes them look for the run's end at once (rollout/main.py
 # `until_end`), at most this often while it stays silent (node 0 restarting it, or node 0 dead: SLURM
 # then ends the step, --kill-on-bad-exit). Their own looks can then be rare (docs/shared-fs-load.md).
