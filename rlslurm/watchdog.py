@@ -27,7 +27,10 @@ from rlslurm.buffer.atomic import listdir_fresh
 
 MARGIN_MINUTES = 10.0
 EXPECTED = ("trainer-0", "rollout-0")  # each role's first process beats in every run
-CHECK_EVERY_S = 30.0
+# How often the watchdogs look: against a bound of minutes (>= --distributed-timeout-minutes, 10 min +
+# that by default), a minute late at most costs little; each look is a metadata operation per heartbeat
+# file (the batch script's one stat(1); 128 files at 128 nodes: docs/shared-fs-load.md).
+CHECK_EVERY_S = 60.0
 
 
 def hang_timeout_s(train) -> float:

@@ -237,7 +237,11 @@ def _write_tmp(path: Path, chunks: Iterable[bytes | memoryview], mode: int, *, d
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         try:
-            os.fchmod(fd, mode)  # umask-proof
+            # umask-proof; the chmod is a SETATTR round trip to the metadata server per write (a third of
+            # a heartbeat's cost, docs/shared-fs-load.md), so only when the umask took bits from `mode`
+            # (the fstat is answered from the attributes the open fetched)
+            if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                os.fchmod(fd, mode)
             write_chunks_to(fd, chunks)
             if durable:
                 os.fsync(fd)

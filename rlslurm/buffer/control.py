@@ -201,6 +201,20 @@ class Requests:
     preempt_ack: "PreemptAck | None"
 
 
+class Listing:
+    """One listing of control/ (`Control.listing`), shared by every record a poller reads from it: each
+    is opened only if listed, and not listed again (docs/shared-filesystem.md, "Stale directory caches":
+    the listing is what makes an absent name trustworthy on NFS). Trainer rank 0's poll reads stop,
+    preempt, engines.json and data_exhausted.json through one (docs/shared-fs-load.md)."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+        self.names = frozenset(listdir_fresh(directory))
+
+    def read(self, name: str, model: type["R"]) -> "R | None":
+        return read_record(self.dir / name, model, relist=False) if name in self.names else None
+
+
 # A record that reads as damaged is read once more after this long (a filesystem that briefly
 # served a torn block) before it is set aside (`read_record`).
 REREAD_S = 0.2
@@ -254,22 +268,26 @@ class Control:
         self.run = as_rundir(run)
         self.dir = self.run.control_dir
         self.heartbeat_dir = self.dir / "heartbeats"
-        self._heartbeat_dir_made = False
+        self._heartbeat_mode: int | None = None  # set with the heartbeat directory, at the first beat
 
     # --- generic ----------------------------------------------------------------------
     def _write(self, name: str, rec: _Record) -> None:
         ensure_dir(self.dir)
         write_json_atomic(self.dir / name, rec.model_dump(mode="json"))
 
-    def _read(self, path: Path, model: type[R]) -> R | None:
-        return read_record(path, model)
+    def _read(self, path: Path, model: type[R], seen: Listing | None = None) -> R | None:
+        """`seen`: a listing of control/ just taken (`listing`), not taken again for this record."""
+        return read_record(path, model) if seen is None else seen.read(path.name, model)
+
+    def listing(self) -> Listing:
+        return Listing(self.dir)
 
     # --- engines / router ---------------------------------------------------------------
     def write_engines(self, engines: list[EngineRecord]) -> None:
         self._write("engines.json", EnginesRecord(engines=engines))
 
-    def engines(self) -> list[EngineRecord]:
-        rec = self._read(self.dir / "engines.json", EnginesRecord)
+    def engines(self, seen: Listing | None = None) -> list[EngineRecord]:
+        rec = self._read(self.dir / "engines.json", EnginesRecord, seen)
         return [] if rec is None else rec.engines
 
     def write_span(self, rec: SpanRecord) -> None:
@@ -364,11 +382,12 @@ class Control:
     def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,
                   phase_since: float | None = None) -> Heartbeat:
         hb = Heartbeat(role=role, rank=rank, phase=phase, phase_since=phase_since)
-        if not self._heartbeat_dir_made:  # once per process: a stat per beat is a metadata op per beat
+        if self._heartbeat_mode is None:  # once per process: a stat per beat is a metadata op per beat
             ensure_dir(self.heartbeat_dir)
-            self._heartbeat_dir_made = True
+            self._heartbeat_mode = self.run.private_file_mode()  # no chmod per beat in a private run
         # atomic, not durable: a heartbeat lost in a crash says nothing its writer's death does not
-        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"), durable=False)
+        write_json_atomic(self.heartbeat_dir / f"{role}-{rank}.json", hb.model_dump(mode="json"), durable=False,
+                          mode=self._heartbeat_mode)
         return hb
 
     def heartbeats(self) -> list[Heartbeat]:
@@ -419,24 +438,17 @@ class Control:
     def stop_requested(self) -> StopRequest | None:
         return self._read(self.stop_file, StopRequest)
 
-    def requests(self) -> "Requests":
-        """The stop and preempt requests and their acks from one listing of control/, each record there
-        read and validated as stop_requested() and the others read it. The pollers (the rollout nodes'
-        look for the run's end, the driver's stop check, trainer rank 0's poll) ask this: a listing
-        per record was 4 metadata operations per record and look (docs/shared-fs-load.md)."""
-        names = set(listdir_fresh(self.dir))
-
-        def there(path: Path, model):
-            return read_record(path, model, relist=False) if path.name in names else None
-
-        return Requests(stop=there(self.stop_file, StopRequest), stop_ack=there(self.stop_ack_file, PreemptAck),
-                        preempt=there(self.preempt_file, PreemptRequest),
-                        preempt_ack=there(self.preempt_ack_file, PreemptAck))
-
-    def acknowledged_ends(self) -> tuple[bool, bool]:
-        """(a stop requested and acknowledged, a preempt requested and acknowledged), from `requests`."""
-        r = self.requests()
-        return (r.stop is not None and r.stop_ack is not None, r.preempt is not None and r.preempt_ack is not None)
+    def requests(self, seen: Listing | None = None) -> "Requests":
+        """The stop and preempt requests and their acks from one listing of control/ (`seen`, or one taken
+        now), each record there read and validated as stop_requested() and the others read it. The
+        pollers (the rollout nodes' look for the run's end, the driver's stop check, trainer rank 0's
+        poll) ask this: a listing per record was 4 metadata operations per record and look
+        (docs/shared-fs-load.md); rollout/main.py `Look` tells an acknowledged end from a request."""
+        seen = self.listing() if seen is None else seen
+        return Requests(stop=seen.read(self.stop_file.name, StopRequest),
+                        stop_ack=seen.read(self.stop_ack_file.name, PreemptAck),
+                        preempt=seen.read(self.preempt_file.name, PreemptRequest),
+                        preempt_ack=seen.read(self.preempt_ack_file.name, PreemptAck))
 
     @property
     def stop_ack_file(self) -> Path:
@@ -452,9 +464,9 @@ class Control:
     def mark_data_exhausted(self, rollout_id: int, attempt: int, message: str) -> None:
         self._write("data_exhausted.json", DataExhausted(rollout_id=rollout_id, attempt=attempt, message=message))
 
-    def data_exhausted(self, attempt: int) -> DataExhausted | None:
+    def data_exhausted(self, attempt: int, seen: Listing | None = None) -> DataExhausted | None:
         """This attempt's exhaustion record, or None (an earlier attempt's record is ignored)."""
-        rec = self._read(self.dir / "data_exhausted.json", DataExhausted)
+        rec = self._read(self.dir / "data_exhausted.json", DataExhausted, seen)
         return rec if rec is not None and rec.attempt == attempt else None
 
     def clear_stop(self) -> bool:

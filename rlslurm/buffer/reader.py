@@ -78,6 +78,7 @@ class RolloutReader(BufferStore):
             raise ConfigError(f"on_corrupt must be quarantine, wait or raise, got {self.on_corrupt!r}")
         if readonly and self.on_corrupt == "quarantine":
             raise ConfigError("a read-only reader cannot quarantine (on_corrupt='quarantine')")
+        self._not_retired: int | None = None  # the rollout `_check_not_retired` passed last
 
     @classmethod
     def replay(cls, run: RunDir | str | Path, *, kind: str = "train") -> "RolloutReader":
@@ -135,6 +136,10 @@ class RolloutReader(BufferStore):
         # Waiting for a rollout that was trained and retired would hang forever: the trainer
         # loaded no checkpoint retention kept rollouts for (every kept one unusable or deleted:
         # retention keeps what the oldest checkpoint on disk trains again, docs/buffer-retention.md).
+        # Once per rollout awaited, not per poll (a listing of buffer/ and an open each: the trainer's
+        # own checkpoints move trained.json, and it is waiting; docs/shared-fs-load.md).
+        if self._not_retired == rollout_id:
+            return
         last = self.last_trained()
         if last is not None and rollout_id <= last and not self.is_committed(rollout_id):
             raise ConfigError(
@@ -142,6 +147,7 @@ class RolloutReader(BufferStore):
                 f"from {self.dir}; the trainer resumed from before the oldest kept checkpoint - "
                 f"load the newest checkpoint or replay from an export"
             )
+        self._not_retired = rollout_id
 
     def quarantine(self, rollout_id: int, reason: str) -> Path | None:
         """Move rollout `rollout_id` (manifest first: that un-commits it) and its data

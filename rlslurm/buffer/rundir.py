@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from rlslurm.buffer.atomic import (
+    DEFAULT_FILE_MODE,
     ensure_dir,
     exists_fresh,
     listdir_fresh,
@@ -64,6 +65,13 @@ class RunDir:
 
     def is_run_dir(self) -> bool:
         return exists_fresh(self.path / MARKER)
+
+    def private_file_mode(self) -> int:
+        """The mode a file written often needs here: 0600 in a private run (0700: a file's group bits are
+        moot where the group cannot enter), DEFAULT_FILE_MODE (0640) in a group-shared one. Under the
+        job's umask 077 a 0640 file costs a chmod, a metadata round trip, at every write (buffer/atomic.py
+        `_write_tmp`; heartbeats: docs/shared-fs-load.md). One stat of the run directory."""
+        return DEFAULT_FILE_MODE if os.stat(self.path).st_mode & 0o070 else 0o600
 
     # --- layout -------------------------------------------------------------------------
     @property

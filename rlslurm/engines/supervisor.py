@@ -181,7 +181,7 @@ class EngineSupervisor:
         self.span = span
         self.hold_restart = hold_restart  # --colocate: why a restart must wait now (engines/turn_watch.py)
         # is a weight update on now (read fresh)? Asked when a check fails outside a pause: the
-        # UpdateWatcher looks only every 10 s (engines/update_watch.py `covers`)
+        # UpdateWatcher looks only every 10 s, on nodes > 0 not at all (engines/update_watch.py `covers`)
         self.in_update: Callable[[], bool] | None = None
         self._slots = [_Slot(s, RestartBudget(max_restarts, restart_window_s)) for s in specs]
         self._router_budget = RestartBudget(max_restarts, restart_window_s)

@@ -364,7 +364,10 @@ class RolloutDriver:
             versions = await self.engine_versions()
             if versions and self.cfg.train.weight_sync == "disk":
                 versions = await self.sync_from_disk(versions)
-            rec = self.control.weight_version()
+            # the published version matters only while some engines have `need` and others do not: read
+            # then, not every poll (4 metadata operations on the shared run dir; docs/shared-fs-load.md)
+            mixed = bool(versions) and min(versions.values()) < need <= max(versions.values())
+            rec = self.control.weight_version() if mixed else None
             if gate_open(versions, need, None if rec is None else rec.version):
                 behind = {u: v for u, v in versions.items() if v < need}
                 if behind:

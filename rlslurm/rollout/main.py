@@ -22,10 +22,12 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rlslurm import role_log
-from rlslurm.buffer.control import Control
+from rlslurm.buffer.control import Control, Requests
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.gpus import visible_gpu_uuids
 from rlslurm.heartbeat import Beat
@@ -38,13 +40,14 @@ from rlslurm.runfile import load_run_config
 log = logging.getLogger("rlslurm.rollout")
 
 POLL_S = 1.0
-# Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) this often: each
-# look lists the run directory and control/ (6 metadata operations; 11 before Control.requests), and
-# on 64 rollout nodes once a second was ~700 operations a second (docs/shared-fs-load.md). Node 0
-# looks every POLL_S (its driver must stop at once); the others only have to exit, within the minute
-# the batch script gives the steps after FINISHED or a stop before it TERMs them (a TERM ends this
-# process cleanly too).
-END_POLL_S = 30.0
+# Rollout nodes > 0 look for the run's end (FINISHED, a stop or preempt and its ack) when node 0's
+# router stops answering (node 0 closes it on every way out: rollout/node.py NODE0_SILENT_LOOK_S), and
+# on their own only this often: a fallback for a node 0 that hangs with its router alive, which the batch
+# script covers too (it TERMs the steps a minute after FINISHED or a stop; a TERM ends this process
+# cleanly). Each look lists the run directory and control/ (6 metadata operations): every 30 s on 64
+# rollout nodes was 13 operations a second, every second ~400 (docs/shared-fs-load.md). Node 0 looks
+# every POLL_S: its driver must stop.
+END_POLL_S = 600.0
 # How long the run's end waits for the driver to stop by itself (abort + hand-back; the
 # collector waits up to 60 s for aborted requests to come back).
 DRIVER_STOP_S = 90.0
@@ -52,67 +55,100 @@ DRIVER_STOP_S = 90.0
 ALL_NODES_WAIT_S = 600.0
 
 
+@dataclass(frozen=True)
+class Look:
+    """One look for the run's end: FINISHED (a listing of the run directory) and the stop and preempt
+    requests with their acks (one listing of control/, `Control.requests`)."""
+    finished: bool
+    requests: Requests
+    at: float  # time.monotonic()
+
+    @classmethod
+    def take(cls, rd: RunDir, control: Control) -> "Look":
+        finished = rd.is_finished()
+        return cls(finished, Requests(None, None, None, None) if finished else control.requests(), time.monotonic())
+
+    def end_reason(self) -> str | None:
+        if self.finished:
+            return "finished"
+        # A stop, like a preempt, ends the engines only once the trainer is done with them (it saves,
+        # acks and exits); if the trainer is gone instead, the batch script ends this step.
+        # On USR1 the trainer finishes its step (and any weight sync into our engines), checkpoints and
+        # acks; only then may the engines go, or the sync in flight would fail against dead peers.
+        r = self.requests
+        if r.stop is not None and r.stop_ack is not None:
+            return "stop"
+        if r.preempt is not None and r.preempt_ack is not None:
+            return "preempt"
+        return None
+
+    def driver_should_stop(self) -> bool:
+        """The driver stops at a preempt *request*, before the trainer's ack: the trainer needs no
+        further rollout (it checkpoints at its next safe point), and a driver that stops early has
+        its unfinished groups handed back and saved before the engines go."""
+        return self.finished or self.requests.preempt is not None or self.requests.stop is not None
+
+
+class SharedLook:
+    """Node 0's looks, shared by its end loop (`until_end`, every POLL_S) and the driver's stop check
+    (every driver.POLL_S, 0.5 s): a look younger than `max_age_s` answers both, so node 0 lists the run
+    directory and control/ once a second, not three times (docs/shared-fs-load.md). The driver sees a
+    stop up to max_age_s later than a look of its own would have."""
+
+    def __init__(self, rd: RunDir, control: Control, *, max_age_s: float = POLL_S):
+        self.rd, self.control, self.max_age_s = rd, control, max_age_s
+        self._last: Look | None = None
+
+    def __call__(self) -> Look:
+        if self._last is None or time.monotonic() - self._last.at >= self.max_age_s:
+            self._last = Look.take(self.rd, self.control)
+        return self._last
+
+
 def end_reason(rd: RunDir, control: Control) -> str | None:
-    if rd.is_finished():
-        return "finished"
-    # A stop, like a preempt, ends the engines only once the trainer is done with them (it saves,
-    # acks and exits); if the trainer is gone instead, the batch script ends this step.
-    # On USR1 the trainer finishes its step (and any weight sync into our engines), checkpoints and
-    # acks; only then may the engines go, or the sync in flight would fail against dead peers.
-    stop, preempt = control.acknowledged_ends()  # one listing of control/ for the four records
-    if stop:
-        return "stop"
-    if preempt:
-        return "preempt"
-    return None
+    return Look.take(rd, control).end_reason()
 
 
 def driver_should_stop(rd: RunDir, control: Control) -> bool:
-    """The driver stops at a preempt *request*, before the trainer's ack: the trainer needs no
-    further rollout (it checkpoints at its next safe point), and a driver that stops early has
-    its unfinished groups handed back and saved before the engines go."""
-    if rd.is_finished():
-        return True
-    r = control.requests()  # a request, acknowledged or not: one listing of control/ for all four records
-    return r.preempt is not None or r.stop is not None
+    return Look.take(rd, control).driver_should_stop()
 
 
 async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
     """Node 0 runs the driver; every node keeps heartbeats and control files current
     until the run ends."""
     driver_task = None
+    look = SharedLook(rd, control)
     if node.node == 0:
         from rlslurm.rollout.driver import RolloutDriver
 
         await asyncio.to_thread(node.wait_for_all_nodes, timeout=ALL_NODES_WAIT_S,
-                                cancel=lambda: driver_should_stop(rd, control))
+                                cancel=lambda: look().driver_should_stop())
 
         driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
                                api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
         node.phase_of = lambda: driver.phase
-        driver_task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    return await until_end(driver_task, node.housekeeping, rd, control,
-                           end_poll_s=POLL_S if node.node == 0 else END_POLL_S)
+        driver_task = asyncio.ensure_future(driver.run(lambda: look().driver_should_stop()))
+    return await until_end(driver_task, node.housekeeping, look, end_poll_s=POLL_S if node.node == 0 else END_POLL_S)
 
 
-async def until_end(driver_task: "asyncio.Future | None", tick, rd: RunDir, control: Control, *,
+async def until_end(driver_task: "asyncio.Future | None", tick, look: Callable[[], Look], *,
                     end_poll_s: float = POLL_S) -> str:
     """Call `tick` (heartbeats, engine housekeeping) every POLL_S until the run ends (looked for every
-    `end_poll_s`); a driver that ends first is logged (its error ends the process, non-zero exit), one
-    still running when the run ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the
-    same stop)."""
+    `end_poll_s`, and at once when `tick` returns True: node 0's router went silent); a driver that
+    ends first is logged (its error ends the process, non-zero exit), one still running when the run
+    ends is given DRIVER_STOP_S to abort and save its hand-back (it saw the same stop)."""
     next_look = 0.0
     try:
         while True:
-            tick()
+            urgent = tick()
             if driver_task is not None and driver_task.done():
                 result = driver_task.result()  # a driver error ends the process (non-zero exit)
                 log.info("rollout driver ended: %s at rollout %d", result.reason, result.next_rollout_id)
                 driver_task = None
             reason = None
-            if time.monotonic() >= next_look:
+            if urgent or time.monotonic() >= next_look:
                 next_look = time.monotonic() + end_poll_s
-                reason = end_reason(rd, control)
+                reason = look().end_reason()
             if reason is not None:
                 if driver_task is not None:
                     # it saw the same stop: let it abort and save its hand-back while the engines live
@@ -144,8 +180,9 @@ async def serve_without_engines(rd: RunDir, control: Control, cfg, tokenizer, ro
     from rlslurm.rollout.driver import RolloutDriver
 
     driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=lambda: [], api_key=None, tokenizer=tokenizer)
-    task = asyncio.ensure_future(driver.run(lambda: driver_should_stop(rd, control)))
-    return await until_end(task, Beat(lambda: control.heartbeat("rollout", role_rank)), rd, control)
+    look = SharedLook(rd, control)
+    task = asyncio.ensure_future(driver.run(lambda: look().driver_should_stop()))
+    return await until_end(task, Beat(lambda: control.heartbeat("rollout", role_rank)), look)
 
 
 def wait_for_end(rd: RunDir, control: Control, role_rank: int) -> str:

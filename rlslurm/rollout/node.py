@@ -15,9 +15,10 @@ publish no engine of their own.
 With broadcast weight sync every node runs an `UpdateWatcher`: no health check or restart while
 the trainer's control/weight_update.json is active (an engine blocked in a broadcast answers
 nothing), for at most --weight-sync-timeout-s plus a margin; past it a peer that never answers
-is restarted like any hung engine. A restarted engine holds the HF checkpoint (version 0): it
-stays out of the router until it serves the published version (`weights_current`) — the trainer
-publishes again when it sees the restart (trainer/main.py), the driver loads it in disk mode.
+is restarted like any hung engine; nodes > 0 read that record only when a health check fails. A
+restarted engine holds the HF checkpoint (version 0): it stays out of the router until it serves the
+published version (`weights_current`) — the trainer publishes again when it sees the restart
+(trainer/main.py), the driver loads it in disk mode.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ ROUTER_WAIT_S = 900.0
 # restart reaches the trainer up to this much later; the restarted engine awaits weights meanwhile
 # and a dead one fails its sync's try like a late notice.
 MERGE_S = 10.0
+# Nodes > 0 learn that node 0 ended from its router: node 0 closes it on every way out (the run's end,
+# a stop, a preempt, a crash), and they ask it for its workers at every poll (`node0_silent`).
+# A router that stops answering makes them look for the run's end at once (rollout/main.py
+# `until_end`), at most this often while it stays silent (node 0 restarting it, or node 0 dead: SLURM
+# then ends the step, --kill-on-bad-exit). Their own looks can then be rare (docs/shared-fs-load.md).
+NODE0_SILENT_LOOK_S = 10.0
+# A node running another node's engine's rank (a span follower) has no router of its own to ask: it
+# reads node 0's control/router.json this often until it finds one that answers.
+ROUTER_FIND_S = 30.0
 _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 # Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
 # and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
@@ -199,6 +209,9 @@ class RolloutNode:
         self.phase, self.phase_since = "starting engines", time.time()
         self.phase_of: Callable[[], str] | None = None  # node 0: the driver's phase once it runs
         self._merged_at = -MERGE_S  # node 0: engines.json's last merge (monotonic)
+        self._merged: list[EngineRecord] | None = None  # node 0: what engines.json holds (it writes it)
+        self._silent_look_at = -NODE0_SILENT_LOOK_S  # nodes > 0: the last look node 0's silence asked for
+        self._router_find_at = -ROUTER_FIND_S  # span followers: the last read of router.json
         self._heartbeat = Beat(lambda: self.control.heartbeat("rollout", self.node, phase=self.phase,
                                                               phase_since=self.phase_since))
 
@@ -231,7 +244,8 @@ class RolloutNode:
                                            hold_restart=self._turn_hold())
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
         if self.cfg.train.weight_sync == "distributed":
-            self.watcher = UpdateWatcher(self.control, self.supervisor,
+            # nodes > 0 read the bracket only when a check fails (covers): engines/update_watch.py
+            self.watcher = UpdateWatcher(self.control, self.supervisor, look=self.node == 0,
                                          cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
             self.supervisor.in_update = self.watcher.covers
 
@@ -292,22 +306,25 @@ class RolloutNode:
                 rec = read_record(self.control.dir / name, EnginesRecord, relist=False)
                 if rec is not None:
                     engines += rec.engines
-        try:
-            current = self.control.engines()
-        except CorruptRecord as e:  # this node writes it: rebuild it from the node records
-            log.warning("%s; rewriting it", e)
-            current = None
+        current = self._merged
+        if current is None:  # this attempt's first merge: what an earlier attempt left
+            try:
+                current = self.control.engines()
+            except CorruptRecord as e:  # this node writes it: rebuild it from the node records
+                log.warning("%s; rewriting it", e)
         if engines != current:
             self.control.write_engines(engines)
+        self._merged = engines
 
-    def ensure_registered(self) -> None:
-        """Nodes > 0: add back engines the router does not know (after a router restart)."""
+    def _engines(self) -> list[EngineRecord]:
+        """engines.json: node 0 (its only writer) answers from what it last wrote, not a read of the
+        shared run dir per call (the driver asks every 0.5 s while it waits for weights)."""
+        return self._merged if self._merged is not None else self.control.engines()
+
+    def ensure_registered(self, known: set[str]) -> None:
+        """Nodes > 0: add back engines the router does not know (`known`: its workers' urls; after a
+        router restart)."""
         if self.supervisor is None or self.router is None or self.node == 0:
-            return
-        try:
-            known = {w.get("url") for w in self.router.workers()}
-        except RouterError as e:
-            log.warning("router unreachable: %s", e)
             return
         for info in self.supervisor.engines():
             if info.healthy and not info.awaiting_weights and info.url not in known:
@@ -317,16 +334,51 @@ class RolloutNode:
                 except RouterError as e:
                     log.warning("re-registering %s failed: %s", info.name, e)
 
-    def housekeeping(self) -> None:
+    def node0_silent(self) -> bool:
+        """Nodes > 0, every poll: ask node 0's router for its workers (and register this node's engines
+        it lost again). True when it does not answer, at most every NODE0_SILENT_LOOK_S: then the
+        caller looks for the run's end (NODE0_SILENT_LOOK_S has the why)."""
+        router = self.router if self.router is not None else self._find_router()
+        if router is None:
+            return False
+        try:
+            known = {w.get("url") for w in router.workers()}
+        except RouterError as e:
+            if self.follower is not None:  # perhaps an earlier attempt's router.json: read it again later
+                router.close()
+                self.router = None
+            now = time.monotonic()
+            if now - self._silent_look_at < NODE0_SILENT_LOOK_S:
+                return False
+            self._silent_look_at = now
+            log.warning("router unreachable: %s; looking for the run's end", e)
+            return True
+        self.ensure_registered(known)
+        return False
+
+    def _find_router(self) -> RemoteRouter | None:
+        """A span follower's view of node 0's router, from control/router.json (read at most every
+        ROUTER_FIND_S); None before node 0 wrote it, and on nodes whose router comes from start()."""
+        now = time.monotonic()
+        if self.follower is None or now - self._router_find_at < ROUTER_FIND_S:
+            return None
+        self._router_find_at = now
+        rec = self.control.router()
+        if rec is not None:
+            self.router = RemoteRouter.at(rec.url, api_key=self.api_key, log_path=self.log_dir / "router.log")
+        return self.router
+
+    def housekeeping(self) -> bool:
         """Every poll of the rollout process. Raises EngineFailure once an engine or the router is
-        past its restart budget (engines/supervisor.py): the attempt then ends as a failure."""
+        past its restart budget (engines/supervisor.py): the attempt then ends as a failure. True (nodes
+        > 0): node 0's router stopped answering, look for the run's end now (`node0_silent`)."""
         if self.supervisor is not None:
             self.supervisor.raise_if_failed()
         self._beat()
         if self.node == 0:
             self.merge_engines(due=False)
-        else:
-            self.ensure_registered()
+            return False
+        return self.node0_silent()
 
     def _beat(self) -> None:
         """This node's heartbeat with its phase: starting engines, then serving (node 0: what the
@@ -349,7 +401,7 @@ class RolloutNode:
         deadline = time.monotonic() + timeout
         while not cancel():
             self.merge_engines()
-            up = [e for e in self.control.engines() if e.healthy]
+            up = [e for e in self._engines() if e.healthy]
             if len(up) >= want:
                 return True
             if time.monotonic() > deadline:
@@ -364,11 +416,11 @@ class RolloutNode:
         return f"{len(self.supervisor.urls) if self.supervisor else 0} engine(s)"
 
     def engine_urls(self) -> list[str]:
-        urls = [e.url for e in self.control.engines()]
+        urls = [e.url for e in self._engines()]
         return urls or (self.supervisor.urls if self.supervisor else [])
 
     def restarts_total(self) -> int:
-        return sum(e.restarts for e in self.control.engines())
+        return sum(e.restarts for e in self._engines())
 
     def close(self) -> None:
         """Kill every process this node started; always safe to call."""

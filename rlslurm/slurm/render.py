@@ -19,7 +19,7 @@ from rlslurm import attempt
 from rlslurm.config import RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.user_error import FAILURE_FILE, USER_ERROR_EXIT_CODE, USER_ERROR_FILE
-from rlslurm.watchdog import hang_timeout_s
+from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "templates"
 TEMPLATE = "hetjob.sbatch.j2"
@@ -149,5 +149,6 @@ def render(cfg: RunConfig, run_dir: Path, attempt_base: int = 0) -> str:
         attempt_base=attempt_base,
         user_error_exit=USER_ERROR_EXIT_CODE, user_error_file=USER_ERROR_FILE, failure_file=FAILURE_FILE,
         hang_timeout_s=int(hang_timeout_s(cfg.train)),
+        hang_check_every_s=int(CHECK_EVERY_S),
         **_attempt_values(),
     )

@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-from rlslurm.buffer.control import Control
+from rlslurm.buffer.control import Control, Listing
 
 log = logging.getLogger("rlslurm.trainer.delivery")
 
@@ -128,12 +128,12 @@ class WeightDelivery:
         engines = self.control.engines()
         return bool(engines) and all(e.healthy for e in engines)
 
-    def due(self, weight_version: int) -> Publish | None:
+    def due(self, weight_version: int, seen: Listing | None = None) -> Publish | None:
         """What to publish while the trainer waits for a rollout, if anything; `weight_version`: the
-        trainer's weights now."""
+        trainer's weights now; `seen`: the poll's listing of control/ (buffer/control.py `Listing`)."""
         if self.pending is not None:
             return Publish(self.pending) if self.engines_ready() else None
-        behind = self._awaiting(weight_version)
+        behind = self._awaiting(weight_version, seen)
         if not behind:
             return None
         log.info("engines %s restarted and hold the checkpoint's weights: publishing version %d again",
@@ -141,11 +141,11 @@ class WeightDelivery:
         self._republished.update(behind)
         return Publish(self.published, again=True)  # type: ignore[arg-type]  # _awaiting: published is set
 
-    def _awaiting(self, weight_version: int) -> list[tuple[str, int]]:
+    def _awaiting(self, weight_version: int, seen: Listing | None = None) -> list[tuple[str, int]]:
         """Restarted engines kept out of the router until they serve the published version, when the
         trainer's weights are that version (with --update-weights-interval > 1 the trainer may be ahead
         of it: then the next scheduled publish reaches them)."""
         if not self.needs_engines or self.published is None or self.published != weight_version:
             return []
-        return [(e.url, e.restarts) for e in self.control.engines()
+        return [(e.url, e.restarts) for e in self.control.engines(seen)
                 if e.healthy and e.awaiting_weights and (e.url, e.restarts) not in self._republished]

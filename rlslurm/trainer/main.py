@@ -52,6 +52,10 @@ from rlslurm.trainer.setup import init_distributed
 log = logging.getLogger("rlslurm.trainer")
 
 POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
+# While the trainer waits, rank 0 looks for a later attempt of the run (a listing of logs/ and a read
+# of the ledger) this often, not at every poll (docs/shared-fs-load.md): a trainer that outlived its
+# attempt writes nothing meanwhile, every trained rollout is checked before its publish and checkpoint.
+SUPERSEDED_POLL_S = 10.0
 
 # SLURM ends a job (scancel, scontrol requeue, preemption, the time limit) by TERMing every process
 # and KILLing it KillWait (or the partition's GraceTime) later. Dying at once on TERM would lose
@@ -130,6 +134,7 @@ class Trainer:
         self.last_saved: int | None = None
         self.attempt = job_env().attempt
         self.ended_early: str | None = None  # rank 0: why the run ends before --num-rollout
+        self._superseded_next = 0.0  # rank 0's poll: when to look for a later attempt again (monotonic)
         self._heartbeat = Beat(lambda: self.control.heartbeat(
             "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
@@ -511,16 +516,22 @@ class Trainer:
         self._beat(now=True)
 
     def _poll(self, rollout_id: int) -> Command:
-        """Rank 0's verdict: a stop or preempt first, then a publish due, then the rollout."""
-        requests = self.control.requests()  # one listing of control/ a poll (docs/shared-fs-load.md)
+        """Rank 0's verdict: a stop or preempt first, then a publish due, then the rollout; a WAIT after
+        POLL_S. What a poll costs the shared run directory (docs/shared-fs-load.md): one listing of
+        control/ for every record read from it, one listing of the buffer, a look for a later attempt
+        every SUPERSEDED_POLL_S."""
+        seen = self.control.listing()
+        requests = self.control.requests(seen)
         if requests.preempt is not None or term_received():
             return Next.PREEMPT
         if requests.stop is not None:
             return Next.STOP
-        if self._superseded():
-            return Next.SUPERSEDED
+        if time.monotonic() >= self._superseded_next:
+            self._superseded_next = time.monotonic() + SUPERSEDED_POLL_S
+            if self._superseded():
+                return Next.SUPERSEDED
         self._beat()
-        if (due := self.delivery.due(self.progress.weight_version)) is not None:
+        if (due := self.delivery.due(self.progress.weight_version, seen)) is not None:
             return due
         if self.replay:
             if rollout_id not in self.reader.committed_ids():
@@ -528,13 +539,14 @@ class Trainer:
                               f"{self.cfg.rollout.num_rollout}, committed: {self.reader.committed_ids()[-5:]})")
             return Next.READY
         try:
-            self.reader.wait_for(rollout_id, timeout=POLL_S)
+            self.reader.wait_for(rollout_id, timeout=0)  # one listing; the wait is the sleep below
             return Next.READY
         except BufferTimeout:
             pass
-        if (rec := self.control.data_exhausted(self.attempt)) is not None and rec.rollout_id <= rollout_id:
+        if (rec := self.control.data_exhausted(self.attempt, seen)) is not None and rec.rollout_id <= rollout_id:
             self.ended_early = rec.message
             return Next.END
+        time.sleep(POLL_S)  # a rollout committed meanwhile is read at the next poll: within POLL_S
         return Next.WAIT
 
     def _superseded(self) -> bool:

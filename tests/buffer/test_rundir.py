@@ -122,3 +122,27 @@ def test_dirs_made_later_inherit_the_run_dir_mode(tmp_path):
     assert _mode(rd.buffer_dir / "quarantine") == 0o2750
     data = [p for p in (rd.buffer_dir / "quarantine").rglob("*.data")]
     assert data and _mode(data[0]) == 0o640
+
+
+@pytest.mark.parametrize("group_shared,mode,chmods", [(False, 0o600, 0), (True, 0o640, 1)])
+def test_heartbeats_under_the_jobs_umask_cost_a_chmod_only_in_a_group_shared_run(tmp_path, monkeypatch, group_shared,
+                                                                                  mode, chmods):
+    """Under the batch script's umask 077 a 0640 file needs a chmod, a metadata round trip of its own,
+    at every write: a third of a heartbeat (every 30 s per node, docs/shared-fs-load.md). In a private
+    run (0700) the group cannot enter the directory, so a heartbeat is 0600 and needs none; in a
+    group-shared one it stays group-readable for `rlslurm status`."""
+    from rlslurm.buffer.control import Control
+
+    rd = RunDir.create(tmp_path / "run", group_shared=group_shared)
+    calls = []
+    real = os.fchmod
+    monkeypatch.setattr(os, "fchmod", lambda fd, m: calls.append(m) or real(fd, m))
+    old = os.umask(0o077)
+    try:
+        control = Control(rd)
+        for _ in range(3):
+            control.heartbeat("rollout", 1)
+    finally:
+        os.umask(old)
+    assert _mode(control.heartbeat_dir / "rollout-1.json") == mode and len(calls) == 3 * chmods
+    assert [hb.rank for hb in control.heartbeats()] == [1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
-from rlslurm.watchdog import hang_timeout_s, silent_roles
+from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s, silent_roles
 from tests.prompt_files import prompt_lines
 
 BOUND = 600
@@ -69,6 +70,30 @@ def test_the_batch_script_finds_the_same_silent_roles(tmp_path: Path, prompts: P
                              env={"PATH": os.environ["PATH"], "CONTROL": str(control), "HANG_S": str(BOUND),
                                   "START_TS": str(int(now - since_s))}).stdout.strip()
         assert (out in silent) if silent else out == "", (beats, since_s, out)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="counts the script's metadata operations with strace")
+def test_the_batch_scripts_check_costs_one_stat_per_heartbeat_file_a_minute(tmp_path: Path, prompts: Path) -> None:
+    """At 128 nodes the check reads 128 heartbeat files: one stat(1) for them all and a listing, not a
+    test and a stat(1) per file, and once a minute (CHECK_EVERY_S) against a bound of minutes
+    (docs/shared-fs-load.md)."""
+    cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", str(prompts)], strict_inputs=False).cfg
+    script = render(cfg, tmp_path / "run")
+    assert CHECK_EVERY_S == 60 and "NEXT_HANG_CHECK=$(( NOW + 60 ))" in script
+    fn = re.search(r"^silent_role\(\) \{\n.*?^\}\n", script, re.S | re.M)
+    clock = re.search(r"^epoch\(\) \{.*\}\n", script, re.M)
+    control, now = tmp_path / "control", time.time()
+    names = [f"trainer-{i}" for i in range(8)] + [f"rollout-{i}" for i in range(8)]
+    for name in names:
+        beat(control / "heartbeats", name, 5, now)
+    trace = tmp_path / "check.strace"
+    subprocess.run(["strace", "-f", "-qq", "-y", "-o", str(trace), "-e", "trace=%file,getdents64",
+                    "bash", "-c", clock.group(0) + fn.group(0) + "silent_role"], check=True,
+                   env={"PATH": os.environ["PATH"], "CONTROL": str(control), "HANG_S": str(BOUND),
+                        "START_TS": str(int(now))})
+    ops = [ln for ln in trace.read_text().splitlines() if str(control) in ln and "execve" not in ln]
+    # a listing is an open and two getdents; every file is stat(1)'s one statx (or newfstatat)
+    assert len(ops) <= len(names) + 4, f"{len(ops)} ops:\n" + "\n".join(ops)
 
 
 def test_bound_defaults_to_the_collective_timeout_plus_a_margin_and_renders(tmp_path: Path, prompts: Path) -> None:

@@ -202,3 +202,118 @@ def test_node_zero_merges_every_nodes_engines(tmp_path):
     assert urls == ["http://10.0.0.1:1", "http://10.0.0.1:3", "http://10.0.0.2:1"]
     assert n0.restarts_total() == 2 and n0.engine_urls() == urls
     assert [e.node for e in Control(rd).engines()] == ["n0", "n0", "n1"]
+
+
+def test_nodes_after_the_first_look_for_the_end_when_node_zeros_router_goes_silent(tmp_path):
+    """Nodes > 0 look for the run's end on their own only every END_POLL_S (2 minutes: each look is 6
+    metadata operations on the shared run directory, docs/shared-fs-load.md); node 0 closes its router
+    when the run ends, and the poll that finds it silent looks at once."""
+    import asyncio
+    import http.server
+    import threading
+
+    from rlslurm.rollout.main import SharedLook, until_end
+    from rlslurm.rollout.node import RemoteRouter, RolloutNode
+
+    class Router(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b'{"workers": []}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    rd = _run_dir(tmp_path)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    node = RolloutNode(RunConfig(), rd, node=1, node_name="n1", host="127.0.0.1", attempt=0)
+    node.router = RemoteRouter.at(f"http://127.0.0.1:{srv.server_address[1]}", api_key=None,
+                                  log_path=tmp_path / "router.log")
+    looks = []
+    look = SharedLook(rd, Control(rd), max_age_s=0)
+
+    def counted():
+        looks.append(1)
+        return look()
+
+    async def scenario():
+        end = asyncio.ensure_future(until_end(None, node.housekeeping, counted, end_poll_s=3600))
+        await asyncio.sleep(2.5)  # a live router: only the first look
+        assert looks == [1] and not end.done()
+        rd.mark_finished({"test": True})
+        srv.shutdown()  # node 0 ended: its router goes
+        srv.server_close()
+        return await asyncio.wait_for(end, timeout=10)
+
+    try:
+        assert asyncio.run(scenario()) == "finished"
+    finally:
+        node.close()
+
+
+def test_node_zeros_driver_shares_its_look_for_the_end(tmp_path, monkeypatch):
+    """The driver's stop check (every 0.5 s) and node 0's end loop (every 1 s) answer from one look
+    at most POLL_S old: one listing of the run directory and one of control/ a second, not three."""
+    from rlslurm.rollout.main import SharedLook
+
+    rd = _run_dir(tmp_path)
+    control = Control(rd)
+    listed = []
+    real = Control.requests
+    monkeypatch.setattr(Control, "requests", lambda self: listed.append(1) or real(self))
+    look = SharedLook(rd, control, max_age_s=0.5)
+    assert not any(look().driver_should_stop() for _ in range(20)) and look().end_reason() is None
+    assert len(listed) == 1
+    control.request_stop("test")
+    time.sleep(0.5)
+    assert look().driver_should_stop() and look().end_reason() is None  # a request; the ack is the trainer's
+    control.ack_stop(checkpoint_iteration=0)
+    time.sleep(0.5)
+    assert look().end_reason() == "stop" and len(listed) == 3
+
+
+def test_node_zero_answers_engines_from_memory_and_reads_the_version_only_when_it_decides(tmp_path, monkeypatch):
+    """Node 0 writes engines.json: the driver's engine list (every 0.5 s while it waits for weights) comes
+    from what it wrote, and the published version is read only while some engines have the version a
+    rollout needs and others not (docs/shared-fs-load.md)."""
+    import asyncio
+
+    from rlslurm.engines.supervisor import EngineInfo
+    from rlslurm.rollout.driver import RolloutDriver
+    from rlslurm.rollout.node import RolloutNode
+
+    rd = _run_dir(tmp_path)
+    n0 = RolloutNode(RunConfig(), rd, node=0, node_name="n0", host="10.0.0.1", attempt=0)
+    n0._publish([EngineInfo(name="e", url="http://10.0.0.1:1", host="10.0.0.1", port=1, nccl_port=2, base_gpu_id=0,
+                            tp_size=1, device="cuda", pid=7, healthy=True, restarts=0, worker_id=None)])
+    reads = []
+    for name in ("engines", "weight_version"):
+        real = getattr(Control, name)
+        monkeypatch.setattr(Control, name, lambda self, *a, _r=real, _n=name: reads.append(_n) or _r(self, *a))
+    assert n0.engine_urls() == ["http://10.0.0.1:1"] and n0.restarts_total() == 0 and reads == []
+
+    from rlslurm.runfile import load_run_config
+
+    cfg = load_run_config(rd.path)
+    driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=n0.engine_urls, api_key=None, tokenizer=None,
+                           source=object(), poll_s=0.01)  # the weight gate needs neither prompts nor tokens
+    versions = {"a": 0, "b": 0}
+
+    async def engine_versions():
+        return dict(versions)
+
+    driver.engine_versions = engine_versions
+    rid = cfg.rollout.async_buffer_size + 1  # needs version 1
+
+    async def scenario():
+        wait = asyncio.ensure_future(driver.wait_for_weights(rid))
+        await asyncio.sleep(0.2)  # ~20 polls, every engine behind: nothing to read
+        assert not wait.done() and reads == []
+        Control(rd).set_weight_version(1)
+        versions["a"] = 1  # b was restarted and missed it: the published version decides
+        return await asyncio.wait_for(wait, timeout=5)
+
+    assert asyncio.run(scenario()) == 0 and "weight_version" in reads and "engines" not in reads

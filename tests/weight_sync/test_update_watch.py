@@ -131,18 +131,44 @@ def test_a_restart_in_progress_does_not_delay_the_hold(setup):
 def test_covers_answers_from_a_fresh_read_between_the_watchers_polls(setup):
     """The watcher looks every 10 s (each look costs the shared filesystem ~4 metadata operations per
     rollout node, docs/shared-fs-load.md); a health check that fails in between asks `covers()`, which
-    reads the record itself, within the record's cap."""
+    reads the record itself, within the record's cap, and the watcher holds what it found."""
     control, sup = setup
     w = UpdateWatcher(control, sup, cap_s=0.5, poll_s=60.0).start()
     try:
         assert not w.covers()
         _mark(control, 4, 60)
-        assert w.covers() and not sup.paused  # the watcher has not looked yet; the answer is fresh
-        time.sleep(0.7)
+        assert w.covers()  # the watcher has not looked yet; the answer is fresh
+        assert _wait(lambda: sup.paused), "what covers() found was not held"
+        assert _wait(lambda: not sup.paused, 2.0), "held past the cap"  # the hold ends at the cap, not the poll
         assert not w.covers()  # past the cap on this node's clock: a hung sync excuses nothing
         _mark(control, 5, 60)  # the trainer's next try: a new record, honoured afresh
         assert w.covers()
         unlink_durable(control.weight_update_file)
         assert not w.covers()
+    finally:
+        w.close()
+
+
+def test_a_node_that_does_not_look_reads_the_record_only_when_a_check_fails(setup, monkeypatch):
+    """Nodes > 0 (`look=False`): no read of control/weight_update.json between updates; the first
+    failed health check of an update (`covers`) starts the hold, which then lasts until the record
+    goes, as a hold the watcher found itself (docs/shared-fs-load.md)."""
+    control, sup = setup
+    reads = []
+    real = Control.weight_update
+    monkeypatch.setattr(Control, "weight_update", lambda self: reads.append(1) or real(self))
+    w = UpdateWatcher(control, sup, cap_s=30.0, poll_s=0.02, look=False).start()
+    try:
+        _mark(control, 7, 60)
+        time.sleep(0.3)
+        assert not sup.paused and reads == [], "the watcher looked on its own"
+        assert w.covers()  # what the supervisor asks when a check fails
+        assert _wait(lambda: sup.paused), "a failed check's update was not held"
+        assert w.held == 1
+        unlink_durable(control.weight_update_file)
+        assert _wait(lambda: not sup.paused), "the hold outlived the update"
+        n = len(reads)
+        time.sleep(0.3)
+        assert len(reads) == n and not sup.paused, "reads went on after the update"
     finally:
         w.close()
