@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig
+from rlslurm.parallel_grid import owned_field_refusal
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 
@@ -186,17 +187,22 @@ def transformer_config(
     pp: int = 1,
     ep: int = 1,
     cp: int = 1,
+    etp: int | None = None,
     overrides: dict[str, Any] | None = None,
 ):
     """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
 
     `overrides` are the user's `--megatron-<field>` values by TransformerConfig field name; they
-    win over everything computed here. An unknown field is a ConfigError naming the flag.
+    win over everything computed here, but for the parallel sizes (rlslurm/parallel_grid.py: the
+    process groups are built from rlslurm's own flags). An unknown field is a ConfigError naming the
+    flag. `etp`: the routed experts' tensor parallel size (None: TP, megatron's default).
     """
     TransformerConfig, MLATransformerConfig = _config_classes()
     cls = MLATransformerConfig if mc.arch.mla else TransformerConfig
     fields = {f.name for f in dataclasses.fields(cls)}
     for key in overrides or {}:
+        if (why := owned_field_refusal(key)) is not None:
+            raise ConfigError(why)
         if key not in fields:
             raise ConfigError(
                 f"--megatron-{key.replace('_', '-')}: {key!r} is not a megatron-core {cls.__name__} field"
@@ -209,6 +215,7 @@ def transformer_config(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=tp if etp is None else etp,
         context_parallel_size=cp,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
