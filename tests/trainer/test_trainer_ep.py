@@ -201,3 +201,11 @@ def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
     with pytest.raises(ConfigError, match="--megatron-moe-token-dispatcher-type allgather at "
                                           "--expert-model-parallel-size 2"):
         model_mod.transformer_config(mc, ep=2, overrides={"moe_token_dispatcher_type": "allgather"})
+    # experts split over more ranks than attention (ETP 2 > TP 1): that group spans DP ranks too
+    assert model_mod.transformer_config(mc, tp=1, etp=2).moe_token_dispatcher_type == "alltoall"
+    assert model_mod.transformer_config(mc, tp=2, etp=1).expert_tensor_parallel_size == 1
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2: it needs equal micro-batch"):
+        model_mod.transformer_config(mc, tp=1, etp=2, overrides={"moe_token_dispatcher_type": "allgather"})
+    with pytest.raises(ConfigError, match="^--megatron-expert-tensor-parallel-size: rlslurm sets it from "
+                                          "--expert-tensor-parallel-size"):
+        model_mod.transformer_config(mc, overrides={"expert_tensor_parallel_size": 1})
