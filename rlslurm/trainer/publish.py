@@ -9,8 +9,9 @@ Each `publish` returns the `Delivered` record of what delivered the version (tra
   `/update_weights_from_disk`. Keeps the newest `keep` versions.
 
 A publisher is called on every trainer rank (the export gathers over TP, ETP and EP, collectives:
-convert/export.py says who takes part); only the rank with DP=0, TP=0 of the first pipeline stage writes (later stages send it their layers,
-`pipeline.stages_to_first`). The distributed (broadcast) publisher implements the same interface.
+convert/export.py says who takes part); only the rank with DP=0, TP=0 of the first pipeline stage
+writes (later stages send it their layers, `pipeline.stages_to_first`). The distributed (broadcast)
+publisher implements the same interface.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
               dtype: torch.dtype | None = None) -> bool:
     """The model in HF format into `target` (config.json from `hf_dir` or the model config, and its
     tokenizer files): built beside it and renamed into place complete, replacing an older `target`.
-    Collective over the trainer (the export gathers over TP and PP); returns whether this rank wrote."""
+    Collective over the trainer (the export gathers over TP/ETP/EP and PP); returns whether this rank wrote."""
     from megatron.core import parallel_state as ps
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
     from rlslurm.convert.parallel import export_roles
