@@ -395,6 +395,10 @@ class TrainSection(Section):
     context_parallel_size: int = Field(1, ge=1, description="trainer context parallelism (CP; > 1 is refused "
                                                             "for now)")
     expert_model_parallel_size: int = Field(1, ge=1, description="trainer expert parallelism of MoE layers (EP)")
+    # slime's flag; megatron-core's own default is TP too (rlslurm/parallel_grid.py)
+    expert_tensor_parallel_size: int | None = Field(None, ge=1, description="trainer tensor parallelism of the "
+                                                                            "routed experts (ETP; default: "
+                                                                            "--tensor-model-parallel-size)")
     micro_batch_size: int = Field(1, ge=1, description="samples per micro-batch of each data-parallel rank")
     global_batch_size: int | None = Field(None, ge=1, description="samples per optimizer step (default: from "
                                                                   "rollout-batch-size x n-samples-per-prompt / "
@@ -436,6 +440,11 @@ class TrainSection(Section):
     save_debug_train_data: str | None = Field(None, description="per rollout and rank, what the loss is computed "
                                                                 "from as a torch file to this path ({rollout_id}, "
                                                                 "{rank})")
+
+    @property
+    def expert_tp(self) -> int:
+        """ETP as the trainer runs it: --expert-tensor-parallel-size, else TP (megatron-core's default)."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
 
     @field_validator("save_hf")
     @classmethod

@@ -21,6 +21,7 @@ from rlslurm.job.timespec import time_limit_s
 from rlslurm.low_precision import check_megatron_precision
 from rlslurm.model_config import ModelConfig, model_config_path
 from rlslurm.model_from_hf import run_model
+from rlslurm.parallel_grid import check_expert_grid, owned_field_refusal
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
@@ -200,6 +201,9 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         raise ConfigError(layout.context_parallel_refusal(t.context_parallel_size, None))
     if cfg.run.shared_gpu:
         _check_shared_gpu(cfg)
+    for key in cfg.megatron:
+        if (why := owned_field_refusal(key)) is not None:
+            raise ConfigError(why)
     world = cfg.trainer_gpus
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
     if world % mp:
@@ -217,16 +221,15 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
                 f"--expert-model-parallel-size {t.expert_model_parallel_size} does not divide "
                 f"{mc.name}'s {mc.arch.moe.num_experts} experts"
             )
-        # The trainer leaves megatron's expert tensor parallel size at its default, TP, so the
-        # expert grid is TP x EP x PP ranks (docs/parallel-layouts.md).
-        expert_grid = t.tensor_model_parallel_size * t.expert_model_parallel_size * t.pipeline_model_parallel_size
-        if world % expert_grid:
-            raise ConfigError(
-                f"--expert-model-parallel-size {t.expert_model_parallel_size} x --tensor-model-parallel-size "
-                f"{t.tensor_model_parallel_size} (experts are tensor-parallel as the dense layers) x "
-                f"--pipeline-model-parallel-size {t.pipeline_model_parallel_size} = {expert_grid} does not divide "
-                f"the {world} trainer GPUs"
-            )
+    # megatron-core builds the experts' grid (ETP x EP x expert-DP x PP) over the same world, whether
+    # or not the model has experts (rlslurm/parallel_grid.py, docs/parallel-layouts.md)
+    check_expert_grid(world, tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size,
+                      ep=t.expert_model_parallel_size, etp=t.expert_tp,
+                      where=f"the {world} trainer GPUs")
+    if mc.arch.moe is not None and mc.arch.moe.moe_ffn_hidden_size % t.expert_tp:
+        raise ConfigError(f"--expert-tensor-parallel-size {t.expert_tp} does not divide {mc.name}'s expert FFN "
+                          f"width {mc.arch.moe.moe_ffn_hidden_size} (arch.moe.moe_ffn_hidden_size): each expert's "
+                          "FFN is split over ETP ranks")
     if mc.arch.num_attention_heads % t.tensor_model_parallel_size or mc.arch.num_query_groups % t.tensor_model_parallel_size:
         if not (mc.arch.mla and mc.arch.num_attention_heads % t.tensor_model_parallel_size == 0):
             raise ConfigError(

@@ -10,8 +10,9 @@ Run one process per model-parallel rank, e.g. for TP=2:
 (also `rlslurm convert ...`). The mapping is `rlslurm.convert`, the same one the trainer loads
 with and the weight sync exports with. A Megatron checkpoint written here carries
 `rlslurm_model.json` (rlslurm.convert.meta: architecture, padded vocabulary, parallel sizes,
-dtype), so it can be read back at any TP/PP/EP that divides its padded vocabulary and is checked
-against the model config.
+dtype), so it can be read back at any TP/PP/EP/ETP that divides its padded vocabulary and is
+checked against the model config. `--etp` (the routed experts' tensor parallelism, default `--tp`)
+changes the process count: PP x lcm(TP, ETP x EP) (rlslurm/convert/runtime.py).
 """
 
 from __future__ import annotations
@@ -90,27 +91,29 @@ def hf_to_mcore_cmd(
     tp: int = typer.Option(1, "--tp"),
     pp: int = typer.Option(1, "--pp"),
     ep: int = typer.Option(1, "--ep"),
+    etp: int = typer.Option(None, "--etp", help="tensor parallelism of the routed experts (default: --tp; "
+                                                "slime's --expert-tensor-parallel-size)"),
     dtype: DType = typer.Option(DType.bf16, "--dtype", help="parameter dtype of the Megatron checkpoint"),
     vocab_divisible_by: int = typer.Option(
         128, "--vocab-divisible-by",
         help="pad the vocabulary to a multiple of this x TP (recorded; readers at any TP dividing the "
              "padded size can load it, e.g. 1024 lets TP 1..8 share one checkpoint)"),
 ) -> None:
-    """HF safetensors -> megatron-core distributed checkpoint at the chosen TP/PP/EP."""
-    _run(lambda: _hf_to_mcore(model, hf, out, tp, pp, ep, _TORCH[dtype], vocab_divisible_by))
+    """HF safetensors -> megatron-core distributed checkpoint at the chosen TP/PP/EP/ETP."""
+    _run(lambda: _hf_to_mcore(model, hf, out, tp, pp, ep, _TORCH[dtype], vocab_divisible_by, etp))
 
 
 def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int, dtype: torch.dtype,
-                 vocab_divisible_by: int = 128) -> None:
+                 vocab_divisible_by: int = 128, etp: int | None = None) -> None:
     from rlslurm.convert import check_hf_config, load_hf_checkpoint
     from rlslurm.convert.meta import write_meta
     from rlslurm.model_config import load_model_config
     from rlslurm.convert import runtime
 
-    runtime.check_world(tp, pp, ep)
+    etp = runtime.check_world(tp, pp, ep, etp)
     mc = load_model_config(model_name)
     check_hf_config(mc, hf)
-    rt = runtime.init(tp, pp, ep)
+    rt = runtime.init(tp, pp, ep, etp)
     try:
         from megatron.core import dist_checkpointing
 
@@ -133,11 +136,11 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
         if rt.is_main:
             write_meta(out, {
                 "model": mc.name, "arch": mc.arch.model_dump(mode="json"), "hf_model_type": mc.hf_model_type,
-                "vocab_size_padded": vpad, "tp": tp, "pp": pp, "ep": ep, "dtype": _HF_NAME[dtype],
+                "vocab_size_padded": vpad, "tp": tp, "pp": pp, "ep": ep, "etp": etp, "dtype": _HF_NAME[dtype],
                 "source": str(hf.resolve()),
             })
             _summary("hf-to-mcore", {
-                "model": mc.name, "from": hf, "to": out, "TP/PP/EP": f"{tp}/{pp}/{ep}",
+                "model": mc.name, "from": hf, "to": out, "TP/PP/EP/ETP": f"{tp}/{pp}/{ep}/{etp}",
                 "dtype": _HF_NAME[dtype], "padded vocab": f"{mc.arch.vocab_size} -> {vpad}",
                 "shards loaded (all ranks)": tensors, "bytes (all ranks)": nbytes,
                 "seconds": f"{time.time() - t0:.1f}",
@@ -158,10 +161,12 @@ def mcore_to_hf_cmd(
     tp: int = typer.Option(1, "--tp"),
     pp: int = typer.Option(1, "--pp"),
     ep: int = typer.Option(1, "--ep"),
+    etp: int = typer.Option(None, "--etp", help="tensor parallelism of the routed experts (default: --tp; "
+                                                "slime's --expert-tensor-parallel-size)"),
     dtype: DType = typer.Option(None, "--dtype", help="dtype of the HF tensors (default: the checkpoint's)"),
 ) -> None:
     """megatron-core distributed checkpoint -> HF safetensors (trimmed vocabulary, HF names)."""
-    _run(lambda: _mcore_to_hf(model, load, out, hf_config_from, tp, pp, ep, _TORCH[dtype] if dtype else None))
+    _run(lambda: _mcore_to_hf(model, load, out, hf_config_from, tp, pp, ep, _TORCH[dtype] if dtype else None, etp))
 
 
 def _hf_config(mc, hf_config_from: Path | None, dtype: torch.dtype) -> dict:
@@ -184,13 +189,13 @@ def _hf_config(mc, hf_config_from: Path | None, dtype: torch.dtype) -> dict:
 
 
 def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | None, tp: int, pp: int, ep: int,
-                 dtype: torch.dtype | None) -> None:
+                 dtype: torch.dtype | None, etp: int | None = None) -> None:
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
     from rlslurm.convert.meta import check_meta, read_meta
     from rlslurm.model_config import load_model_config
     from rlslurm.convert import runtime
 
-    runtime.check_world(tp, pp, ep)
+    etp = runtime.check_world(tp, pp, ep, etp)
     mc = load_model_config(model_name)
     if not load.is_dir():
         raise ConfigError(f"--load {load}: not a directory")
@@ -200,7 +205,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
         meta.get("dtype", "float32"), torch.float32)
     out_dtype = dtype or ckpt_dtype
     config = _hf_config(mc, hf_config_from, out_dtype)
-    rt = runtime.init(tp, pp, ep)
+    rt = runtime.init(tp, pp, ep, etp)
     try:
         from megatron.core import dist_checkpointing
         from megatron.core import parallel_state as ps
@@ -239,7 +244,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
         tensors, nbytes = _reduce_sum([written["tensors"], written["bytes"]])
         if rt.is_main:
             _summary("mcore-to-hf", {
-                "model": mc.name, "from": load, "to": out, "TP/PP/EP": f"{tp}/{pp}/{ep}",
+                "model": mc.name, "from": load, "to": out, "TP/PP/EP/ETP": f"{tp}/{pp}/{ep}/{etp}",
                 "dtype": _HF_NAME[out_dtype], "HF tensors written": tensors, "bytes": nbytes,
                 "seconds": f"{time.time() - t0:.1f}",
             })

@@ -1,14 +1,16 @@
 """Megatron -> HF export, streamed tensor by tensor (weight sync, converter, HF checkpoint save).
 
 `mcore_to_hf` walks the model's tensors in state-dict order, gathers each over its TP group
-(all_gather) and, for routed experts, over the EP group, converts it to HF layout and yields
-`(hf_name, full_tensor)`. It holds one gathered tensor at a time, so the caller decides the
-bucketing (weight sync) or the sharding of files (converter).
+(all_gather) and, for routed experts, over the expert-TP group (ETP, which need not be TP) and then
+the EP group, converts it to HF layout and yields `(hf_name, full_tensor)`. It holds one gathered
+tensor at a time, so the caller decides the bucketing (weight sync) or the sharding of files
+(converter).
 
-Who takes part and who receives: every rank of the TP group (and of the EP group, for MoE models)
-must iterate the generator in step, because each tensor is an all_gather. Every participating
-rank receives the full tensors; callers that send or write (the TP-0/EP-0 rank of each pipeline
-stage) use them, the others just drain the generator. With pipeline parallelism each stage
+Who takes part and who receives: every member of each of those groups must iterate the generator
+in step, because each tensor is an all_gather; `parallel.export_roles()` says which ranks that is
+(the first dense DP ranks of the stage that the gathers reach, rlslurm/parallel_grid.py). Every
+participating rank receives the full tensors; callers that send or write (the `sender`: DP 0, TP 0
+of each pipeline stage) use them, the others just drain the generator. With pipeline parallelism each stage
 yields the tensors of its own layers (plus the embedding on the first stage and the final norm
 and output layer on the last).
 """

@@ -1,4 +1,5 @@
-"""Where this rank sits: TP/EP/ETP ranks and groups, and the model's layer numbering.
+"""Where this rank sits: TP/EP/ETP ranks and groups, its part in an export, and the model's layer
+numbering.
 
 Read from megatron's `parallel_state` when it is initialised; a plain single-process view
 otherwise (the converter's TP=1 path and unit tests without torch.distributed).
@@ -42,6 +43,33 @@ class Ranks:
             ep_group=ps.get_expert_model_parallel_group(),
             etp_group=ps.get_expert_tensor_parallel_group(),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportRoles:
+    """A rank's part in an HF export of its pipeline stage (`mcore_to_hf`)."""
+    exporter: bool  # iterates the export: every gather it makes needs all of its members
+    sender: bool    # the stage's one rank that keeps the full tensors (DP 0, TP 0, so EP 0 and ETP 0)
+
+
+def export_roles() -> ExportRoles:
+    """Who exports: the first dense DP ranks of each stage that the gathers reach
+    (rlslurm/parallel_grid.py `exporting_dp_ranks`: DP 0 alone when ETP x EP divides TP, the first
+    EP ones at ETP = TP). One process without megatron's parallel state: both."""
+    from megatron.core import parallel_state as ps
+
+    from rlslurm.parallel_grid import exporting_dp_ranks
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and ps.model_parallel_is_initialized()):
+        return ExportRoles(True, True)
+    dp = ps.get_data_parallel_rank()
+    first = exporting_dp_ranks(tp=ps.get_tensor_model_parallel_world_size(), cp=ps.get_context_parallel_world_size(),
+                               ep=ps.get_expert_model_parallel_world_size(),
+                               etp=ps.get_expert_tensor_parallel_world_size())
+    return ExportRoles(exporter=dp < first,
+                       sender=dp == 0 and ps.get_tensor_model_parallel_rank() == 0
+                       and ps.get_context_parallel_rank() == 0)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,9 +1,11 @@
 """Process setup shared by both conversion directions: torch.distributed (gloo on CPU, NCCL on
 GPU), megatron's parallel state, the model, and the converter's metadata file.
 
-The converter runs one process per model-parallel rank: world size = TP x PP x EP (data
-parallelism is only the EP dimension, experts being spread over it). Started without torchrun it
-is a single process (TP=PP=EP=1).
+The converter runs one process per model-parallel rank and no more: world size = PP x lcm(TP,
+ETP x EP), the fewest ranks on which megatron-core's dense grid (TP x DP) and expert grid (ETP x EP
+x expert-DP) both fit (rlslurm/parallel_grid.py); any data parallelism is only there for the
+experts. With ETP = TP (the default) that is TP x PP x EP. Started without torchrun it is a single
+process (TP=PP=EP=ETP=1).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch.distributed as dist
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import rendezvous_port
+from rlslurm.parallel_grid import converter_world
 from rlslurm.model_config import ModelConfig
 
 
@@ -26,6 +29,7 @@ class Runtime:
     tp: int
     pp: int
     ep: int
+    etp: int
 
     @property
     def is_main(self) -> bool:
@@ -35,22 +39,27 @@ class Runtime:
         dist.barrier()
 
 
-def check_world(tp: int, pp: int, ep: int) -> None:
-    """Refuse parallel sizes that do not match the processes started (before any heavy import)."""
-    for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+def check_world(tp: int, pp: int, ep: int, etp: int | None = None) -> int:
+    """Refuse parallel sizes that do not match the processes started (before any heavy import);
+    returns ETP (None: TP)."""
+    etp = tp if etp is None else etp
+    for flag, v in (("--tp", tp), ("--pp", pp), ("--ep", ep), ("--etp", etp)):
         if v < 1:
             raise ConfigError(f"{flag}={v}: must be >= 1")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != tp * pp * ep:
+    need = converter_world(tp=tp, pp=pp, ep=ep, etp=etp)
+    if world != need:
+        said = f" --etp {etp}" if etp != tp else ""
         raise ConfigError(
-            f"--tp {tp} --pp {pp} --ep {ep} needs {tp * pp * ep} processes "
-            f"(torchrun --nproc_per_node {tp * pp * ep}), got WORLD_SIZE={world}"
+            f"--tp {tp} --pp {pp} --ep {ep}{said} needs {need} processes "
+            f"(torchrun --nproc_per_node {need}), got WORLD_SIZE={world}"
         )
+    return etp
 
 
-def init(tp: int, pp: int, ep: int) -> Runtime:
-    """Start torch.distributed + megatron parallel state for the requested sizes."""
-    check_world(tp, pp, ep)
+def init(tp: int, pp: int, ep: int, etp: int | None = None) -> Runtime:
+    """Start torch.distributed + megatron parallel state for the requested sizes (etp None: TP)."""
+    etp = check_world(tp, pp, ep, etp)
     if "RANK" not in os.environ:  # plain `python -m rlslurm.convert`: one process
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(rendezvous_port("127.0.0.1")))
@@ -67,9 +76,9 @@ def init(tp: int, pp: int, ep: int) -> Runtime:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 expert_model_parallel_size=ep)
+                                 expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     model_parallel_cuda_manual_seed(1234)
-    return Runtime(dist.get_rank(), world, tp, pp, ep)
+    return Runtime(dist.get_rank(), world, tp, pp, ep, etp)
 
 
 def shutdown() -> None:
@@ -87,7 +96,8 @@ def build(mc: ModelConfig, rt: Runtime, dtype: torch.dtype, vocab_size_padded: i
 
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
 
-    tcfg = transformer_config(mc, params_dtype=dtype, tp=rt.tp, pp=rt.pp, ep=rt.ep, cp=1, overrides={})
+    tcfg = transformer_config(mc, params_dtype=dtype, tp=rt.tp, pp=rt.pp, ep=rt.ep, etp=rt.etp, cp=1,
+                              overrides={})
     vpad = vocab_size_padded or padded_vocab_size(mc.arch.vocab_size, rt.tp, vocab_divisible_by)
     if vpad % rt.tp:
         raise ConfigError(f"--tp {rt.tp}: the checkpoint's padded vocabulary {vpad} is not divisible by it")

@@ -1,6 +1,6 @@
 """`rlslurm convert ... --submit`: run a checkpoint conversion as a single-group SLURM job.
 
-A conversion is one node of `tp x pp x ep` processes, exactly what submitit is made for: it
+A conversion is one node of `tp x pp x ep` processes (`pp x lcm(tp, etp x ep)` with `--etp`), exactly what submitit is made for: it
 writes the batch script, pickles the call, and gives back a job handle whose `result()` is the
 torchrun exit code. (The RL run itself is a heterogeneous job, which submitit cannot express; it
 comes from rlslurm/templates/.) The processes run the interpreter that submitted, on the node.
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlslurm.config import check_slurm_name
 from rlslurm.errors import ConfigError
+from rlslurm.parallel_grid import converter_world
 
 
 def _int_at_least(low: int):
@@ -81,15 +82,18 @@ def split_submit_args(args: list[str]) -> ConvertJob:
             continue
         conv.append(a)
         i += 1
-    nproc = 1  # the converter runs one process per model-parallel rank: TP x PP x EP
-    for flag in ("--tp", "--pp", "--ep"):
+    sizes: dict[str, int] = {}
+    for flag in ("--tp", "--pp", "--ep", "--etp"):
         if flag in conv:
             try:
-                nproc *= _int_at_least(1)(conv[conv.index(flag) + 1])
+                sizes[flag] = _int_at_least(1)(conv[conv.index(flag) + 1])
             except IndexError:
                 raise ConfigError(f"{flag} needs an integer") from None
             except ValueError as e:
                 raise ConfigError(f"{flag}: {e}") from None
+    tp = sizes.get("--tp", 1)
+    # the converter's own rule: one process per model-parallel rank (rlslurm/convert/runtime.py)
+    nproc = converter_world(tp=tp, pp=sizes.get("--pp", 1), ep=sizes.get("--ep", 1), etp=sizes.get("--etp", tp))
     return ConvertJob(argv=conv, nproc=nproc, **opts)  # type: ignore[arg-type]
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig
+from rlslurm.parallel_grid import owned_field_refusal
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 
@@ -186,29 +187,36 @@ def transformer_config(
     pp: int = 1,
     ep: int = 1,
     cp: int = 1,
+    etp: int | None = None,
     overrides: dict[str, Any] | None = None,
 ):
     """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
 
     `overrides` are the user's `--megatron-<field>` values by TransformerConfig field name; they
-    win over everything computed here. An unknown field is a ConfigError naming the flag.
+    win over everything computed here, but for the parallel sizes (rlslurm/parallel_grid.py: the
+    process groups are built from rlslurm's own flags). An unknown field is a ConfigError naming the
+    flag. `etp`: the routed experts' tensor parallel size (None: TP, megatron's default).
     """
     TransformerConfig, MLATransformerConfig = _config_classes()
     cls = MLATransformerConfig if mc.arch.mla else TransformerConfig
     fields = {f.name for f in dataclasses.fields(cls)}
     for key in overrides or {}:
+        if (why := owned_field_refusal(key)) is not None:
+            raise ConfigError(why)
         if key not in fields:
             raise ConfigError(
                 f"--megatron-{key.replace('_', '-')}: {key!r} is not a megatron-core {cls.__name__} field"
             )
     if params_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
+    etp = tp if etp is None else etp
     kw: dict[str, Any] = dict(_SAFE_DEFAULTS)
     kw.update(_arch_kwargs(mc))
     kw.update(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
         context_parallel_size=cp,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -225,8 +233,11 @@ def transformer_config(
     # their sample count, so pipeline stages must exchange each activation's shape before it
     # (megatron's schedule otherwise assumes one fixed [seq, micro_batch, hidden] per call).
     kw["variable_seq_lengths"] = pp > 1
-    if pp > 1 or ep > 1:
-        # The allgather token dispatcher gathers equal-sized chunks from the TP x EP ranks, but at
+    # the experts' ETP x EP group holds ranks of different DP index unless ETP x EP divides TP (it
+    # then lies within a dense TP group, rlslurm/parallel_grid.py); EP > 1 takes alltoall either way
+    mixes_dp = ep > 1 or tp % etp != 0
+    if pp > 1 or mixes_dp:
+        # The allgather token dispatcher gathers equal-sized chunks from the ETP x EP ranks, but at
         # EP > 1 those ranks belong to different DP ranks, whose micro-batches have different
         # shapes (measured on gloo: "Received data size doesn't match expected size", abort);
         # megatron also refuses it under variable_seq_lengths (its default even for dense models,
@@ -239,8 +250,9 @@ def transformer_config(
         if "max_position_embeddings" in fields:
             kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
     kw.update(overrides or {})
-    if ep > 1 and kw.get("moe_token_dispatcher_type") == "allgather":
-        raise ConfigError(f"--megatron-moe-token-dispatcher-type allgather at --expert-model-parallel-size {ep}: "
+    if mixes_dp and kw.get("moe_token_dispatcher_type") == "allgather":
+        raise ConfigError(f"--megatron-moe-token-dispatcher-type allgather at --expert-model-parallel-size {ep} x "
+                          f"--expert-tensor-parallel-size {etp}: "
                           "it needs equal micro-batch shapes on every expert-parallel rank, which right-padded "
                           "RL micro-batches of different DP ranks do not have (use alltoall)")
     if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):

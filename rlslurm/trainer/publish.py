@@ -8,9 +8,10 @@ Each `publish` returns the `Delivered` record of what delivered the version (tra
   place complete), then `Control.set_weight_version(N)`; engines load it with
   `/update_weights_from_disk`. Keeps the newest `keep` versions.
 
-A publisher is called on every trainer rank (the export gathers over TP, a collective); only the
-rank with DP=0, TP=0 of the first pipeline stage writes (later stages send it their layers,
-`pipeline.stages_to_first`). The distributed (broadcast) publisher implements the same interface.
+A publisher is called on every trainer rank (the export gathers over TP, ETP and EP, collectives:
+convert/export.py says who takes part); only the rank with DP=0, TP=0 of the first pipeline stage
+writes (later stages send it their layers, `pipeline.stages_to_first`). The distributed (broadcast)
+publisher implements the same interface.
 """
 
 from __future__ import annotations
@@ -61,15 +62,16 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
               dtype: torch.dtype | None = None) -> bool:
     """The model in HF format into `target` (config.json from `hf_dir` or the model config, and its
     tokenizer files): built beside it and renamed into place complete, replacing an older `target`.
-    Collective over the trainer (the export gathers over TP and PP); returns whether this rank wrote."""
+    Collective over the trainer (the export gathers over TP/ETP/EP and PP); returns whether this rank wrote."""
     from megatron.core import parallel_state as ps
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
+    from rlslurm.convert.parallel import export_roles
     from rlslurm.trainer.pipeline import stages_to_first
 
-    writer = (ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
-              and ps.get_pipeline_model_parallel_rank() == 0)
-    if ps.get_data_parallel_rank() == 0:  # every TP rank of DP group 0 takes part in the gather
-        stream = stages_to_first(mcore_to_hf(mc, model, dtype=dtype), sender=ps.get_tensor_model_parallel_rank() == 0)
+    roles = export_roles()
+    writer = roles.sender and ps.get_pipeline_model_parallel_rank() == 0
+    if roles.exporter:  # every member of every TP/ETP/EP gather (DP 0 and, with experts, the DP ranks they reach)
+        stream = stages_to_first(mcore_to_hf(mc, model, dtype=dtype), sender=roles.sender)
         if writer:
             target = Path(target)
             tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"

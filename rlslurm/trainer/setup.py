@@ -26,6 +26,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.layout import context_parallel_refusal
 from rlslurm.model_config import ModelConfig
 from rlslurm.model_from_hf import run_model
+from rlslurm.parallel_grid import check_expert_grid
 from rlslurm.rl_settings import check_rl_settings, estimator
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
 from rlslurm.trainer.collectives import group_timeout
@@ -66,6 +67,7 @@ class Parallel:
     dp_rank: int
     tp_rank: int
     pp_rank: int = 0
+    etp: int = 1  # the routed experts' tensor parallelism (rlslurm/parallel_grid.py)
 
     @property
     def dp_group(self):
@@ -103,6 +105,8 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
         raise ConfigError(
             f"--tensor-model-parallel-size {t.tensor_model_parallel_size} x --pipeline-model-parallel-size "
             f"{t.pipeline_model_parallel_size} = {mp} does not divide the trainer world size {world}")
+    check_expert_grid(world, tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size,
+                      ep=t.expert_model_parallel_size, etp=t.expert_tp, where=f"the trainer world size {world}")
     if not torch.cuda.is_available():
         from rlslurm.trainer import cpu_shim
 
@@ -115,10 +119,12 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
             pipeline_model_parallel_size=t.pipeline_model_parallel_size,
             context_parallel_size=t.context_parallel_size,
             expert_model_parallel_size=t.expert_model_parallel_size,
+            expert_tensor_parallel_size=t.expert_tp,
             distributed_timeout_minutes=max(1, math.ceil(t.distributed_timeout_minutes)),
         )
     return Parallel(
         tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size, cp=1, ep=t.expert_model_parallel_size,
+        etp=t.expert_tp,
         dp=ps.get_data_parallel_world_size(), dp_rank=ps.get_data_parallel_rank(),
         tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
     )
@@ -324,7 +330,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     from rlslurm.trainer.model import padded_vocab_size, transformer_config
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
-    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, cp=par.cp,
+    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp, cp=par.cp,
                               overrides=tf_over)
     check_pipeline(mc, tcfg, par.pp)
     vpad = padded_vocab_size(mc.arch.vocab_size, par.tp)

@@ -13,7 +13,8 @@ One publish, every trainer rank calling `publish(model, version)`:
     each leader      in stage order, (re)builds its stage's group if the engine set changed
                      (engines block in the join, one group at a time)
     stage-0 leader   POST /pause_generation, /begin_weight_update to every engine
-    stage s, in turn the DP=0 ranks export (gathered over TP/EP, HF names, `mcore_to_hf`);
+    stage s, in turn the exporters (DP=0, and the DP ranks the expert gathers reach) export
+                     (gathered over TP/ETP/EP, HF names, `mcore_to_hf`);
                      the leader packs buckets of `bucket_bytes` and for each bucket sends
                      /update_weights_from_distributed (names/dtypes/shapes) to every engine
                      at once while broadcasting the bucket's tensors
@@ -404,7 +405,7 @@ class StageSender:
 
 @dataclass
 class _Roles:
-    exporter: bool     # takes part in the export gather (DP=0)
+    exporter: bool     # takes part in the export's gathers (convert/parallel.py export_roles)
     leader: bool       # rank 0 of its stage's group
     coordinator: bool  # the stage-0 leader: brackets the update, records the version
     stage: int
@@ -415,12 +416,13 @@ class _Roles:
 def _megatron_roles() -> _Roles:
     from megatron.core import parallel_state as ps
 
-    dp0 = ps.get_data_parallel_rank() == 0
-    leader = dp0 and ps.get_tensor_model_parallel_rank() == 0 and ps.get_expert_model_parallel_rank() == 0
+    from rlslurm.convert.parallel import export_roles
+
+    roles = export_roles()  # the export's gathers decide who exports (convert/export.py)
     stage, stages = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
     dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    return _Roles(exporter=dp0, leader=leader, coordinator=leader and stage == 0, stage=stage, stages=stages,
-                  device=dev)
+    return _Roles(exporter=roles.exporter, leader=roles.sender, coordinator=roles.sender and stage == 0,
+                  stage=stage, stages=stages, device=dev)
 
 
 class DistributedPublisher:

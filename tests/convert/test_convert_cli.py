@@ -1,5 +1,5 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
-different TP/PP/EP on each side, bit-identical tensors, and the export loads and generates in HF.
+different TP/PP/EP/ETP on each side, bit-identical tensors, and the export loads and generates in HF.
 The six conversions run in one torchrun (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/launcher/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
@@ -70,9 +70,10 @@ def converted(bf16_qwen3, tiny_ckpts, tmp_path_factory) -> Path:
          "--vocab-divisible-by", "64"],
         ["mcore-to-hf", "--model", "tiny-glm4", "--load", str(g / "mc"), "--out", str(g / "hf"), "--pp", "2",
          "--hf-config-from", str(glm4)],
-        # experts sharded over EP=2 written, read back at TP=2 (sequence parallel, MLA duplicated)
-        ["hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(deepseek), "--out", str(d / "mc"), "--ep", "2",
-         "--dtype", "fp32"],
+        # experts sharded over EP=2, each whole (ETP=1) while attention is split over TP=2 (slime's MoE
+        # layout, 2 ranks), read back at TP=2 with the experts split over it (ETP=2, EP=1)
+        ["hf-to-mcore", "--model", "tiny-deepseek-v3", "--hf", str(deepseek), "--out", str(d / "mc"), "--tp", "2",
+         "--ep", "2", "--etp", "1", "--dtype", "fp32"],
         ["mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(d / "mc"), "--out", str(d / "hf"), "--tp", "2",
          "--hf-config-from", str(deepseek)],
     ]
@@ -97,8 +98,14 @@ def test_glm4_tp2_to_pp2(tiny_ckpts, converted):
     _generates(hf)
 
 
-def test_deepseek_ep2_to_tp2(tiny_ckpts, converted):
-    """Experts sharded over EP=2 written, read back at TP=2 (sequence parallel, MLA duplicated)."""
+def test_deepseek_ep2_etp1_to_tp2(tiny_ckpts, converted):
+    """Experts sharded over EP=2 and whole (ETP=1) under TP=2 written, read back at TP=2 = ETP
+    (sequence parallel, MLA duplicated): dist_checkpointing reshards the experts between the two
+    expert grids, bit for bit."""
+    from rlslurm.convert.meta import read_meta
+
+    meta = read_meta(converted / "deepseek" / "mc")
+    assert (meta["tp"], meta["ep"], meta["etp"]) == (2, 2, 1)
     _assert_bit_identical(tiny_ckpts / "tiny-deepseek-v3", converted / "deepseek" / "hf", torch.float32)
     _generates(converted / "deepseek" / "hf")
 
@@ -138,6 +145,22 @@ def test_padded_vocabulary_must_divide_by_the_reader_tp(tmp_path):
     assert check_meta(mc, tmp_path, tp=3) == 384
     with pytest.raises(ConfigError, match="tensor parallel size 5 does not divide .* 384"):
         check_meta(mc, tmp_path, tp=5)
+
+
+def test_expert_tensor_parallelism_sets_the_process_count(monkeypatch):
+    """The converter runs PP x lcm(TP, ETP x EP) processes (convert/runtime.py); `--submit` starts as many."""
+    from rlslurm.convert.runtime import check_world
+    from rlslurm.errors import ConfigError
+    from rlslurm.slurm.convert_job import split_submit_args
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert check_world(2, 1, 2, 1) == 1 and check_world(2, 1, 1) == 2
+    with pytest.raises(ConfigError, match=r"^--tp 2 --pp 1 --ep 2 needs 4 processes"):
+        check_world(2, 1, 2, 2)
+    with pytest.raises(ConfigError, match=r"^--tp 4 --pp 2 --ep 8 --etp 1 needs 16 processes"):
+        check_world(4, 2, 8, 1)
+    assert split_submit_args(["hf-to-mcore", "--tp", "2", "--ep", "2", "--etp", "1"]).nproc == 2
+    assert split_submit_args(["hf-to-mcore", "--tp", "2", "--ep", "2"]).nproc == 4
 
 
 def test_world_size_must_match_the_parallel_sizes(tiny_ckpts, tmp_path):

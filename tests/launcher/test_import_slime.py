@@ -128,8 +128,10 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
                "$BASE_DIR: BASE_DIR is not set in the script" in report, flag
     assert "not mapped: --sglang-server-concurrency: slime's own" in report
     assert cfg.data.prompt_data is None and cfg.model.hf_checkpoint is None
-    # the layout slime ran (16 nodes of experts x TP x PP) is what rlslurm's check refuses: said, not hidden
-    assert imp.refusal and "--expert-model-parallel-size 32" in imp.refusal
+    # slime's expert layout (experts whole, ETP 1, under TP 8) is carried (issue 32 item 2); what is
+    # still refused is its uneven pipeline (61 layers over 4 stages, item 3): said, not hidden
+    assert (cfg.train.expert_tensor_parallel_size, cfg.train.tensor_model_parallel_size) == (1, 8)
+    assert imp.refusal and "--pipeline-model-parallel-size 4 does not divide deepseek-v3's 61 layers" in imp.refusal
     assert report.endswith(imp.refusal)
 
 

@@ -97,17 +97,36 @@ def test_cpu_engines_span_one_rank_per_node(prompts: Path) -> None:
 
 
 def test_expert_grid_counts_tensor_parallelism(prompts: Path) -> None:
-    """Megatron makes the experts tensor-parallel as the dense layers: TP=2 x EP=2 needs 4 ranks,
-    so 2 trainer processes are refused (megatron-core's initialize_model_parallel raises there)."""
+    """Megatron makes the experts tensor-parallel as the dense layers unless told otherwise: TP=2 x
+    EP=2 needs 4 ranks, so 2 trainer processes are refused (megatron-core's
+    initialize_model_parallel raises there)."""
     argv = ["--model", "tiny-qwen3-moe", "--prompt-data", str(prompts)]
-    with pytest.raises(ConfigError) as e:
-        resolve(argv + ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"])
-    msg = str(e.value)
-    assert "\n" not in msg
-    assert msg.startswith("--expert-model-parallel-size 2 x --tensor-model-parallel-size 2 ")
-    assert "--pipeline-model-parallel-size 1 = 4 does not divide the 2 trainer GPUs" in msg
+    msg = one_line_naming(argv + ["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"],
+                          "--expert-model-parallel-size 2 x --expert-tensor-parallel-size 2 (default: "
+                          "--tensor-model-parallel-size) x --pipeline-model-parallel-size 1 = 4 does not divide "
+                          "the 2 trainer GPUs")
+    assert msg.startswith("--expert-model-parallel-size 2 x ")
     for ok in (["--expert-model-parallel-size", "2"], ["--tensor-model-parallel-size", "2"]):
         resolve(argv + ok)
+
+
+def test_expert_tensor_parallel_size_is_its_own(prompts: Path) -> None:
+    """--expert-tensor-parallel-size (slime's): the experts' grid is ETP x EP x PP (docs/parallel-
+    layouts.md). slime's MoE layout, experts whole (ETP 1) under TP 2, fits where ETP = TP does not;
+    what megatron-core would refuse at start is refused here, one line naming the flag."""
+    argv = ["--model", "tiny-qwen3-moe", "--prompt-data", str(prompts), "--tensor-model-parallel-size", "2"]
+    cfg = resolve(argv + ["--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"]).cfg
+    assert (cfg.train.expert_tensor_parallel_size, cfg.train.expert_tp) == (1, 1)
+    assert resolve(argv).cfg.train.expert_tp == 2  # unset: TP, as before
+    one_line_naming(argv + ["--expert-tensor-parallel-size", "4"],
+                    "--expert-model-parallel-size 1 x --expert-tensor-parallel-size 4 x "
+                    "--pipeline-model-parallel-size 1 = 4 does not divide the 2 trainer GPUs")
+    one_line_naming(argv[:-1] + ["1", "--trainer-procs-per-node", "3", "--expert-tensor-parallel-size", "3"],
+                    "--expert-tensor-parallel-size 3 does not divide tiny-qwen3-moe's expert FFN width 32")
+    one_line_naming(argv + ["--megatron-expert-tensor-parallel-size", "1"],
+                    "--megatron-expert-tensor-parallel-size", "use --expert-tensor-parallel-size")
+    one_line_naming(argv + ["--megatron-tensor-model-parallel-size", "1"], "use --tensor-model-parallel-size")
+    one_line_naming(argv + ["--expert-tensor-parallel-size", "0"], "--expert-tensor-parallel-size")
 
 
 def test_gpu_runs_of_slime_sized_models_recompute_as_slime_does(tmp_path: Path, prompts: Path) -> None:

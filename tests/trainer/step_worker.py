@@ -1,7 +1,8 @@
 """Run under torchrun by test_trainer_step.py / test_trainer_pp.py: build the trainer from a run
 directory, check its log-probs against HF transformers on the same weights, then train one rollout
-and dump losses and the updated weights (exported to HF names, gathered over TP and from every
-pipeline stage) for cross-layout comparison.
+and dump losses and the updated weights (published as the disk publisher does: HF names, gathered
+over TP/ETP/EP and from every pipeline stage) for cross-layout comparison. With --resume-check RUN,
+that run also checkpoints before its last step and checks that a resume takes the same step.
 
 Writes <out>/result.json and <out>/weights.pt from global rank 0. Several `--run-dir R --out O` pairs
 (all of one world size): the runs in turn in one set of processes, each from a fresh megatron parallel
@@ -22,6 +23,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-dir", required=True, type=Path, action="append")
     ap.add_argument("--out", required=True, type=Path, action="append")
+    ap.add_argument("--resume-check", type=Path, action="append", default=[],
+                    help="a --run-dir whose run also saves, trains, loads and trains its last step again")
     a = ap.parse_args()
     assert len(a.run_dir) == len(a.out), "one --out per --run-dir"
     torch.set_num_threads(1)
@@ -31,7 +34,7 @@ def main() -> None:
 
     init_distributed("cpu", 10)
     for run_dir, out in zip(a.run_dir, a.out):
-        one_run(run_dir, out)
+        one_run(run_dir, out, resume_check=run_dir in a.resume_check)
         # the next run sets megatron's parallel state up again at its own layout, as a fresh process
         # would (init_parallel: model_parallel_is_initialized() is False again), in the same process group
         ps.destroy_model_parallel()
@@ -39,15 +42,14 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def one_run(run_dir: Path, out_dir: Path) -> None:
+def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
     from rlslurm.buffer import RolloutReader
-    from rlslurm.convert import mcore_to_hf
     from rlslurm.runfile import load_run_config
-    from megatron.core import parallel_state as ps
 
     from rlslurm.trainer import logprobs as lp
     from rlslurm.trainer import step as steps
-    from rlslurm.trainer.pipeline import logits_on_every_stage, stages_to_first
+    from rlslurm.trainer.pipeline import logits_on_every_stage
+    from rlslurm.trainer.publish import export_hf
     from rlslurm.trainer.batching import collate, collate_packed
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
@@ -90,16 +92,48 @@ def one_run(run_dir: Path, out_dir: Path) -> None:
         result["logprob_scale"] = float(torch.cat(logp).abs().max())
 
     prep = steps.prepare(st, rollout)
-    result["steps"] = [steps.train_step(st, rollout, prep, k) for k in range(cfg.train.num_steps_per_rollout)]
-    weights = {}
-    sender = ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
-    for name, t in stages_to_first(mcore_to_hf(st.mc, st.actor.model), sender=sender):
-        weights[name] = t.clone()
+    n_steps = cfg.train.num_steps_per_rollout
+    result["steps"] = [steps.train_step(st, rollout, prep, k) for k in range(n_steps - 1)]
+    if resume_check:  # its last step is taken twice, the second time from the checkpoint
+        result["resume"] = _resume_check(st, rollout, prep, n_steps - 1, run_dir / "checkpoints")
+        result["steps"].append(result["resume"]["again"])
+    else:
+        result["steps"].append(steps.train_step(st, rollout, prep, n_steps - 1))
+    # the published weights: the disk publisher's own export (trainer/publish.py export_hf: who takes
+    # part in the TP/ETP/EP gathers, every pipeline stage to the first), read back from its files
+    export_hf(st.mc, st.actor.model, run_dir / "published", hf_dir=cfg.model.hf_checkpoint)
     if rank == 0:
+        from rlslurm.convert import HFCheckpoint
+
+        ck = HFCheckpoint(run_dir / "published")
+        weights = {name: ck.get(name) for name in ck.names()}
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save(weights, out_dir / "weights.pt")
         (out_dir / "result.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
+
+
+def _resume_check(st, rollout, prep, k: int, root: Path) -> dict:
+    """Save a checkpoint before step k, take step k, load the checkpoint and take step k again: the
+    weights after the second must equal those after the first bit for bit (every rank's own shards:
+    dist_checkpointing wrote and read them at this layout); both steps' metrics are returned."""
+    from rlslurm.buffer.progress import TrainerProgress
+    from rlslurm.trainer import checkpoint
+    from rlslurm.trainer import step as steps
+
+    d = checkpoint.save(st, TrainerProgress(), root, keep=1)
+    first = steps.train_step(st, rollout, prep, k)
+    straight = {n: p.detach().clone() for n, p in st.actor.model.named_parameters()}
+    with torch.no_grad():  # the checkpoint must bring them back, not what is left in memory
+        for p in st.actor.model.parameters():
+            p.add_(1.0)
+    checkpoint.load(st, d)
+    again = steps.train_step(st, rollout, prep, k)
+    worst = torch.tensor([max(float((p.detach() - straight[n]).abs().max())
+                              for n, p in st.actor.model.named_parameters())])
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return {"max_abs_diff": float(worst), "first": first, "again": again,
+            "expert_shards": sum(".experts." in n for n, _ in st.actor.model.named_parameters())}
 
 
 if __name__ == "__main__":

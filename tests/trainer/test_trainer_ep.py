@@ -1,4 +1,5 @@
-"""MoE expert parallelism in the RL trainer with dynamic batching (megatron-core on CPU, gloo).
+"""MoE expert parallelism in the RL trainer with dynamic batching (megatron-core on CPU, gloo), and
+expert tensor parallelism apart from TP (ETP=1 at TP=2).
 
 tiny-qwen3-moe at EP=2 x DP=2 (2 processes): the expert all-to-all spans both DP ranks, so both
 must run the same number of micro-batches per optimizer step, and their micro-batches have
@@ -77,14 +78,15 @@ def _torchrun(args: list[str], nproc: int) -> tuple[int, str]:
 
 
 def _prepare(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None,
-             tp: int = 1, pp: int = 1) -> Path:
+             tp: int = 1, pp: int = 1, etp: int | None = None) -> Path:
     import yaml
 
     from rlslurm.buffer import RolloutMeta, RolloutWriter
 
     run = make_run(tmp / name, hf, nproc=nproc, rollout=dict(rollout_batch_size=2, n_samples_per_prompt=5),
                    train={**TRAIN, "expert_model_parallel_size": ep, "tensor_model_parallel_size": tp,
-                          "pipeline_model_parallel_size": pp, "use_distributed_optimizer": nproc > tp * pp},
+                          "pipeline_model_parallel_size": pp, "expert_tensor_parallel_size": etp,
+                          "use_distributed_optimizer": nproc > tp * pp},
                    megatron=megatron)
     cfg = yaml.safe_load((run / "run.yaml").read_text())
     cfg["model"]["model"] = MODEL
@@ -93,12 +95,16 @@ def _prepare(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict
     return run
 
 
-def _run(tmp: Path, hf: Path, runs: list[tuple[str, int, int, int]], nproc: int) -> dict[str, tuple[dict, dict]]:
-    """step_worker.py on the runs (name, ep, tp, pp), all of `nproc` processes, in one torchrun (each
-    run from a fresh parallel state; a torchrun start costs ~15 s of imports per process on 2 cores)."""
+def _run(tmp: Path, hf: Path, runs: list[tuple], nproc: int) -> dict[str, tuple[dict, dict]]:
+    """step_worker.py on the runs (name, ep, tp, pp[, etp]), all of `nproc` processes, in one torchrun
+    (each run from a fresh parallel state; a torchrun start costs ~15 s of imports per process on 2
+    cores). A run with an ETP of its own also checks a checkpoint resume (step_worker --resume-check)."""
     args = [str(HERE / "step_worker.py")]
-    for name, ep, tp, pp in runs:
-        args += ["--run-dir", str(_prepare(tmp, hf, name, nproc, ep, tp=tp, pp=pp)), "--out", str(tmp / f"{name}-out")]
+    for name, ep, tp, pp, *etp in runs:
+        run = _prepare(tmp, hf, name, nproc, ep, tp=tp, pp=pp, etp=etp[0] if etp else None)
+        args += ["--run-dir", str(run), "--out", str(tmp / f"{name}-out")]
+        if etp:
+            args += ["--resume-check", str(run)]
     rc, log = _torchrun(args, nproc)
     assert rc == 0, log[-6000:]
     return {name: (json.loads((tmp / f"{name}-out" / "result.json").read_text()),
@@ -118,8 +124,9 @@ def moe_hf(tmp_path_factory) -> tuple[Path, Path]:
 def layouts(moe_hf) -> dict[str, tuple[dict, dict]]:
     tmp, hf = moe_hf
     return {**_run(tmp, hf, [("ep1", 1, 1, 1)], 1), **_run(tmp, hf, [("ep2dp2", 2, 1, 1)], 2),
-            # EP=2 with TP=2 or PP=2, DP=2: 4 processes, one torchrun
-            **_run(tmp, hf, [("ep2tp2pp1", 2, 2, 1), ("ep2tp1pp2", 2, 1, 2)], 4)}
+            # EP=2 with TP=2 or PP=2, DP=2; and TP=2 with experts whole (ETP=1) over EP=2: 4 processes,
+            # one torchrun
+            **_run(tmp, hf, [("ep2tp2pp1", 2, 2, 1), ("ep2tp1pp2", 2, 1, 2), ("ep2tp2etp1", 2, 2, 1, 1)], 4)}
 
 
 def _assert_equal_runs(ref: tuple[dict, dict], got: tuple[dict, dict]) -> None:
@@ -167,6 +174,21 @@ def test_expert_parallel_with_tensor_or_pipeline_parallel_equals_single_process(
     _assert_equal_runs(layouts["ep1"], got)
 
 
+def test_expert_tensor_parallel_apart_from_tp_equals_single_process(layouts) -> None:
+    """slime's MoE layout, experts whole on each rank (--expert-tensor-parallel-size 1) while attention
+    is split over TP=2, EP=2: 4 processes, dense DP=2 and expert DP=2, the EP group now within a
+    dense TP group (megatron-core's expert grid, rlslurm/parallel_grid.py). Log-probs, losses and the
+    published weights (gathered over ETP and EP) equal EP=1 on one process; a checkpoint saved and
+    loaded at this layout takes the same step again, bit for bit."""
+    got = layouts["ep2tp2etp1"]
+    assert (got[0]["dp"], got[0]["tp"], got[0]["pp"]) == (2, 2, 1)
+    assert got[0]["logprob_max_abs_diff"] < 1e-5
+    _assert_equal_runs(layouts["ep1"], got)
+    resume = got[0]["resume"]
+    assert resume["expert_shards"] > 0 and resume["max_abs_diff"] == 0.0, resume
+    assert {k: resume["first"][k] for k in COMPARED} == {k: resume["again"][k] for k in COMPARED}
+
+
 def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
     """allgather gathers equal-sized chunks from ranks of different DP index, whose micro-batches
     differ in shape (it aborted on gloo): EP > 1 takes alltoall, and an allgather override is refused."""
@@ -179,3 +201,11 @@ def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
     with pytest.raises(ConfigError, match="--megatron-moe-token-dispatcher-type allgather at "
                                           "--expert-model-parallel-size 2"):
         model_mod.transformer_config(mc, ep=2, overrides={"moe_token_dispatcher_type": "allgather"})
+    # experts split over more ranks than attention (ETP 2 > TP 1): that group spans DP ranks too
+    assert model_mod.transformer_config(mc, tp=1, etp=2).moe_token_dispatcher_type == "alltoall"
+    assert model_mod.transformer_config(mc, tp=2, etp=1).expert_tensor_parallel_size == 1
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 2: it needs equal micro-batch"):
+        model_mod.transformer_config(mc, tp=1, etp=2, overrides={"moe_token_dispatcher_type": "allgather"})
+    with pytest.raises(ConfigError, match="^--megatron-expert-tensor-parallel-size: rlslurm sets it from "
+                                          "--expert-tensor-parallel-size"):
+        model_mod.transformer_config(mc, overrides={"expert_tensor_parallel_size": 1})

@@ -68,3 +68,31 @@ def test_collate_pads_to_the_sequence_parallel_multiple() -> None:
     assert mb.prompt_lens == [2, 1] and mb.response_lens == [1, 4]
     with pytest.raises(ValueError, match="pad_multiple"):
         collate(s, [0], torch.device("cpu"), pad_multiple=0)
+
+
+@pytest.mark.parametrize("tp, ep, etp, pp, world", [
+    (1, 2, 1, 1, 2), (2, 2, 2, 1, 4), (2, 2, 1, 1, 4), (2, 2, 1, 2, 8), (4, 2, 1, 1, 8), (8, 32, 1, 4, 128),
+    (2, 3, 1, 1, 6), (4, 1, 2, 1, 8), (1, 1, 1, 2, 4), (2, 1, 1, 1, 2)])
+def test_export_takes_every_rank_its_gathers_reach(tp, ep, etp, pp, world) -> None:
+    """The ranks that iterate an HF export (convert/parallel.py export_roles) are the first
+    `exporting_dp_ranks` dense DP ranks of each stage: exactly the smallest set that holds DP 0 and
+    every member of each TP, ETP and EP group one of them gathers over, in megatron-core's own rank
+    groups (its RankGenerator, as initialize_model_parallel builds them). The rule before ETP, DP 0
+    alone, misses ranks whenever the EP group leaves the TP group (ETP x EP not dividing TP)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    from rlslurm.parallel_grid import exporting_dp_ranks
+
+    order, dp = "tp-cp-ep-dp-pp", world // (tp * pp)
+    dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order=order)
+    expert = RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order=order)
+    groups = dense.get_ranks("tp") + expert.get_ranks("tp") + expert.get_ranks("ep")
+    dp_rank = {r: i for g in dense.get_ranks("dp") for i, r in enumerate(g)}
+    k = exporting_dp_ranks(tp=tp, cp=1, ep=ep, etp=etp)
+    for s in range(pp):  # each stage from its DP 0
+        stage_ranks = {g[s] for g in dense.get_ranks("pp")}
+        reach = {r for r in stage_ranks if dp_rank[r] == 0}
+        while grown := {r for g in groups if reach & set(g) for r in g} - reach:
+            reach |= grown
+        assert reach == {r for r in stage_ranks if dp_rank[r] < k}
+    assert (k == 1) == (tp % (etp * ep) == 0)
