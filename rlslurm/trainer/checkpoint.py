@@ -252,6 +252,22 @@ def _sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_
     return state
 
 
+def staging_estimate(st) -> int:
+    """Bytes this rank stages per save (trainer/ckpt_staging.py): each model's parameters as they are,
+    and for each optimizer's own parameters (this rank's fp32 main parameters, a shard under the
+    distributed optimizer) themselves and Adam's two moments, fp32. An estimate for reserving the
+    staging area ahead; a save that needs more grows it."""
+    total = 0
+    for role in (st.actor, st.critic):
+        if role is None:
+            continue
+        total += sum(p.numel() * p.element_size() for p in role.inner.parameters())
+        for part in getattr(role.optimizer, "chained_optimizers", None) or [role.optimizer]:
+            inner = getattr(part, "optimizer", part)
+            total += sum(3 * 4 * p.numel() for g in getattr(inner, "param_groups", []) for p in g["params"])
+    return total
+
+
 def _optimizers_with_state(st) -> set[str]:
     out = set()
     if has_optimizer_state(st.actor.optimizer):
@@ -329,6 +345,18 @@ class Checkpointer:
     def __init__(self, root: Path, keep: int, *, asynchronous: bool = True):
         self.root, self.keep, self.asynchronous = root, keep, asynchronous
         self.in_flight: _InFlight | None = None
+
+    @staticmethod
+    def prepare(st) -> None:
+        """Reserve the staging area in the background on a GPU trainer (trainer/ckpt_staging.py), so
+        that the first save does not page-lock it inside its stall. Not collective."""
+        if not torch.cuda.is_available() or next(st.actor.inner.parameters()).device.type != "cuda":
+            return
+        from rlslurm.trainer import ckpt_writer
+
+        nbytes = staging_estimate(st)
+        log.info("reserving %.1f GiB of host memory for checkpoint staging in the background", nbytes / 2**30)
+        ckpt_writer.area().reserve(nbytes, pin=True)
 
     @property
     def pending_iteration(self) -> int | None:

@@ -13,7 +13,10 @@ reads each tensor from its own offset (`torch.frombuffer`: a storage of exactly 
 the writer's `torch.save` writes that tensor's bytes and nothing around them).
 
 One area per trainer process, kept for the run and grown when a save needs more: the pages are
-touched and locked once, not at every save. Its size is this rank's share of a checkpoint, held in
+touched and locked once, not at every save. Touching and locking them is slow (12-17 s for 22-27 GiB
+on an H100 host, bench/results/checkpoint-h100x4.md), so the trainer reserves the area in the
+background as soon as its model is built (`reserve`, sized by checkpoint.py `staging_estimate`),
+while it waits for the engines and the first rollout; a save that comes first waits for it. Its size is this rank's share of a checkpoint, held in
 host memory from the first save on (the log says how much). A save starts only after the previous
 one's writer is gone (checkpoint.py `Checkpointer.start` waits), so the area is never rewritten
 under a writer. Where registration fails the copy still lands in the area at pageable speed, and
@@ -25,6 +28,8 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -69,11 +74,33 @@ class StagingArea:
         self._mm: mmap.mmap | None = None
         self._base: torch.Tensor | None = None
         self._registered = False
+        self._reserving: threading.Thread | None = None
+
+    def reserve(self, nbytes: int, pin: bool) -> None:
+        """Make the area ready for a save of `nbytes` in a background thread (module docstring)."""
+        self._reserved()
+
+        def run() -> None:
+            t = time.perf_counter()
+            try:
+                self._ensure(nbytes, pin)
+                log.info("checkpoint staging area reserved in %.1f s, before the first save", time.perf_counter() - t)
+            except Exception as e:  # the first save makes it then, in its stall
+                log.warning("checkpoint staging area not reserved ahead (%s: %s); the first save makes it",
+                            type(e).__name__, e)
+
+        self._reserving = threading.Thread(target=run, name="rlslurm-ckpt-staging", daemon=True)
+        self._reserving.start()
+
+    def _reserved(self) -> None:
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
 
     def _ensure(self, nbytes: int, pin: bool) -> None:
         if self._base is not None and nbytes <= self.size and (self._registered or not pin):
             return
-        self.close()
+        self._release()
         size = max(GROW, -(-nbytes // GROW) * GROW)
         fd = os.memfd_create("rlslurm-ckpt-staging")
         try:
@@ -98,6 +125,7 @@ class StagingArea:
 
     def stage(self, tensors: list[torch.Tensor]) -> list[Slot]:
         """Copy `tensors` into the area; returns where each landed. Blocks until every copy is done."""
+        self._reserved()
         pin = any(t.device.type == "cuda" for t in tensors) and torch.cuda.is_available()
         offsets, total = [], 0
         for t in tensors:
@@ -117,6 +145,10 @@ class StagingArea:
         return slots
 
     def close(self) -> None:
+        self._reserved()
+        self._release()
+
+    def _release(self) -> None:
         if self._registered and self._base is not None:
             torch.cuda.cudart().cudaHostUnregister(self._base.data_ptr())
         self._registered = False

@@ -161,6 +161,7 @@ class Trainer:
             self.last_saved = progress.trained_rollouts
             log.info("resumed from %s: next rollout %d, weight version %d", ckpt, progress.next_rollout_id,
                      progress.weight_version)
+        self._checkpointer().prepare(st)  # while the engines come up and the first rollout is made
         self.reader = self._reader()
         self.publisher = self._publisher()
         if ckpt is not None and progress.weight_version > 0:

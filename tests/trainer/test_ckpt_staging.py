@@ -65,6 +65,17 @@ def test_a_forked_writer_reads_each_staged_tensor_exactly_and_the_area_is_reused
         assert area.stage(second) == slots
         assert (area.fd, area.size) == (fd, size)
         assert all(torch.equal(g, w) for w, (g, _) in zip(second, _read_in_fork(area, slots)))
+        # an area reserved ahead (in the background, as the trainer does once its model is built) is
+        # the one the first save uses: no second allocation inside the save's stall
+        ahead = StagingArea()
+        ahead.reserve(200_000, pin=False)
+        ahead._reserving.join()
+        fd_ahead, size_ahead = ahead.fd, ahead.size
+        assert fd_ahead is not None and size_ahead >= 200_000
+        slots_ahead = ahead.stage(first)
+        assert (ahead.fd, ahead.size) == (fd_ahead, size_ahead)
+        assert all(torch.equal(g, w) for w, (g, _) in zip(first, _read_in_fork(ahead, slots_ahead)))
+        ahead.close()
         # a rank with nothing to write still hands its writer an area to map
         empty = StagingArea()
         assert empty.stage([]) == [] and empty.fd is not None
