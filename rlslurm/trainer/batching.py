@@ -34,6 +34,7 @@ there, as padding tokens already do.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -203,13 +204,7 @@ def collate(samples: list[Sample], indices: list[int], device: torch.device, pad
     tokens = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
     for row, s in enumerate(seqs):
         tokens[row, : len(s)] = torch.from_numpy(s.astype("int64"))
-    return MicroBatch(
-        indices=list(indices),
-        tokens=tokens.to(device),
-        prompt_lens=[len(samples[i].prompt_tokens) for i in indices],
-        response_lens=[samples[i].response_length for i in indices],
-        filler=filler,
-    )
+    return _micro_batch(samples, indices, tokens, device, filler)
 
 
 def collate_packed(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1,
@@ -229,12 +224,18 @@ def collate_packed(samples: list[Sample], indices: list[int], device: torch.devi
         starts.append(at)
         at += len(s)
     bounds = [0, *(st + n for st, n in zip(starts, lens))] + ([width] if width > total else [])
+    return _micro_batch(samples, indices, tokens, device, filler, starts=starts,
+                        cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=device))
+
+
+def _micro_batch(samples: list[Sample], indices: list[int], tokens: torch.Tensor, device: torch.device,
+                 filler: bool, **packed: Any) -> MicroBatch:
+    """What `collate` and `collate_packed` share: the samples' lengths beside their token rows."""
     return MicroBatch(
         indices=list(indices),
         tokens=tokens.to(device),
         prompt_lens=[len(samples[i].prompt_tokens) for i in indices],
         response_lens=[samples[i].response_length for i in indices],
         filler=filler,
-        starts=starts,
-        cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=device),
+        **packed,
     )

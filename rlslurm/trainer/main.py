@@ -625,14 +625,19 @@ class Trainer:
             export_hf(st.mc, st.actor.model, target, hf_dir=self.cfg.model.hf_checkpoint, dtype=st.tcfg.params_dtype)
         log.info("--save-hf: wrote %s", target)
 
-    def _stop(self, progress: TrainerProgress) -> int:
-        """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the
-        rollout group go — it keeps the engines until this ack, so no sync in flight loses its peers."""
-        self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
+    def _save_newest(self, progress: TrainerProgress) -> None:
+        """Before a stop or preempt ack: the save in flight finished, then the newest trained state
+        saved too if it is newer, so that the ack means "the newest state is `latest`"."""
+        self._saved(self._checkpointer().wait())
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
             if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
                 self.colo.release_for_save()
             self._save(progress)
+
+    def _stop(self, progress: TrainerProgress) -> int:
+        """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the
+        rollout group go — it keeps the engines until this ack, so no sync in flight loses its peers."""
+        self._save_newest(progress)
         if self.rank == 0:
             self.control.ack_stop(checkpoint_iteration=self.last_saved if self.last_saved is not None else -1)
         log.info("stop requested: saved, exiting before rollout %d", progress.next_rollout_id)
@@ -646,15 +651,10 @@ class Trainer:
         log.warning("%s while the job ends: checkpointing what was trained and exiting", e)
         return self._stop(progress) if self.control.stop_requested() is not None else self._preempt(progress)
 
-
     def _preempt(self, progress: TrainerProgress) -> int:
         if term_received():
             log.info("SIGTERM %.1fs ago: checkpointing before SLURM's KILL", time.time() - _term_at)
-        self._saved(self._checkpointer().wait())  # a save in flight is finished before the ack
-        if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
-            if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
-                self.colo.release_for_save()
-            self._save(progress)
+        self._save_newest(progress)
         if self.rank == 0:
             it = self.last_saved if self.last_saved is not None else -1
             self.control.ack_preempt(checkpoint_iteration=it)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
@@ -133,6 +134,18 @@ def gpu_map(trainer: tuple[str, str | None], targets: list[EngineTarget]) -> str
     parts += [f"{t.url}: {', '.join(t.gpus) or 'unknown'}" for t in targets]
     return "; ".join(parts)
 
+
+
+@contextmanager
+def _cancelled_on_error(futs: list, errors: type[BaseException]) -> Iterator[None]:
+    """The engines' update calls of a send are cancelled when the send fails: they wait for bytes that
+    will not come (the group is torn down with the attempt)."""
+    try:
+        yield
+    except errors:
+        for f in futs:
+            f.cancel()
+        raise
 
 @dataclass(frozen=True)
 class SyncOptions:
@@ -358,7 +371,7 @@ class StageSender:
         # Two buckets in flight: the next one is flattened while the previous is on the wire, and the
         # wait for a completed broadcast (polled: sync_group._wait_all) is not paid per bucket.
         in_flight: list[tuple[torch.Tensor, list]] = []
-        try:
+        with _cancelled_on_error(futs, BaseException):
             for k, bucket in enumerate(iter_buckets(it, self.opts.bucket_bytes, self.device, one_dtype=True)):
                 if k >= len(plan) or bucket_plan(bucket) != plan[k]:
                     # the engines wait for the planned bytes: fail this attempt (its group is torn down)
@@ -370,10 +383,6 @@ class StageSender:
                 stats.count(bucket)
             for _, works in in_flight:
                 self.group.finish(works, cancel=self.ending)
-        except BaseException:
-            for f in futs:
-                f.cancel()
-            raise
         self.engines.wait(futs, to, "update_weights_from_tensor")
 
     def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], stats: SendStats, *, flattened: bool) -> None:
@@ -387,12 +396,8 @@ class StageSender:
             "update_weights_from_distributed", names=[n for n, _ in bucket],
             dtypes=[dtype_name(t.dtype) for _, t in bucket], shapes=[list(t.shape) for _, t in bucket],
             group_name=self.group.spec.group_name, flush_cache=True, timeout=to, **extra)
-        try:
+        with _cancelled_on_error(futs, SyncGroupError):
             self.group.broadcast(tensors, cancel=self.ending)
-        except SyncGroupError:
-            for f in futs:
-                f.cancel()
-            raise
         self.engines.wait(futs, to, "update_weights_from_distributed")
         stats.count(bucket)
 

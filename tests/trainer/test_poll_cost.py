@@ -13,7 +13,7 @@ from collections import Counter
 
 from rlslurm.trainer.commands import Next
 from rlslurm.trainer.main import POLL_S
-from tests.trainer.test_trainer_republish import engines, trainer
+from tests.trainer.poll_trainer import engines, trainer
 
 
 def test_a_waiting_poll_lists_control_and_the_buffer_once(tmp_path, monkeypatch):

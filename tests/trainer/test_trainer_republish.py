@@ -6,38 +6,13 @@ no model is built (`_poll` is rank 0's decision, made before any collective)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from rlslurm.buffer.control import Control, EngineRecord
-from rlslurm.buffer.progress import TrainerProgress
-from rlslurm.buffer.reader import RolloutReader
-from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import RunConfig, TrainSection
+from rlslurm.buffer.control import EngineRecord
 from rlslurm.trainer.commands import Next
 from rlslurm.trainer.delivery import Publish
-from rlslurm.trainer.main import Trainer
 
-A, B = "http://10.0.0.1:30000", "http://10.0.0.2:30000"
-
-
-def trainer(tmp_path: Path, *, weight_sync: str = "distributed", published: int | None = 3,
-            trained: int = 3) -> Trainer:
-    rd = RunDir.create(tmp_path / "run")
-    t = Trainer(RunConfig(train=TrainSection(weight_sync=weight_sync)), rd, rank=0, world=1)
-    t.reader = RolloutReader(rd)
-    t.progress = TrainerProgress(next_rollout_id=trained, weight_version=trained, trained_rollouts=trained)
-    t.delivery.published = published
-    t.delivery.engines_up = True
-    return t
-
-
-def engines(control: Control, *, b_restarts: int = 1, b_awaiting: bool = True, b_healthy: bool = True) -> None:
-    control.write_engines([EngineRecord(url=A, node="n0", healthy=True),
-                           EngineRecord(url=B, node="n0", healthy=b_healthy, restarts=b_restarts,
-                                        awaiting_weights=b_awaiting)])
-
+from tests.trainer.poll_trainer import A, B, engines, trainer
 
 def test_restarted_engine_gets_the_published_version_again_once_per_restart(tmp_path):
     t = trainer(tmp_path)
