@@ -55,7 +55,9 @@ RESULTS_PREFIX = ".rlslurm-write-"
 POLL_S = 0.2  # the finalizer's look for the ranks' results files
 # Test hook (tests only): seconds each rank's writer holds its results after writing its files,
 # standing in for a real model's write on a CPU-sized one (tests/trainer/test_term_save.py,
-# tests/trainer/test_async_checkpoint.py). Unset in every real run.
+# tests/trainer/test_async_checkpoint.py). Unset in every real run. "@PATH": the seconds are read from
+# the file PATH at each save (absent or empty: 0), so a soak can open and close the window while the
+# run goes on (bench/bench_chaos.py).
 TEST_SAVE_DELAY_ENV = "RLSLURM_TEST_SAVE_DELAY_S"
 
 
@@ -109,7 +111,13 @@ def unstage(buckets: list, fd: int, size: int) -> list:
 
 
 def _test_delay() -> float:
-    return float(os.environ.get(TEST_SAVE_DELAY_ENV) or 0)
+    v = os.environ.get(TEST_SAVE_DELAY_ENV) or ""
+    if v.startswith("@"):
+        try:
+            v = Path(v[1:]).read_text().strip()
+        except FileNotFoundError:
+            return 0.0
+    return float(v or 0)
 
 
 def _dump(path: Path, out: Any) -> None:

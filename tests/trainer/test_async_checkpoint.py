@@ -103,3 +103,19 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(ful
     assert "saving checkpoint iter_0000004" in json.loads(failure.read_text())["reason"]
     assert _latest(run) == "iter_0000002" and verify(run / "checkpoints" / "iter_0000002") is None
     assert not (run / "checkpoints" / "iter_0000004").exists()  # the partial save is gone, its space free
+
+
+def test_the_save_delay_hook_reads_a_file_at_each_save(tmp_path: Path, monkeypatch) -> None:
+    """RLSLURM_TEST_SAVE_DELAY_S=@PATH: the seconds come from PATH at each save (bench/bench_chaos.py
+    opens the window mid-run); no file: no delay."""
+    from rlslurm.trainer import ckpt_writer
+
+    f = tmp_path / "delay"
+    monkeypatch.setenv(TEST_SAVE_DELAY_ENV, f"@{f}")
+    assert ckpt_writer._test_delay() == 0.0
+    f.write_text("35\n")
+    assert ckpt_writer._test_delay() == 35.0
+    f.write_text("")
+    assert ckpt_writer._test_delay() == 0.0
+    monkeypatch.setenv(TEST_SAVE_DELAY_ENV, "7")
+    assert ckpt_writer._test_delay() == 7.0
