@@ -119,3 +119,55 @@ def test_the_save_delay_hook_reads_a_file_at_each_save(tmp_path: Path, monkeypat
     assert ckpt_writer._test_delay() == 0.0
     monkeypatch.setenv(TEST_SAVE_DELAY_ENV, "7")
     assert ckpt_writer._test_delay() == 7.0
+
+
+_RANK = r"""
+import mmap, multiprocessing as mp, os, queue, sys, time
+from pathlib import Path
+from rlslurm.trainer import ckpt_writer
+
+def write(_, buckets, q):  # megatron's write of this rank's files, slow
+    time.sleep(3)
+    q.put({})
+
+fd = os.memfd_create("area")
+os.ftruncate(fd, 4096)
+ctx = mp.get_context("fork")
+recv, send = ctx.Pipe(duplex=False)
+ckpt_writer._JOB = (write, (None, []), Path(sys.argv[1]), 0, send, (fd, 4096))
+ckpt_writer._JOB_PARENT = os.getpid()
+p = ctx.Process(target=ckpt_writer._child, name="rlslurm-ckpt-writer-0")
+p.start()
+print(p.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_writer_whose_rank_is_killed_ends_and_publishes_nothing(tmp_path: Path) -> None:
+    """kill -9 of a rank mid-save (bench/bench_chaos.py ckpt_kill): its forked writer, which ignores the
+    step's TERM, ends within a poll instead of writing on and publishing its results file into a
+    directory a later attempt may re-save under the same name. Before the fix it ran on."""
+    import signal
+    import sys
+
+    from rlslurm.engines import procfs
+
+    results = tmp_path / ".rlslurm-write-0.pkl"
+    rank = subprocess.Popen([sys.executable, "-c", _RANK, str(results)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        writer = int(rank.stdout.readline())
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + 2.5
+        while procfs.state(writer) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = procfs.state(writer) in (None, "Z")
+        time.sleep(4)  # past the write: an orphan would publish its results now
+        assert gone and not results.exists(), (procfs.state(writer), results.exists())
+    finally:
+        rank.kill()
+        try:
+            os.kill(writer, signal.SIGKILL)
+        except (OSError, UnboundLocalError):
+            pass
