@@ -276,17 +276,16 @@ def inflight_save(run_dir: Path, after: str | None) -> str | None:
 
 def fill(mount: Path) -> int:
     """Fill the filesystem of `mount` to the last byte with one file; its size."""
-    n = 0
-    with open(mount / FILLER, "ab") as f:
+    fd = os.open(mount / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:  # unbuffered: a buffered file's flush/close on ENOSPC raises again with the rest kept
         for chunk in (1 << 20, 1 << 12, 1 << 9):
             while True:
                 try:
-                    f.write(b"\0" * chunk)
-                    f.flush()
-                    n += chunk
+                    os.write(fd, b"\0" * chunk)
                 except OSError:
-                    f.seek(0, 2)
                     break
+    finally:
+        os.close(fd)
     return os.path.getsize(mount / FILLER)
 
 
@@ -816,8 +815,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.faults < 1:
         p.error(f"--faults {a.faults}: must be >= 1")
-    if a.num_rollout < 2 * a.faults + 2:
-        p.error(f"--num-rollout {a.num_rollout}: needs >= 2 x --faults + 2 (progress between faults)")
     if os.geteuid() != 0:
         p.error("the SLURM test cluster needs root (tests/slurm_cluster/README.md)")
 
@@ -833,6 +830,8 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             p.error(f"--kinds: unknown {bad}; known: {KINDS}")
         a.faults = len(kinds)
+    if a.num_rollout < 2 * a.faults + 2:
+        p.error(f"--num-rollout {a.num_rollout}: needs >= 2 x --faults + 2 (progress between faults)")
     try:
         from importlib.metadata import version
         sglang = f"SGLang {version('sglang')} CPU"
