@@ -171,3 +171,32 @@ def test_a_writer_whose_rank_is_killed_ends_and_publishes_nothing(tmp_path: Path
             os.kill(writer, signal.SIGKILL)
         except (OSError, UnboundLocalError):
             pass
+
+
+def test_a_disk_full_before_the_first_save_is_one_line_too(full_checkpoints: Path, tiny_hf: Path) -> None:
+    """Found by bench/bench_chaos.py fs_full (issue 31 item 7): RUN/checkpoints filled before the run's first
+    save. Rank 0's common.pt (torch.save) then fails as a RuntimeError ("basic_ios::clear: iostream error",
+    "unexpected pos 64 vs 0": torch's zip writer drops the errno), which went out as a traceback: no line
+    naming the filesystem, no failure.json, a ledger reason that says only "trainer step ended first"."""
+    run = full_checkpoints
+    mnt = run / "checkpoints"
+    with open(mnt / "filler", "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 12, 1 << 9):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                pass
+    make_run(run, tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
+    commit_rollouts(run, range(4))
+    p = run_trainer(run, nproc=2, timeout=300, check=False)
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.splitlines() if "rlslurm trainer: error:" in l]
+    assert lines, p.stderr[-6000:]
+    line = lines[0][lines[0].index("rlslurm trainer: error:"):]
+    assert "no space left on device while saving checkpoint iter_0000002" in line, line
+    assert f"filesystem {mnt} (tmpfs)" in line and "this is the run's first checkpoint" in line, line
+    assert not list((run / "logs").rglob("user_error.json"))
+    [failure] = list((run / "logs").rglob("failure.json"))
+    assert "saving checkpoint iter_0000002" in json.loads(failure.read_text())["reason"]
+    assert not (mnt / "iter_0000002" / META).exists() and not (mnt / "latest").exists()  # never resumed from
