@@ -2,7 +2,8 @@
 
 Boots the real single-host SLURM cluster (tests/slurm_cluster/boot.sh; stopped by pid at the end,
 also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2,
---weight-sync-timeout-s 20 (see SYNC_TIMEOUT_S), --max-failures 20:
+--weight-sync-timeout-s 20 (see SYNC_TIMEOUT_S), the product's default --max-failures (issue 31 item 7;
+COUNTS lists the faults whose failed attempt counts against it):
 trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the real sglang-router
 + the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
 sequence of faults (every kind once, the rest drawn at random, shuffled):
@@ -17,6 +18,14 @@ sequence of faults (every kind once, the rest drawn at random, shuffled):
 | sigterm | `scancel --signal=TERM` (the steps) | checkpoint, requeue ("steps terminated") |
 | requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
 | hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within HANG_BOUND_S (120 s) the bench sends SIGCONT and reports it |
+| ckpt_kill | save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save | failed attempt; resume from the previous checkpoint |
+| sigterm_slow_save | each rank's save held 40 s, then `scancel --signal=TERM` | the save completes past torchrun's 30 s, acknowledged, requeue |
+| fs_full | RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in | one line naming the filesystem, failed attempt, requeue |
+| eio | RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO | retried with backoff; never a user error |
+| kill_engine_in_turn | (--colocate) kill -9 of an engine while the trainer holds the GPUs | restarted after the turn |
+
+Default sequences: MAIN_SEQUENCE, or COLOCATE_SEQUENCE with --colocate (one node, trainer and engines
+taking turns); --kinds gives another ('random': the old seeded mix of the first 8 kinds).
 
 Each fault is injected once the run has trained 1-2 more rollouts since the previous fault's recovery
 and the current attempt is up (both trainer ranks, the rollout process and its router found, at least
