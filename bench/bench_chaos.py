@@ -2,7 +2,8 @@
 
 Boots the real single-host SLURM cluster (tests/slurm_cluster/boot.sh; stopped by pid at the end,
 also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2,
---weight-sync-timeout-s 20 (see SYNC_TIMEOUT_S), --max-failures 20:
+--weight-sync-timeout-s 20 (see SYNC_TIMEOUT_S), the product's default --max-failures (issue 31 item 7;
+COUNTS lists the faults whose failed attempt counts against it):
 trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the real sglang-router
 + the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
 sequence of faults (every kind once, the rest drawn at random, shuffled):
@@ -17,6 +18,14 @@ sequence of faults (every kind once, the rest drawn at random, shuffled):
 | sigterm | `scancel --signal=TERM` (the steps) | checkpoint, requeue ("steps terminated") |
 | requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
 | hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within HANG_BOUND_S (120 s) the bench sends SIGCONT and reports it |
+| ckpt_kill | save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save | failed attempt; resume from the previous checkpoint |
+| sigterm_slow_save | each rank's save held 40 s, then `scancel --signal=TERM` | the save completes past torchrun's 30 s, acknowledged, requeue |
+| fs_full | RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in | one line naming the filesystem, failed attempt, requeue |
+| eio | RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO | retried with backoff; never a user error |
+| kill_engine_in_turn | (--colocate) kill -9 of an engine while the trainer holds the GPUs | restarted after the turn |
+
+Default sequences: MAIN_SEQUENCE, or COLOCATE_SEQUENCE with --colocate (one node, trainer and engines
+taking turns); --kinds gives another ('random': the old seeded mix of the first 8 kinds).
 
 Each fault is injected once the run has trained 1-2 more rollouts since the previous fault's recovery
 and the current attempt is up (both trainer ranks, the rollout process and its router found, at least
@@ -82,8 +91,22 @@ from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmErro
 
 from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
 
-KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine"]
-ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue"}
+KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine",
+         "ckpt_kill", "sigterm_slow_save", "fs_full", "eio", "kill_engine_in_turn"]
+ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue", "ckpt_kill", "sigterm_slow_save",
+                "fs_full"}
+# The faults whose attempt ends as a failure ("failed: ..." in the ledger), counted against --max-failures;
+# the preemption-like ones (usr1, sigterm*, requeue) end an attempt without counting.
+COUNTS = {"kill_trainer", "kill_driver", "ckpt_kill", "fs_full"}
+# The default sequences (issue 31 item 7): with the product's default --max-failures 3, three counted faults.
+MAIN_SEQUENCE = ["kill_engine", "eio", "ckpt_kill", "usr1", "kill_router", "sigterm_slow_save", "fs_full",
+                 "hang_engine", "requeue", "kill_trainer"]
+COLOCATE_SEQUENCE = ["kill_engine_in_turn", "sigterm", "kill_trainer"]
+SLOW_SAVE_S = 40        # sigterm_slow_save: each rank's write held this long (> torchrun's default 30 s)
+CKPT_KILL_DELAY_S = 30  # ckpt_kill: the window in which the ranks are killed mid-save
+EIO_HOLD_S = 5.0        # eio: every run-dir write/read fails with EIO this long (the retries span 16 s)
+CKPT_TMPFS = "24m"      # fs_full: RUN/checkpoints is a tmpfs of this size (a tiny checkpoint is ~1.3 MiB)
+FILLER = ".chaos-filler"
 FIRST_ATTEMPT_TIMEOUT_S = 600.0
 RECOVERY_TIMEOUT_S = 420.0   # a requeue here takes ~60-70 s (bench/results/requeue.md); SGLang start-up dominates
 READY_TIMEOUT_S = 420.0      # an engine restart is a full SGLang CPU start-up (~45 s on 2 loaded cores)
@@ -97,7 +120,7 @@ FINISH_TIMEOUT_S = 900.0
 BATCH_SAMPLES = 8 * 4        # tiny-qwen3's defaults at --nodes 2: 8 prompts x 4 samples per rollout
 NOTES = "## Notes (hand-written"
 _ROLLOUT_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_SUPERVISOR = ("restarting", "restart failed", "health check failed", "routed again", "not at the published",
+_SUPERVISOR = ("restarting", "restart failed", "restart waits", "health check failed", "routed again", "not at the published",
                "budget", "EngineFailure", "engine(s) up in")
 
 
@@ -209,6 +232,11 @@ class Procs:
                 out[int(rank)] = pid
         return out
 
+    def ckpt_writers(self, ranks: dict[int, int]) -> list[int]:
+        """The ranks' forked checkpoint writers (ckpt_writer.py; a fork keeps its rank's command line)."""
+        pids = pgrep(f"trainer[.]main --run-dir {self.rd}( |$)")
+        return [p for p in pids if procfs.parent_of(p) in set(ranks.values())]
+
     def driver(self) -> list[int]:
         return pgrep(f"rollout[.]main --run-dir {self.rd}( |$)")
 
@@ -225,15 +253,66 @@ class Procs:
 # ------------------------------------------------------------------------------ driving the run
 
 
-def submit(run_dir: Path, prompts: Path, num_rollout: int, max_failures: int) -> int:
-    """The tiny GRPO run with a failure budget for the hard kills."""
-    return submit_tiny_grpo(run_dir, prompts, num_rollout, "--max-failures", str(max_failures),
-                            "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
+def submit(run_dir: Path, prompts: Path, num_rollout: int, max_failures: int | None, colocate: bool,
+           hooks: dict[str, str]) -> int:
+    """The tiny GRPO run (the product's failure budget unless `max_failures`), with the test hooks'
+    environment (`hooks`: RLSLURM_TEST_SAVE_DELAY_S, RLSLURM_TEST_EIO_FILE) exported to the job.
+    --colocate: one node, 2 trainer ranks and 2 engines on its 2 GPUs, taking turns."""
+    extra = ["--weight-sync-timeout-s", str(SYNC_TIMEOUT_S)]
+    if max_failures is not None:
+        extra += ["--max-failures", str(max_failures)]
+    if colocate:
+        extra += ["--colocate"]
+    return submit_tiny_grpo(run_dir, prompts, num_rollout, *extra, nodes=1 if colocate else 2, env_extra=hooks)
+
+
+def latest_ckpt(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "checkpoints/latest").read_text())["name"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def inflight_save(run_dir: Path, after: str | None) -> str | None:
+    """An iter dir newer than `after` without its completion marker: a save under way."""
+    from rlslurm.trainer.checkpoint import META
+    root = run_dir / "checkpoints"
+    for d in sorted(root.glob("iter_*"), reverse=True):
+        if (after is None or d.name > after) and not (d / META).exists():
+            return d.name
+    return None
+
+
+def fill(mount: Path) -> int:
+    """Fill the filesystem of `mount` to the last byte with one file; its size."""
+    fd = os.open(mount / FILLER, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:  # unbuffered: a buffered file's flush/close on ENOSPC raises again with the rest kept
+        for chunk in (1 << 20, 1 << 12, 1 << 9):
+            while True:
+                try:
+                    os.write(fd, b"\0" * chunk)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    return os.path.getsize(mount / FILLER)
+
+
+def trainer_phase(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / "control/heartbeats/trainer-0.json").read_text()).get("phase") or ""
+    except (OSError, ValueError):
+        return ""
+
+
+def log_count(run_dir: Path, attempt: int, needle: str) -> int:
+    return sum(p.read_text(errors="replace").count(needle) for p in (run_dir / f"logs/attempt-{attempt}").glob("*.log"))
 
 
 class Soak:
-    def __init__(self, cluster: SlurmCluster, run_dir: Path, job: int):
+    def __init__(self, cluster: SlurmCluster, run_dir: Path, job: int, delay_file: Path, eio_file: Path):
         self.cluster, self.run_dir, self.job = cluster, run_dir, job
+        self.delay_file, self.eio_file = delay_file, eio_file
         self.procs = Procs(run_dir)
         self.control = Control(run_dir)
         self.commits = CommitTimes(run_dir)
@@ -290,8 +369,51 @@ class Soak:
         return {"ranks": ranks, "driver": driver[0], "engines": serving, "router": router[0],
                 "engines_serving": len(serving), "orphan_engines": orphans}
 
+    def set_delay(self, s: float) -> None:
+        self.delay_file.write_text(f"{s:g}\n")
+
+    def prepare(self, kind: str) -> dict:
+        """What a fault needs in place before it lands (a save held open, the trainer's turn)."""
+        if kind == "ckpt_kill":
+            before = latest_ckpt(self.run_dir)
+            self.set_delay(CKPT_KILL_DELAY_S)
+            it = self.wait(lambda: inflight_save(self.run_dir, before), RECOVERY_TIMEOUT_S, "a save under way")
+            time.sleep(1.0)  # the writer is past its files, holding (the hook); latest still the old one
+            return {"save_in_flight": it, "latest_at_kill": latest_ckpt(self.run_dir)}
+        if kind == "sigterm_slow_save":
+            self.set_delay(SLOW_SAVE_S)
+        if kind == "kill_engine_in_turn":  # a turn lasts seconds here: a tight poll (tests/colocate_faults.py)
+            deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+            while not trainer_phase(self.run_dir).startswith("training rollout"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the trainer's turn: not seen")
+                time.sleep(0.02)
+        return {}
+
     def inject(self, kind: str, who: dict, rng: random.Random) -> dict:
         """Send the fault; returns what was hit."""
+        if kind == "ckpt_kill":  # every rank, as a node crash mid-save would (rank 0 finalizes)
+            writers = self.procs.ckpt_writers(who["ranks"])
+            for pid in who["ranks"].values():
+                os.kill(pid, signal.SIGKILL)
+            return {"target": f"trainer ranks {sorted(who['ranks'])} mid-save (writers {writers})",
+                    "pid": sorted(who["ranks"].values()), "writers": writers}
+        if kind == "sigterm_slow_save":
+            self.cluster.run("scancel", "--signal=TERM", str(self.job))
+            return {"target": f"job steps (scancel --signal=TERM), each rank's save held {SLOW_SAVE_S} s"}
+        if kind == "fs_full":
+            size = fill(self.run_dir / "checkpoints")
+            return {"target": f"RUN/checkpoints tmpfs ({CKPT_TMPFS}) filled: {size} B filler"}
+        if kind == "eio":
+            self.eio_file.touch()
+            time.sleep(EIO_HOLD_S)
+            self.eio_file.unlink()
+            return {"target": f"every run-dir write/read (RLSLURM_TEST_EIO_FILE) for {EIO_HOLD_S:g} s"}
+        if kind == "kill_engine_in_turn":
+            rec = self.control.engines()[0]
+            phase = trainer_phase(self.run_dir)
+            os.kill(rec.pid, signal.SIGKILL)
+            return {"target": f"sglang server {rec.url} inside the trainer's turn ({phase!r})", "pid": rec.pid}
         if kind == "kill_trainer":
             rank = rng.choice(sorted(who["ranks"]))
             os.kill(who["ranks"][rank], signal.SIGKILL)
@@ -336,8 +458,16 @@ def run_fault(soak: Soak, no: int, kind: str, rng: random.Random, gap: int, t_pr
     rd = soak.run_dir
     soak.wait(lambda: len({r["rollout_id"] for r in soak.trained_since(t_prev)}) >= gap, RECOVERY_TIMEOUT_S,
               f"fault {no}: {gap} more rollout(s) trained")
-    time.sleep(rng.uniform(0.0, 3.0))
+    if kind not in ("ckpt_kill", "kill_engine_in_turn"):  # those wait for their own moment
+        time.sleep(rng.uniform(0.0, 3.0))
     who = soak.wait(soak.ready, READY_TIMEOUT_S, f"fault {no}: every process up, an engine serving")
+    try:
+        prep = soak.prepare(kind)
+    except (TimeoutError, RunEnded) as e:
+        soak.set_delay(0)
+        raise TimeoutError(f"fault {no} ({kind}) never found its moment: {str(e).splitlines()[0]}") from e
+    if prep or kind == "kill_engine_in_turn":
+        who = soak.ready() or who  # the ranks / engines as they are now
     old = current_attempt(rd)
     before = metrics(rd)
     last_trained = before[-1]["rollout_id"] if before else None
@@ -345,7 +475,7 @@ def run_fault(soak: Soak, no: int, kind: str, rng: random.Random, gap: int, t_pr
     t_inject = time.time()
     hit = soak.inject(kind, who, rng)
     print(f"[bench] fault {no}: {kind} -> {hit} (attempt {old}, last trained rollout {last_trained})", flush=True)
-    rec: dict[str, Any] = {"bench": "chaos_soak", "fault": no, "kind": kind, **hit, "attempt": old,
+    rec: dict[str, Any] = {"bench": "chaos_soak", "fault": no, "kind": kind, **hit, **prep, "attempt": old,
                            "last_trained_before": last_trained, "t_inject": round(t_inject, 3),
                            "loadavg_1m": round(load, 2), "engines_serving_at_inject": who["engines_serving"],
                            "orphans_at_inject": who["orphan_engines"]}
@@ -377,6 +507,33 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
             print(f"[bench] FINDING: hung engine {pid} not restarted within {HANG_BOUND_S:.0f} s; sent SIGCONT",
                   flush=True)
         rec["hang"] = hang
+    ended_line = lambda: next((l for l in read_ledger(rd) if l.get("attempt") == old and "end" in l), None)  # noqa: E731
+    if kind == "ckpt_kill":
+        soak.set_delay(0)  # the next attempt saves at full speed
+        time.sleep(2)
+        rec["writers_alive_2s_after"] = [p for p in hit.get("writers", []) if procfs.state(p) not in (None, "Z")]
+    if kind == "sigterm_slow_save":
+        ack = soak.wait(lambda: soak.control.preempt_ack() or ended_line(), RECOVERY_TIMEOUT_S, "the TERM save's ack")
+        if hasattr(ack, "acked_at"):
+            rec["ack_after_s"] = round(ack.acked_at - t_inject, 1)
+            rec["ack_checkpoint_iteration"] = ack.checkpoint_iteration
+        else:
+            rec["ack_after_s"] = None
+        soak.wait(ended_line, RECOVERY_TIMEOUT_S, "the attempt's ledger line")
+        soak.set_delay(0)
+        rec["torchrun_forced_kill"] = log_count(rd, old, "forcefully exiting via 9")
+    if kind == "fs_full":
+        line = soak.wait(ended_line, RECOVERY_TIMEOUT_S, "the attempt to end on the full filesystem")
+        rec["ledger_reason"] = line.get("reason")
+        lat = latest_ckpt(rd)
+        from rlslurm.trainer.checkpoint import verify as verify_ckpt
+        rec["latest_after_full"] = lat
+        rec["latest_intact"] = lat is not None and verify_ckpt(rd / "checkpoints" / lat) is None
+        rec["user_error"] = bool(list((rd / "logs").rglob("user_error.json")))
+        (rd / "checkpoints" / FILLER).unlink()
+        rec["space_freed_after_s"] = round(time.time() - t_inject, 1)
+    if kind == "eio":
+        rec["eio_end"] = round(time.time(), 3)
     r = soak.wait(lambda: soak.recovered(t_inject, old, kind in ENDS_ATTEMPT), RECOVERY_TIMEOUT_S, f"fault {rec['fault']} ({kind}) recovery")
     rec.update(survived=True, recovery_s=round(r["time"] - t_inject, 2), t_recovered=round(r["time"], 3),
                recovered_by={"attempt": r["attempt"], "rollout_id": r["rollout_id"]},
@@ -387,7 +544,29 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
         rec["retrained"] = None if last_trained is None else last_trained + 1 - r["rollout_id"]
     rec["supervisor"] = supervisor_lines(rd, old, t_inject)[:8]  # so far; refresh_supervisor() completes it
     rec["expected_new_attempt"] = kind in ENDS_ATTEMPT
+    rec["counted_failure"] = bool(rec["old_attempt_end"] and rec["old_attempt_end"].startswith("failed"))
+    if kind == "eio":
+        rec["eio_retry_warnings"] = log_count(rd, old, "injected: RLSLURM_TEST_EIO_FILE")
+    if kind == "ckpt_kill" and r["attempt"] != old:
+        rec["resumed_from"] = resumed_from(rd, r["attempt"])
+        it, back = hit_iter(rec), rec["resumed_from"]
+        rec["resumed_before_killed_save"] = bool(it and back and back < it)
+    if kind == "kill_engine_in_turn":
+        rec["restart_waited_for_turn"] = log_count(rd, old, "its restart waits: the trainer's turn")
     return rec
+
+
+def hit_iter(rec: dict) -> str | None:
+    return rec.get("save_in_flight")
+
+
+def resumed_from(run_dir: Path, attempt: int) -> str | None:
+    """The checkpoint attempt `attempt`'s trainer resumed from (its log)."""
+    p = run_dir / f"logs/attempt-{attempt}/trainer-0.log"
+    for line in p.read_text(errors="replace").splitlines() if p.exists() else []:
+        if "resumed from " in line:
+            return line.split("resumed from ", 1)[1].split(":")[0].rsplit("/", 1)[-1]
+    return None
 
 
 def refresh_supervisor(faults: list[dict], run_dir: Path) -> None:
@@ -527,19 +706,41 @@ def summarize(faults: list[dict], result: dict | None, requested: int, machine: 
     }
 
 
+def detail(f: dict) -> str:
+    """What a fault of the new kinds showed (issue 31 item 7)."""
+    k = f["kind"]
+    if k == "ckpt_kill":
+        return (f"save {f.get('save_in_flight')} in flight (latest {f.get('latest_at_kill')}); resumed from "
+                f"{f.get('resumed_from')}; writers alive 2 s after: {f.get('writers_alive_2s_after')}")
+    if k == "sigterm_slow_save":
+        return (f"ack {f.get('ack_after_s')} s after the TERM (iter {f.get('ack_checkpoint_iteration')}); "
+                f"torchrun forced kills: {f.get('torchrun_forced_kill')}")
+    if k == "fs_full":
+        return (f"latest {f.get('latest_after_full')} intact: {f.get('latest_intact')}; user error: "
+                f"{f.get('user_error')}; space freed {f.get('space_freed_after_s')} s after the fill")
+    if k == "eio":
+        return f"{f.get('eio_retry_warnings')} retry warnings in the attempt's logs"
+    if k == "kill_engine_in_turn":
+        return f"restart held for the turn: {f.get('restart_waited_for_turn')} log line(s)"
+    return ""
+
+
 def write_md(path: Path, faults: list[dict], summary: dict, out_name: str) -> None:
-    rows = ["| # | fault | target | attempt | recovery s | recovered by | old attempt ended | supervisor / notes |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| # | fault | target | attempt | recovery s | recovered by | old attempt ended | counts | supervisor / notes |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for f in faults:
         by = f.get("recovered_by") or {}
         note = "; ".join(s.split(" WARNING ", 1)[-1].split(" INFO ", 1)[-1][:90] for s in f.get("supervisor", [])[:2])
         if f.get("hang"):
             note = f"hang: {f['hang']}; " + note
+        if detail(f):
+            note = detail(f) + ("; " + note if note else "")
         if not f.get("survived"):
             note = f"NOT SURVIVED: {f.get('error')}"
         rows.append(f"| {f['fault']} | {f['kind']} | {f['target']} | {f['attempt']} | "
                     f"{f.get('recovery_s', '-')} | {'attempt %s rollout %s' % (by.get('attempt'), by.get('rollout_id')) if by else '-'} "
-                    f"| {f.get('old_attempt_end') or '-'} | {note.replace('|', '/')} |")
+                    f"| {(f.get('old_attempt_end') or '-').replace('|', '/')} | {'yes' if f.get('counted_failure') else 'no'} "
+                    f"| {note.replace('|', '/')} |")
     run = summary.get("run") or {}
     checks = "\n".join(f"- {k}: **{'ok' if v else 'FAILED'}**" for k, v in (run.get("checks") or {}).items())
     rs = summary.get("recovery_s") or {}
@@ -558,6 +759,10 @@ trained by a later attempt or generated after the fault): median {rs.get('median
 
 {chr(10).join(rows)}
 
+## Failure budget
+
+{run.get('budget')}
+
 ## End checks
 
 {checks or '- (the run did not get that far)'}
@@ -574,10 +779,25 @@ reward first 5 -> last 5: {run.get('reward_first5')} -> {run.get('reward_last5')
 # ------------------------------------------------------------------------------ main
 
 
+def budget(run_dir: Path, faults: list[dict]) -> dict[str, Any]:
+    """The failure budget's use: failed attempts (ledger) vs the faults that count vs --max-failures."""
+    import yaml
+    try:
+        cfg = yaml.safe_load((run_dir / "run.yaml").read_text())
+        mf = cfg.get("slurm", {}).get("max_failures")
+    except (OSError, ValueError, AttributeError):
+        mf = None
+    reasons = [l.get("reason") or "" for l in read_ledger(run_dir) if "end" in l]
+    return {"max_failures": mf, "failed_attempts": sum(r.startswith("failed") for r in reasons),
+            "faults_injected": len(faults), "faults_that_count": sum(f["kind"] in COUNTS for f in faults),
+            "attempts": len(reasons), "ledger_reasons": reasons}
+
+
 def schedule(n: int, rng: random.Random) -> list[str]:
     """Every kind once (when n allows), the rest drawn at random, in a shuffled order."""
-    kinds = list(KINDS) if n >= len(KINDS) else rng.sample(KINDS, n)
-    kinds += [rng.choice(KINDS) for _ in range(n - len(kinds))]
+    old = KINDS[:8]
+    kinds = list(old) if n >= len(old) else rng.sample(old, n)
+    kinds += [rng.choice(old) for _ in range(n - len(kinds))]
     rng.shuffle(kinds)
     return kinds
 
@@ -587,7 +807,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", type=int, default=10, help="faults to inject (every kind once from 8 on)")
     p.add_argument("--num-rollout", type=int, default=100, help="rollouts of the run (>= 30: the issue's minimum)")
     p.add_argument("--seed", type=int, default=15, help="seed of the fault sequence, targets and timing")
-    p.add_argument("--max-failures", type=int, default=20, help="the run's --max-failures (hard kills count)")
+    p.add_argument("--max-failures", type=int, default=None,
+                   help="the run's --max-failures (default: not passed, the product's default)")
+    p.add_argument("--colocate", action="store_true", help="a --colocate run (one node, trainer and engines taking turns)")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated fault sequence, in this order (default: the main or --colocate sequence; "
+                        "'random': every old kind once, the rest random, shuffled)")
+    p.add_argument("--md", type=Path, default=None, help="the report to write (default bench/results/chaos.md)")
     p.add_argument("--finish-timeout", type=float, default=FINISH_TIMEOUT_S,
                    help="seconds to wait for the run to end after the last fault")
     p.add_argument("--no-boot", action="store_true",
@@ -598,8 +824,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.faults < 1:
         p.error(f"--faults {a.faults}: must be >= 1")
-    if a.num_rollout < 2 * a.faults + 2:
-        p.error(f"--num-rollout {a.num_rollout}: needs >= 2 x --faults + 2 (progress between faults)")
     if os.geteuid() != 0:
         p.error("the SLURM test cluster needs root (tests/slurm_cluster/README.md)")
 
@@ -607,7 +831,16 @@ def main(argv: list[str] | None = None) -> int:
     host = socket.gethostname()
     out = a.out or ROOT / f"bench/results/chaos-{host}.jsonl"
     rng = random.Random(a.seed)
-    kinds = schedule(a.faults, rng)
+    if a.kinds == "random":
+        kinds = schedule(a.faults, rng)
+    else:
+        kinds = a.kinds.split(",") if a.kinds else list(COLOCATE_SEQUENCE if a.colocate else MAIN_SEQUENCE)
+        bad = [k for k in kinds if k not in KINDS]
+        if bad:
+            p.error(f"--kinds: unknown {bad}; known: {KINDS}")
+        a.faults = len(kinds)
+    if a.num_rollout < 2 * a.faults + 2:
+        p.error(f"--num-rollout {a.num_rollout}: needs >= 2 x --faults + 2 (progress between faults)")
     try:
         from importlib.metadata import version
         sglang = f"SGLang {version('sglang')} CPU"
@@ -616,13 +849,16 @@ def main(argv: list[str] | None = None) -> int:
     machine = {"host": host, "machine": f"{platform.machine()} VM, {sglang} engines", "cpus": os.cpu_count(),
                "python": platform.python_version(), "loadavg_start": round(os.getloadavg()[0], 2),
                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-               "argv": f"--faults {a.faults} --num-rollout {a.num_rollout} --seed {a.seed}", "sequence": kinds}
+               "argv": " ".join(sys.argv[1:] if argv is None else argv), "sequence": kinds, "colocate": a.colocate}
     print(f"[bench] fault sequence (seed {a.seed}): {kinds}", flush=True)
     t0 = time.monotonic()
     cluster = SlurmCluster(owner_pid=os.getpid(), env={"RLSLURM_CI_NODES": os.environ.get("RLSLURM_CI_NODES", "4"),
                                                        "RLSLURM_CI_GPUS": os.environ.get("RLSLURM_CI_GPUS", "8")})
     work = Path(tempfile.mkdtemp(prefix="rlslurm-bench-chaos-"))
     run_dir = work / "run"
+    delay_file, eio_file = work / "save-delay", work / "eio"
+    hooks = {"RLSLURM_TEST_SAVE_DELAY_S": f"@{delay_file}", "RLSLURM_TEST_EIO_FILE": str(eio_file)}
+    mounted: Path | None = None
     faults: list[dict] = []
     stalls: list[dict] = []
     result: dict | None = None
@@ -631,9 +867,16 @@ def main(argv: list[str] | None = None) -> int:
         if not a.no_boot:
             print("[bench] booting the SLURM test cluster (waits for another owner up to 10 min)", flush=True)
             cluster.boot()
-        job = submit(run_dir, make_prompts(work / "prompts.jsonl", n=64), a.num_rollout, a.max_failures)
+        if "fs_full" in kinds:  # the checkpoints on a small tmpfs the bench fills and frees
+            from rlslurm.buffer import RunDir
+            RunDir.create(run_dir)
+            mounted = run_dir / "checkpoints"
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={CKPT_TMPFS},mode=0700", "tmpfs", str(mounted)],
+                           check=True)
+        job = submit(run_dir, make_prompts(work / "prompts.jsonl", n=64), a.num_rollout, a.max_failures,
+                     a.colocate, hooks)
         print(f"[bench] job {job}, run dir {run_dir}", flush=True)
-        soak = Soak(cluster, run_dir, job)
+        soak = Soak(cluster, run_dir, job, delay_file, eio_file)
         soak.wait(lambda: len({r["rollout_id"] for r in metrics(run_dir)}) >= 2, FIRST_ATTEMPT_TIMEOUT_S,
                   "first 2 rollouts trained")
         t_prev = metrics(run_dir)[-1]["time"]
@@ -666,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
             state = f"not finished: {e}"
             cluster.cancel(job)
         result = verify(run_dir, a.num_rollout, BATCH_SAMPLES, soak.commits)
+        result["budget"] = budget(run_dir, faults)
         result["job_state"] = state
         result["left_running"] = end_leftovers(soak)
         print(json.dumps({"bench": "chaos_soak", "end_checks": result}), flush=True)
@@ -681,7 +925,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(out, "a") as fh:
                 for line in [*faults, summary]:
                     fh.write(json.dumps(line) + "\n")
-            write_md(ROOT / "bench/results/chaos.md", faults, summary, out.name)
+            write_md(a.md or ROOT / "bench/results/chaos.md", faults, summary, out.name)
         if soak is not None and result is None:  # failed part-way: our job must not run on
             try:
                 cluster.cancel(soak.job)
@@ -689,6 +933,10 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         if not a.no_boot and cluster.booted:
             print(cluster.stop().strip(), flush=True)
+        for f in (eio_file,):
+            f.unlink(missing_ok=True)
+        if mounted is not None:
+            subprocess.run(["umount", "-l", str(mounted)], check=False)
         if soak is not None and result is None:
             time.sleep(2)
             print(f"[bench] left running, killed: {end_leftovers(soak)}", flush=True)

@@ -63,6 +63,11 @@ NO_SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk 
 # Backoff between tries (16 s in all): long enough for an NFS server failover's retransmits, short
 # against a heartbeat's hang bound (rlslurm/watchdog.py). Tests shorten it.
 RETRY_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
+# Test hook (tests and bench/bench_chaos.py only): while the file this names exists, every try of
+# `retry_transient` fails with EIO before it touches the run directory, as an NFS/Lustre server
+# hiccup would; the window is the file's lifetime. Unset in every real run.
+TEST_EIO_ENV = "RLSLURM_TEST_EIO_FILE"
+_TEST_EIO_FILE = os.environ.get(TEST_EIO_ENV) or None
 
 T = TypeVar("T")
 
@@ -73,6 +78,8 @@ def retry_transient(fn: Callable[[], T], path: str | Path, what: str) -> T:
     try writes a fresh temp file, or only reads)."""
     for delay in (*RETRY_DELAYS_S, None):
         try:
+            if _TEST_EIO_FILE is not None and os.path.exists(_TEST_EIO_FILE):
+                raise OSError(errno.EIO, f"Input/output error (injected: {TEST_EIO_ENV})")
             return fn()
         except OSError as e:
             if e.errno not in TRANSIENT_ERRNOS:

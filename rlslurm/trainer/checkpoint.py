@@ -391,8 +391,10 @@ class Checkpointer:
                 _sharded_state(st, snapshot, loading=False, with_rng=True, optimizers=optimizers), str(d),
                 sharded_strategy=strategy, async_sharded_save=True, **_mcore_async_strategy())
             write = ckpt_writer.RankWrite(d, rank, request)
-        except OSError as e:  # rank 0's common.pt: the other ranks meet a dead peer at the next collective
-            if not _is_no_space(e):
+        except (OSError, RuntimeError) as e:  # rank 0's common.pt: the other ranks meet a dead peer at the next
+            # collective. torch.save's zip writer reports a full disk as a RuntimeError ("basic_ios::clear:
+            # iostream error", "unexpected pos 64 vs 0"), without the errno: the filesystem then says it.
+            if not (_is_no_space(e) or (isinstance(e, RuntimeError) and _nearly_full(d))):
                 raise
             if rank == 0:
                 shutil.rmtree(d, ignore_errors=True)

@@ -55,7 +55,9 @@ RESULTS_PREFIX = ".rlslurm-write-"
 POLL_S = 0.2  # the finalizer's look for the ranks' results files
 # Test hook (tests only): seconds each rank's writer holds its results after writing its files,
 # standing in for a real model's write on a CPU-sized one (tests/trainer/test_term_save.py,
-# tests/trainer/test_async_checkpoint.py). Unset in every real run.
+# tests/trainer/test_async_checkpoint.py). Unset in every real run. "@PATH": the seconds are read from
+# the file PATH at each save (absent or empty: 0), so a soak can open and close the window while the
+# run goes on (bench/bench_chaos.py).
 TEST_SAVE_DELAY_ENV = "RLSLURM_TEST_SAVE_DELAY_S"
 
 
@@ -109,7 +111,13 @@ def unstage(buckets: list, fd: int, size: int) -> list:
 
 
 def _test_delay() -> float:
-    return float(os.environ.get(TEST_SAVE_DELAY_ENV) or 0)
+    v = os.environ.get(TEST_SAVE_DELAY_ENV) or ""
+    if v.startswith("@"):
+        try:
+            v = Path(v[1:]).read_text().strip()
+        except FileNotFoundError:
+            return 0.0
+    return float(v or 0)
 
 
 def _dump(path: Path, out: Any) -> None:
@@ -127,11 +135,38 @@ def _picklable(e: BaseException) -> BaseException:
 # What the forked writer runs: set just before the fork and cleared right after, so that the
 # trainer holds no reference to the staged copy (the child has its own, copy-on-write).
 _JOB: tuple | None = None
+_JOB_PARENT = 0  # the rank's pid, for the writer's watch (set with _JOB)
+
+
+ORPHAN_POLL_S = 0.5  # how often a writer looks whether its rank is still there
+
+
+def _die_with_rank(rank_pid: int, poll_s: float = ORPHAN_POLL_S) -> None:
+    """In the writer: end it (and the bucket workers megatron's writer forked) once its rank is gone.
+    A rank killed with SIGKILL (OOM killer, a kill -9) leaves its writer re-parented; nothing will
+    finalize what it writes, and it ignores the step's TERM (the trainer's handling, inherited), so
+    where the step's processes are not tracked by a cgroup it would run on and could publish its files
+    and results into the directory a later attempt re-saves under the same name (bench/bench_chaos.py
+    ckpt_kill: both writers alive after their ranks' kill). A pid never comes back as one's parent."""
+    from rlslurm.engines import procfs
+
+    def watch() -> None:
+        while os.getppid() == rank_pid:
+            time.sleep(poll_s)
+        for pid in procfs.descendants(os.getpid()):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rlslurm-ckpt-writer-orphan-watch", daemon=True).start()
 
 
 def _child() -> None:
     gc.disable()  # collecting the trainer's CUDA tensors in a forked child would call into CUDA
     fn, args, results, n_buckets, report, (fd, size) = _JOB  # type: ignore[misc]
+    _die_with_rank(_JOB_PARENT)
     q: queue.Queue = queue.Queue()  # megatron's writer reports here (in-process: no Manager)
     try:
         fn(args[0], unstage(args[1], fd, size), q)
@@ -164,7 +199,7 @@ class RankWrite:
     other ranks through the trainer's collectives, as a results file may be what the disk refuses."""
 
     def __init__(self, d: Path, rank: int, request) -> None:
-        global _JOB
+        global _JOB, _JOB_PARENT
         self.results = results_path(d, rank)
         self.proc: mp.process.BaseProcess | None = None
         self.outcome: tuple[str, BaseException | None] | None = None
@@ -181,6 +216,7 @@ class RankWrite:
         self._recv, send = ctx.Pipe(duplex=False)
         _JOB = (request.async_fn, (args[0], buckets), self.results, len(buckets), send,
                 (area().fd, area().size))
+        _JOB_PARENT = os.getpid()
         del buckets, args
         try:
             self.proc = ctx.Process(target=_child, name=f"rlslurm-ckpt-writer-{rank}", daemon=False)

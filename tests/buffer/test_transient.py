@@ -197,3 +197,23 @@ def test_a_role_that_hits_the_filesystem_fails_without_a_user_error(run, monkeyp
         run_role("rollout", _role_main(user_error), lambda argv: run.path)
     assert ei.value.code == USER_ERROR_EXIT_CODE
     assert json.loads((run.attempt_log_dir(0) / USER_ERROR_FILE).read_text())["reason"] == "user error: --flag: bad"
+
+
+def test_the_eio_test_hook_fails_every_try_while_its_file_exists(run, tmp_path, monkeypatch):
+    """RLSLURM_TEST_EIO_FILE (bench/bench_chaos.py's injected EIO in a real run): while the file is there
+    every try fails with EIO before touching the run dir; once it is gone the retry goes through."""
+    trigger = tmp_path / "eio"
+    monkeypatch.setattr(atomic, "_TEST_EIO_FILE", str(trigger))
+    trigger.touch()
+    with pytest.raises(TransientStorageError, match="injected: RLSLURM_TEST_EIO_FILE"):
+        Control(run).write_router("http://n1:1")
+    tries = []
+
+    def sleep(s):  # the window closes during the first backoff
+        tries.append(s)
+        trigger.unlink(missing_ok=True)
+
+    monkeypatch.setattr(atomic.time, "sleep", sleep)
+    trigger.touch()
+    Control(run).write_router("http://n1:2")
+    assert tries == [0.01] and Control(run).router().url == "http://n1:2"

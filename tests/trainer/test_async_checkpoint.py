@@ -103,3 +103,100 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(ful
     assert "saving checkpoint iter_0000004" in json.loads(failure.read_text())["reason"]
     assert _latest(run) == "iter_0000002" and verify(run / "checkpoints" / "iter_0000002") is None
     assert not (run / "checkpoints" / "iter_0000004").exists()  # the partial save is gone, its space free
+
+
+def test_the_save_delay_hook_reads_a_file_at_each_save(tmp_path: Path, monkeypatch) -> None:
+    """RLSLURM_TEST_SAVE_DELAY_S=@PATH: the seconds come from PATH at each save (bench/bench_chaos.py
+    opens the window mid-run); no file: no delay."""
+    from rlslurm.trainer import ckpt_writer
+
+    f = tmp_path / "delay"
+    monkeypatch.setenv(TEST_SAVE_DELAY_ENV, f"@{f}")
+    assert ckpt_writer._test_delay() == 0.0
+    f.write_text("35\n")
+    assert ckpt_writer._test_delay() == 35.0
+    f.write_text("")
+    assert ckpt_writer._test_delay() == 0.0
+    monkeypatch.setenv(TEST_SAVE_DELAY_ENV, "7")
+    assert ckpt_writer._test_delay() == 7.0
+
+
+_RANK = r"""
+import mmap, multiprocessing as mp, os, queue, sys, time
+from pathlib import Path
+from rlslurm.trainer import ckpt_writer
+
+def write(_, buckets, q):  # megatron's write of this rank's files, slow
+    time.sleep(3)
+    q.put({})
+
+fd = os.memfd_create("area")
+os.ftruncate(fd, 4096)
+ctx = mp.get_context("fork")
+recv, send = ctx.Pipe(duplex=False)
+ckpt_writer._JOB = (write, (None, []), Path(sys.argv[1]), 0, send, (fd, 4096))
+ckpt_writer._JOB_PARENT = os.getpid()
+p = ctx.Process(target=ckpt_writer._child, name="rlslurm-ckpt-writer-0")
+p.start()
+print(p.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_writer_whose_rank_is_killed_ends_and_publishes_nothing(tmp_path: Path) -> None:
+    """kill -9 of a rank mid-save (bench/bench_chaos.py ckpt_kill): its forked writer, which ignores the
+    step's TERM, ends within a poll instead of writing on and publishing its results file into a
+    directory a later attempt may re-save under the same name. Before the fix it ran on."""
+    import signal
+    import sys
+
+    from rlslurm.engines import procfs
+
+    results = tmp_path / ".rlslurm-write-0.pkl"
+    rank = subprocess.Popen([sys.executable, "-c", _RANK, str(results)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        writer = int(rank.stdout.readline())
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + 2.5
+        while procfs.state(writer) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = procfs.state(writer) in (None, "Z")
+        time.sleep(4)  # past the write: an orphan would publish its results now
+        assert gone and not results.exists(), (procfs.state(writer), results.exists())
+    finally:
+        rank.kill()
+        try:
+            os.kill(writer, signal.SIGKILL)
+        except (OSError, UnboundLocalError):
+            pass
+
+
+def test_a_disk_full_before_the_first_save_is_one_line_too(full_checkpoints: Path, tiny_hf: Path) -> None:
+    """Found by bench/bench_chaos.py fs_full (issue 31 item 7): RUN/checkpoints filled before the run's first
+    save. Rank 0's common.pt (torch.save) then fails as a RuntimeError ("basic_ios::clear: iostream error",
+    "unexpected pos 64 vs 0": torch's zip writer drops the errno), which went out as a traceback: no line
+    naming the filesystem, no failure.json, a ledger reason that says only "trainer step ended first"."""
+    run = full_checkpoints
+    mnt = run / "checkpoints"
+    with open(mnt / "filler", "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 12, 1 << 9):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                pass
+    make_run(run, tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
+    commit_rollouts(run, range(4))
+    p = run_trainer(run, nproc=2, timeout=300, check=False)
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.splitlines() if "rlslurm trainer: error:" in l]
+    assert lines, p.stderr[-6000:]
+    line = lines[0][lines[0].index("rlslurm trainer: error:"):]
+    assert "no space left on device while saving checkpoint iter_0000002" in line, line
+    assert f"filesystem {mnt} (tmpfs)" in line and "this is the run's first checkpoint" in line, line
+    assert not list((run / "logs").rglob("user_error.json"))
+    [failure] = list((run / "logs").rglob("failure.json"))
+    assert "saving checkpoint iter_0000002" in json.loads(failure.read_text())["reason"]
+    assert not (mnt / "iter_0000002" / META).exists() and not (mnt / "latest").exists()  # never resumed from
