@@ -392,6 +392,16 @@ class TrainSection(Section):
     # Megatron names, so users can paste slime/Megatron flags.
     tensor_model_parallel_size: int = Field(1, ge=1, description="trainer tensor parallelism (TP)")
     pipeline_model_parallel_size: int = Field(1, ge=1, description="trainer pipeline parallelism (PP)")
+    # slime's (Megatron-LM's) flags; megatron-core's TransformerConfig num_layers_in_first/last_pipeline_stage.
+    # The split rule and its refusals: rlslurm/parallel_grid.py stage_layers
+    decoder_first_pipeline_num_layers: int | None = Field(None, ge=1, description="transformer layers of the "
+                                                                                  "first pipeline stage (default: "
+                                                                                  "an even split; the stages "
+                                                                                  "between share the rest evenly)")
+    decoder_last_pipeline_num_layers: int | None = Field(None, ge=1, description="transformer layers of the last "
+                                                                                 "pipeline stage (default: an "
+                                                                                 "even split; the stages between "
+                                                                                 "share the rest evenly)")
     context_parallel_size: int = Field(1, ge=1, description="trainer context parallelism (CP; > 1 is refused "
                                                             "for now)")
     expert_model_parallel_size: int = Field(1, ge=1, description="trainer expert parallelism of MoE layers (EP)")

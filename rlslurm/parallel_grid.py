@@ -1,7 +1,8 @@
 """The trainer's two parallel grids as megatron-core 0.16 builds them (docs/parallel-layouts.md,
-"Experts have a grid of their own"), for everything that must agree with it: submit's checks
-(rlslurm/resolve.py), the trainer's start (trainer/setup.py), the converter (convert/runtime.py) and
-who takes part in an HF export (convert/parallel.py).
+"Experts have a grid of their own"), and how it splits the layers over pipeline stages ("Pipeline
+stages"), for everything that must agree with it: submit's checks (rlslurm/resolve.py), the
+trainer's start (trainer/setup.py), the converter (convert/runtime.py) and who takes part in an HF
+export (convert/parallel.py).
 
 `parallel_state.initialize_model_parallel` splits the same world twice, both in megatron's default
 rank order "tp-cp-ep-dp-pp" (fastest first):
@@ -28,7 +29,14 @@ OWNED_MEGATRON_FIELDS = {
     "context_parallel_size": "--context-parallel-size",
     "expert_model_parallel_size": "--expert-model-parallel-size",
     "expert_tensor_parallel_size": "--expert-tensor-parallel-size",
+    "num_layers_in_first_pipeline_stage": "--decoder-first-pipeline-num-layers",
+    "num_layers_in_last_pipeline_stage": "--decoder-last-pipeline-num-layers",
 }
+# megatron-core's other ways to split the layers over the stages: not modelled by `stage_layers`,
+# and TransformerConfig.__post_init__ refuses each of them beside the first/last-stage counts
+OTHER_PIPELINE_SPLITS = ("pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                         "account_for_loss_in_pipeline_split")
+FIRST_FLAG, LAST_FLAG = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
 
 
 def owned_field_refusal(key: str) -> str | None:
@@ -70,3 +78,57 @@ def converter_world(*, tp: int, pp: int, ep: int, etp: int) -> int:
     """The converter's process count (rlslurm/convert/runtime.py): the fewest ranks on which both
     grids fit, PP x lcm(TP, ETP x EP); TP x PP x EP when ETP = TP."""
     return pp * math.lcm(tp, etp * ep)
+
+
+def stage_layers(num_layers: int, pp: int, first: int | None = None, last: int | None = None, *,
+                 model: str = "the model", pp_flag: str = "--pipeline-model-parallel-size") -> list[int]:
+    """The transformer layers of each pipeline stage, megatron-core 0.16.1's rule
+    (transformer_block.py `get_num_layers_to_build`, transformer_layer.py
+    `get_transformer_layer_offset`): the first (last) stage holds `first` (`last`) layers when given
+    (slime's --decoder-first/last-pipeline-num-layers, TransformerConfig
+    num_layers_in_first/last_pipeline_stage) and the other stages share the rest equally; stage s
+    starts at global layer sum(stage_layers(...)[:s]). Refusals (ConfigError, one line naming the
+    flags, `pp_flag` the PP one, and `model`) are those megatron makes at build or start, so a layout
+    refused here never reaches it."""
+    theirs = f"{model}'s {num_layers} layers"
+    said = ([f"{FIRST_FLAG} {first}"] if first is not None else []) + \
+           ([f"{LAST_FLAG} {last}"] if last is not None else [])
+    if not said:
+        if num_layers % pp:
+            raise ConfigError(f"{pp_flag} {pp} does not divide {theirs} "
+                              f"(give the first/last stage's layers: {FIRST_FLAG} / {LAST_FLAG})")
+        return [num_layers // pp] * pp
+    if pp < 2:  # slime asserts it too (slime/backends/megatron_utils/arguments.py)
+        raise ConfigError(f"{' and '.join(said)}: needs {pp_flag} > 1")
+    for flag, v in ((FIRST_FLAG, first), (LAST_FLAG, last)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{flag} {v}: must be >= 1")
+    middle_stages = pp - len(said)
+    middle_layers = num_layers - (first or 0) - (last or 0)
+    layout = f"{' and '.join(said)} at {pp_flag} {pp}"
+    if middle_layers < 0 or (middle_stages == 0 and middle_layers) or (middle_stages and middle_layers < middle_stages):
+        raise ConfigError(f"{layout}: the {middle_stages} other stage{'s' if middle_stages != 1 else ''} would hold "
+                          f"{middle_layers} of {theirs}; every stage needs >= 1 layer and every layer a stage")
+    if middle_stages and middle_layers % middle_stages:
+        raise ConfigError(f"{layout}: the {middle_stages} other stages would share {middle_layers} of {theirs}, "
+                          "which does not divide evenly")
+    per = middle_layers // middle_stages if middle_stages else 0
+    return ([first] if first is not None else []) + [per] * middle_stages + ([last] if last is not None else [])
+
+
+def check_pipeline_split(overrides, pp: int) -> None:
+    """Refused at PP > 1: the interleaved schedule (virtual pipeline stages), since the RL loop
+    (trainer/pipeline.py) runs megatron's 1F1B schedule on one model chunk; and megatron-core's other
+    layer splits (OTHER_PIPELINE_SPLITS, given as --megatron-*), which it refuses beside the
+    first/last-stage counts (TransformerConfig.__post_init__, "Uneven PP" and "PP layout") and which
+    `stage_layers` does not model."""
+    if pp < 2:
+        return
+    if overrides.get("virtual_pipeline_model_parallel_size"):
+        raise ConfigError("--megatron-virtual-pipeline-model-parallel-size: the interleaved schedule (several "
+                          "model chunks per stage) is not supported by the RL trainer loop")
+    for key in OTHER_PIPELINE_SPLITS:
+        if overrides.get(key):
+            raise ConfigError(f"--megatron-{key.replace('_', '-')}: rlslurm splits the layers over pipeline stages "
+                              f"evenly or by {FIRST_FLAG} / {LAST_FLAG} (rlslurm/parallel_grid.py); "
+                              "megatron-core's other splits are not supported")

@@ -21,7 +21,7 @@ from rlslurm.job.timespec import time_limit_s
 from rlslurm.low_precision import check_megatron_precision
 from rlslurm.model_config import ModelConfig, model_config_path
 from rlslurm.model_from_hf import run_model
-from rlslurm.parallel_grid import check_expert_grid, owned_field_refusal
+from rlslurm.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
 from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.prompt_slice import parse_prompt_spec
 from rlslurm.rl_settings import check_rl_settings
@@ -236,11 +236,10 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
                 f"--tensor-model-parallel-size {t.tensor_model_parallel_size} must divide {mc.name}'s "
                 f"{mc.arch.num_attention_heads} heads and {mc.arch.num_query_groups} query groups"
             )
-    if mc.arch.num_layers % t.pipeline_model_parallel_size:
-        raise ConfigError(
-            f"--pipeline-model-parallel-size {t.pipeline_model_parallel_size} does not divide {mc.name}'s "
-            f"{mc.arch.num_layers} layers"
-        )
+    # megatron-core's split of the layers over the stages, even or uneven (rlslurm/parallel_grid.py)
+    stage_layers(mc.arch.num_layers, t.pipeline_model_parallel_size, t.decoder_first_pipeline_num_layers,
+                 t.decoder_last_pipeline_num_layers, model=mc.name)
+    check_pipeline_split(cfg.megatron, t.pipeline_model_parallel_size)
     if t.global_batch_size % dp:
         raise ConfigError(f"--global-batch-size {t.global_batch_size} is not divisible by the data-parallel size {dp}")
     if not t.use_dynamic_batch_size and (t.global_batch_size // dp) % t.micro_batch_size:

@@ -13,6 +13,9 @@ with and the weight sync exports with. A Megatron checkpoint written here carrie
 dtype), so it can be read back at any TP/PP/EP/ETP that divides its padded vocabulary and is
 checked against the model config. `--etp` (the routed experts' tensor parallelism, default `--tp`)
 changes the process count: PP x lcm(TP, ETP x EP) (rlslurm/convert/runtime.py).
+`--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers` (slime's flags) split
+the layers over the stages unevenly, as the trainer does: the checkpoint numbers its layers globally
+(megatron's layer_number), so a checkpoint written at one split reads back at any other.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import typer
 
 from rlslurm.buffer.atomic import StorageError
 from rlslurm.errors import ConfigError, UserError
+from rlslurm.parallel_grid import stage_layers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Convert HF safetensors <-> megatron-core distributed checkpoints.")
@@ -39,6 +43,11 @@ class DType(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
 
+
+# slime's flags for an uneven pipeline (rlslurm/parallel_grid.py stage_layers); the checkpoint's layers
+# are numbered globally, so any split reads any other
+_FIRST_HELP = "layers of the first pipeline stage (default: an even split)"
+_LAST_HELP = "layers of the last pipeline stage (default: an even split)"
 
 _TORCH = {DType.fp32: torch.float32, DType.bf16: torch.bfloat16, DType.fp16: torch.float16}
 _HF_NAME = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -93,6 +102,8 @@ def hf_to_mcore_cmd(
     ep: int = typer.Option(1, "--ep"),
     etp: int = typer.Option(None, "--etp", help="tensor parallelism of the routed experts (default: --tp; "
                                                 "slime's --expert-tensor-parallel-size)"),
+    first: int = typer.Option(None, "--decoder-first-pipeline-num-layers", help=_FIRST_HELP),
+    last: int = typer.Option(None, "--decoder-last-pipeline-num-layers", help=_LAST_HELP),
     dtype: DType = typer.Option(DType.bf16, "--dtype", help="parameter dtype of the Megatron checkpoint"),
     vocab_divisible_by: int = typer.Option(
         128, "--vocab-divisible-by",
@@ -100,11 +111,12 @@ def hf_to_mcore_cmd(
              "padded size can load it, e.g. 1024 lets TP 1..8 share one checkpoint)"),
 ) -> None:
     """HF safetensors -> megatron-core distributed checkpoint at the chosen TP/PP/EP/ETP."""
-    _run(lambda: _hf_to_mcore(model, hf, out, tp, pp, ep, _TORCH[dtype], vocab_divisible_by, etp))
+    _run(lambda: _hf_to_mcore(model, hf, out, tp, pp, ep, _TORCH[dtype], vocab_divisible_by, etp, (first, last)))
 
 
 def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int, dtype: torch.dtype,
-                 vocab_divisible_by: int = 128, etp: int | None = None) -> None:
+                 vocab_divisible_by: int = 128, etp: int | None = None,
+                 stages: tuple[int | None, int | None] = (None, None)) -> None:
     from rlslurm.convert import check_hf_config, load_hf_checkpoint
     from rlslurm.convert.meta import write_meta
     from rlslurm.model_config import load_model_config
@@ -112,8 +124,9 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
 
     etp = runtime.check_world(tp, pp, ep, etp)
     mc = load_model_config(model_name)
+    stage_layers(mc.arch.num_layers, pp, *stages, model=mc.name, pp_flag="--pp")  # before any process group
     check_hf_config(mc, hf)
-    rt = runtime.init(tp, pp, ep, etp)
+    rt = runtime.init(tp, pp, ep, etp, stages)
     try:
         from megatron.core import dist_checkpointing
 
@@ -136,11 +149,14 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
         if rt.is_main:
             write_meta(out, {
                 "model": mc.name, "arch": mc.arch.model_dump(mode="json"), "hf_model_type": mc.hf_model_type,
-                "vocab_size_padded": vpad, "tp": tp, "pp": pp, "ep": ep, "etp": etp, "dtype": _HF_NAME[dtype],
+                "vocab_size_padded": vpad, "tp": tp, "pp": pp, "ep": ep, "etp": etp,
+                "decoder_first_pipeline_num_layers": stages[0], "decoder_last_pipeline_num_layers": stages[1],
+                "dtype": _HF_NAME[dtype],
                 "source": str(hf.resolve()),
             })
             _summary("hf-to-mcore", {
                 "model": mc.name, "from": hf, "to": out, "TP/PP/EP/ETP": f"{tp}/{pp}/{ep}/{etp}",
+                "layers per stage": "/".join(map(str, stage_layers(mc.arch.num_layers, pp, *stages))),
                 "dtype": _HF_NAME[dtype], "padded vocab": f"{mc.arch.vocab_size} -> {vpad}",
                 "shards loaded (all ranks)": tensors, "bytes (all ranks)": nbytes,
                 "seconds": f"{time.time() - t0:.1f}",
@@ -163,10 +179,13 @@ def mcore_to_hf_cmd(
     ep: int = typer.Option(1, "--ep"),
     etp: int = typer.Option(None, "--etp", help="tensor parallelism of the routed experts (default: --tp; "
                                                 "slime's --expert-tensor-parallel-size)"),
+    first: int = typer.Option(None, "--decoder-first-pipeline-num-layers", help=_FIRST_HELP),
+    last: int = typer.Option(None, "--decoder-last-pipeline-num-layers", help=_LAST_HELP),
     dtype: DType = typer.Option(None, "--dtype", help="dtype of the HF tensors (default: the checkpoint's)"),
 ) -> None:
     """megatron-core distributed checkpoint -> HF safetensors (trimmed vocabulary, HF names)."""
-    _run(lambda: _mcore_to_hf(model, load, out, hf_config_from, tp, pp, ep, _TORCH[dtype] if dtype else None, etp))
+    _run(lambda: _mcore_to_hf(model, load, out, hf_config_from, tp, pp, ep, _TORCH[dtype] if dtype else None, etp,
+                              (first, last)))
 
 
 def _hf_config(mc, hf_config_from: Path | None, dtype: torch.dtype) -> dict:
@@ -189,7 +208,8 @@ def _hf_config(mc, hf_config_from: Path | None, dtype: torch.dtype) -> dict:
 
 
 def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | None, tp: int, pp: int, ep: int,
-                 dtype: torch.dtype | None, etp: int | None = None) -> None:
+                 dtype: torch.dtype | None, etp: int | None = None,
+                 stages: tuple[int | None, int | None] = (None, None)) -> None:
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
     from rlslurm.convert.meta import check_meta, read_meta
     from rlslurm.model_config import load_model_config
@@ -197,6 +217,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
 
     etp = runtime.check_world(tp, pp, ep, etp)
     mc = load_model_config(model_name)
+    stage_layers(mc.arch.num_layers, pp, *stages, model=mc.name, pp_flag="--pp")  # before any process group
     if not load.is_dir():
         raise ConfigError(f"--load {load}: not a directory")
     vpad = check_meta(mc, load, tp)
@@ -205,7 +226,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
         meta.get("dtype", "float32"), torch.float32)
     out_dtype = dtype or ckpt_dtype
     config = _hf_config(mc, hf_config_from, out_dtype)
-    rt = runtime.init(tp, pp, ep, etp)
+    rt = runtime.init(tp, pp, ep, etp, stages)
     try:
         from megatron.core import dist_checkpointing
         from megatron.core import parallel_state as ps
@@ -245,6 +266,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
         if rt.is_main:
             _summary("mcore-to-hf", {
                 "model": mc.name, "from": load, "to": out, "TP/PP/EP/ETP": f"{tp}/{pp}/{ep}/{etp}",
+                "layers per stage": "/".join(map(str, stage_layers(mc.arch.num_layers, pp, *stages))),
                 "dtype": _HF_NAME[out_dtype], "HF tensors written": tensors, "bytes": nbytes,
                 "seconds": f"{time.time() - t0:.1f}",
             })

@@ -30,6 +30,9 @@ class Runtime:
     pp: int
     ep: int
     etp: int
+    # the first/last pipeline stage's layers (None: an even split; rlslurm/parallel_grid.py stage_layers)
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
     @property
     def is_main(self) -> bool:
@@ -57,8 +60,10 @@ def check_world(tp: int, pp: int, ep: int, etp: int | None = None) -> int:
     return etp
 
 
-def init(tp: int, pp: int, ep: int, etp: int | None = None) -> Runtime:
-    """Start torch.distributed + megatron parallel state for the requested sizes (etp None: TP)."""
+def init(tp: int, pp: int, ep: int, etp: int | None = None, stages: tuple[int | None, int | None] = (None, None)
+         ) -> Runtime:
+    """Start torch.distributed + megatron parallel state for the requested sizes (etp None: TP;
+    `stages`: the first and last pipeline stage's layers, None for an even split)."""
     etp = check_world(tp, pp, ep, etp)
     if "RANK" not in os.environ:  # plain `python -m rlslurm.convert`: one process
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -78,7 +83,7 @@ def init(tp: int, pp: int, ep: int, etp: int | None = None) -> Runtime:
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     model_parallel_cuda_manual_seed(1234)
-    return Runtime(dist.get_rank(), world, tp, pp, ep, etp)
+    return Runtime(dist.get_rank(), world, tp, pp, ep, etp, *stages)
 
 
 def shutdown() -> None:
@@ -97,6 +102,7 @@ def build(mc: ModelConfig, rt: Runtime, dtype: torch.dtype, vocab_size_padded: i
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
 
     tcfg = transformer_config(mc, params_dtype=dtype, tp=rt.tp, pp=rt.pp, ep=rt.ep, etp=rt.etp, cp=1,
+                              first_stage_layers=rt.first_stage_layers, last_stage_layers=rt.last_stage_layers,
                               overrides={})
     vpad = vocab_size_padded or padded_vocab_size(mc.arch.vocab_size, rt.tp, vocab_divisible_by)
     if vpad % rt.tp:

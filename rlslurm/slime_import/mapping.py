@@ -57,12 +57,6 @@ FEATURE_PLUGINS = {
 _OPD_WHY = (f"{_OPD} (a teacher model's log-probs): rlslurm runs no teacher model and has no OPD loss "
             f"term; see {PORTING_GUIDE}")
 
-# Megatron-LM command-line names whose TransformerConfig field is spelled otherwise.
-MEGATRON_LM_RENAMES = {
-    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
-    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
-}
-
 _METRICS = "metrics go to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (TensorBoard when installed)"
 
 # Flags with nothing to pass on, and why (checked before the megatron-core fields).
@@ -215,9 +209,10 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
         if n.startswith("sglang_"):
             _sglang(f, out, emit, drop)
             continue
-        key = MEGATRON_LM_RENAMES.get(n, n)
-        if known_megatron is None or key in known_megatron:
-            flag = "--megatron-" + key.replace("_", "-")
+        # Megatron-LM's flags whose TransformerConfig field is spelled otherwise
+        # (--decoder-first/last-pipeline-num-layers) are rlslurm flags of slime's name (FIELDS above)
+        if known_megatron is None or n in known_megatron:
+            flag = "--megatron-" + n.replace("_", "-")
             if len(f.values) > 1:
                 emit(f, [flag, "[" + ", ".join(f.values) + "]"])
             else:

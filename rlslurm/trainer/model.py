@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
 from rlslurm.model_config import ModelConfig
-from rlslurm.parallel_grid import owned_field_refusal
+from rlslurm.parallel_grid import check_pipeline_split, owned_field_refusal, stage_layers
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 
@@ -188,6 +188,8 @@ def transformer_config(
     ep: int = 1,
     cp: int = 1,
     etp: int | None = None,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
     overrides: dict[str, Any] | None = None,
 ):
     """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
@@ -196,6 +198,9 @@ def transformer_config(
     win over everything computed here, but for the parallel sizes (rlslurm/parallel_grid.py: the
     process groups are built from rlslurm's own flags). An unknown field is a ConfigError naming the
     flag. `etp`: the routed experts' tensor parallel size (None: TP, megatron's default).
+    `first_stage_layers`/`last_stage_layers`: the first/last pipeline stage's layers (None: an even
+    split), checked by megatron-core's rule (rlslurm/parallel_grid.py stage_layers) before megatron's
+    own asserts could fire mid-build.
     """
     TransformerConfig, MLATransformerConfig = _config_classes()
     cls = MLATransformerConfig if mc.arch.mla else TransformerConfig
@@ -207,6 +212,8 @@ def transformer_config(
             raise ConfigError(
                 f"--megatron-{key.replace('_', '-')}: {key!r} is not a megatron-core {cls.__name__} field"
             )
+    stage_layers(mc.arch.num_layers, pp, first_stage_layers, last_stage_layers, model=mc.name)
+    check_pipeline_split(overrides or {}, pp)
     if params_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
     etp = tp if etp is None else etp
@@ -215,6 +222,8 @@ def transformer_config(
     kw.update(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        num_layers_in_first_pipeline_stage=first_stage_layers,
+        num_layers_in_last_pipeline_stage=last_stage_layers,
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=etp,
         context_parallel_size=cp,

@@ -131,15 +131,11 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
 
 
 def check_pipeline(mc: ModelConfig, tcfg, pp: int) -> None:
-    """What the RL loop's pipeline path (megatron's 1F1B schedule, one model chunk) cannot do."""
+    """What the RL loop's pipeline path (megatron's 1F1B schedule, one model chunk) cannot do; the
+    split of the layers over the stages (and the interleaved schedule) is checked where the
+    TransformerConfig is made (rlslurm/parallel_grid.py)."""
     if pp <= 1:
         return
-    if mc.arch.num_layers % pp:
-        raise ConfigError(f"--pipeline-model-parallel-size {pp} does not divide {mc.name}'s "
-                          f"{mc.arch.num_layers} layers")
-    if getattr(tcfg, "virtual_pipeline_model_parallel_size", None):
-        raise ConfigError("--megatron-virtual-pipeline-model-parallel-size: the interleaved schedule (several "
-                          "model chunks per stage) is not supported by the RL trainer loop")
     if getattr(tcfg, "overlap_p2p_comm", False):
         raise ConfigError("--megatron-overlap-p2p-comm: megatron's non-interleaved pipeline schedule, which "
                           "the RL trainer loop uses, refuses it")
@@ -331,7 +327,8 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
     tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp, cp=par.cp,
-                              overrides=tf_over)
+                              first_stage_layers=cfg.train.decoder_first_pipeline_num_layers,
+                              last_stage_layers=cfg.train.decoder_last_pipeline_num_layers, overrides=tf_over)
     check_pipeline(mc, tcfg, par.pp)
     vpad = padded_vocab_size(mc.arch.vocab_size, par.tp)
     device = _device()

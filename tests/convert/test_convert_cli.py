@@ -1,5 +1,5 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
-different TP/PP/EP/ETP on each side, bit-identical tensors, and the export loads and generates in HF.
+different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
 The six conversions run in one torchrun (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/launcher/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
@@ -42,14 +42,19 @@ def _generates(hf_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def bf16_qwen3(tiny_ckpts, tmp_path_factory) -> Path:
-    from transformers import AutoModelForCausalLM
+def bf16_qwen3(tmp_path_factory) -> Path:
+    """tiny-qwen3 with 3 layers (its model config beside it, `qwen3-3.yaml`), in bf16: 3 layers split
+    unevenly over 2 pipeline stages (--decoder-first-pipeline-num-layers 2)."""
+    import yaml
 
-    d = tmp_path_factory.mktemp("bf16") / "tiny-qwen3"
-    AutoModelForCausalLM.from_pretrained(tiny_ckpts / "tiny-qwen3", dtype=torch.bfloat16).save_pretrained(d)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        (d / f).write_bytes((tiny_ckpts / "tiny-qwen3" / f).read_bytes())
-    return d
+    from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("bf16")
+    raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text())
+    raw["name"], raw["arch"]["num_layers"] = "tiny-qwen3-3", 3
+    (root / "qwen3-3.yaml").write_text(yaml.safe_dump(raw))
+    return make_tiny_checkpoint(load_model_config(str(root / "qwen3-3.yaml")), root / "tiny-qwen3", dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +66,12 @@ def converted(bf16_qwen3, tiny_ckpts, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cli")
     glm4, deepseek = tiny_ckpts / "tiny-glm4", tiny_ckpts / "tiny-deepseek-v3"
     q, g, d = root / "qwen3", root / "glm4", root / "deepseek"
+    qwen3 = str(bf16_qwen3.parent / "qwen3-3.yaml")
     plan = [
-        ["hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(bf16_qwen3), "--out", str(q / "mc"), "--pp", "2",
-         "--dtype", "bf16"],
-        ["mcore-to-hf", "--model", "tiny-qwen3", "--load", str(q / "mc"), "--out", str(q / "hf"), "--tp", "2",
+        # 3 layers over 2 stages, 2 + 1 (slime's uneven pipeline flags), read back at TP 2 on one stage
+        ["hf-to-mcore", "--model", qwen3, "--hf", str(bf16_qwen3), "--out", str(q / "mc"), "--pp", "2",
+         "--decoder-first-pipeline-num-layers", "2", "--dtype", "bf16"],
+        ["mcore-to-hf", "--model", qwen3, "--load", str(q / "mc"), "--out", str(q / "hf"), "--tp", "2",
          "--hf-config-from", str(bf16_qwen3)],
         ["hf-to-mcore", "--model", "tiny-glm4", "--hf", str(glm4), "--out", str(g / "mc"), "--tp", "2", "--dtype", "fp32",
          "--vocab-divisible-by", "64"],
@@ -82,8 +89,13 @@ def converted(bf16_qwen3, tiny_ckpts, tmp_path_factory) -> Path:
     return root
 
 
-def test_qwen3_bf16_pp2_to_tp2(bf16_qwen3, converted):
+def test_qwen3_bf16_uneven_pp2_to_tp2(bf16_qwen3, converted):
+    """Written at PP 2 with 2 + 1 layers (each stage's layers under their global numbers), read back
+    on one stage at TP 2: bit-identical, every layer in its place."""
+    from rlslurm.convert.meta import read_meta
+
     assert len(list((converted / "qwen3" / "mc").glob("*.distcp"))) >= 2
+    assert read_meta(converted / "qwen3" / "mc")["decoder_first_pipeline_num_layers"] == 2
     _assert_bit_identical(bf16_qwen3, converted / "qwen3" / "hf", torch.bfloat16)
     _generates(converted / "qwen3" / "hf")
 
@@ -161,6 +173,19 @@ def test_expert_tensor_parallelism_sets_the_process_count(monkeypatch):
         check_world(4, 2, 8, 1)
     assert split_submit_args(["hf-to-mcore", "--tp", "2", "--ep", "2", "--etp", "1"]).nproc == 2
     assert split_submit_args(["hf-to-mcore", "--tp", "2", "--ep", "2"]).nproc == 4
+
+
+def test_pipeline_split_is_refused_before_any_process_group(tiny_ckpts, tmp_path, monkeypatch):
+    """The uneven split's rule (rlslurm/parallel_grid.py) in the converter's flags, one line."""
+    from rlslurm.convert.cli import app
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what --pp 2 needs: the next check is the split's
+    r = CliRunner().invoke(app, ["hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(tiny_ckpts / "tiny-qwen3"),
+                                 "--out", str(tmp_path / "x"), "--pp", "2", "--decoder-first-pipeline-num-layers", "2"])
+    assert r.exit_code == 2
+    assert "--decoder-first-pipeline-num-layers 2 at --pp 2: the 1 other stage would hold 0 of tiny-qwen3's 2 " \
+           "layers" in " ".join(r.output.split())
+    assert not (tmp_path / "x").exists()
 
 
 def test_world_size_must_match_the_parallel_sizes(tiny_ckpts, tmp_path):

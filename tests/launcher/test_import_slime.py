@@ -61,7 +61,7 @@ def test_script_imports_to_flags_rlslurm_accepts(name: str) -> None:
                 if (m := re.match(rf"{re.escape(str(path))}:\d+: not mapped: (--[a-z0-9-]+): \S", line))}
     for flag in slime_flags:
         passed = flag in argv or "--megatron-" + flag[2:] in argv or flag in {
-            "--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--decoder-last-pipeline-num-layers"} \
+            "--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus"} \
             or any(f"{path}:{_line_of(path, flag)}: note: {flag}: nothing to pass: " in ln for ln in imp.report_lines())
         assert passed or flag in reported, flag
         if flag in reported:
@@ -120,7 +120,9 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
     cfg = build_config([parse_flags(imp.argv)])
     assert cfg.rollout.dynamic_sampling_filter_path == "rlslurm.rollout.filters:zero_std_filter"
     assert cfg.rollout.over_sampling_batch_size == 256 and cfg.train.num_steps_per_rollout == 4
-    assert cfg.megatron["num_layers_in_last_pipeline_stage"] == 13
+    # slime's uneven pipeline (61 layers: 16, 16, 16, 13 over PP 4) is rlslurm's flag (issue 32 item 3)
+    assert (cfg.train.pipeline_model_parallel_size, cfg.train.decoder_last_pipeline_num_layers) == (4, 13)
+    assert not any("pipeline" in k for k in cfg.megatron)
     assert (cfg.run.colocate, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes, cfg.slurm.nodes) == (True, None, None, 16)
     report = "\n".join(imp.report_lines())
     for flag in ("--hf-checkpoint", "--prompt-data", "--eval-prompt-data"):
@@ -128,10 +130,10 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
                "$BASE_DIR: BASE_DIR is not set in the script" in report, flag
     assert "not mapped: --sglang-server-concurrency: slime's own" in report
     assert cfg.data.prompt_data is None and cfg.model.hf_checkpoint is None
-    # slime's expert layout (experts whole, ETP 1, under TP 8) is carried (issue 32 item 2); what is
-    # still refused is its uneven pipeline (61 layers over 4 stages, item 3): said, not hidden
+    # slime's expert layout (experts whole, ETP 1, under TP 8, issue 32 item 2) and its pipeline are
+    # carried; what is still refused is a site setting for its engines spanning nodes: said, not hidden
     assert (cfg.train.expert_tensor_parallel_size, cfg.train.tensor_model_parallel_size) == (1, 8)
-    assert imp.refusal and "--pipeline-model-parallel-size 4 does not divide deepseek-v3's 61 layers" in imp.refusal
+    assert imp.refusal and imp.refusal.startswith("--sglang-enable-dp-attention with an engine spanning 8 nodes")
     assert report.endswith(imp.refusal)
 
 

@@ -129,6 +129,36 @@ def test_expert_tensor_parallel_size_is_its_own(prompts: Path) -> None:
     one_line_naming(argv + ["--expert-tensor-parallel-size", "0"], "--expert-tensor-parallel-size")
 
 
+def test_uneven_pipeline_stages(tmp_path: Path, prompts: Path) -> None:
+    """--decoder-first/last-pipeline-num-layers (slime's): PP need not divide the layers; what
+    megatron-core would refuse at build or start is refused at submit, one line naming the flags
+    (rlslurm/parallel_grid.py stage_layers, docs/parallel-layouts.md "Pipeline stages")."""
+    import yaml
+
+    from rlslurm.model_config import MODEL_CONFIG_DIR
+
+    raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text())
+    raw["name"], raw["arch"]["num_layers"] = "tiny-qwen3-5", 5
+    (tmp_path / "tiny5.yaml").write_text(yaml.safe_dump(raw))
+    argv = ["--model", str(tmp_path / "tiny5.yaml"), "--prompt-data", str(prompts), "--trainer-procs-per-node", "4"]
+    pp2, pp4 = ["--pipeline-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "4"]
+    first, last = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
+    one_line_naming(argv + pp2, "--pipeline-model-parallel-size 2 does not divide tiny-qwen3-5's 5 layers", first)
+    t = resolve(argv + pp2 + [first, "2"]).cfg.train
+    assert (t.decoder_first_pipeline_num_layers, t.decoder_last_pipeline_num_layers) == (2, None)
+    resolve(argv + pp4 + [first, "1", last, "2"])
+    one_line_naming(argv + pp4 + [first, "1", last, "1"], f"{first} 1 and {last} 1 at --pipeline-model-parallel-size "
+                    "4: the 2 other stages would share 3 of tiny-qwen3-5's 5 layers, which does not divide evenly")
+    one_line_naming(argv + pp2 + [first, "2", last, "2"], "the 0 other stages would hold 1 of tiny-qwen3-5's 5 layers")
+    one_line_naming(argv + [last, "2"], f"{last} 2: needs --pipeline-model-parallel-size > 1")
+    one_line_naming(argv + pp2 + [last, "0"], last)
+    one_line_naming(argv + pp2 + ["--megatron-num-layers-in-first-pipeline-stage", "2"], f"use {first}")
+    one_line_naming(argv + pp2 + [first, "2", "--megatron-account-for-embedding-in-pipeline-split", "true"],
+                    "--megatron-account-for-embedding-in-pipeline-split: rlslurm splits the layers")
+    one_line_naming(argv + pp4 + [first, "1", last, "2", "--megatron-virtual-pipeline-model-parallel-size", "2"],
+                    "--megatron-virtual-pipeline-model-parallel-size: the interleaved schedule")
+
+
 def test_gpu_runs_of_slime_sized_models_recompute_as_slime_does(tmp_path: Path, prompts: Path) -> None:
     """slime's scripts all run full activation recompute; qwen3-4B at TP 2 without it ran out of memory
     on an 80 GB H100 (docs/gpu.md). The user's flags win key by key, and a granularity other than full

@@ -99,14 +99,18 @@ def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) ->
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **popen)
 
 
-def run_steps(runs: list[tuple[Path, Path]], nproc: int, timeout: float = 400) -> list[tuple[dict, Any]]:
+def run_steps(runs: list[tuple[Path, Path]], nproc: int, timeout: float = 400,
+              resume_check: tuple[Path, ...] = ()) -> list[tuple[dict, Any]]:
     """tests/trainer/step_worker.py on (run dir, out dir) pairs of one world size, in one torchrun (each
-    run from a fresh megatron parallel state); per pair its result.json and its exported weights."""
+    run from a fresh megatron parallel state); per pair its result.json and its exported weights. The
+    runs in `resume_check` also take their last step again from a checkpoint (step_worker's flag)."""
     import torch
 
     args = [str(HERE / "step_worker.py")]
     for run, out in runs:
         args += ["--run-dir", str(run), "--out", str(out)]
+    for run in resume_check:
+        args += ["--resume-check", str(run)]
     p = torchrun(args, nproc, timeout)
     assert p.returncode == 0, p.stderr[-6000:]
     return [(json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")) for _, out in runs]

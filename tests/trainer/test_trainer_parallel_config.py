@@ -35,10 +35,16 @@ def test_pipeline_checks_name_the_flag() -> None:
     mc = load_model_config("tiny-qwen3")  # 2 layers
     check_pipeline(mc, _tcfg(), 1)
     check_pipeline(mc, _tcfg(), 2)
-    with pytest.raises(ConfigError, match=r"--pipeline-model-parallel-size 4 does not divide tiny-qwen3's 2 layers"):
-        check_pipeline(load_model_config("tiny-qwen3"), _tcfg(), 4)
-    with pytest.raises(ConfigError, match=r"--megatron-virtual-pipeline-model-parallel-size: the interleaved"):
-        check_pipeline(mc, _tcfg(virtual_pipeline_model_parallel_size=2), 2)
+    # the layer split and the interleaved schedule: where the TransformerConfig is made (parallel_grid.py)
+    with pytest.raises(ConfigError, match=r"^--pipeline-model-parallel-size 4 does not divide tiny-qwen3's 2 layers"):
+        model_mod.transformer_config(mc, pp=4)
+    with pytest.raises(ConfigError, match=r"^--megatron-virtual-pipeline-model-parallel-size: the interleaved"):
+        model_mod.transformer_config(mc, pp=2, overrides={"virtual_pipeline_model_parallel_size": 2})
+    with pytest.raises(ConfigError, match=r"^--megatron-account-for-loss-in-pipeline-split: rlslurm splits"):
+        model_mod.transformer_config(mc, pp=2, overrides={"account_for_loss_in_pipeline_split": True})
+    with pytest.raises(ConfigError, match=r"^--megatron-num-layers-in-last-pipeline-stage: .*"
+                                          r"use --decoder-last-pipeline-num-layers"):
+        model_mod.transformer_config(mc, pp=2, overrides={"num_layers_in_last_pipeline_stage": 1})
     with pytest.raises(ConfigError, match=r"--megatron-overlap-p2p-comm"):
         check_pipeline(mc, _tcfg(overlap_p2p_comm=True), 2)
     with pytest.raises(ConfigError, match=r"--megatron-mtp-num-layers"):
@@ -96,3 +102,51 @@ def test_export_takes_every_rank_its_gathers_reach(tp, ep, etp, pp, world) -> No
             reach |= grown
         assert reach == {r for r in stage_ranks if dp_rank[r] < k}
     assert (k == 1) == (tp % (etp * ep) == 0)
+
+
+UNEVEN = [(61, 4, None, 13), (94, 4, None, 22), (61, 8, None, 5), (78, 8, 14, 16), (5, 2, 2, None), (5, 2, None, 2),
+          (5, 4, 1, 2), (7, 3, 3, None), (6, 3, None, None)]
+REFUSED = [(61, 4, None, None, "does not divide x's 61 layers"), (61, 4, None, 12, "share 49 of x's 61 layers"),
+           (5, 2, 2, 2, "the 0 other stages would hold 1"), (5, 3, 2, 3, "the 1 other stage would hold 0"),
+           (5, 4, 1, 1, "share 3 of x's 5 layers"), (5, 1, 2, None, "needs --pipeline-model-parallel-size > 1")]
+
+
+def _megatron_split(num_layers: int, pp: int, first, last) -> list[tuple[int, int]]:
+    """(offset, layers) of each stage as megatron-core builds them, from its own functions."""
+    import torch
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    cfg = TransformerConfig(num_layers=num_layers, hidden_size=8, num_attention_heads=1,
+                            pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+                            num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+    return [(get_transformer_layer_offset(cfg, pp_rank=r), get_num_layers_to_build(cfg, pp_rank=r)) for r in range(pp)]
+
+
+@pytest.mark.parametrize("num_layers, pp, first, last", UNEVEN)
+def test_stage_split_is_megatrons(num_layers, pp, first, last) -> None:
+    """rlslurm's rule (parallel_grid.stage_layers: what resolve and the converter check, and the
+    layer counts slime's scripts give) against megatron-core 0.16's own: each stage's layer count,
+    and its offset (where its layer_number, which conversion and weight sync read, starts)."""
+    import itertools
+
+    from rlslurm.parallel_grid import stage_layers
+
+    ours = stage_layers(num_layers, pp, first, last)
+    offsets = [0, *itertools.accumulate(ours)][:-1]
+    assert list(zip(offsets, ours)) == _megatron_split(num_layers, pp, first, last)
+
+
+@pytest.mark.parametrize("num_layers, pp, first, last, said", REFUSED)
+def test_stage_split_refuses_what_megatron_refuses(num_layers, pp, first, last, said) -> None:
+    """Each refusal is one line naming the flags, and megatron-core would have refused too (its
+    TransformerConfig, or the assert in get_num_layers_to_build on some stage)."""
+    from rlslurm.parallel_grid import stage_layers
+
+    with pytest.raises(ConfigError) as e:
+        stage_layers(num_layers, pp, first, last, model="x")
+    assert said in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith("--decoder-" if first or last else "--pipeline-model-parallel-size")
+    with pytest.raises((AssertionError, ValueError)):
+        _megatron_split(num_layers, pp, first, last)

@@ -1,11 +1,13 @@
 """Pipeline parallelism in the RL trainer (megatron-core on CPU, gloo).
 
-- One rollout through megatron's 1F1B schedule at PP=2, TP=2 x PP=2 and DP=2 x PP=2 (distributed
-  optimizer) gives the losses, metrics and updated weights of PP=1 on the same batch: a dense
-  model with tied embeddings (the first stage's embedding and the last stage's output layer are
-  one weight, its gradient summed across stages) and, at TP=2 x PP=2 (sequence parallel), an
-  MLA + MoE model whose stages differ (dense first layer, MoE second); the pipelined forward's
-  log-probs equal HF transformers'.
+- One rollout through megatron's 1F1B schedule at PP=2, TP=2 x PP=2, DP=2 x PP=2 (distributed
+  optimizer) and PP=4 gives the losses, metrics and updated weights of PP=1 on the same batch: a
+  dense 5-layer model with tied embeddings (the first stage's embedding and the last stage's output
+  layer are one weight, its gradient summed across stages), its layers split unevenly over the
+  stages (--decoder-first/last-pipeline-num-layers: 2+3, 3+2, 1+4, 1+1+1+2; the PP=4 run also
+  resumes a step from a checkpoint at that split, bit for bit) and, at TP=2 x PP=2 (sequence
+  parallel), an MLA + MoE model whose stages differ (dense first layer, MoE second), split evenly;
+  the pipelined forward's log-probs equal HF transformers'.
 - PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
   + resume from the stage-sharded checkpoint is bit-exact.
 """
@@ -36,10 +38,11 @@ COMPARED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_n
 
 
 def _prepare(tmp: Path, hf: Path, name: str, nproc: int, tp: int, pp: int, model: str | None = None,
-             dist_opt: bool = False) -> Path:
+             dist_opt: bool = False, stages: tuple[int | None, int | None] = (None, None)) -> Path:
     run = make_run(tmp / name, hf, nproc=nproc,
                    train={**TRAIN, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-                          "use_distributed_optimizer": dist_opt})
+                          "use_distributed_optimizer": dist_opt, "decoder_first_pipeline_num_layers": stages[0],
+                          "decoder_last_pipeline_num_layers": stages[1]})
     if model is not None:
         import yaml
 
@@ -70,9 +73,12 @@ def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     processes), each run in it from a fresh parallel state (a torchrun start costs ~15 s of imports per
     process on 2 cores).
 
-    dense: tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too);
+    dense: tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too) and 5
+    layers, which no PP > 1 divides: every dense pipeline is split by the first/last-stage counts
+    (rlslurm/parallel_grid.py stage_layers), each stage's layers numbered from its own offset.
     dp2pp2: the distributed optimizer (the default whenever DP > 1) shards the state over DP inside
-    each stage; its grad norm and clipping still span both stages.
+    each stage; its grad norm and clipping still span both stages. pp4: both counts and two stages
+    between them, and a checkpoint saved and loaded at that split (step_worker --resume-check).
     mla: tiny-deepseek-v3, MLA attention, a dense first layer (stage 0) and an MoE second layer with a
     shared expert and router expert bias (stage 1)."""
     import yaml
@@ -84,21 +90,29 @@ def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{MODEL}.yaml").read_text())
     raw["name"] = f"{MODEL}-tied"
     raw["arch"]["tie_word_embeddings"] = True
+    raw["arch"]["num_layers"] = 5
     tied = tmp / f"{MODEL}-tied.yaml"
     tied.write_text(yaml.safe_dump(raw))
     hf = make_tiny_checkpoint(load_model_config(str(tied)), tmp / "hf", seed=3)
     mla_tmp = tmp / "mla-moe"
     mla_hf = make_tiny_checkpoint(load_model_config("tiny-deepseek-v3"), mla_tmp / "hf", seed=5)
-    specs = [("dense/pp1", tmp, hf, 1, 1, 1, str(tied), False), ("dense/pp2", tmp, hf, 2, 1, 2, str(tied), False),
-             ("dense/tp2pp2", tmp, hf, 4, 2, 2, str(tied), False), ("dense/dp2pp2", tmp, hf, 4, 1, 2, str(tied), True),
-             ("mla/pp1", mla_tmp, mla_hf, 1, 1, 1, "tiny-deepseek-v3", False),
-             ("mla/tp2pp2", mla_tmp, mla_hf, 4, 2, 2, "tiny-deepseek-v3", False)]
+    d, m = (tmp, hf, str(tied)), (mla_tmp, mla_hf, "tiny-deepseek-v3")
+    # key: (dir, hf, model), nproc, tp, pp, distributed optimizer, (first, last stage's layers)
+    specs = {"dense/pp1": (d, 1, 1, 1, False, (None, None)), "dense/pp2": (d, 2, 1, 2, False, (2, None)),
+             "dense/tp2pp2": (d, 4, 2, 2, False, (None, 2)), "dense/dp2pp2": (d, 4, 1, 2, True, (1, 4)),
+             "dense/pp4": (d, 4, 1, 4, False, (1, 2)),
+             "mla/pp1": (m, 1, 1, 1, False, (None, None)), "mla/tp2pp2": (m, 4, 2, 2, False, (None, None))}
     out: dict[str, tuple[dict, dict]] = {}
     for nproc in (1, 2, 4):
-        mine = [s for s in specs if s[3] == nproc]
-        runs = [(_prepare(d, h, key.split("/")[1], n, tp, pp, model=m, dist_opt=do), d / f"{key.split('/')[1]}-out")
-                for key, d, h, n, tp, pp, m, do in mine]
-        out.update(zip([s[0] for s in mine], run_steps(runs, nproc)))
+        mine = [k for k, v in specs.items() if v[1] == nproc]
+        runs = []
+        for key in mine:
+            (where, h, model), n, tp, pp, do, stages = specs[key]
+            name = key.split("/")[1]
+            runs.append((_prepare(where, h, name, n, tp, pp, model=model, dist_opt=do, stages=stages),
+                         where / f"{name}-out"))
+        resume = tuple(r for (r, _), key in zip(runs, mine) if key == "dense/pp4")
+        out.update(zip(mine, run_steps(runs, nproc, resume_check=resume)))
     return out
 
 
@@ -108,15 +122,15 @@ def dense(layouts) -> dict[str, tuple[dict, dict]]:
 
 
 def test_pipelined_logprobs_match_hf_transformers(dense) -> None:
-    for name in ("pp2", "tp2pp2", "dp2pp2"):
+    for name in ("pp2", "tp2pp2", "dp2pp2", "pp4"):
         res, _ = dense[name]
-        assert res["pp"] == 2
+        assert res["pp"] == (4 if name == "pp4" else 2)
         assert res["logprob_scale"] > 1.0
         assert res["logprob_max_abs_diff"] < 1e-5, (name, res)
         assert res["entropy_max_abs_diff"] < 1e-5, (name, res)
 
 
-@pytest.mark.parametrize("name", ["pp2", "tp2pp2", "dp2pp2"])
+@pytest.mark.parametrize("name", ["pp2", "tp2pp2", "dp2pp2", "pp4"])
 def test_pipeline_equals_single_stage(dense, name: str) -> None:
     ref, _ = dense["pp1"]
     # the batch really was cut into unequal micro-batches, and the update did something
@@ -124,6 +138,16 @@ def test_pipeline_equals_single_stage(dense, name: str) -> None:
     assert ref["steps"][0]["grad_norm"] > 0 and abs(ref["steps"][1]["ppo_kl"]) > 1e-5
     assert "lm_head.weight" not in dense[name][1]  # tied: exported once, as the embedding
     _same(dense["pp1"], dense[name], name)
+    assert len([n for n in dense[name][1] if n.endswith(".self_attn.o_proj.weight")]) == 5  # every layer, once
+
+
+def test_checkpoint_resumes_at_an_uneven_split(dense) -> None:
+    """PP=4 at 1+1+1+2 layers: dist_checkpointing saved each stage's layers under their global numbers
+    and loaded them back there (step_worker._resume_check perturbs the parameters in between): the
+    step taken again from the checkpoint is the first one, bit for bit."""
+    resume = dense["pp4"][0]["resume"]
+    assert resume["max_abs_diff"] == 0.0, resume
+    assert {k: resume["first"][k] for k in COMPARED} == {k: resume["again"][k] for k in COMPARED}
 
 
 def test_mla_moe_pipeline_equals_single_stage(layouts) -> None:
