@@ -193,6 +193,7 @@ class EngineSupervisor:
         self._thread: threading.Thread | None = None
         self._restart_threads: list[threading.Thread] = []
         self.router_restarts = 0
+        self._router_restarting = False  # `recovering`
         self._router_error: str | None = None
 
     # --- public view ----------------------------------------------------------------------
@@ -203,6 +204,15 @@ class EngineSupervisor:
     @property
     def restarts_total(self) -> int:
         return sum(s.restarts for s in self._slots)
+
+    def recovering(self) -> bool:
+        """A restart of the router or of an engine is under way, with budget left: callers that fail
+        meanwhile (the driver's generate retries, rollout/router_context.py) wait for it rather than
+        count it against their own tries."""
+        if self.failure is not None:
+            return False
+        with self._cond:
+            return self._router_restarting or any(s.restarting for s in self._slots)
 
     def engines(self) -> list[EngineInfo]:
         with self._cond:
@@ -482,6 +492,7 @@ class EngineSupervisor:
             return
         log.warning("router %s exited (code %s); restarting it", self.router.url, code)
         t0 = time.monotonic()
+        self._router_restarting = True
         try:
             self.router.start()
             with self._cond:
@@ -497,7 +508,8 @@ class EngineSupervisor:
             self.router.kill()  # so that the next tick starts it again from scratch
             self._emit(RestartEvent("router", self.router.url, f"exited (code {code})", self.router_restarts,
                                     time.monotonic() - t0, False, str(e)))
-            return  # the next tick sees it dead (or unregistered workers) and tries again
+            return  # the next tick sees it dead (or unregistered workers) and tries again (still recovering)
+        self._router_restarting = False
         self.router_restarts += 1
         self._emit(RestartEvent("router", self.router.url, f"exited (code {code})", self.router_restarts,
                                 time.monotonic() - t0, True))

@@ -217,7 +217,8 @@ class RolloutDriver:
                  api_key: str | None, tokenizer: Any, source: DataSource | None = None,
                  reward_fn: RewardFn | None = None, generate_fn: GenerateFn | None = None,
                  filters: Sequence[GroupFilter] | None = None, engine_restarts: Callable[[], int] | None = None,
-                 reward_executor: Any = None, retry: RetryPolicy | None = None, poll_s: float = POLL_S):
+                 reward_executor: Any = None, retry: RetryPolicy | None = None, poll_s: float = POLL_S,
+                 recovering: Callable[[], bool] | None = None):
         self.cfg = cfg
         # what it does now, for the node's heartbeat (`rlslurm status`: why no rollout comes)
         self.phase = "starting the driver"
@@ -242,6 +243,7 @@ class RolloutDriver:
         self.engine_restarts = engine_restarts or (lambda: 0)
         self.reward_executor = reward_executor
         self.retry = retry
+        self.recovering = recovering  # node 0's supervisor restarts the router or an engine (router_context.py)
         self.poll_s = poll_s
         self.control = Control(self.rd)
         self.writer = RolloutWriter(self.rd, kind="train")
@@ -271,7 +273,8 @@ class RolloutDriver:
         next_id = resume.next_rollout_id
         async with _router_client(None if self.engine_free else self.router_url, self.api_key) as client:
             self.ctx = None if client is None else RouterContext(
-                client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency, retry=self.retry)
+                client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency, retry=self.retry,
+                recovering=self.recovering)
             while (rollout_id := self._next_rollout(next_id)) is not None:
                 regenerate = rollout_id < next_id
                 if regenerate:

@@ -125,7 +125,8 @@ async def serve(node, rd: RunDir, control: Control, cfg, tokenizer) -> str:
                                 cancel=lambda: look().driver_should_stop())
 
         driver = RolloutDriver(cfg, rd, router_url=node.router.url, engine_urls=node.engine_urls,
-                               api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total)
+                               api_key=node.api_key, tokenizer=tokenizer, engine_restarts=node.restarts_total,
+                               recovering=node.recovering)
         node.phase_of = lambda: driver.phase
         driver_task = asyncio.ensure_future(driver.run(lambda: look().driver_should_stop()))
     return await until_end(driver_task, node.housekeeping, look, end_poll_s=POLL_S if node.node == 0 else END_POLL_S)

@@ -422,6 +422,10 @@ class RolloutNode:
     def restarts_total(self) -> int:
         return sum(e.restarts for e in self._engines())
 
+    def recovering(self) -> bool:
+        """This node's supervisor is restarting its router or an engine (EngineSupervisor.recovering)."""
+        return self.supervisor is not None and self.supervisor.recovering()
+
     def close(self) -> None:
         """Kill every process this node started; always safe to call."""
         try:

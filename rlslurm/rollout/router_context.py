@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import DataError
@@ -53,6 +54,10 @@ class RetryPolicy:
     max_attempts: int = 10
     backoff_s: float = 0.5
     max_backoff_s: float = 30.0
+    # While the node's supervisor restarts the router or an engine (`recovering`), failures do not use
+    # up the tries, up to this long after the first: a router restarted on a loaded node took ~1 min
+    # to answer, longer than the tries, and the rollout's failure cost an attempt (bench/results/chaos.md)
+    recovery_wait_s: float = 600.0
 
     def delay(self, attempt: int) -> float:
         """Full jitter: many requests failing together (a dead worker) do not retry in lockstep."""
@@ -77,12 +82,14 @@ class RouterContext:
     """`GenerateContext` over an `SGLangClient` pointed at the router (or at one engine)."""
 
     def __init__(self, client: SGLangClient, tokenizer: Any, *, max_concurrency: int = 256,
-                 retry: RetryPolicy | None = None):
+                 retry: RetryPolicy | None = None, recovering: Callable[[], bool] | None = None):
+        """`recovering`: is a restart of the router or an engine under way (engines/supervisor.py)."""
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.client = client
         self.tokenizer = tokenizer
         self.retry = retry or RetryPolicy()
+        self.recovering = recovering or (lambda: False)
         self.stats = CallStats()
         self._slots = asyncio.Semaphore(max_concurrency)
 
@@ -92,15 +99,21 @@ class RouterContext:
         return self._parse(out)
 
     async def _with_retries(self, input_ids: list[int], sampling_params: dict[str, Any]) -> Any:
-        attempt = 0
+        attempt, first_failure = 0, None
         while True:
             self.stats.requests += 1
             try:
                 return await self.client.generate(input_ids, sampling_params, return_logprob=True)
             except SGLangError as e:
                 attempt += 1
-                if not is_retryable(e) or attempt >= self.retry.max_attempts:
+                first_failure = first_failure or time.monotonic()
+                if not is_retryable(e):
                     raise
+                if attempt >= self.retry.max_attempts:
+                    if not self.recovering() or time.monotonic() - first_failure > self.retry.recovery_wait_s:
+                        raise
+                    attempt -= 1  # the supervisor is restarting what failed: wait for it
+                    log.warning("generate failed (%s) while the router or an engine restarts: waiting for it", e)
                 key = "no response" if e.status is None else str(e.status)
                 self.stats.failures[key] = self.stats.failures.get(key, 0) + 1
                 self.stats.retries += 1

@@ -96,6 +96,33 @@ def test_unreachable_router_is_retried_then_fails_naming_the_url():
     assert stats.requests == 3 and stats.retries == 2
 
 
+def test_failures_while_the_supervisor_restarts_wait_for_it_within_a_bound():
+    """A router restarted on a loaded node answered only after the tries ran out, and the rollout's
+    failure cost the attempt (bench/results/chaos.md): while the supervisor is recovering, failures
+    do not use up the tries, up to `recovery_wait_s`."""
+    with socket.socket() as sk:  # a port nobody listens on: the router is down
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    asked = []
+
+    def recovering() -> bool:  # a restart under way for the first three looks, then over
+        asked.append(1)
+        return len(asked) <= 3
+
+    async def go(policy: RetryPolicy, recovering):
+        async with SGLangClient(f"http://127.0.0.1:{port}", "k") as c:
+            ctx = RouterContext(c, None, retry=policy, recovering=recovering)
+            with pytest.raises(SGLangError, match="no response"):
+                await ctx.generate([1, 2], {"max_new_tokens": 2})
+            return ctx.stats
+
+    stats = asyncio.run(go(RetryPolicy(max_attempts=3, backoff_s=0.01), recovering))
+    assert stats.requests == 6 and len(asked) == 4  # 3 tries, 3 more while recovering, then given up
+    # a recovery that never ends is waited for only so long
+    stats = asyncio.run(go(RetryPolicy(max_attempts=2, backoff_s=0.01, recovery_wait_s=0.3), lambda: True))
+    assert 2 < stats.requests < 100
+
+
 # --- real servers ----------------------------------------------------------------------------
 
 
