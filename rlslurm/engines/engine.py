@@ -44,6 +44,7 @@ from rlslurm.net import check_ip_literal
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
 SGLANG_MODULE = "sglang.launch_server"
+ROUTER_MODULE = "sglang_router.launch_router"  # started through this module too (engines/router.py)
 DTYPES = ("auto", "float32", "bfloat16", "float16", "half", "float")
 _SHM_PATTERNS = (re.compile(r"^/dev/shm/sglang_loads_.*\.shm$"), re.compile(r"^/dev/shm/sem\.mp-[^/]+$"))
 
@@ -355,6 +356,12 @@ def _main(argv: list[str]) -> None:
         scrubber = log_scrub.redirect_through_scrubber(key, rotate)  # before SGLang starts any thread
     owner_watch.start()  # ends this server if the rollout process dies without stopping it
     sys.argv = [module, *args]
+    if module == ROUTER_MODULE:
+        # sglang-router's launcher imports its Python mini load balancer, which imports SGLang's
+        # tracing and with it all of SGLang (torch, transformers: ~11 CPU-s, as much as an engine's
+        # start) for the Rust router, which needs none of it. Without it the mini LB (--mini-lb,
+        # debugging only) runs untraced (its own fallback when SGLang is not installed).
+        sys.modules.setdefault("sglang.srt.tracing.trace", None)
     if sglang_cpu.is_cpu_launch(args):
         sglang_cpu.fork_subprocesses()
     try:

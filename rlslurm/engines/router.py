@@ -29,13 +29,12 @@ from typing import Any
 import httpx
 
 from rlslurm.buffer.atomic import open_log
-from rlslurm.engines.engine import ENV_API_KEY, wait_group_gone
+from rlslurm.engines.engine import ENV_API_KEY, ROUTER_MODULE, wait_group_gone
 from rlslurm.engines.log_scrub import rotate_env
 from rlslurm.engines.sglang_client import TRUST_ENV, auth_headers
 from rlslurm.errors import ConfigError
 from rlslurm.net import check_ip_literal, free_port
 
-ROUTER_MODULE = "sglang_router.launch_router"
 OWNED_FLAGS = ("--host", "--port", "--api-key", "--prometheus-host", "--prometheus-port", "--worker-urls",
                "--health-check-interval-secs")
 HTTP_TIMEOUT_S = 10.0

@@ -118,3 +118,17 @@ def test_the_launcher_passes_the_log_bound_to_its_filter(tmp_path: Path) -> None
     old, new = Path(f"{log}.1").read_text(), log.read_text()
     assert KEY not in old + new and len(old) < 2100 and len(new) < 2100
     assert new.splitlines()[-1] == "request 0299 ok" and old.endswith("\n")
+
+
+def test_the_launcher_starts_the_router_without_importing_sglang(tmp_path: Path) -> None:
+    """sglang-router's launcher imports its Python mini load balancer, and that SGLang's tracing, i.e. all
+    of SGLang (torch, transformers: as many CPU seconds as an engine's start) for the Rust router: the
+    launcher (rlslurm.engines.engine) keeps it out, and the router's launcher still runs."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONPROFILEIMPORTTIME": "1"}
+    env.pop(ENV_API_KEY, None)
+    p = subprocess.run([sys.executable, "-m", "rlslurm.engines.engine", "sglang_router.launch_router", "--help"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "--worker-urls" in p.stdout, p.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert {"sglang_router.mini_lb", "sglang_router.router"} <= imported, sorted(imported)
+    assert not imported & {"sglang", "torch", "transformers"}, sorted(imported)  # a submodule imports these first
