@@ -1,8 +1,9 @@
 """SFT end to end without any engine: `rlslurm run --debug-train-only --loss-type sft_loss` on
 multi-turn conversations (slime's SFT recipe). The rollout node starts no SGLang server and no router:
 its driver builds each rollout with rlslurm/rollout/sft.py and commits it with the data cursor; the
-trainer (megatron-core on CPU, under torchrun) trains it with sft_loss. Checked: the loss falls, every
-rollout is trained once, the buffer's loss masks are 1 exactly on the assistant turns' tokens, and the
+trainer (megatron-core on CPU, under torchrun) trains it with sft_loss. Checked, over a stop midway and
+the same command again: the loss falls, every rollout is trained once, every conversation is served
+once per epoch in order, the buffer's loss masks are 1 exactly on the assistant turns' tokens, and the
 masks the loss was computed with (--save-debug-train-data) are those."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ CONVERSATIONS = [
      {"role": "tool", "content": "result 3"}, {"role": "assistant", "content": "the answer is 3"},
      {"role": "user", "content": "copy x"}],
 ]
-NUM_ROLLOUT = 12
+NUM_ROLLOUT = 40  # a stop after 3 trained rollouts lands well before the end
 
 
 def assistant_words(conv: list[dict]) -> list[str]:
@@ -58,70 +59,22 @@ def sft_command(tmp_path: Path, tiny_hf: Path, num_rollout: int, *extra: str) ->
             "1000", *extra], run
 
 
-def test_sft_trains_assistant_turns_without_engines(tmp_path: Path, tiny_hf: Path) -> None:
-    from rlslurm.buffer import RunDir
-    from rlslurm.buffer.control import Control
-    from rlslurm.buffer.reader import RolloutReader
-    from rlslurm.tiny import WORDS
-
-    cmd, run = sft_command(tmp_path, tiny_hf, NUM_ROLLOUT, "--save-debug-train-data",
-                           str(tmp_path / "train-data" / "{rollout_id}-{rank}.pt"))
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    rollout_log = "".join(f.read_text() for f in sorted((run / "logs").glob("attempt-*/rollout-0.log")))
-    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}\n--- rollout log\n{rollout_log[-4000:]}"
-    assert RunDir(run).is_finished()
-
-    # no engine, no router: the rollout node built the rollouts itself
-    assert "--debug-train-only: node 0 builds the rollouts with rlslurm.rollout.sft:generate_rollout" in rollout_log
-    assert Control(run).engines() == [] and Control(run).router() is None
-
-    # each rollout trained once, and the SFT loss fell
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [x["rollout_id"] for x in lines] == list(range(NUM_ROLLOUT))
-    losses = [x["loss"] for x in lines]
-    assert all("pg_loss" not in x for x in lines)
-    first, last = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
-    assert last < 0.7 * first, losses
-
-    # the buffer: one sample per conversation, trained exactly on the assistant turns' tokens
-    reader = RolloutReader(RunDir(run), readonly=True)
-    assert reader.committed_ids() == list(range(NUM_ROLLOUT))
-    seen = set()
-    for rid in range(NUM_ROLLOUT):
-        rollout = reader.read(rid)
-        assert len(rollout.samples) == 4
-        saved = torch.load(tmp_path / "train-data" / f"{rid}-0.pt")
-        for i, s in enumerate(rollout.samples):
-            conv = CONVERSATIONS[s.metadata["prompt_index"]]
-            seen.add(s.metadata["prompt_index"])
-            words = [WORDS[t] for t in s.tokens]
-            mask = [0] * len(s.prompt_tokens) + s.effective_loss_mask().tolist()
-            assert [w for w, m in zip(words, mask) if m] == assistant_words(conv), (rid, i, words, mask)
-            headers = [k for k in range(len(words) - 1) if words[k:k + 2] == ["assistant", ":"]]
-            assert headers and all(mask[k] == 0 and mask[k + 1] == 0 for k in headers)
-            assert s.reward == 0.0 and s.rollout_logprobs is None
-            # the loss saw exactly these masks
-            assert saved["loss_masks"][i].tolist() == s.effective_loss_mask().astype(float).tolist()
-            # sft_loss reads no sampling-policy log-probs: their recompute (a forward pass) is skipped
-            assert not saved["old_logprobs"][i].any()
-    assert seen == set(range(len(CONVERSATIONS)))
-    rm = [json.loads(x) for x in (run / "rollout_metrics.jsonl").read_text().splitlines()]
-    assert [x["rollout_id"] for x in rm] == list(range(NUM_ROLLOUT))
-    assert all(x["rollout/sft/trained_tokens"] > 0 for x in rm)
-
-
-def test_sft_stop_and_resume_trains_each_conversation_once(tmp_path: Path, tiny_hf: Path) -> None:
-    """A stop midway (the trainer saves and acks, the driver hands back its cursor) and the same command
-    again: every rollout is trained once over the two attempts and every conversation is served once
-    per epoch, in the unshuffled order, across the stop."""
+def test_sft_trains_assistant_turns_without_engines_and_resumes_after_a_stop(tmp_path: Path, tiny_hf: Path) -> None:
+    """The SFT run, stopped midway (the trainer saves and acks, the driver hands back its cursor) and
+    continued by the same command again (one run for both checks: each `rlslurm run` starts a
+    trainer under torchrun). Over the two attempts: every rollout is trained once, every conversation is
+    served once per epoch, in the unshuffled order, across the stop; the loss falls; the buffer's masks
+    cover exactly the assistant turns and are the masks the loss was computed with."""
     import time
 
     from rlslurm.buffer import RunDir
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.reader import RolloutReader
+    from rlslurm.tiny import WORDS
 
-    n = 40
-    cmd, run = sft_command(tmp_path, tiny_hf, n, "--no-rollout-shuffle")
+    n = NUM_ROLLOUT
+    cmd, run = sft_command(tmp_path, tiny_hf, n, "--no-rollout-shuffle", "--save-debug-train-data",
+                           str(tmp_path / "train-data" / "{rollout_id}-{rank}.pt"))
     log = tmp_path / "first.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
@@ -141,13 +94,47 @@ def test_sft_stop_and_resume_trains_each_conversation_once(tmp_path: Path, tiny_
     first = [json.loads(x)["rollout_id"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert 3 <= len(first) < n, first
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-4000:]
+    rollout_log = "".join(f.read_text() for f in sorted((run / "logs").glob("attempt-*/rollout-0.log")))
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}\n--- rollout log\n{rollout_log[-4000:]}"
     assert RunDir(run).is_finished()
+
+    # no engine, no router: the rollout node built the rollouts itself
+    assert "--debug-train-only: node 0 builds the rollouts with rlslurm.rollout.sft:generate_rollout" in rollout_log
+    assert Control(run).engines() == [] and Control(run).router() is None
+
+    # each rollout trained once, over the two attempts, and the SFT loss fell
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [x["rollout_id"] for x in lines] == list(range(n))  # each once, over the two attempts
+    assert [x["rollout_id"] for x in lines] == list(range(n))
     assert len({x["attempt"] for x in lines}) == 2
+    losses = [x["loss"] for x in lines]
+    assert all("pg_loss" not in x for x in lines)
+    first, last = sum(losses[:2]) / 2, sum(losses[-2:]) / 2
+    assert last < 0.7 * first, losses
+
+    # the buffer: one sample per conversation, served once per epoch in order across the stop, trained
+    # exactly on the assistant turns' tokens
     reader = RolloutReader(RunDir(run), readonly=True)
+    assert reader.committed_ids() == list(range(n))
     served = [(s.metadata["prompt_epoch"], s.metadata["prompt_index"])
               for rid in range(n) for s in reader.read(rid).samples]
     k = len(CONVERSATIONS)
     assert served == [(i // k, i % k) for i in range(n * 4)]
+    for rid in range(n):
+        rollout = reader.read(rid)
+        assert len(rollout.samples) == 4
+        saved = torch.load(tmp_path / "train-data" / f"{rid}-0.pt")
+        for i, s in enumerate(rollout.samples):
+            conv = CONVERSATIONS[s.metadata["prompt_index"]]
+            words = [WORDS[t] for t in s.tokens]
+            mask = [0] * len(s.prompt_tokens) + s.effective_loss_mask().tolist()
+            assert [w for w, m in zip(words, mask) if m] == assistant_words(conv), (rid, i, words, mask)
+            headers = [k for k in range(len(words) - 1) if words[k:k + 2] == ["assistant", ":"]]
+            assert headers and all(mask[k] == 0 and mask[k + 1] == 0 for k in headers)
+            assert s.reward == 0.0 and s.rollout_logprobs is None
+            # the loss saw exactly these masks
+            assert saved["loss_masks"][i].tolist() == s.effective_loss_mask().astype(float).tolist()
+            # sft_loss reads no sampling-policy log-probs: their recompute (a forward pass) is skipped
+            assert not saved["old_logprobs"][i].any()
+    rm = [json.loads(x) for x in (run / "rollout_metrics.jsonl").read_text().splitlines()]
+    assert [x["rollout_id"] for x in rm] == list(range(n))
+    assert all(x["rollout/sft/trained_tokens"] > 0 for x in rm)
