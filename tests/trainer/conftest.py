@@ -99,21 +99,66 @@ def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) ->
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **popen)
 
 
-def run_steps(runs: list[tuple[Path, Path]], nproc: int, timeout: float = 400,
-              resume_check: tuple[Path, ...] = ()) -> list[tuple[dict, Any]]:
-    """tests/trainer/step_worker.py on (run dir, out dir) pairs of one world size, in one torchrun (each
-    run from a fresh megatron parallel state); per pair its result.json and its exported weights. The
-    runs in `resume_check` also take their last step again from a checkpoint (step_worker's flag)."""
+def bounded_torchrun(args: list[str], nproc: int, timeout: float) -> tuple[int, str]:
+    """torchrun bounded by `timeout`: (returncode, output). A rank blocked in a collective never ends,
+    and torchrun starts each worker in a session of its own: on a timeout every process of the tree is
+    killed by pid and the test fails with the output."""
+    import contextlib
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"{nproc}-process run did not finish in {timeout:.0f} s (a rank waits in a collective?)\n"
+                    f"{out[-4000:]}")
+    return proc.returncode, out
+
+
+# A step_worker run takes ~1 min on a loaded 2-core box; the bound is for a rank that waits forever.
+STEP_RUN_BOUND_S = 150
+
+
+@pytest.fixture(scope="session")
+def step_results(request: pytest.FixtureRequest, tmp_path_factory) -> dict[str, dict[str, tuple[dict, Any]]]:
+    """tests/trainer/step_worker.py for every module of this session that declares runs: one torchrun per
+    world size for all of them (a torchrun start costs ~15 s of imports per process on 2 cores, and
+    the runs are independent but for the process group they share), each run from a fresh megatron
+    parallel state. A module declares its runs with a module-level function
+
+        step_runs(request, tmp) -> [(key, nproc, run_dir, out_dir, resume_check), ...]
+
+    (`resume_check`: step_worker --resume-check for that run) and reads
+    `step_results[module.__name__][key]`: the run's result.json and its exported weights. Only the
+    modules of the tests selected in this session run theirs."""
     import torch
 
-    args = [str(HERE / "step_worker.py")]
-    for run, out in runs:
-        args += ["--run-dir", str(run), "--out", str(out)]
-    for run in resume_check:
-        args += ["--resume-check", str(run)]
-    p = torchrun(args, nproc, timeout)
-    assert p.returncode == 0, p.stderr[-6000:]
-    return [(json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt")) for _, out in runs]
+    modules = []
+    for item in request.session.items:
+        mod = getattr(item, "module", None)
+        if mod is not None and callable(getattr(mod, "step_runs", None)) and mod not in modules:
+            modules.append(mod)
+    planned = [(mod.__name__, *run) for mod in modules
+               for run in mod.step_runs(request, tmp_path_factory.mktemp(mod.__name__))]
+    results: dict[str, dict[str, tuple[dict, Any]]] = {mod.__name__: {} for mod in modules}
+    for nproc in sorted({p[2] for p in planned}):
+        mine = [p for p in planned if p[2] == nproc]
+        args = [str(HERE / "step_worker.py")]
+        for _, _, _, run, out, resume in mine:
+            args += ["--run-dir", str(run), "--out", str(out), *(["--resume-check", str(run)] if resume else [])]
+        rc, log = bounded_torchrun(args, nproc, timeout=300 + STEP_RUN_BOUND_S * len(mine))
+        assert rc == 0, f"{nproc}-process step_worker runs {[f'{m}:{k}' for m, k, *_ in mine]}:\n{log[-6000:]}"
+        for name, key, _, _, out, _ in mine:
+            results[name][key] = (json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt"))
+    return results
 
 
 def run_trainer(run_dir: Path, nproc: int = 1, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:

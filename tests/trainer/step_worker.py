@@ -1,12 +1,14 @@
-"""Run under torchrun by test_trainer_step.py / test_trainer_pp.py: build the trainer from a run
+"""Run under torchrun by tests/trainer/conftest.py step_results (the runs of test_trainer_step.py,
+test_trainer_pp.py, test_trainer_ep.py, test_trainer_loss_types.py): build the trainer from a run
 directory, check its log-probs against HF transformers on the same weights, then train one rollout
 and dump losses and the updated weights (published as the disk publisher does: HF names, gathered
 over TP/ETP/EP and from every pipeline stage) for cross-layout comparison. With --resume-check RUN,
 that run also checkpoints before its last step and checks that a resume takes the same step.
 
 Writes <out>/result.json and <out>/weights.pt from global rank 0. Several `--run-dir R --out O` pairs
-(all of one world size): the runs in turn in one set of processes, each from a fresh megatron parallel
-state at its own layout (a torchrun start costs ~15 s of imports per process on the 2-core CI box).
+(all of one world size, of any of those modules): the runs in turn in one set of processes, each from a
+fresh megatron parallel state at its own layout (a torchrun start costs ~15 s of imports per process on
+the 2-core CI box).
 """
 
 from __future__ import annotations

@@ -12,19 +12,13 @@ batch: losses, metrics and updated weights.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import HERE, REPO, free_port, make_run
+from conftest import make_run
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -39,7 +33,6 @@ TRAIN = dict(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1, num_steps_pe
              use_tis=True, tis_clip_low=0.2, tis_clip=2.0, adam_eps=1e-3)
 COMPARED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_norm", "tokens", "tis", "tis_clipfrac",
             "train_rollout_logprob_abs_diff")
-TIMEOUT = 420  # a run takes ~1 min on a loaded 2-core box; a rank waiting in a collective never ends
 
 
 def _samples() -> list:
@@ -54,27 +47,6 @@ def _samples() -> list:
                           reward=float(i % 3) + 0.25 * (i % 2), rollout_logprobs=(-rng.random(r) * 3).astype(np.float32),
                           group_index=i // 5, index=i, weight_version=0))
     return out
-
-
-def _torchrun(args: list[str], nproc: int) -> tuple[int, str]:
-    """torchrun bounded by TIMEOUT. A rank blocked in a collective never ends, and torchrun starts
-    each worker in a session of its own: on a timeout every process of the tree is killed by pid."""
-    import psutil
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(free_port()), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"{nproc}-process run did not finish in {TIMEOUT} s (a rank waits in a collective?)\n"
-                    f"{out[-4000:]}")
-    return proc.returncode, out
 
 
 def _prepare(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict | None = None,
@@ -95,38 +67,24 @@ def _prepare(tmp: Path, hf: Path, name: str, nproc: int, ep: int, megatron: dict
     return run
 
 
-def _run(tmp: Path, hf: Path, runs: list[tuple], nproc: int) -> dict[str, tuple[dict, dict]]:
-    """step_worker.py on the runs (name, ep, tp, pp[, etp]), all of `nproc` processes, in one torchrun
-    (each run from a fresh parallel state; a torchrun start costs ~15 s of imports per process on 2
-    cores). A run with an ETP of its own also checks a checkpoint resume (step_worker --resume-check)."""
-    args = [str(HERE / "step_worker.py")]
-    for name, ep, tp, pp, *etp in runs:
-        run = _prepare(tmp, hf, name, nproc, ep, tp=tp, pp=pp, etp=etp[0] if etp else None)
-        args += ["--run-dir", str(run), "--out", str(tmp / f"{name}-out")]
-        if etp:
-            args += ["--resume-check", str(run)]
-    rc, log = _torchrun(args, nproc)
-    assert rc == 0, log[-6000:]
-    return {name: (json.loads((tmp / f"{name}-out" / "result.json").read_text()),
-                   torch.load(tmp / f"{name}-out" / "weights.pt")) for name, *_ in runs}
-
-
-@pytest.fixture(scope="module")
-def moe_hf(tmp_path_factory) -> tuple[Path, Path]:
+def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
+    """The runs (tests/trainer/conftest.py step_results: one torchrun per world size for the whole
+    session): EP=1 on 1 process; EP=2 x DP=2 on 2; on 4, EP=2 with TP=2 or PP=2, DP=2, and TP=2 with
+    experts whole (ETP=1) over EP=2. The run with an ETP of its own also checks a checkpoint resume
+    (step_worker --resume-check)."""
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
-    tmp = tmp_path_factory.mktemp("ep")
-    return tmp, make_tiny_checkpoint(load_model_config(MODEL), tmp / "hf", seed=5)
+    hf = make_tiny_checkpoint(load_model_config(MODEL), tmp / "hf", seed=5)
+    runs = [("ep1", 1, 1, 1, 1), ("ep2dp2", 2, 2, 1, 1), ("ep2tp2pp1", 4, 2, 2, 1), ("ep2tp1pp2", 4, 2, 1, 2),
+            ("ep2tp2etp1", 4, 2, 2, 1, 1)]
+    return [(name, nproc, _prepare(tmp, hf, name, nproc, ep, tp=tp, pp=pp, etp=etp[0] if etp else None),
+             tmp / f"{name}-out", bool(etp)) for name, nproc, ep, tp, pp, *etp in runs]
 
 
 @pytest.fixture(scope="module")
-def layouts(moe_hf) -> dict[str, tuple[dict, dict]]:
-    tmp, hf = moe_hf
-    return {**_run(tmp, hf, [("ep1", 1, 1, 1)], 1), **_run(tmp, hf, [("ep2dp2", 2, 1, 1)], 2),
-            # EP=2 with TP=2 or PP=2, DP=2; and TP=2 with experts whole (ETP=1) over EP=2: 4 processes,
-            # one torchrun
-            **_run(tmp, hf, [("ep2tp2pp1", 2, 2, 1), ("ep2tp1pp2", 2, 1, 2), ("ep2tp2etp1", 2, 2, 1, 1)], 4)}
+def layouts(step_results) -> dict[str, tuple[dict, dict]]:
+    return step_results[__name__]
 
 
 def _assert_equal_runs(ref: tuple[dict, dict], got: tuple[dict, dict]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import commit_rollouts, make_run, run_steps
+from conftest import commit_rollouts, make_run
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -34,14 +34,20 @@ def _prepare(tmp: Path, hf: Path, name: str, train: dict) -> tuple[Path, Path]:
     return run, tmp / f"{name}-out"
 
 
-def test_custom_loss_equal_to_sft_trains_exactly_as_sft_loss(tmp_path: Path, tiny_hf: Path) -> None:
-    plugin = tmp_path / "plugin.py"
+def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
+    """Both runs (tests/trainer/conftest.py step_results: in the session's one-process torchrun, in
+    turn, each from a fresh parallel state)."""
+    hf = request.getfixturevalue("tiny_hf")
+    plugin = tmp / "plugin.py"
     plugin.write_text(PLUGIN)
-    # both runs in one process, in turn (each from a fresh parallel state)
-    (sft, w_sft), (custom, w_custom) = run_steps([
-        _prepare(tmp_path, tiny_hf, "sft", {"loss_type": "sft_loss"}),
-        _prepare(tmp_path, tiny_hf, "custom", {"loss_type": "custom_loss", "custom_loss_function_path": f"{plugin}:nll",
-                                               "custom_advantage_function_path": f"{plugin}:ones"})], 1)
+    return [(name, 1, *_prepare(tmp, hf, name, train), False) for name, train in (
+        ("sft", {"loss_type": "sft_loss"}),
+        ("custom", {"loss_type": "custom_loss", "custom_loss_function_path": f"{plugin}:nll",
+                    "custom_advantage_function_path": f"{plugin}:ones"}))]
+
+
+def test_custom_loss_equal_to_sft_trains_exactly_as_sft_loss(step_results) -> None:
+    (sft, w_sft), (custom, w_custom) = (step_results[__name__][k] for k in ("sft", "custom"))
     for a, b in zip(sft["steps"], custom["steps"]):
         assert "pg_loss" not in a and "pg_loss" not in b
         assert math.isfinite(a["loss"]) and a["loss"] > 0  # a mean negative log-likelihood

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
-from conftest import MODEL, commit_rollouts, kill_tree, make_run, metrics, run_steps, run_trainer, start_trainer
+from conftest import MODEL, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
 from rlslurm.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -67,11 +67,9 @@ def _same(ref: tuple[dict, dict], got: tuple[dict, dict], what: str) -> None:
     assert worst < 1e-5, (what, worst)
 
 
-@pytest.fixture(scope="module")
-def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
-    """Every step_worker run of this module, "<model>/<layout>": one torchrun per world size (1, 2, 4
-    processes), each run in it from a fresh parallel state (a torchrun start costs ~15 s of imports per
-    process on 2 cores).
+def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
+    """Every step_worker run of this module, "<model>/<layout>" (tests/trainer/conftest.py step_results:
+    one torchrun per world size, 1, 2 and 4 processes, for the whole session).
 
     dense: tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too) and 5
     layers, which no PP > 1 divides: every dense pipeline is split by the first/last-stage counts
@@ -86,7 +84,6 @@ def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     from rlslurm.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
-    tmp = tmp_path_factory.mktemp("pp")
     raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{MODEL}.yaml").read_text())
     raw["name"] = f"{MODEL}-tied"
     raw["arch"]["tie_word_embeddings"] = True
@@ -102,18 +99,17 @@ def layouts(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
              "dense/tp2pp2": (d, 4, 2, 2, False, (None, 2)), "dense/dp2pp2": (d, 4, 1, 2, True, (1, 4)),
              "dense/pp4": (d, 4, 1, 4, False, (1, 2)),
              "mla/pp1": (m, 1, 1, 1, False, (None, None)), "mla/tp2pp2": (m, 4, 2, 2, False, (None, None))}
-    out: dict[str, tuple[dict, dict]] = {}
-    for nproc in (1, 2, 4):
-        mine = [k for k, v in specs.items() if v[1] == nproc]
-        runs = []
-        for key in mine:
-            (where, h, model), n, tp, pp, do, stages = specs[key]
-            name = key.split("/")[1]
-            runs.append((_prepare(where, h, name, n, tp, pp, model=model, dist_opt=do, stages=stages),
-                         where / f"{name}-out"))
-        resume = tuple(r for (r, _), key in zip(runs, mine) if key == "dense/pp4")
-        out.update(zip(mine, run_steps(runs, nproc, resume_check=resume)))
-    return out
+    runs = []
+    for key, ((where, h, model), n, tp, pp, do, stages) in specs.items():
+        name = key.split("/")[1]
+        runs.append((key, n, _prepare(where, h, name, n, tp, pp, model=model, dist_opt=do, stages=stages),
+                     where / f"{name}-out", key == "dense/pp4"))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def layouts(step_results) -> dict[str, tuple[dict, dict]]:
+    return step_results[__name__]
 
 
 @pytest.fixture(scope="module")

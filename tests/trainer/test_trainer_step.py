@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import commit_rollouts, make_run, run_steps
+from conftest import commit_rollouts, make_run
 
 pytestmark = pytest.mark.megatron
 
@@ -34,13 +34,17 @@ def _prepare(tmp: Path, hf: Path, name: str, nproc: int, tp: int, extra: dict | 
     return run, tmp / f"{name}-out"
 
 
+def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
+    """TP=1; TP=2 packed and DP=2 (tests/trainer/conftest.py step_results: one torchrun per world size
+    for the whole session)."""
+    hf = request.getfixturevalue("tiny_hf")
+    return [(name, nproc, *_prepare(tmp, hf, name, nproc, tp, extra), False)
+            for name, nproc, tp, extra in (("tp1", 1, 1, None), ("tp2-thd", 2, 2, PACKED), ("dp2", 2, 1, None))]
+
+
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory, tiny_hf) -> dict[str, tuple[dict, dict]]:
-    """One torchrun per world size: TP=1; TP=2 packed and DP=2 in turn in one 2-process torchrun."""
-    tmp = tmp_path_factory.mktemp("layouts")
-    [tp1] = run_steps([_prepare(tmp, tiny_hf, "tp1", 1, 1)], 1)
-    tp2, dp2 = run_steps([_prepare(tmp, tiny_hf, "tp2-thd", 2, 2, PACKED), _prepare(tmp, tiny_hf, "dp2", 2, 1)], 2)
-    return {"tp1": tp1, "tp2-thd": tp2, "dp2": dp2}
+def layouts(step_results) -> dict[str, tuple[dict, dict]]:
+    return step_results[__name__]
 
 
 @pytest.mark.parametrize("name", ["tp1", "tp2-thd"])
