@@ -1,6 +1,6 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
 different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
-The six conversions run in one torchrun (tests/convert/cli_worker.py); a command in torchrun
+The six conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/launcher/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
 
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from rlslurm.convert import HFCheckpoint
 
-from convert_helpers import REPO, check, run_procs
+from convert_helpers import REPO
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -41,29 +41,29 @@ def _generates(hf_dir: Path) -> None:
     assert out.shape[1] == ids.shape[1] + 4
 
 
-@pytest.fixture(scope="module")
-def bf16_qwen3(tmp_path_factory) -> Path:
-    """tiny-qwen3 with 3 layers (its model config beside it, `qwen3-3.yaml`), in bf16: 3 layers split
-    unevenly over 2 pipeline stages (--decoder-first-pipeline-num-layers 2)."""
+def _bf16_qwen3(root: Path) -> Path:
+    """tiny-qwen3 with 3 layers (its model config beside it, `qwen3-3.yaml`), in bf16, under `root`: 3
+    layers split unevenly over 2 pipeline stages (--decoder-first-pipeline-num-layers 2)."""
     import yaml
 
     from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
-    root = tmp_path_factory.mktemp("bf16")
+    root.mkdir(parents=True, exist_ok=True)
     raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text())
     raw["name"], raw["arch"]["num_layers"] = "tiny-qwen3-3", 3
     (root / "qwen3-3.yaml").write_text(yaml.safe_dump(raw))
     return make_tiny_checkpoint(load_model_config(str(root / "qwen3-3.yaml")), root / "tiny-qwen3", dtype="bfloat16")
 
 
-@pytest.fixture(scope="module")
-def converted(bf16_qwen3, tiny_ckpts, tmp_path_factory) -> Path:
+def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
     """The six conversions of the three round trips below, each a real `rlslurm.convert` command
-    (the CLI's typer app with a user's argv) on 2 ranks, all in one torchrun (tests/convert/cli_worker.py):
-    a torchrun start costs ~20 s of imports on 2 cores, and the commands are independent of one
-    another but for the process group they share. `<root>/<case>/{mc,hf}`."""
-    root = tmp_path_factory.mktemp("cli")
+    (the CLI's typer app with a user's argv) on 2 ranks, all in one set of processes
+    (tests/convert/cli_worker.py; in the session's one 2-process torchrun of tests/convert, conftest.py
+    two_rank_runs): the commands are independent of one another but for the process group they share.
+    `<root>/<case>/{mc,hf}`; the 3-layer bf16 tiny-qwen3 in `<root>/bf16`."""
+    tiny_ckpts = request.getfixturevalue("tiny_ckpts")
+    bf16_qwen3 = _bf16_qwen3(root / "bf16")
     glm4, deepseek = tiny_ckpts / "tiny-glm4", tiny_ckpts / "tiny-deepseek-v3"
     q, g, d = root / "qwen3", root / "glm4", root / "deepseek"
     qwen3 = str(bf16_qwen3.parent / "qwen3-3.yaml")
@@ -85,8 +85,17 @@ def converted(bf16_qwen3, tiny_ckpts, tmp_path_factory) -> Path:
          "--hf-config-from", str(deepseek)],
     ]
     (root / "plan.json").write_text(json.dumps(plan))
-    check(run_procs(2, ["tests/convert/cli_worker.py", str(root / "plan.json")], timeout=600))
-    return root
+    return ["tests/convert/cli_worker.py", str(root / "plan.json")]
+
+
+@pytest.fixture(scope="module")
+def converted(two_rank_runs) -> Path:
+    return two_rank_runs[__name__]
+
+
+@pytest.fixture(scope="module")
+def bf16_qwen3(converted) -> Path:
+    return converted / "bf16" / "tiny-qwen3"
 
 
 def test_qwen3_bf16_uneven_pp2_to_tp2(bf16_qwen3, converted):

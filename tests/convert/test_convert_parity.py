@@ -10,6 +10,7 @@ through rlslurm.convert, and compares with HF transformers on the same files and
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,22 +26,35 @@ LAYOUTS = {"tp1": (1, 1, FAMILIES + [TIED]), "tp2": (2, 1, FAMILIES + [TIED]), "
 CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in models]
 
 
-@pytest.fixture(scope="module")
-def parity(tiny_ckpts, tmp_path_factory) -> dict[str, dict[str, dict]]:
+def _models(request: pytest.FixtureRequest, out: Path) -> tuple[Path, list[str]]:
+    """The checkpoint root and the model configs: every family and the tied one (written into `out`)."""
     from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
-    out = tmp_path_factory.mktemp("parity")
+    tiny_ckpts = request.getfixturevalue("tiny_ckpts")
     tied = out / f"{TIED}.yaml"
-    tied.write_text((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text()
-                    .replace("name: tiny-qwen3\n", f"name: {TIED}\n")
-                    .replace("tie_word_embeddings: false", "tie_word_embeddings: true"))
-    assert load_model_config(str(tied)).arch.tie_word_embeddings
-    make_tiny_checkpoint(load_model_config(str(tied)), tiny_ckpts / TIED)
-    models = [*FAMILIES, str(tied)]
-    base = ["tests/convert/parity_worker.py", "--ckpt-root", str(tiny_ckpts), "--out", str(out)]
-    check(run_procs(1, [*base, "--ep", "1", *models], timeout=300))
-    check(run_procs(2, [*base, "--ep", "1,2", *models], timeout=400))  # TP=2, then EP=2 (MoE)
+    if not tied.exists():
+        tied.write_text((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text()
+                        .replace("name: tiny-qwen3\n", f"name: {TIED}\n")
+                        .replace("tie_word_embeddings: false", "tie_word_embeddings: true"))
+        assert load_model_config(str(tied)).arch.tie_word_embeddings
+        make_tiny_checkpoint(load_model_config(str(tied)), tiny_ckpts / TIED)
+    return tiny_ckpts, [*FAMILIES, str(tied)]
+
+
+def two_rank_run(request: pytest.FixtureRequest, out: Path) -> list[str]:
+    """TP=2, then EP=2 (MoE), on 2 ranks (in the session's one 2-process torchrun of tests/convert,
+    conftest.py two_rank_runs)."""
+    tiny_ckpts, models = _models(request, out)
+    return ["tests/convert/parity_worker.py", "--ckpt-root", str(tiny_ckpts), "--out", str(out), "--ep", "1,2", *models]
+
+
+@pytest.fixture(scope="module")
+def parity(request, two_rank_runs) -> dict[str, dict[str, dict]]:
+    out = two_rank_runs[__name__]
+    tiny_ckpts, models = _models(request, out)
+    check(run_procs(1, ["tests/convert/parity_worker.py", "--ckpt-root", str(tiny_ckpts), "--out", str(out),
+                        "--ep", "1", *models], timeout=300))
     results: dict[str, dict[str, dict]] = {}
     for layout, (nproc, ep, models) in LAYOUTS.items():
         tp = nproc // ep
