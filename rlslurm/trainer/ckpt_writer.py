@@ -132,8 +132,8 @@ def _picklable(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-# What the forked writer runs: set just before the fork and cleared right after, so that the
-# trainer holds no reference to the staged copy (the child has its own, copy-on-write).
+# What the forked writer runs: set just before the fork and cleared right after (the child has its
+# own copy of the references; the staged tensors themselves it maps from the area's descriptor).
 _JOB: tuple | None = None
 _JOB_PARENT = 0  # the rank's pid, for the writer's watch (set with _JOB)
 

@@ -84,16 +84,21 @@ def full_checkpoints(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(full_checkpoints: Path,
-                                                                             tiny_hf: Path) -> None:
-    run = full_checkpoints
+def _run_to_its_error_line(run: Path, tiny_hf: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """A 4-rollout run of 2 ranks that must fail: the finished trainer and its first error line."""
     make_run(run, tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
     commit_rollouts(run, range(4))
     p = run_trainer(run, nproc=2, timeout=300, check=False)
     assert p.returncode != 0
     lines = [l for l in p.stderr.splitlines() if "rlslurm trainer: error:" in l]
     assert lines, p.stderr[-6000:]
-    line = lines[0][lines[0].index("rlslurm trainer: error:"):]
+    return p, lines[0][lines[0].index("rlslurm trainer: error:"):]
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(full_checkpoints: Path,
+                                                                             tiny_hf: Path) -> None:
+    run = full_checkpoints
+    p, line = _run_to_its_error_line(run, tiny_hf)
     assert "no space left on device while saving checkpoint iter_0000004" in line, line
     assert f"filesystem {run / 'checkpoints'} (tmpfs)" in line and "free of 2.0 MiB" in line, line
     assert "a checkpoint of this run takes" in line and "(iter_0000002), which is intact" in line, line
@@ -187,13 +192,7 @@ def test_a_disk_full_before_the_first_save_is_one_line_too(full_checkpoints: Pat
                     f.write(b"\0" * chunk)
             except OSError:
                 pass
-    make_run(run, tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=4))
-    commit_rollouts(run, range(4))
-    p = run_trainer(run, nproc=2, timeout=300, check=False)
-    assert p.returncode != 0
-    lines = [l for l in p.stderr.splitlines() if "rlslurm trainer: error:" in l]
-    assert lines, p.stderr[-6000:]
-    line = lines[0][lines[0].index("rlslurm trainer: error:"):]
+    p, line = _run_to_its_error_line(run, tiny_hf)
     assert "no space left on device while saving checkpoint iter_0000002" in line, line
     assert f"filesystem {mnt} (tmpfs)" in line and "this is the run's first checkpoint" in line, line
     assert not list((run / "logs").rglob("user_error.json"))
