@@ -16,6 +16,10 @@ state exists. Per mode:
   save the newest state, wait (trainer/main.py `_preempt`). The real TERM -> ack adds at most one
   control-file poll (1 s) and the step in progress.
 
+The staging area is reserved in the background right after the model is built, as the trainer does
+(`Checkpointer.prepare`), unless --no-reserve-ahead; the line records the warm-up step beside it and
+what was left of the reservation after it (a real trainer spends that time waiting for its engines).
+
 Prints one JSON line per mode.
 
     python bench/bench_checkpoint.py --out bench/results/checkpoint-<gpu>.jsonl     # GPU
@@ -102,6 +106,8 @@ def main() -> None:
     ap.add_argument("--mbs", type=int, default=2)
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--modes", default="async,sync")
+    ap.add_argument("--no-reserve-ahead", dest="reserve_ahead", action="store_false",
+                    help="do not reserve the staging area at start (the trainer does; then the first save makes it)")
     ap.add_argument("--dir", type=Path, default=None, help="where checkpoints go (default: a temp dir); "
                     "put it on the filesystem runs use")
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
@@ -118,8 +124,24 @@ def main() -> None:
                               train={"micro_batch_size": a.mbs, "global_batch_size": a.samples})
     build_s = time.perf_counter() - t0
     rollout = make_rollout(a.samples, a.seq, a.prompt, vocab)
+    reserve = {}
+    t_res = time.perf_counter()
+    if a.reserve_ahead:  # as trainer/main.py does right after the model is built
+        from rlslurm.trainer.checkpoint import Checkpointer
+
+        Checkpointer.prepare(st)
     prep = steps.prepare(st, rollout)
-    steps.train_step(st, rollout, prep, 0)  # warm-up: Adam state exists from here on
+    # warm-up: Adam state exists from here on; timed, as it runs beside the reservation (GIL, memory bandwidth)
+    reserve["warmup_step_s"] = round(_timed(lambda: steps.train_step(st, rollout, prep, 0)), 3)
+    if a.reserve_ahead:
+        from rlslurm.trainer import ckpt_writer
+
+        # a real trainer waits here for its engines and the first rollout (tens of seconds on a GPU):
+        # what is left of the reservation after the warm-up step, and its whole time
+        t = time.perf_counter()
+        ckpt_writer.area().wait_reserved()
+        reserve.update(reserve_wait_after_warmup_s=round(time.perf_counter() - t, 3),
+                       reserve_total_s=round(time.perf_counter() - t_res, 3))
     base = a.dir or Path(tempfile.mkdtemp(prefix="rlslurm-bench-ckpt-"))
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and not a.cpu else "cpu"
     lines = []
@@ -130,7 +152,7 @@ def main() -> None:
         res.update({"bench": "checkpoint_stall_and_ack", "gpu": gpu, "torch": torch.__version__,
                     "model": "tiny-qwen3" if a.tiny else f"qwen3-1.7B shape, {a.layers} layers, random init",
                     "params": sum(p.numel() for p in st.actor.model.parameters()), "dir": str(root),
-                    "build_s": round(build_s, 1), "goal_stall_s": 2.0})
+                    "build_s": round(build_s, 1), "goal_stall_s": 2.0, "reserve_ahead": a.reserve_ahead, **reserve})
         line = json.dumps(res)
         print(line, flush=True)
         lines.append(line)

@@ -78,7 +78,7 @@ class StagingArea:
 
     def reserve(self, nbytes: int, pin: bool) -> None:
         """Make the area ready for a save of `nbytes` in a background thread (module docstring)."""
-        self._reserved()
+        self.wait_reserved()
 
         def run() -> None:
             t = time.perf_counter()
@@ -92,7 +92,8 @@ class StagingArea:
         self._reserving = threading.Thread(target=run, name="rlslurm-ckpt-staging", daemon=True)
         self._reserving.start()
 
-    def _reserved(self) -> None:
+    def wait_reserved(self) -> None:
+        """Block until a background reservation (`reserve`) is done."""
         if self._reserving is not None:
             self._reserving.join()
             self._reserving = None
@@ -125,7 +126,7 @@ class StagingArea:
 
     def stage(self, tensors: list[torch.Tensor]) -> list[Slot]:
         """Copy `tensors` into the area; returns where each landed. Blocks until every copy is done."""
-        self._reserved()
+        self.wait_reserved()
         pin = any(t.device.type == "cuda" for t in tensors) and torch.cuda.is_available()
         offsets, total = [], 0
         for t in tensors:
@@ -145,7 +146,7 @@ class StagingArea:
         return slots
 
     def close(self) -> None:
-        self._reserved()
+        self.wait_reserved()
         self._release()
 
     def _release(self) -> None:

@@ -8,6 +8,10 @@ fallback gives the same probes and rewards):
   engines' GPUs are disjoint and are the ones the run recorded (env-trainer-*.json, engines.json);
 * every probe at the trainer's version, and the lineage (each rollout trained once).
 
+RLSLURM_GPU_RECEIVER=rlslurm runs every layout with `--update-weight-receiver rlslurm` (engines/receiver.py)
+and asserts that receiver loaded the weights: its line per request in the engines' logs, once per engine
+rank and published version at least, and every bucket by learnt copies (none left to SGLang's load_weights).
+
 Layouts: trainer TP2 + one TP2 engine (one NCCL group of world 3), trainer DP2 + two TP1 engines (world 3),
 trainer PP2 + one engine (a group per stage, world 2 each). In the TP2 one the engine's server is killed
 (kill -9) mid-run: its supervisor restarts it, the trainer syncs it again, and since the run is synchronous
@@ -35,6 +39,7 @@ from tests.gpu.bundle_flags import run_flags
 from tests.gpu.run_checks import finish, logs, probes, who_is_on_which_gpu
 
 NUM_ROLLOUT = 10
+RECEIVER = os.environ.get("RLSLURM_GPU_RECEIVER", "sglang")
 
 # name: (flags after `rlslurm run --demo --device cuda`, GPUs needed, kill the engine mid-run)
 LAYOUTS = {
@@ -67,8 +72,16 @@ def start(run_dir: Path, log: Path, flags: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
            "--device", "cuda", "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "4", "--verify-weight-sync",
            "--rollout-dtype", "bfloat16", "--weight-sync-fallback", "off", "--weight-sync-timeout-s", "60",
-           *run_flags(0.3), *flags]
+           *run_flags(0.3), "--update-weight-receiver", RECEIVER, *flags]
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def receiver_lines(run_dir: Path) -> tuple[int, list[str]]:
+    """rlslurm's receiver in the engines' logs: its requests (one line per engine rank and publish) and
+    the buckets it left to SGLang's load_weights (it could not learn their copies)."""
+    text = "\n".join(p.read_text(errors="replace") for p in run_dir.glob("logs/**/*.log*") if p.is_file())
+    requests = sum(1 for l in text.splitlines() if "rlslurm receiver:" in l and "buckets broadcast" in l)
+    return requests, [l for l in text.splitlines() if "keeps SGLang's load_weights" in l]
 
 
 def trained(run_dir: Path) -> int:
@@ -104,6 +117,11 @@ def test_layout_syncs_over_nccl_on_gpus_of_its_own(name: str, tmp_path: Path) ->
     assert seen["trainer"] == recorded["trainer"] and seen["engines"] <= recorded["engines"], (seen, recorded)
     # the transport: each version over NCCL, none by the fallback (which is off: a failed sync fails the run)
     recs = assert_delivered_by(run_dir, "nccl", versions=set(range(1, NUM_ROLLOUT + 1)))
+    if RECEIVER == "rlslurm":  # and rlslurm's receiver loaded them, by copies it learnt
+        requests, kept = receiver_lines(run_dir)
+        print(f"{name}: rlslurm receiver answered {requests} requests for {len(recs)} publishes; "
+              f"{len(kept)} bucket(s) left to load_weights", flush=True)
+        assert requests >= len(recs) and not kept, (requests, len(recs), kept[:3])
     assert final_lineage(run_dir) == list(range(NUM_ROLLOUT))
     ps = probes(run_dir)
     assert ps and all(str(e.get("weight_version")) == str(p["version"]) for p in ps for e in p["engines"].values()), \
