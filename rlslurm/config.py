@@ -402,8 +402,9 @@ class TrainSection(Section):
                                                                                  "pipeline stage (default: an "
                                                                                  "even split; the stages between "
                                                                                  "share the rest evenly)")
-    context_parallel_size: int = Field(1, ge=1, description="trainer context parallelism (CP; > 1 is refused "
-                                                            "for now)")
+    context_parallel_size: int = Field(1, ge=1, description="trainer context parallelism (CP): every sequence cut "
+                                                            "over CP ranks, rlslurm's own attention "
+                                                            "(docs/context-parallel.md)")
     expert_model_parallel_size: int = Field(1, ge=1, description="trainer expert parallelism of MoE layers (EP)")
     # slime's flag; megatron-core's own default is TP too (rlslurm/parallel_grid.py)
     expert_tensor_parallel_size: int | None = Field(None, ge=1, description="trainer tensor parallelism of the "

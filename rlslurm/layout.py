@@ -144,12 +144,16 @@ def _split_one_node(cfg: RunConfig) -> None:
     s.trainer_gpus, s.rollout_gpus = t, r
 
 
-def context_parallel_refusal(cp: int, have_te: bool | None) -> str:
-    """Why --context-parallel-size > 1 is refused (have_te None: not known on this host)."""
-    if have_te is False:
-        return (f"--context-parallel-size {cp}: context parallelism needs transformer-engine's attention "
-                "(megatron-core's local DotProductAttention has no context-parallel path: it would attend "
-                "within each rank's sequence chunk only), and transformer_engine is not importable here")
-    return (f"--context-parallel-size {cp}: not implemented in the RL trainer loop (its log-prob, entropy "
-            "and loss code assumes every rank holds whole sequences; CP would split them and needs "
-            "per-chunk response slicing and load-balanced sequence splits)")
+def context_parallel_refusal(cfg, mc=None) -> str | None:
+    """What --context-parallel-size > 1 cannot be combined with, in one line (None: supported).
+
+    CP runs in rlslurm's own core attention, padded and packed (docs/context-parallel.md); `mc`, the
+    model config when known, adds the architecture's limits."""
+    t = cfg.train
+    cp = t.context_parallel_size
+    if cp <= 1:
+        return None
+    if mc is not None and mc.arch.mla is not None:
+        return (f"--context-parallel-size {cp}: {mc.name} uses multi-latent attention, which rlslurm's "
+                "context-parallel attention does not cover (docs/context-parallel.md)")
+    return None

@@ -197,8 +197,8 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"that long before the limit to checkpoint and requeue, so the job would do little or no work per attempt"
         )
 
-    if t.context_parallel_size > 1:
-        raise ConfigError(layout.context_parallel_refusal(t.context_parallel_size, None))
+    if (why := layout.context_parallel_refusal(cfg, mc)) is not None:
+        raise ConfigError(why)
     if cfg.run.shared_gpu:
         _check_shared_gpu(cfg)
     for key in cfg.megatron:

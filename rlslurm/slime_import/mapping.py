@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from rlslurm import low_precision
 from rlslurm.errors import ConfigError
 from rlslurm.flags import FIELDS, build_config, parse_flags
-from rlslurm.layout import context_parallel_refusal
 from rlslurm.preflight import megatron_fields
 from rlslurm.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD
 from rlslurm.slime_import.bash import Element
@@ -199,9 +198,6 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
                         f"interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr "
                         f"({PORTING_GUIDE})")
                 out.not_carried.append((f.line, f"{feature or f.shown + ' ' + spec} ({PORTING_GUIDE})"))
-            continue
-        if n == "context_parallel_size" and f.values and f.values[0] != "1":
-            drop(f, context_parallel_refusal(int(f.values[0]) if f.values[0].isdigit() else 2, None))
             continue
         if n in FIELDS or n in SLIME_ALIASES:
             emit(f, [f.shown, *f.values])

@@ -208,21 +208,23 @@ def collate(samples: list[Sample], indices: list[int], device: torch.device, pad
 
 
 def collate_packed(samples: list[Sample], indices: list[int], device: torch.device, pad_multiple: int = 1,
-                   filler: bool = False) -> MicroBatch:
+                   filler: bool = False, segment_multiple: int = 1) -> MicroBatch:
     """The samples concatenated into one row, padded at the end to `pad_multiple`; the padding is a
-    segment of its own in `cu_seqlens`, so no sample attends to it."""
-    if pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    segment of its own in `cu_seqlens`, so no sample attends to it. `segment_multiple` (2 x CP with
+    context parallelism, which cuts every sequence into 2 x CP chunks): each sample's segment is
+    right-padded to a multiple of it (causal: its tokens do not see their padding)."""
+    if pad_multiple < 1 or segment_multiple < 1 or pad_multiple % segment_multiple:
+        raise ValueError(f"pad_multiple {pad_multiple} must be a multiple of segment_multiple {segment_multiple} >= 1")
     seqs = [samples[i].tokens for i in indices]
-    lens = [len(s) for s in seqs]
+    lens = [-(-len(s) // segment_multiple) * segment_multiple for s in seqs]
     total = sum(lens)
     width = -(-total // pad_multiple) * pad_multiple
     tokens = torch.full((1, width), PAD_ID, dtype=torch.long)
     starts, at = [], 0
-    for s in seqs:
+    for s, n in zip(seqs, lens):
         tokens[0, at: at + len(s)] = torch.from_numpy(s.astype("int64"))
         starts.append(at)
-        at += len(s)
+        at += n
     bounds = [0, *(st + n for st, n in zip(starts, lens))] + ([width] if width > total else [])
     return _micro_batch(samples, indices, tokens, device, filler, starts=starts,
                         cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=device))

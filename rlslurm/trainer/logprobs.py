@@ -9,10 +9,15 @@ HF has no such tokens, so they must not take probability mass.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from rlslurm.trainer.batching import MicroBatch
+
+if TYPE_CHECKING:
+    from rlslurm.trainer.context_parallel import CPSlice
 
 _NEG = -1.0e9  # exp() underflows to exactly 0 in fp32/bf16 while 0 * _NEG stays 0 (no NaN in entropy)
 
@@ -20,13 +25,29 @@ _NEG = -1.0e9  # exp() underflows to exactly 0 in fp32/bf16 while 0 * _NEG stays
 def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
     """[n, L, V/tp] logits (or [n, L, 1] values for the critic). With pipeline parallelism this is
     the last stage's output; earlier stages return their hidden states [L, n, h] (a non-first
-    stage ignores the tokens and reads the activation megatron's schedule set as its input)."""
+    stage ignores the tokens and reads the activation megatron's schedule set as its input).
+    With context parallelism the model sees this CP rank's columns only and L is their number
+    (`cp_slice(mb)`; the token functions below take that slice and return full rows)."""
     tokens = mb.tokens
-    if getattr(mb, "cu_seqlens", None) is not None:
-        return model(tokens, _packed_positions(mb.cu_seqlens, tokens), None,
-                     packed_seq_params=packed_seq_params(mb.cu_seqlens))
+    cu = getattr(mb, "cu_seqlens", None)
+    cp = cp_slice(mb)
+    if cu is not None:
+        pos = _packed_positions(cu, tokens)
+        if cp is not None:
+            tokens, pos = cp.local(tokens), cp.local(pos)
+        # at CP > 1 megatron's thd rotary path and our attention cut the global cu_seqlens themselves
+        return model(tokens, pos, None, packed_seq_params=packed_seq_params(cu))
     pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+    if cp is not None:
+        tokens, pos = cp.local(tokens), cp.local(pos)
     return model(tokens, pos, None)
+
+
+def cp_slice(mb) -> "CPSlice | None":
+    """This context-parallel rank's columns of the micro-batch's rows (None at CP 1)."""
+    from rlslurm.trainer.context_parallel import mb_slice
+
+    return mb_slice(mb.tokens, getattr(mb, "cu_seqlens", None))
 
 
 def packed_seq_params(cu_seqlens: Tensor):
@@ -74,20 +95,25 @@ def prepare_logits(logits: Tensor, vocab_size: int, temperature: float = 1.0) ->
     return x
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+def token_logprobs(logits: Tensor, tokens: Tensor, cp: "CPSlice | None" = None) -> Tensor:
     """log p(tokens[:, t+1] | <= t) for prepared logits [n, L, V/tp] -> [n, L-1].
 
     The cross entropy runs over all L positions (the last one against a dummy target) so that
-    the logits stay contiguous and are not copied; the last column is dropped after.
+    the logits stay contiguous and are not copied; the last column is dropped after. With context
+    parallelism (`cp`, forward_logits) the logits are this rank's columns of the full `tokens`:
+    their targets are picked from the full rows and the result is gathered to full rows.
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     target = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
-    return -vocab_parallel_cross_entropy(logits, target)[:, :-1]
+    if cp is None:
+        return -vocab_parallel_cross_entropy(logits, target)[:, :-1]
+    return cp.gather(-vocab_parallel_cross_entropy(logits, cp.local(target)))[:, :-1]
 
 
-def vocab_parallel_entropy(logits: Tensor) -> Tensor:
-    """Entropy of softmax over the full (TP-sharded) vocabulary: [n, L, V/tp] -> [n, L-1].
+def vocab_parallel_entropy(logits: Tensor, cp: "CPSlice | None" = None) -> Tensor:
+    """Entropy of softmax over the full (TP-sharded) vocabulary: [n, L, V/tp] -> [n, L-1]
+    (with context parallelism `cp`: this rank's columns in, full rows out, as token_logprobs).
 
     H = log Z - sum_i p_i z_i with z shifted by the global max. The all-reduces are megatron's
     autograd-aware ones, so the entropy bonus gets correct gradients under TP.
@@ -106,7 +132,8 @@ def vocab_parallel_entropy(logits: Tensor) -> Tensor:
     if tp > 1:
         sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
         sum_ez = reduce_from_tensor_model_parallel_region(sum_ez)
-    return (sum_exp.log() - sum_ez / sum_exp)[:, :-1]
+    h = sum_exp.log() - sum_ez / sum_exp
+    return (h if cp is None else cp.gather(h))[:, :-1]
 
 
 def response_slices(per_position: Tensor, mb: MicroBatch) -> list[Tensor]:
@@ -124,5 +151,8 @@ def response_slices(per_position: Tensor, mb: MicroBatch) -> list[Tensor]:
 
 
 def values_of(values: Tensor, mb: MicroBatch) -> list[Tensor]:
-    """Critic output [n, L, 1] -> per-sample values of the states before each response token."""
-    return response_slices(values[:, :-1, 0].float(), mb)
+    """Critic output [n, L, 1] -> per-sample values of the states before each response token
+    (with context parallelism this rank's columns, gathered to full rows first)."""
+    cp = cp_slice(mb)
+    v = values[:, :, 0].float()
+    return response_slices((v if cp is None else cp.gather(v))[:, :-1], mb)

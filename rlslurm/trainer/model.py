@@ -445,6 +445,8 @@ class SDPACoreAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None, **_: Any):
+        if self.config.context_parallel_size > 1:
+            return self._context_parallel(query, key, value, packed_seq_params)
         if packed_seq_params is not None:
             if packed_seq_params.qkv_format != "thd":
                 raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
@@ -464,6 +466,20 @@ class SDPACoreAttention(torch.nn.Module):
         out = self._sdpa(q, k, v)
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+    def _context_parallel(self, query, key, value, packed_seq_params):
+        """CP > 1: this rank's queries against every CP rank's keys (trainer/context_parallel.py)."""
+        from rlslurm.trainer import context_parallel as cpx
+
+        fp32 = bool(self.config.attention_softmax_in_fp32)
+        if packed_seq_params is None:
+            return cpx.attend_padded(query, key, value, scale=self.softmax_scale, fp32=fp32, group=cpx.cp_group())
+        if packed_seq_params.qkv_format != "thd":
+            raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
+        use_varlen = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _varlen_attn() is not None
+        return cpx.attend_packed(query, key, value, packed_seq_params.cu_seqlens_q, scale=self.softmax_scale,
+                                 fp32=fp32, group=cpx.cp_group(), varlen=_varlen_attn() if use_varlen else None)
 
 
 def _repeat_kv_heads(q, k, v):
@@ -553,7 +569,9 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             if a.moe:
                 raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
             sub.mlp = _extend_mlp_spec(mc, sub.mlp)
-        if packed and not HAVE_TE:
+        if (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
+            # packed input, or context parallelism (docs/context-parallel.md): megatron's local
+            # DotProductAttention takes neither
             sub.self_attention.submodules.core_attention = SDPACoreAttention
         elif a.mla and not HAVE_TE:
             core = sub.self_attention.submodules.core_attention

@@ -121,11 +121,22 @@ class _Tokens:
 
 def seq_multiple(model: torch.nn.Module) -> int:
     """What padded sequence lengths must be a multiple of: the TP size under sequence parallelism
-    (megatron splits the sequence over the TP ranks), else 1."""
+    (megatron splits the sequence over the TP ranks), else 1; times 2 x CP with context parallelism
+    (every sequence is cut into 2 x CP chunks: trainer/context_parallel.py)."""
     from megatron.core.utils import get_model_config
 
     config = get_model_config(model)
-    return config.tensor_model_parallel_size if config.sequence_parallel else 1
+    tp = config.tensor_model_parallel_size if config.sequence_parallel else 1
+    cp = config.context_parallel_size
+    return tp * (2 * cp if cp > 1 else 1)
+
+
+def segment_multiple(model: torch.nn.Module) -> int:
+    """What each packed sequence is padded to: 2 x CP with context parallelism, else 1."""
+    from megatron.core.utils import get_model_config
+
+    cp = get_model_config(model).context_parallel_size
+    return 2 * cp if cp > 1 else 1
 
 
 def logits_on_every_stage(model: torch.nn.Module, tokens: Tensor) -> Tensor:
@@ -135,9 +146,12 @@ def logits_on_every_stage(model: torch.nn.Module, tokens: Tensor) -> Tensor:
     m = seq_multiple(model)
     if length % m:
         tokens = torch.cat([tokens, tokens.new_zeros(tokens.shape[0], m - length % m)], dim=1)
+    cp = lp.cp_slice(_Tokens(tokens))  # context parallelism: every CP rank's columns, gathered
     if pp_size() == 1:
-        return lp.forward_logits(model, _Tokens(tokens)).float()[:, :length]
-    out = run_microbatches(model, [_Tokens(tokens)], lambda o, mb: (o.new_zeros(()), o.detach().float()),
+        out1 = lp.forward_logits(model, _Tokens(tokens)).float()
+        return (out1 if cp is None else cp.gather(out1.contiguous()))[:, :length]
+    out = run_microbatches(model, [_Tokens(tokens)],
+                           lambda o, mb: (o.new_zeros(()), (o if cp is None else cp.gather(o.contiguous())).detach().float()),
                            forward_only=True)
     if is_last_stage():
         logits = out[0][:, :length].contiguous()

@@ -84,27 +84,26 @@ class Parallel:
         return self.pp_rank == self.pp - 1
 
 
-def check_context_parallel(cp: int) -> None:
-    """CP > 1 is refused (resolve() refuses it at submit too): say exactly why, depending on whether
-    transformer-engine is here."""
-    if cp <= 1:
-        return
-    from rlslurm.trainer.model import HAVE_TE
-
-    raise ConfigError(context_parallel_refusal(cp, HAVE_TE))
+def check_context_parallel(cfg: RunConfig, mc: ModelConfig | None = None) -> None:
+    """What context parallelism (CP > 1, docs/context-parallel.md) cannot be combined with; one line
+    each (resolve() refuses the same at submit: rlslurm/layout.py context_parallel_refusal)."""
+    why = context_parallel_refusal(cfg, mc)
+    if why is not None:
+        raise ConfigError(why)
 
 
 def init_parallel(cfg: RunConfig, world: int) -> Parallel:
     """Megatron parallel state from the train section (CPU shim first when there is no GPU)."""
     t = cfg.train
-    check_context_parallel(t.context_parallel_size)
+    check_context_parallel(cfg)
     if t.pipeline_model_parallel_size < 1:
         raise ConfigError(f"--pipeline-model-parallel-size {t.pipeline_model_parallel_size}: must be >= 1")
     mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
     if world % mp:
         raise ConfigError(
             f"--tensor-model-parallel-size {t.tensor_model_parallel_size} x --pipeline-model-parallel-size "
-            f"{t.pipeline_model_parallel_size} = {mp} does not divide the trainer world size {world}")
+            f"{t.pipeline_model_parallel_size} x --context-parallel-size {t.context_parallel_size} = {mp} does not "
+            f"divide the trainer world size {world}")
     check_expert_grid(world, tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size,
                       ep=t.expert_model_parallel_size, etp=t.expert_tp, where=f"the trainer world size {world}")
     if not torch.cuda.is_available():
@@ -123,7 +122,8 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
             distributed_timeout_minutes=max(1, math.ceil(t.distributed_timeout_minutes)),
         )
     return Parallel(
-        tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size, cp=1, ep=t.expert_model_parallel_size,
+        tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size, cp=ps.get_context_parallel_world_size(),
+        ep=t.expert_model_parallel_size,
         etp=t.expert_tp,
         dp=ps.get_data_parallel_world_size(), dp_rank=ps.get_data_parallel_rank(),
         tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
@@ -323,6 +323,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     par = init_parallel(cfg, world)
     set_seeds(cfg.run.seed)
     mc = run_model(cfg.model.model, cfg.model.hf_checkpoint)  # --model, or --hf-checkpoint's config.json
+    check_context_parallel(cfg, mc)
     from rlslurm.trainer.model import padded_vocab_size, transformer_config
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)

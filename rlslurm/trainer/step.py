@@ -5,7 +5,8 @@ Every forward goes through `pipeline.run_microbatches`: a plain micro-batch loop
 megatron's 1F1B schedule with PP > 1 (the loss closures below run on the last stage). Gradient
 semantics follow `losses.py`: every micro-batch's loss is its share of the global-batch mean,
 gradients are summed over micro-batches and over DP ranks (the loss is multiplied by the DP size
-because megatron's DDP averages). What only the last stage computes (log-probs, values, loss
+because megatron's DDP averages; by DP x CP with context parallelism, where every CP rank computes
+the same loss on whole sequences and DDP also sums over the CP ranks: docs/context-parallel.md). What only the last stage computes (log-probs, values, loss
 metrics) is broadcast to the other stages, so every rank holds the same `Prepared` and metrics.
 
 Filler micro-batches of the plan (batching.py: they keep every DP rank's micro-batch count equal,
@@ -16,6 +17,7 @@ their outputs are dropped, their loss and metrics are exactly 0 and they are in 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -77,7 +79,9 @@ def make_plan(st: TrainerSetup, rollout: Rollout) -> BatchPlan:
         [len(s.prompt_tokens) + s.response_length for s in rollout.samples],
         num_steps=t.num_steps_per_rollout, dp=st.par.dp, dp_rank=st.par.dp_rank,
         micro_batch_size=t.micro_batch_size, global_batch_size=t.global_batch_size,
-        max_tokens_per_gpu=t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
+        # a micro-batch's tokens are spread over the CP ranks: its budget is --max-tokens-per-gpu x CP
+        # (slime's rule, docs/context-parallel.md)
+        max_tokens_per_gpu=t.max_tokens_per_gpu * st.par.cp if t.use_dynamic_batch_size else None,
         packed=_packed(st), where=f"rollout {rollout.rollout_id}",
     )
 
@@ -87,9 +91,13 @@ def _packed(st: TrainerSetup) -> bool:
 
 
 def step_microbatches(rollout: Rollout, plan: BatchPlan, k: int, device: torch.device, pad_multiple: int,
-                      packed: bool = False) -> list[MicroBatch]:
-    """Step k's micro-batches on this rank in the order they run: the real ones, then fillers."""
-    make = collate_packed if packed else collate
+                      packed: bool = False, segment_multiple: int = 1) -> list[MicroBatch]:
+    """Step k's micro-batches on this rank in the order they run: the real ones, then fillers.
+    `segment_multiple`: packed, each sample padded to it (pipeline.segment_multiple)."""
+    if packed:
+        make = functools.partial(collate_packed, segment_multiple=segment_multiple)
+    else:
+        make = collate
     real = [make(rollout.samples, idx, device, pad_multiple) for idx in plan.steps[k]]
     return real + [make(rollout.samples, [i], device, pad_multiple, filler=True) for i in plan.fillers[k]]
 
@@ -112,13 +120,15 @@ def _forward_all(model: torch.nn.Module, rollout: Rollout, plan: BatchPlan, st: 
             per = lp.values_of(output, mb)
         else:
             x = lp.prepare_logits(output, st.vocab_size, st.cfg.rollout.rollout_temperature)
-            per = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
+            per = lp.response_slices(lp.token_logprobs(x, mb.tokens, lp.cp_slice(mb)), mb)
         return output.new_zeros(()), [t.float().clone() for t in per]
 
     was_training = model.training
     model.eval()
     pad = pipeline.seq_multiple(model)
-    mbs = [mb for k in range(len(plan.steps)) for mb in step_microbatches(rollout, plan, k, st.device, pad, _packed(st))]
+    seg = pipeline.segment_multiple(model)
+    mbs = [mb for k in range(len(plan.steps))
+           for mb in step_microbatches(rollout, plan, k, st.device, pad, _packed(st), seg)]
     out: dict[int, Tensor] = {}
     for mb, per in zip(mbs, pipeline.run_microbatches(model, mbs, per_sample, forward_only=True)):
         if not mb.filler:
@@ -205,12 +215,13 @@ def _actor_loss(st: TrainerSetup, prep: Prepared, denom: Tensor) -> pipeline.Los
 
     def loss_fn(logits: Tensor, mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         x = lp.prepare_logits(logits, st.vocab_size, st.cfg.rollout.rollout_temperature)
+        cp = lp.cp_slice(mb)  # context parallelism: x covers this rank's columns; the results full rows
         if st.loss_cfg.entropy_coef > 0.0:
-            ent = lp.vocab_parallel_entropy(x)  # before the cross entropy, which shifts x in place
+            ent = lp.vocab_parallel_entropy(x, cp)  # before the cross entropy, which shifts x in place
         else:
             with torch.no_grad():
-                ent = lp.vocab_parallel_entropy(x.detach())
-        logp = lp.token_logprobs(x, mb.tokens)
+                ent = lp.vocab_parallel_entropy(x.detach(), cp)
+        logp = lp.token_logprobs(x, mb.tokens, cp)
         idx = mb.indices
         return fn(actor_loss.LossInputs(
             cfg=st.loss_cfg,
@@ -246,7 +257,9 @@ def _train_microbatches(st: TrainerSetup, tr: Trained, mbs: list[MicroBatch], lo
     """Zero, forward + backward every micro-batch; the summed metrics (last stage; {} elsewhere)."""
     _zero(tr)
     sums: dict[str, Tensor] = {}
-    for m in pipeline.run_microbatches(tr.model, mbs, loss_fn, forward_only=False, grad_scale=st.par.dp):
+    # DDP averages over DP x CP (get_data_parallel_group(with_context_parallel=True)); every CP rank
+    # computes the whole loss, its backward reaches its own tokens only (trainer/context_parallel.py)
+    for m in pipeline.run_microbatches(tr.model, mbs, loss_fn, forward_only=False, grad_scale=st.par.dp * st.par.cp):
         for key, v in m.items():
             sums[key] = sums[key] + v if key in sums else v
     return sums
@@ -288,7 +301,8 @@ def train_step(st: TrainerSetup, rollout: Rollout, prep: Prepared, k: int) -> di
     out["lr"] = st.actor.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it after)
     if st.critic is not None:
         out["critic_lr"] = st.critic.optimizer.param_groups[0]["lr"]
-    mbs = step_microbatches(rollout, prep.plan, k, st.device, pipeline.seq_multiple(st.actor.model), _packed(st))
+    mbs = step_microbatches(rollout, prep.plan, k, st.device, pipeline.seq_multiple(st.actor.model), _packed(st),
+                            pipeline.segment_multiple(st.actor.model))
     t0 = time.perf_counter()
     if st.critic is not None:
         sums = _train_microbatches(st, st.critic, mbs, _critic_loss(st, prep, denom))

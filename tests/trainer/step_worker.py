@@ -50,7 +50,7 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
 
     from rlslurm.trainer import logprobs as lp
     from rlslurm.trainer import step as steps
-    from rlslurm.trainer.pipeline import logits_on_every_stage
+    from rlslurm.trainer.pipeline import logits_on_every_stage, segment_multiple, seq_multiple
     from rlslurm.trainer.publish import export_hf
     from rlslurm.trainer.batching import collate, collate_packed
     from rlslurm.trainer.setup import build_trainer, init_distributed
@@ -59,22 +59,27 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
     rank, world = init_distributed("cpu", 10)  # joined already: this rank and the world size
     st = build_trainer(cfg, world)
     rollout = RolloutReader(run_dir, readonly=True).read(0)
-    result: dict = {"tp": st.par.tp, "dp": st.par.dp, "pp": st.par.pp}
+    result: dict = {"tp": st.par.tp, "dp": st.par.dp, "pp": st.par.pp, "cp": st.par.cp}
 
     # Log-probs and entropy of every sample under the trainer's path (this rank's TP shard of the
     # vocabulary), before any update; all samples on every rank so that rank 0 can compare them.
     # Packed (--qkv-format thd, one pipeline stage): the samples in one row, through the model's
     # packed attention and per-sequence rotary positions.
     idx = list(range(len(rollout.samples)))
+    # Context parallelism: padded, logits_on_every_stage gathers whole rows; packed, each CP rank's
+    # columns go through the token functions, which gather the per-token results.
     packed = cfg.train.qkv_format == "thd" and st.par.pp == 1
-    mb = (collate_packed if packed else collate)(rollout.samples, idx, st.device)
+    m = st.actor.model
+    mb = (collate_packed(rollout.samples, idx, st.device, seq_multiple(m), segment_multiple=segment_multiple(m))
+          if packed else collate(rollout.samples, idx, st.device))
     with torch.no_grad():
         st.actor.model.eval()
         out = lp.forward_logits(st.actor.model, mb) if packed else logits_on_every_stage(st.actor.model, mb.tokens)
         x = lp.prepare_logits(out.float(), st.vocab_size)
         st.actor.model.train()
-        ent = lp.response_slices(lp.vocab_parallel_entropy(x), mb)
-        logp = lp.response_slices(lp.token_logprobs(x, mb.tokens), mb)
+        cp = lp.cp_slice(mb) if packed else None
+        ent = lp.response_slices(lp.vocab_parallel_entropy(x, cp), mb)
+        logp = lp.response_slices(lp.token_logprobs(x, mb.tokens, cp), mb)
     if rank == 0:
         from transformers import AutoModelForCausalLM
 
