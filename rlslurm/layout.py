@@ -147,13 +147,21 @@ def _split_one_node(cfg: RunConfig) -> None:
 def context_parallel_refusal(cfg, mc=None) -> str | None:
     """What --context-parallel-size > 1 cannot be combined with, in one line (None: supported).
 
-    CP runs in rlslurm's own core attention, padded and packed (docs/context-parallel.md); `mc`, the
-    model config when known, adds the architecture's limits."""
+    CP runs in rlslurm's own core attention, padded and packed, dense, MoE and MLA models alike
+    (docs/context-parallel.md); it all-gathers keys and values, so megatron's other CP
+    communication schemes (transformer-engine's) are refused rather than silently replaced. `mc`
+    (the model config, when known) is for limits of an architecture; there are none today."""
     t = cfg.train
     cp = t.context_parallel_size
     if cp <= 1:
         return None
-    if mc is not None and mc.arch.mla is not None:
+    comm = (cfg.megatron or {}).get("cp_comm_type")
+    if comm not in (None, "allgather", "all_gather"):
+        return (f"--megatron-cp-comm-type {comm}: rlslurm's context-parallel attention (without "
+                "transformer-engine) all-gathers keys and values; only allgather is available "
+                "(docs/context-parallel.md)")
+    return None
+    if mc is not None and mc.arch.mla is not None and False:  # XXX
         return (f"--context-parallel-size {cp}: {mc.name} uses multi-latent attention, which rlslurm's "
                 "context-parallel attention does not cover (docs/context-parallel.md)")
     return None

@@ -70,6 +70,10 @@ def run_microbatches(model: torch.nn.Module, mbs: Sequence[Any], loss_fn: LossFn
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     n = len(mbs)
+    # megatron's schedule (forward_step_calc_loss, a (loss, payload) loss_func) also multiplies the
+    # loss by the CP size, for losses that are a CP rank's local-token mean; ours is already the
+    # whole loss on every CP rank (trainer/context_parallel.py), so that factor is taken out again
+    cp = _ps().get_context_parallel_world_size()
 
     def forward_step(data_iterator: Iterator[Any], m: torch.nn.Module):
         mb = next(data_iterator)
@@ -77,7 +81,7 @@ def run_microbatches(model: torch.nn.Module, mbs: Sequence[Any], loss_fn: LossFn
 
         def loss_func(output_tensor: Tensor):
             loss, payload = loss_fn(output_tensor, mb)
-            return loss * (grad_scale * n), payload  # the schedule divides by n
+            return loss * (grad_scale * n / cp), payload  # the schedule divides by n, multiplies by CP
 
         return output, loss_func
 

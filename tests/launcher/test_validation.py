@@ -316,10 +316,16 @@ def test_megatron_fields_read_from_source_are_the_dataclass_fields() -> None:
     assert megatron_fields(mla=True) == {f.name for f in dataclasses.fields(MLATransformerConfig)} | opt
 
 
-def test_context_parallel_is_refused_at_submit(argv: list[str]) -> None:
-    one_line_naming(argv + ["--context-parallel-size", "2", "--device", "cpu", "--engines-per-node", "1",
-                             "--gpus-per-node", "0", "--trainer-procs-per-node", "2"],
-                     "--context-parallel-size 2", "not implemented")
+def test_context_parallel_is_accepted_at_submit(argv: list[str]) -> None:
+    """CP 2 resolves (docs/context-parallel.md); world = TP x PP x CP x DP is checked, and a CP
+    communication scheme rlslurm's attention does not do is refused in one line."""
+    cpu = ["--device", "cpu", "--engines-per-node", "1", "--gpus-per-node", "0"]
+    res = resolve(argv + ["--context-parallel-size", "2", *cpu, "--trainer-procs-per-node", "2"])
+    assert res.cfg.train.context_parallel_size == 2
+    one_line_naming(argv + ["--context-parallel-size", "2", *cpu, "--trainer-procs-per-node", "3"],
+                    "--context-parallel-size 2", "does not divide")
+    one_line_naming(argv + ["--context-parallel-size", "2", *cpu, "--trainer-procs-per-node", "2",
+                            "--megatron-cp-comm-type", "p2p"], "--megatron-cp-comm-type p2p", "all-gathers")
 
 
 @pytest.mark.parametrize("content", ["empty", "readme", "config_only", "other_model"])

@@ -134,9 +134,11 @@ def step_results(request: pytest.FixtureRequest, tmp_path_factory) -> dict[str, 
     the runs are independent but for the process group they share), each run from a fresh megatron
     parallel state. A module declares its runs with a module-level function
 
-        step_runs(request, tmp) -> [(key, nproc, run_dir, out_dir, resume_check), ...]
+        step_runs(request, tmp) -> [(key, nproc, run_dir, out_dir, resume_check[, resume_from]), ...]
 
-    (`resume_check`: step_worker --resume-check for that run) and reads
+    (`resume_check`: step_worker --resume-check for that run; `resume_from`: a checkpoints root
+    that another run's --resume-check writes at a smaller world size, which runs first, loaded
+    before this run's last step: step_worker --resume-from) and reads
     `step_results[module.__name__][key]`: the run's result.json and its exported weights. Only the
     modules of the tests selected in this session run theirs."""
     import torch
@@ -152,11 +154,12 @@ def step_results(request: pytest.FixtureRequest, tmp_path_factory) -> dict[str, 
     for nproc in sorted({p[2] for p in planned}):
         mine = [p for p in planned if p[2] == nproc]
         args = [str(HERE / "step_worker.py")]
-        for _, _, _, run, out, resume in mine:
-            args += ["--run-dir", str(run), "--out", str(out), *(["--resume-check", str(run)] if resume else [])]
+        for _, _, _, run, out, resume, *frm in mine:
+            args += ["--run-dir", str(run), "--out", str(out), *(["--resume-check", str(run)] if resume else []),
+                     *(["--resume-from", str(run), str(frm[0])] if frm and frm[0] is not None else [])]
         rc, log = bounded_torchrun(args, nproc, timeout=300 + STEP_RUN_BOUND_S * len(mine))
         assert rc == 0, f"{nproc}-process step_worker runs {[f'{m}:{k}' for m, k, *_ in mine]}:\n{log[-6000:]}"
-        for name, key, _, _, out, _ in mine:
+        for name, key, _, _, out, *_ in mine:
             results[name][key] = (json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt"))
     return results
 

@@ -27,6 +27,10 @@ def main() -> None:
     ap.add_argument("--out", required=True, type=Path, action="append")
     ap.add_argument("--resume-check", type=Path, action="append", default=[],
                     help="a --run-dir whose run also saves, trains, loads and trains its last step again")
+    ap.add_argument("--resume-from", nargs=2, action="append", default=[], metavar=("RUN", "CKPT_ROOT"),
+                    help="a --run-dir whose last step starts from CKPT_ROOT's checkpoint (saved before the last "
+                         "step by another run's --resume-check, at another layout) instead of its own state")
+    ap.add_argument("--device", default="cpu", help="cuda: NCCL, one GPU per rank (tests/gpu/test_context_parallel.py)")
     a = ap.parse_args()
     assert len(a.run_dir) == len(a.out), "one --out per --run-dir"
     torch.set_num_threads(1)
@@ -34,9 +38,10 @@ def main() -> None:
 
     from rlslurm.trainer.setup import init_distributed
 
-    init_distributed("cpu", 10)
+    init_distributed(a.device, 10)
     for run_dir, out in zip(a.run_dir, a.out):
-        one_run(run_dir, out, resume_check=run_dir in a.resume_check)
+        one_run(run_dir, out, resume_check=run_dir in a.resume_check, device=a.device,
+                resume_from=dict((Path(r), Path(c)) for r, c in a.resume_from).get(run_dir))
         # the next run sets megatron's parallel state up again at its own layout, as a fresh process
         # would (init_parallel: model_parallel_is_initialized() is False again), in the same process group
         ps.destroy_model_parallel()
@@ -44,7 +49,8 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
+def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False, device: str = "cpu",
+            resume_from: Path | None = None) -> None:
     from rlslurm.buffer import RolloutReader
     from rlslurm.runfile import load_run_config
 
@@ -56,7 +62,7 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     cfg = load_run_config(run_dir)
-    rank, world = init_distributed("cpu", 10)  # joined already: this rank and the world size
+    rank, world = init_distributed(device, 10)  # joined already: this rank and the world size
     st = build_trainer(cfg, world)
     rollout = RolloutReader(run_dir, readonly=True).read(0)
     result: dict = {"tp": st.par.tp, "dp": st.par.dp, "pp": st.par.pp, "cp": st.par.cp}
@@ -91,9 +97,9 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
                 logits = hf(ids).logits[0, :-1].float()
                 ref = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
                 p = len(s.prompt_tokens)
-                diffs.append(float((ref[p - 1:] - logp[i]).abs().max()))
+                diffs.append(float((ref[p - 1:] - logp[i].cpu()).abs().max()))
                 h = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)[p - 1:]
-                ediffs.append(float((h - ent[i]).abs().max()))
+                ediffs.append(float((h - ent[i].cpu()).abs().max()))
         result["logprob_max_abs_diff"] = max(diffs)
         result["entropy_max_abs_diff"] = max(ediffs)
         result["logprob_scale"] = float(torch.cat(logp).abs().max())
@@ -105,6 +111,8 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
         result["resume"] = _resume_check(st, rollout, prep, n_steps - 1, run_dir / "checkpoints")
         result["steps"].append(result["resume"]["again"])
     else:
+        if resume_from is not None:
+            result["resumed_from"] = _load_other(st, resume_from)
         result["steps"].append(steps.train_step(st, rollout, prep, n_steps - 1))
     # the published weights: the disk publisher's own export (trainer/publish.py export_hf: who takes
     # part in the TP/ETP/EP gathers, every pipeline stage to the first), read back from its files
@@ -118,6 +126,20 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False) -> None:
         torch.save(weights, out_dir / "weights.pt")
         (out_dir / "result.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
+
+
+def _load_other(st, root: Path) -> str:
+    """The newest checkpoint under `root`, written by another run at another layout, loaded over this
+    run's state (perturbed first, so that only the checkpoint can bring the weights back)."""
+    from rlslurm.trainer import checkpoint
+
+    with torch.no_grad():
+        for p in st.actor.model.parameters():
+            p.add_(1.0)
+    d = checkpoint.find_resume(root)
+    assert d is not None, f"no checkpoint under {root}"
+    checkpoint.load(st, d)
+    return str(d)
 
 
 def _resume_check(st, rollout, prep, k: int, root: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Parallel layouts the RL trainer still refuses, each with an error that names the flag and why
+"""Parallel layouts the RL trainer refuses, each with an error that names the flag and why
 (no torch.distributed needed: the checks run before any process group or model exists)."""
 
 from __future__ import annotations
@@ -18,17 +18,21 @@ def _tcfg(**kw):
     return SimpleNamespace(**{**base, **kw})
 
 
-def test_context_parallel_without_transformer_engine_says_why(monkeypatch) -> None:
-    check_context_parallel(1)
-    monkeypatch.setattr(model_mod, "HAVE_TE", False)
-    with pytest.raises(ConfigError, match=r"--context-parallel-size 2: .*needs transformer-engine.*not importable"):
-        check_context_parallel(2)
+def test_context_parallel_is_accepted_but_a_comm_type_it_does_not_do(tmp_path) -> None:
+    """CP > 1 builds (docs/context-parallel.md), dense or MLA; a megatron CP communication scheme other
+    than the all-gather rlslurm's attention does is refused in one line, not silently replaced."""
+    from rlslurm.config import RunConfig
 
+    def cfg(cp: int, megatron: dict | None = None) -> RunConfig:
+        return RunConfig.model_validate({"run": {"run_name": "t", "run_dir": str(tmp_path), "device": "cpu"},
+                                         "model": {"model": "tiny-qwen3"}, "train": {"context_parallel_size": cp},
+                                         "megatron": megatron or {}})
 
-def test_context_parallel_with_transformer_engine_is_still_refused(monkeypatch) -> None:
-    monkeypatch.setattr(model_mod, "HAVE_TE", True)
-    with pytest.raises(ConfigError, match=r"--context-parallel-size 2: not implemented in the RL trainer loop"):
-        check_context_parallel(2)
+    check_context_parallel(cfg(1, {"cp_comm_type": "a2a"}))
+    check_context_parallel(cfg(2), load_model_config("tiny-deepseek-v3"))
+    check_context_parallel(cfg(2, {"cp_comm_type": "allgather"}))
+    with pytest.raises(ConfigError, match=r"^--megatron-cp-comm-type a2a: .*all-gathers keys and values"):
+        check_context_parallel(cfg(2, {"cp_comm_type": "a2a"}))
 
 
 def test_pipeline_checks_name_the_flag() -> None:

@@ -8,6 +8,9 @@
   resumes a step from a checkpoint at that split, bit for bit) and, at TP=2 x PP=2 (sequence
   parallel), an MLA + MoE model whose stages differ (dense first layer, MoE second), split evenly;
   the pipelined forward's log-probs equal HF transformers'.
+- Context parallelism (CP=2, docs/context-parallel.md): packed at CP=2 (resuming its last step from
+  PP=1's checkpoint), padded at CP=2 x PP=2, and the MLA + MoE model at CP=2 give PP=1's losses,
+  metrics and updated weights.
 - PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
   + resume from the stage-sharded checkpoint is bit-exact.
 """
@@ -38,11 +41,12 @@ COMPARED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_n
 
 
 def _prepare(tmp: Path, hf: Path, name: str, nproc: int, tp: int, pp: int, model: str | None = None,
-             dist_opt: bool = False, stages: tuple[int | None, int | None] = (None, None)) -> Path:
+             dist_opt: bool = False, stages: tuple[int | None, int | None] = (None, None),
+             extra: dict | None = None) -> Path:
     run = make_run(tmp / name, hf, nproc=nproc,
                    train={**TRAIN, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                           "use_distributed_optimizer": dist_opt, "decoder_first_pipeline_num_layers": stages[0],
-                          "decoder_last_pipeline_num_layers": stages[1]})
+                          "decoder_last_pipeline_num_layers": stages[1], **(extra or {})})
     if model is not None:
         import yaml
 
@@ -60,7 +64,8 @@ def _same(ref: tuple[dict, dict], got: tuple[dict, dict], what: str) -> None:
         for k in COMPARED:
             assert math.isfinite(a[k]), (what, k, a[k])
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (what, k, a[k], b[k])
-        if ra["dp"] == ga["dp"]:  # per DP rank: the same cut into micro-batches
+        if ra["dp"] == ga["dp"] and ra["cp"] == ga["cp"]:  # per DP rank: the same cut into micro-batches
+            # (context parallelism: a micro-batch may hold --max-tokens-per-gpu x CP tokens)
             assert a["num_microbatches"] == b["num_microbatches"], what
     assert set(gw) == set(rw)
     worst = max(float((gw[n] - rw[n]).abs().max()) for n in gw)
@@ -94,16 +99,24 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
     mla_tmp = tmp / "mla-moe"
     mla_hf = make_tiny_checkpoint(load_model_config("tiny-deepseek-v3"), mla_tmp / "hf", seed=5)
     d, m = (tmp, hf, str(tied)), (mla_tmp, mla_hf, "tiny-deepseek-v3")
-    # key: (dir, hf, model), nproc, tp, pp, distributed optimizer, (first, last stage's layers)
+    # key: (dir, hf, model), nproc, tp, pp, distributed optimizer, (first, last stage's layers)[, train extra]
+    cp2, packed = {"context_parallel_size": 2}, {"qkv_format": "thd"}
     specs = {"dense/pp1": (d, 1, 1, 1, False, (None, None)), "dense/pp2": (d, 2, 1, 2, False, (2, None)),
              "dense/tp2pp2": (d, 4, 2, 2, False, (None, 2)), "dense/dp2pp2": (d, 4, 1, 2, True, (1, 4)),
              "dense/pp4": (d, 4, 1, 4, False, (1, 2)),
-             "mla/pp1": (m, 1, 1, 1, False, (None, None)), "mla/tp2pp2": (m, 4, 2, 2, False, (None, None))}
+             "mla/pp1": (m, 1, 1, 1, False, (None, None)), "mla/tp2pp2": (m, 4, 2, 2, False, (None, None)),
+             # context parallelism (docs/context-parallel.md)
+             "dense/cp2-thd": (d, 2, 1, 1, False, (None, None), {**cp2, **packed}),
+             "dense/cp2pp2": (d, 4, 1, 2, False, (2, None), cp2),
+             "mla/cp2": (m, 2, 1, 1, False, (None, None), cp2)}
     runs = []
-    for key, ((where, h, model), n, tp, pp, do, stages) in specs.items():
+    for key, ((where, h, model), n, tp, pp, do, stages, *extra) in specs.items():
         name = key.split("/")[1]
-        runs.append((key, n, _prepare(where, h, name, n, tp, pp, model=model, dist_opt=do, stages=stages),
-                     where / f"{name}-out", key == "dense/pp4"))
+        run = _prepare(where, h, name, n, tp, pp, model=model, dist_opt=do, stages=stages, extra=(extra or [None])[0])
+        # dense/pp1 checkpoints before its last step (--resume-check), dense/cp2-thd takes its last step
+        # from that checkpoint: a resume at CP 2 from a CP 1 checkpoint (1 process runs before 2)
+        runs.append((key, n, run, where / f"{name}-out", key in ("dense/pp4", "dense/pp1"),
+                     d[0] / "pp1" / "checkpoints" if key == "dense/cp2-thd" else None))
     return runs
 
 
@@ -135,6 +148,27 @@ def test_pipeline_equals_single_stage(dense, name: str) -> None:
     assert "lm_head.weight" not in dense[name][1]  # tied: exported once, as the embedding
     _same(dense["pp1"], dense[name], name)
     assert len([n for n in dense[name][1] if n.endswith(".self_attn.o_proj.weight")]) == 5  # every layer, once
+
+
+@pytest.mark.parametrize("name", ["cp2-thd", "cp2pp2"])
+def test_context_parallel_equals_one_rank(dense, name: str) -> None:
+    """CP=2 (each sequence in 2 x CP chunks over two ranks, keys and values all-gathered in rlslurm's
+    core attention), packed and padded x PP=2, gives the losses, metrics, grad norm and updated weights
+    of PP=1 on the same batch; CP 2 packed took its last step from dense/pp1's CP 1 checkpoint (its own
+    state perturbed first: step_worker --resume-from), so the checkpoint re-shards from CP 1 to CP 2."""
+    res, _ = dense[name]
+    assert res["cp"] == 2 and res["pp"] == (2 if name == "cp2pp2" else 1)
+    assert res["logprob_max_abs_diff"] < 1e-5 and res["entropy_max_abs_diff"] < 1e-5, res
+    _same(dense["pp1"], dense[name], name)
+    if name == "cp2-thd":
+        assert res["resumed_from"].endswith("pp1/checkpoints/iter_0000000"), res["resumed_from"]
+
+
+def test_context_parallel_mla_moe_equals_one_rank(layouts) -> None:
+    """tiny-deepseek-v3 (MLA attention, an MoE layer with a shared expert) at CP=2 equals PP=1."""
+    ref, got = layouts["mla/pp1"], layouts["mla/cp2"]
+    assert got[0]["cp"] == 2 and got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
+    _same(ref, got, "tiny-deepseek-v3 cp2")
 
 
 def test_checkpoint_resumes_at_an_uneven_split(dense) -> None:
