@@ -30,6 +30,7 @@ divides by).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,12 @@ def _layout(bounds: tuple[int, ...], cp: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(_rank_cols(list(bounds), cp, r)) for r in range(cp))
 
 
+@functools.lru_cache(maxsize=256)
+def _inverse(bounds: tuple[int, ...], cp: int) -> Tensor:
+    """For every full column, its position in the rank-concatenated order (CPU, long)."""
+    return torch.argsort(torch.tensor([c for r in _layout(bounds, cp) for c in r], dtype=torch.long))
+
+
 def columns(bounds: list[int] | tuple[int, ...], cp: int, rank: int) -> list[int]:
     """The columns of a row that CP rank `rank` holds, in its local order. `bounds`: the row's
     sequence boundaries ([0, L] padded; `cu_seqlens` packed), each sequence a multiple of 2 x CP."""
@@ -108,12 +115,11 @@ def slice_for(bounds: list[int] | tuple[int, ...], width: int, device: torch.dev
     cp = cp_size()
     if cp == 1:
         return None
-    lay = _layout(tuple(int(b) for b in bounds), cp)
-    every = torch.tensor([c for r in lay for c in r], dtype=torch.long)
-    if every.numel() != width:
+    key = tuple(int(b) for b in bounds)
+    if key[0] != 0 or key[-1] != width:
         raise ValueError(f"context parallelism: bounds {list(bounds)} do not cover a row of {width}")
-    return CPSlice(cols=torch.tensor(lay[cp_rank()], dtype=torch.long, device=device),
-                   inverse=torch.argsort(every).to(device), width=width, group=cp_group())
+    return CPSlice(cols=torch.tensor(_layout(key, cp)[cp_rank()], dtype=torch.long, device=device),
+                   inverse=_inverse(key, cp).to(device), width=width, group=cp_group())
 
 
 def mb_slice(tokens: Tensor, cu_seqlens: Tensor | None) -> CPSlice | None:
@@ -202,9 +208,7 @@ def _lower_right(q: Tensor, k: Tensor, v: Tensor, scale: float | None, fp32: boo
 
 def _full_kv(key: Tensor, value: Tensor, bounds: list[int], group) -> tuple[Tensor, Tensor]:
     """Every CP rank's keys/values along dim 0, back in sequence order."""
-    cp = dist.get_world_size(group)
-    lay = _layout(tuple(bounds), cp)
-    inv = torch.argsort(torch.tensor([c for r in lay for c in r], dtype=torch.long)).to(key.device)
+    inv = _inverse(tuple(bounds), dist.get_world_size(group)).to(key.device)
     return (_GatherKV.apply(key, group).index_select(0, inv), _GatherKV.apply(value, group).index_select(0, inv))
 
 
@@ -249,10 +253,8 @@ def attend_packed(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor,
             from rlslurm.trainer.model import _repeat_kv_heads
 
             kp, vp = _repeat_kv_heads(query, kp, vp)
-        cu_q = torch.tensor([0] + [sum(ch[1] for ch in chunks[:j + 1]) for j in range(len(chunks))],
-                            dtype=torch.int32, device=query.device)
-        cu_k = torch.tensor([0] + [sum(ch[3] for ch in chunks[:j + 1]) for j in range(len(chunks))],
-                            dtype=torch.int32, device=query.device)
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(ch[j] for ch in chunks)], dtype=torch.int32,
+                                   device=query.device) for j in (1, 3))
         # flash's causal mask with fewer queries than keys is aligned at the bottom right (each
         # query chunk is the end of its key prefix); tests/gpu/test_context_parallel.py checks it
         out = fn(query, kp, vp, cu_q, cu_k, max(ch[1] for ch in chunks), max(ch[3] for ch in chunks),

@@ -97,6 +97,27 @@ def test_collate_packed_concatenates_and_pads_the_tail_as_a_segment() -> None:
     assert exact.cu_seqlens.tolist() == [0, 3, 7] and exact.tokens.shape == (1, 7)
 
 
+def test_context_parallel_segments_and_each_ranks_chunks() -> None:
+    """CP=2 (docs/context-parallel.md): each packed sample is padded to a multiple of 2 x CP, and CP rank
+    r holds chunks r and 2 CP - 1 - r of every segment (megatron's load-balanced layout)."""
+    import torch
+
+    from rlslurm.buffer import Sample
+    from rlslurm.trainer.context_parallel import columns
+    from rlslurm.trainer.logprobs import response_slices
+
+    s = [Sample(prompt_tokens=[5, 6], response_tokens=[7]), Sample(prompt_tokens=[8], response_tokens=[9, 10, 11, 12])]
+    mb = collate_packed(s, [0, 1], torch.device("cpu"), pad_multiple=8, segment_multiple=4)
+    assert mb.tokens.tolist() == [[5, 6, 7, 0, 8, 9, 10, 11, 12, 0, 0, 0, 0, 0, 0, 0]]
+    assert mb.starts == [0, 4] and mb.cu_seqlens.tolist() == [0, 4, 12, 16]
+    per_pos = torch.arange(15.0).unsqueeze(0)
+    assert [t.tolist() for t in response_slices(per_pos, mb)] == [[1.0], [4.0, 5.0, 6.0, 7.0]]
+    bounds = mb.cu_seqlens.tolist()
+    assert columns(bounds, 2, 0) == [0, 3, 4, 5, 10, 11, 12, 15]
+    assert columns(bounds, 2, 1) == [1, 2, 6, 7, 8, 9, 13, 14]
+    assert columns([0, 8], 2, 0) == [0, 1, 6, 7]  # a padded row: chunks 0 and 3 of 4
+
+
 def test_packed_budget_counts_real_tokens() -> None:
     """A long tail of lengths (lognormal, as RL response lengths are): padded, a micro-batch pays its
     longest sample for each of its samples; packed, only the tokens it holds, so the same samples
