@@ -91,7 +91,6 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
             run = make_run(tmp / k, hf, nproc=n, train={**train, **specs[k][1]})
             cfg = yaml.safe_load((run / "run.yaml").read_text())
             cfg["model"]["model"] = str(tied)
-            cfg["run"]["device"] = "cuda"
             (run / "run.yaml").write_text(yaml.safe_dump(cfg))
             commit_rollouts(run, range(1))
             args += ["--run-dir", str(run), "--out", str(tmp / f"{k}-out")]
