@@ -29,9 +29,22 @@ COMPARED = ("loss", "pg_loss", "pg_clipfrac", "ppo_kl", "kl", "entropy", "grad_n
             "train_rollout_logprob_abs_diff")
 
 
+def _trainer_conftest():
+    """tests/trainer/conftest.py by its path: `import conftest` finds the root tests/conftest.py, loaded
+    first under that name."""
+    import importlib.util
+
+    name = "rlslurm_tests_trainer_conftest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "trainer" / "conftest.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def _torchrun(args: list[str], nproc: int, timeout: float = 600) -> str:
-    sys.path.insert(0, str(REPO / "tests" / "trainer"))
-    from conftest import free_port
+    free_port = _trainer_conftest().free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), *args]
@@ -57,42 +70,59 @@ def test_cp_attention_equals_whole_sequence_attention() -> None:
         assert r["padded_bf16"] < 2e-2 and r["packed_bf16_varlen"] < 2e-2, r  # a wrong mask is O(1)
 
 
+# name: (model, processes, trainer settings); "cp1" and "moe1" (one GPU) are the references
+SPECS = {
+    "cp1": ("dense", 1, {}),
+    "cp2": ("dense", 2, {"context_parallel_size": 2}),
+    "cp2-thd": ("dense", 2, {"context_parallel_size": 2, "qkv_format": "thd"}),
+    "tp2cp2": ("dense", 4, {"context_parallel_size": 2, "tensor_model_parallel_size": 2}),
+    # uneven pipeline stages (issue 32 item 3): 5 layers as 2+3 and 1+1+1+2
+    "pp2-uneven": ("dense", 2, {"pipeline_model_parallel_size": 2, "decoder_last_pipeline_num_layers": 3}),
+    "pp4-uneven": ("dense", 4, {"pipeline_model_parallel_size": 4, "decoder_last_pipeline_num_layers": 2}),
+    # expert TP apart from TP (issue 32 item 2): slime's MoE layout, experts whole over EP 2, attention at TP 2
+    "moe1": ("moe", 1, {}),
+    "ep2tp2etp1": ("moe", 4, {"expert_model_parallel_size": 2, "tensor_model_parallel_size": 2,
+                              "expert_tensor_parallel_size": 1}),
+}
+REFERENCE = {"dense": "cp1", "moe": "moe1"}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     _need(2)
     import yaml
 
-    sys.path.insert(0, str(REPO / "tests" / "trainer"))
-    from conftest import MODEL, commit_rollouts, make_run
-
+    tc = _trainer_conftest()
     from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("cp")
-    raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{MODEL}.yaml").read_text())
-    raw.update(name=f"{MODEL}-tied")
-    raw["arch"].update(tie_word_embeddings=True, num_layers=5)
-    tied = tmp / f"{MODEL}-tied.yaml"
-    tied.write_text(yaml.safe_dump(raw))
-    hf = make_tiny_checkpoint(load_model_config(str(tied)), tmp / "hf", seed=3)
+    models = {}
+    for kind, name, arch in (("dense", tc.MODEL, {"tie_word_embeddings": True, "num_layers": 5}),
+                             ("moe", "tiny-qwen3-moe", {})):
+        raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{name}.yaml").read_text())
+        raw.update(name=f"{name}-gpu-check")
+        raw["arch"].update(arch)
+        path = tmp / f"{name}-gpu-check.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        models[kind] = (path, make_tiny_checkpoint(load_model_config(str(path)), tmp / f"hf-{kind}", seed=3))
     train = dict(entropy_coef=0.01, use_kl_loss=True, kl_loss_coef=0.1, num_steps_per_rollout=2, global_batch_size=4,
                  micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=20, eps_clip=0.1, lr=3e-3,
                  use_tis=True, tis_clip_low=0.2, tis_clip=2.0, adam_eps=1e-3)
-    specs = {"cp1": (1, {}), "cp2": (2, {"context_parallel_size": 2}),
-             "cp2-thd": (2, {"context_parallel_size": 2, "qkv_format": "thd"}),
-             "tp2cp2": (4, {"context_parallel_size": 2, "tensor_model_parallel_size": 2})}
     out: dict[str, tuple[dict, dict]] = {}
-    for n in (1, 2, 4):
-        mine = [k for k, (m, _) in specs.items() if m == n]
+    for n in (1, 2, 4):  # one torchrun per world size
+        mine = [k for k, (_, m, _) in SPECS.items() if m == n]
         if not mine or torch.cuda.device_count() < n:
             continue
         args = [str(REPO / "tests" / "trainer" / "step_worker.py"), "--device", "cuda"]
         for k in mine:
-            run = make_run(tmp / k, hf, nproc=n, train={**train, **specs[k][1]})
+            kind, _, settings = SPECS[k]
+            config, hf = models[kind]
+            run = tc.make_run(tmp / k, hf, nproc=n, train={**train, **settings})
             cfg = yaml.safe_load((run / "run.yaml").read_text())
-            cfg["model"]["model"] = str(tied)
+            cfg["model"]["model"] = str(config)
             (run / "run.yaml").write_text(yaml.safe_dump(cfg))
-            commit_rollouts(run, range(1))
+            tc.commit_rollouts(run, range(1))
             args += ["--run-dir", str(run), "--out", str(tmp / f"{k}-out")]
         _torchrun(args, n)
         for k in mine:
@@ -101,12 +131,15 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["cp2", "cp2-thd", "tp2cp2"])
-def test_cp_training_equals_one_gpu(runs, name: str) -> None:
+@pytest.mark.parametrize("name", [k for k in SPECS if k not in REFERENCE.values()])
+def test_layout_training_equals_one_gpu(runs, name: str) -> None:
     if name not in runs:
         pytest.skip(f"{name}: not enough GPUs")
-    (ra, rw), (ga, gw) = runs["cp1"], runs[name]
-    assert ga["cp"] == 2 and ga["logprob_max_abs_diff"] < 1e-4, ga
+    kind = SPECS[name][0]
+    (ra, rw), (ga, gw) = runs[REFERENCE[kind]], runs[name]
+    assert ga["logprob_max_abs_diff"] < 1e-4, ga
+    if name.startswith(("cp", "tp2cp")):
+        assert ga["cp"] == 2, ga
     worst_metric = 0.0
     for a, b in zip(ra["steps"], ga["steps"], strict=True):
         for k in COMPARED:
