@@ -79,11 +79,13 @@ def assign(split: GpuSplit, visible: list[str]) -> tuple[list[str], list[str]]:
 
 
 def role_gpus(cfg: "RunConfig", model: "ModelConfig | None" = None,
-              visible: list[str] | None = None) -> tuple[list[str], list[str]] | None:
-    """(trainer's, rollout's) CUDA_VISIBLE_DEVICES when both groups run on one machine; None on
+              visible: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """(trainer's, rollout's) CUDA_VISIBLE_DEVICES when both groups run on one machine; none to either on
     --device cpu. Too few GPUs is a ConfigError naming the flags."""
     if cfg.run.device != "cuda":
-        return None
+        # a CPU trainer that can see a GPU gets megatron's gradient buffers there beside its gloo group:
+        # "ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda" at its first step (4 x H100)
+        return [], []
     return assign(gpu_split(cfg, model), visible_gpus() if visible is None else visible)
 
 

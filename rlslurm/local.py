@@ -177,7 +177,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
               timeout_s: float | None = None, console: Console | None = None,
               gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
               hang_timeout_s: float = 0.0) -> LocalResult:
-    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `role_gpus`); None on CPU. `stop_grace_s`: how long
+    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `role_gpus`: none on --device cpu); None: as inherited. `stop_grace_s`: how long
     a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled.
     `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own

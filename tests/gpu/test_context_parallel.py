@@ -149,3 +149,5 @@ def test_layout_training_equals_one_gpu(runs, name: str) -> None:
     print(f"{name}: logprob vs HF {ga['logprob_max_abs_diff']:.2e}, worst metric diff {worst_metric:.2e}, "
           f"worst weight diff {worst:.2e}")
     assert set(gw) == set(rw) and worst < 1e-4, (name, worst)
+    if kind == "moe":  # the experts of both EP ranks reached the export, and the layout was the one asked
+        assert any(".experts." in n for n in gw) and (ga["tp"], ga["dp"]) == (2, 2), ga

@@ -195,3 +195,9 @@ def test_engine_gpus_are_named_by_uuid_through_cuda_visible_devices(monkeypatch)
     assert device_uuids([0], {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}) is None
     assert device_uuids([2], {"CUDA_VISIBLE_DEVICES": "0,1"}) is None
     assert normal_uuid("AAA") == normal_uuid("GPU-aaa") == "gpu-aaa"
+
+
+def test_a_cpu_run_hides_the_gpus_from_both_groups(tmp_path: Path, monkeypatch) -> None:
+    """Fails before: --device cpu handed the roles the machine's GPUs, and on 4 x H100 the CPU trainer put
+    megatron's gradient buffers on one beside its gloo group (unsupported device type cuda)."""
+    assert _run_split(tmp_path, monkeypatch, "--device", "cpu", "--rollout-dtype", "float32") == ([], [])
