@@ -98,9 +98,11 @@ ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue", "ck
 # The faults whose attempt ends as a failure ("failed: ..." in the ledger), counted against --max-failures;
 # the preemption-like ones (usr1, sigterm*, requeue) end an attempt without counting.
 COUNTS = {"kill_trainer", "kill_driver", "ckpt_kill", "fs_full"}
-# The default sequences (issue 31 item 7): with the product's default --max-failures 3, three counted faults.
+# The default sequences (issue 31 item 7). The main one: 12 faults, four of them counted, in one run at the
+# product's default --max-failures 3, which counts the failures since the checkpoint last moved on
+# (rlslurm/buffer/attempts.py): the run must checkpoint between them to survive.
 MAIN_SEQUENCE = ["kill_engine", "eio", "ckpt_kill", "usr1", "kill_router", "sigterm_slow_save", "fs_full",
-                 "hang_engine", "requeue", "kill_trainer"]
+                 "hang_engine", "requeue", "kill_trainer", "kill_engine", "kill_driver"]
 COLOCATE_SEQUENCE = ["kill_engine_in_turn", "sigterm", "kill_trainer"]
 SLOW_SAVE_S = 40        # sigterm_slow_save: each rank's write held this long (> torchrun's default 30 s)
 CKPT_KILL_DELAY_S = 30  # ckpt_kill: the window in which the ranks are killed mid-save
@@ -787,8 +789,15 @@ def budget(run_dir: Path, faults: list[dict]) -> dict[str, Any]:
         mf = cfg.get("slurm", {}).get("max_failures")
     except (OSError, ValueError, AttributeError):
         mf = None
-    reasons = [l.get("reason") or "" for l in read_ledger(run_dir) if "end" in l]
+    from rlslurm.buffer.attempts import failures_counted
+
+    records = read_ledger(run_dir)
+    reasons = [l.get("reason") or "" for l in records if "end" in l]
+    # the budget's count after each ledger line: the most failures in a row without a new checkpoint
+    in_a_row = [failures_counted(records[:i + 1]) for i in range(len(records))]
     return {"max_failures": mf, "failed_attempts": sum(r.startswith("failed") for r in reasons),
+            "most_counted_at_once": max(in_a_row, default=0),
+            "checkpoint_at_each_end": [l.get("checkpoint") for l in records if "end" in l],
             "faults_injected": len(faults), "faults_that_count": sum(f["kind"] in COUNTS for f in faults),
             "attempts": len(reasons), "ledger_reasons": reasons}
 

@@ -44,7 +44,7 @@ LOST_EXIT_CODE = -1
 # them with printf (`printf_format`), so only numbers and strings that need no JSON escaping.
 LEDGER_FIELDS: tuple[tuple[str, type], ...] = (
     ("attempt", int), ("job_id", str), ("restart_count", int), ("start", int), ("end", int),
-    ("exit_code", int), ("reason", str), ("trainer_nodes", str), ("rollout_nodes", str))
+    ("exit_code", int), ("reason", str), ("trainer_nodes", str), ("rollout_nodes", str), ("checkpoint", int))
 START_FIELDS: tuple[tuple[str, type], ...] = (
     ("attempt", int), ("job_id", str), ("start", int), ("trainer_nodes", str), ("rollout_nodes", str))
 
@@ -74,14 +74,27 @@ class Attempt:
         return _record(START_FIELDS, attempt=self.number, job_id=self.job_id, start=self.start,
                        trainer_nodes=self.trainer_nodes, rollout_nodes=self.rollout_nodes)
 
-    def ledger_record(self, end: int, exit_code: int, reason: str, *, number: int | None = None,
+    def ledger_record(self, end: int, exit_code: int, reason: str, *, checkpoint: int = 0, number: int | None = None,
                       start: int | None = None) -> dict[str, Any]:
         """This attempt's ledger line; with `number` and `start`, the line it writes for an earlier
-        attempt that left none (its job id and nodes are this attempt's: nothing else is known)."""
+        attempt that left none (its job id and nodes are this attempt's: nothing else is known).
+        `checkpoint`: `checkpoint_reached` when the line is written."""
         n = self.number if number is None else number
         return _record(LEDGER_FIELDS, attempt=n, job_id=self.job_id, restart_count=n,
                        start=self.start if start is None else start, end=end, exit_code=exit_code,
-                       reason=reason, trainer_nodes=self.trainer_nodes, rollout_nodes=self.rollout_nodes)
+                       reason=reason, trainer_nodes=self.trainer_nodes, rollout_nodes=self.rollout_nodes,
+                       checkpoint=checkpoint)
+
+
+def checkpoint_reached(rd: RunDir) -> int:
+    """The iteration `checkpoints/latest` names, 0 before the first: what the run has kept. Each ledger
+    line carries it, and the failure budget counts the failed attempts since it last moved
+    (buffer/attempts.py). The batch script reads it the same way (`checkpoint_reached`)."""
+    try:
+        name = json.loads((rd.checkpoints_dir / "latest").read_text())["name"]
+        return int(str(name).removeprefix("iter_"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def append_ledger(rd: RunDir, rec: dict[str, Any]) -> None:
@@ -92,7 +105,7 @@ def append_ledger(rd: RunDir, rec: dict[str, Any]) -> None:
 
 
 def end(rd: RunDir, a: Attempt, exit_code: int, reason: str) -> None:
-    append_ledger(rd, a.ledger_record(int(time.time()), exit_code, reason))
+    append_ledger(rd, a.ledger_record(int(time.time()), exit_code, reason, checkpoint=checkpoint_reached(rd)))
 
 
 def record_lost(rd: RunDir, a: Attempt) -> list[int]:
@@ -102,7 +115,8 @@ def record_lost(rd: RunDir, a: Attempt) -> list[int]:
     lost = [n for n in range(a.number) if n not in ended and rd.attempt_log_dir(n).is_dir()]
     for n in lost:
         started = int(rd.attempt_log_dir(n).stat().st_mtime)
-        append_ledger(rd, a.ledger_record(a.start, LOST_EXIT_CODE, LOST, number=n, start=started))
+        append_ledger(rd, a.ledger_record(a.start, LOST_EXIT_CODE, LOST, number=n, start=started,
+                                          checkpoint=checkpoint_reached(rd)))
     return lost
 
 

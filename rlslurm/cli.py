@@ -234,8 +234,9 @@ def resubmit(
                         f"(`rlslurm cancel {run_dir}` first, or let it end)")
     failed = failures_counted(read_ledger(run_dir))
     if not reset_failures and failed >= cfg.slurm.max_failures:
-        err.print(f"[yellow]warning:[/] {failed} failed attempts count against --max-failures "
-                  f"{cfg.slurm.max_failures}: the first failure ends the job; --reset-failures gives a new budget")
+        err.print(f"[yellow]warning:[/] {failed} failed attempts since the last new checkpoint count against "
+                  f"--max-failures {cfg.slurm.max_failures}: a failure before the next checkpoint ends the job; "
+                  f"--reset-failures gives a new budget")
     _clear_stop(run_dir)
     sub = do_submit(Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint)), resume=True,
                     reset_failures=reset_failures)

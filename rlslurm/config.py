@@ -134,8 +134,8 @@ class SlurmSection(Section):
                                                           "(a .sif path)")
     signal_grace_s: int = Field(300, ge=30, description="seconds before the time limit SLURM sends USR1: the "
                                                         "trainer checkpoints and the job requeues itself")
-    max_failures: int = Field(3, ge=0, description="failed attempts that are requeued before the job gives up "
-                                                   "(preemptions do not count)")
+    max_failures: int = Field(3, ge=0, description="failed attempts in a row without a new checkpoint that are "
+                                                   "requeued before the job gives up (preemptions do not count)")
     python: str | None = Field(None, description="Python interpreter on the nodes (default: the one running "
                                                  "`rlslurm submit`; it must exist on every node)")
     setup_script: Path | None = Field(None, description="bash file every step sources before Python (module "

@@ -7,9 +7,14 @@ never repeat within a run. SLURM_RESTART_COUNT starts at 0 in every job: `rlslur
 therefore renders the job script with the next free number as its base, and the job's attempt is
 base + SLURM_RESTART_COUNT (rlslurm/templates/hetjob.sbatch.j2).
 
-The batch script gives up after `--max-failures` failed attempts. A resubmit writes a
-`resubmitted` record into the ledger; with `--reset-failures` it also restarts that count from
-there. Without it the count stands: a run that used up its budget ends at its next failure.
+The batch script gives up after `--max-failures` failed attempts in a row without progress: the
+count restarts whenever the run's checkpoint has moved on (each ledger line carries the iteration
+`checkpoints/latest` named at its end, rlslurm/attempt.py `checkpoint_reached`). A week-long run
+then survives a node failure a day, each resumed from a newer checkpoint, while a run that fails
+again and again from the same checkpoint (a bug, a broken node) stops after the budget. A resubmit
+writes a `resubmitted` record into the ledger; with `--reset-failures` it also restarts the count
+from there. Without it the count stands: a run that used up its budget ends at its next failure
+unless it checkpoints first.
 """
 
 from __future__ import annotations
@@ -60,13 +65,20 @@ def next_attempt(run: RunDir | str | Path) -> int:
 
 
 def failures_counted(records: list[dict[str, Any]]) -> int:
-    """Failed attempts that count against --max-failures: those after the last resubmit with
-    reset_failures. The batch script counts the same lines with awk over the raw ledger."""
-    n = 0
+    """Failed attempts that count against --max-failures: those since the checkpoint last moved on
+    (an attempt whose line names a newer one than every line before restarts the count, and counts
+    itself if it failed) and since the last resubmit with reset_failures. The batch script counts the
+    same lines with awk over the raw ledger."""
+    n, best = 0, 0
     for r in records:
-        if is_event(r) and r.get("reset_failures") is True:
-            n = 0
-        elif not is_event(r) and str(r.get("reason", "")).startswith("failed"):
+        if is_event(r):
+            if r.get("reset_failures") is True:
+                n = 0
+            continue
+        c = r.get("checkpoint")
+        if isinstance(c, int) and c > best:
+            best, n = c, 0
+        if str(r.get("reason", "")).startswith("failed"):
             n += 1
     return n
 

@@ -32,12 +32,13 @@ def _line(script: str, var: str) -> str:
     return line
 
 
-def _attempt(rd: RunDir, n: int, reason: str) -> None:
+def _attempt(rd: RunDir, n: int, reason: str, checkpoint: int = 0) -> None:
     """An attempt as the batch script leaves it: its log dir and its ledger line (the script's format)."""
     rd.attempt_log_dir(n).mkdir(parents=True)
     with open(rd.ledger, "a") as f:
         f.write(json.dumps({"attempt": n, "job_id": "7", "restart_count": n, "start": 1, "end": 2,
-                            "exit_code": 1, "reason": reason, "trainer_nodes": "n1", "rollout_nodes": "n2"}) + "\n")
+                            "exit_code": 1, "reason": reason, "trainer_nodes": "n1", "rollout_nodes": "n2",
+                            "checkpoint": checkpoint}) + "\n")
 
 
 FAILED = "failed: trainer step ended first (trainer rc=1, rollout rc=0); requeue 1/2"
@@ -77,6 +78,47 @@ def test_failure_budget_counts_since_the_last_reset_and_bash_agrees(tmp_path: Pa
     assert bash_count() == failures_counted(read_ledger(rd)) == 0
     _attempt(rd, 5, FAILED)
     assert bash_count() == failures_counted(read_ledger(rd)) == 1
+
+
+def test_failure_budget_restarts_when_the_checkpoint_moves_on_and_bash_agrees(tmp_path: Path) -> None:
+    """Fails before: every failure counted for the life of the run, so a long run ended at its fourth
+    node failure however far it had come between them (bench/results/chaos.md, the budget finding)."""
+    rd = RunDir.create(tmp_path / "run")
+    awk = _line(_script(), "FAILURES")
+
+    def bash_count() -> int:
+        out = subprocess.run(["bash", "-c", f"{awk}\necho $FAILURES"], capture_output=True, text=True, check=True,
+                             env={"LEDGER": str(rd.ledger), "PATH": os.environ["PATH"]})
+        return int(out.stdout)
+
+    counts = []
+    for n, (reason, ckpt) in enumerate([(FAILED, 0), (FAILED, 4), ("preempted (USR1)", 8), (FAILED, 8),
+                                        (FAILED, 8), (FAILED, 12), (FAILED, 12), (FAILED, 12)]):
+        _attempt(rd, n, reason, ckpt)
+        counts.append((bash_count(), failures_counted(read_ledger(rd))))
+    # each failure that left a newer checkpoint than any before it counts as the first of a new row
+    assert counts == [(1, 1), (1, 1), (0, 0), (1, 1), (2, 2), (1, 1), (2, 2), (3, 3)]
+    record_resubmit(rd, 8, reset_failures=True)
+    assert bash_count() == failures_counted(read_ledger(rd)) == 0
+
+
+def test_the_script_reads_the_checkpoint_as_python_does(tmp_path: Path) -> None:
+    from rlslurm.attempt import checkpoint_reached
+
+    rd = RunDir.create(tmp_path / "run")
+    script = _script()
+    func = script[script.index("checkpoint_reached() {"):]
+    func = func[:func.index("\n}\n") + 3]
+
+    def bash() -> int:
+        out = subprocess.run(["bash", "-c", f"{func}\ncheckpoint_reached"], capture_output=True, text=True,
+                             check=True, env={"RUN_DIR": str(rd.path), "PATH": os.environ["PATH"]})
+        return int(out.stdout)
+
+    assert bash() == checkpoint_reached(rd) == 0  # none yet
+    for name, want in (("iter_0000000", 0), ("iter_0000040", 40), ("iter_0012345", 12345)):
+        (rd.checkpoints_dir / "latest").write_text(json.dumps({"name": name, "iteration": want}))
+        assert bash() == checkpoint_reached(rd) == want, name
 
 
 def test_the_job_numbers_its_attempts_from_the_rendered_base() -> None:
