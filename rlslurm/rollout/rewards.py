@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import inspect
 import logging
 import math
 import numbers
 import random
-import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -31,126 +28,17 @@ import httpx
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
 from rlslurm.rm_types import RM_REGISTRY, RM_TYPES, rm_type_error
+# the sample, the answer checks and the rules built on them; re-exported: the reward API's names
+from rlslurm.rollout.answers import Reward, RewardInput, exact_reward, last_boxed, math_reward  # noqa: F401
+from rlslurm.rollout.rule_rewards import RULES
 
 log = logging.getLogger(__name__)
 
-Reward = float | dict[str, float]
 BUILTIN_REWARDS = RM_TYPES  # the names --rm-type accepts (rlslurm/rm_types.py)
 
 
 class RewardError(UserError):
     """A reward function failed or returned something that is not a reward; names it."""
-
-
-@dataclass
-class RewardInput:
-    """What a reward function sees of one sample."""
-
-    prompt: str | list[dict[str, Any]]
-    response: str
-    label: Any
-    metadata: dict[str, Any] = field(default_factory=dict)
-    response_ids: list[int] | None = None
-    status: str = "completed"
-    where: str = ""  # 'path:line' of the prompt, for messages
-
-
-# --------------------------------------------------------------------------- rule rewards
-
-
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` (or `\\fbox{...}`, `\\boxed 5`), braces matched."""
-    matches = list(_BOXED.finditer(text))
-    for m in reversed(matches):
-        i = m.end()
-        if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
-            continue  # unbalanced: try an earlier one
-        if m.group(0)[-1:].isspace():  # `\\boxed 5`
-            token = re.match(r"[^\s$.,;]+", text[i:])
-            if token:
-                return token.group(0)
-    return None
-
-
-def _normalize_exact(value: Any) -> str:
-    return " ".join(str(value).split())
-
-
-def exact_reward(response: str, label: Any) -> float:
-    """1.0 when the answer equals the label after whitespace normalisation.
-
-    The answer is the last `\\boxed{}` if the response has one, else the whole response.
-    """
-    if not isinstance(response, str) or label is None:
-        return 0.0
-    boxed = last_boxed(response)
-    answer = boxed if boxed is not None else response
-    return 1.0 if _normalize_exact(answer) == _normalize_exact(label) else 0.0
-
-
-# Long chains of thought without a box: only the tail can hold the final answer, and
-# sympy time grows with the text math-verify has to scan.
-_MATH_TAIL_CHARS = 2000
-
-
-def _mv_timeout() -> int | None:
-    # math-verify times out with signal.alarm, which only works on the main thread.
-    return 5 if threading.current_thread() is threading.main_thread() else None
-
-
-@functools.lru_cache(maxsize=8192)
-def _parse(text: str, timeout: int | None) -> tuple[Any, ...]:
-    # LaTeX parsing costs milliseconds and dominates; the n samples of a group share a
-    # label and often an answer, so most parses repeat. Parsed sympy objects are immutable.
-    from math_verify import parse
-
-    return tuple(parse(text, parsing_timeout=timeout))
-
-
-def math_reward(response: str, label: Any) -> float:
-    """1.0 when the response's final answer is mathematically equal to the label.
-
-    The final answer is the last `\\boxed{}`; without one, math-verify looks for an
-    answer in the tail of the response. Equality is math-verify's: fractions, decimals,
-    LaTeX forms, units and percent signs, sets and intervals compare by value.
-    """
-    try:
-        from math_verify import verify
-
-        if not isinstance(response, str) or label is None or not response.strip():
-            return 0.0
-        timeout = _mv_timeout()
-        gold_text = str(label).strip()
-        if not gold_text:
-            return 0.0
-        boxed = last_boxed(response)
-        if boxed is not None and _normalize_exact(boxed) == _normalize_exact(gold_text):
-            return 1.0  # the same text is the same value: skip parsing
-        # A bare label ("1/2", "\\frac{1}{2}") parses most reliably as LaTeX in a box.
-        if "\\boxed" not in gold_text and "$" not in gold_text:
-            gold_text = f"\\boxed{{{gold_text}}}"
-        gold = _parse(gold_text, timeout) or _parse(str(label), timeout)
-        if not gold:
-            return 0.0
-        pred_text = f"\\boxed{{{boxed}}}" if boxed is not None else response[-_MATH_TAIL_CHARS:]
-        pred = _parse(pred_text, timeout)
-        if not pred:
-            return 0.0
-        return 1.0 if verify(list(gold), list(pred), timeout_seconds=timeout) else 0.0
-    except Exception as e:  # model garbage must never stop a rollout
-        log.debug("math_reward: %s: %s", type(e).__name__, e)
-        return 0.0
 
 
 # --------------------------------------------------------------------------- remote RM
@@ -251,13 +139,6 @@ class RewardFn:
     name: str = ""
 
 
-def _rules() -> dict[str, Callable[[RewardInput], Reward]]:
-    # rule_rewards builds on this module's exact/math rules, so it is imported when first needed
-    from rlslurm.rollout.rule_rewards import RULES
-
-    return RULES
-
-
 @dataclass(frozen=True)
 class RuleReward:
     """A built-in rule as a per-sample function. A module-level class (not a closure) so
@@ -271,7 +152,7 @@ class RuleReward:
 
     def __call__(self, item: RewardInput) -> Reward:
         rm_type = item.metadata.get("rm_type", self.name) if isinstance(item.metadata, dict) else self.name
-        rules = _rules()
+        rules = RULES
         rule = rules.get(rm_type)
         if rule is None:
             raise RewardError(f"{item.where or 'prompt'}: metadata rm_type {rm_type!r} is not one of {sorted(rules)}")
@@ -309,7 +190,7 @@ def build_reward_fn(rm_type: str | None = None, *, custom_rm_path: str | None = 
     """The reward function the flags ask for (a custom path wins over --rm-type)."""
     if custom_rm_path:
         return load_reward_fn(custom_rm_path, group=group_rm)
-    if rm_type in _rules():
+    if rm_type in RULES:
         return _builtin(rm_type)
     if rm_type in RM_REGISTRY and RM_REGISTRY[rm_type].needs_url:  # remote, or slime's remote_rm
         if not rm_url:

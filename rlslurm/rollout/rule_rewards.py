@@ -1,6 +1,6 @@
 """The built-in rule rewards by --rm-type name (the names: rlslurm/rm_types.py).
 
-Besides rlslurm's `exact` and `math` (rollout/rewards.py), the rules slime's recipes name
+Besides rlslurm's `exact` and `math` (rollout/answers.py), the rules slime's recipes name
 (`slime/rollout/rm_hub/`): `deepscaler`, `dapo`, `f1`, `gpqa`, `random` and the `boxed_<rule>`
 variants that score only the last `\\boxed{}`. The rules mean what slime's do; the code is ours,
 and where slime's has a quirk that scores right answers wrong it says so below. Like every
@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from rlslurm.rollout.rewards import Reward, RewardInput, exact_reward, last_boxed, math_reward
+from rlslurm.rollout.answers import Reward, RewardInput, exact_reward, last_boxed, math_reward
 
 Rule = Callable[[RewardInput], Reward]
 

@@ -8,6 +8,10 @@ from enum import Enum
 
 from rlslurm.trainer.delivery import Publish
 
+# How often the ranks agree on "rollout ready / keep waiting / preempt / stop": the trainer loop's
+# poll (trainer/main.py) and --debug-rollout-only's watch (trainer/rollout_only.py) alike.
+POLL_S = 1.0
+
 
 class Next(Enum):
     READY = "ready"      # the next rollout is committed: train it

@@ -43,15 +43,15 @@ from rlslurm.job.report import write_env_report
 from rlslurm.runfile import load_run_config
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone
-from rlslurm.trainer.commands import Command, Failed, Next
+from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
 from rlslurm.trainer.delivery import Publish, WeightDelivery
 from rlslurm.trainer.weight_sync import SyncInterrupted
 from rlslurm.trainer.replay_subsample import subsample
+from rlslurm.trainer.rollout_only import watch
 from rlslurm.trainer.setup import init_distributed
 
 log = logging.getLogger("rlslurm.trainer")
 
-POLL_S = 1.0  # how often the ranks agree on "rollout ready / keep waiting / preempt / stop"
 # While the trainer waits, rank 0 looks for a later attempt of the run (a listing of logs/ and a read
 # of the ledger) this often, not at every poll (docs/shared-fs-load.md): a trainer that outlived its
 # attempt writes nothing meanwhile, every trained rollout is checked before its publish and checkpoint.
@@ -114,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             rd.mark_finished({"trained_rollouts": 0, "at": time.time()})
         status = 0
     elif cfg.train.debug_rollout_only:
-        from rlslurm.trainer.rollout_only import watch
-
         status = watch(cfg, rd, rank, term_received)
     else:
         status = Trainer(cfg, rd, rank, world).run()

@@ -31,7 +31,7 @@ from rlslurm.buffer.store import BufferStore
 from rlslurm.config import RunConfig
 from rlslurm.job.env import job_env
 from rlslurm.heartbeat import Beat, keeps_heartbeat
-from rlslurm.trainer.main import POLL_S  # the trainer loop's cadence
+from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")
 
