@@ -8,7 +8,7 @@ colocation adds
     engines release -> trainer onload -> [train] -> offload -> engines resume -> publish -> resume
 
 The publish goes by --transport: `ipc` (the default with --colocate: each bucket read in place by the
-engine on the same GPU, trainer/ipc_sync.py) or `broadcast` (gloo through host memory).
+engine on the same GPU, trainer/weights/ipc.py) or `broadcast` (gloo through host memory).
 
 Figures are medians over rollouts 1.. (rollout 0 is warm-up) from the run's metrics.jsonl: the
 overhead (release + onload + offload + resume, and the publish apart), each as a share of the

@@ -1,6 +1,6 @@
 """Weight sync into a real SGLang engine: the trainer's publisher vs a raw broadcast of the same bytes.
 
-Figure: `rlslurm.trainer.weight_sync.DistributedPublisher.publish` — the trainer's own sender, with
+Figure: `rlslurm.trainer.weights.broadcast.broadcast_publisher(...).publish` — the trainer's own sender, with
 the Megatron export replaced by HF-named bf16 tensors of a Qwen3-shaped model already on GPU 0 — into
 one real SGLang engine on GPU 1 started by rlslurm's `EngineSupervisor` behind the real router
 (`--load-format dummy`, so no checkpoint is read; the engine's receiver is SGLang's stock
@@ -199,8 +199,10 @@ def main() -> None:
     from rlslurm.engines.sglang_versions import installed_sglang_version
     from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
     from rlslurm.net import engine_port_block, free_port
-    from rlslurm.trainer import sync_group
-    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, _Roles
+    from rlslurm.trainer.weights import group as sync_group
+    from rlslurm.trainer.weights.base import Roles
+    from rlslurm.trainer.weights.base import SyncOptions
+    from rlslurm.trainer.weights.broadcast import broadcast_publisher
 
     cuda = a.device == "cuda"
     default_poll = sync_group.POLL_MAX_S  # the product's (a 1 ms cap measured the same: engine-sync-h100x2.md)
@@ -244,7 +246,7 @@ def main() -> None:
                 for mode in a.modes:
                     lines.append(one_setting(a, size, bucket_mib, default_poll, named, total, control, key, host,
                                              backend, send_dev, recv_gpu, mpctx, sup, startup_s,
-                                             installed_sglang_version(), DistributedPublisher, SyncOptions, _Roles,
+                                             installed_sglang_version(), broadcast_publisher, SyncOptions, Roles,
                                              mode, spec.log_path))
                     print(json.dumps(lines[-1]), flush=True)
                     if a.out:  # line by line: a run cut short keeps what it measured
@@ -271,19 +273,19 @@ def receiver_lines(log_path: Path) -> dict:
 
 
 def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host, backend, send_dev, recv_gpu,
-                mpctx, sup, startup_s, sglang_version, DistributedPublisher, SyncOptions, _Roles,
+                mpctx, sup, startup_s, sglang_version, broadcast_publisher, SyncOptions, Roles,
                 mode: str, engine_log: Path) -> dict:
     from rlslurm.net import free_port
-    from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
+    from rlslurm.trainer.weights.group import GroupSpec, SyncGroup
 
     cuda = send_dev.type == "cuda"
     flattened = mode != "per_tensor"
     opts = SyncOptions(bucket_bytes=bucket_mib * 1024**2, backend=backend, timeout_s=300.0,
                        group_prefix=f"bench-{size}-{bucket_mib}-{mode}", flattened=flattened,
                        receiver="rlslurm" if mode == "rlslurm" else "sglang")
-    roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=send_dev)
+    roles = Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=send_dev)
     # one attempt number per setting: a publisher records its group's rendezvous once per attempt
-    pub = DistributedPublisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles,
+    pub = broadcast_publisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles,
                                attempt=len(list(control.dir.glob("rendezvous-*.json"))),
                                export=lambda mc, model, dt: iter(named))
     # the reference's pair: a plain receiver on the engine's GPU, its own group
@@ -355,7 +357,7 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
     gpu = torch.cuda.get_device_name(0) if cuda else "cpu"
     return {
         "bench": "engine_sync", "figure": round(total / ts / 1e9, 2),
-        "figure_unit": f"GB/s, DistributedPublisher send into a real SGLang engine ({MODES[mode]})",
+        "figure_unit": f"GB/s, the broadcast publisher's send into a real SGLang engine ({MODES[mode]})",
         "reference": round(total / tr / 1e9, 2), "reference_unit": "GB/s, raw flat broadcast of the same bytes",
         "ratio": round(tr / ts, 3), "target_ratio": 0.9, "publish_ratio": round(tr / tp, 3),
         "send_s": round(ts, 4), "publish_s": round(tp, 4), "raw_s": round(tr, 4),

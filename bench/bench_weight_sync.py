@@ -1,7 +1,7 @@
 """Weight-sync bandwidth on GPUs: our sender vs a raw broadcast of the same bytes, same run.
 
 Sender (GPU 0, this process): HF-named bf16 tensors of a Qwen3-shaped model, packed by
-`rlslurm.trainer.weight_sync.iter_buckets` and broadcast with `rlslurm.trainer.sync_group.SyncGroup`
+`rlslurm.trainer.weights.group.iter_buckets` and broadcast with `rlslurm.trainer.weights.group.SyncGroup`
 (the trainer's code, NCCL). Receiver (GPU 1, or GPU 0 with one GPU; a second process): joins the
 group the way SGLang's `init_custom_process_group` does (tcp rendezvous, PrefixStore(group_name),
 torch's process-group helper) and does what SGLang's `/update_weights_from_distributed` does per
@@ -172,8 +172,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from rlslurm.net import free_port
-    from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
-    from rlslurm.trainer.sync_group import iter_buckets
+    from rlslurm.trainer.weights.group import GroupSpec, SyncGroup
+    from rlslurm.trainer.weights.group import iter_buckets
 
     ngpu = torch.cuda.device_count()
     recv_dev = 1 if ngpu > 1 else 0

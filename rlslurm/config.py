@@ -511,7 +511,8 @@ class TrainSection(Section):
                                                                    "(trainer/losses.py)")
     use_rollout_logprobs: bool = Field(False, description="use the engines' log-probs as the old policy's instead "
                                                           "of recomputing them")
-    # weight sync
+    # weight sync: the roles read these only through rlslurm/weight_plan.py, which resolves them once into
+    # the plan both use (each field there names its consumers); layout.py and resolve.py check them
     weight_sync: Literal["distributed", "disk"] = Field("distributed", description="how new weights reach the "
                                                                                   "engines: a broadcast group, or a "
                                                                                   "checkpoint on disk")
@@ -519,7 +520,6 @@ class TrainSection(Section):
                                                                                      "group (auto: nccl on CUDA, "
                                                                                      "gloo on CPU and with "
                                                                                      "--shared-gpu)")
-    # trainer/ipc_sync.py
     weight_sync_transport: Literal["auto", "broadcast", "ipc"] = Field(
         "auto", description="broadcast group, or in place on the same GPU (CUDA IPC, --colocate only); auto: "
                             "ipc with --colocate and PP 1")
@@ -589,14 +589,6 @@ class RunConfig(Section):
     def shares_gpus(self) -> bool:
         """The trainer and the engines on the same GPUs: --colocate, or `rlslurm run --shared-gpu`."""
         return self.run.colocate or self.run.shared_gpu
-
-    @property
-    def weight_transport(self) -> Literal["broadcast", "ipc"]:
-        """--weight-sync-transport resolved (layout.check refuses ipc where it cannot work)."""
-        t = self.train.weight_sync_transport
-        if t == "auto":
-            return "ipc" if self.run.colocate and self.train.pipeline_model_parallel_size == 1 else "broadcast"
-        return t
 
     @property
     def single_node(self) -> bool:

@@ -11,7 +11,7 @@ later (deciding by the missing --hf-checkpoint put the engines on the trainer's 
 
 A process's physical GPU is its UUID (docs/gpu.md, "Which GPU"): the trainer reads it from torch, the
 rollout node maps its engines' device numbers through nvidia-smi. The weight-sync group checks them
-before NCCL would refuse two ranks on one GPU (trainer/weight_sync.py).
+before NCCL would refuse two ranks on one GPU (trainer/weights/broadcast.py).
 """
 
 from __future__ import annotations

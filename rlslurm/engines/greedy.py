@@ -1,4 +1,4 @@
-"""Greedy continuations from each engine (`--verify-weight-sync`, trainer/probe.py): temperature 0,
+"""Greedy continuations from each engine (`--verify-weight-sync`, trainer/weights/probe.py): temperature 0,
 the same token ids in, the served weight version out, so the trainer can compare them with its own.
 
 The probe shares the engines with the rollout driver, which aborts *every* in-flight request of an
@@ -21,7 +21,7 @@ def engine_greedy(urls: list[str], api_key: str | None, prompt: list[int], n_new
                   timeout: float = 60.0) -> dict[str, dict]:
     """{url: {tokens, top2, weight_version}}, or {url: {error}} for an engine that did not answer or
     whose answer was cut short every time (see the module docstring).
-    `top2`: per generated token, the engine's two most likely [logprob, token id] (trainer/probe.py
+    `top2`: per generated token, the engine's two most likely [logprob, token id] (trainer/weights/probe.py
     uses them to tell a near-tie flip from different weights)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": n_new, "ignore_eos": True},

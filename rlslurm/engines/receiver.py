@@ -6,7 +6,7 @@ Loaded by the engine itself: the rollout node starts SGLang with `--custom-weigh
 rlslurm.engines.receiver.receive` (a documented SGLang extension point, present in 0.5.14 and
 0.5.23: `/update_weights_from_tensor` with `load_format` naming the loader calls
 `loader(model, named_tensors)` in every TP worker; docs/sglang-behaviour.md). The trainer
-(trainer/weight_sync.py, `--update-weight-receiver rlslurm`) sends one such request whose only
+(trainer/weights/broadcast.py, `--update-weight-receiver rlslurm`) sends one such request whose only
 entry is named `PLAN_PREFIX + <json plan>`, then broadcasts each bucket's bytes (flattened, one
 dtype per bucket) on the weight-update group the engine joined with /init_weights_update_group.
 
@@ -23,7 +23,7 @@ if the recording is complete: every received byte was a copy source, every desti
 of a model parameter or buffer, and no parameter was re-assigned. Otherwise that layout keeps
 using `load_weights` on the views (still one request, still overlapped with the receive).
 
-A plan with `sources` instead of `group` (trainer/ipc_sync.py) names, for each bucket, the buffer the
+A plan with `sources` instead of `group` (trainer/weights/ipc.py) names, for each bucket, the buffer the
 trainer wrote it into: the receiver opens it (a CUDA IPC handle, or a memfd on CPU) and copies from it
 with the same learnt map; it answers only once its copies are done, so the trainer may then reuse it.
 """

@@ -1,5 +1,5 @@
 """A byte buffer the trainer writes and an engine on the same node reads in place: how weights reach
-a colocated engine without a copy through host memory (trainer/ipc_sync.py writes, engines/receiver.py
+a colocated engine without a copy through host memory (trainer/weights/ipc.py writes, engines/receiver.py
 reads). A *source* is the JSON-able description that travels in the update request.
 
 - cuda: a CUDA IPC handle of the buffer's allocation (torch's own `reduce_tensor` /

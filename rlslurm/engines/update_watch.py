@@ -4,7 +4,7 @@ An SGLang server blocked in a weight-update broadcast answers neither /health no
 (docs/sglang-behaviour.md, "Health checks during weight updates"), so the supervisor must not
 restart it then. The trainer's stage-0 leader marks the bracket with
 `control/weight_update.json` (`WeightUpdateRecord` in buffer/control.py, written by
-trainer/weight_sync.py); `UpdateWatcher` holds
+trainer/weights/broadcast.py); `UpdateWatcher` holds
 `EngineSupervisor.pause_health_checks()` while that record is present and its `until` has not
 passed.
 

@@ -46,6 +46,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
+from rlslurm.weight_plan import WeightSyncPlan, weight_sync_plan
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,10 @@ _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 WEIGHT_VERSION_ARGS = ("--weight-version", "0")
 
 
-def receiver_args(cfg: RunConfig) -> tuple[str, ...]:
+def receiver_args(plan: WeightSyncPlan) -> tuple[str, ...]:
     """--update-weight-receiver rlslurm, or weights by IPC (--colocate): the engine loads rlslurm's
     receiver (engines/receiver.py)."""
-    if cfg.train.update_weight_receiver != "rlslurm" and cfg.weight_transport != "ipc":
+    if not plan.engine_loader:
         return ()
     from rlslurm.engines.receiver import LOADER
 
@@ -137,7 +138,8 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     common = dict(model_path=str(cfg.model.hf_checkpoint), host=host, api_key=api_key,
                   dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
                   allow_untested_sglang=cfg.rollout.allow_untested_sglang,
-                  extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(cfg), *colocate_args(cfg)))
+                  extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(weight_sync_plan(cfg)),
+                              *colocate_args(cfg)))
     span = nodes_per_engine(cfg)
     if span > 1:
         first, rank = node - node % span, node % span
@@ -198,6 +200,7 @@ class RolloutNode:
     def __init__(self, cfg: RunConfig, run: RunDir, *, node: int, node_name: str, host: str, attempt: int):
         self.cfg, self.run, self.node, self.node_name, self.host = cfg, run, node, node_name, host
         self.attempt = attempt
+        self.plan = weight_sync_plan(cfg)  # the weight-sync settings, as the trainer reads them (rlslurm/weight_plan.py)
         self.control = Control(run)
         self.api_key = run.ensure_api_key()
         self.log_dir = run.attempt_log_dir(attempt)
@@ -243,10 +246,10 @@ class RolloutNode:
                                                            bind_host=span_bind_host(self.cfg)),
                                            hold_restart=self._turn_hold())
         self.supervisor.start(router_ready=lambda: self._router_ready(cancel))
-        if self.cfg.train.weight_sync == "distributed":
+        if not self.plan.by_disk:
             # nodes > 0 read the bracket only when a check fails (covers): engines/update_watch.py
             self.watcher = UpdateWatcher(self.control, self.supervisor, look=self.node == 0,
-                                         cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S).start()
+                                         cap_s=self.plan.timeout_s + PAUSE_MARGIN_S).start()
             self.supervisor.in_update = self.watcher.covers
 
     def _turn_hold(self) -> TurnHold | None:
@@ -254,7 +257,7 @@ class RolloutNode:
         the turn's own bound (each engine call of the turn: --weight-sync-timeout-s) plus a margin."""
         if not self.cfg.run.colocate:
             return None
-        return TurnHold(self.control, cap_s=self.cfg.train.weight_sync_timeout_s + PAUSE_MARGIN_S)
+        return TurnHold(self.control, cap_s=self.plan.timeout_s + PAUSE_MARGIN_S)
 
     def _router_ready(self, cancel) -> RouterProcess:
         if self.node == 0:

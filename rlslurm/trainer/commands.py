@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from rlslurm.trainer.delivery import Publish
+from rlslurm.trainer.weights.delivery import Publish
 
 # How often the ranks agree on "rollout ready / keep waiting / preempt / stop": the trainer loop's
 # poll (trainer/main.py) and --debug-rollout-only's watch (trainer/rollout_only.py) alike.

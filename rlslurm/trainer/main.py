@@ -19,7 +19,6 @@ marked FINISHED.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
@@ -44,10 +43,12 @@ from rlslurm.runfile import load_run_config
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
-from rlslurm.trainer.delivery import Publish, WeightDelivery
-from rlslurm.trainer.weight_sync import SyncInterrupted
 from rlslurm.trainer.replay_subsample import subsample
 from rlslurm.trainer.rollout_only import watch
+from rlslurm.trainer.turns import ColocatedTurn, PlainTurn
+from rlslurm.trainer.weights.base import SyncInterrupted
+from rlslurm.trainer.weights.delivery import Publish, WeightDelivery
+from rlslurm.weight_plan import weight_sync_plan
 from rlslurm.trainer.setup import init_distributed
 
 log = logging.getLogger("rlslurm.trainer")
@@ -137,10 +138,10 @@ class Trainer:
             "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
-        # disk sync or no engines: no engine to wait for or to publish to again
-        needs_engines = cfg.train.weight_sync == "distributed" and not self.no_engines
-        self.delivery = WeightDelivery(self.control, needs_engines=needs_engines,
-                                       sync_timeout_s=cfg.train.weight_sync_timeout_s)
+        self.plan = weight_sync_plan(cfg)  # every weight-sync setting, resolved once (rlslurm/weight_plan.py)
+        self.delivery = WeightDelivery(self.control, self.plan, rank=rank, no_engines=self.no_engines,
+                                       note=self._phase, ending=self.attempt_ending)
+        self.turn: PlainTurn | ColocatedTurn = PlainTurn(self)  # --colocate's once the model is built
 
     # ------------------------------------------------------------------ the loop
 
@@ -148,6 +149,7 @@ class Trainer:
         from rlslurm.trainer import checkpoint
         from rlslurm.trainer.metrics import MetricsLogger
         from rlslurm.trainer.setup import build_trainer
+        from rlslurm.trainer.weights.factory import publisher_for
 
         cfg, rd = self.cfg, self.rd
         self._phase("building the model")
@@ -161,37 +163,39 @@ class Trainer:
                      progress.weight_version)
         self._checkpointer().prepare(st)  # while the engines come up and the first rollout is made
         self.reader = self._reader()
-        self.publisher = self._publisher()
+        self.delivery.start(publisher_for(self.plan, st, self.control, hf_dir=cfg.model.hf_checkpoint,
+                                          replay=self.replay, no_engines=self.no_engines,
+                                          ending=self.attempt_ending, note=self._phase), st)
         if ckpt is not None and progress.weight_version > 0:
             # Engines restarted with the job start from the HF weights and need the trained ones. Do
             # not wait for them here: after a hard requeue the next rollouts are often already in the
             # buffer, so train those while the engines start and publish once they are up.
-            self._defer(progress.weight_version)
+            self.delivery.defer(progress.weight_version)
         self.metrics = MetricsLogger(rd.metrics, rd.tb_dir, enabled=self.rank == 0, attempt=self.attempt,
                                      cfg=cfg)
-        self.colo = None
         try:
             try:
-                self.colo = self._colocation()
+                if cfg.run.colocate:  # the engines and the trainer take turns on the GPUs (trainer/turns.py)
+                    self.turn = ColocatedTurn.start(self)
                 ended = self._loop(progress)
             except SyncInterrupted as e:  # a sync in flight when the job began to end
                 ended = self._ending(progress, e)
             if ended is not None:
                 return ended
             if self.rank == 0:
-                ended_early = {} if self.ended_early is None else {"ended_early": self.ended_early}
-                rd.mark_finished({"trained_rollouts": progress.trained_rollouts,
-                                  "weight_version": progress.weight_version, "at": time.time(), **ended_early})
-                if self.ended_early is not None:
-                    log.warning("run FINISHED after %d rollouts: %s", progress.trained_rollouts, self.ended_early)
+                self._mark_finished(progress)
             return 0
         finally:
             self.metrics.close()
-            if self.colo is not None:
-                self.colo.close()
-            close = getattr(self.publisher, "close", None)
-            if close is not None:
-                close()
+            self.turn.close()
+            self.delivery.close()
+
+    def _mark_finished(self, progress: TrainerProgress) -> None:
+        ended_early = {} if self.ended_early is None else {"ended_early": self.ended_early}
+        self.rd.mark_finished({"trained_rollouts": progress.trained_rollouts,
+                               "weight_version": progress.weight_version, "at": time.time(), **ended_early})
+        if self.ended_early is not None:
+            log.warning("run FINISHED after %d rollouts: %s", progress.trained_rollouts, self.ended_early)
 
     def _loop(self, progress: TrainerProgress) -> int | None:
         """Train every rollout of the run; an exit status if the attempt ends before (preempt, stop,
@@ -213,99 +217,48 @@ class Trainer:
             rollout = self._read_rollout(progress.next_rollout_id)
             if self.replay and cfg.train.load_debug_rollout_data_subsample is not None:
                 rollout = subsample(rollout, cfg.train.load_debug_rollout_data_subsample)
-            if self.colo is not None:  # the engines give the GPUs to the trainer (trainer/colocate.py)
-                # every engine up first: one still starting (a requeue trains buffered rollouts
-                # meanwhile) would hold its memory through the turn and miss its release
-                self._wait_for_engines()
-                try:
-                    self.colo.to_trainer(rollout.rollout_id + 1)
-                except EnginesGone as e:
-                    return self._ending(progress, e)
+            try:
+                self.turn.begin(rollout.rollout_id)  # --colocate: the engines give the GPUs to the trainer
+            except EnginesGone as e:
+                return self._ending(progress, e)
             self._phase(f"training rollout {rollout.rollout_id}")
             lines = self._train_rollout(rollout, time.perf_counter() - t0)
             if self._superseded_collective():  # no publish or checkpoint from a lost attempt
                 return self._superseded_exit()
             progress.record_trained(rollout, weight_version=rollout.rollout_id + 1)
             try:
-                times = self._after_training(progress)
+                times = self.turn.after_training(progress)  # publish and checkpoint, if due
             except (EnginesGone, SyncInterrupted) as e:
-                for step, values in lines:  # trained: its metrics stay with it (found on an H200)
-                    self.metrics.log(step, values)
+                self._log_lines(lines)  # trained: its metrics stay with it (found on an H200)
                 return self._ending(progress, e)
+            self._log_lines(lines, times)
+        if self.delivery.pending is not None:  # the engines never came up while we trained
+            self.delivery.wait_for_engines()
+            self.delivery.publish(self.delivery.pending)
+        if self.last_saved != progress.trained_rollouts:
+            self.save(progress)
+            self._save_hf(progress)
+        return None
+
+    def _log_lines(self, lines: list[tuple[int, dict]], times: dict[str, float] | None = None) -> None:
+        """A trained rollout's metrics lines, with its phases' `times` and the publishes since the last
+        rollout (trainer/weights/delivery.py `metrics`), if it got that far."""
+        if times is not None:
             sync = self.delivery.metrics()
             for _, values in lines:  # rollout-level phases, repeated on each of its steps
                 values.update(times)
                 values.update({k: v for k, v in sync.items() if k != "weight_sync/deliveries"})
             if "weight_sync/deliveries" in sync and lines:  # each publish once, on the rollout's first step
                 lines[0][1]["weight_sync/deliveries"] = sync["weight_sync/deliveries"]
-            for step, values in lines:
-                self.metrics.log(step, values)
-        if self.delivery.pending is not None:  # the engines never came up while we trained
-            self._wait_for_engines()
-            self._publish(self.delivery.pending)
-        if self.last_saved != progress.trained_rollouts:
-            self._save(progress)
-            self._save_hf(progress)
-        return None
+        for step, values in lines:
+            self.metrics.log(step, values)
 
-    def _after_training(self, progress: TrainerProgress) -> dict[str, float]:
-        """Publish (if due) and checkpoint (if due) a trained rollout; its phases' times."""
-        cfg = self.cfg
-        if self.colo is None:
-            t1 = time.perf_counter()
-            if self._publish_due(progress):
-                self._publish_or_defer(progress.weight_version)
-            t2 = time.perf_counter()
-            self._save_if_due(progress)
-            return {"time/publish": t2 - t1, "time/save": time.perf_counter() - t2}
-        # --colocate: save while everything is on the GPU; the engines then take it back
-        t1 = time.perf_counter()
-        if self._ending_collective():
-            # the job ends inside the turn: its checkpoint is written now, while the trainer holds the
-            # GPU and the engines are released; later (the engines resumed) it would onload the trainer
-            # beside the engines' memory (docs/colocate.md, "When the job ends inside a turn")
-            self._save(progress)
-            raise EnginesGone("the job ends inside the turn: saved before the engines resume")
-        self._save_if_due(progress)
-        t2 = time.perf_counter()
-        self.colo.to_engines_for_weights()
-        t3 = time.perf_counter()
-        published = self._publish_due(progress)
-        if published:
-            # no wait for every engine here: one that died in this turn is restarted only after it
-            # (engines/turn_watch.py); it gets this version by the publish again once it is back
-            self._publish(progress.weight_version, in_turn=True)
-        t4 = time.perf_counter()
-        self.colo.to_engines()
-        if published and cfg.train.verify_weight_sync and self.delivery.published == progress.weight_version:
-            with self._on_gpu(params_only=True):  # the engines generate again only now
-                self._probe(progress.weight_version)
-        return {"time/save": t2 - t1, "time/publish": t4 - t3, **self.colo.times}
-
-    def _save_if_due(self, progress: TrainerProgress) -> None:
+    def save_if_due(self, progress: TrainerProgress) -> None:
         self._saved(self._checkpointer().poll())  # the save in flight, if it has become `latest` meanwhile
         si = self.cfg.train.save_interval
         if si is not None and progress.trained_rollouts % si == 0:
-            self._save(progress, wait=False)  # trains on while it is written (trainer/ckpt_writer.py)
+            self.save(progress, wait=False)  # trains on while it is written (trainer/ckpt_writer.py)
             self._save_hf(progress)
-
-    def _colocation(self):
-        """--colocate: the phases between the trainer and the engines on the same GPUs. The engines
-        start from the HF weights (or are given the resumed version first); then the trainer's
-        tensors leave the GPU until the first rollout is committed."""
-        if not self.cfg.run.colocate:
-            return None
-        from rlslurm.trainer.colocate import Colocation
-
-        key = self.rd.api_key() if self.rd.api_key_file.exists() else None
-        colo = Colocation(self.st, self.control, key, rank=self.rank, timeout_s=self.cfg.train.weight_sync_timeout_s,
-                          ending=lambda: (term_received() or self.control.preempt_requested() is not None
-                                          or self.control.stop_requested() is not None))
-        if self.delivery.pending is not None:  # resumed: the engines need the trained weights first
-            self._wait_for_engines()
-            self._publish(self.delivery.pending)
-        colo.offload_all()
-        return colo
 
     def _train_rollout(self, rollout, wait_s: float) -> list[tuple[int, dict]]:
         from rlslurm.trainer import step as steps
@@ -364,127 +317,23 @@ class Trainer:
             dist.broadcast_object_list(msg, src=0)
         return msg[0]
 
-    def _wait_for_engines(self) -> None:
-        """Collective. Rank 0 waits (bounded by --weight-sync-timeout-s) until this attempt's engines
-        are registered and healthy; the batch script removed the previous attempt's records. On
-        timeout the publish goes ahead and its own failure handling (disk fallback) applies."""
-        if not self.delivery.needs_engines:
-            return
-        self._phase("waiting for the engines")
-        if self.rank == 0:
-            deadline = time.monotonic() + self.cfg.train.weight_sync_timeout_s
-            while time.monotonic() < deadline:
-                if self.delivery.all_engines_healthy():
-                    break
-                time.sleep(1.0)
-            else:
-                log.warning("no healthy engines after %.0fs; publishing anyway", self.cfg.train.weight_sync_timeout_s)
-        dist.barrier()
-
-    def _publish(self, version: int, *, in_turn: bool = False) -> None:
-        """`in_turn`: inside --colocate's phases, where the engines' KV cache is released: they stay
-        paused after the update and the probe waits until the colocation has resumed them."""
-        if hasattr(self.publisher, "leave_paused"):  # DistributedPublisher; every publish comes through here
-            self.publisher.leave_paused = in_turn
-        self._phase(f"publishing weights v{version}")
-        d = self.publisher.publish(self.st.actor.model, version)
-        self.delivery.record(d)
-        if d.reached_none:  # the fallback found no engine answering: not delivered, pending again
-            self.delivery.undelivered(version)
-            return
-        self.delivery.delivered(version)
-        if self.cfg.train.verify_weight_sync and not in_turn:
-            self._probe(version)
-
-    def _defer(self, version: int) -> None:
-        if not self.delivery.needs_engines:
-            self._publish(version)
-            return
-        self.delivery.defer(version)
-
-    def _publish_or_defer(self, version: int) -> None:
-        """Collective: publish now if the engines are up, else keep the version for `_poll`."""
-        if not self.delivery.needs_engines:
-            self._publish(version)
-            return
-        # once the job ends (a TERM, a stop or preempt request) no publish begins: the engines are going,
-        # and the checkpoint carries this version to the next attempt
-        ready = [self.delivery.engines_ready() and not self._attempt_ending() if self.rank == 0 else None]
-        dist.broadcast_object_list(ready, src=0)
-        if ready[0]:
-            self._publish(version)
-        else:
-            self._defer(version)
-
-    def _probe(self, version: int) -> None:
-        """Collective over the trainer: every rank runs the greedy forward, rank 0 asks the engines."""
-        from rlslurm.engines.greedy import engine_greedy
-        from rlslurm.trainer.probe import PROBE_NEW_TOKENS, probe_prompt, record_probe, trainer_greedy
-
-        st = self.st
-        prompt = probe_prompt(st.mc.arch.vocab_size)
-        mine = trainer_greedy(st.actor.model, prompt, st.mc.arch.vocab_size)
-        if self.rank == 0:
-            # an engine awaiting weights was restarted after this sync began: it is not serving
-            urls = [e.url for e in self.control.engines() if e.healthy and not e.awaiting_weights]
-            if not urls:  # e.g. the only engine, restarted, not yet listed as serving: nothing to compare
-                log.info("weight probe v%d not recorded: no engine serves yet (a restarted one still awaits "
-                         "its weights); the next sync's probe reads it", version)
-                return
-            key = self.rd.api_key() if self.rd.api_key_file.exists() else None
-            answers = engine_greedy(urls, key, prompt, PROBE_NEW_TOKENS)
-            if any("error" in a for a in answers.values()) and self._attempt_ending():
-                # SLURM TERMs every process of the job at once: engines that stopped answering while
-                # this attempt ends say nothing about the weights they held (a flaky "mismatch" before)
-                log.info("weight probe v%d not recorded: the attempt is ending and engines are going (%s)",
-                         version, answers)
-                return
-            rec = record_probe(self.rd.control_dir / "weight_probe.jsonl", version, mine, answers)
-            (log.info if rec["match"] else log.warning)("weight probe v%d: %s", version,
-                                                       "engines match" if rec["match"] else rec)
-
-    def _ending_collective(self) -> bool:
-        """Rank 0's `_attempt_ending`, learnt by every rank at the same call."""
-        flag = [self._attempt_ending() if self.rank == 0 else None]
+    def ending_collective(self) -> bool:
+        """Rank 0's `attempt_ending`, learnt by every rank at the same call."""
+        flag = [self.attempt_ending() if self.rank == 0 else None]
         dist.broadcast_object_list(flag, src=0)
         return bool(flag[0])
 
-    def _attempt_ending(self) -> bool:
+    def attempt_ending(self) -> bool:
         return term_received() or self.control.preempt_requested() is not None or \
             self.control.stop_requested() is not None
 
-    def _publisher(self):
-        from rlslurm.trainer.publish import DiskPublisher, NullPublisher, VersionRecorder
-
-        st = self.st
-        disk = DiskPublisher(st.mc, self.rd.weights_dir, self.control, hf_dir=self.cfg.model.hf_checkpoint,
-                             dtype=st.tcfg.params_dtype)
-        if self.cfg.train.weight_sync == "disk":
-            return disk  # also in replay: the trained weights are then on disk to evaluate
-        if self.replay:
-            return NullPublisher()  # no engine listens
-        if self.no_engines:
-            # --debug-train-only: nothing to publish, but the driver paces its rollouts by the version
-            return VersionRecorder(self.control)
-        from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
-
-        key = self.rd.api_key() if self.rd.api_key_file.exists() else None
-        common = dict(api_key=key, opts=SyncOptions.from_config(self.cfg, dtype=st.tcfg.params_dtype),
-                      fallback=disk if self.cfg.train.weight_sync_fallback == "disk" else None,
-                      attempt=job_env().attempt, ending=self._attempt_ending, note=self._phase)
-        if self.cfg.weight_transport == "ipc":  # --colocate: in place on each GPU (trainer/ipc_sync.py)
-            from rlslurm.trainer.ipc_sync import IpcPublisher
-
-            return IpcPublisher(st.mc, self.control, node=job_env().node, **common)
-        return DistributedPublisher(st.mc, self.control, **common)
-
-    def _publish_due(self, progress: TrainerProgress) -> bool:
+    def publish_due(self, progress: TrainerProgress) -> bool:
         last = progress.trained_rollouts == self.cfg.rollout.num_rollout
         return last or progress.trained_rollouts % self.cfg.rollout.update_weights_interval == 0
 
     def _next_command(self, rollout_id: int) -> Next:
         """Collective: rank 0 polls the control files and the buffer, every rank gets its verdict
-        (trainer/commands.py); publishes due meanwhile (trainer/delivery.py) are made here."""
+        (trainer/commands.py); publishes due meanwhile (trainer/weights/delivery.py) are made here."""
         while True:
             msg: list = [None]
             if self.rank == 0:
@@ -494,8 +343,8 @@ class Trainer:
             if isinstance(cmd, Failed):
                 raise DataError(str(self.reader.dir), cmd.message)
             if isinstance(cmd, Publish):
-                with self._on_gpu(params_only=True):
-                    self._publish(cmd.version)
+                with self.turn.holding(params_only=True):
+                    self.delivery.publish(cmd.version)
                 continue
             if cmd is not Next.WAIT:
                 return cmd
@@ -568,14 +417,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _save(self, progress: TrainerProgress, *, wait: bool = True) -> None:
+    def save(self, progress: TrainerProgress, *, wait: bool = True) -> None:
         """Checkpoint `progress` (collective). The state is staged at once; `wait`: return only once the
         checkpoint is complete and `latest` (a save of the same progress already in flight is waited
-        for, not repeated); else it completes in the background (`_save_if_due` reports it)."""
+        for, not repeated); else it completes in the background (`save_if_due` reports it)."""
         ckpt = self._checkpointer()
         if ckpt.pending_iteration != progress.trained_rollouts:
             self._phase(f"saving the checkpoint of {progress.trained_rollouts} rollouts")
-            with self._on_gpu():
+            with self.turn.holding():
                 self._saved(ckpt.start(self.st, progress))
         if wait:
             self._phase(f"waiting for the checkpoint of {progress.trained_rollouts} rollouts to be written")
@@ -604,22 +453,17 @@ class Trainer:
                              checkpoint.retention(self.rd.checkpoints_dir, self.cfg.rollout.keep_trained_rollouts,
                                                   self.cfg.rollout.export_retired_rollouts))
 
-    def _on_gpu(self, *, params_only: bool = False):
-        """--colocate between phases: the trainer's tensors back on the GPU for a while."""
-        colo = getattr(self, "colo", None)
-        return contextlib.nullcontext() if colo is None else colo.holding(params_only=params_only)
-
     def _save_hf(self, progress: TrainerProgress) -> None:
         """--save-hf: the weights in HF format, as slime writes them with each save (not on a preempt or
         stop, whose checkpoint races SLURM's KILL)."""
         pattern = self.cfg.train.save_hf
         if not pattern or progress.trained_rollouts == 0:
             return
-        from rlslurm.trainer.publish import export_hf
+        from rlslurm.trainer.weights.disk import export_hf
 
         target = Path(pattern.format(rollout_id=progress.next_rollout_id - 1))
         st = self.st
-        with self._on_gpu(params_only=True):
+        with self.turn.holding(params_only=True):
             export_hf(st.mc, st.actor.model, target, hf_dir=self.cfg.model.hf_checkpoint, dtype=st.tcfg.params_dtype)
         log.info("--save-hf: wrote %s", target)
 
@@ -628,9 +472,8 @@ class Trainer:
         saved too if it is newer, so that the ack means "the newest state is `latest`"."""
         self._saved(self._checkpointer().wait())
         if progress.trained_rollouts > 0 and self.last_saved != progress.trained_rollouts:
-            if self.colo is not None:  # the save onloads the whole trainer: the engines give their memory up first
-                self.colo.release_for_save()
-            self._save(progress)
+            self.turn.release_for_save()  # --colocate: the engines give their memory up first
+            self.save(progress)
 
     def _stop(self, progress: TrainerProgress) -> int:
         """A user stop: keep what was trained (a later `rlslurm resubmit` resumes from it), then let the

@@ -1,7 +1,7 @@
 """An SGLang engine spanning two "nodes" on GPUs (engines/span.py; issue 17 item 1): node rank 0 under
 rlslurm's EngineSupervisor behind the real router, node rank 1 on the next GPU under a SpanFollower, two
 processes meeting at the dist-init address rank 0's SpanLeader picked, NCCL between them, as on two
-nodes of a cluster (one host here). The trainer's own publisher (DistributedPublisher) sends
+nodes of a cluster (one host here). The trainer's own publisher (broadcast_publisher) sends
 qwen3-1.7B-shaped weights from GPU 0 into the engine over a group of world 1 + TP: with a GPU more than
 the engine has, over NCCL (the engine on GPUs 1..TP), else over gloo (the engine from GPU 0; NCCL
 refuses two ranks of a group on one GPU).
@@ -48,7 +48,8 @@ def test_engine_over_two_nodes_follows_every_sync_and_restarts_as_one() -> None:
     from rlslurm.engines.span import SpanFollower, SpanLeader
     from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
     from rlslurm.net import engine_port_block, free_port
-    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, _Roles
+    from rlslurm.trainer.weights.base import Roles, SyncOptions
+    from rlslurm.trainer.weights.broadcast import broadcast_publisher
 
     os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")  # as the trainer sets it (docs/gpu.md)
     torch.cuda.set_device(0)
@@ -81,8 +82,8 @@ def test_engine_over_two_nodes_follows_every_sync_and_restarts_as_one() -> None:
         assert [e.ranks for e in control.engines()] == [tp]
         opts = SyncOptions(bucket_bytes=512 * 1024**2, backend=backend, timeout_s=300.0, group_prefix="span",
                            receiver=receiver)
-        roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=torch.device("cuda:0"))
-        pub = DistributedPublisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles, attempt=0,
+        roles = Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=torch.device("cuda:0"))
+        pub = broadcast_publisher(None, control, api_key=key, opts=opts, host=host, roles=lambda: roles, attempt=0,
                                    export=lambda mc, model_, dt: iter(named))
         version = 0
 

@@ -206,7 +206,7 @@ def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_pat
     first, last = reward_rose(run_dir)
     assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
     assert_delivered_by(run_dir, "cuda-ipc")  # every version of both attempts in place, none by the fallback
-    # every publish went in place (trainer/ipc_sync.py), each engine rank reading its own GPU's buffer
+    # every publish went in place (trainer/weights/ipc.py), each engine rank reading its own GPU's buffer
     final = max(run_dir.glob("logs/attempt-*"), key=lambda p: int(p.name.split("-")[1]))
     engine_logs = [p.read_text(errors="replace") for p in sorted(final.glob("engine-*.log"))]
     assert len(engine_logs) == gpus // tp and all("read in place" in l for l in engine_logs), logs(run_dir, log)

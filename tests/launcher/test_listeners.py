@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from rlslurm.net import free_port
-from rlslurm.trainer.sync_group import GroupSpec, SyncGroup
+from rlslurm.trainer.weights.group import GroupSpec, SyncGroup
 from tests.listening import listening_addresses
 
 ROOT = Path(__file__).resolve().parents[2]

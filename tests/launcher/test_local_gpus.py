@@ -162,7 +162,7 @@ def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypat
     refuses two ranks on one GPU, so the weight-sync group is gloo (docs/gpu.md); submit refuses it."""
     from rlslurm.resolve import resolve
     from rlslurm.slurm.render import render
-    from rlslurm.trainer.weight_sync import SyncOptions
+    from rlslurm.weight_plan import weight_sync_plan
     from tests.config_errors import one_line_naming
     from tests.hf_shape import hf_shaped_dir
 
@@ -172,8 +172,8 @@ def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypat
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))]
     shared = base + ["--shared-gpu", "--sglang-mem-fraction-static", "0.3"]
     cfg = resolve(shared, strict_inputs=False).cfg
-    assert SyncOptions.from_config(cfg).backend == "gloo"
-    assert SyncOptions.from_config(resolve(base, strict_inputs=False).cfg).backend is None  # nccl on CUDA
+    assert weight_sync_plan(cfg).backend == "gloo"
+    assert weight_sync_plan(resolve(base, strict_inputs=False).cfg).backend is None  # nccl on CUDA
     with pytest.raises(ConfigError, match="--shared-gpu is for `rlslurm run`"):
         render(cfg, tmp_path / "run")
     one_line_naming(base + ["--shared-gpu"], "--shared-gpu", "--sglang-mem-fraction-static")

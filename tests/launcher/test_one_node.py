@@ -115,7 +115,7 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     """--colocate (docs/colocate.md): one group of --nodes; both steps --overlap on all of them, the
     engines on the trainer's own GPUs (SLURM's CUDA_VISIBLE_DEVICES, no split), weights over gloo."""
     from rlslurm.rollout.node import colocate_args
-    from rlslurm.trainer.weight_sync import SyncOptions
+    from rlslurm.weight_plan import weight_sync_plan
 
     two = argv[:2] + ["--nodes", "2", "--colocate"] + argv[4:]
     cfg = resolve(two).cfg
@@ -125,20 +125,20 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     assert "#SBATCH hetjob" not in script and script.count("#SBATCH --nodes=2") == 1
     assert script.count("srun --overlap --kill-on-bad-exit=1 --nodes=2 ") == 2
     assert step_gpus(cfg, "trainer") is None and step_gpus(cfg, "rollout") is None
-    assert SyncOptions.from_config(cfg).backend == "gloo" and colocate_args(cfg) == ("--enable-memory-saver",)
-    # weights in place on each GPU (trainer/ipc_sync.py): the engines load rlslurm's receiver for it
+    assert weight_sync_plan(cfg).backend == "gloo" and colocate_args(cfg) == ("--enable-memory-saver",)
+    # weights in place on each GPU (trainer/weights/ipc.py): the engines load rlslurm's receiver for it
     from rlslurm.engines.receiver import LOADER
     from rlslurm.rollout.node import receiver_args
 
-    assert cfg.weight_transport == "ipc" and receiver_args(cfg) == ("--custom-weight-loader", LOADER)
+    assert weight_sync_plan(cfg).transport == "ipc" and receiver_args(weight_sync_plan(cfg)) == ("--custom-weight-loader", LOADER)
     bc = resolve(two + ["--weight-sync-transport", "broadcast"]).cfg
-    assert bc.weight_transport == "broadcast" and receiver_args(bc) == ()
+    assert weight_sync_plan(bc).transport == "broadcast" and receiver_args(weight_sync_plan(bc)) == ()
     pp = resolve(two + ["--pipeline-model-parallel-size", "2"]).cfg  # a stage holds part of the model
-    assert pp.weight_transport == "broadcast"
+    assert weight_sync_plan(pp).transport == "broadcast"
     one_line_naming(two + ["--pipeline-model-parallel-size", "2", "--weight-sync-transport", "ipc"],
                     "--weight-sync-transport ipc", "--pipeline-model-parallel-size 2")
     split = argv[:4] + ["--trainer-gpus", "4"] + argv[4:]
-    assert resolve(split).cfg.weight_transport == "broadcast"
+    assert weight_sync_plan(resolve(split).cfg).transport == "broadcast"
     one_line_naming(split + ["--weight-sync-transport", "ipc"], "--weight-sync-transport ipc", "--colocate")
     assert resolve(argv + ["--colocate"]).cfg.slurm.rollout_nodes == 1  # one node, colocated
 

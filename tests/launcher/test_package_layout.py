@@ -109,7 +109,7 @@ def test_roles_are_peers_and_engines_stand_alone():
 @pytest.mark.parametrize("role, source, banned", [
     ("trainer", "from rlslurm.rollout.sglang_client import SGLangClient\n", True),
     ("trainer", "def f():\n    from rlslurm import rollout\n", True),
-    ("rollout", "import rlslurm.trainer.weight_sync\n", True),
+    ("rollout", "import rlslurm.trainer.weights.broadcast\n", True),
     ("engines", "from ..trainer import collectives\n", True),
     ("engines", "CMD = ['-m', 'rlslurm.rollout.main']\n", True),
     ("trainer", "from rlslurm.checks import refusal\n", True),       # through a module in between

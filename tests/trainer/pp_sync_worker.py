@@ -1,6 +1,6 @@
 """Run under torchrun (gloo, CPU) by test_trainer_pp_weight_sync.py: a real megatron-core GPTModel
 split over PP = world size stages, loaded from the tiny HF checkpoint, "trained" (seeded noise on
-every parameter), published through `DistributedPublisher` (one weight-update group per stage) to
+every parameter), published through `broadcast_publisher` (one weight-update group per stage) to
 the real SGLang engines of RUN/control, then probed: the pipelined greedy continuation of the
 trainer against every engine's. Twice (versions 1, 2: the second reuses the groups). Rank 0
 writes <out>/result.json.
@@ -37,8 +37,9 @@ def main() -> None:
     from rlslurm.model_config import load_model_config
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.engines.greedy import engine_greedy
-    from rlslurm.trainer.probe import PROBE_NEW_TOKENS, probe_prompt, trainer_greedy
-    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions
+    from rlslurm.trainer.weights.base import SyncOptions
+    from rlslurm.trainer.weights.broadcast import broadcast_publisher
+    from rlslurm.trainer.weights.probe import PROBE_NEW_TOKENS, probe_prompt, trainer_greedy
 
     ps.initialize_model_parallel(pipeline_model_parallel_size=world)
     model_parallel_cuda_manual_seed(1234)
@@ -50,7 +51,7 @@ def main() -> None:
     load_hf_checkpoint(model, mc, a.hf)
     rd = RunDir(a.run_dir)
     control = Control(rd)
-    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=SyncOptions(timeout_s=240, attempts=1),
+    pub = broadcast_publisher(mc, control, api_key=rd.api_key(), opts=SyncOptions(timeout_s=240, attempts=1),
                                fallback=None, attempt=0, host="127.0.0.1")
     prompt = probe_prompt(mc.arch.vocab_size)
     before = trainer_greedy(model, prompt, mc.arch.vocab_size)

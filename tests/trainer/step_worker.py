@@ -57,7 +57,7 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False, device: st
     from rlslurm.trainer import logprobs as lp
     from rlslurm.trainer import step as steps
     from rlslurm.trainer.pipeline import logits_on_every_stage, segment_multiple, seq_multiple
-    from rlslurm.trainer.publish import export_hf
+    from rlslurm.trainer.weights.disk import export_hf
     from rlslurm.trainer.batching import collate, collate_packed
     from rlslurm.trainer.setup import build_trainer, init_distributed
 

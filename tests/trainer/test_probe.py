@@ -1,4 +1,4 @@
-"""The weight probe's verdict (trainer/probe.py): equal greedy tokens, or a flip at a near-tie where
+"""The weight probe's verdict (trainer/weights/probe.py): equal greedy tokens, or a flip at a near-tie where
 the engine's second choice is the trainer's token; anything else, or another weight version, is a
 mismatch."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from rlslurm.trainer.probe import TIE_LOGPROB, record_probe
+from rlslurm.trainer.weights.probe import TIE_LOGPROB, record_probe
 
 TRAINER = [5, 9, 9, 2]
 

@@ -1,4 +1,4 @@
-"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/delivery.py): the rollout node keeps
+"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/weights/delivery.py): the rollout node keeps
 such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
 published version; the trainer, while it waits for a rollout, publishes that version again, once
 per restart, and only when its weights are that version. Real run directory and control files;
@@ -10,7 +10,7 @@ import pytest
 
 from rlslurm.buffer.control import EngineRecord
 from rlslurm.trainer.commands import Next
-from rlslurm.trainer.delivery import Publish
+from rlslurm.trainer.weights.delivery import Publish
 
 from tests.trainer.poll_trainer import A, B, engines, trainer
 
@@ -71,7 +71,7 @@ def test_a_version_that_reached_no_engine_waits_for_them_and_is_recorded(tmp_pat
     """Issue 30: the disk fallback 'done, loaded by []' reported a version nobody had. A publish that
     reached no engine (all restarting) is pending again until every engine is up, and the metrics say
     what happened to each publish."""
-    from rlslurm.trainer.delivery import Delivered
+    from rlslurm.trainer.weights.record import Delivered
 
     t = trainer(tmp_path, published=2)
     t.delivery.record(Delivered(3, "nccl", tries=1, engines=0, errors=("joining engines: no healthy engine",)))

@@ -1,4 +1,4 @@
-"""Which trainer rank serves which engine rank under --colocate's IPC transport (rlslurm/trainer/ipc_sync.py
+"""Which trainer rank serves which engine rank under --colocate's IPC transport (rlslurm/trainer/weights/ipc.py
 `assign`): on GPUs the rank on the engine rank's own GPU of the same node, whatever the order of the
 records; on CPU the node's engine ranks dealt round robin to its trainer ranks; an engine spanning nodes
 has each TP rank served on its own node; an engine rank with no trainer rank on its GPU or node is a
@@ -10,7 +10,7 @@ import pytest
 
 from rlslurm.engines.fanout import EngineTarget
 from rlslurm.errors import ConfigError
-from rlslurm.trainer.ipc_sync import Found, Server, assign
+from rlslurm.trainer.weights.ipc import Found, Server, assign
 
 
 def _engine(url: str, node: str | tuple[str, ...], gpus: tuple[int, ...], ranks: int = 1) -> Found:

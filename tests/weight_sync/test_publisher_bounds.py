@@ -1,4 +1,4 @@
-"""DistributedPublisher's failure path without a live engine (no SGLang needed): a sync that
+"""The broadcast publisher's failure path (trainer/weights/tries.py, broadcast.py) without a live engine (no SGLang needed): a sync that
 cannot reach its engines fails every try within its bound, cleans up after itself, and with no
 fallback raises `WeightSyncError`, a failure (the attempt is requeued), not a user error. What no
 retry heals is refused at once: a weight-sync group NCCL would refuse (two members on one GPU). A
@@ -19,28 +19,29 @@ from rlslurm.engines.fanout import engine_targets
 from rlslurm.engines.update_watch import update_in_progress
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import free_port
-from rlslurm.trainer import weight_sync
-from rlslurm.trainer.weight_sync import (
-    DistributedPublisher,
+from rlslurm.trainer.weights import broadcast
+from rlslurm.trainer.weights.base import (
+    Roles,
     SyncInterrupted,
     SyncOptions,
     WeightSyncError,
     WeightSyncSetupError,
-    _Roles,
     setup_refusal,
 )
+from rlslurm.trainer.weights.broadcast import broadcast_publisher
+from rlslurm.trainer.weights.tries import SyncPublisher
 
 
-def _publisher(control: Control, opts: SyncOptions, *, device: str = "cpu", ending=None) -> DistributedPublisher:
+def _publisher(control: Control, opts: SyncOptions, *, device: str = "cpu", ending=None) -> SyncPublisher:
     exported = []
 
     def export(mc, model, dtype):
         exported.append(True)
         yield "model.norm.weight", torch.ones(4)
 
-    roles = _Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=torch.device(device))
-    pub = DistributedPublisher(None, control, api_key=None, opts=opts, fallback=None, attempt=0, host="127.0.0.1",
-                               roles=lambda: roles, export=export, ending=ending)
+    roles = Roles(exporter=True, leader=True, coordinator=True, stage=0, stages=1, device=torch.device(device))
+    pub = broadcast_publisher(None, control, api_key=None, opts=opts, fallback=None, attempt=0, host="127.0.0.1",
+                              roles=lambda: roles, export=export, ending=ending)
     pub.exported = exported
     return pub
 
@@ -147,7 +148,7 @@ def test_a_group_nccl_would_refuse_is_a_user_error_before_any_engine_is_asked(tm
     """Issue 30: the trainer and a TP2 engine's rank 0 on one GPU. NCCL refuses such a group ("Duplicate
     GPU detected") and the engine's ranks stayed wedged in it while the trainer waited 300 s, then fell back
     to disk. The check compares the GPUs' UUIDs first: one line naming each member's GPU, no join asked."""
-    monkeypatch.setattr(weight_sync, "torch_device_uuid", lambda index: "gpu-aaa")  # the trainer's cuda:0
+    monkeypatch.setattr(broadcast, "torch_device_uuid", lambda index: "gpu-aaa")  # the trainer's cuda:0
     control = Control(RunDir.create(tmp_path / "run"))
     hung, url = _hung_engine()  # accepts connections: a join request would hold the publish for its timeout
     control.write_engines([EngineRecord(url=url, node="n0", healthy=True, gpu_ids=[0, 1], ranks=2,
@@ -168,7 +169,7 @@ def test_a_group_nccl_would_refuse_is_a_user_error_before_any_engine_is_asked(tm
     assert not (control.dir / "weight_update.json").exists() and control.weight_version() is None
 
     # GPUs of their own: no clash
-    assert weight_sync.gpu_clashes(("trainer", "gpu-ccc"), engine_targets(control.engines())) == []
+    assert broadcast.gpu_clashes(("trainer", "gpu-ccc"), engine_targets(control.engines())) == []
 
 
 def test_nccl_invalid_usage_in_a_try_is_named_as_a_refused_group():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlslurm.engines.receiver import BucketPlan, _Receiver, parse_plan, plan_payload
-from rlslurm.trainer.weight_sync import bucket_plan
+from rlslurm.trainer.weights.buckets import bucket_plan
 
 V, VP, H = 10, 12, 4  # vocabulary, padded vocabulary, hidden
 
@@ -103,7 +103,7 @@ def test_the_request_entry_unpickles_in_sglang_and_names_only_torch_tensor() -> 
 
     from sglang.srt.utils.common import MultiprocessingSerializer
 
-    from rlslurm.trainer.weight_sync import serialized_plan
+    from rlslurm.trainer.weights.buckets import serialized_plan
 
     payload = serialized_plan(plan_payload("g", [bucket_plan(_named(4))]))
     ops = list(pickletools.genops(base64.b64decode(payload)))

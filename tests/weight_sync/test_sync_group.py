@@ -19,7 +19,7 @@ import torch
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import free_port
-from rlslurm.trainer.sync_group import GroupSpec, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
+from rlslurm.trainer.weights.group import GroupSpec, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

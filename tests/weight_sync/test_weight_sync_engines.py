@@ -166,7 +166,7 @@ def test_broadcast_sync_and_bounded_fallback(engines, tmp_path):
             _continue(u, key)
         assert [_probe(u, key) for u in urls] == [(str(v), r["greedy"])] * 2, worker.tail()
 
-        # --colocate's transport (trainer/ipc_sync.py): no group; each trainer rank copies every bucket
+        # --colocate's transport (trainer/weights/ipc.py): no group; each trainer rank copies every bucket
         # into a buffer of its own that the engine it serves reads in place (here a memfd: rank 0 serves
         # engine-0, rank 1 engine-1), once learning the copies and once replaying them, inside the turn
         for leave_paused in (False, True):

@@ -75,9 +75,10 @@ def main() -> None:
     from rlslurm.convert import load_hf_checkpoint
     from rlslurm.model_config import load_model_config
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
-    from rlslurm.trainer.publish import DiskPublisher
-    from rlslurm.trainer.ipc_sync import IpcPublisher
-    from rlslurm.trainer.weight_sync import DistributedPublisher, SyncOptions, WeightSyncError
+    from rlslurm.trainer.weights.base import SyncOptions, WeightSyncError
+    from rlslurm.trainer.weights.broadcast import broadcast_publisher
+    from rlslurm.trainer.weights.disk import DiskPublisher
+    from rlslurm.trainer.weights.ipc import ipc_publisher
 
     out = Path(a.out)
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
@@ -111,12 +112,12 @@ def main() -> None:
             yield  # a generator
         return breaking()
 
-    pub = DistributedPublisher(mc, control, api_key=rd.api_key(), opts=opts, export=export,
+    pub = broadcast_publisher(mc, control, api_key=rd.api_key(), opts=opts, export=export,
                                fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)),
                                attempt=0, host="127.0.0.1")
     # --colocate's transport: each rank's buffer read in place by the engine it serves (memfd on CPU);
     # the fixture's control publisher names the engines' node "node0"
-    ipc = IpcPublisher(mc, control, api_key=rd.api_key(), opts=opts, node="node0", export=export,
+    ipc = ipc_publisher(mc, control, api_key=rd.api_key(), opts=opts, node="node0", export=export,
                        fallback=DiskPublisher(mc, rd.weights_dir, control, hf_dir=Path(a.hf)), attempt=0)
     v = 0
     while True:

@@ -50,7 +50,7 @@ class SyncGroupError(RuntimeError):
 
 class NoEngines(SyncGroupError):
     """No engine is there to take the weights (all restarting or gone): nothing to retry or fall back
-    to now; the version waits until they are up (trainer/delivery.py)."""
+    to now; the version waits until they are up (trainer/weights/delivery.py)."""
 
 
 class SyncCancelled(SyncGroupError):

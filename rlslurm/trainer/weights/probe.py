@@ -15,11 +15,17 @@ RUN/control/weight_probe.jsonl:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
+
+from rlslurm.buffer.control import Control
+
+log = logging.getLogger("rlslurm.trainer")  # the trainer's, where these lines always were
 
 PROBE_NEW_TOKENS = 8
 
@@ -88,3 +94,33 @@ def record_probe(path: Path, version: int, trainer: list[int], engines: dict[str
         f.flush()
         os.fsync(f.fileno())
     return rec
+
+
+def probe_engines(st: Any, control: Control, version: int, *, rank: int, ending: Callable[[], bool]) -> None:
+    """Collective over the trainer: every rank runs the greedy forward, rank 0 asks the engines and
+    appends the verdict to control/weight_probe.jsonl. `st`: the trainer's state (its model and the
+    model config); `ending`: rank 0's "the attempt is ending"."""
+    from rlslurm.engines.greedy import engine_greedy
+
+    prompt = probe_prompt(st.mc.arch.vocab_size)
+    mine = trainer_greedy(st.actor.model, prompt, st.mc.arch.vocab_size)
+    if rank != 0:
+        return
+    # an engine awaiting weights was restarted after this sync began: it is not serving
+    urls = [e.url for e in control.engines() if e.healthy and not e.awaiting_weights]
+    if not urls:  # e.g. the only engine, restarted, not yet listed as serving: nothing to compare
+        log.info("weight probe v%d not recorded: no engine serves yet (a restarted one still awaits "
+                 "its weights); the next sync's probe reads it", version)
+        return
+    rd = control.run
+    key = rd.api_key() if rd.api_key_file.exists() else None
+    answers = engine_greedy(urls, key, prompt, PROBE_NEW_TOKENS)
+    if any("error" in a for a in answers.values()) and ending():
+        # SLURM TERMs every process of the job at once: engines that stopped answering while
+        # this attempt ends say nothing about the weights they held (a flaky "mismatch" before)
+        log.info("weight probe v%d not recorded: the attempt is ending and engines are going (%s)",
+                 version, answers)
+        return
+    rec = record_probe(rd.control_dir / "weight_probe.jsonl", version, mine, answers)
+    (log.info if rec["match"] else log.warning)("weight probe v%d: %s", version,
+                                               "engines match" if rec["match"] else rec)

@@ -1,9 +1,5 @@
-"""Weight publication after training a rollout: `WeightPublisher.publish(model, version)`.
+"""Weights on disk (--weight-sync disk, the fallback of the engine transports, --save-hf):
 
-Each `publish` returns the `Delivered` record of what delivered the version (trainer/delivery.py).
-
-- `NullPublisher`: replay runs (no engine listens).
-- `VersionRecorder`: --debug-train-only runs: no engine listens, the version is recorded for the driver.
 - `DiskPublisher`: HF safetensors into RUN/weights/v<N>/ (built in a temp directory, renamed into
   place complete), then `Control.set_weight_version(N)`; engines load it with
   `/update_weights_from_disk`. Keeps the newest `keep` versions.
@@ -11,7 +7,7 @@ Each `publish` returns the `Delivered` record of what delivered the version (tra
 A publisher is called on every trainer rank (the export gathers over TP, ETP and EP, collectives:
 convert/export.py says who takes part); only the rank with DP=0, TP=0 of the first pipeline stage
 writes (later stages send it their layers, `pipeline.stages_to_first`). The distributed (broadcast)
-publisher implements the same interface.
+and IPC publishers implement the same interface (base.py `WeightPublisher`).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -28,30 +23,7 @@ import torch.distributed as dist
 from rlslurm.buffer.atomic import fsync_dir
 from rlslurm.buffer.control import Control
 from rlslurm.model_config import ModelConfig
-from rlslurm.trainer.delivery import Delivered
-
-
-class WeightPublisher(Protocol):
-    def publish(self, model: torch.nn.Module, version: int) -> Delivered: ...
-
-
-class NullPublisher:
-    def publish(self, model: torch.nn.Module, version: int) -> Delivered:
-        return Delivered(version, "none")
-
-
-class VersionRecorder:
-    """--debug-train-only (no engines): no weights go anywhere, but the trained version is recorded
-    (control/weight_version.json, rank 0) so that the engine-free rollout driver stays within
-    --async-buffer-size + 1 rollouts of the trainer (rollout/driver.py)."""
-
-    def __init__(self, control: Control):
-        self.control = control
-
-    def publish(self, model: torch.nn.Module, version: int) -> Delivered:
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            self.control.set_weight_version(version, transport="none")
-        return Delivered(version, "none")
+from rlslurm.trainer.weights.record import Delivered
 
 
 def version_dir(weights_dir: Path, version: int) -> Path:

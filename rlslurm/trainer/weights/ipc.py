@@ -1,4 +1,4 @@
-"""Weights to colocated engines in place: `IpcPublisher`, the --colocate publisher
+"""Weights to colocated engines in place: `ipc_publisher`, the --colocate publisher
 (`--weight-sync-transport ipc`, the default there; docs/colocate.md).
 
 Every trainer rank exports the whole model (gathered over TP/EP within its own replica) and copies it,
@@ -24,7 +24,8 @@ its TP ranks on each of its nodes in turn (`nodes` in engines.json), each served
 requests go to node rank 0, which hands every TP rank its own entry wherever it runs.
 
 The bracket around it (weight_update.json, pause, begin/end_weight_update, the version, continue or
-stay paused inside --colocate's turn, tries and the disk fallback) is DistributedPublisher's.
+stay paused inside --colocate's turn, tries and the disk fallback) is tries.py's, the same as the
+broadcast's: this module supplies the transport (`Ipc`), composed into that `SyncPublisher`.
 """
 
 from __future__ import annotations
@@ -44,16 +45,11 @@ from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from rlslurm.engines.receiver import mapped_payload
 from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
 from rlslurm.errors import ConfigError
-from rlslurm.trainer.sync_group import NoEngines, SyncGroupError, iter_buckets
-from rlslurm.trainer.weight_sync import (
-    DistributedPublisher,
-    SendStats,
-    SyncOptions,
-    _megatron_roles,
-    _Roles,
-    bucket_plan,
-    serialized_plan,
-)
+from rlslurm.trainer.weights.base import Roles, SyncOptions, megatron_roles
+from rlslurm.trainer.weights.buckets import SendStats, bucket_plan, serialized_plan
+from rlslurm.trainer.weights.group import NoEngines, SyncGroupError, iter_buckets
+from rlslurm.trainer.weights.tries import SyncPublisher
+from rlslurm.weight_plan import delivered_by
 
 log = logging.getLogger(__name__)
 
@@ -305,50 +301,62 @@ class IpcSender:
         self._loop.close()
 
 
-def _ipc_roles() -> _Roles:
+def ipc_roles() -> Roles:
     """Every rank exports and sends (to the engines on its own GPU); global rank 0 brackets the update."""
-    r = _megatron_roles()
+    r = megatron_roles()
     if r.stages > 1:
         raise ConfigError("--weight-sync-transport ipc needs every trainer rank to hold whole layers: pipeline "
                           "parallelism 1 (or --weight-sync-transport broadcast)")
     return replace(r, exporter=True, leader=True, coordinator=_world()[0] == 0)
 
 
-class IpcPublisher(DistributedPublisher):
-    """`WeightPublisher` of --colocate (see the module docstring). `node`: this rank's node, as the
-    rollout nodes name theirs in engines.json."""
+class Ipc:
+    """The IPC transport (base.py `Transport`; see the module docstring). `node`: this rank's node, as
+    the rollout nodes name theirs in engines.json."""
 
-    SENT = "copied in place"
+    sent = "copied in place"
 
-    def __init__(self, mc: Any, control: Control, *, api_key: str | None, opts: SyncOptions, node: str,
-                 roles: Callable[[], _Roles] = _ipc_roles, **kw: Any):
-        super().__init__(mc, control, api_key=api_key, opts=opts, roles=roles, **kw)
-        self.node = node
+    def __init__(self, *, node: str, roles: Callable[[], Roles] = ipc_roles):
+        self.node, self._roles = node, roles
         self._servers: list[Server] | None = None
 
-    def transport(self, r: _Roles) -> str:
-        return "cuda-ipc" if r.device.type == "cuda" else "memfd"
+    def roles(self) -> Roles:
+        return self._roles()
 
-    def _new_sender(self, r: _Roles) -> IpcSender:
-        return IpcSender(self.control, self.api_key, self.opts, device=r.device, node=self.node, ending=self.ending)
+    def name(self, opts: SyncOptions, r: Roles) -> str:
+        return delivered_by("ipc", opts.backend, r.device.type)
 
-    def _join(self, r: _Roles, ok: bool, errors: list[str]) -> bool:
-        s = self.sender
+    def new_sender(self, pub: SyncPublisher, r: Roles) -> IpcSender:
+        return IpcSender(pub.control, pub.api_key, pub.opts, device=r.device, node=self.node, ending=pub.ending)
+
+    def join(self, pub: SyncPublisher, r: Roles, ok: bool, errors: list[str]) -> bool:
+        s = pub.sender
         assert isinstance(s, IpcSender)
         if self._servers is None:
             self._servers = _all_gather(s.whoami())
         found: list[Any] = [None]
         if ok and r.coordinator:
-            self._step("finding engines", lambda: found.__setitem__(0, s.discover()), errors)
+            pub.step("finding engines", lambda: found.__setitem__(0, s.discover()), errors)
         found[0] = _broadcast(found[0])
         if found[0] is None:
             return False
         servers = self._servers
-        return self._step("assigning engines", lambda: s.prepare(found[0], servers), errors)
+        return pub.step("assigning engines", lambda: s.prepare(found[0], servers), errors)
 
-    def _transfer(self, model: torch.nn.Module, r: _Roles, ok: bool, errors: list[str]) -> bool:
+    def transfer(self, pub: SyncPublisher, model: torch.nn.Module, r: Roles, ok: bool, errors: list[str]) -> bool:
         if ok:
-            assert isinstance(self.sender, IpcSender)
-            stream = self._stream(model)
-            ok = self._step("copying to the engines", lambda: self.sender.send(stream), errors)
-        return self._agree(ok)
+            s = pub.sender
+            assert isinstance(s, IpcSender)
+            stream = pub.stream(model)
+            ok = pub.step("copying to the engines", lambda: s.send(stream), errors)
+        return pub.agree(ok)
+
+    def refusal_detail(self, pub: SyncPublisher, r: Roles) -> str:
+        return ""  # no group: nothing NCCL could refuse
+
+
+def ipc_publisher(mc: Any, control: Control, *, node: str, roles: Callable[[], Roles] = ipc_roles,
+                  **kw: Any) -> SyncPublisher:
+    """The publisher of --weight-sync-transport ipc; `kw`: SyncPublisher's (api_key, opts, fallback,
+    attempt, export, ending, note)."""
+    return SyncPublisher(Ipc(node=node, roles=roles), mc, control, **kw)

@@ -1,0 +1,99 @@
+"""The weight-sync plan: every weight-sync setting of the run, resolved once from the config into one
+frozen record that both roles read (the trainer's publisher and delivery, the rollout node's engine
+flags and update watch, the driver's disk loads). Each field names where it is consumed, so a
+reader gets from a setting to its use in one hop; nothing else reads these config knobs.
+
+It stands beside the settings, not under either role: the trainer (het-group 0) and the rollout
+(het-group 1) must pick the two ends of the same transport, so they take it from one rule instead of
+each deciding its side (issue 35: four knobs were read in five places). No torch, no role import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# What can deliver a version, as the transport record names it (control/weight_version.json, each
+# `Delivered` in metrics.jsonl: trainer/weights/record.py): a broadcast group's backend, CUDA IPC
+# (--colocate on GPUs) or its CPU twin memfd, HF files on disk (--weight-sync disk, or the fallback),
+# or nothing (no engine listens).
+TRANSPORTS = ("nccl", "gloo", "cuda-ipc", "memfd", "disk", "none")
+
+
+@dataclass(frozen=True)
+class WeightSyncPlan:
+    # --weight-sync: distributed (to the engines' memory) or disk (HF files the driver loads).
+    # Consumers: trainer/weights/factory.py (the publisher), trainer/weights/delivery.py (whether a
+    # publish waits for engines), rollout/node.py (the update watch), rollout/driver.py (disk loads).
+    method: Literal["distributed", "disk"] = "distributed"
+    # --weight-sync-transport, `auto` resolved: ipc with --colocate and PP 1, else broadcast.
+    # Consumers: trainer/weights/factory.py (ipc.py or broadcast.py), rollout/node.py (the engine's
+    # loader: `engine_loader`).
+    transport: Literal["broadcast", "ipc"] = "broadcast"
+    # --weight-sync-backend, `auto` resolved: gloo where the engines share the trainer's GPUs (an
+    # engine on the trainer's own GPU cannot join an NCCL group with it, docs/gpu.md), else None:
+    # NCCL from a CUDA trainer, gloo from a CPU one (decided by the device: `delivered_by`).
+    # Consumer: trainer/weights/broadcast.py (the group), through SyncOptions.
+    backend: Literal["nccl", "gloo"] | None = None
+    # --update-weight-receiver: SGLang's per-bucket loader or rlslurm's (engines/receiver.py).
+    # Consumers: trainer/weights/broadcast.py (what it sends), rollout/node.py (`engine_loader`).
+    receiver: Literal["sglang", "rlslurm"] = "sglang"
+    # --update-weight-buffer-size: bytes per bucket. Consumer: trainer/weights/{broadcast,ipc}.py.
+    bucket_bytes: int = 512 * 1024**2
+    # --update-weight-flattened-bucket: one broadcast per bucket. Consumer: trainer/weights/broadcast.py.
+    flattened: bool = False
+    # --weight-sync-fallback: what delivers a version whose transport failed every try.
+    # Consumer: trainer/weights/factory.py (a DiskPublisher as the fallback, or none).
+    fallback: Literal["disk", "off"] = "disk"
+    # --weight-sync-timeout-s: the bound of each weight-sync step. Consumers: trainer/weights/ (each
+    # step, the wait for engines), trainer/colocate.py (each call of a turn), rollout/node.py (how long
+    # an update or a turn may hold the engines' restarts).
+    timeout_s: float = 300.0
+    # --verify-weight-sync: the greedy probe after each publish. Consumer: trainer/weights/delivery.py.
+    verify: bool = False
+
+    @property
+    def by_disk(self) -> bool:
+        return self.method == "disk"
+
+    @property
+    def engine_loader(self) -> bool:
+        """The engines start with rlslurm's receiver as SGLang's custom weight loader: asked for, or
+        needed by the IPC transport (it is how an engine reads a bucket in place)."""
+        return self.receiver == "rlslurm" or self.transport == "ipc"
+
+    def delivered_by(self, device_type: str) -> str:
+        """The transport record's name (TRANSPORTS) for a version this plan delivers from a trainer on
+        `device_type` ("cuda" or "cpu")."""
+        return "disk" if self.by_disk else delivered_by(self.transport, self.backend, device_type)
+
+
+def delivered_by(transport: str, backend: str | None, device_type: str) -> str:
+    """The one rule that names a transport in the record: each publisher asks it for the name of
+    what delivered a version (trainer/weights/broadcast.py, ipc.py)."""
+    if transport == "ipc":
+        return "cuda-ipc" if device_type == "cuda" else "memfd"
+    return broadcast_backend(backend, device_type)
+
+
+def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", "nccl"]:
+    """The broadcast group's backend: the configured one, else NCCL from a CUDA trainer."""
+    if backend is not None:
+        return backend  # type: ignore[return-value]
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
+    """The plan of a resolved RunConfig (layout.check has refused what cannot work: ipc without
+    --colocate or with PP > 1, NCCL with --colocate)."""
+    t = cfg.train
+    transport = t.weight_sync_transport
+    if transport == "auto":
+        transport = "ipc" if cfg.run.colocate and t.pipeline_model_parallel_size == 1 else "broadcast"
+    backend = t.weight_sync_backend
+    if backend == "auto":
+        backend = "gloo" if cfg.shares_gpus else None
+    return WeightSyncPlan(method=t.weight_sync, transport=transport, backend=backend,
+                          receiver=t.update_weight_receiver, bucket_bytes=t.update_weight_buffer_size,
+                          flattened=t.update_weight_flattened_bucket, fallback=t.weight_sync_fallback,
+                          timeout_s=t.weight_sync_timeout_s, verify=t.verify_weight_sync)
