@@ -656,7 +656,7 @@ def verify(run_dir: Path, n: int, samples: int, commits: CommitTimes) -> dict[st
     answered = [(p, e) for p in probes for e in p["engines"].values() if "error" not in e]
     checks["weight_probes_match"] = bool(answered) and all(
         e.get("same", e.get("tokens") == p["trainer"]) and str(e.get("weight_version")) == str(p["version"])
-        for p, e in answered)  # "same": the probe's own verdict, near-tie flips included (trainer/probe.py)
+        for p, e in answered)  # "same": the probe's own verdict, near-tie flips included (trainer/weights/probe.py)
     unanswered = [{"version": p["version"], "time": p["time"],
                    "errors": sorted({e["error"].split(":")[0] for e in p["engines"].values() if "error" in e})}
                   for p in probes if any("error" in e for e in p["engines"].values())]

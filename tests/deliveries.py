@@ -1,5 +1,5 @@
 """The transport that delivered each weight version, from a run's own record (metrics.jsonl's
-`weight_sync/deliveries`, trainer/delivery.py): what a test that claims a transport asserts, since
+`weight_sync/deliveries`, trainer/weights/delivery.py): what a test that claims a transport asserts, since
 the disk fallback produces the same outcomes (issue 30: the GPU tier passed on it)."""
 
 from __future__ import annotations

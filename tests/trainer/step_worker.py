@@ -114,7 +114,7 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False, device: st
         if resume_from is not None:
             result["resumed_from"] = _load_other(st, resume_from)
         result["steps"].append(steps.train_step(st, rollout, prep, n_steps - 1))
-    # the published weights: the disk publisher's own export (trainer/publish.py export_hf: who takes
+    # the published weights: the disk publisher's own export (trainer/weights/disk.py export_hf: who takes
     # part in the TP/ETP/EP gathers, every pipeline stage to the first), read back from its files
     export_hf(st.mc, st.actor.model, run_dir / "published", hf_dir=cfg.model.hf_checkpoint)
     if rank == 0:

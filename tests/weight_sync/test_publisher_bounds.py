@@ -86,7 +86,7 @@ def test_engine_that_refuses_connections_is_left_out_at_once(tmp_path):
     """engines.json lags a kill -9 by up to the supervisor's health interval: an engine where
     nothing listens is left out instead of holding the group's join for its whole timeout. With no
     engine left the version is not delivered (engines=0): no retry, no fallback, no failure; the
-    trainer publishes it once the engines are up again (trainer/delivery.py)."""
+    trainer publishes it once the engines are up again (trainer/weights/delivery.py)."""
     control = Control(RunDir.create(tmp_path / "run"))
     dead = f"http://127.0.0.1:{free_port()}"  # a stale record: nothing listens there
     control.write_engines([EngineRecord(url=dead, node="n0", healthy=True)])

@@ -34,7 +34,7 @@ def setup(tmp_path: Path):
 
 
 def _mark(control: Control, version: int, until_s: float, pid: int | None = None) -> None:
-    # written raw: the on-disk format of the record DistributedPublisher writes
+    # written raw: the on-disk format of the record the weight publishers write (trainer/weights/tries.py)
     # (Control.mark_weight_update), so that a format change shows here
     write_json_atomic(control.weight_update_file, {"state": "updating", "version": version,
                                                   "until": time.time() + until_s, "pid": pid or os.getpid()})

@@ -1,5 +1,5 @@
 """Acceptance of the broadcast weight sync (issue 6) on CPU with real components: a megatron-core
-trainer at TP=2 under torchrun publishes through `DistributedPublisher` to two real SGLang
+trainer at TP=2 under torchrun publishes through `broadcast_publisher` to two real SGLang
 engines behind the real router, and
 
 1. after a sync both engines report the trainer's version and their greedy continuation of a

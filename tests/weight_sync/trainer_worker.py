@@ -1,6 +1,6 @@
 """Trainer side of tests/weight_sync/test_weight_sync_engines.py, run under torchrun (gloo, CPU):
 a real megatron-core GPTModel (TP = world size) loaded from the tiny HF checkpoint publishes its
-weights through `DistributedPublisher` to the real SGLang engines listed in RUN/control.
+weights through `broadcast_publisher` (trainer/weights/) to the real SGLang engines listed in RUN/control.
 
 The test drives it step by step: before version v it writes `<out>/go-<v>.json`; the worker "trains" (adds seeded noise to every parameter shard), publishes v,
 computes its own greedy continuation of the probe prompt with the new weights, and rank 0
