@@ -89,7 +89,7 @@ def main() -> None:
     import torch
 
     from demo_run import checkpoint_and_prompts, run_command, run_logged
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
 
     mc = load_model_config(a.model)
     placement, tp, gpus = LAYOUTS[a.layout]

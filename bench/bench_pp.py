@@ -72,7 +72,7 @@ def _model_file(kind: str) -> str:
 
 
 def make_hf(out: Path, kind: str) -> None:
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     make_tiny_checkpoint(load_model_config(_model_file(kind)), out, seed=11)
@@ -97,7 +97,7 @@ def make_rollout(n: int, vocab: int, max_len: int, seed: int = 0):
 def run(a: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from rlslurm.config import RunConfig
+    from rlslurm.settings.config import RunConfig
     from rlslurm.convert import mcore_to_hf
     from rlslurm.trainer import step as steps
     from rlslurm.trainer.pipeline import stages_to_first

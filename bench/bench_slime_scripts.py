@@ -69,7 +69,7 @@ def _flags(elements) -> dict[str, list[str]]:
 
 def _hf_config(model_script: Path) -> dict:
     """config.json for the model a slime models/X.sh describes (see the module docstring)."""
-    from rlslurm.model_config import available_models, load_model_config
+    from rlslurm.settings.model_config import available_models, load_model_config
     from rlslurm.slime_import.bash import read_script
     from rlslurm.tiny import hf_config_dict
 
@@ -164,7 +164,7 @@ def _model_script(script: Path, root: Path) -> Path | None:
 
 def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[str]:
     """The imported command with its data and checkpoint paths replaced by placeholders."""
-    from rlslurm.flags import parse_flags
+    from rlslurm.settings.flags import parse_flags
 
     cfg_layer = parse_flags(argv).values
     get = lambda name, default: cfg_layer.get(("data", name), default)  # noqa: E731
@@ -223,7 +223,7 @@ def _reason(msg: str) -> str:
 
 def run(root: Path) -> tuple[dict, list[dict]]:
     from rlslurm.errors import UserError
-    from rlslurm.resolve import resolve
+    from rlslurm.settings.resolve import resolve
     from rlslurm.slime_import import import_script
     from rlslurm.slurm.render import render
 

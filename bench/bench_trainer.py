@@ -101,7 +101,7 @@ def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(k, v)
-    from rlslurm.config import RunConfig
+    from rlslurm.settings.config import RunConfig
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     device = "cpu" if cpu else "cuda"
@@ -110,7 +110,7 @@ def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str
     if tiny:
         model, vocab, bf16 = "tiny-qwen3", 64, False
     elif model is not None:
-        from rlslurm.model_config import load_model_config
+        from rlslurm.settings.model_config import load_model_config
 
         vocab, bf16 = load_model_config(model).arch.vocab_size, True
     else:

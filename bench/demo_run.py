@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def checkpoint_and_prompts(model: str, work: Path, *, cpu: bool) -> tuple[Path, Path]:
     """A random-init HF checkpoint of `model` (bf16 on the GPU; kept in `work` across calls) and 256 demo prompts."""
     from rlslurm.demo_task import make_prompts
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     work.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ def forward_flops_per_token(*, layers: int, hidden: int, ffn: int, heads: int, k
 
 
 def qwen3_forward_flops_per_token(arch, seq: float) -> float:
-    """`arch` is a model config's ArchConfig (rlslurm.model_config)."""
+    """`arch` is a model config's ArchConfig (rlslurm.settings.model_config)."""
     return forward_flops_per_token(layers=arch.num_layers, hidden=arch.hidden_size, ffn=arch.ffn_hidden_size,
                                    heads=arch.num_attention_heads, kv_heads=arch.num_query_groups,
                                    head_dim=arch.kv_channels, vocab=arch.vocab_size, seq=seq)

@@ -32,7 +32,7 @@ app = typer.Typer(
 out = make_console()
 err = make_console(stderr=True)
 
-# The ~166 run flags are not typer options (they are parsed by rlslurm/flags.py from the config's
+# The ~166 run flags are not typer options (they are parsed by rlslurm/settings/flags.py from the config's
 # fields), so a command's --help names only a few: this line points to the full list.
 FLAGS_EPILOG = ("Every run setting is a flag (over 160, plus --sglang-*, --router-*, --megatron-* passthrough): "
                 "`rlslurm flags` lists each with its section, type, default and description; "
@@ -69,7 +69,7 @@ def _collect(ctx: typer.Context, **named: object) -> list[str]:
 
 
 def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: object):
-    from rlslurm.resolve import resolve
+    from rlslurm.settings.resolve import resolve
 
     res = resolve(_collect(ctx, **named), config, strict_inputs=strict)
     _print_notes(res)
@@ -153,9 +153,9 @@ def run(
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
-    from rlslurm.model_from_hf import run_model
-    from rlslurm.resolve import Resolved
-    from rlslurm.runfile import load_run_config
+    from rlslurm.settings.model_from_hf import run_model
+    from rlslurm.settings.resolve import Resolved
+    from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.submit import prepare_run_dir
     from rlslurm.watchdog import hang_timeout_s
 
@@ -177,10 +177,10 @@ def run(
         res = Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint))
         prepare_run_dir(res, resume=True)
     else:
-        from rlslurm.resolve import resolve
+        from rlslurm.settings.resolve import resolve
 
         # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
-        from rlslurm.flags import build_config, load_yaml_layer, parse_flags
+        from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
 
         layers = [load_yaml_layer(config)] if config else []
         colocate = build_config([*layers, parse_flags(argv)]).run.colocate
@@ -219,9 +219,9 @@ def resubmit(
     from rlslurm.buffer.attempts import failures_counted
     from rlslurm.buffer.ledger import read_ledger
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.model_from_hf import run_model
-    from rlslurm.resolve import Resolved
-    from rlslurm.runfile import load_run_config
+    from rlslurm.settings.model_from_hf import run_model
+    from rlslurm.settings.resolve import Resolved
+    from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.status import job_alive
     from rlslurm.slurm.submit import current_job_id, submit as do_submit
 
@@ -261,7 +261,7 @@ def render(
     res = _resolve(ctx, config, False, model=model, nodes=nodes, prompt_data=prompt_data,
                    run_name=run_name, run_dir=run_dir)
     if resolved:
-        from rlslurm.runfile import dump_run_config
+        from rlslurm.settings.runfile import dump_run_config
 
         sys.stdout.write(dump_run_config(res.cfg))
     else:
@@ -418,7 +418,7 @@ def models(as_json: bool = typer.Option(False, "--json", help="one JSON array of
 
     Into a pipe, plain tab-separated rows: rlslurm models | grep qwen3-4B
     """
-    from rlslurm.model_config import MODEL_CONFIG_DIR, available_models, load_model_config
+    from rlslurm.settings.model_config import MODEL_CONFIG_DIR, available_models, load_model_config
 
     rows = [load_model_config(n) for n in available_models()]
     if as_json:
@@ -455,7 +455,7 @@ def flags(
     --megatron-<field> (a megatron-core config field).\n
     Examples: rlslurm flags | rlslurm flags lr | rlslurm flags --json | rlslurm flags | grep -i wandb
     """
-    from rlslurm.flags import flag_help
+    from rlslurm.settings.flags import flag_help
 
     found = flag_help(keyword)
     if not found:

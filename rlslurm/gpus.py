@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 from rlslurm.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rlslurm.config import RunConfig
-    from rlslurm.model_config import ModelConfig
+    from rlslurm.settings.config import RunConfig
+    from rlslurm.settings.model_config import ModelConfig
 
 
 def visible_gpus() -> list[str]:
@@ -54,7 +54,7 @@ class GpuSplit:
 def gpu_split(cfg: "RunConfig", model: "ModelConfig | None" = None) -> GpuSplit:
     """The split of one machine's GPUs for this run. `model`: the run's model config, for a run whose
     checkpoint the run directory does not hold yet (`layout.no_engines_reason`)."""
-    from rlslurm.layout import no_engines_reason
+    from rlslurm.settings.layout import no_engines_reason
 
     engines = 0 if no_engines_reason(cfg, model) else cfg.rollout_gpus_per_node
     return GpuSplit(cfg.trainer_procs_per_node, engines, cfg.shares_gpus, cfg.gpu_split_flags)

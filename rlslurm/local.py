@@ -36,7 +36,7 @@ from rlslurm.job.env import ATTEMPT_ENV
 from rlslurm.slurm.status import phase_line, role_phases, weights_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
-from rlslurm.runfile import load_run_config
+from rlslurm.settings.runfile import load_run_config
 from rlslurm.secret_env import read_secret_env
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlslurm.buffer.atomic import append_line, ensure_dir, read_bytes, write_bytes_atomic
 
 if TYPE_CHECKING:
-    from rlslurm.config import RunConfig
+    from rlslurm.settings.config import RunConfig
 
 log = logging.getLogger(__name__)
 

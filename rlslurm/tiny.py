@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlslurm.model_config import ModelConfig, MoEArch
+from rlslurm.settings.model_config import ModelConfig, MoEArch
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 WORDS = (

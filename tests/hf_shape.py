@@ -1,12 +1,12 @@
 """An HF model directory's shape without weights: config.json for a model config and an empty
-safetensors file, which is all `rlslurm submit` checks of --hf-checkpoint (rlslurm/preflight.py)."""
+safetensors file, which is all `rlslurm submit` checks of --hf-checkpoint (rlslurm/settings/preflight.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from rlslurm.model_config import load_model_config
+from rlslurm.settings.model_config import load_model_config
 from rlslurm.tiny import hf_config_dict
 
 

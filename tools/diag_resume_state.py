@@ -83,7 +83,7 @@ def worker(mode: str, run: Path, out: Path) -> None:
 
     from rlslurm.buffer.progress import TrainerProgress
     from rlslurm.buffer.reader import RolloutReader
-    from rlslurm.runfile import load_run_config
+    from rlslurm.settings.runfile import load_run_config
     from rlslurm.trainer import checkpoint
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
@@ -185,7 +185,7 @@ def driver(a: argparse.Namespace) -> int:
     sys.path[:0] = [str(REPO), str(REPO / "tests" / "trainer")]
     from conftest import commit_rollouts, make_run  # tests/trainer: run dirs and synthetic rollouts
 
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     tmp = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="diag_resume_"))

@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--rl-colocate", action="store_true",
                     help="GRPO with the trainer and the engines taking turns (--colocate), every sync verified")
     a = ap.parse_args()
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     work = a.work.resolve()

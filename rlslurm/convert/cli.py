@@ -32,7 +32,7 @@ import typer
 
 from rlslurm.buffer.atomic import StorageError
 from rlslurm.errors import ConfigError, UserError
-from rlslurm.parallel_grid import stage_layers
+from rlslurm.settings.parallel_grid import stage_layers
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Convert HF safetensors <-> megatron-core distributed checkpoints.")
@@ -44,7 +44,7 @@ class DType(str, Enum):
     fp16 = "fp16"
 
 
-# slime's flags for an uneven pipeline (rlslurm/parallel_grid.py stage_layers); the checkpoint's layers
+# slime's flags for an uneven pipeline (rlslurm/settings/parallel_grid.py stage_layers); the checkpoint's layers
 # are numbered globally, so any split reads any other
 _FIRST_HELP = "layers of the first pipeline stage (default: an even split)"
 _LAST_HELP = "layers of the last pipeline stage (default: an even split)"
@@ -119,7 +119,7 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
                  stages: tuple[int | None, int | None] = (None, None)) -> None:
     from rlslurm.convert import check_hf_config, load_hf_checkpoint
     from rlslurm.convert.meta import write_meta
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.convert import runtime
 
     etp = runtime.check_world(tp, pp, ep, etp)
@@ -212,7 +212,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
                  stages: tuple[int | None, int | None] = (None, None)) -> None:
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
     from rlslurm.convert.meta import check_meta, read_meta
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.convert import runtime
 
     etp = runtime.check_world(tp, pp, ep, etp)

@@ -8,7 +8,7 @@ tensor at a time, so the caller decides the bucketing (weight sync) or the shard
 
 Who takes part and who receives: every member of each of those groups must iterate the generator
 in step, because each tensor is an all_gather; `parallel.export_roles()` says which ranks that is
-(the first dense DP ranks of the stage that the gathers reach, rlslurm/parallel_grid.py). Every
+(the first dense DP ranks of the stage that the gathers reach, rlslurm/settings/parallel_grid.py). Every
 participating rank receives the full tensors; callers that send or write (the `sender`: DP 0, TP 0
 of each pipeline stage) use them, the others just drain the generator. With pipeline parallelism each stage
 yields the tensors of its own layers (plus the embedding on the first stage and the final norm
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from rlslurm.convert import mapping, parallel
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.model_config import ModelConfig
 
 
 def _all_gather(t: torch.Tensor, size: int, group) -> list[torch.Tensor]:

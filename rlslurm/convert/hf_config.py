@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.model_config import ModelConfig
 
 # Per family: what the architecture implies that config.json does not spell out.
 # (field of Arch, value the HF modeling code hard-codes)

@@ -15,7 +15,7 @@ import torch
 from rlslurm.convert import hf_io, mapping, parallel
 from rlslurm.convert.hf_config import check_hf_config
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.model_config import ModelConfig
 
 
 def _plan(model: torch.nn.Module, mc: ModelConfig):

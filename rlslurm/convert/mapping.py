@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator, Literal
 import torch
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.model_config import ModelConfig
 
 Kind = Literal["plain", "vocab", "qkv", "gate_up"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.model_config import ModelConfig
 
 META_NAME = "rlslurm_model.json"
 

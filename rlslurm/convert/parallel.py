@@ -54,11 +54,11 @@ class ExportRoles:
 
 def export_roles() -> ExportRoles:
     """Who exports: the first dense DP ranks of each stage that the gathers reach
-    (rlslurm/parallel_grid.py `exporting_dp_ranks`: DP 0 alone when ETP x EP divides TP, the first
+    (rlslurm/settings/parallel_grid.py `exporting_dp_ranks`: DP 0 alone when ETP x EP divides TP, the first
     EP ones at ETP = TP). One process without megatron's parallel state: both."""
     from megatron.core import parallel_state as ps
 
-    from rlslurm.parallel_grid import exporting_dp_ranks
+    from rlslurm.settings.parallel_grid import exporting_dp_ranks
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()
             and ps.model_parallel_is_initialized()):

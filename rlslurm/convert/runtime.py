@@ -3,7 +3,7 @@ GPU), megatron's parallel state, the model, and the converter's metadata file.
 
 The converter runs one process per model-parallel rank and no more: world size = PP x lcm(TP,
 ETP x EP), the fewest ranks on which megatron-core's dense grid (TP x DP) and expert grid (ETP x EP
-x expert-DP) both fit (rlslurm/parallel_grid.py); any data parallelism is only there for the
+x expert-DP) both fit (rlslurm/settings/parallel_grid.py); any data parallelism is only there for the
 experts. With ETP = TP (the default) that is TP x PP x EP. Started without torchrun it is a single
 process (TP=PP=EP=ETP=1).
 """
@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import rendezvous_port
-from rlslurm.parallel_grid import converter_world
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.parallel_grid import converter_world
+from rlslurm.settings.model_config import ModelConfig
 
 
 @dataclasses.dataclass
@@ -30,7 +30,7 @@ class Runtime:
     pp: int
     ep: int
     etp: int
-    # the first/last pipeline stage's layers (None: an even split; rlslurm/parallel_grid.py stage_layers)
+    # the first/last pipeline stage's layers (None: an even split; rlslurm/settings/parallel_grid.py stage_layers)
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
 

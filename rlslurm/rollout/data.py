@@ -37,7 +37,7 @@ import numpy as np
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_object
-from rlslurm.prompt_slice import PromptSpec, parse_prompt_spec
+from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 from rlslurm.rollout import data_dirs
 
 log = logging.getLogger(__name__)
@@ -448,7 +448,7 @@ class PromptSource:
         buffer_filter: BufferFilter | str | None = None,
         flag: str = "--prompt-data",
     ):
-        # `path` may carry slime's @[START:END] slice (rlslurm/prompt_slice.py)
+        # `path` may carry slime's @[START:END] slice (rlslurm/settings/prompt_slice.py)
         self.spec: PromptSpec = parse_prompt_spec(path, flag)
         self.path = self.spec.path
         _check_exists(self.path, flag)

@@ -53,10 +53,10 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.buffer.sweep import sweep
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.eval_config import EvalDataset, eval_datasets
+from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
 from rlslurm.rollout.filters import (

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from rlslurm.buffer.atomic import CorruptRecord, ensure_dir, listdir_fresh, write_json_atomic
 from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord, read_record
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync

@@ -27,14 +27,14 @@ import httpx
 
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
-from rlslurm.rm_types import RM_REGISTRY, RM_TYPES, rm_type_error
+from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES, rm_type_error
 # the sample, the answer checks and the rules built on them; re-exported: the reward API's names
 from rlslurm.rollout.answers import Reward, RewardInput, exact_reward, last_boxed, math_reward  # noqa: F401
 from rlslurm.rollout.rule_rewards import RULES
 
 log = logging.getLogger(__name__)
 
-BUILTIN_REWARDS = RM_TYPES  # the names --rm-type accepts (rlslurm/rm_types.py)
+BUILTIN_REWARDS = RM_TYPES  # the names --rm-type accepts (rlslurm/settings/rm_types.py)
 
 
 class RewardError(UserError):
@@ -177,7 +177,7 @@ def load_reward_fn(spec: str, *, group: bool | None = None) -> RewardFn:
     """--custom-rm-path `module:function` or `file.py:function`.
 
     Per-group when `group` is true or the function is decorated with `@group_reward`
-    (slime's --group-rm is refused with that advice, rlslurm/slime_flags.py); per-sample otherwise.
+    (slime's --group-rm is refused with that advice, rlslurm/settings/slime_flags.py); per-sample otherwise.
     """
     fn = load_callable(spec, what="--custom-rm-path", min_args=1)
     is_group = bool(getattr(fn, "group_reward", False)) if group is None else group

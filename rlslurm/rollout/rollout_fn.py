@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlslurm.buffer.sample import Sample, SampleStatus
-from rlslurm.config import RolloutSection, RunConfig
+from rlslurm.settings.config import RolloutSection, RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import DataSource, PartialSample, Prompt

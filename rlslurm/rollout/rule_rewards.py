@@ -1,4 +1,4 @@
-"""The built-in rule rewards by --rm-type name (the names: rlslurm/rm_types.py).
+"""The built-in rule rewards by --rm-type name (the names: rlslurm/settings/rm_types.py).
 
 Besides rlslurm's `exact` and `math` (rollout/answers.py), the rules slime's recipes name
 (`slime/rollout/rm_hub/`): `deepscaler`, `dapo`, `f1`, `gpqa`, `random` and the `boxed_<rule>`

@@ -55,7 +55,7 @@ def _read(path: Path) -> str:
 
 def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]], list[tuple[int, str]]]:
     """`source .../models/<name>.sh` -> the rlslurm model config of that name."""
-    from rlslurm.model_config import available_models
+    from rlslurm.settings.model_config import available_models
 
     names = available_models()
     dropped, notes = [], []
@@ -68,11 +68,11 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
         match = stem if stem in names else next((n for n in names if n.lower() == stem.lower()), None)
         if match:
             found = match
-            notes.append((w.line, f"source {tail}: --model {match} (its architecture is rlslurm/model_configs/"
+            notes.append((w.line, f"source {tail}: --model {match} (its architecture is rlslurm/settings/model_configs/"
                                   f"{match}.yaml)"))
         elif "/models/" in w.literal_tail() or w.literal_tail().startswith("models/"):
             notes.append((w.line, f"source {tail}: rlslurm ships no model config {stem!r}, so the model config is "
-                                  "built from --hf-checkpoint's config.json at submit (rlslurm/model_from_hf.py)"))
+                                  "built from --hf-checkpoint's config.json at submit (rlslurm/settings/model_from_hf.py)"))
     if found is None and not notes:
         notes.append((0, "no `source scripts/models/<model>.sh` line: the model config is built from "
                          "--hf-checkpoint's config.json at submit (or pass --model)"))
@@ -89,7 +89,7 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
     model, dropped, notes = _model(sc.sources, str(path))
     mla = False
     if model is not None:
-        from rlslurm.model_config import load_model_config
+        from rlslurm.settings.model_config import load_model_config
 
         mla = bool(load_model_config(model).arch.mla)
     flags = group_flags(args, dropped)
@@ -110,7 +110,7 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
 
 def _refusal(argv: list[str]) -> str | None:
     """What `rlslurm submit --dry-run` would refuse in `argv` (missing files are no refusal here)."""
-    from rlslurm.resolve import resolve
+    from rlslurm.settings.resolve import resolve
 
     try:
         resolve(argv, strict_inputs=False)
@@ -133,7 +133,7 @@ def as_command(imp: Imported) -> str:
 
 def as_yaml(imp: Imported) -> str:
     """The run YAML (`rlslurm submit --config`) of the same settings, the report as comments after it."""
-    from rlslurm.flags import build_config, parse_flags
+    from rlslurm.settings.flags import build_config, parse_flags
 
     layer = parse_flags(imp.argv)
     cfg = build_config([layer])

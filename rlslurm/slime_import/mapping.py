@@ -2,7 +2,7 @@
 
 Order of the rules: architecture flags of MODEL_ARGS (rlslurm has them in --model's config), the
 layout flags (trainer and engines on their own nodes here), slime's checkpoint and plugin flags
-whose meaning differs, rlslurm's own fields and slime's aliases (rlslurm/slime_flags.py), the
+whose meaning differs, rlslurm's own fields and slime's aliases (rlslurm/settings/slime_flags.py), the
 --sglang-* passthrough, the SLIME_INSTEAD hints, then megatron-core fields as --megatron-*.
 Every flag that is passed on is checked alone by rlslurm's own parser first. The list for users:
 docs/slime-flags.md.
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlslurm import low_precision
+from rlslurm.settings import low_precision
 from rlslurm.errors import ConfigError
-from rlslurm.flags import FIELDS, build_config, parse_flags
-from rlslurm.preflight import megatron_fields
-from rlslurm.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD
+from rlslurm.settings.flags import FIELDS, build_config, parse_flags
+from rlslurm.settings.preflight import megatron_fields
+from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD
 from rlslurm.slime_import.bash import Element
 
 # slime's own plugins with an rlslurm built-in of the same rule.
@@ -79,7 +79,7 @@ NOT_MAPPED = {
 _PREFIX_NOT_MAPPED = {"tb_": _METRICS, "opd_": _OPD_WHY}
 
 _LAYOUT = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus", "colocate")
-_ARCH = "model architecture: rlslurm takes it from the --model config (rlslurm/model_configs/)"
+_ARCH = "model architecture: rlslurm takes it from the --model config (rlslurm/settings/model_configs/)"
 
 
 @dataclass

@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlslurm.config import check_slurm_name
+from rlslurm.settings.config import check_slurm_name
 from rlslurm.errors import ConfigError
-from rlslurm.parallel_grid import converter_world
+from rlslurm.settings.parallel_grid import converter_world
 
 
 def _int_at_least(low: int):
@@ -32,7 +32,7 @@ def _int_at_least(low: int):
 
 
 # submitit writes these into #SBATCH lines: partition and account pass the run config's own check
-# (rlslurm/config.py), so a newline or a space cannot end the line or add a directive.
+# (rlslurm/settings/config.py), so a newline or a space cannot end the line or add a directive.
 _SUBMIT_FLAGS = {"--partition": check_slurm_name, "--account": check_slurm_name, "--time": _int_at_least(1),
                  "--gpus-per-node": _int_at_least(0), "--cpus-per-task": _int_at_least(1), "--job-dir": Path}
 

@@ -19,7 +19,7 @@ from submitit.slurm.slurm import SlurmJobEnvironment
 
 from rlslurm.attempt import rollout_argv, trainer_argv
 from rlslurm.gpus import step_gpus
-from rlslurm.runfile import load_run_config
+from rlslurm.settings.runfile import load_run_config
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -11,9 +11,9 @@ from pathlib import Path
 from rlslurm.buffer.atomic import read_json, write_bytes_atomic, write_json_atomic
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
-from rlslurm.layout import makes_init_checkpoint
-from rlslurm.resolve import Resolved
-from rlslurm.runfile import dump_run_config
+from rlslurm.settings.layout import makes_init_checkpoint
+from rlslurm.settings.resolve import Resolved
+from rlslurm.settings.runfile import dump_run_config
 from rlslurm.secret_env import render_env_file, secret_env_file, secret_values
 from rlslurm.slurm.render import render
 
@@ -79,7 +79,7 @@ def submit(res: Resolved, *, resume: bool = False, reset_failures: bool = False)
     `resubmitted` ledger record (with `reset_failures`: a new failure budget) precedes it."""
     rd = prepare_run_dir(res, resume=resume)
     from rlslurm.buffer.attempts import next_attempt, record_resubmit
-    from rlslurm.runfile import load_run_config
+    from rlslurm.settings.runfile import load_run_config
 
     cfg = load_run_config(rd.path)  # submit exactly what the processes will read
     base = next_attempt(rd) if resume else 0

@@ -3,7 +3,7 @@
 * ``policy_loss``: the RL loss (losses.compute_rl_loss);
 * ``sft_loss``: the negative log-likelihood of the loss-masked response tokens, reduced like the
   RL loss (per sample or per token, over the global batch); advantages, KL, TIS and entropy do
-  not enter it (rlslurm/rl_settings.check_rl_settings refuses them);
+  not enter it (rlslurm/settings/rl_settings.check_rl_settings refuses them);
 * ``custom_loss``: the function named by --custom-loss-function-path (``module.path:fn`` or
   ``path/to/file.py:fn``), called once per micro-batch as ``fn(inputs) -> (loss, metrics)``
   with ``inputs`` a ``LossInputs``. ``loss`` must be this micro-batch's share of the global-batch
@@ -23,7 +23,7 @@ from typing import Callable
 
 from torch import Tensor
 
-from rlslurm.rl_settings import loss_type
+from rlslurm.settings.rl_settings import loss_type
 from rlslurm.trainer.losses import PolicyLossConfig, compute_rl_loss, reduce_masked
 
 LossResult = tuple[Tensor, dict[str, Tensor]]

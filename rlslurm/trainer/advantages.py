@@ -36,10 +36,10 @@ from torch import Tensor
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import cached_callable
-from rlslurm.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator
+from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, RLKnobs, check_rl_settings, estimator
 from rlslurm.trainer.losses import KL_KINDS, PolicyLossConfig, check_same_lengths, kl_estimate
 
-# The names and what each estimator needs and does live in one registry (rlslurm/rl_settings.py).
+# The names and what each estimator needs and does live in one registry (rlslurm/settings/rl_settings.py).
 ESTIMATORS: tuple[str, ...] = ESTIMATOR_NAMES
 
 GROUP_STD_EPS = 1e-6
@@ -58,7 +58,7 @@ class AdvantageConfig:
     ``num_critic_only_steps`` (PPO): the first rollouts train only the critic.
     """
 
-    estimator: str = "grpo"   # a name of rlslurm/rl_settings.ESTIMATORS
+    estimator: str = "grpo"   # a name of rlslurm/settings/rl_settings.ESTIMATORS
     rewards_normalization: bool = True
     grpo_std_normalization: bool = True
     kl_coef: float = 0.0
@@ -72,7 +72,7 @@ class AdvantageConfig:
 
     def __post_init__(self) -> None:
         # Rules across settings (--kl-coef vs the estimator, REINFORCE++ vs --normalize-advantages,
-        # --num-critic-only-steps vs PPO, ...) are rlslurm/rl_settings.check_rl_settings's.
+        # --num-critic-only-steps vs PPO, ...) are rlslurm/settings/rl_settings.check_rl_settings's.
         estimator(self.estimator)
         if self.kl_coef < 0.0:
             raise ConfigError(f"--kl-coef must be >= 0, got {self.kl_coef}")
@@ -88,7 +88,7 @@ class AdvantageConfig:
 
 def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
     """The two configs were built from the same settings (the user-facing rules across settings are
-    rlslurm/rl_settings.check_rl_settings's)."""
+    rlslurm/settings/rl_settings.check_rl_settings's)."""
     if estimator(adv.estimator).policy_gradient != estimator(loss.estimator).policy_gradient:
         raise ConfigError(
             f"the policy loss was built for estimator {loss.estimator!r} but --advantage-estimator is "
@@ -97,7 +97,7 @@ def check_rl_configs(adv: AdvantageConfig, loss: PolicyLossConfig) -> None:
 
 
 class TrainKnobs(RLKnobs, Protocol):
-    """The RL fields of ``rlslurm.config.TrainSection`` that the two configs are built from: those the
+    """The RL fields of ``rlslurm.settings.config.TrainSection`` that the two configs are built from: those the
     cross-field rules read (``rl_settings.RLKnobs``) and these."""
 
     kl_loss_type: str
@@ -109,7 +109,7 @@ class TrainKnobs(RLKnobs, Protocol):
 
 
 def rl_configs_from_train(train: TrainKnobs) -> tuple[AdvantageConfig, PolicyLossConfig]:
-    """Both configs from the run config's train section (``rlslurm.config.TrainSection``).
+    """Both configs from the run config's train section (``rlslurm.settings.config.TrainSection``).
 
     Maps slime's flag semantics in one place: ``--use-kl-loss`` gates ``--kl-loss-coef``,
     ``--calculate-per-token-loss`` picks the reduction, ``--tis-clip`` is the upper TIS bound,
@@ -415,7 +415,7 @@ def compute_advantages_and_returns(
 
     kl = _shaping_kl(cfg, masks, log_probs, ref_log_probs)
 
-    kind = estimator(cfg.estimator).advantage  # the kinds: rlslurm/rl_settings.py
+    kind = estimator(cfg.estimator).advantage  # the kinds: rlslurm/settings/rl_settings.py
     if cfg.custom_advantage_function_path:
         if values is not None:
             check_same_lengths(masks, values=values)

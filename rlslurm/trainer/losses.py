@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from rlslurm.errors import ConfigError
-from rlslurm.rl_settings import estimator, loss_type
+from rlslurm.settings.rl_settings import estimator, loss_type
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 LossReduction = Literal["per_sample_mean", "per_token"]
@@ -61,7 +61,7 @@ class PolicyLossConfig:
     entropy_coef: float = 0.0
     loss_reduction: LossReduction = "per_sample_mean"
     estimator: str = "grpo"
-    loss_type: str = "policy_loss"                  # a name of rlslurm/rl_settings.LOSS_TYPES
+    loss_type: str = "policy_loss"                  # a name of rlslurm/settings/rl_settings.LOSS_TYPES
     custom_loss_function_path: str | None = None    # --loss-type custom_loss (trainer/actor_loss.py)
     custom_tis_function_path: str | None = None     # --use-tis weights of one's own (`TISInputs`)
 
@@ -80,7 +80,7 @@ class PolicyLossConfig:
             # A cap at or below 1 would cut the loss of ordinary unclipped tokens too.
             raise ConfigError(f"--eps-clip-c (dual-clip bound) must be > 1.0, got {self.eps_clip_c}")
         # --eps-clip-c vs --eps-clip-high and --tis-clip vs --tis-clip-low are rules across settings:
-        # rlslurm/rl_settings.check_rl_settings.
+        # rlslurm/settings/rl_settings.check_rl_settings.
         if self.tis_clip_low < 0.0:
             raise ConfigError(f"--tis-clip-low must be >= 0, got {self.tis_clip_low}")
         if self.kl_loss_coef < 0.0:
@@ -407,7 +407,7 @@ def compute_rl_loss(
     def reduce(xs: list[Tensor]) -> Tensor:
         return reduce_masked(xs, loss_masks, cfg.loss_reduction, global_denominator)
 
-    kind = estimator(cfg.estimator).policy_gradient  # the kinds: rlslurm/rl_settings.py
+    kind = estimator(cfg.estimator).policy_gradient  # the kinds: rlslurm/settings/rl_settings.py
     if kind == "sequence_clip":  # GSPO
         pg, clipfrac, ppo_kl = gspo_policy_loss(
             log_probs, old_log_probs, advantages, loss_masks, cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c

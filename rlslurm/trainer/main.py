@@ -33,13 +33,13 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.progress import TrainerProgress, after_checkpoint
 from rlslurm.buffer.reader import BufferTimeout, RolloutReader
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import DataError, UserError
 from rlslurm.gpus import torch_device_uuid
 from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
-from rlslurm.runfile import load_run_config
+from rlslurm.settings.runfile import load_run_config
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rlslurm.metrics_sink import JsonlSink, open_sinks
 
 if TYPE_CHECKING:
-    from rlslurm.config import RunConfig
+    from rlslurm.settings.config import RunConfig
 
 
 class MetricsLogger:

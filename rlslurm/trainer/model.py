@@ -1,6 +1,6 @@
 """Build the actor's megatron-core `GPTModel` from a model config.
 
-- `transformer_config(mc, ...)` turns the architecture numbers of `rlslurm.model_config.Arch`
+- `transformer_config(mc, ...)` turns the architecture numbers of `rlslurm.settings.model_config.Arch`
   into a `TransformerConfig` (an `MLATransformerConfig` for MLA models) plus the user's
   `--megatron-<field>` overrides.
 - `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import ModelConfig
-from rlslurm.parallel_grid import check_pipeline_split, owned_field_refusal, stage_layers
+from rlslurm.settings.model_config import ModelConfig
+from rlslurm.settings.parallel_grid import check_pipeline_split, owned_field_refusal, stage_layers
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 
@@ -195,11 +195,11 @@ def transformer_config(
     """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
 
     `overrides` are the user's `--megatron-<field>` values by TransformerConfig field name; they
-    win over everything computed here, but for the parallel sizes (rlslurm/parallel_grid.py: the
+    win over everything computed here, but for the parallel sizes (rlslurm/settings/parallel_grid.py: the
     process groups are built from rlslurm's own flags). An unknown field is a ConfigError naming the
     flag. `etp`: the routed experts' tensor parallel size (None: TP, megatron's default).
     `first_stage_layers`/`last_stage_layers`: the first/last pipeline stage's layers (None: an even
-    split), checked by megatron-core's rule (rlslurm/parallel_grid.py stage_layers) before megatron's
+    split), checked by megatron-core's rule (rlslurm/settings/parallel_grid.py stage_layers) before megatron's
     own asserts could fire mid-build.
     """
     TransformerConfig, MLATransformerConfig = _config_classes()
@@ -243,7 +243,7 @@ def transformer_config(
     # (megatron's schedule otherwise assumes one fixed [seq, micro_batch, hidden] per call).
     kw["variable_seq_lengths"] = pp > 1
     # the experts' ETP x EP group holds ranks of different DP index unless ETP x EP divides TP (it
-    # then lies within a dense TP group, rlslurm/parallel_grid.py); EP > 1 takes alltoall either way
+    # then lies within a dense TP group, rlslurm/settings/parallel_grid.py); EP > 1 takes alltoall either way
     mixes_dp = ep > 1 or tp % etp != 0
     if pp > 1 or mixes_dp:
         # The allgather token dispatcher gathers equal-sized chunks from the ETP x EP ranks, but at

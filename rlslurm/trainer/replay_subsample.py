@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from rlslurm.buffer.sample import Rollout
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError, DataError
 
 FLAG = "--load-debug-rollout-data-subsample"

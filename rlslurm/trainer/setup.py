@@ -21,13 +21,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.layout import context_parallel_refusal
-from rlslurm.model_config import ModelConfig
-from rlslurm.model_from_hf import run_model
-from rlslurm.parallel_grid import check_expert_grid
-from rlslurm.rl_settings import check_rl_settings, estimator
+from rlslurm.settings.layout import context_parallel_refusal
+from rlslurm.settings.model_config import ModelConfig
+from rlslurm.settings.model_from_hf import run_model
+from rlslurm.settings.parallel_grid import check_expert_grid
+from rlslurm.settings.rl_settings import check_rl_settings, estimator
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train
 from rlslurm.trainer.collectives import group_timeout
 from rlslurm.trainer.losses import PolicyLossConfig
@@ -67,7 +67,7 @@ class Parallel:
     dp_rank: int
     tp_rank: int
     pp_rank: int = 0
-    etp: int = 1  # the routed experts' tensor parallelism (rlslurm/parallel_grid.py)
+    etp: int = 1  # the routed experts' tensor parallelism (rlslurm/settings/parallel_grid.py)
 
     @property
     def dp_group(self):
@@ -86,7 +86,7 @@ class Parallel:
 
 def check_context_parallel(cfg: RunConfig, mc: ModelConfig | None = None) -> None:
     """What context parallelism (CP > 1, docs/context-parallel.md) cannot be combined with; one line
-    each (resolve() refuses the same at submit: rlslurm/layout.py context_parallel_refusal)."""
+    each (resolve() refuses the same at submit: rlslurm/settings/layout.py context_parallel_refusal)."""
     why = context_parallel_refusal(cfg, mc)
     if why is not None:
         raise ConfigError(why)
@@ -133,7 +133,7 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
 def check_pipeline(mc: ModelConfig, tcfg, pp: int) -> None:
     """What the RL loop's pipeline path (megatron's 1F1B schedule, one model chunk) cannot do; the
     split of the layers over the stages (and the interleaved schedule) is checked where the
-    TransformerConfig is made (rlslurm/parallel_grid.py)."""
+    TransformerConfig is made (rlslurm/settings/parallel_grid.py)."""
     if pp <= 1:
         return
     if getattr(tcfg, "overlap_p2p_comm", False):

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
-from rlslurm.rl_settings import loss_type
+from rlslurm.settings.rl_settings import loss_type
 from rlslurm.trainer import actor_loss
 from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline

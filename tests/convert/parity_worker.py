@@ -66,7 +66,7 @@ def main() -> None:
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
     from rlslurm.convert import HFCheckpoint, load_hf_checkpoint, mcore_to_hf
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     from rlslurm.trainer.model import build_gpt_model, mask_padded_vocab, padded_vocab_size, transformer_config

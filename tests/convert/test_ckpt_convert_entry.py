@@ -20,7 +20,7 @@ ENTRY = REPO / "tools" / "ckpt_convert"
 
 def test_the_entry_is_rlslurm_convert(tmp_path: Path) -> None:
     from rlslurm.convert.meta import read_meta
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     help_ = subprocess.run([sys.executable, str(ENTRY), "--help"], cwd=tmp_path, capture_output=True, text=True,

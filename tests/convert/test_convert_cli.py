@@ -46,7 +46,7 @@ def _bf16_qwen3(root: Path) -> Path:
     layers split unevenly over 2 pipeline stages (--decoder-first-pipeline-num-layers 2)."""
     import yaml
 
-    from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
+    from rlslurm.settings.model_config import MODEL_CONFIG_DIR, load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     root.mkdir(parents=True, exist_ok=True)
@@ -145,7 +145,7 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
     from rlslurm.convert.cli import app
 
     from rlslurm.convert.meta import write_meta
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
 
     ck = tmp_path / "mc"
     ck.mkdir()
@@ -159,7 +159,7 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
 def test_padded_vocabulary_must_divide_by_the_reader_tp(tmp_path):
     from rlslurm.convert.meta import check_meta, write_meta
     from rlslurm.errors import ConfigError
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
 
     mc = load_model_config("tiny-qwen3")
     write_meta(tmp_path, {"arch": mc.arch.model_dump(mode="json"), "vocab_size_padded": 384})
@@ -185,7 +185,7 @@ def test_expert_tensor_parallelism_sets_the_process_count(monkeypatch):
 
 
 def test_pipeline_split_is_refused_before_any_process_group(tiny_ckpts, tmp_path, monkeypatch):
-    """The uneven split's rule (rlslurm/parallel_grid.py) in the converter's flags, one line."""
+    """The uneven split's rule (rlslurm/settings/parallel_grid.py) in the converter's flags, one line."""
     from rlslurm.convert.cli import app
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # what --pp 2 needs: the next check is the split's

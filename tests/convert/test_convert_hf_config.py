@@ -10,7 +10,7 @@ import pytest
 
 from rlslurm.convert import check_hf_config
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import load_model_config
+from rlslurm.settings.model_config import load_model_config
 
 from convert_helpers import FAMILIES
 

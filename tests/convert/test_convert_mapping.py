@@ -8,7 +8,7 @@ import torch
 
 from rlslurm.convert import HFCheckpoint, hf_to_mcore
 from rlslurm.convert import mapping as M
-from rlslurm.model_config import load_model_config
+from rlslurm.settings.model_config import load_model_config
 from rlslurm.trainer.model import padded_vocab_size
 
 from convert_helpers import FAMILIES

@@ -28,7 +28,7 @@ CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in mode
 
 def _models(request: pytest.FixtureRequest, out: Path) -> tuple[Path, list[str]]:
     """The checkpoint root and the model configs: every family and the tied one (written into `out`)."""
-    from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
+    from rlslurm.settings.model_config import MODEL_CONFIG_DIR, load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     tiny_ckpts = request.getfixturevalue("tiny_ckpts")

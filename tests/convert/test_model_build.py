@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import load_model_config
+from rlslurm.settings.model_config import load_model_config
 
 pytestmark = pytest.mark.megatron
 
@@ -78,7 +78,7 @@ def test_glm4_moe_fields():
 def test_routing_megatron_computes_differently_is_refused_at_load(tmp_path, changes, match):
     import yaml
 
-    from rlslurm.model_config import MODEL_CONFIG_DIR
+    from rlslurm.settings.model_config import MODEL_CONFIG_DIR
 
     raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-glm4-moe.yaml").read_text())
     raw["arch"]["moe"].update(changes, num_experts=8)

@@ -93,7 +93,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, dict]]:
     import yaml
 
     tc = _trainer_conftest()
-    from rlslurm.model_config import MODEL_CONFIG_DIR, load_model_config
+    from rlslurm.settings.model_config import MODEL_CONFIG_DIR, load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     tmp = tmp_path_factory.mktemp("cp")

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import load_model_config
+from rlslurm.settings.model_config import load_model_config
 from rlslurm.slurm.convert_job import split_submit_args
 from rlslurm.tiny import make_tiny_checkpoint
 

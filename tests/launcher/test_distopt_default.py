@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.hf_shape import hf_shaped_dir
-from rlslurm.resolve import resolve
+from rlslurm.settings.resolve import resolve
 from tests.prompt_files import prompt_lines
 
 

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 import rlslurm
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.cli import app
-from rlslurm.config import SECTIONS, RunConfig
+from rlslurm.settings.config import SECTIONS, RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.flags import FIELDS, flag_help
-from rlslurm.model_config import available_models, model_config_path
+from rlslurm.settings.flags import FIELDS, flag_help
+from rlslurm.settings.model_config import available_models, model_config_path
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -38,7 +38,7 @@ def test_every_config_field_has_a_description() -> None:
     missing = [f"{section}.{name}" for section in SECTIONS
                for name, f in type(getattr(RunConfig(), section)).model_fields.items() if not (f.description or "").strip()]
     missing += [name for name, f in RunConfig.model_fields.items() if name not in SECTIONS and not f.description]
-    assert not missing, f"config fields without a description (rlslurm/config.py Field(description=...)): {missing}"
+    assert not missing, f"config fields without a description (rlslurm/settings/config.py Field(description=...)): {missing}"
 
 
 def test_flags_lists_every_field_with_type_default_and_description() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import UserError
-from rlslurm.flags import build_config, load_yaml_layer, parse_flags
+from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
 from rlslurm.slime_import import as_command, as_yaml, import_script
 from rlslurm.slime_import.bash import read_script
 

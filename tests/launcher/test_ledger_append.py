@@ -16,7 +16,7 @@ import pytest
 
 from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.slurm.render import render
 
 FUNCTIONS = ("epoch", "log", "ledger_line", "end_attempt", "requeue")

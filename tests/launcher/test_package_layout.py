@@ -19,7 +19,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "rlslurm"
 FORBIDDEN = {"trainer": ("rollout",), "rollout": ("trainer",), "engines": ("trainer", "rollout")}
 NODE_SIDE = ("trainer", "rollout", "engines", "buffer", "job")
-LOGIN_SIDE = ("slurm", "cli", "local", "preflight", "resolve", "slime_import")
+# rlslurm.settings is shared by every side, but for the two modules that assemble and check a config at submit
+LOGIN_SIDE = ("slurm", "cli", "local", "settings.preflight", "settings.resolve", "slime_import")
 # a module named in a string (importlib.import_module, `python -m ...`) is a dependency too
 MODULE_STRING = re.compile(r"^rlslurm\.(\w+)(?:[.:]|$)")
 
@@ -72,6 +73,12 @@ def _top(module: str) -> str:
     return module.split(".")[1] if module.count(".") else ""
 
 
+def _under(module: str, places: tuple[str, ...]) -> bool:
+    """`module` is one of `places` (dotted, below rlslurm: "slurm", "settings.resolve") or inside one."""
+    inner = module.split(".", 1)[1] if module.count(".") else ""
+    return any(inner == p or inner.startswith(p + ".") for p in places)
+
+
 def _chain(graph: dict[str, dict[str, int]], start: str, banned: tuple[str, ...]) -> list[str] | None:
     """The shortest import chain from `start` to a module under rlslurm.<banned>, or None."""
     came_from: dict[str, str | None] = {start: None}
@@ -81,7 +88,7 @@ def _chain(graph: dict[str, dict[str, int]], start: str, banned: tuple[str, ...]
             if dep in came_from:
                 continue
             came_from[dep] = module
-            if _top(dep) in banned:
+            if _under(dep, banned):
                 chain = [dep]
                 while (prev := came_from[chain[-1]]) is not None:
                     chain.append(prev)
@@ -117,11 +124,14 @@ def test_roles_are_peers_and_engines_stand_alone():
     ("rollout", "from rlslurm.engines.engine import EngineSpec\n", False),
     ("trainer", "from rlslurm.engines.fanout import Engines\n", False),
     ("trainer", "from rlslurm.job.env import job_env\n", False),
+    ("rollout", "from rlslurm.settings.resolve import resolve\n", True),  # settings' login-side modules
+    ("trainer", "from rlslurm.settings.layout import check\n", False),   # ... and the rest, shared
 ])
 def test_the_check_sees_each_form(tmp_path, role, source, banned):
     for mod, text in ((f"{role}/mod.py", source), ("checks.py", "from rlslurm.rollout.rollout_fn import x\n"),
                       ("rollout/rollout_fn.py", ""), ("slurm/submit.py", ""), ("job/env.py", ""),
-                      ("engines/fanout.py", ""), ("engines/engine.py", "")):
+                      ("engines/fanout.py", ""), ("engines/engine.py", ""), ("settings/resolve.py", ""),
+                      ("settings/layout.py", "")):
         (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / mod).write_text(text)
     found = [v for v in violations(tmp_path) if v.startswith(f"rlslurm/{role}/mod.py")]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import available_models, load_model_config
-from rlslurm.resolve import resolve
+from rlslurm.settings.model_config import available_models, load_model_config
+from rlslurm.settings.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir
@@ -132,10 +132,10 @@ def test_expert_tensor_parallel_size_is_its_own(prompts: Path) -> None:
 def test_uneven_pipeline_stages(tmp_path: Path, prompts: Path) -> None:
     """--decoder-first/last-pipeline-num-layers (slime's): PP need not divide the layers; what
     megatron-core would refuse at build or start is refused at submit, one line naming the flags
-    (rlslurm/parallel_grid.py stage_layers, docs/parallel-layouts.md "Pipeline stages")."""
+    (rlslurm/settings/parallel_grid.py stage_layers, docs/parallel-layouts.md "Pipeline stages")."""
     import yaml
 
-    from rlslurm.model_config import MODEL_CONFIG_DIR
+    from rlslurm.settings.model_config import MODEL_CONFIG_DIR
 
     raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-qwen3.yaml").read_text())
     raw["name"], raw["arch"]["num_layers"] = "tiny-qwen3-5", 5

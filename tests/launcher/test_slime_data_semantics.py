@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.eval_config import eval_datasets
-from rlslurm.resolve import resolve
+from rlslurm.settings.eval_config import eval_datasets
+from rlslurm.settings.resolve import resolve
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.driver import sampling_params
 from tests.config_errors import one_line_naming

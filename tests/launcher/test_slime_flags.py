@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.flags import FIELDS, flag_name, parse_flags
-from rlslurm.resolve import resolve
-from rlslurm.rm_types import RM_REGISTRY
-from rlslurm.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
+from rlslurm.settings.flags import FIELDS, flag_name, parse_flags
+from rlslurm.settings.resolve import resolve
+from rlslurm.settings.rm_types import RM_REGISTRY
+from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
 from tests.config_errors import one_line_naming
 from tests.prompt_files import prompt_lines
 
@@ -61,7 +61,7 @@ def test_start_rollout_id_points_at_resubmit(argv: list[str]) -> None:
 
 
 def test_slime_keys_in_yaml_name_the_field(tmp_path: Path) -> None:
-    from rlslurm.flags import load_yaml_layer
+    from rlslurm.settings.flags import load_yaml_layer
 
     y = tmp_path / "run.yaml"
     y.write_text("rollout_batch_size: 4\ndisable_rewards_normalization: true\n")
@@ -103,7 +103,7 @@ def test_normalization_switches_an_estimator_ignores_are_refused(argv: list[str]
 
 def test_trainer_gets_rewards_normalization() -> None:
     pytest.importorskip("torch")
-    from rlslurm.config import TrainSection
+    from rlslurm.settings.config import TrainSection
     from rlslurm.trainer.advantages import rl_configs_from_train
 
     adv, _ = rl_configs_from_train(TrainSection(rewards_normalization=False))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.flags import build_config, parse_flags
+from rlslurm.settings.flags import build_config, parse_flags
 from rlslurm.slime_import import import_script
 from rlslurm.slime_import.bash import read_script
 from rlslurm.slime_import.shell_eval import arithmetic, seq

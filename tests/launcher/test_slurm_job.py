@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.model_config import available_models
+from rlslurm.settings.model_config import available_models
 from rlslurm.user_error import USER_ERROR_EXIT_CODE
 from tests.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 from tests.prompt_files import prompt_lines

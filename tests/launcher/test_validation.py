@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.resolve import resolve
+from rlslurm.settings.resolve import resolve
 from rlslurm.job.timespec import time_limit_s
 from tests.config_errors import one_line_naming
 from tests.prompt_files import prompt_lines
@@ -93,7 +93,7 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
             resolve(argv + ["--rollout-top-k", value])
 
 
-# ------------------------------------------------------------------ rules across RL settings (rlslurm/rl_settings.py)
+# ------------------------------------------------------------------ rules across RL settings (rlslurm/settings/rl_settings.py)
 # Each used to pass submit and stop the trainer at start-up, after the queue wait.
 
 @pytest.mark.parametrize("extra,flags", [
@@ -140,7 +140,7 @@ def test_rl_rule_neighbours_pass(argv: list[str], tmp_path: Path, ok: list[str])
 
 
 def test_trainer_rechecks_with_the_same_validator() -> None:
-    from rlslurm.config import TrainSection
+    from rlslurm.settings.config import TrainSection
     from rlslurm.trainer.advantages import rl_configs_from_train
 
     with pytest.raises(ConfigError, match="--advantage-estimator reinforce_plus_plus needs --normalize-advantages"):
@@ -148,8 +148,8 @@ def test_trainer_rechecks_with_the_same_validator() -> None:
 
 
 def test_estimator_names_come_from_one_registry() -> None:
-    from rlslurm import rl_settings
-    from rlslurm.config import TrainSection
+    from rlslurm.settings import rl_settings
+    from rlslurm.settings.config import TrainSection
     from rlslurm.trainer import advantages
 
     literal = typing.get_args(TrainSection.model_fields["advantage_estimator"].annotation)
@@ -157,7 +157,7 @@ def test_estimator_names_come_from_one_registry() -> None:
     assert rl_settings.names_where(critic=True) == ("ppo",)
 
 
-# ------------------------------------------------------------------ --loss-type (rlslurm/rl_settings.LOSS_TYPES)
+# ------------------------------------------------------------------ --loss-type (rlslurm/settings/rl_settings.LOSS_TYPES)
 
 @pytest.mark.parametrize("extra,names", [
     (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),
@@ -227,7 +227,7 @@ def test_custom_advantage_function_rules(argv: list[str], tmp_path: Path) -> Non
                     "--custom-advantage-function-path", "adv_plugin_nowhere")
 
 
-# ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)
+# ------------------------------------------------------------------ what the nodes used to find (rlslurm/settings/preflight.py)
 
 
 
@@ -309,7 +309,7 @@ def test_megatron_fields_read_from_source_are_the_dataclass_fields() -> None:
     from megatron.core.optimizer.optimizer_config import OptimizerConfig
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    from rlslurm.preflight import megatron_fields
+    from rlslurm.settings.preflight import megatron_fields
 
     opt = {f.name for f in dataclasses.fields(OptimizerConfig)}
     assert megatron_fields(mla=False) == {f.name for f in dataclasses.fields(TransformerConfig)} | opt

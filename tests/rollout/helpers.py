@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import DataSection, RolloutSection, RunConfig, TrainSection
+from rlslurm.settings.config import DataSection, RolloutSection, RunConfig, TrainSection
 from rlslurm.rollout.driver import RolloutDriver
 
 WORDS = "abcdefghijklmnopqrstuvwxyz"

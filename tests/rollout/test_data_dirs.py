@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.resolve import resolve
+from rlslurm.settings.resolve import resolve
 from rlslurm.rollout.data import PromptSource, count_records, validate_prompt_file
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.prompt_slice import PromptSpec, parse_prompt_spec
+from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 from rlslurm.rollout.data import PromptSource, validate_prompt_file
 
 

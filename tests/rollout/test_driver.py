@@ -24,7 +24,7 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
-from rlslurm.config import RolloutSection, RunConfig
+from rlslurm.settings.config import RolloutSection, RunConfig
 from rlslurm.errors import DataError
 from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
@@ -351,7 +351,7 @@ def test_requests_aborted_by_a_weight_update_pause_are_generated_again(private_d
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_other_nodes_find_the_router_in_control_and_never_start_one(private_deployment, tmp_path):
-    from rlslurm.config import RunConfig
+    from rlslurm.settings.config import RunConfig
     from rlslurm.rollout.node import RemoteRouter, RolloutNode
     from rlslurm.engines.router import RouterError
 

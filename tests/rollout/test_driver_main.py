@@ -14,8 +14,8 @@ import pytest
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
-from rlslurm.runfile import dump_run_config
+from rlslurm.settings.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
+from rlslurm.settings.runfile import dump_run_config
 from tests.process_groups import argvs, pid_alive
 from tests.rollout.helpers import start_rollout_main
 
@@ -295,7 +295,7 @@ def test_node_zero_answers_engines_from_memory_and_reads_the_version_only_when_i
         monkeypatch.setattr(Control, name, lambda self, *a, _r=real, _n=name: reads.append(_n) or _r(self, *a))
     assert n0.engine_urls() == ["http://10.0.0.1:1"] and n0.restarts_total() == 0 and reads == []
 
-    from rlslurm.runfile import load_run_config
+    from rlslurm.settings.runfile import load_run_config
 
     cfg = load_run_config(rd.path)
     driver = RolloutDriver(cfg, rd, router_url=None, engine_urls=n0.engine_urls, api_key=None, tokenizer=None,

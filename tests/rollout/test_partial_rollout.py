@@ -78,7 +78,7 @@ def test_offpolicy_mask_keeps_only_the_newest_weights_tokens():
 
 
 def test_mask_flag_needs_partial_rollout():
-    from rlslurm.flags import build_config, parse_flags
+    from rlslurm.settings.flags import build_config, parse_flags
 
     with pytest.raises(ConfigError, match="--mask-offpolicy-in-partial-rollout: needs --partial-rollout"):
         build_config([parse_flags(["--mask-offpolicy-in-partial-rollout"])])
@@ -272,8 +272,8 @@ def test_rollout_main_stops_the_driver_at_a_preempt_request_and_keeps_its_groups
     exits only after the trainer's ack."""
     from rlslurm.buffer.atomic import write_json_atomic
     from rlslurm.buffer.control import Control
-    from rlslurm.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
-    from rlslurm.runfile import dump_run_config
+    from rlslurm.settings.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
+    from rlslurm.settings.runfile import dump_run_config
 
     cfg = RunConfig(run=RunSection(device="cpu"), slurm=SlurmSection(gpus_per_node=0),
                     model=ModelSection(model="tiny-qwen3", hf_checkpoint=tiny_model),

@@ -1,5 +1,5 @@
 """slime's --rm-type rules (rollout/rule_rewards.py) on model outputs as they look in practice, and
-their registry (rlslurm/rm_types.py)."""
+their registry (rlslurm/settings/rm_types.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.rm_types import RM_REGISTRY, RM_TYPES
+from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 from rlslurm.rollout.rewards import RemoteRM, RewardError, RewardInput, build_reward_fn, score_group
 from rlslurm.rollout.rule_rewards import (
     RULES,

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.rollout_fn import TrackedSource
@@ -198,8 +198,8 @@ def _sft_argv(tmp_path: Path, records: list[list[dict]] | None = None, template:
 
 
 def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) -> None:
-    from rlslurm.resolve import resolve
-    from rlslurm.layout import no_engines_reason
+    from rlslurm.settings.resolve import resolve
+    from rlslurm.settings.layout import no_engines_reason
     from rlslurm.rollout.main import builds_rollouts
     from rlslurm.rollout.sft import SFT_ROLLOUT_FN
 
@@ -241,7 +241,7 @@ def test_submit_refuses_sft_without_engines_flag_hf_or_a_maskable_record(tmp_pat
            [{"role": "user", "content": "say digits"}]]
     data = tmp_path / "conversations.jsonl"
     with pytest.raises(DataError, match=rf"^{data}:2: no assistant token to train on"):
-        from rlslurm.resolve import resolve
+        from rlslurm.settings.resolve import resolve
 
         resolve(_sft_argv(tmp_path, bad * 2))
     qwen3_like = ("{% for m in messages %}{{ m['role'] }} : "

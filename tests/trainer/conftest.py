@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from rlslurm.buffer import RolloutMeta, RolloutWriter, RunDir, Sample, SampleStatus
-from rlslurm.config import RunConfig
-from rlslurm.runfile import dump_run_config
+from rlslurm.settings.config import RunConfig
+from rlslurm.settings.runfile import dump_run_config
 from tests.small_fs import small_fs  # noqa: F401  (registers the fixture here)
 
 MODEL = "tiny-qwen3"
@@ -34,7 +34,7 @@ def _pythonpath() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory) -> Path:
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(load_model_config(MODEL), tmp_path_factory.mktemp("hf") / MODEL, seed=3)

@@ -9,7 +9,7 @@ from rlslurm.buffer.control import Control, EngineRecord
 from rlslurm.buffer.progress import TrainerProgress
 from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.config import RunConfig, TrainSection
+from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.trainer.main import Trainer
 
 A, B = "http://10.0.0.1:30000", "http://10.0.0.2:30000"

@@ -34,7 +34,7 @@ def main() -> None:
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.convert import load_hf_checkpoint
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.engines.greedy import engine_greedy
     from rlslurm.trainer.weights.base import SyncOptions

@@ -52,7 +52,7 @@ def main() -> None:
 def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False, device: str = "cpu",
             resume_from: Path | None = None) -> None:
     from rlslurm.buffer import RolloutReader
-    from rlslurm.runfile import load_run_config
+    from rlslurm.settings.runfile import load_run_config
 
     from rlslurm.trainer import logprobs as lp
     from rlslurm.trainer import step as steps

@@ -27,7 +27,7 @@ from rlslurm.trainer.advantages import (
     reward_from,
     rl_configs_from_train,
 )
-from rlslurm.rl_settings import ESTIMATOR_NAMES, estimator
+from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, estimator
 from rlslurm.trainer.losses import PolicyLossConfig
 
 # Six samples in three prompt groups of unequal size, ids not contiguous and interleaved.
@@ -334,7 +334,7 @@ def test_gspo_must_be_set_in_both_configs() -> None:
     ],
 )
 def test_bad_advantage_config_names_the_flag(kwargs: dict, flag: str) -> None:
-    # rules across settings are rlslurm/rl_settings.py's (tests/launcher/test_validation.py)
+    # rules across settings are rlslurm/settings/rl_settings.py's (tests/launcher/test_validation.py)
     with pytest.raises(ConfigError, match=flag):
         AdvantageConfig(**kwargs)
 
@@ -378,7 +378,7 @@ def test_bad_batches_are_refused() -> None:
 
 
 def test_configs_from_the_run_config_train_section() -> None:
-    from rlslurm.config import TrainSection
+    from rlslurm.settings.config import TrainSection
 
     adv, loss = rl_configs_from_train(TrainSection())
     assert adv.estimator == "grpo" and adv.grpo_std_normalization and loss.loss_reduction == "per_sample_mean"
@@ -391,7 +391,7 @@ def test_configs_from_the_run_config_train_section() -> None:
     assert loss.kl_loss_coef == 0.0  # --kl-loss-coef only counts with --use-kl-loss
     assert (loss.tis_clip_high, loss.clip_high, loss.estimator) == (1.5, 0.28, "ppo")
 
-    # the trainer re-runs the submit-time validator (rlslurm/rl_settings.py)
+    # the trainer re-runs the submit-time validator (rlslurm/settings/rl_settings.py)
     with pytest.raises(ConfigError, match="--kl-coef .*--use-kl-loss --kl-loss-coef"):
         rl_configs_from_train(TrainSection(advantage_estimator="ppo", kl_coef=0.1, use_kl_loss=True, kl_loss_coef=0.1))
     with pytest.raises(ConfigError, match="--use-tis and --use-rollout-logprobs"):
@@ -486,7 +486,7 @@ def test_reward_post_process_takes_the_place_of_the_group_baseline(tmp_path) -> 
     from types import SimpleNamespace
 
     from rlslurm.buffer.sample import Sample
-    from rlslurm.config import RunConfig, TrainSection
+    from rlslurm.settings.config import RunConfig, TrainSection
     from rlslurm.trainer.advantages import rl_configs_from_train
     from rlslurm.trainer.step import rewards_of
 

@@ -72,7 +72,7 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
     session): EP=1 on 1 process; EP=2 x DP=2 on 2; on 4, EP=2 with TP=2 or PP=2, DP=2, and TP=2 with
     experts whole (ETP=1) over EP=2. The run with an ETP of its own also checks a checkpoint resume
     (step_worker --resume-check)."""
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     hf = make_tiny_checkpoint(load_model_config(MODEL), tmp / "hf", seed=5)
@@ -135,7 +135,7 @@ def test_expert_parallel_with_tensor_or_pipeline_parallel_equals_single_process(
 def test_expert_tensor_parallel_apart_from_tp_equals_single_process(layouts) -> None:
     """slime's MoE layout, experts whole on each rank (--expert-tensor-parallel-size 1) while attention
     is split over TP=2, EP=2: 4 processes, dense DP=2 and expert DP=2, the EP group now within a
-    dense TP group (megatron-core's expert grid, rlslurm/parallel_grid.py). Log-probs, losses and the
+    dense TP group (megatron-core's expert grid, rlslurm/settings/parallel_grid.py). Log-probs, losses and the
     published weights (gathered over ETP and EP) equal EP=1 on one process; a checkpoint saved and
     loaded at this layout takes the same step again, bit for bit."""
     got = layouts["ep2tp2etp1"]
@@ -151,7 +151,7 @@ def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
     """allgather gathers equal-sized chunks from ranks of different DP index, whose micro-batches
     differ in shape (it aborted on gloo): EP > 1 takes alltoall, and an allgather override is refused."""
     from rlslurm.errors import ConfigError
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.trainer import model as model_mod
 
     mc = load_model_config(MODEL)

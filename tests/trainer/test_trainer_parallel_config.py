@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.model_config import load_model_config
+from rlslurm.settings.model_config import load_model_config
 from rlslurm.trainer import model as model_mod
 from rlslurm.trainer.setup import check_context_parallel, check_pipeline
 
@@ -21,7 +21,7 @@ def _tcfg(**kw):
 def test_context_parallel_is_accepted_but_a_comm_type_it_does_not_do(tmp_path) -> None:
     """CP > 1 builds (docs/context-parallel.md), dense or MLA; a megatron CP communication scheme other
     than the all-gather rlslurm's attention does is refused in one line, not silently replaced."""
-    from rlslurm.config import RunConfig
+    from rlslurm.settings.config import RunConfig
 
     def cfg(cp: int, megatron: dict | None = None) -> RunConfig:
         return RunConfig.model_validate({"run": {"run_name": "t", "run_dir": str(tmp_path), "device": "cpu"},
@@ -91,7 +91,7 @@ def test_export_takes_every_rank_its_gathers_reach(tp, ep, etp, pp, world) -> No
     alone, misses ranks whenever the EP group leaves the TP group (ETP x EP not dividing TP)."""
     from megatron.core.parallel_state import RankGenerator
 
-    from rlslurm.parallel_grid import exporting_dp_ranks
+    from rlslurm.settings.parallel_grid import exporting_dp_ranks
 
     order, dp = "tp-cp-ep-dp-pp", world // (tp * pp)
     dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order=order)
@@ -135,7 +135,7 @@ def test_stage_split_is_megatrons(num_layers, pp, first, last) -> None:
     and its offset (where its layer_number, which conversion and weight sync read, starts)."""
     import itertools
 
-    from rlslurm.parallel_grid import stage_layers
+    from rlslurm.settings.parallel_grid import stage_layers
 
     ours = stage_layers(num_layers, pp, first, last)
     offsets = [0, *itertools.accumulate(ours)][:-1]
@@ -146,7 +146,7 @@ def test_stage_split_is_megatrons(num_layers, pp, first, last) -> None:
 def test_stage_split_refuses_what_megatron_refuses(num_layers, pp, first, last, said) -> None:
     """Each refusal is one line naming the flags, and megatron-core would have refused too (its
     TransformerConfig, or the assert in get_num_layers_to_build on some stage)."""
-    from rlslurm.parallel_grid import stage_layers
+    from rlslurm.settings.parallel_grid import stage_layers
 
     with pytest.raises(ConfigError) as e:
         stage_layers(num_layers, pp, first, last, model="x")

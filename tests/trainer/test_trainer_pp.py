@@ -25,7 +25,7 @@ import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
 from conftest import MODEL, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
-from rlslurm.model_config import MODEL_CONFIG_DIR
+from rlslurm.settings.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
 
     dense: tiny-qwen3 with tied embeddings (a model config file of our own; qwen3-4B is tied too) and 5
     layers, which no PP > 1 divides: every dense pipeline is split by the first/last-stage counts
-    (rlslurm/parallel_grid.py stage_layers), each stage's layers numbered from its own offset.
+    (rlslurm/settings/parallel_grid.py stage_layers), each stage's layers numbered from its own offset.
     dp2pp2: the distributed optimizer (the default whenever DP > 1) shards the state over DP inside
     each stage; its grad norm and clipping still span both stages. pp4: both counts and two stages
     between them, and a checkpoint saved and loaded at that split (step_worker --resume-check).
@@ -86,7 +86,7 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
     shared expert and router expert bias (stage 1)."""
     import yaml
 
-    from rlslurm.model_config import load_model_config
+    from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
     raw = yaml.safe_load((MODEL_CONFIG_DIR / f"{MODEL}.yaml").read_text())

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from rlslurm.buffer.atomic import fsync_dir
 from rlslurm.buffer.control import Control
-from rlslurm.model_config import ModelConfig
+from rlslurm.settings.model_config import ModelConfig
 from rlslurm.trainer.weights.record import Delivered
 
 

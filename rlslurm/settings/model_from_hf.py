@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rlslurm.errors import ConfigError, UserError
-from rlslurm.model_config import ModelConfig, load_model_config
+from rlslurm.settings.model_config import ModelConfig, load_model_config
 
 NO_MODEL = ("no model: pass --model NAME (`rlslurm models`, or a model config YAML) or --hf-checkpoint DIR "
             "(its config.json gives the architecture)")
@@ -40,7 +40,7 @@ def run_model(model: str | None, hf_checkpoint: Path | str | None) -> ModelConfi
 def shipped_match(mc: ModelConfig) -> ModelConfig:
     """The shipped model config of exactly this architecture, with its per-node defaults (a checkpoint
     of Qwen/Qwen3-4B runs as `--model qwen3-4B` would); else `mc`, which has none."""
-    from rlslurm.model_config import available_models
+    from rlslurm.settings.model_config import available_models
 
     for name in available_models():
         shipped = load_model_config(name)

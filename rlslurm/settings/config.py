@@ -19,9 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rlslurm.job.timespec import time_limit_s
-from rlslurm.prompt_slice import parse_prompt_spec
-from rlslurm.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
-from rlslurm.rm_types import RM_REFUSED, RM_TYPES
+from rlslurm.settings.prompt_slice import parse_prompt_spec
+from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
+from rlslurm.settings.rm_types import RM_REFUSED, RM_TYPES
 from rlslurm.secret_env import looks_secret
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
@@ -242,7 +242,7 @@ class DataSection(Section):
     eval_prompt_data: list[str] = Field(default_factory=list, description="evaluation sets: NAME PATH [NAME PATH "
                                                                           "...]")
     eval_config: Path | None = Field(None, description="slime's per-dataset eval YAML, instead of "
-                                                       "--eval-prompt-data (rlslurm/eval_config.py)")
+                                                       "--eval-prompt-data (rlslurm/settings/eval_config.py)")
 
     @field_validator("eval_prompt_data")
     @classmethod
@@ -304,7 +304,7 @@ class RolloutSection(Section):
     # engines/sglang_versions.py: an untested version gets the API of the nearest tested one below it
     allow_untested_sglang: bool = Field(False, description="GPU engines: start with an SGLang other than the tested "
                                                            "0.5.14 and 0.5.23, with a warning instead of an error")
-    rm_type: Literal[RM_TYPES] = Field(  # type: ignore[valid-type]  # rlslurm/rm_types.py
+    rm_type: Literal[RM_TYPES] = Field(  # type: ignore[valid-type]  # rlslurm/settings/rm_types.py
         "math", description="built-in reward: math, exact, dapo, f1, gpqa, remote, ... (docs/slime-flags.md); "
                             "--custom-rm-path wins")
     rm_url: str | None = Field(None, description="URL of an HTTP reward model (--rm-type remote)")
@@ -393,7 +393,7 @@ class TrainSection(Section):
     tensor_model_parallel_size: int = Field(1, ge=1, description="trainer tensor parallelism (TP)")
     pipeline_model_parallel_size: int = Field(1, ge=1, description="trainer pipeline parallelism (PP)")
     # slime's (Megatron-LM's) flags; megatron-core's TransformerConfig num_layers_in_first/last_pipeline_stage.
-    # The split rule and its refusals: rlslurm/parallel_grid.py stage_layers
+    # The split rule and its refusals: rlslurm/settings/parallel_grid.py stage_layers
     decoder_first_pipeline_num_layers: int | None = Field(None, ge=1, description="transformer layers of the "
                                                                                   "first pipeline stage (default: "
                                                                                   "an even split; the stages "
@@ -406,7 +406,7 @@ class TrainSection(Section):
                                                             "over CP ranks, rlslurm's own attention "
                                                             "(docs/context-parallel.md)")
     expert_model_parallel_size: int = Field(1, ge=1, description="trainer expert parallelism of MoE layers (EP)")
-    # slime's flag; megatron-core's own default is TP too (rlslurm/parallel_grid.py)
+    # slime's flag; megatron-core's own default is TP too (rlslurm/settings/parallel_grid.py)
     expert_tensor_parallel_size: int | None = Field(None, ge=1, description="trainer tensor parallelism of the "
                                                                             "routed experts (ETP; default: "
                                                                             "--tensor-model-parallel-size)")
@@ -468,13 +468,13 @@ class TrainSection(Section):
         return _check_pattern(v, ("rollout_id", "rank"))
 
     # RL
-    loss_type: Literal[LOSS_TYPE_NAMES] = Field(  # type: ignore[valid-type]  # rlslurm/rl_settings.py
-        "policy_loss", description="policy_loss, sft_loss or custom_loss (rlslurm/rl_settings.py)")
+    loss_type: Literal[LOSS_TYPE_NAMES] = Field(  # type: ignore[valid-type]  # rlslurm/settings/rl_settings.py
+        "policy_loss", description="policy_loss, sft_loss or custom_loss (rlslurm/settings/rl_settings.py)")
     custom_loss_function_path: str | None = Field(None, description="your loss function with --loss-type "
                                                                     "custom_loss (trainer/actor_loss.py)")
-    advantage_estimator: Literal[ESTIMATOR_NAMES] = Field(  # type: ignore[valid-type]  # rlslurm/rl_settings.py
+    advantage_estimator: Literal[ESTIMATOR_NAMES] = Field(  # type: ignore[valid-type]  # rlslurm/settings/rl_settings.py
         "grpo", description="grpo, gspo, cispo, reinforce_plus_plus, reinforce_plus_plus_baseline or ppo "
-                            "(rlslurm/rl_settings.py)")
+                            "(rlslurm/settings/rl_settings.py)")
     custom_advantage_function_path: str | None = Field(None, description="function replacing the estimator's "
                                                                          "advantages (trainer/advantages.py)")
     custom_reward_post_process_path: str | None = Field(None, description="function replacing the group baseline "
@@ -576,7 +576,7 @@ class RunConfig(Section):
     router_args: list[str] = Field(default_factory=list, description="--router-<flag> [VALUE] passthrough to "
                                                                      "sglang-router, argv form")
 
-    # Derived from the fields above (and filled by rlslurm/resolve.py `_derive`).
+    # Derived from the fields above (and filled by rlslurm/settings/resolve.py `_derive`).
     @property
     def trainer_gpus(self) -> int:
         return self.slurm.trainer_nodes * self.trainer_procs_per_node  # type: ignore[operator]

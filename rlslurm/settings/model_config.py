@@ -1,4 +1,4 @@
-"""Model configs: `rlslurm/model_configs/<name>.yaml`, shipped as package data.
+"""Model configs: `rlslurm/settings/model_configs/<name>.yaml`, shipped as package data.
 
 A model config carries the architecture (the numbers that change the math, checked against the HF
 checkpoint's `config.json` at start-up) and sensible defaults per node count, so that

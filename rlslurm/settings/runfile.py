@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlslurm.flags import Layer
+from rlslurm.settings.flags import Layer
 
 # Fields holding one local path.
 PATH_FIELDS = ("run_dir", "setup_script", "hf_checkpoint", "ref_load", "load", "prompt_data",

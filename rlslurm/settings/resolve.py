@@ -11,21 +11,21 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rlslurm import layout, preflight
-from rlslurm.config import RunConfig
+from rlslurm.settings import layout, preflight
+from rlslurm.settings.config import RunConfig
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
-from rlslurm.eval_config import eval_datasets
-from rlslurm.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
+from rlslurm.settings.eval_config import eval_datasets
+from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.job.timespec import time_limit_s
-from rlslurm.low_precision import check_megatron_precision
-from rlslurm.model_config import ModelConfig, model_config_path
-from rlslurm.model_from_hf import run_model
-from rlslurm.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
-from rlslurm.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
-from rlslurm.prompt_slice import parse_prompt_spec
-from rlslurm.rl_settings import check_rl_settings
-from rlslurm.rm_types import RM_REGISTRY
+from rlslurm.settings.low_precision import check_megatron_precision
+from rlslurm.settings.model_config import ModelConfig, model_config_path
+from rlslurm.settings.model_from_hf import run_model
+from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
+from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
+from rlslurm.settings.prompt_slice import parse_prompt_spec
+from rlslurm.settings.rl_settings import check_rl_settings
+from rlslurm.settings.rm_types import RM_REGISTRY
 from rlslurm.trainer.replay_subsample import check_subsample
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
@@ -43,7 +43,7 @@ class Resolved:
 def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: bool = True) -> Resolved:
     """`strict_inputs=False` (dry runs) turns missing prompt data / checkpoint into warnings.
 
-    Every path of the result is absolute (rlslurm/paths.py says against what)."""
+    Every path of the result is absolute (rlslurm/settings/paths.py says against what)."""
     user_layers = [absolutize(parse_flags(argv), Path.cwd())]
     if config_file:
         user_layers.insert(0, absolutize(load_yaml_layer(config_file), config_file.parent))
@@ -222,7 +222,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
                 f"{mc.name}'s {mc.arch.moe.num_experts} experts"
             )
     # megatron-core builds the experts' grid (ETP x EP x expert-DP x PP) over the same world, whether
-    # or not the model has experts (rlslurm/parallel_grid.py, docs/parallel-layouts.md)
+    # or not the model has experts (rlslurm/settings/parallel_grid.py, docs/parallel-layouts.md)
     check_expert_grid(world, tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size,
                       ep=t.expert_model_parallel_size, etp=t.expert_tp,
                       where=f"the {world} trainer GPUs")
@@ -236,7 +236,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
                 f"--tensor-model-parallel-size {t.tensor_model_parallel_size} must divide {mc.name}'s "
                 f"{mc.arch.num_attention_heads} heads and {mc.arch.num_query_groups} query groups"
             )
-    # megatron-core's split of the layers over the stages, even or uneven (rlslurm/parallel_grid.py)
+    # megatron-core's split of the layers over the stages, even or uneven (rlslurm/settings/parallel_grid.py)
     stage_layers(mc.arch.num_layers, t.pipeline_model_parallel_size, t.decoder_first_pipeline_num_layers,
                  t.decoder_last_pipeline_num_layers, model=mc.name)
     check_pipeline_split(cfg.megatron, t.pipeline_model_parallel_size)
@@ -452,7 +452,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         else:
             from rlslurm.rollout.data import validate_prompt_file
 
-            # the file without slime's @[START:END] slice (rlslurm/prompt_slice.py)
+            # the file without slime's @[START:END] slice (rlslurm/settings/prompt_slice.py)
             if parse_prompt_spec(d.prompt_data).path.exists() or strict:
                 sft = cfg.rollout.rollout_function_path == SFT_ROLLOUT_FN
                 # SFT records are conversations: no label (rollout/sft.py)

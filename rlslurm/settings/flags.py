@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rlslurm.config import SECTIONS, RunConfig
+from rlslurm.settings.config import SECTIONS, RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, slime_instead
+from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, slime_instead
 
 SGLANG_PREFIX = "--sglang-"
 ROUTER_PREFIX = "--router-"    # sglang-router's own flags (rlslurm/engines/router.py)
@@ -48,7 +48,7 @@ def flag_name(field_name: str) -> str:
 
 @dataclass(frozen=True)
 class FlagHelp:
-    """One run flag as `rlslurm flags` shows it; the description is the config field's (rlslurm/config.py)."""
+    """One run flag as `rlslurm flags` shows it; the description is the config field's (rlslurm/settings/config.py)."""
 
     flag: str
     field: str

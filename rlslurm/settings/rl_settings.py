@@ -3,7 +3,7 @@
 Every rule that ties two or more RL settings together lives in `check_rl_settings`: `resolve()`
 runs it before anything is submitted, and the trainer runs the same function again at start-up
 (`trainer/advantages.rl_configs_from_train`), so a combination the trainer refuses can never wait
-in the queue first. Rules on one field alone are bounds in `rlslurm/config.py`. No torch here:
+in the queue first. Rules on one field alone are bounds in `rlslurm/settings/config.py`. No torch here:
 this module is imported on the submit host.
 """
 
@@ -125,7 +125,7 @@ def loss_type(name: str) -> LossType:
 
 
 class RLKnobs(Protocol):
-    """The fields of `rlslurm.config.TrainSection` the rules read."""
+    """The fields of `rlslurm.settings.config.TrainSection` the rules read."""
 
     advantage_estimator: str
     grpo_std_normalization: bool

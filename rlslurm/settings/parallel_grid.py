@@ -1,6 +1,6 @@
 """The trainer's two parallel grids as megatron-core 0.16 builds them (docs/parallel-layouts.md,
 "Experts have a grid of their own"), and how it splits the layers over pipeline stages ("Pipeline
-stages"), for everything that must agree with it: submit's checks (rlslurm/resolve.py), the
+stages"), for everything that must agree with it: submit's checks (rlslurm/settings/resolve.py), the
 trainer's start (trainer/setup.py), the converter (convert/runtime.py) and who takes part in an HF
 export (convert/parallel.py).
 
@@ -130,5 +130,5 @@ def check_pipeline_split(overrides, pp: int) -> None:
     for key in OTHER_PIPELINE_SPLITS:
         if overrides.get(key):
             raise ConfigError(f"--megatron-{key.replace('_', '-')}: rlslurm splits the layers over pipeline stages "
-                              f"evenly or by {FIRST_FLAG} / {LAST_FLAG} (rlslurm/parallel_grid.py); "
+                              f"evenly or by {FIRST_FLAG} / {LAST_FLAG} (rlslurm/settings/parallel_grid.py); "
                               "megatron-core's other splits are not supported")

@@ -1,7 +1,7 @@
 """slime's flag spellings that are not rlslurm field names: the ones that mean the same, and what to use
 instead of the ones rlslurm deliberately does not have.
 
-rlslurm/flags.py reads both tables: an alias sets its field, and an unknown flag found in
+rlslurm/settings/flags.py reads both tables: an alias sets its field, and an unknown flag found in
 `SLIME_INSTEAD` is refused with the rlslurm way to get the same thing. Flag names are without the
 leading `--`, in field form (`_`, not `-`). Names checked against `slime/utils/arguments.py`;
 the list for users: docs/slime-flags.md.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlslurm import low_precision
+from rlslurm.settings import low_precision
 
 # slime flag -> (rlslurm field, value). value None: the flag takes its value as the field would;
 # otherwise the flag is a switch that sets the field to this value.
@@ -54,7 +54,7 @@ SLIME_INSTEAD: dict[str, str] = {
     "offload_train": _OFFLOAD,
     "offload_rollout": _OFFLOAD,
     "save": "checkpoints go to RUN/checkpoints (--run-dir); use --save-interval and --keep-checkpoints",
-    "model_name": "use --model (a model config name, rlslurm/model_configs)",
+    "model_name": "use --model (a model config name, rlslurm/settings/model_configs)",
     "update_weight_mode": "use --weight-sync distributed|disk",
     "update_weight_transport": "use --weight-sync distributed|disk",
     "update_weight_disk_dir": "--weight-sync disk writes to RUN/weights",
@@ -80,7 +80,7 @@ SLIME_INSTEAD: dict[str, str] = {
     "ref_update_interval": "the reference model stays the --ref-load (or --hf-checkpoint) weights for the whole run",
     "disable_compute_advantages_and_returns": "advantages are always computed; --loss-type sft_loss or "
                                               "custom_loss need not use them",
-    # FP8/FP4 training (rlslurm/low_precision.py): refused with the reason, never dropped
+    # FP8/FP4 training (rlslurm/settings/low_precision.py): refused with the reason, never dropped
     **{name: low_precision.WHY_TRAINING for name in low_precision.SLIME_FLAGS},
 }
 

@@ -1,4 +1,4 @@
-"""Where each group runs, decided before anything else is checked (rlslurm/resolve.py):
+"""Where each group runs, decided before anything else is checked (rlslurm/settings/resolve.py):
 
 - `--nodes N` (N >= 2): a het job, the trainer on --trainer-nodes of their own, the engines on
   --rollout-nodes of their own (default: half each).
@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.flags import flag_name
+from rlslurm.settings.flags import flag_name
 
 if TYPE_CHECKING:
-    from rlslurm.model_config import ModelConfig
+    from rlslurm.settings.model_config import ModelConfig
 
 
 def makes_init_checkpoint(cfg: RunConfig, model: "ModelConfig") -> bool:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlslurm.errors import ConfigError, DataError, UserError
-from rlslurm.flags import flag_name
+from rlslurm.settings.flags import flag_name
 
 if TYPE_CHECKING:
-    from rlslurm.config import RunConfig
-    from rlslurm.model_config import ModelConfig
+    from rlslurm.settings.config import RunConfig
+    from rlslurm.settings.model_config import ModelConfig
 
 # Plugin flag -> positional arguments its callable must take (None: a class or factory, checked by
 # the node that builds it). The same numbers the rollout's loaders use.
@@ -317,7 +317,7 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> None:
         raise ConfigError(f"{flag} {path}: not a directory (a Hugging Face model directory is expected)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"{flag} {path}: no config.json, so not a Hugging Face model directory")
-    from rlslurm.low_precision import check_unquantized
+    from rlslurm.settings.low_precision import check_unquantized
 
     check_unquantized(flag, path)  # before the weights: a quantized one is refused for what it is
     if not (path / INDEX_NAME).is_file() and not any(path.glob("*.safetensors")):

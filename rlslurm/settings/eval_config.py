@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from rlslurm.config import RunConfig
+from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
-from rlslurm.prompt_slice import PromptSpec, parse_prompt_spec
-from rlslurm.rm_types import RM_REGISTRY, RM_TYPES
+from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
+from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 
 FLAG = "--eval-config"
 
@@ -116,7 +116,7 @@ def _read(path: Path, base: dict[str, Any], cfg: RunConfig) -> list[EvalDataset]
             raise ConfigError(f"{at}: needs a `path` (a .jsonl or .parquet file)")
         rest = {k: v for k, v in entry.items() if k not in ("name", "path")}
         _check_keys(rest, at)
-        # a relative path is the config file's neighbour, as for --config run.yaml (rlslurm/paths.py)
+        # a relative path is the config file's neighbour, as for --config run.yaml (rlslurm/settings/paths.py)
         spec = parse_prompt_spec(p, f"{at} path")
         full = PromptSpec(Path(os.path.abspath(path.parent / os.path.expanduser(spec.path))), spec.start, spec.end)
         ds = EvalDataset(name=name, path=str(full), **{**base, **defaults, **rest})
