@@ -125,8 +125,9 @@ def submit(
     out.print(f"  follow: rlslurm status {sub.run_dir}   logs: rlslurm logs {sub.run_dir}")
 
 
+DEMO_RUN_NAME = "demo"
 DEMO_FLAGS = [
-    "--model", "tiny-qwen3", "--run-name", "demo", "--num-rollout", "24", "--custom-rm-path",
+    "--model", "tiny-qwen3", "--run-name", DEMO_RUN_NAME, "--num-rollout", "24", "--custom-rm-path",
     "rlslurm.demo_task:reward", "--rollout-temperature", "1.0", "--rollout-dtype", "float32", "--num-epoch", "1000",
 ]
 
@@ -153,6 +154,7 @@ def run(
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
+    from rlslurm.settings.config import run_dir_of
     from rlslurm.settings.model_from_hf import run_model
     from rlslurm.settings.resolve import Resolved
     from rlslurm.settings.runfile import load_run_config
@@ -160,15 +162,15 @@ def run(
     from rlslurm.watchdog import hang_timeout_s
 
     argv = _collect(ctx, model=model, prompt_data=prompt_data, run_name=run_name, run_dir=run_dir)
+    rd_path = run_dir_of(run_dir, run_name or (DEMO_RUN_NAME if demo else None))
     if demo:
         from rlslurm.demo_task import make_prompts
 
-        rd_path = run_dir or Path("runs") / (run_name or "demo")
         rd = RunDir.create(rd_path)
         if not rd.run_yaml.exists() and prompt_data is None:
             argv = ["--prompt-data", str(make_prompts(rd.path / "prompts.jsonl"))] + argv
         argv = DEMO_FLAGS + ["--run-dir", str(rd_path)] + argv
-    existing = RunDir(run_dir or Path("runs") / (run_name or ("demo" if demo else "rlslurm")))
+    existing = RunDir(rd_path)
     if existing.run_yaml.exists():
         cfg = load_run_config(existing.path)
         gpus = role_gpus(cfg)

@@ -47,8 +47,18 @@ class Section(BaseModel):
 # beside a field say why it is built that way; the description says what it does for the user.
 
 
+# `--run-name`'s default; the run directory's rule is `run_dir_of`.
+DEFAULT_RUN_NAME = "rlslurm"
+
+
+def run_dir_of(run_dir: Path | None, run_name: str | None = None) -> Path:
+    """The one rule for a run's directory: --run-dir, else ./runs/<run-name> (run name default:
+    DEFAULT_RUN_NAME), relative to where the command runs until resolve() makes it absolute."""
+    return run_dir or Path("runs") / (run_name or DEFAULT_RUN_NAME)
+
+
 class RunSection(Section):
-    run_name: str = Field("rlslurm", description="name of the run: the SLURM job name and the default run directory "
+    run_name: str = Field(DEFAULT_RUN_NAME, description="name of the run: the SLURM job name and the default run directory "
                                                  "runs/<run-name>")
     run_dir: Path | None = Field(None, description="run directory on shared storage, seen by every node "
                                                    "(default: ./runs/<run-name>)")
@@ -622,7 +632,7 @@ class RunConfig(Section):
 
     @property
     def run_dir(self) -> Path:
-        return self.run.run_dir or Path("runs") / self.run.run_name
+        return run_dir_of(self.run.run_dir, self.run.run_name)
 
 
 SECTIONS: tuple[str, ...] = ("run", "slurm", "model", "data", "rollout", "train")

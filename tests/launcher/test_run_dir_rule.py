@@ -1,0 +1,57 @@
+"""One rule for a run's directory (rlslurm/settings/config.py `run_dir_of`): --run-dir, else
+./runs/<run-name>, with `rlslurm`, the documented --run-name default; `rlslurm run --demo` names its
+run `demo`. The config and both of `rlslurm run`'s paths (the demo's and a resume's) use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlslurm import cli
+from rlslurm.buffer.rundir import RunDir
+from rlslurm.settings import runfile
+from rlslurm.settings.config import DEFAULT_RUN_NAME, RunSection, run_dir_of
+from rlslurm.settings.flags import Layer, build_config
+
+
+def test_the_rule() -> None:
+    assert run_dir_of(None) == Path("runs") / DEFAULT_RUN_NAME == Path("runs/rlslurm")
+    assert run_dir_of(None, "grpo") == Path("runs/grpo")
+    assert run_dir_of(Path("/shared/r"), "grpo") == Path("/shared/r")
+
+
+def test_the_config_and_the_documented_defaults_follow_it() -> None:
+    assert RunSection.model_fields["run_name"].default == DEFAULT_RUN_NAME
+    assert "runs/<run-name>" in RunSection.model_fields["run_dir"].description
+    assert f"(default: {DEFAULT_RUN_NAME})" in cli.NameOpt.help and "runs/<run-name>" in cli.DirOpt.help
+    assert build_config([Layer()]).run_dir == Path("runs/rlslurm")
+    named = Layer()
+    named.set("run_name", "grpo", "test")
+    assert build_config([named]).run_dir == Path("runs/grpo")
+
+
+class _Resumed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], "runs/rlslurm"),
+    (["--run-name", "x"], "runs/x"),
+    (["--demo"], "runs/demo"),
+    (["--demo", "--run-name", "x"], "runs/x"),
+    (["--run-dir", "elsewhere"], "elsewhere"),
+])
+def test_rlslurm_run_resumes_the_run_dir_of_the_rule(args, expected, tmp_path, monkeypatch) -> None:
+    """An existing run.yaml where the rule points is resumed (stopped here, before anything starts)."""
+    monkeypatch.chdir(tmp_path)
+    RunDir.create(tmp_path / expected).run_yaml.write_text("{}\n")
+
+    def resumed(path):
+        raise _Resumed(Path(path))
+
+    monkeypatch.setattr(runfile, "load_run_config", resumed)
+    r = CliRunner().invoke(cli.app, ["run", *args])
+    assert isinstance(r.exception, _Resumed), (r.output, r.exception)
+    assert r.exception.args[0] == Path(expected)
