@@ -7,13 +7,17 @@ YAML file first. Every user error prints one line and exits 2; no traceback.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import subprocess
 import sys
 import time
+import typing
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -59,19 +63,71 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _collect(ctx: typer.Context, **named: object) -> list[str]:
-    """Named Typer options back into flag form, followed by every other flag as typed."""
-    argv: list[str] = []
-    for name, value in named.items():
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
-    return argv + list(ctx.args)
+# The run options that `submit`, `render` and `run` name in their --help, in this order ahead of each
+# command's own; every other run flag passes through to rlslurm/settings/flags.py (FLAGS_EPILOG).
+RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "model": (Optional[str], typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a "
+                                          "YAML path")),
+    "nodes": (Optional[int], typer.Option(None, "--nodes", help="total nodes: trainer + rollout")),
+    "prompt_data": (Optional[Path], typer.Option(None, "--prompt-data", help="prompts: a .jsonl or .parquet file, a "
+                                                 "directory of them, or a `datasets` save_to_disk directory")),
+    "run_name": (Optional[str], typer.Option(None, "--run-name", help="run name (default: rlslurm)")),
+    "run_dir": (Optional[Path], typer.Option(None, "--run-dir", help="run directory on shared storage (default: "
+                                             "./runs/<run-name>)")),
+    "config": (Optional[Path], typer.Option(None, "--config", help="run YAML (sections or flat field names); flags "
+                                            "override it")),
+}
 
 
-def _resolve(ctx: typer.Context, config: Optional[Path], strict: bool, **named: object):
+@dataclass
+class RunOptions:
+    """RUN_OPTIONS as given (None: not given, or not an option of the command)."""
+
+    model: Optional[str] = None
+    nodes: Optional[int] = None
+    prompt_data: Optional[Path] = None
+    run_name: Optional[str] = None
+    run_dir: Optional[Path] = None
+    config: Optional[Path] = None
+
+    def argv(self, ctx: typer.Context) -> list[str]:
+        """The options back into flag form (--config aside: it is a layer, not a flag), followed by every
+        other flag as typed."""
+        argv: list[str] = []
+        for name, value in asdict(self).items():
+            if value is not None and name != "config":
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        return argv + list(ctx.args)
+
+
+def _run_options(*, without: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command `f(ctx, opts: RunOptions, <its own options>)` the shared RUN_OPTIONS (but those
+    `without`) as Typer options ahead of its own, handed to it as one RunOptions."""
+    shared = [name for name in RUN_OPTIONS if name not in without]
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(command)
+        ctx_param, _opts, *own = inspect.signature(command).parameters.values()
+
+        @functools.wraps(command)
+        def with_run_options(ctx: typer.Context, **given: Any) -> Any:
+            return command(ctx, RunOptions(**{name: given.pop(name) for name in shared}), **given)
+
+        params = [ctx_param.replace(annotation=typer.Context)]
+        params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=RUN_OPTIONS[name][1],
+                                     annotation=RUN_OPTIONS[name][0]) for name in shared]
+        params += [p.replace(annotation=hints[p.name]) for p in own]
+        with_run_options.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        with_run_options.__annotations__ = {p.name: p.annotation for p in params}
+        return with_run_options
+
+    return wrap
+
+
+def _resolve(ctx: typer.Context, opts: RunOptions, strict: bool):
     from rlslurm.settings.resolve import resolve
 
-    res = resolve(_collect(ctx, **named), config, strict_inputs=strict)
+    res = resolve(opts.argv(ctx), opts.config, strict_inputs=strict)
     _print_notes(res)
     return res
 
@@ -83,24 +139,11 @@ def _print_notes(res) -> None:
         err.print(f"note: {escape(n)}", highlight=False)
 
 
-ConfigOpt = typer.Option(None, "--config", help="run YAML (sections or flat field names); flags override it")
-ModelOpt = typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a YAML path")
-NodesOpt = typer.Option(None, "--nodes", help="total nodes: trainer + rollout")
-DataOpt = typer.Option(None, "--prompt-data", help="prompts: a .jsonl or .parquet file, a directory of them, or a "
-                         "`datasets` save_to_disk directory")
-NameOpt = typer.Option(None, "--run-name", help="run name (default: rlslurm)")
-DirOpt = typer.Option(None, "--run-dir", help="run directory on shared storage (default: ./runs/<run-name>)")
-
-
 @app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@_run_options()
 def submit(
     ctx: typer.Context,
-    model: Optional[str] = ModelOpt,
-    nodes: Optional[int] = NodesOpt,
-    prompt_data: Optional[Path] = DataOpt,
-    run_name: Optional[str] = NameOpt,
-    run_dir: Optional[Path] = DirOpt,
-    config: Optional[Path] = ConfigOpt,
+    opts: RunOptions,
     dry_run: bool = typer.Option(False, "--dry-run", help="print the rendered sbatch script; create and submit nothing"),
 ) -> None:
     """Validate, create the run directory and submit the heterogeneous job.
@@ -111,8 +154,7 @@ def submit(
           --rollout-batch-size 64 --sglang-mem-fraction-static 0.7 --megatron-recompute-granularity full\n
       rlslurm submit --model glm4-9B --nodes 4 --dry-run
     """
-    res = _resolve(ctx, config, not dry_run, model=model, nodes=nodes, prompt_data=prompt_data,
-                   run_name=run_name, run_dir=run_dir)
+    res = _resolve(ctx, opts, not dry_run)
     if dry_run:
         from rlslurm.slurm.render import render
 
@@ -133,13 +175,10 @@ DEMO_FLAGS = [
 
 
 @app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@_run_options(without=("nodes",))  # one machine: the layout is the command's (below)
 def run(
     ctx: typer.Context,
-    model: Optional[str] = ModelOpt,
-    prompt_data: Optional[Path] = DataOpt,
-    run_name: Optional[str] = NameOpt,
-    run_dir: Optional[Path] = DirOpt,
-    config: Optional[Path] = ConfigOpt,
+    opts: RunOptions,
     demo: bool = typer.Option(False, "--demo", help="the toy task: a random-init tiny model learns to answer "
                               "'say digits' / 'say letters' from reward alone"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="stop the run after this many seconds"),
@@ -161,13 +200,13 @@ def run(
     from rlslurm.slurm.submit import prepare_run_dir
     from rlslurm.watchdog import hang_timeout_s
 
-    argv = _collect(ctx, model=model, prompt_data=prompt_data, run_name=run_name, run_dir=run_dir)
-    rd_path = run_dir_of(run_dir, run_name or (DEMO_RUN_NAME if demo else None))
+    argv = opts.argv(ctx)
+    rd_path = run_dir_of(opts.run_dir, opts.run_name or (DEMO_RUN_NAME if demo else None))
     if demo:
         from rlslurm.demo_task import make_prompts
 
         rd = RunDir.create(rd_path)
-        if not rd.run_yaml.exists() and prompt_data is None:
+        if not rd.run_yaml.exists() and opts.prompt_data is None:
             argv = ["--prompt-data", str(make_prompts(rd.path / "prompts.jsonl"))] + argv
         argv = DEMO_FLAGS + ["--run-dir", str(rd_path)] + argv
     existing = RunDir(rd_path)
@@ -184,10 +223,10 @@ def run(
         # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
 
-        layers = [load_yaml_layer(config)] if config else []
+        layers = [load_yaml_layer(opts.config)] if opts.config else []
         colocate = build_config([*layers, parse_flags(argv)]).run.colocate
         machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
-        res = resolve(["--device", "cpu", *machine] + argv, config, strict_inputs=True)
+        res = resolve(["--device", "cpu", *machine] + argv, opts.config, strict_inputs=True)
         _print_notes(res)
         gpus = role_gpus(res.cfg, res.model)  # too few GPUs: refused before the run directory exists
         prepare_run_dir(res)
@@ -246,22 +285,17 @@ def resubmit(
 
 
 @app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@_run_options()
 def render(
     ctx: typer.Context,
-    model: Optional[str] = ModelOpt,
-    nodes: Optional[int] = NodesOpt,
-    prompt_data: Optional[Path] = DataOpt,
-    run_name: Optional[str] = NameOpt,
-    run_dir: Optional[Path] = DirOpt,
-    config: Optional[Path] = ConfigOpt,
+    opts: RunOptions,
     resolved: bool = typer.Option(False, "--resolved", help="print the resolved run.yaml instead of the script"),
 ) -> None:
     """Print the sbatch script (or the resolved config) without validating input files.
 
     Example: rlslurm render --model qwen3-8B --nodes 4 --resolved
     """
-    res = _resolve(ctx, config, False, model=model, nodes=nodes, prompt_data=prompt_data,
-                   run_name=run_name, run_dir=run_dir)
+    res = _resolve(ctx, opts, False)
     if resolved:
         from rlslurm.settings.runfile import dump_run_config
 

@@ -25,7 +25,8 @@ def test_the_rule() -> None:
 def test_the_config_and_the_documented_defaults_follow_it() -> None:
     assert RunSection.model_fields["run_name"].default == DEFAULT_RUN_NAME
     assert "runs/<run-name>" in RunSection.model_fields["run_dir"].description
-    assert f"(default: {DEFAULT_RUN_NAME})" in cli.NameOpt.help and "runs/<run-name>" in cli.DirOpt.help
+    assert f"(default: {DEFAULT_RUN_NAME})" in cli.RUN_OPTIONS["run_name"][1].help
+    assert "runs/<run-name>" in cli.RUN_OPTIONS["run_dir"][1].help
     assert build_config([Layer()]).run_dir == Path("runs/rlslurm")
     named = Layer()
     named.set("run_name", "grpo", "test")
