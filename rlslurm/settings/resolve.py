@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from rlslurm.settings import layout, preflight
-from rlslurm.settings.config import RunConfig
+from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.settings.eval_config import eval_datasets
@@ -169,10 +169,31 @@ def _derive(res: Resolved) -> None:
 
 
 def _check(res: Resolved, strict_inputs: bool) -> None:
+    """Every check of a derived config, one concern a function, in the order a user meets their errors."""
     cfg, mc = res.cfg, res.model
-    s, r, t, d = cfg.slurm, cfg.rollout, cfg.train, cfg.data
-    assert s.trainer_nodes is not None and s.rollout_nodes is not None and t.global_batch_size is not None
+    _check_batch_identity(cfg)
+    _check_nodes_and_time(cfg)
+    if (why := layout.context_parallel_refusal(cfg, mc)) is not None:
+        raise ConfigError(why)
+    if cfg.run.shared_gpu:
+        _check_shared_gpu(cfg)
+    dp = _check_trainer_grid(cfg, mc)
+    _check_rank_batches(cfg.train, dp)
+    _check_engines(cfg)
+    check_rl_settings(cfg.train, cfg.model)  # every rule across RL settings; the trainer re-runs it
+    _check_train_only(cfg)
+    _check_rollout_only(cfg)
+    _check_cpu_offload(cfg)
+    _check_rollout(cfg)
+    _check_timeouts(cfg.train)
+    _check_packages(res, strict_inputs)
+    _check_inputs(res, strict_inputs)
+    _check_memory(res)
 
+
+def _check_batch_identity(cfg: RunConfig) -> None:
+    r, t = cfg.rollout, cfg.train
+    assert t.global_batch_size is not None
     samples = r.rollout_batch_size * r.n_samples_per_prompt
     if samples != t.global_batch_size * t.num_steps_per_rollout:
         raise ConfigError(
@@ -181,6 +202,12 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"--global-batch-size x --num-steps-per-rollout ({t.global_batch_size} x {t.num_steps_per_rollout} "
             f"= {t.global_batch_size * t.num_steps_per_rollout})"
         )
+
+
+def _check_nodes_and_time(cfg: RunConfig) -> None:
+    """Where the groups run (layout.py) and the job's time limit."""
+    s = cfg.slurm
+    assert s.trainer_nodes is not None and s.rollout_nodes is not None
     layout.check(cfg)
     if not cfg.single_node and not cfg.run.colocate and s.trainer_nodes + s.rollout_nodes != s.nodes:
         raise ConfigError(
@@ -197,10 +224,11 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"that long before the limit to checkpoint and requeue, so the job would do little or no work per attempt"
         )
 
-    if (why := layout.context_parallel_refusal(cfg, mc)) is not None:
-        raise ConfigError(why)
-    if cfg.run.shared_gpu:
-        _check_shared_gpu(cfg)
+
+def _check_trainer_grid(cfg: RunConfig, mc: ModelConfig) -> int:
+    """TP x PP x CP over the trainer's GPUs, the experts' grid and the layers' stages, as megatron-core
+    builds them for this model; returns the data-parallel size."""
+    s, t = cfg.slurm, cfg.train
     for key in cfg.megatron:
         if (why := owned_field_refusal(key)) is not None:
             raise ConfigError(why)
@@ -212,7 +240,6 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"{t.pipeline_model_parallel_size} x --context-parallel-size {t.context_parallel_size} = {mp} does not "
             f"divide the {world} trainer GPUs (--trainer-nodes {s.trainer_nodes} x {cfg.trainer_procs_per_node} per node)"
         )
-    dp = world // mp
     if t.expert_model_parallel_size > 1:
         if mc.arch.moe is None:
             raise ConfigError(f"--expert-model-parallel-size {t.expert_model_parallel_size}: {mc.name} has no experts")
@@ -240,6 +267,12 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     stage_layers(mc.arch.num_layers, t.pipeline_model_parallel_size, t.decoder_first_pipeline_num_layers,
                  t.decoder_last_pipeline_num_layers, model=mc.name)
     check_pipeline_split(cfg.megatron, t.pipeline_model_parallel_size)
+    return world // mp
+
+
+def _check_rank_batches(t: TrainSection, dp: int) -> None:
+    """Each optimizer step's samples split evenly over the data-parallel ranks and their micro-batches."""
+    assert t.global_batch_size is not None
     if t.global_batch_size % dp:
         raise ConfigError(f"--global-batch-size {t.global_batch_size} is not divisible by the data-parallel size {dp}")
     if not t.use_dynamic_batch_size and (t.global_batch_size // dp) % t.micro_batch_size:
@@ -250,6 +283,10 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     if t.use_dynamic_batch_size and not t.max_tokens_per_gpu:
         raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
 
+
+def _check_engines(cfg: RunConfig) -> None:
+    """The engines' GPUs (or CPU ranks), their SGLang parallelism and the ports of one spanning nodes."""
+    s, r = cfg.slurm, cfg.rollout
     if cfg.run.device == "cuda":
         if s.gpus_per_node < 1:
             raise ConfigError("--gpus-per-node must be >= 1 with --device cuda")
@@ -270,10 +307,10 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         check_parallel(cfg.sglang_args, r.rollout_num_gpus_per_engine)
         _check_span_exposure(cfg)
 
-    check_rl_settings(t, cfg.model)  # every rule across RL settings; the trainer re-runs it
-    _check_train_only(cfg)
-    _check_rollout_only(cfg)
-    _check_cpu_offload(cfg)
+
+def _check_rollout(cfg: RunConfig) -> None:
+    """The reward model, the prompt length and the driver's group-loop settings."""
+    r, d = cfg.rollout, cfg.data
     rm = RM_REGISTRY[r.rm_type]
     if rm.needs_url and not r.rm_url and not r.custom_rm_path:
         raise ConfigError(f"--rm-type {r.rm_type} needs --rm-url")
@@ -293,6 +330,9 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size {r.rollout_batch_size}"
         )
 
+
+def _check_timeouts(t: TrainSection) -> None:
+    """The trainer's collective timeout outlasts rank 0's lone weight-sync phase; the watchdog outlasts both."""
     if t.distributed_timeout_minutes * 60 < min_distributed_timeout_s(t.weight_sync_timeout_s):
         raise ConfigError(
             f"--distributed-timeout-minutes {t.distributed_timeout_minutes:g} is shorter than rank 0 can spend alone "
@@ -304,6 +344,11 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
             f"{t.distributed_timeout_minutes:g}: a rank may wait that long in a collective without a heartbeat "
             f"(0 turns the watchdog off)")
 
+
+def _check_packages(res: Resolved, strict_inputs: bool) -> None:
+    """The packages the job runs, against what is set for them: wandb, SGLang (its flags, dtype and memory
+    saver), sglang-router and megatron-core (its fields, its precision) (preflight.py)."""
+    cfg, mc = res.cfg, res.model
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
     preflight.check_engine_dtype(cfg)
@@ -311,8 +356,6 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_router_args(cfg, res.warnings)
     check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
-    _check_inputs(res, strict_inputs)
-    _check_memory(res)
 
 
 # Rank 0 alone, in one stretch between two trainer collectives: the wait for this attempt's engines
