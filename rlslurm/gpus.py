@@ -94,7 +94,7 @@ def step_gpus(cfg: "RunConfig", role: str) -> str | None:
     overlapping steps see (rlslurm/slurm/launch.py). None where SLURM's own is right: a het group's
     node belongs to its role alone, and --colocate shares every GPU. Split on --device cpu too when
     SLURM gave the job GPUs (gres): the step's environment is then what a GPU node's would be, which
-    the SLURM test cluster's device-file GPUs check (tests/launcher/test_slurm_job.py)."""
+    the SLURM test cluster's device-file GPUs check (tests/slurm/test_slurm_job.py)."""
     if not cfg.single_node or not cfg.slurm.trainer_gpus:
         return None
     visible = visible_gpus()

@@ -1,4 +1,4 @@
-"""Shared by the launcher tests: resolve must refuse with one line that names every given flag."""
+"""Shared by the settings tests (and others): resolve must refuse with one line that names every given flag."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""Suite-wide fixtures. Only the SLURM cluster lives here; area-specific fixtures belong in
-conftest.py files of their own test subdirectories."""
+"""Suite-wide fixtures: the SLURM cluster, and the tiny model and CPU SGLang deployment that
+tests/engines and tests/rollout share (one deployment for both, ~60 s on 2 cores). Fixtures of one
+area belong in conftest.py files of their own test subdirectories."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,22 @@ def _no_job_outlives_its_test(request) -> Iterator[None]:
     left = request.getfixturevalue("slurm_cluster").cancel_all()
     if left:
         print(f"\n{request.node.nodeid}: cancelled the jobs it left in the queue: {left}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from rlslurm.settings.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(load_model_config("tiny-qwen3"), tmp_path_factory.mktemp("tiny-qwen3"))
+
+
+@pytest.fixture(scope="session")
+def deployment(tmp_path_factory, tiny_model):
+    """Two real CPU SGLang servers behind the router (tests/sglang_deploy.py), for the whole session:
+    tests/engines/test_engines.py checks their counters from the start, so no test restarts them or
+    changes their weight version (tests/rollout's `private_deployment` is for that)."""
+    from tests.sglang_deploy import deploy, new_api_key
+
+    with deploy(tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=new_api_key()) as dep:
+        yield dep

@@ -1,6 +1,6 @@
 """Finding the processes tests start and kill: the teardown of the fixtures that start real SGLang
-servers + router (tests/rollout, tests/weight_sync), which proves no process of their groups is left
-running; the members of a process group; a run's trainer and rollout processes."""
+servers + router (tests/engines, tests/rollout, tests/weight_sync), which proves no process of their
+groups is left running; the members of a process group; a run's trainer and rollout processes."""
 
 from __future__ import annotations
 

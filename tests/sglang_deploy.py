@@ -1,4 +1,4 @@
-"""The real CPU SGLang deployment shared by tests/rollout and tests/weight_sync: two fp32 servers
+"""The real CPU SGLang deployment shared by tests/engines, tests/rollout and tests/weight_sync: two fp32 servers
 (one pinned core each) behind the real sglang-router, under the real EngineSupervisor, with the
 supervisor's production health settings scaled down for tests (1 s checks, 2 failures).
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -27,6 +28,10 @@ class Deployment:
     changes: list = field(default_factory=list)   # on_change payloads
     restarts: list = field(default_factory=list)  # RestartEvents
     log_dir: Path | None = None
+
+
+def new_api_key() -> str:
+    return "-" + secrets.token_urlsafe(24)  # a leading '-' must not break argv parsing
 
 
 @contextlib.contextmanager

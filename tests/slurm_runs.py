@@ -1,4 +1,4 @@
-"""Shared by the SLURM tests (tests/launcher/test_slurm_job.py, tests/e2e): run the rlslurm CLI
+"""Shared by the SLURM tests (tests/slurm/test_slurm_job.py, tests/e2e): run the rlslurm CLI
 and read what a submitted run leaves in its run dir (env reports, ledger)."""
 
 from __future__ import annotations

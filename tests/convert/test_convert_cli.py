@@ -1,7 +1,7 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
 different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
 The six conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
-processes of its own is tests/launcher/test_convert_submit.py's (TP=2 under SLURM), one from another
+processes of its own is tests/slurm/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
 
 from __future__ import annotations

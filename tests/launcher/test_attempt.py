@@ -1,7 +1,7 @@
 """One attempt protocol for both runners (rlslurm/attempt.py): the rendered batch script's start, run by
 bash up to where a FINISHED run or a stop request ends it (before any srun or scontrol), does what
 `begin` does for `rlslurm run`; and the steps the script starts exec the commands `rlslurm run` starts.
-Without SLURM: tests/launcher/test_slurm_job.py has the real jobs."""
+Without SLURM: tests/slurm/test_slurm_job.py has the real jobs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A user error found on a node: the record a role writes, and the batch script's copy of it into
-the ledger (JSON-escaped exactly), without SLURM (tests/launcher/test_slurm_job.py has the real job)."""
+the ledger (JSON-escaped exactly), without SLURM (tests/slurm/test_slurm_job.py has the real job)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Real CPU SGLang deployments for tests/rollout: two fp32 servers (one pinned core each) behind the
-real sglang-router, under the real EngineSupervisor, started by `tests/sglang_deploy.deploy`
-(~60 s on 2 cores each, so there are two, not one per module):
+"""The private CPU SGLang deployment of tests/rollout (the shared one, `deployment`, and `tiny_model`
+are tests/conftest.py's): two fp32 servers (one pinned core each) behind the real sglang-router, under
+the real EngineSupervisor, started by `tests/sglang_deploy.deploy` (~60 s on 2 cores each, so there
+are two, not one per module):
 
-- `deployment`: session scope, for tests/rollout/test_engines.py (it checks counters from the start);
 - `private_deployment`: for the modules that restart engines or change their weight version
   (test_driver, test_partial_rollout). One deployment serves them all, reset for each module
   (no admission rule, version 0, both engines healthy and routed: what those tests start from;
@@ -14,34 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
-from pathlib import Path
 
 import pytest
 
 from tests.rollout.helpers import set_version
-from tests.sglang_deploy import Deployment, deploy
+from tests.sglang_deploy import Deployment, deploy, new_api_key
 
 __all__ = ["Deployment"]
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    from rlslurm.settings.model_config import load_model_config
-    from rlslurm.tiny import make_tiny_checkpoint
-
-    return make_tiny_checkpoint(load_model_config("tiny-qwen3"), tmp_path_factory.mktemp("tiny-qwen3"))
-
-
-def _key() -> str:
-    return "-" + secrets.token_urlsafe(24)  # a leading '-' must not break argv parsing
-
-
-@pytest.fixture(scope="session")
-def deployment(tmp_path_factory, tiny_model) -> Deployment:
-    with deploy(tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=_key()) as dep:
-        yield dep
 
 
 _PRIVATE_USERS = "_rlslurm_private_deployment_users"
@@ -81,7 +61,7 @@ def private_deployment(request, _private_stack, tmp_path_factory, tiny_model) ->
         # a higher static fraction: SGLang's CPU memory profile fails when other processes on the
         # box (a second server starting beside it) allocate while it measures
         held["dep"] = stack.enter_context(deploy(
-            tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=_key(),
+            tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=new_api_key(),
             extra_args=("--weight-version", "0", "--mem-fraction-static", "0.3")))
     _reset(held["dep"])
     yield held["dep"]

@@ -293,7 +293,7 @@ fi
   if [ "$GPUS" -gt 0 ] || [ -n "$GPU_FILES" ]; then echo "GresTypes=gpu"; fi
   node_hw="CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM_MB"
   # One line per node: odd nodes have Feature ci_odd, even ones ci_even, so a job's --constraint
-  # decides where each het component may run (tests/launcher/test_slurm_job.py, --sbatch-extra).
+  # decides where each het component may run (tests/slurm/test_slurm_job.py, --sbatch-extra).
   for ((i = 1; i <= NODES; i++)); do
     feature=ci_odd; [ $((i % 2)) = 0 ] && feature=ci_even
     gres="$gres_line"

@@ -334,7 +334,7 @@ def test_gspo_must_be_set_in_both_configs() -> None:
     ],
 )
 def test_bad_advantage_config_names_the_flag(kwargs: dict, flag: str) -> None:
-    # rules across settings are rlslurm/settings/rl_settings.py's (tests/launcher/test_validation.py)
+    # rules across settings are rlslurm/settings/rl_settings.py's (tests/settings/test_validation.py)
     with pytest.raises(ConfigError, match=flag):
         AdvantageConfig(**kwargs)
 

@@ -30,14 +30,6 @@ class Engines:
     watcher: object      # rlslurm.engines.update_watch.UpdateWatcher
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    from rlslurm.settings.model_config import load_model_config
-    from rlslurm.tiny import make_tiny_checkpoint
-
-    return make_tiny_checkpoint(load_model_config("tiny-qwen3"), tmp_path_factory.mktemp("tiny-qwen3"))
-
-
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory, tiny_model) -> Engines:
     from rlslurm.buffer.control import Control

@@ -14,16 +14,8 @@ from rlslurm.settings.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
 
 SHIPPED = [(model, nodes) for model in available_models() for nodes in sorted(load_model_config(model).defaults)]
-
-
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "train.jsonl"
-    p.write_text(prompt_lines())
-    return p
 
 
 def test_every_shipped_config_has_node_counts() -> None:

@@ -13,16 +13,6 @@ from rlslurm.settings.resolve import resolve
 from rlslurm.settings.rm_types import RM_REGISTRY
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
 from tests.config_errors import one_line_naming
-from tests.prompt_files import prompt_lines
-
-
-@pytest.fixture
-def argv(tmp_path: Path) -> list[str]:
-    p = tmp_path / "p.jsonl"
-    p.write_text(prompt_lines())
-    return ["--model", "tiny-qwen3", "--prompt-data", str(p)]
-
-
 
 
 def test_slime_normalization_switches_set_the_fields(argv: list[str]) -> None:

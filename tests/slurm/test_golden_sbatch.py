@@ -1,6 +1,6 @@
 """A recorded batch script (as submitit keeps `_sbatch_test_record.txt`): any change to what a job
 runs shows up here as a diff to review. After a deliberate change, regenerate with
-    RLSLURM_UPDATE_GOLDEN=1 python -m pytest tests/launcher/test_golden_sbatch.py
+    RLSLURM_UPDATE_GOLDEN=1 python -m pytest tests/slurm/test_golden_sbatch.py
 and read the diff before committing it."""
 
 from __future__ import annotations

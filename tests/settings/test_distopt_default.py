@@ -9,14 +9,6 @@ import pytest
 
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.settings.resolve import resolve
-from tests.prompt_files import prompt_lines
-
-
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "train.jsonl"
-    p.write_text(prompt_lines())
-    return p
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -1,7 +1,7 @@
 #!/bin/bash
-# From github.com/THUDM/slime scripts/run-qwen3-4B.sh at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (Apache-2.0),
+# From github.com/THUDM/slime scripts/run-qwen3-30B-A3B.sh at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (Apache-2.0),
 # trimmed: the process-killing preamble (pkill, ray stop) is left out; the rest is as published.
-# A fixture of rlslurm import-slime (tests/launcher/test_import_slime.py).
+# A fixture of rlslurm import-slime (tests/slime_import/test_import_slime.py).
 set -ex
 
 # will prevent ray from buffering stdout/stderr
@@ -15,26 +15,15 @@ else
 fi
 echo "HAS_NVLINK: $HAS_NVLINK (detected $NVLINK_COUNT NVLink references)"
 
-if command -v nvidia-smi >/dev/null 2>&1; then
-    DETECTED_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l | tr -d ' ')
-else
-    DETECTED_GPUS=0
-fi
-NUM_GPUS=${NUM_GPUS:-${DETECTED_GPUS}}
-if [ -z "$NUM_GPUS" ] || [ "$NUM_GPUS" -le 0 ]; then
-    NUM_GPUS=8
-fi
-echo "NUM_GPUS: $NUM_GPUS"
-
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
-source "${SCRIPT_DIR}/models/qwen3-4B.sh"
+source "${SCRIPT_DIR}/models/qwen3-30B-A3B.sh"
 
 CKPT_ARGS=(
-   --hf-checkpoint /root/Qwen3-4B
-   #--hf-checkpoint /root/Qwen3-4B-FP8
-   --ref-load /root/Qwen3-4B_torch_dist
-   --load /root/Qwen3-4B_slime/
-   --save /root/Qwen3-4B_slime/
+   --hf-checkpoint /root/Qwen3-30B-A3B
+   #--hf-checkpoint /root/Qwen3-30B-A3B-FP8
+   --ref-load /root/Qwen3-30B-A3B_torch_dist
+   --load /root/Qwen3-30B-A3B_slime/
+   --save /root/Qwen3-30B-A3B_slime/
    --save-interval 20
 )
 
@@ -64,11 +53,11 @@ EVAL_ARGS=(
 )
 
 PERF_ARGS=(
-   --tensor-model-parallel-size 2
+   --tensor-model-parallel-size 4
    --sequence-parallel
    --pipeline-model-parallel-size 1
    --context-parallel-size 1
-   --expert-model-parallel-size 1
+   --expert-model-parallel-size 8
    --expert-tensor-parallel-size 1
 
    --recompute-granularity full
@@ -77,7 +66,7 @@ PERF_ARGS=(
 
    # --micro-batch-size 1
    --use-dynamic-batch-size
-   --max-tokens-per-gpu 9216
+   --max-tokens-per-gpu 20480
 )
 
 GRPO_ARGS=(
@@ -97,18 +86,23 @@ OPTIMIZER_ARGS=(
    --weight-decay 0.1
    --adam-beta1 0.9
    --adam-beta2 0.98
+
+   --optimizer-cpu-offload
+   --overlap-cpu-optimizer-d2h-h2d
+   --use-precision-aware-optimizer
 )
 
 WANDB_ARGS=(
-   # --use-wandb
+   #--use-wandb
    # --wandb-project slime-dev
-   # --wandb-group qwen3-4B-test
+   # --wandb-group qwen3-30B-A3B-test
    # --wandb-key ${WANDB_KEY}
 )
 
 SGLANG_ARGS=(
-   --rollout-num-gpus-per-engine 2
+   --rollout-num-gpus-per-engine 8
    --sglang-mem-fraction-static 0.7
+   --sglang-cuda-graph-bs 1 2 4 8 $(seq 16 8 256)
 )
 
 MISC_ARGS=(
@@ -124,7 +118,7 @@ MISC_ARGS=(
 
 # launch the master node of ray in container
 export MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus ${NUM_GPUS} --disable-usage-stats --dashboard-host=0.0.0.0 --dashboard-port=8265
+ray start --head --node-ip-address ${MASTER_ADDR} --num-gpus 8 --disable-usage-stats --dashboard-host=0.0.0.0 --dashboard-port=8265
 
 # Build the runtime environment JSON with proper variable substitution
 RUNTIME_ENV_JSON="{
@@ -139,7 +133,7 @@ ray job submit --address="http://127.0.0.1:8265" \
    --runtime-env-json="${RUNTIME_ENV_JSON}" \
    -- python3 train.py \
    --actor-num-nodes 1 \
-   --actor-num-gpus-per-node ${NUM_GPUS} \
+   --actor-num-gpus-per-node 8 \
    --colocate \
    ${MODEL_ARGS[@]} \
    ${CKPT_ARGS[@]} \

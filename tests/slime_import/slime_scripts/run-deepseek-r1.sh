@@ -2,7 +2,7 @@
 # From github.com/THUDM/slime scripts/run-deepseek-r1.sh at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (Apache-2.0),
 # trimmed: the process-killing preamble (pkill, ray stop) is left out; the rest is as published.
 # The DAPO recipe among slime's scripts: dynamic sampling (zero-std groups dropped), clip-higher, dapo-math-17k.
-# A fixture of rlslurm import-slime (tests/launcher/test_import_slime.py).
+# A fixture of rlslurm import-slime (tests/slime_import/test_import_slime.py).
 set -ex
 
 # will prevent ray from buffering stdout/stderr

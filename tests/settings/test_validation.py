@@ -12,14 +12,6 @@ from rlslurm.errors import ConfigError
 from rlslurm.settings.resolve import resolve
 from rlslurm.job.timespec import time_limit_s
 from tests.config_errors import one_line_naming
-from tests.prompt_files import prompt_lines
-
-
-@pytest.fixture
-def argv(tmp_path: Path) -> list[str]:
-    p = tmp_path / "p.jsonl"
-    p.write_text(prompt_lines())
-    return ["--model", "tiny-qwen3", "--prompt-data", str(p)]
 
 
 @pytest.mark.parametrize("value,seconds", [

@@ -1,7 +1,7 @@
 #!/bin/bash
-# From github.com/THUDM/slime scripts/run-qwen3-30B-A3B.sh at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (Apache-2.0),
+# From github.com/THUDM/slime scripts/run-glm4-9B.sh at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (Apache-2.0),
 # trimmed: the process-killing preamble (pkill, ray stop) is left out; the rest is as published.
-# A fixture of rlslurm import-slime (tests/launcher/test_import_slime.py).
+# A fixture of rlslurm import-slime (tests/slime_import/test_import_slime.py).
 set -ex
 
 # will prevent ray from buffering stdout/stderr
@@ -16,14 +16,13 @@ fi
 echo "HAS_NVLINK: $HAS_NVLINK (detected $NVLINK_COUNT NVLink references)"
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
-source "${SCRIPT_DIR}/models/qwen3-30B-A3B.sh"
+source "${SCRIPT_DIR}/models/glm4-9B.sh"
 
 CKPT_ARGS=(
-   --hf-checkpoint /root/Qwen3-30B-A3B
-   #--hf-checkpoint /root/Qwen3-30B-A3B-FP8
-   --ref-load /root/Qwen3-30B-A3B_torch_dist
-   --load /root/Qwen3-30B-A3B_slime/
-   --save /root/Qwen3-30B-A3B_slime/
+   --hf-checkpoint /root/GLM-Z1-9B-0414/
+   --ref-load /root/GLM-Z1-9B-0414_torch_dist
+   --load /root/GLM-Z1-9B-0414_slime/
+   --save /root/GLM-Z1-9B-0414_slime/
    --save-interval 20
 )
 
@@ -33,7 +32,9 @@ ROLLOUT_ARGS=(
    --label-key label
    --apply-chat-template
    --rollout-shuffle
+
    --rm-type deepscaler
+
    --num-rollout 3000
    --rollout-batch-size 32
    --n-samples-per-prompt 8
@@ -53,11 +54,11 @@ EVAL_ARGS=(
 )
 
 PERF_ARGS=(
-   --tensor-model-parallel-size 4
+   --tensor-model-parallel-size 2
    --sequence-parallel
    --pipeline-model-parallel-size 1
-   --context-parallel-size 1
-   --expert-model-parallel-size 8
+   --context-parallel-size 2
+   --expert-model-parallel-size 1
    --expert-tensor-parallel-size 1
 
    --recompute-granularity full
@@ -66,7 +67,7 @@ PERF_ARGS=(
 
    # --micro-batch-size 1
    --use-dynamic-batch-size
-   --max-tokens-per-gpu 20480
+   --max-tokens-per-gpu 4608
 )
 
 GRPO_ARGS=(
@@ -86,23 +87,17 @@ OPTIMIZER_ARGS=(
    --weight-decay 0.1
    --adam-beta1 0.9
    --adam-beta2 0.98
-
-   --optimizer-cpu-offload
-   --overlap-cpu-optimizer-d2h-h2d
-   --use-precision-aware-optimizer
 )
 
 WANDB_ARGS=(
    #--use-wandb
    # --wandb-project slime-dev
-   # --wandb-group qwen3-30B-A3B-test
+   # --wandb-group qwen3-4B-test
    # --wandb-key ${WANDB_KEY}
 )
 
 SGLANG_ARGS=(
-   --rollout-num-gpus-per-engine 8
-   --sglang-mem-fraction-static 0.7
-   --sglang-cuda-graph-bs 1 2 4 8 $(seq 16 8 256)
+   --rollout-num-gpus-per-engine 2
 )
 
 MISC_ARGS=(
@@ -133,8 +128,8 @@ ray job submit --address="http://127.0.0.1:8265" \
    --runtime-env-json="${RUNTIME_ENV_JSON}" \
    -- python3 train.py \
    --actor-num-nodes 1 \
-   --actor-num-gpus-per-node 8 \
-   --colocate \
+   --actor-num-gpus-per-node 4 \
+   --rollout-num-gpus 4 \
    ${MODEL_ARGS[@]} \
    ${CKPT_ARGS[@]} \
    ${ROLLOUT_ARGS[@]} \
