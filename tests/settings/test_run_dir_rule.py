@@ -19,7 +19,7 @@ from rlslurm.settings.flags import Layer, build_config
 def test_the_rule() -> None:
     assert run_dir_of(None) == Path("runs") / DEFAULT_RUN_NAME == Path("runs/rlslurm")
     assert run_dir_of(None, "grpo") == Path("runs/grpo")
-    assert run_dir_of(Path("/shared/r"), "grpo") == Path("/shared/r")
+    assert run_dir_of(Path("/gpfs/r"), "grpo") == Path("/gpfs/r")
 
 
 def test_the_config_and_the_documented_defaults_follow_it() -> None:
