@@ -127,7 +127,7 @@ class RendezvousRecord(_Record):
 class WeightVersionRecord(_Record):
     version: int
     updated_at: float = Field(default_factory=time.time)
-    # what delivered it (rlslurm/weight_plan.py TRANSPORTS) and how many versions of this attempt the
+    # what delivered it (rlslurm/settings/weight_plan.py TRANSPORTS) and how many versions of this attempt the
     # fallback delivered so far; None: written by a trainer from before these were recorded
     transport: str | None = None
     fallbacks: int = 0

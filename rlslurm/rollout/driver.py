@@ -91,7 +91,7 @@ from rlslurm.rollout.rollout_fn import (
 from rlslurm.rollout.sft import SFT_ROLLOUT_FN
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.job.env import job_env
-from rlslurm.weight_plan import weight_sync_plan
+from rlslurm.settings.weight_plan import weight_sync_plan
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class RolloutDriver:
                  reward_executor: Any = None, retry: RetryPolicy | None = None, poll_s: float = POLL_S,
                  recovering: Callable[[], bool] | None = None):
         self.cfg = cfg
-        self.plan = weight_sync_plan(cfg)  # the weight-sync settings (rlslurm/weight_plan.py): disk loads
+        self.plan = weight_sync_plan(cfg)  # the weight-sync settings (rlslurm/settings/weight_plan.py): disk loads
         # what it does now, for the node's heartbeat (`rlslurm status`: why no rollout comes)
         self.phase = "starting the driver"
         self.rd = run if isinstance(run, RunDir) else RunDir(run)

@@ -46,7 +46,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
-from rlslurm.weight_plan import WeightSyncPlan, weight_sync_plan
+from rlslurm.settings.weight_plan import WeightSyncPlan, weight_sync_plan
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class RolloutNode:
     def __init__(self, cfg: RunConfig, run: RunDir, *, node: int, node_name: str, host: str, attempt: int):
         self.cfg, self.run, self.node, self.node_name, self.host = cfg, run, node, node_name, host
         self.attempt = attempt
-        self.plan = weight_sync_plan(cfg)  # the weight-sync settings, as the trainer reads them (rlslurm/weight_plan.py)
+        self.plan = weight_sync_plan(cfg)  # the weight-sync settings, as the trainer reads them (rlslurm/settings/weight_plan.py)
         self.control = Control(run)
         self.api_key = run.ensure_api_key()
         self.log_dir = run.attempt_log_dir(attempt)

@@ -4,7 +4,8 @@
   `model_config`, `model_from_hf` and `model_configs/` (package data): a model's architecture and
   defaults; `eval_config`, `prompt_slice`, `rm_types`, `rl_settings`, `low_precision`: what some
   settings mean and the rules across them; `layout`, `parallel_grid`: where each group runs and how
-  the trainer's GPUs are split; `runfile`: RUN/run.yaml, read by every process.
+  the trainer's GPUs are split; `weight_plan`: the weight-sync settings resolved once for both roles;
+  `runfile`: RUN/run.yaml, read by every process.
 - `resolve` (with `preflight`, its submit-time checks) assembles and checks a config on the login
   side: the two modules here that may import the roles (tests/launcher/test_package_layout.py).
 

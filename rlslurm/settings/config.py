@@ -521,7 +521,7 @@ class TrainSection(Section):
                                                                    "(trainer/losses.py)")
     use_rollout_logprobs: bool = Field(False, description="use the engines' log-probs as the old policy's instead "
                                                           "of recomputing them")
-    # weight sync: the roles read these only through rlslurm/weight_plan.py, which resolves them once into
+    # weight sync: the roles read these only through rlslurm/settings/weight_plan.py, which resolves them once into
     # the plan both use (each field there names its consumers); layout.py and resolve.py check them
     weight_sync: Literal["distributed", "disk"] = Field("distributed", description="how new weights reach the "
                                                                                   "engines: a broadcast group, or a "

@@ -48,7 +48,7 @@ from rlslurm.trainer.rollout_only import watch
 from rlslurm.trainer.turns import ColocatedTurn, PlainTurn
 from rlslurm.trainer.weights.base import SyncInterrupted
 from rlslurm.trainer.weights.delivery import Publish, WeightDelivery
-from rlslurm.weight_plan import weight_sync_plan
+from rlslurm.settings.weight_plan import weight_sync_plan
 from rlslurm.trainer.setup import init_distributed
 
 log = logging.getLogger("rlslurm.trainer")
@@ -138,7 +138,7 @@ class Trainer:
             "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
-        self.plan = weight_sync_plan(cfg)  # every weight-sync setting, resolved once (rlslurm/weight_plan.py)
+        self.plan = weight_sync_plan(cfg)  # every weight-sync setting, resolved once (rlslurm/settings/weight_plan.py)
         self.delivery = WeightDelivery(self.control, self.plan, rank=rank, no_engines=self.no_engines,
                                        note=self._phase, ending=self.attempt_ending)
         self.turn: PlainTurn | ColocatedTurn = PlainTurn(self)  # --colocate's once the model is built

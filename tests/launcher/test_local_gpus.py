@@ -162,7 +162,7 @@ def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypat
     refuses two ranks on one GPU, so the weight-sync group is gloo (docs/gpu.md); submit refuses it."""
     from rlslurm.settings.resolve import resolve
     from rlslurm.slurm.render import render
-    from rlslurm.weight_plan import weight_sync_plan
+    from rlslurm.settings.weight_plan import weight_sync_plan
     from tests.config_errors import one_line_naming
     from tests.hf_shape import hf_shaped_dir
 

@@ -115,7 +115,7 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     """--colocate (docs/colocate.md): one group of --nodes; both steps --overlap on all of them, the
     engines on the trainer's own GPUs (SLURM's CUDA_VISIBLE_DEVICES, no split), weights over gloo."""
     from rlslurm.rollout.node import colocate_args
-    from rlslurm.weight_plan import weight_sync_plan
+    from rlslurm.settings.weight_plan import weight_sync_plan
 
     two = argv[:2] + ["--nodes", "2", "--colocate"] + argv[4:]
     cfg = resolve(two).cfg

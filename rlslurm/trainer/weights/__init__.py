@@ -1,5 +1,5 @@
 """The trainer's side of weight sync, in one place. The settings come from one plan, resolved once from
-the config (rlslurm/weight_plan.py), which the rollout side reads too.
+the config (rlslurm/settings/weight_plan.py), which the rollout side reads too.
 
     delivery.py   WeightDelivery: what the trainer loop calls (publish, defer, wait, probe) and its state
     factory.py    the publisher the plan asks for

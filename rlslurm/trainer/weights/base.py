@@ -1,6 +1,6 @@
 """What every weight publisher shares: the interface the trainer calls (`WeightPublisher`), the two
 publishers that send nothing, the errors a sync ends with, the trainer-side options of a sync
-(`SyncOptions`, from the run's plan: rlslurm/weight_plan.py), each rank's part in it (`Roles`), and
+(`SyncOptions`, from the run's plan: rlslurm/settings/weight_plan.py), each rank's part in it (`Roles`), and
 what an engine transport supplies to the tries around it (`Transport`: broadcast.py, ipc.py; the
 tries, the bracket and the fallback are tries.py's).
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from rlslurm.buffer.control import Control
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.trainer.weights.record import Delivered
-from rlslurm.weight_plan import WeightSyncPlan
+from rlslurm.settings.weight_plan import WeightSyncPlan
 
 
 class WeightPublisher(Protocol):
@@ -93,7 +93,7 @@ class SyncOptions:
 
     @classmethod
     def from_plan(cls, plan: WeightSyncPlan, **kw: Any) -> "SyncOptions":
-        """The trainer's side of the run's weight-sync plan (rlslurm/weight_plan.py), which resolved
+        """The trainer's side of the run's weight-sync plan (rlslurm/settings/weight_plan.py), which resolved
         the backend and the transport; `kw`: what only the trainer knows (the export's dtype)."""
         return cls(bucket_bytes=plan.bucket_bytes, timeout_s=plan.timeout_s, backend=plan.backend,
                    flattened=plan.flattened, receiver=plan.receiver, **kw)
@@ -132,7 +132,7 @@ class Transport(Protocol):
     def roles(self) -> Roles: ...
 
     def name(self, opts: SyncOptions, r: Roles) -> str:
-        """The transport record's name of a version it delivers (rlslurm/weight_plan.py `delivered_by`)."""
+        """The transport record's name of a version it delivers (rlslurm/settings/weight_plan.py `delivered_by`)."""
         ...
 
     def new_sender(self, pub: Any, r: Roles) -> Any: ...

@@ -58,7 +58,7 @@ from rlslurm.trainer.weights.base import Roles, SyncOptions, WeightSyncError, We
 from rlslurm.trainer.weights.buckets import SendStats, bucket_plan, serialized_plan
 from rlslurm.trainer.weights.group import GroupSpec, NoEngines, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
 from rlslurm.trainer.weights.tries import SyncPublisher
-from rlslurm.weight_plan import broadcast_backend, delivered_by
+from rlslurm.settings.weight_plan import broadcast_backend, delivered_by
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
 

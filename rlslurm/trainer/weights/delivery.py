@@ -2,7 +2,7 @@
 handle on weight sync. Its state is rank 0's decisions (what is pending, what is due while the loop
 waits: `due`); its actions are collective, called on every rank by the trainer loop (trainer/main.py)
 and its turns (trainer/turns.py): `publish`, `defer`, `publish_or_defer`, `wait_for_engines`, `probe`.
-What it publishes with is built by factory.py from the run's plan (rlslurm/weight_plan.py).
+What it publishes with is built by factory.py from the run's plan (rlslurm/settings/weight_plan.py).
 
 A version is published as soon as it is trained, unless this attempt's engines are not up yet (a
 requeued job trains the rollouts already in the buffer while its engines start): then it is
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from rlslurm.buffer.control import Control, Listing
 from rlslurm.trainer.weights.record import Delivered
-from rlslurm.weight_plan import WeightSyncPlan
+from rlslurm.settings.weight_plan import WeightSyncPlan
 
 log = logging.getLogger("rlslurm.trainer.delivery")
 

@@ -1,4 +1,4 @@
-"""The one place that turns the run's weight-sync plan (rlslurm/weight_plan.py) into the trainer's
+"""The one place that turns the run's weight-sync plan (rlslurm/settings/weight_plan.py) into the trainer's
 publisher: which of disk.py, base.py's two that send nothing, broadcast.py or ipc.py, with what
 options and fallback."""
 
@@ -11,7 +11,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.job.env import job_env
 from rlslurm.trainer.weights.base import NullPublisher, SyncOptions, VersionRecorder, WeightPublisher
 from rlslurm.trainer.weights.disk import DiskPublisher
-from rlslurm.weight_plan import WeightSyncPlan
+from rlslurm.settings.weight_plan import WeightSyncPlan
 
 
 def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Path | None, replay: bool,

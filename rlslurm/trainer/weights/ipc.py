@@ -49,7 +49,7 @@ from rlslurm.trainer.weights.base import Roles, SyncOptions, megatron_roles
 from rlslurm.trainer.weights.buckets import SendStats, bucket_plan, serialized_plan
 from rlslurm.trainer.weights.group import NoEngines, SyncGroupError, iter_buckets
 from rlslurm.trainer.weights.tries import SyncPublisher
-from rlslurm.weight_plan import delivered_by
+from rlslurm.settings.weight_plan import delivered_by
 
 log = logging.getLogger(__name__)
 

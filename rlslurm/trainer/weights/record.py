@@ -1,6 +1,6 @@
 """The transport record: one `Delivered` per publish, naming what delivered the version and whether
 the disk fallback did (issue 30: the fallback had delivered every version of the GPU tier while the
-tests believed NCCL did). The names are the plan's (rlslurm/weight_plan.py TRANSPORTS,
+tests believed NCCL did). The names are the plan's (rlslurm/settings/weight_plan.py TRANSPORTS,
 `delivered_by`); delivery.py writes them into metrics.jsonl, the publishers into
 control/weight_version.json, which `rlslurm status` and `rlslurm run` show.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rlslurm.weight_plan import TRANSPORTS
+from rlslurm.settings.weight_plan import TRANSPORTS
 
 ERROR_CHARS = 300
 

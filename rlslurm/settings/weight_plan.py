@@ -3,7 +3,7 @@ frozen record that both roles read (the trainer's publisher and delivery, the ro
 flags and update watch, the driver's disk loads). Each field names where it is consumed, so a
 reader gets from a setting to its use in one hop; nothing else reads these config knobs.
 
-It stands beside the settings, not under either role: the trainer (het-group 0) and the rollout
+It is one of the settings, not under either role: the trainer (het-group 0) and the rollout
 (het-group 1) must pick the two ends of the same transport, so they take it from one rule instead of
 each deciding its side (issue 35: four knobs were read in five places). No torch, no role import.
 """
