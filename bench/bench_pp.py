@@ -97,8 +97,8 @@ def make_rollout(n: int, vocab: int, max_len: int, seed: int = 0):
 def run(a: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from rlslurm.settings.config import RunConfig
     from rlslurm.convert import mcore_to_hf
+    from rlslurm.settings.config import RunConfig
     from rlslurm.trainer import step as steps
     from rlslurm.trainer.pipeline import stages_to_first
     from rlslurm.trainer.setup import build_trainer, init_distributed

@@ -51,11 +51,11 @@ from rlslurm.engines.engine import EngineSpec  # noqa: E402
 from rlslurm.engines.router import RouterProcess  # noqa: E402
 from rlslurm.engines.sglang_client import SGLangClient  # noqa: E402
 from rlslurm.engines.supervisor import EngineSupervisor  # noqa: E402
-from rlslurm.settings.model_config import load_model_config  # noqa: E402
 from rlslurm.net import engine_port_block, free_port  # noqa: E402
 from rlslurm.rollout.data import Prompt  # noqa: E402
 from rlslurm.rollout.generate_api import default_generate  # noqa: E402
 from rlslurm.rollout.router_context import RouterContext  # noqa: E402
+from rlslurm.settings.model_config import load_model_config  # noqa: E402
 from rlslurm.tiny import make_tiny_checkpoint  # noqa: E402
 
 

@@ -25,19 +25,19 @@ from rich.table import Table
 
 from rlslurm import owned_role
 from rlslurm.attempt import LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
-from rlslurm.buffer.attempts import next_attempt
 from rlslurm.buffer.atomic import PRIVATE_UMASK, open_log
+from rlslurm.buffer.attempts import next_attempt
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
-from rlslurm.net import rendezvous_port
 from rlslurm.job.env import ATTEMPT_ENV
+from rlslurm.net import rendezvous_port
+from rlslurm.secret_env import read_secret_env
+from rlslurm.settings.runfile import load_run_config
 from rlslurm.slurm.status import phase_line, role_phases, weights_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
-from rlslurm.settings.runfile import load_run_config
-from rlslurm.secret_env import read_secret_env
 
 
 FINISH_GRACE_S = 60

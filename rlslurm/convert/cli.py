@@ -118,9 +118,9 @@ def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int
                  vocab_divisible_by: int = 128, etp: int | None = None,
                  stages: tuple[int | None, int | None] = (None, None)) -> None:
     from rlslurm.convert import check_hf_config, load_hf_checkpoint
+    from rlslurm.convert import runtime
     from rlslurm.convert.meta import write_meta
     from rlslurm.settings.model_config import load_model_config
-    from rlslurm.convert import runtime
 
     etp = runtime.check_world(tp, pp, ep, etp)
     mc = load_model_config(model_name)
@@ -211,9 +211,9 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
                  dtype: torch.dtype | None, etp: int | None = None,
                  stages: tuple[int | None, int | None] = (None, None)) -> None:
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
+    from rlslurm.convert import runtime
     from rlslurm.convert.meta import check_meta, read_meta
     from rlslurm.settings.model_config import load_model_config
-    from rlslurm.convert import runtime
 
     etp = runtime.check_world(tp, pp, ep, etp)
     mc = load_model_config(model_name)

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from rlslurm.errors import ConfigError
 from rlslurm.net import rendezvous_port
-from rlslurm.settings.parallel_grid import converter_world
 from rlslurm.settings.model_config import ModelConfig
+from rlslurm.settings.parallel_grid import converter_world
 
 
 @dataclasses.dataclass

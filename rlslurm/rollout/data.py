@@ -37,8 +37,8 @@ import numpy as np
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_object
-from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 from rlslurm.rollout import data_dirs
+from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 
 log = logging.getLogger(__name__)
 

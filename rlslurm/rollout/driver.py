@@ -51,14 +51,14 @@ from rlslurm.buffer.attempts import AttemptSuperseded, superseded
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus
-from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.buffer.sweep import sweep
-from rlslurm.settings.config import RunConfig
+from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
+from rlslurm.settings.config import RunConfig
+from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.rollout.filters import (
     Collected,
     GroupCollector,
@@ -88,9 +88,9 @@ from rlslurm.rollout.rollout_fn import (
     load_rollout_fn,
     refuse_combinations,
 )
-from rlslurm.rollout.sft import SFT_ROLLOUT_FN
-from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.job.env import job_env
+from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
+from rlslurm.rollout.sft import SFT_ROLLOUT_FN
 from rlslurm.settings.weight_plan import weight_sync_plan
 
 log = logging.getLogger(__name__)

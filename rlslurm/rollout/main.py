@@ -33,8 +33,8 @@ from rlslurm.gpus import visible_gpu_uuids
 from rlslurm.heartbeat import Beat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
-from rlslurm.settings.layout import no_engines_reason
 from rlslurm.net import node_ip
+from rlslurm.settings.layout import no_engines_reason
 from rlslurm.settings.runfile import load_run_config
 
 log = logging.getLogger("rlslurm.rollout")

@@ -34,7 +34,6 @@ from urllib.parse import urlsplit
 from rlslurm.buffer.atomic import CorruptRecord, ensure_dir, listdir_fresh, write_json_atomic
 from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord, read_record
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.settings.config import RunConfig
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
@@ -46,6 +45,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
+from rlslurm.settings.config import RunConfig
 from rlslurm.settings.weight_plan import WeightSyncPlan, weight_sync_plan
 
 log = logging.getLogger(__name__)

@@ -57,12 +57,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlslurm.buffer.sample import Sample, SampleStatus
-from rlslurm.settings.config import RolloutSection, RunConfig
 from rlslurm.errors import ConfigError
 from rlslurm.plugins import load_callable
 from rlslurm.rollout.data import DataSource, PartialSample, Prompt
 from rlslurm.rollout.generate_api import GenerateContext, Generation
 from rlslurm.rollout.rewards import RewardFn
+from rlslurm.settings.config import RolloutSection, RunConfig
 
 log = logging.getLogger(__name__)
 

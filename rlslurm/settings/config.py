@@ -19,10 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rlslurm.job.timespec import time_limit_s
+from rlslurm.secret_env import looks_secret
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
 from rlslurm.settings.rm_types import RM_REFUSED, RM_TYPES
-from rlslurm.secret_env import looks_secret
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
 # used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.

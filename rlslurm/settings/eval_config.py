@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import RunConfig
 from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 

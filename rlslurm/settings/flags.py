@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rlslurm.settings.config import SECTIONS, RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import SECTIONS, RunConfig
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, slime_instead
 
 SGLANG_PREFIX = "--sglang-"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import RunConfig
 from rlslurm.settings.flags import flag_name
 
 if TYPE_CHECKING:

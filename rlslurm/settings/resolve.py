@@ -11,13 +11,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from rlslurm.settings import layout, preflight
-from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
+from rlslurm.job.timespec import time_limit_s
+from rlslurm.settings import layout, preflight
+from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
-from rlslurm.job.timespec import time_limit_s
 from rlslurm.settings.low_precision import check_megatron_precision
 from rlslurm.settings.model_config import ModelConfig, model_config_path
 from rlslurm.settings.model_from_hf import run_model

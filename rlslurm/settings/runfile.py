@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import RunConfig
 
 
 def dump_run_config(cfg: RunConfig) -> str:

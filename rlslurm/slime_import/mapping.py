@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlslurm.settings import low_precision
 from rlslurm.errors import ConfigError
+from rlslurm.settings import low_precision
 from rlslurm.settings.flags import FIELDS, build_config, parse_flags
 from rlslurm.settings.preflight import megatron_fields
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD

@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlslurm.settings.config import check_slurm_name
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import check_slurm_name
 from rlslurm.settings.parallel_grid import converter_world
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import jinja2
 
 from rlslurm import attempt
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import RunConfig
 from rlslurm.user_error import FAILURE_FILE, USER_ERROR_EXIT_CODE, USER_ERROR_FILE
 from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s
 

@@ -33,23 +33,23 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.progress import TrainerProgress, after_checkpoint
 from rlslurm.buffer.reader import BufferTimeout, RolloutReader
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import DataError, UserError
 from rlslurm.gpus import torch_device_uuid
 from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.job.report import write_env_report
+from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import load_run_config
+from rlslurm.settings.weight_plan import weight_sync_plan
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
 from rlslurm.trainer.replay_subsample import subsample
 from rlslurm.trainer.rollout_only import watch
+from rlslurm.trainer.setup import init_distributed
 from rlslurm.trainer.turns import ColocatedTurn, PlainTurn
 from rlslurm.trainer.weights.base import SyncInterrupted
 from rlslurm.trainer.weights.delivery import Publish, WeightDelivery
-from rlslurm.settings.weight_plan import weight_sync_plan
-from rlslurm.trainer.setup import init_distributed
 
 log = logging.getLogger("rlslurm.trainer")
 

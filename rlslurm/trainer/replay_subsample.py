@@ -13,8 +13,8 @@ import dataclasses
 from pathlib import Path
 
 from rlslurm.buffer.sample import Rollout
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.settings.config import RunConfig
 
 FLAG = "--load-debug-rollout-data-subsample"
 

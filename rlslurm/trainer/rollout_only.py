@@ -28,9 +28,9 @@ import torch.distributed as dist
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.store import BufferStore
-from rlslurm.settings.config import RunConfig
-from rlslurm.job.env import job_env
 from rlslurm.heartbeat import Beat, keeps_heartbeat
+from rlslurm.job.env import job_env
+from rlslurm.settings.config import RunConfig
 from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")

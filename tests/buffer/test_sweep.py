@@ -58,9 +58,9 @@ def test_sweep_removes_old_debris_and_nothing_else(tmp_path: Path) -> None:
 def test_the_driver_sweeps_at_its_start(tmp_path: Path) -> None:
     """An engine-free driver (--debug-train-only, SFT) on a run directory with a killed commit's debris:
     gone once the driver has started, and the rollout is committed under the same id."""
-    from rlslurm.settings.config import RunConfig
     from rlslurm.rollout.driver import RolloutDriver
     from rlslurm.rollout.sft import SFT_ROLLOUT_FN
+    from rlslurm.settings.config import RunConfig
     from tests.rollout.chat_tokenizer import CONV, make_tokenizer
 
     data = tmp_path / "c.jsonl"

@@ -123,8 +123,8 @@ def train(a: argparse.Namespace) -> None:
                  ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(k, v)
     from rlslurm.buffer.progress import TrainerProgress
-    from rlslurm.settings.config import RunConfig
     from rlslurm.convert import mcore_to_hf
+    from rlslurm.settings.config import RunConfig
     from rlslurm.trainer import checkpoint
     from rlslurm.trainer import step as steps
     from rlslurm.trainer.setup import build_trainer, init_distributed

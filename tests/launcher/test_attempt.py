@@ -17,8 +17,8 @@ import pytest
 
 from rlslurm import attempt
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.settings.config import RunConfig
 from rlslurm.local import LOCAL_ADDR, role_commands, run_local
+from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import dump_run_config
 from rlslurm.slurm.launch import role_argv
 from rlslurm.slurm.render import render

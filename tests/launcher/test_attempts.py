@@ -16,8 +16,8 @@ from rlslurm.buffer.attempts import failures_counted, next_attempt, record_resub
 from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError
-from rlslurm.settings.resolve import resolve
 from rlslurm.job.env import job_env
+from rlslurm.settings.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.slurm.status import run_status
 

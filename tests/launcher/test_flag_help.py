@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import rlslurm
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.cli import app
-from rlslurm.settings.config import SECTIONS, RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import SECTIONS, RunConfig
 from rlslurm.settings.flags import FIELDS, flag_help
 from rlslurm.settings.model_config import available_models, model_config_path
 

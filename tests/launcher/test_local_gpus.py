@@ -122,8 +122,8 @@ def test_a_resumed_run_splits_as_its_first_attempt(tmp_path: Path, monkeypatch) 
 
 def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> None:
     """--load-debug-rollout-data starts no engines, so one GPU is enough."""
-    from rlslurm.gpus import role_gpus
     from rlslurm.buffer import RolloutWriter, RunDir
+    from rlslurm.gpus import role_gpus
     from rlslurm.settings.resolve import resolve
     from tests.buffer.helpers import make_meta, make_samples
     from tests.hf_shape import hf_shaped_dir
@@ -161,8 +161,8 @@ def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypat
     """A one-GPU box: --shared-gpu runs the trainer and the engine on GPU 0 as separate processes. NCCL
     refuses two ranks on one GPU, so the weight-sync group is gloo (docs/gpu.md); submit refuses it."""
     from rlslurm.settings.resolve import resolve
-    from rlslurm.slurm.render import render
     from rlslurm.settings.weight_plan import weight_sync_plan
+    from rlslurm.slurm.render import render
     from tests.config_errors import one_line_naming
     from tests.hf_shape import hf_shaped_dir
 

@@ -13,9 +13,9 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.local import _clean_env
+from rlslurm.secret_env import looks_secret, parse_env_file, read_secret_env, render_env_file
 from rlslurm.settings.resolve import resolve
 from rlslurm.settings.runfile import dump_run_config, load_run_config
-from rlslurm.secret_env import looks_secret, parse_env_file, read_secret_env, render_env_file
 from rlslurm.slurm.render import render
 from rlslurm.slurm.submit import prepare_run_dir
 

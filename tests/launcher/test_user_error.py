@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError
+from rlslurm.settings.config import RunConfig
 from rlslurm.slurm.render import render
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE, read_user_error, record_user_error
 

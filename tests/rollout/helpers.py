@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from rlslurm.buffer.rundir import RunDir
-from rlslurm.settings.config import DataSection, RolloutSection, RunConfig, TrainSection
 from rlslurm.rollout.driver import RolloutDriver
+from rlslurm.settings.config import DataSection, RolloutSection, RunConfig, TrainSection
 
 WORDS = "abcdefghijklmnopqrstuvwxyz"
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 from rlslurm.rollout.data import PromptSource, validate_prompt_file
+from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 
 
 def write_qa(path: Path, n: int) -> Path:

@@ -24,11 +24,11 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
-from rlslurm.settings.config import RolloutSection, RunConfig
+from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import DataError
 from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
-from rlslurm.engines.sglang_client import SGLangClient, SGLangError
+from rlslurm.settings.config import RolloutSection, RunConfig
 from tests.process_groups import pid_alive
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, set_version, write_prompts
 
@@ -351,9 +351,9 @@ def test_requests_aborted_by_a_weight_update_pause_are_generated_again(private_d
 @pytest.mark.sglang
 @pytest.mark.slow
 def test_other_nodes_find_the_router_in_control_and_never_start_one(private_deployment, tmp_path):
-    from rlslurm.settings.config import RunConfig
-    from rlslurm.rollout.node import RemoteRouter, RolloutNode
     from rlslurm.engines.router import RouterError
+    from rlslurm.rollout.node import RemoteRouter, RolloutNode
+    from rlslurm.settings.config import RunConfig
 
     dep = private_deployment
     rd = RunDir.create(tmp_path / "run")

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 from rlslurm.rollout.rewards import RemoteRM, RewardError, RewardInput, build_reward_fn, score_group
+from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 from rlslurm.rollout.rule_rewards import (
     RULES,
     chosen_letter,

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlslurm.settings.config import RunConfig
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.rollout_fn import TrackedSource
 from rlslurm.rollout.sft import generate_rollout, mask_conversation, sft_sample
+from rlslurm.settings.config import RunConfig
 from tests.rollout.chat_tokenizer import CONV, WORDS, make_tokenizer
 
 QWEN3_LIKE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} "
@@ -198,10 +198,10 @@ def _sft_argv(tmp_path: Path, records: list[list[dict]] | None = None, template:
 
 
 def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) -> None:
-    from rlslurm.settings.resolve import resolve
-    from rlslurm.settings.layout import no_engines_reason
     from rlslurm.rollout.main import builds_rollouts
     from rlslurm.rollout.sft import SFT_ROLLOUT_FN
+    from rlslurm.settings.layout import no_engines_reason
+    from rlslurm.settings.resolve import resolve
 
     argv = _sft_argv(tmp_path)
     cfg = resolve(argv).cfg

@@ -34,9 +34,9 @@ def main() -> None:
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.convert import load_hf_checkpoint
+    from rlslurm.engines.greedy import engine_greedy
     from rlslurm.settings.model_config import load_model_config
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
-    from rlslurm.engines.greedy import engine_greedy
     from rlslurm.trainer.weights.base import SyncOptions
     from rlslurm.trainer.weights.broadcast import broadcast_publisher
     from rlslurm.trainer.weights.probe import PROBE_NEW_TOKENS, probe_prompt, trainer_greedy

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
 from rlslurm.errors import ConfigError, UserError
-from rlslurm.trainer.weights.record import Delivered
 from rlslurm.settings.weight_plan import WeightSyncPlan
+from rlslurm.trainer.weights.record import Delivered
 
 
 class WeightPublisher(Protocol):

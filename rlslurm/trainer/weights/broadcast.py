@@ -54,11 +54,11 @@ from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from rlslurm.engines.receiver import BucketPlan, plan_payload
 from rlslurm.gpus import torch_device_uuid
 from rlslurm.net import free_port, node_ip
+from rlslurm.settings.weight_plan import broadcast_backend, delivered_by
 from rlslurm.trainer.weights.base import Roles, SyncOptions, WeightSyncError, WeightSyncSetupError, megatron_roles
 from rlslurm.trainer.weights.buckets import SendStats, bucket_plan, serialized_plan
 from rlslurm.trainer.weights.group import GroupSpec, NoEngines, SyncGroup, SyncGroupError, flatten_bucket, iter_buckets
 from rlslurm.trainer.weights.tries import SyncPublisher
-from rlslurm.settings.weight_plan import broadcast_backend, delivered_by
 
 log = logging.getLogger("rlslurm.trainer.weight_sync")
 

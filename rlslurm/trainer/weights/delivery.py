@@ -26,8 +26,8 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from rlslurm.buffer.control import Control, Listing
-from rlslurm.trainer.weights.record import Delivered
 from rlslurm.settings.weight_plan import WeightSyncPlan
+from rlslurm.trainer.weights.record import Delivered
 
 log = logging.getLogger("rlslurm.trainer.delivery")
 

@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from rlslurm.buffer.control import Control
 from rlslurm.job.env import job_env
+from rlslurm.settings.weight_plan import WeightSyncPlan
 from rlslurm.trainer.weights.base import NullPublisher, SyncOptions, VersionRecorder, WeightPublisher
 from rlslurm.trainer.weights.disk import DiskPublisher
-from rlslurm.settings.weight_plan import WeightSyncPlan
 
 
 def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Path | None, replay: bool,

@@ -45,11 +45,11 @@ from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
 from rlslurm.engines.receiver import mapped_payload
 from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
 from rlslurm.errors import ConfigError
+from rlslurm.settings.weight_plan import delivered_by
 from rlslurm.trainer.weights.base import Roles, SyncOptions, megatron_roles
 from rlslurm.trainer.weights.buckets import SendStats, bucket_plan, serialized_plan
 from rlslurm.trainer.weights.group import NoEngines, SyncGroupError, iter_buckets
 from rlslurm.trainer.weights.tries import SyncPublisher
-from rlslurm.settings.weight_plan import delivered_by
 
 log = logging.getLogger(__name__)
 
