@@ -156,7 +156,7 @@ def _derive(res: Resolved) -> None:
         mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
         t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
     if t.update_weight_receiver == "auto":  # kept settled in run.yaml: what ran is what it names
-        t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type)
+        t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type, cfg.shares_gpus)
     if cfg.run.run_dir is None:  # the default, ./runs/<name>, is relative to where submit runs
         cfg.run.run_dir = Path(absolute(cfg.run_dir, Path.cwd()))
     if s.python is None:

@@ -93,11 +93,14 @@ def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", 
 RECEIVER_PROVEN = ("qwen3", "qwen3_moe")
 
 
-def auto_receiver(device: str, hf_model_type: str) -> Literal["sglang", "rlslurm"]:
+def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool) -> Literal["sglang", "rlslurm"]:
     """What `--update-weight-receiver auto` becomes (settled at submit, resolve.py, and kept in run.yaml):
-    rlslurm's receiver on GPUs for the families proven there, SGLang's per-bucket loader elsewhere (CPU
-    engines included: the CPU suite keeps SGLang's path as its default and tests the receiver by name)."""
-    return "rlslurm" if device == "cuda" and hf_model_type in RECEIVER_PROVEN else "sglang"
+    rlslurm's receiver on GPUs for the families proven there, over NCCL (the runs above; engines sharing
+    the trainer's GPUs broadcast over gloo, not proven with it), SGLang's per-bucket loader elsewhere (CPU
+    engines included: the CPU suite keeps SGLang's path as its default and tests the receiver by name).
+    --colocate's IPC transport loads through the receiver whatever this says (`engine_loader`)."""
+    proven = device == "cuda" and hf_model_type in RECEIVER_PROVEN and not shares_gpus
+    return "rlslurm" if proven else "sglang"
 
 
 def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
