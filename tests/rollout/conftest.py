@@ -1,13 +1,14 @@
-"""Real CPU SGLang deployments for tests/rollout: two fp32 servers (one pinned core each) behind the
-real sglang-router, under the real EngineSupervisor, started by `tests/sglang_deploy.deploy`
-(~60 s on 2 cores each, so there are two, not one per module):
+"""The real CPU SGLang deployment for tests/rollout: two fp32 servers (one pinned core each) behind the
+real sglang-router, under the real EngineSupervisor, started by `tests/sglang_deploy.deploy` (~60 s on
+2 cores, so one serves every module here; the guide's one SGLang pair):
 
-- `deployment`: session scope, for tests/rollout/test_engines.py (it checks counters from the start);
 - `private_deployment`: for the modules that restart engines or change their weight version
-  (test_driver, test_partial_rollout). One deployment serves them all, reset for each module
-  (no admission rule, version 0, both engines healthy and routed: what those tests start from;
-  the weights are the HF ones throughout, as none of them loads others), and closed after the
-  last module that uses it.
+  (test_driver, test_partial_rollout, ...). Reset for each module (no admission rule, version 0,
+  both engines healthy and routed: what those tests start from; the weights are the HF ones
+  throughout, as none of them loads others), and closed after the last module that uses it.
+- `deployment`: the same one, for the modules that check its counters from the start
+  (test_engines.py: no engine restarted yet, the router's first restart). Those modules run first
+  of the ones that share it (pytest_collection_modifyitems below).
 """
 
 from __future__ import annotations
@@ -38,17 +39,18 @@ def _key() -> str:
     return "-" + secrets.token_urlsafe(24)  # a leading '-' must not break argv parsing
 
 
-@pytest.fixture(scope="session")
-def deployment(tmp_path_factory, tiny_model) -> Deployment:
-    with deploy(tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=_key()) as dep:
-        yield dep
-
-
 _PRIVATE_USERS = "_rlslurm_private_deployment_users"
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    setattr(config, _PRIVATE_USERS, {i.module.__name__ for i in items if "private_deployment" in i.fixturenames})
+    # `deployment` depends on `private_deployment`, so its users are in `fixturenames` too
+    users = {i.module.__name__ for i in items if "private_deployment" in i.fixturenames}
+    setattr(config, _PRIVATE_USERS, users)
+    fresh = {i.module.__name__ for i in items if "deployment" in i.fixturenames}
+    first = next((k for k, i in enumerate(items) if i.module.__name__ in users), None)
+    if first is not None and fresh:  # the modules of `deployment` first, whole and in file order
+        tail = items[first:]
+        items[first:] = [i for i in tail if i.module.__name__ in fresh] + [i for i in tail if i.module.__name__ not in fresh]
 
 
 @pytest.fixture(scope="session")
@@ -74,8 +76,7 @@ def _reset(dep: Deployment, timeout: float = 300.0) -> None:
 
 @pytest.fixture(scope="module")
 def private_deployment(request, _private_stack, tmp_path_factory, tiny_model) -> Deployment:
-    """For tests that restart engines or change their weight version, so that the shared
-    `deployment`'s counters stay as test_engines.py expects (see the module docstring)."""
+    """For tests that restart engines or change their weight version (see the module docstring)."""
     stack, held = _private_stack
     if "dep" not in held:
         # a higher static fraction: SGLang's CPU memory profile fails when other processes on the
@@ -90,3 +91,9 @@ def private_deployment(request, _private_stack, tmp_path_factory, tiny_model) ->
     if not users:  # the last module that uses it: free its cores and memory now
         held.pop("dep")
         stack.close()
+
+
+@pytest.fixture(scope="module")
+def deployment(private_deployment) -> Deployment:
+    """The shared deployment, for modules that run before any other used it (see the module docstring)."""
+    return private_deployment
