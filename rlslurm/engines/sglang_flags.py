@@ -89,12 +89,13 @@ def sglang_server_flags() -> frozenset[str]:
             pass
     flags = _probe()
     if path is not None:
+        from rlslurm.buffer.atomic import StorageError, write_json_atomic
+
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(sorted(flags)))
-            os.replace(tmp, path)  # whole or not at all, whoever else writes it at once
-        except OSError:
+            # whole or not at all, whoever else writes it at once; a cache needs no fsync
+            write_json_atomic(path, sorted(flags), durable=False)
+        except (OSError, StorageError):
             pass
     return flags
 
