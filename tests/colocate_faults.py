@@ -14,9 +14,10 @@ test_colocate_restart.py) and for GPUs (tests/gpu/test_colocate_faults.py): `rls
 The kill and the TERM land when trainer rank 0's heartbeat says "training rollout N" (after the release
 and the onload). After the kill the trainer's processes are stopped (SIGSTOP) until the rollout node has
 seen the engine gone: how soon the supervisor notices depends on the CPU it gets (seconds on a loaded
-two-core machine), and the scenario is a death seen inside the turn, so the turn must not end first. When the restart began comes from the rollout process's own log ("...; restarting"),
-the turn's end from the trainer's ("weights vN+1 ... to k engine(s)" is the turn's publish, "the turn
-of vN+1 is over" its end)."""
+two-core machine), and the scenario is a death seen inside the turn, so the turn must not end first.
+When the restart began comes from the rollout process's own log ("...; restarting"), the turn's end from
+the trainer's ("weights vN+1 ... to k engine(s)" is the turn's publish, "the turn of vN+1 is over" its
+end)."""
 
 from __future__ import annotations
 
