@@ -412,10 +412,25 @@ class Soak:
             self.eio_file.unlink()
             return {"target": f"every run-dir write/read (RLSLURM_TEST_EIO_FILE) for {EIO_HOLD_S:g} s"}
         if kind == "kill_engine_in_turn":
+            # A CPU turn lasts a few seconds and the node may notice the death a second or more later on
+            # two loaded cores: the trainer ranks are stopped from the kill until the node has logged it,
+            # so the death is seen inside the turn (as tests/colocate_faults.py does)
             rec = self.control.engines()[0]
             phase = trainer_phase(self.run_dir)
-            os.kill(rec.pid, signal.SIGKILL)
-            return {"target": f"sglang server {rec.url} inside the trainer's turn ({phase!r})", "pid": rec.pid}
+            ranks = sorted(who["ranks"].values())
+            attempt = current_attempt(self.run_dir)
+            for pid in ranks:
+                os.kill(pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            try:
+                os.kill(rec.pid, signal.SIGKILL)
+                self.wait(lambda: log_count(self.run_dir, attempt, f"({rec.url}): exited (code -9)") > 0,
+                          READY_TIMEOUT_S, "the node seeing the engine gone")
+            finally:
+                for pid in ranks:
+                    os.kill(pid, signal.SIGCONT)
+            return {"target": f"sglang server {rec.url} inside the trainer's turn ({phase!r})", "pid": rec.pid,
+                    "trainer_held_s": round(time.monotonic() - t0, 2)}
         if kind == "kill_trainer":
             rank = rng.choice(sorted(who["ranks"]))
             os.kill(who["ranks"][rank], signal.SIGKILL)

@@ -12,9 +12,12 @@ test_colocate_restart.py) and for GPUs (tests/gpu/test_colocate_faults.py): `rls
    turn").
 
 The kill and the TERM land when trainer rank 0's heartbeat says "training rollout N" (after the release
-and the onload). When the restart began comes from the rollout process's own log ("...; restarting"),
-the turn's end from the trainer's ("weights vN+1 ... to k engine(s)" is the turn's publish, "the turn
-of vN+1 is over" its end)."""
+and the onload). After the kill the trainer's processes are stopped (SIGSTOP) until the rollout node has
+seen the engine gone: how soon the supervisor notices depends on the CPU it gets (seconds on a loaded
+two-core machine), and the scenario is a death seen inside the turn, so the turn must not end first.
+When the restart began comes from the rollout process's own log ("...; restarting"), the turn's end from
+the trainer's ("weights vN+1 ... to k engine(s)" is the turn's publish, "the turn of vN+1 is over" its
+end)."""
 
 from __future__ import annotations
 
@@ -52,6 +55,17 @@ def _phase(run: Path) -> str:
         return ""  # not there yet, or replaced under our read
 
 
+def _trainer_processes(root: int) -> list:
+    """The trainer's processes under `rlslurm run` (torchrun and its ranks), as psutil processes."""
+    import psutil
+
+    out = [p for p in psutil.Process(root).children(recursive=True)
+           if any("rlslurm.trainer" in a or "torch.distributed.run" in a or "rlslurm.slurm.torchrun" in a
+                  for a in p.cmdline())]
+    assert out, "no trainer process under rlslurm run"
+    return out
+
+
 def _wait_phase(run: Path, proc: subprocess.Popen, log: Path, prefix: str, deadline: float) -> None:
     while not _phase(run).startswith(prefix):
         assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
@@ -80,8 +94,19 @@ def kill_then_term_inside_turns(tmp_path: Path, extra: list[str], *, steps: int,
         deadline = time.monotonic() + timeout_s
         _wait_phase(run, proc, log, f"training rollout {KILL_IN}", deadline)
         victim = json.loads((run / "control" / "engines.json").read_text())["engines"][0]
-        os.kill(victim["pid"], signal.SIGKILL)
-        killed_at = time.time()
+        trainers = _trainer_processes(proc.pid)
+        for p in trainers:  # the turn holds until the node has seen the death (module docstring)
+            p.send_signal(signal.SIGSTOP)
+        try:
+            os.kill(victim["pid"], signal.SIGKILL)
+            killed_at = time.time()
+            seen = rf"\({re.escape(victim['url'])}\): exited \(code -9\)"
+            while not _lines(run / "logs" / "attempt-0" / "rollout-0.log", seen):
+                assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
+                time.sleep(0.1)
+        finally:
+            for p in trainers:
+                p.send_signal(signal.SIGCONT)
         _wait_phase(run, proc, log, f"training rollout {TERM_IN}", deadline)
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=timeout_s)

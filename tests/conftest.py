@@ -1,10 +1,24 @@
-"""Suite-wide fixtures: the SLURM cluster, and the tiny model and CPU SGLang deployment that
-tests/engines and tests/rollout share (one deployment for both, ~60 s on 2 cores). Fixtures of one
-area belong in conftest.py files of their own test subdirectories."""
+"""Suite-wide fixtures: the SLURM cluster, the tiny model, and the one CPU SGLang deployment that
+tests/engines and tests/rollout share: two fp32 servers (one pinned core each) behind the real
+sglang-router, under the real EngineSupervisor, started by `tests/sglang_deploy.deploy` (~60 s on
+2 cores, so one serves every module; the guide's one SGLang pair):
+
+- `private_deployment`: for the modules that restart engines or change their weight version
+  (tests/rollout's test_driver, test_partial_rollout, ...). Reset for each module (no admission
+  rule, version 0, both engines healthy and routed: what those tests start from; the weights are the
+  HF ones throughout, as none of them loads others), and closed after the last module that uses it.
+- `deployment`: the same one, for the modules that check its counters from the start
+  (tests/engines/test_engines.py: no engine restarted yet, the router's first restart). Those
+  modules run first of the ones that share it (pytest_collection_modifyitems below).
+
+Fixtures of one area belong in conftest.py files of their own test subdirectories."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,12 +79,65 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_checkpoint(load_model_config("tiny-qwen3"), tmp_path_factory.mktemp("tiny-qwen3"))
 
 
+_PRIVATE_USERS = "_rlslurm_private_deployment_users"
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    # `deployment` depends on `private_deployment`, so its users are in `fixturenames` too
+    users = {i.module.__name__ for i in items if "private_deployment" in i.fixturenames}
+    setattr(config, _PRIVATE_USERS, users)
+    fresh = {i.module.__name__ for i in items if "deployment" in i.fixturenames}
+    first = next((k for k, i in enumerate(items) if i.module.__name__ in users), None)
+    if first is not None and fresh:  # the modules of `deployment` first, whole and in file order
+        tail = items[first:]
+        items[first:] = [i for i in tail if i.module.__name__ in fresh] + [i for i in tail if i.module.__name__ not in fresh]
+
+
 @pytest.fixture(scope="session")
-def deployment(tmp_path_factory, tiny_model):
-    """Two real CPU SGLang servers behind the router (tests/sglang_deploy.py), for the whole session:
-    tests/engines/test_engines.py checks their counters from the start, so no test restarts them or
-    changes their weight version (tests/rollout's `private_deployment` is for that)."""
+def _private_stack():
+    with contextlib.ExitStack() as stack:
+        yield stack, {}
+
+
+def _reset(dep, timeout: float = 300.0) -> None:
+    """What each module starts from: no admission rule, version 0, both engines healthy and routed."""
+    from tests.rollout.helpers import set_version
+
+    sup = dep.supervisor
+    sup.admit = None
+    deadline = time.monotonic() + timeout
+    while True:
+        infos = sup.engines()
+        routed = {w["url"] for w in dep.router.workers() if w["is_healthy"]}
+        if all(i.healthy and i.url in routed for i in infos):
+            break
+        assert time.monotonic() < deadline, f"engines not healthy and routed after {timeout:g} s: {infos}"
+        time.sleep(0.5)
+    asyncio.run(set_version(dep, 0))
+
+
+@pytest.fixture(scope="module")
+def private_deployment(request, _private_stack, tmp_path_factory, tiny_model):
+    """For tests that restart engines or change their weight version (see the module docstring)."""
     from tests.sglang_deploy import deploy, new_api_key
 
-    with deploy(tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=new_api_key()) as dep:
-        yield dep
+    stack, held = _private_stack
+    if "dep" not in held:
+        # a higher static fraction: SGLang's CPU memory profile fails when other processes on the
+        # box (a second server starting beside it) allocate while it measures
+        held["dep"] = stack.enter_context(deploy(
+            tiny_model, tmp_path_factory.mktemp("rollout-logs"), api_key=new_api_key(),
+            extra_args=("--weight-version", "0", "--mem-fraction-static", "0.3")))
+    _reset(held["dep"])
+    yield held["dep"]
+    users = getattr(request.config, _PRIVATE_USERS, set())
+    users.discard(request.module.__name__)
+    if not users:  # the last module that uses it: free its cores and memory now
+        held.pop("dep")
+        stack.close()
+
+
+@pytest.fixture(scope="module")
+def deployment(private_deployment):
+    """The shared deployment, for modules that run before any other used it (see the module docstring)."""
+    return private_deployment

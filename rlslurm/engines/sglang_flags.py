@@ -2,14 +2,19 @@
 
 Checked by `resolve()` at submit (rlslurm/settings/preflight.py) and again by every engine spec on the node.
 SGLang builds most of its ~560 server flags in code, so the only exact list is its own argument
-parser: `sglang_server_flags()` imports `sglang.srt.server_args` (seconds), which is why resolve
-only asks when there are passthrough flags to check.
+parser: `sglang_server_flags()` imports `sglang.srt.server_args` (~12 CPU-s), which is why resolve
+only asks when there are passthrough flags to check, and why the list is kept in the user's cache
+directory (~/.cache/rlslurm/, or $XDG_CACHE_HOME/rlslurm/), one file per installed SGLang (its
+version, path and the modification times of the files that build its parser).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
+import os
+from pathlib import Path
 
 from rlslurm.errors import ConfigError
 
@@ -38,9 +43,7 @@ def sglang_installed() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-@functools.lru_cache(maxsize=1)
-def sglang_server_flags() -> frozenset[str]:
-    """Every `--flag` of the installed SGLang's `launch_server` (its own parser)."""
+def _probe() -> frozenset[str]:
     import argparse
 
     from sglang.srt.server_args import ServerArgs
@@ -48,6 +51,53 @@ def sglang_server_flags() -> frozenset[str]:
     parser = argparse.ArgumentParser(add_help=False)
     ServerArgs.add_cli_args(parser)
     return frozenset(o for o in parser._option_string_actions if o.startswith("--"))
+
+
+def _cache_file() -> Path | None:
+    """Where the flag list of the installed SGLang is kept: a name that changes whenever that SGLang
+    does (another version, another place, a file of its parser changed); None without SGLang."""
+    import hashlib
+    import importlib.metadata
+
+    spec = importlib.util.find_spec("sglang")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    srt = Path(list(spec.submodule_search_locations)[0]) / "srt"
+    parts = [importlib.metadata.version("sglang"), str(srt.resolve())]
+    for f in [srt / "server_args.py", *sorted((srt / "arg_groups").glob("*.py"))]:
+        st = f.stat()
+        parts.append(f"{f.name}:{st.st_mtime_ns}:{st.st_size}")
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlslurm"
+    return root / f"sglang-flags-{parts[0]}-{key}.json"
+
+
+@functools.lru_cache(maxsize=1)
+def sglang_server_flags() -> frozenset[str]:
+    """Every `--flag` of the installed SGLang's `launch_server` (its own parser), from the cache file
+    when one was written for this SGLang; any trouble with the cache is a probe, never an error."""
+    try:
+        path = _cache_file()
+    except OSError:
+        path = None
+    if path is not None:
+        try:
+            flags = json.loads(path.read_text())
+            if isinstance(flags, list) and flags and all(isinstance(f, str) and f.startswith("--") for f in flags):
+                return frozenset(flags)
+        except (OSError, ValueError):
+            pass
+    flags = _probe()
+    if path is not None:
+        from rlslurm.buffer.atomic import StorageError, write_json_atomic
+
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # whole or not at all, whoever else writes it at once; a cache needs no fsync
+            write_json_atomic(path, sorted(flags), durable=False)
+        except (OSError, StorageError):
+            pass
+    return flags
 
 
 def unknown_flags(args: list[str] | tuple[str, ...], known: frozenset[str]) -> list[str]:

@@ -3,11 +3,13 @@
 `EngineSupervisor.start()` launches every engine at once (a CPU server takes ~30 s to start,
 and they start in parallel), waits for each to be healthy, registers each with the router
 (`POST /workers` with the api key, so the router can call the keyed server) and waits until
-the router itself reports them healthy. A background thread then checks every engine each
-`health_interval_s`:
+the router itself reports them healthy. A background thread then watches every engine:
 
-- process gone (kill -9, OOM)        -> restart at once (--colocate: once the trainer's turn is over);
-- `/health` failing `unhealthy_after` times in a row (hung, SIGSTOPped) -> restart.
+- process gone (kill -9, OOM), looked for every EXIT_POLL_S -> restart at once (--colocate: once
+  the trainer's turn is over; noticed within the turn, not a health round later, so that a death
+  inside a short turn is held too);
+- `/health` failing `unhealthy_after` times in a row, checked every `health_interval_s` (hung,
+  SIGSTOPped) -> restart.
 
 A restart is: SIGKILL the process tree, DELETE the worker from the router (it would otherwise
 only be marked healthy again after the router's own health interval), start on the same
@@ -74,6 +76,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 5
+# how often the supervisor looks for an engine process that is gone, between health rounds (a waitpid
+# each): a --colocate turn lasts seconds, and a death must be seen inside it to be held (turn_watch.py)
+EXIT_POLL_S = 0.25
 RESTART_WINDOW_S = 3600.0
 
 
@@ -348,16 +353,23 @@ class EngineSupervisor:
 
     # --- health loop ----------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stop.wait(self.health_interval_s):
+        next_round = time.monotonic() + self.health_interval_s
+        while not self._stop.wait(min(EXIT_POLL_S, self.health_interval_s)):
             try:
-                self._tick()
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + self.health_interval_s
+                    self._tick()
+                else:
+                    self._tick(exits_only=True)
             except Exception:  # the watchdog must outlive any single bad round
                 log.exception("engine supervisor: health round failed")
 
-    def _tick(self) -> None:
+    def _tick(self, *, exits_only: bool = False) -> None:
+        """One health round; `exits_only`: only look for engine processes that are gone (a waitpid
+        each), between rounds."""
         if self.failure is not None:  # the node ends this attempt: no more restarts
             return
-        if not self.router.is_alive() and not self._paused:
+        if not exits_only and not self.router.is_alive() and not self._paused:
             self._restart_router()
         for s in self._slots:
             with self._cond:
@@ -366,9 +378,12 @@ class EngineSupervisor:
                 paused = self._paused > 0
             # A pause spares engines that may be blocked in a broadcast; one whose process has
             # exited is in no broadcast, and the sync's next try must not wait for it to join.
-            reason = self._exited(s) if paused else self._check(s)
+            if exits_only:
+                reason = None if s.proc.is_alive() else self._exited(s)
+            else:
+                reason = self._exited(s) if paused else self._check(s)
             if reason is None:
-                if s.awaiting_weights and not paused:
+                if s.awaiting_weights and not paused and not exits_only:
                     self._admit_if_current(s)
                 continue
             with self._cond:

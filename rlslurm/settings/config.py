@@ -540,10 +540,12 @@ class TrainSection(Section):
     update_weight_flattened_bucket: bool = Field(False, description="one broadcast per bucket, received as "
                                                                     "SGLang's flattened bucket")
     # engines/receiver.py: one request per publish, overlapped, copies learnt from load_weights; the
-    # rollout node then starts SGLang with --custom-weight-loader
-    update_weight_receiver: Literal["sglang", "rlslurm"] = Field(
-        "sglang", description="who loads broadcast weights into an engine: SGLang's per-bucket path, or "
-                              "rlslurm's receiver (faster; dense qwen3 proven)")
+    # rollout node then starts SGLang with --custom-weight-loader. `auto` is resolved at submit
+    # (weight_plan.py `auto_receiver`): rlslurm's where it is proven on GPUs, SGLang's elsewhere
+    update_weight_receiver: Literal["auto", "sglang", "rlslurm"] = Field(
+        "auto", description="who loads broadcast weights into an engine: SGLang's per-bucket path, rlslurm's "
+                            "receiver (faster), or auto: rlslurm's for qwen3/qwen3-MoE on GPUs (proven there), "
+                            "SGLang's elsewhere")
     # the GPU tier runs with off, so a fallback cannot pass for the transport (docs/gpu.md)
     weight_sync_fallback: Literal["disk", "off"] = Field(
         "disk", description="what delivers a version whose transport failed every try: disk (HF files in "

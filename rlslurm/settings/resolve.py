@@ -27,6 +27,7 @@ from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import check_rl_settings
 from rlslurm.settings.rm_types import RM_REGISTRY
 from rlslurm.trainer.replay_subsample import check_subsample
+from rlslurm.settings.weight_plan import auto_receiver
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
 _TRAIN_BYTES_PER_PARAM = 18
@@ -154,6 +155,8 @@ def _derive(res: Resolved) -> None:
         # bit-exact with it, tests/trainer/test_trainer_resume.py); with DP=1 it only adds copies.
         mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
         t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
+    if t.update_weight_receiver == "auto":  # kept settled in run.yaml: what ran is what it names
+        t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type, cfg.shares_gpus)
     if cfg.run.run_dir is None:  # the default, ./runs/<name>, is relative to where submit runs
         cfg.run.run_dir = Path(absolute(cfg.run_dir, Path.cwd()))
     if s.python is None:

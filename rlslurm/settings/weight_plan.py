@@ -35,7 +35,8 @@ class WeightSyncPlan:
     # NCCL from a CUDA trainer, gloo from a CPU one (decided by the device: `delivered_by`).
     # Consumer: trainer/weights/broadcast.py (the group), through SyncOptions.
     backend: Literal["nccl", "gloo"] | None = None
-    # --update-weight-receiver: SGLang's per-bucket loader or rlslurm's (engines/receiver.py).
+    # --update-weight-receiver, `auto` resolved at submit (`auto_receiver`): SGLang's per-bucket loader
+    # or rlslurm's (engines/receiver.py).
     # Consumers: trainer/weights/broadcast.py (what it sends), rollout/node.py (`engine_loader`).
     receiver: Literal["sglang", "rlslurm"] = "sglang"
     # --update-weight-buffer-size: bytes per bucket. Consumer: trainer/weights/{broadcast,ipc}.py.
@@ -83,6 +84,25 @@ def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", 
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+# Model families (config.json model_type) whose engines rlslurm's receiver has loaded on GPUs, every
+# bucket by learnt copies: dense qwen3 through `rlslurm run` at engine TP 1 and 2, two engines and a PP 2
+# trainer (bench/results/gpu-layouts-h100x4.md, 2026-11-28) and spanning two nodes
+# (engine-span-h100x4.md); a Qwen3-30B-A3B shape at engine TP 2 (production-shapes-h100x4.md, 0.39 s a
+# publish against SGLang's own 2.9 s). Other families keep SGLang's loader until a GPU run proves them
+# (the receiver itself hands a bucket it cannot learn to load_weights: slower, not wrong).
+RECEIVER_PROVEN = ("qwen3", "qwen3_moe")
+
+
+def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool) -> Literal["sglang", "rlslurm"]:
+    """What `--update-weight-receiver auto` becomes (settled at submit, resolve.py, and kept in run.yaml):
+    rlslurm's receiver on GPUs for the families proven there, over NCCL (the runs above; engines sharing
+    the trainer's GPUs broadcast over gloo, not proven with it), SGLang's per-bucket loader elsewhere (CPU
+    engines included: the CPU suite keeps SGLang's path as its default and tests the receiver by name).
+    --colocate's IPC transport loads through the receiver whatever this says (`engine_loader`)."""
+    proven = device == "cuda" and hf_model_type in RECEIVER_PROVEN and not shares_gpus
+    return "rlslurm" if proven else "sglang"
+
+
 def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
     """The plan of a resolved RunConfig (layout.check has refused what cannot work: ipc without
     --colocate or with PP > 1, NCCL with --colocate)."""
@@ -93,7 +113,9 @@ def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
     backend = t.weight_sync_backend
     if backend == "auto":
         backend = "gloo" if cfg.shares_gpus else None
+    # `auto` is settled at submit; a config made without resolve (tests, tools) gets SGLang's loader
+    receiver = "sglang" if t.update_weight_receiver == "auto" else t.update_weight_receiver
     return WeightSyncPlan(method=t.weight_sync, transport=transport, backend=backend,
-                          receiver=t.update_weight_receiver, bucket_bytes=t.update_weight_buffer_size,
+                          receiver=receiver, bucket_bytes=t.update_weight_buffer_size,
                           flattened=t.update_weight_flattened_bucket, fallback=t.weight_sync_fallback,
                           timeout_s=t.weight_sync_timeout_s, verify=t.verify_weight_sync)

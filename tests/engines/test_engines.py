@@ -303,6 +303,43 @@ def test_an_engine_that_never_comes_back_ends_the_attempt_after_its_restart_budg
         sup.close()
 
 
+def test_an_engine_process_gone_is_seen_between_health_rounds(tmp_path):
+    """--colocate holds a restart only if the death is seen inside the trainer's turn (seconds long):
+    before, a death waited for the next health round (every --engine-health-interval-s, plus the
+    rounds' own checks), and a kill inside a short turn was restarted after it without the hold (the
+    chaos soak's colocated run, tests/e2e/test_colocate_restart.py once in three). Here the engine's
+    process (a real one, `sleep`) dies with health rounds a minute apart: its restart begins at once."""
+    import threading
+
+    from rlslurm.engines.supervisor import EngineSupervisor
+    from rlslurm.rollout.node import RemoteRouter
+
+    port = free_port("127.0.0.1")
+    spec = _spec(tmp_path, host="127.0.0.1", port=port, nccl_port=free_port("127.0.0.1"),
+                 model_path=str(tmp_path / "model"), cpu_core=(os.cpu_count() or 1) + 4096)
+    router = RemoteRouter.at(f"http://127.0.0.1:{free_port('127.0.0.1')}", api_key=None, log_path=tmp_path / "r.log")
+    events, held = [], []
+    sup = EngineSupervisor([spec], router, health_interval_s=60.0, restart_backoff_s=0.0, max_restarts=1,
+                           on_restart=events.append, hold_restart=lambda: held.append(1) or None)
+    [slot] = sup._slots
+    slot.proc.proc = subprocess.Popen(["sleep", "600"], start_new_session=True)  # the running incarnation
+    loop = threading.Thread(target=sup._loop, daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.5)
+        assert not events and not held  # alive: nothing happens between rounds
+        slot.proc.proc.kill()
+        deadline = time.monotonic() + 20  # the next health round would be 60 s away
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert events and held, (events, held)  # the restart asked the turn, then tried (and failed: no core)
+        assert events[0].reason.startswith("exited (code -9)"), events[0]
+    finally:
+        sup.close()
+        if slot.proc.proc is not None and slot.proc.proc.poll() is None:
+            slot.proc.proc.kill()
+
+
 # --- a real deployment -----------------------------------------------------------------------
 
 

@@ -8,9 +8,11 @@ fallback gives the same probes and rewards):
   engines' GPUs are disjoint and are the ones the run recorded (env-trainer-*.json, engines.json);
 * every probe at the trainer's version, and the lineage (each rollout trained once).
 
-RLSLURM_GPU_RECEIVER=rlslurm runs every layout with `--update-weight-receiver rlslurm` (engines/receiver.py)
-and asserts that receiver loaded the weights: its line per request in the engines' logs, once per engine
-rank and published version at least, and every bucket by learnt copies (none left to SGLang's load_weights).
+The engines' loader is the product's default (`--update-weight-receiver auto`: rlslurm's receiver for these
+qwen3 runs on GPUs of their own, settings in weight_plan.py); RLSLURM_GPU_RECEIVER=sglang or =rlslurm names
+one. Where the run resolved to rlslurm's receiver (engines/receiver.py) the test asserts it loaded the weights:
+its line per request in the engines' logs, once per engine rank and published version at least, and every
+bucket by learnt copies (none left to SGLang's load_weights).
 
 Layouts: trainer TP2 + one TP2 engine (one NCCL group of world 3), trainer DP2 + two TP1 engines (world 3),
 trainer PP2 + one engine (a group per stage, world 2 each). In the TP2 one the engine's server is killed
@@ -33,13 +35,14 @@ import pytest
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.settings.runfile import load_run_config
 
 from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.bundle_flags import run_flags
 from tests.gpu.run_checks import finish, logs, probes, who_is_on_which_gpu
 
 NUM_ROLLOUT = 10
-RECEIVER = os.environ.get("RLSLURM_GPU_RECEIVER", "sglang")
+RECEIVER = os.environ.get("RLSLURM_GPU_RECEIVER", "auto")
 
 # name: (flags after `rlslurm run --demo --device cuda`, GPUs needed, kill the engine mid-run)
 LAYOUTS = {
@@ -117,7 +120,7 @@ def test_layout_syncs_over_nccl_on_gpus_of_its_own(name: str, tmp_path: Path) ->
     assert seen["trainer"] == recorded["trainer"] and seen["engines"] <= recorded["engines"], (seen, recorded)
     # the transport: each version over NCCL, none by the fallback (which is off: a failed sync fails the run)
     recs = assert_delivered_by(run_dir, "nccl", versions=set(range(1, NUM_ROLLOUT + 1)))
-    if RECEIVER == "rlslurm":  # and rlslurm's receiver loaded them, by copies it learnt
+    if load_run_config(run_dir).train.update_weight_receiver == "rlslurm":  # loaded by its learnt copies
         requests, kept = receiver_lines(run_dir)
         print(f"{name}: rlslurm receiver answered {requests} requests for {len(recs)} publishes; "
               f"{len(kept)} bucket(s) left to load_weights", flush=True)

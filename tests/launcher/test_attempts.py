@@ -84,20 +84,30 @@ def test_failure_budget_restarts_when_the_checkpoint_moves_on_and_bash_agrees(tm
     """Fails before: every failure counted for the life of the run, so a long run ended at its fourth
     node failure however far it had come between them (bench/results/chaos.md, the budget finding)."""
     rd = RunDir.create(tmp_path / "run")
-    awk = _line(_script(), "FAILURES")
+    script = _script()
+    func = script[script.index("checkpoint_reached() {"):]
+    func = func[:func.index("\n}\n") + 3]
+    awk = _line(script, "FAILURES")
 
     def bash_count() -> int:
-        out = subprocess.run(["bash", "-c", f"{awk}\necho $FAILURES"], capture_output=True, text=True, check=True,
-                             env={"LEDGER": str(rd.ledger), "PATH": os.environ["PATH"]})
+        """The script's count as it decides for the attempt that is ending (its line not written yet)."""
+        out = subprocess.run(["bash", "-c", f"{func}\n{awk}\necho $FAILURES"], capture_output=True, text=True,
+                             check=True, env={"LEDGER": str(rd.ledger), "RUN_DIR": str(rd.path),
+                                              "PATH": os.environ["PATH"]})
         return int(out.stdout)
 
     counts = []
     for n, (reason, ckpt) in enumerate([(FAILED, 0), (FAILED, 4), ("preempted (USR1)", 8), (FAILED, 8),
                                         (FAILED, 8), (FAILED, 12), (FAILED, 12), (FAILED, 12)]):
+        (rd.checkpoints_dir / "latest").write_text(json.dumps({"name": f"iter_{ckpt:07d}", "iteration": ckpt}))
+        before = bash_count()  # the script decides, then writes the line
         _attempt(rd, n, reason, ckpt)
-        counts.append((bash_count(), failures_counted(read_ledger(rd))))
+        after = failures_counted(read_ledger(rd))
+        if reason == FAILED:  # the script's requeue n/M names the count the ledger then holds
+            assert before + 1 == after, (n, before, after)
+        counts.append(after)
     # each failure that left a newer checkpoint than any before it counts as the first of a new row
-    assert counts == [(1, 1), (1, 1), (0, 0), (1, 1), (2, 2), (1, 1), (2, 2), (3, 3)]
+    assert counts == [1, 1, 0, 1, 2, 1, 2, 3]
     record_resubmit(rd, 8, reset_failures=True)
     assert bash_count() == failures_counted(read_ledger(rd)) == 0
 

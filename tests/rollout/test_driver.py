@@ -2,8 +2,8 @@
 
 Uses `private_deployment` (engines launched with `--weight-version 0`; shared with
 test_partial_rollout.py, reset for each module): these tests change the engines' weight version
-and kill one, which must not disturb the shared deployment of test_engines.py. Server tests run
-in file order.
+and kill one, so test_engines.py (the same deployment, checked from its start) runs before them
+(tests/conftest.py). Server tests run in file order.
 """
 
 from __future__ import annotations

@@ -277,6 +277,51 @@ def test_unknown_sglang_flag_is_refused_with_a_suggestion(argv: list[str]) -> No
     resolve(argv + ["--sglang-mem-fraction-static", "0.7", "--sglang-disable-radix-cache"])
 
 
+def test_sglang_flag_list_is_kept_per_installed_sglang(tmp_path: Path, monkeypatch) -> None:
+    """The probe imports SGLang (~12 CPU-s a process: every `rlslurm submit`/`import-slime` with
+    --sglang-* flags paid it): its list is kept in the user's cache directory, under a name that changes
+    with the SGLang it came from; an unreadable cache file is probed again, never an error."""
+    import importlib.machinery
+    import os
+
+    from rlslurm.engines import sglang_flags
+
+    pkg = tmp_path / "site" / "sglang"  # an SGLang of this test's own, to change its parser's files
+    (pkg / "srt" / "arg_groups").mkdir(parents=True)
+    (pkg / "srt" / "server_args.py").write_text("# v1\n")
+    (pkg / "srt" / "arg_groups" / "parallel_hook.py").write_text("# v1\n")
+    spec = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
+    spec.submodule_search_locations = [str(pkg)]
+    monkeypatch.setattr(sglang_flags.importlib.util, "find_spec", lambda name: spec if name == "sglang" else None)
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.5.23")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    probes = []
+    monkeypatch.setattr(sglang_flags, "_probe", lambda: probes.append(1) or frozenset({"--port", "--tp-size"}))
+
+    def flags() -> frozenset[str]:
+        sglang_flags.sglang_server_flags.cache_clear()  # a new process
+        return sglang_flags.sglang_server_flags()
+
+    try:
+        assert flags() == {"--port", "--tp-size"} and len(probes) == 1
+        [kept] = (tmp_path / "cache" / "rlslurm").iterdir()
+        assert kept.name.startswith("sglang-flags-0.5.23-") and kept.suffix == ".json"
+        assert flags() == {"--port", "--tp-size"} and len(probes) == 1  # from the file, SGLang not imported
+        kept.write_text('["--port", ')  # cut short
+        assert flags() == {"--port", "--tp-size"} and len(probes) == 2
+        assert flags() == {"--port", "--tp-size"} and len(probes) == 2  # written whole again
+        for f in (pkg / "srt" / "server_args.py", pkg / "srt" / "arg_groups" / "parallel_hook.py"):
+            os.utime(f, ns=(1, f.stat().st_mtime_ns + 10**9))  # this SGLang's parser changed: probed again
+            assert flags() == {"--port", "--tp-size"} and len(probes) == 3 + (f.name == "parallel_hook.py")
+        assert len(list((tmp_path / "cache" / "rlslurm").iterdir())) == 3
+        (tmp_path / "a-file").write_text("")  # a cache directory that cannot be made: still the probe's list
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+        assert flags() == {"--port", "--tp-size"} and len(probes) == 5
+        assert flags() == {"--port", "--tp-size"} and len(probes) == 6
+    finally:
+        sglang_flags.sglang_server_flags.cache_clear()
+
+
 def test_router_flags_are_checked_before_submit(argv: list[str]) -> None:
     """--router-<flag>: one rlslurm sets is refused; an unknown one names the flag and the close match."""
     pytest.importorskip("sglang_router")
