@@ -223,7 +223,7 @@ def _reason(msg: str) -> str:
 
 def run(root: Path) -> tuple[dict, list[dict]]:
     from rlslurm.errors import UserError
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
     from rlslurm.slime_import import import_script
     from rlslurm.slurm.render import render
 

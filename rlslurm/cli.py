@@ -125,7 +125,7 @@ def _run_options(*, without: tuple[str, ...] = ()) -> Callable[[Callable[..., An
 
 
 def _resolve(ctx: typer.Context, opts: RunOptions, strict: bool):
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
 
     res = resolve(opts.argv(ctx), opts.config, strict_inputs=strict)
     _print_notes(res)
@@ -194,8 +194,8 @@ def run(
     from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
     from rlslurm.settings.config import run_dir_of
-    from rlslurm.settings.model_from_hf import run_model
-    from rlslurm.settings.resolve import Resolved
+    from rlslurm.convert.model_from_hf import run_model
+    from rlslurm.resolve import Resolved
     from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.submit import prepare_run_dir
     from rlslurm.watchdog import hang_timeout_s
@@ -218,7 +218,7 @@ def run(
         res = Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint))
         prepare_run_dir(res, resume=True)
     else:
-        from rlslurm.settings.resolve import resolve
+        from rlslurm.resolve import resolve
 
         # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
@@ -260,8 +260,8 @@ def resubmit(
     from rlslurm.buffer.attempts import failures_counted
     from rlslurm.buffer.ledger import read_ledger
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.settings.model_from_hf import run_model
-    from rlslurm.settings.resolve import Resolved
+    from rlslurm.convert.model_from_hf import run_model
+    from rlslurm.resolve import Resolved
     from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.status import job_alive
     from rlslurm.slurm.submit import current_job_id, submit as do_submit

@@ -1,6 +1,6 @@
 """A user error found on a node ends the job: recorded, not retried.
 
-Most bad input is refused at submit (rlslurm/settings/resolve.py, rlslurm/settings/preflight.py). What only a node can
+Most bad input is refused at submit (rlslurm/resolve.py, rlslurm/preflight.py). What only a node can
 find — a plugin that imports only in the job's environment, a chat template that raises on the
 node's tokenizer, a flag the node's SGLang refuses, a file that vanished after submit — is a
 `UserError` raised in a role (trainer rank, rollout node). A retry would fail the same way after

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 
 
 def one_line_naming(argv: list[str], *names: str) -> str:

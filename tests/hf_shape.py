@@ -1,5 +1,5 @@
 """An HF model directory's shape without weights: config.json for a model config and an empty
-safetensors file, which is all `rlslurm submit` checks of --hf-checkpoint (rlslurm/settings/preflight.py)."""
+safetensors file, which is all `rlslurm submit` checks of --hf-checkpoint (rlslurm/preflight.py)."""
 
 from __future__ import annotations
 

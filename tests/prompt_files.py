@@ -1,5 +1,5 @@
 """Prompt files for tests that resolve a run with the default --num-rollout and --rollout-batch-size:
-submit refuses a file whose prompts would run out first (rlslurm/settings/resolve.py `_check_prompt_supply`)."""
+submit refuses a file whose prompts would run out first (rlslurm/resolve.py `_check_prompt_supply`)."""
 
 from __future__ import annotations
 

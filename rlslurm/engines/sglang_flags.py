@@ -1,6 +1,6 @@
 """The `--sglang-*` passthrough flags: which rlslurm owns, and which the installed SGLang knows.
 
-Checked by `resolve()` at submit (rlslurm/settings/preflight.py) and again by every engine spec on the node.
+Checked by `resolve()` at submit (rlslurm/preflight.py) and again by every engine spec on the node.
 SGLang builds most of its ~560 server flags in code, so the only exact list is its own argument
 parser: `sglang_server_flags()` imports `sglang.srt.server_args` (~12 CPU-s), which is why resolve
 only asks when there are passthrough flags to check, and why the list is kept in the user's cache

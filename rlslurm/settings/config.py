@@ -588,7 +588,7 @@ class RunConfig(Section):
     router_args: list[str] = Field(default_factory=list, description="--router-<flag> [VALUE] passthrough to "
                                                                      "sglang-router, argv form")
 
-    # Derived from the fields above (and filled by rlslurm/settings/resolve.py `_derive`).
+    # Derived from the fields above (and filled by rlslurm/resolve.py `_derive`).
     @property
     def trainer_gpus(self) -> int:
         return self.slurm.trainer_nodes * self.trainer_procs_per_node  # type: ignore[operator]

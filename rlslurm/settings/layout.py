@@ -1,4 +1,4 @@
-"""Where each group runs, decided before anything else is checked (rlslurm/settings/resolve.py):
+"""Where each group runs, decided before anything else is checked (rlslurm/resolve.py):
 
 - `--nodes N` (N >= 2): a het job, the trainer on --trainer-nodes of their own, the engines on
   --rollout-nodes of their own (default: half each).

@@ -1,6 +1,6 @@
 """The trainer's two parallel grids as megatron-core 0.16 builds them (docs/parallel-layouts.md,
 "Experts have a grid of their own"), and how it splits the layers over pipeline stages ("Pipeline
-stages"), for everything that must agree with it: submit's checks (rlslurm/settings/resolve.py), the
+stages"), for everything that must agree with it: submit's checks (rlslurm/resolve.py), the
 trainer's start (trainer/setup.py), the converter (convert/runtime.py) and who takes part in an HF
 export (convert/parallel.py).
 

@@ -1,6 +1,6 @@
 """The one registry of `--rm-type` names: what each built-in reward is, and the slime names rlslurm refuses.
 
-Imported on the submit host (rlslurm/settings/config.py, rlslurm/settings/resolve.py) and by the rollout
+Imported on the submit host (rlslurm/settings/config.py, rlslurm/resolve.py) and by the rollout
 (rlslurm/rollout/rule_rewards.py implements every rule named here; a test checks the two agree).
 No heavy imports here. The names are slime's (`slime/rollout/rm_hub/__init__.py`) where the rule
 means the same, so a pasted slime recipe keeps its `--rm-type`; what differs: docs/slime-flags.md.

@@ -72,7 +72,7 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
                                   f"{match}.yaml)"))
         elif "/models/" in w.literal_tail() or w.literal_tail().startswith("models/"):
             notes.append((w.line, f"source {tail}: rlslurm ships no model config {stem!r}, so the model config is "
-                                  "built from --hf-checkpoint's config.json at submit (rlslurm/settings/model_from_hf.py)"))
+                                  "built from --hf-checkpoint's config.json at submit (rlslurm/convert/model_from_hf.py)"))
     if found is None and not notes:
         notes.append((0, "no `source scripts/models/<model>.sh` line: the model config is built from "
                          "--hf-checkpoint's config.json at submit (or pass --model)"))
@@ -110,7 +110,7 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
 
 def _refusal(argv: list[str]) -> str | None:
     """What `rlslurm submit --dry-run` would refuse in `argv` (missing files are no refusal here)."""
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
 
     try:
         resolve(argv, strict_inputs=False)

@@ -13,7 +13,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.secret_env import render_env_file, secret_env_file, secret_values
 from rlslurm.settings.layout import makes_init_checkpoint
-from rlslurm.settings.resolve import Resolved
+from rlslurm.resolve import Resolved
 from rlslurm.settings.runfile import dump_run_config
 from rlslurm.slurm.render import render
 

@@ -39,6 +39,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from rlslurm.trainer.attention_ops import repeat_kv_heads
+
 
 def _ps():
     from megatron.core import parallel_state as ps
@@ -185,9 +187,8 @@ class _GatherKV(torch.autograd.Function):
 def _lower_right(q: Tensor, k: Tensor, v: Tensor, scale: float | None, fp32: bool) -> Tensor:
     """[b, h, sq, d] queries, each the last sq positions of the sk keys' sequence: causal attention
     aligned at the bottom right (query i sees keys [0, sk - sq + i])."""
-    from rlslurm.trainer.model import _repeat_kv_heads
 
-    k, v = _repeat_kv_heads(q, k, v)
+    k, v = repeat_kv_heads(q, k, v)
     sq, sk = q.shape[-2], k.shape[-2]
     dtype = q.dtype
     if fp32 and dtype != torch.float32 and not q.is_cuda:
@@ -230,7 +231,7 @@ def attend_padded(query: Tensor, key: Tensor, value: Tensor, *, scale: float | N
 def attend_packed(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, *, scale: float | None, fp32: bool,
                   group, varlen=None) -> Tensor:
     """[t, h, d] local (this rank's two chunks of every segment of the global `cu_seqlens`) ->
-    [t, h * dv]. `varlen`: rlslurm.trainer.model._varlen_causal's kernel (CUDA, fp16/bf16), which
+    [t, h * dv]. `varlen`: rlslurm.trainer.attention_ops.varlen_causal's kernel (CUDA, fp16/bf16), which
     takes every chunk against its key prefix in one call; else one SDPA call per chunk."""
     cp, r = dist.get_world_size(group), dist.get_rank(group)
     bounds = [int(x) for x in cu_seqlens.tolist()]
@@ -250,9 +251,8 @@ def attend_packed(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor,
         if gqa and kp.shape[1] != query.shape[1]:
             kw["enable_gqa"] = True
         else:
-            from rlslurm.trainer.model import _repeat_kv_heads
-
-            kp, vp = _repeat_kv_heads(query, kp, vp)
+        
+            kp, vp = repeat_kv_heads(query, kp, vp)
         cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(ch[j] for ch in chunks)], dtype=torch.int32,
                                    device=query.device) for j in (1, 3))
         # flash's causal mask with fewer queries than keys is aligned at the bottom right (each

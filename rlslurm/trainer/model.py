@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import ModelConfig
 from rlslurm.settings.parallel_grid import check_pipeline_split, owned_field_refusal, stage_layers
+from rlslurm.trainer.attention_ops import repeat_kv_heads, varlen_attn, varlen_causal
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
 
@@ -434,7 +435,7 @@ class SDPACoreAttention(torch.nn.Module):
 
     def _sdpa(self, q, k, v):
         """[b, h, s, d] causal attention; grouped query heads repeated as megatron's local path does."""
-        k, v = _repeat_kv_heads(q, k, v)
+        k, v = repeat_kv_heads(q, k, v)
         # On CUDA the flash / memory-efficient kernels accumulate the softmax in fp32 themselves and
         # take no fp32 inputs (an fp32 upcast falls back to the math kernel, measured slower on H200:
         # bench/results/packing-h200.md); elsewhere upcast as megatron does.
@@ -452,8 +453,8 @@ class SDPACoreAttention(torch.nn.Module):
                 raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
             # flash varlen takes fp16/bf16 only ("FlashAttention only support fp16 and bf16": the fp32
             # demo with --qkv-format thd on an H100); fp32 keeps the per-sequence loop below
-            if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _varlen_attn() is not None:
-                return _varlen_causal(query, key, value, packed_seq_params, self.softmax_scale)
+            if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and varlen_attn() is not None:
+                return varlen_causal(query, key, value, packed_seq_params, self.softmax_scale)
             # [t, h, d] -> per sequence [1, h, s, d] -> [t, h * dv]
             bounds = packed_seq_params.cu_seqlens_q.tolist()
             outs = []
@@ -477,48 +478,9 @@ class SDPACoreAttention(torch.nn.Module):
             return cpx.attend_padded(query, key, value, scale=self.softmax_scale, fp32=fp32, group=cpx.cp_group())
         if packed_seq_params.qkv_format != "thd":
             raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
-        use_varlen = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _varlen_attn() is not None
+        use_varlen = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and varlen_attn() is not None
         return cpx.attend_packed(query, key, value, packed_seq_params.cu_seqlens_q, scale=self.softmax_scale,
-                                 fp32=fp32, group=cpx.cp_group(), varlen=_varlen_attn() if use_varlen else None)
-
-
-def _repeat_kv_heads(q, k, v):
-    """k and v with each of their (grouped query) heads repeated to q's head count; heads are dim 1
-    in both layouts used here ([b, h, s, d] and packed [t, h, d])."""
-    if k.shape[1] == q.shape[1]:
-        return k, v
-    n = q.shape[1] // k.shape[1]
-    return k.repeat_interleave(n, dim=1), v.repeat_interleave(n, dim=1)
-
-
-@functools.lru_cache(maxsize=1)
-def _varlen_attn():
-    """torch's flash varlen attention (torch.nn.attention.varlen, CUDA only) and how it is told
-    "causal": `window_size=(-1, 0)` in newer torch, `is_causal=True` in older; None if absent."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    params = inspect.signature(varlen_attn).parameters
-    if "window_size" in params:
-        return varlen_attn, {"window_size": (-1, 0)}, "enable_gqa" in params
-    if "is_causal" in params:
-        return varlen_attn, {"is_causal": True}, "enable_gqa" in params
-    return None
-
-
-def _varlen_causal(query, key, value, psp, scale):
-    """Packed causal attention in one kernel call per layer (the per-sequence loop is CPU-bound:
-    thousands of small launches per step, docs/sequence-packing.md). [t, h, d] -> [t, h * dv]."""
-    fn, causal, gqa = _varlen_attn()
-    kw = dict(causal)
-    if gqa and key.shape[1] != query.shape[1]:
-        kw["enable_gqa"] = True
-    else:
-        key, value = _repeat_kv_heads(query, key, value)
-    cu = psp.cu_seqlens_q.to(torch.int32)
-    out = fn(query, key, value, cu, cu, psp.max_seqlen_q, psp.max_seqlen_kv, scale=scale, **kw)
-    return out.reshape(query.shape[0], -1)
+                                 fp32=fp32, group=cpx.cp_group(), varlen=varlen_attn() if use_varlen else None)
 
 
 def _extend_mlp_spec(mc: ModelConfig, mlp_spec):

@@ -59,7 +59,7 @@ def test_the_extras_pin_the_tested_versions() -> None:
 
 def test_the_flag_reaches_every_gpu_engine(tmp_path: Path) -> None:
     from rlslurm.rollout.node import engine_specs
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
 
     argv = ["--model", "tiny-qwen3", "--nodes", "2", "--gpus-per-node", "2"]
     for extra, want in (([], False), (["--allow-untested-sglang"], True)):

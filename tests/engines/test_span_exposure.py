@@ -14,7 +14,7 @@ from rlslurm.engines.engine import EngineSpec
 from rlslurm.engines.span import SpanLeader
 from rlslurm.errors import ConfigError
 from rlslurm.net import interface_ipv4
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir
 from tests.prompt_files import prompt_lines

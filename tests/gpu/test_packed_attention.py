@@ -12,10 +12,11 @@ import torch.nn.functional as F
 
 
 def test_varlen_packed_attention_equals_per_sequence_fp32() -> None:
+    from rlslurm.trainer.attention_ops import varlen_attn
     from rlslurm.trainer.logprobs import packed_seq_params
-    from rlslurm.trainer.model import SDPACoreAttention, _varlen_attn
+    from rlslurm.trainer.model import SDPACoreAttention
 
-    if _varlen_attn() is None:
+    if varlen_attn() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen")
     torch.manual_seed(0)
     lens = [700, 33, 1, 2048, 129, 5, 512]

@@ -17,7 +17,7 @@ from rlslurm.buffer.ledger import read_ledger
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError
 from rlslurm.job.env import job_env
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.slurm.status import run_status
 

@@ -93,10 +93,10 @@ def test_shared_gpu_and_colocate_put_both_groups_on_the_same_gpus(tmp_path: Path
     shared = _run_split(tmp_path / "a", monkeypatch, "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
                         "--shared-gpu", "--sglang-mem-fraction-static", "0.3")
     assert shared == (FOUR, FOUR)
-    import rlslurm.settings.preflight
+    import rlslurm.preflight
 
     # the engines' memory saver is not installed on a CPU machine; what matters here is the split
-    monkeypatch.setattr(rlslurm.settings.preflight, "check_colocate", lambda cfg, warnings, strict: None)
+    monkeypatch.setattr(rlslurm.preflight, "check_colocate", lambda cfg, warnings, strict: None)
     colocated = _run_split(tmp_path / "b", monkeypatch, "--gpus-per-node", "2", "--colocate",
                            "--rollout-num-gpus-per-engine", "2")
     assert colocated == (FOUR, FOUR)
@@ -105,7 +105,7 @@ def test_shared_gpu_and_colocate_put_both_groups_on_the_same_gpus(tmp_path: Path
 def test_a_resumed_run_splits_as_its_first_attempt(tmp_path: Path, monkeypatch) -> None:
     """The second `rlslurm run` reads run.yaml (its checkpoint is RUN/hf_init by then): the same split."""
     import rlslurm.cli
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
     from rlslurm.slurm.submit import prepare_run_dir
 
     (tmp_path / "run").mkdir(parents=True)
@@ -124,7 +124,7 @@ def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> 
     """--load-debug-rollout-data starts no engines, so one GPU is enough."""
     from rlslurm.buffer import RolloutWriter, RunDir
     from rlslurm.gpus import role_gpus
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
     from tests.buffer.helpers import make_meta, make_samples
     from tests.hf_shape import hf_shaped_dir
 
@@ -142,7 +142,7 @@ def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> 
 def test_one_node_slurm_steps_split_a_random_init_run_too(tmp_path: Path, monkeypatch) -> None:
     """--nodes 1 in SLURM: each step's launcher picks its GPUs from run.yaml (written with RUN/hf_init)."""
     from rlslurm.gpus import step_gpus
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
     from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.submit import prepare_run_dir
 
@@ -160,7 +160,7 @@ def test_one_node_slurm_steps_split_a_random_init_run_too(tmp_path: Path, monkey
 def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypatch) -> None:
     """A one-GPU box: --shared-gpu runs the trainer and the engine on GPU 0 as separate processes. NCCL
     refuses two ranks on one GPU, so the weight-sync group is gloo (docs/gpu.md); submit refuses it."""
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
     from rlslurm.settings.weight_plan import weight_sync_plan
     from rlslurm.slurm.render import render
     from tests.config_errors import one_line_naming

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.gpus import step_gpus
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir

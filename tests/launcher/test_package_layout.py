@@ -19,8 +19,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "rlslurm"
 FORBIDDEN = {"trainer": ("rollout",), "rollout": ("trainer",), "engines": ("trainer", "rollout")}
 NODE_SIDE = ("trainer", "rollout", "engines", "buffer", "job")
-# rlslurm.settings is shared by every side, but for the two modules that assemble and check a config at submit
-LOGIN_SIDE = ("slurm", "cli", "local", "settings.preflight", "settings.resolve", "slime_import")
+# the login side: what assembles and checks a config and submits it (rlslurm.settings is below both sides)
+LOGIN_SIDE = ("slurm", "cli", "local", "preflight", "resolve", "slime_import")
 # a module named in a string (importlib.import_module, `python -m ...`) is a dependency too
 MODULE_STRING = re.compile(r"^rlslurm\.(\w+)(?:[.:]|$)")
 
@@ -74,7 +74,7 @@ def _top(module: str) -> str:
 
 
 def _under(module: str, places: tuple[str, ...]) -> bool:
-    """`module` is one of `places` (dotted, below rlslurm: "slurm", "settings.resolve") or inside one."""
+    """`module` is one of `places` (dotted, below rlslurm: "slurm", "slime_import") or inside one."""
     inner = module.split(".", 1)[1] if module.count(".") else ""
     return any(inner == p or inner.startswith(p + ".") for p in places)
 
@@ -124,13 +124,13 @@ def test_roles_are_peers_and_engines_stand_alone():
     ("rollout", "from rlslurm.engines.engine import EngineSpec\n", False),
     ("trainer", "from rlslurm.engines.fanout import Engines\n", False),
     ("trainer", "from rlslurm.job.env import job_env\n", False),
-    ("rollout", "from rlslurm.settings.resolve import resolve\n", True),  # settings' login-side modules
-    ("trainer", "from rlslurm.settings.layout import check\n", False),   # ... and the rest, shared
+    ("rollout", "from rlslurm.resolve import resolve\n", True),          # the login side's checks
+    ("trainer", "from rlslurm.settings.layout import check\n", False),  # settings: shared by both sides
 ])
 def test_the_check_sees_each_form(tmp_path, role, source, banned):
     for mod, text in ((f"{role}/mod.py", source), ("checks.py", "from rlslurm.rollout.rollout_fn import x\n"),
                       ("rollout/rollout_fn.py", ""), ("slurm/submit.py", ""), ("job/env.py", ""),
-                      ("engines/fanout.py", ""), ("engines/engine.py", ""), ("settings/resolve.py", ""),
+                      ("engines/fanout.py", ""), ("engines/engine.py", ""), ("resolve.py", ""),
                       ("settings/layout.py", "")):
         (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / mod).write_text(text)

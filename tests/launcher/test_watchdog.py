@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s, silent_roles
 from tests.prompt_files import prompt_lines

@@ -12,7 +12,7 @@ import pytest
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.rollout.data import PromptSource, count_records, validate_prompt_file
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 
 
 def records(lo: int, hi: int) -> list[dict]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rlslurm.rollout.driver import eval_due
 from rlslurm.settings.config import RolloutSection, RunConfig
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from tests.prompt_files import prompt_lines
 
 

@@ -201,7 +201,7 @@ def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) ->
     from rlslurm.rollout.main import builds_rollouts
     from rlslurm.rollout.sft import SFT_ROLLOUT_FN
     from rlslurm.settings.layout import no_engines_reason
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
 
     argv = _sft_argv(tmp_path)
     cfg = resolve(argv).cfg
@@ -241,7 +241,7 @@ def test_submit_refuses_sft_without_engines_flag_hf_or_a_maskable_record(tmp_pat
            [{"role": "user", "content": "say digits"}]]
     data = tmp_path / "conversations.jsonl"
     with pytest.raises(DataError, match=rf"^{data}:2: no assistant token to train on"):
-        from rlslurm.settings.resolve import resolve
+        from rlslurm.resolve import resolve
 
         resolve(_sft_argv(tmp_path, bad * 2))
     qwen3_like = ("{% for m in messages %}{{ m['role'] }} : "

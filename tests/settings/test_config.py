@@ -8,7 +8,7 @@ import pytest
 
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError, DataError, UserError
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from tests.prompt_files import prompt_lines
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.hf_shape import hf_shaped_dir
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -9,7 +9,7 @@ import pytest
 from rlslurm.errors import DataError
 from rlslurm.rollout.driver import eval_sampling_params
 from rlslurm.settings.eval_config import eval_datasets
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
 from tests.prompt_files import ENOUGH, prompt_lines
 

@@ -58,7 +58,7 @@ def test_a_quantized_checkpoint_is_refused_naming_the_method(tmp_path: Path, qua
     hf = hf_shaped_dir(tmp_path / "hf", "tiny-qwen3")
     cfg = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps({**cfg, "quantization_config": quant}))
-    from rlslurm.settings.resolve import resolve
+    from rlslurm.resolve import resolve
 
     with pytest.raises(ConfigError) as e:
         resolve(["--model", "tiny-qwen3", flag, str(hf)], strict_inputs=False)

@@ -14,7 +14,7 @@ import yaml
 from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.settings.runfile import dump_run_config
 from tests.prompt_files import prompt_lines
 

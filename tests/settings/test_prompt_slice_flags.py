@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
 from tests.prompt_files import numbered_prompts
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.job.timespec import time_limit_s
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
 
 
@@ -219,7 +219,7 @@ def test_custom_advantage_function_rules(argv: list[str], tmp_path: Path) -> Non
                     "--custom-advantage-function-path", "adv_plugin_nowhere")
 
 
-# ------------------------------------------------------------------ what the nodes used to find (rlslurm/settings/preflight.py)
+# ------------------------------------------------------------------ what the nodes used to find (rlslurm/preflight.py)
 
 
 
@@ -346,7 +346,7 @@ def test_megatron_fields_read_from_source_are_the_dataclass_fields() -> None:
     from megatron.core.optimizer.optimizer_config import OptimizerConfig
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    from rlslurm.settings.preflight import megatron_fields
+    from rlslurm.preflight import megatron_fields
 
     opt = {f.name for f in dataclasses.fields(OptimizerConfig)}
     assert megatron_fields(mla=False) == {f.name for f in dataclasses.fields(TransformerConfig)} | opt

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.settings.runfile import dump_run_config
 from tests.config_errors import one_line_naming
 from tests.prompt_files import prompt_lines

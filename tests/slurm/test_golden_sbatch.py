@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from tests.hf_shape import hf_shaped_dir
 from tests.prompt_files import prompt_lines

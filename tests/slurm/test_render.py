@@ -10,7 +10,7 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import available_models
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.slurm.render import job_name, render
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
-from rlslurm.settings.resolve import min_distributed_timeout_s, resolve
+from rlslurm.resolve import min_distributed_timeout_s, resolve
 from rlslurm.trainer.collectives import collective_device, group_timeout
 from tests.prompt_files import prompt_lines
 

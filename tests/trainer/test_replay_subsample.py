@@ -9,7 +9,7 @@ import pytest
 from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.writer import RolloutWriter
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.trainer.replay_subsample import kept_groups, subsample
 from tests.buffer.helpers import make_meta, make_samples
 from tests.config_errors import one_line_naming

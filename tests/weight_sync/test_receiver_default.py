@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.engines.receiver import LOADER
-from rlslurm.settings.resolve import resolve
+from rlslurm.resolve import resolve
 from rlslurm.rollout.node import receiver_args
 from rlslurm.settings.weight_plan import weight_sync_plan
 from tests.hf_shape import hf_shaped_dir

@@ -20,7 +20,7 @@ from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.settings.low_precision import check_megatron_precision
 from rlslurm.settings.model_config import ModelConfig, model_config_path
-from rlslurm.settings.model_from_hf import run_model
+from rlslurm.convert.model_from_hf import run_model
 from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.settings.prompt_slice import parse_prompt_spec
