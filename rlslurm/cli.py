@@ -191,11 +191,11 @@ def run(
       rlslurm run --model tiny-qwen3 --prompt-data prompts.jsonl --device cpu --num-rollout 10
     """
     from rlslurm.buffer.rundir import RunDir
+    from rlslurm.convert.model_from_hf import run_model
     from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
-    from rlslurm.settings.config import run_dir_of
-    from rlslurm.convert.model_from_hf import run_model
     from rlslurm.resolve import Resolved
+    from rlslurm.settings.config import run_dir_of
     from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.submit import prepare_run_dir
     from rlslurm.watchdog import hang_timeout_s

@@ -11,23 +11,24 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from rlslurm import preflight
+from rlslurm.convert.model_from_hf import run_model
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.job.timespec import time_limit_s
-from rlslurm.settings import layout, preflight
+from rlslurm.settings import layout
 from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
 from rlslurm.settings.low_precision import check_megatron_precision
 from rlslurm.settings.model_config import ModelConfig, model_config_path
-from rlslurm.convert.model_from_hf import run_model
 from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import check_rl_settings
 from rlslurm.settings.rm_types import RM_REGISTRY
-from rlslurm.trainer.replay_subsample import check_subsample
 from rlslurm.settings.weight_plan import auto_receiver
+from rlslurm.trainer.replay_subsample import check_subsample
 
 # Adam + fp32 master weights + grads, bf16 params: bytes per parameter before sharding.
 _TRAIN_BYTES_PER_PARAM = 18

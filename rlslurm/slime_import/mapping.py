@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlslurm.errors import ConfigError
+from rlslurm.preflight import megatron_fields
 from rlslurm.settings import low_precision
 from rlslurm.settings.flags import FIELDS, build_config, parse_flags
-from rlslurm.preflight import megatron_fields
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD
 from rlslurm.slime_import.bash import Element
 

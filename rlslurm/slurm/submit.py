@@ -11,9 +11,9 @@ from pathlib import Path
 from rlslurm.buffer.atomic import read_json, write_bytes_atomic, write_json_atomic
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
+from rlslurm.resolve import Resolved
 from rlslurm.secret_env import render_env_file, secret_env_file, secret_values
 from rlslurm.settings.layout import makes_init_checkpoint
-from rlslurm.resolve import Resolved
 from rlslurm.settings.runfile import dump_run_config
 from rlslurm.slurm.render import render
 

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlslurm.convert.model_from_hf import run_model
 from rlslurm.errors import ConfigError
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.layout import context_parallel_refusal
 from rlslurm.settings.model_config import ModelConfig
-from rlslurm.convert.model_from_hf import run_model
 from rlslurm.settings.parallel_grid import check_expert_grid
 from rlslurm.settings.rl_settings import check_rl_settings, estimator
 from rlslurm.trainer.advantages import AdvantageConfig, rl_configs_from_train

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from rlslurm.buffer.control import EngineRecord
+from rlslurm.engines import sglang_versions
 from rlslurm.engines.fanout import engine_targets
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
-from rlslurm.engines import sglang_versions
 from rlslurm.engines.sglang_versions import DEFAULT, SUPPORTED, api_for, check_gpu_sglang
 from rlslurm.errors import ConfigError
 
@@ -58,8 +58,8 @@ def test_the_extras_pin_the_tested_versions() -> None:
 
 
 def test_the_flag_reaches_every_gpu_engine(tmp_path: Path) -> None:
-    from rlslurm.rollout.node import engine_specs
     from rlslurm.resolve import resolve
+    from rlslurm.rollout.node import engine_specs
 
     argv = ["--model", "tiny-qwen3", "--nodes", "2", "--gpus-per-node", "2"]
     for extra, want in (([], False), (["--allow-untested-sglang"], True)):

@@ -13,8 +13,8 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.local import _clean_env
-from rlslurm.secret_env import looks_secret, parse_env_file, read_secret_env, render_env_file
 from rlslurm.resolve import resolve
+from rlslurm.secret_env import looks_secret, parse_env_file, read_secret_env, render_env_file
 from rlslurm.settings.runfile import dump_run_config, load_run_config
 from rlslurm.slurm.render import render
 from rlslurm.slurm.submit import prepare_run_dir
@@ -75,8 +75,8 @@ def test_submit_writes_secrets_0600_and_never_into_run_yaml(tmp_path: Path, monk
     env = _clean_env(0, rd)
     assert env["WANDB_API_KEY"] == SECRET and env["MY_CREDS"] == "from-the-environment"
     # a resubmit (cfg from run.yaml: no values) keeps the file as it is
-    from rlslurm.settings.model_config import load_model_config
     from rlslurm.resolve import Resolved
+    from rlslurm.settings.model_config import load_model_config
 
     cfg = load_run_config(rd.path)
     prepare_run_dir(Resolved(cfg, load_model_config(cfg.model.model)), resume=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from rlslurm.resolve import resolve
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.driver import sampling_params
 from rlslurm.settings.eval_config import eval_datasets
-from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
 from tests.prompt_files import numbered_prompts
 

@@ -21,10 +21,10 @@ from rlslurm.buffer.reader import RolloutReader  # noqa: E402
 from rlslurm.buffer.sample import RolloutMeta, Sample, SampleStatus  # noqa: E402
 from rlslurm.job.env import ATTEMPT_ENV  # noqa: E402
 from rlslurm.metrics_sink import WandbSink  # noqa: E402
+from rlslurm.resolve import resolve  # noqa: E402
 from rlslurm.rollout.data import PromptSource  # noqa: E402
 from rlslurm.rollout.driver import RolloutDriver, eval_metrics, generation_metrics, number_samples  # noqa: E402
 from rlslurm.rollout.filters import GroupCollector, zero_std_filter  # noqa: E402
-from rlslurm.resolve import resolve  # noqa: E402
 from rlslurm.settings.runfile import load_run_config  # noqa: E402
 from rlslurm.slurm.submit import prepare_run_dir  # noqa: E402
 from rlslurm.trainer.metrics import MetricsLogger, read_metrics  # noqa: E402

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.rollout.data import PromptSource, count_records, validate_prompt_file
 from rlslurm.resolve import resolve
+from rlslurm.rollout.data import PromptSource, count_records, validate_prompt_file
 
 
 def records(lo: int, hi: int) -> list[dict]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlslurm.resolve import resolve
 from rlslurm.rollout.driver import eval_due
 from rlslurm.settings.config import RolloutSection, RunConfig
-from rlslurm.resolve import resolve
 from tests.prompt_files import prompt_lines
 
 

@@ -198,10 +198,10 @@ def _sft_argv(tmp_path: Path, records: list[list[dict]] | None = None, template:
 
 
 def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) -> None:
+    from rlslurm.resolve import resolve
     from rlslurm.rollout.main import builds_rollouts
     from rlslurm.rollout.sft import SFT_ROLLOUT_FN
     from rlslurm.settings.layout import no_engines_reason
-    from rlslurm.resolve import resolve
 
     argv = _sft_argv(tmp_path)
     cfg = resolve(argv).cfg

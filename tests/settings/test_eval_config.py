@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import DataError
+from rlslurm.resolve import resolve
 from rlslurm.rollout.driver import eval_sampling_params
 from rlslurm.settings.eval_config import eval_datasets
-from rlslurm.resolve import resolve
 from tests.config_errors import one_line_naming
 from tests.prompt_files import ENOUGH, prompt_lines
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.errors import ConfigError
-from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.convert.model_from_hf import model_config_from_hf
+from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
+from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slime_import import import_script
 from rlslurm.tiny import hf_config_dict
 from tests.hf_shape import hf_shaped_dir

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.resolve import resolve
+from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slurm.render import render
 from tests.config_errors import one_line_naming
 from tests.hf_shape import hf_shaped_dir

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.settings.flags import FIELDS, flag_name, parse_flags
 from rlslurm.resolve import resolve
+from rlslurm.settings.flags import FIELDS, flag_name, parse_flags
 from rlslurm.settings.rm_types import RM_REGISTRY
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
 from tests.config_errors import one_line_naming

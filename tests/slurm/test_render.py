@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.settings.model_config import available_models
 from rlslurm.resolve import resolve
+from rlslurm.settings.model_config import available_models
 from rlslurm.slurm.render import job_name, render
 
 

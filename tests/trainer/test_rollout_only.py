@@ -18,8 +18,8 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.errors import ConfigError
 from rlslurm.net import free_port
-from rlslurm.settings.config import RolloutSection, RunConfig, TrainSection
 from rlslurm.resolve import resolve
+from rlslurm.settings.config import RolloutSection, RunConfig, TrainSection
 from tests.buffer.helpers import make_meta, make_samples
 from tests.prompt_files import prompt_lines
 
