@@ -1,7 +1,7 @@
-"""What --colocate costs per rollout on one GPU, through the product (`rlslurm run --colocate`).
+"""What --colocate costs per rollout, through the product (`rlslurm run --colocate`).
 
-The trainer (megatron-core, bf16, one rank) and one real SGLang engine (torch_memory_saver) on GPU 0,
-taking turns (docs/colocate.md); a random-init model of a shipped config (qwen3-1.7B by default),
+The trainer (megatron-core, bf16, one rank per GPU, --tp) and real SGLang engines (torch_memory_saver;
+--engine-tp GPUs each) on the first --gpus GPUs, taking turns (docs/colocate.md); a random-init model of a shipped config (qwen3-1.7B by default),
 the demo prompts and reward (token ids only, as in bench_grpo_iteration.py). Per rollout the
 colocation adds
 
@@ -12,7 +12,9 @@ engine on the same GPU, trainer/weights/ipc.py) or `broadcast` (gloo through hos
 
 Figures are medians over rollouts 1.. (rollout 0 is warm-up) from the run's metrics.jsonl: the
 overhead (release + onload + offload + resume, and the publish apart), each as a share of the
-iteration; the GPU memory in use after each phase.
+iteration; the GPU memory in use after each phase. `--no-offload-train` keeps the trainer's state on
+the GPUs (docs/colocate.md); what the trainer did is read back from its own log line
+("move between phases" / "stay on the GPU"), not assumed from the flag.
 
 Reference, same call, same GPU: a device-to-device copy of the bytes the publish moves (the HF
 checkpoint's size). figure = publish GB/s, ratio = publish / D2D (issue 13's target for a same-GPU
@@ -20,6 +22,7 @@ weight update is >= 0.8). With ipc the engine's own side is reported apart: its 
 from the receiver's log lines (after the first publish, which learns the copies).
 
     python3 bench/bench_colocate.py --out bench/results/colocate-h100.jsonl
+    python3 bench/bench_colocate.py --model qwen3-4B --gpus 2 --tp 2 --engine-tp 2 --no-offload-train
 """
 
 from __future__ import annotations
@@ -89,6 +92,11 @@ def main() -> None:
     ap.add_argument("--max-tokens-per-gpu", type=int, default=4096)
     ap.add_argument("--mem-fraction", type=float, default=0.3, help="the engine's --sglang-mem-fraction-static")
     ap.add_argument("--transport", choices=("ipc", "broadcast"), default="ipc")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of the node the run takes (--gpus-per-node)")
+    ap.add_argument("--tp", type=int, default=1, help="the trainer's --tensor-model-parallel-size")
+    ap.add_argument("--engine-tp", type=int, default=1, help="--rollout-num-gpus-per-engine")
+    ap.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None,
+                    help="--offload-train / --no-offload-train (default: rlslurm's)")
     ap.add_argument("--bucket-bytes", type=int, default=None, help="--update-weight-buffer-size (default: rlslurm's)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/rlslurm-colocate-bench"))
     ap.add_argument("--out", type=Path, default=None)
@@ -110,9 +118,15 @@ def main() -> None:
            "--colocate", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu), "--weight-sync-transport", a.transport,
            *(["--update-weight-buffer-size", str(a.bucket_bytes)] if a.bucket_bytes else []),
            *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
-             ["--device", "cuda", "--gpus-per-node", "1", *run_flags(a.mem_fraction)])]
+             ["--device", "cuda", "--gpus-per-node", str(a.gpus), *run_flags(a.mem_fraction)]),
+           "--tensor-model-parallel-size", str(a.tp), "--rollout-num-gpus-per-engine", str(a.engine_tp),
+           *([] if a.offload_train is None else ["--offload-train" if a.offload_train else "--no-offload-train"])]
     wall = run_logged(cmd, a.work / "run.log")
     gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)  # after the run: no CUDA context of ours in it
+    said = "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.rglob("trainer-*.log")))
+    offloaded = ("move between phases" in said, "stay on the GPU beside the engines" in said)
+    if offloaded.count(True) != 1:
+        raise SystemExit(f"the trainer's logs under {run_dir} do not say whether its state moved")
 
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     per_rollout = {m["rollout_id"]: m for m in lines}  # phases repeat on each step of a rollout
@@ -123,7 +137,7 @@ def main() -> None:
     phases = {k.split("/")[1]: med([m[k] for m in steady]) for k in (*PHASES, "time/publish", "time/actor_step")}
     overhead = round(sum(phases[k.split("/")[1]] for k in PHASES), 4)
     res: dict = {
-        "bench": "colocate_one_gpu_rlslurm_run",
+        "bench": "colocate_rlslurm_run",
         "model": f"{a.model} config, random init, {'fp32' if a.cpu_smoke else 'bf16'}", "gpu": gpu, "torch": torch.__version__,
         "samples": batch, "response_len_max": a.response_len, "num_rollout": a.num_rollout,
         "iteration_s": iteration, "phases_s": phases,
@@ -132,7 +146,8 @@ def main() -> None:
         "mem_gib": {k.split("/", 1)[1]: round(med([m[k] for m in steady if k in m]), 2)
                     for k in sorted({k for m in steady for k in m if k.startswith("mem/")})},
         "publish_bytes": nbytes, "run_wall_s": round(wall, 1), "transport": a.transport,
-        "bucket_bytes": a.bucket_bytes,
+        "bucket_bytes": a.bucket_bytes, "gpus": a.gpus, "trainer_tp": a.tp, "engine_tp": a.engine_tp,
+        "offload_train": offloaded[0],
     }
     if a.transport == "ipc":
         res["engine_in_place_copy"] = engine_copies(run_dir)

@@ -73,6 +73,10 @@ class RunSection(Section):
                                                 "--sglang-mem-fraction-static)")
     colocate: bool = Field(False, description="slime's --colocate: trainer and engines on the same GPUs of every "
                                               "node, taking turns (docs/colocate.md)")
+    offload_train: bool | None = Field(
+        None, description="--colocate only: move the trainer's state to host memory while the engines generate "
+                          "(default: on, as slime's); --no-offload-train keeps it on the GPUs beside the engines "
+                          "and saves the moves, where both fit (docs/colocate.md)")
     # Read by rlslurm/metrics_sink.py only; the API key is never a field: WANDB_API_KEY goes
     # through --secret-env (docs/security.md).
     use_wandb: bool = Field(False, description="log metrics to Weights & Biases, one run per role in one group "

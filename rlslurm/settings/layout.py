@@ -57,6 +57,9 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError(f"--trainer-gpus / --rollout-gpus split one node's GPUs (--nodes 1); with {what} {why}")
     if cfg.run.colocate:
         _check_colocate(cfg)
+    elif cfg.run.offload_train is not None:
+        flag = "--offload-train" if cfg.run.offload_train else "--no-offload-train"
+        raise ConfigError(f"{flag}: only with --colocate (without it the trainer has its GPUs to itself)")
     elif cfg.train.weight_sync_transport == "ipc":
         raise ConfigError("--weight-sync-transport ipc: the engines read the weights in place from the trainer's "
                           "GPUs, which only --colocate puts them on; drop it (the broadcast is used)")

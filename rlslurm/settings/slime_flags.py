@@ -51,7 +51,6 @@ SLIME_INSTEAD: dict[str, str] = {
     "rollout_num_gpus": "use --rollout-nodes (times --gpus-per-node); on one node, --nodes 1 --rollout-gpus",
     "num_gpus_per_node": "use --gpus-per-node",
     "offload": _OFFLOAD,
-    "offload_train": _OFFLOAD,
     "offload_rollout": _OFFLOAD,
     "save": "checkpoints go to RUN/checkpoints (--run-dir); use --save-interval and --keep-checkpoints",
     "model_name": "use --model (a model config name, rlslurm/settings/model_configs)",

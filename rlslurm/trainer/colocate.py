@@ -6,13 +6,18 @@ the engines are idle and the trainer owns the GPUs. Per rollout, in the trainer'
 (trainer/main.py), rank 0 talking to the engines, every rank moving its own tensors:
 
     engines   pause (abort anything left), release weights + KV cache + CUDA graphs   time/engines_release
-    trainer   onload: params, grads, optimizer state, ref and critic back to the GPU   time/onload
+    trainer   onload: params, optimizer state, ref and critic back, grads as zeros     time/onload
     ...       train, checkpoint if due
     trainer   offload everything but the actor's params (the export reads those)       time/offload
     engines   resume their weights' memory
     ...       publish version N+1 (the broadcast, over gloo: NCCL refuses two ranks on one GPU)
     trainer   offload the actor's params                                               (time/offload)
     engines   resume KV cache + CUDA graphs, continue generating                       time/engines_resume
+
+With --no-offload-train the trainer's tensors stay where they are: each "offload" only gives the blocks
+its cache holds (the activations') back to the driver, for the engines; the trainer's state and the
+engines' weights, KV cache and CUDA graphs must then fit on the GPU together. With --offload-train (the
+default) the first turn says, once, whether they would have (`_say_if_it_fits`).
 
 On CUDA each phase also records how much of the GPU is in use by every process on it (torch's
 mem_get_info: the engines' memory is another process's), `mem/gpu_used_gib/<after phase>`, and the
@@ -84,19 +89,26 @@ def _torch_optimizers(opt: Any) -> Iterator[torch.optim.Optimizer]:
 
 
 def module_tensors(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
-    """Params, buffers and megatron's main grads (`param.main_grad`, a view of its grad buffer)."""
+    """Params and buffers (not gradients: `module_grads`)."""
     if module is None:
         return
     for p in module.parameters():
         yield p.data
+    # nn.Module's own: megatron's DDP shadows `buffers` with its list of param/grad buffers, whose
+    # storages the params and main grads already reach
+    yield from torch.nn.Module.buffers(module)
+
+
+def module_grads(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
+    """megatron's main grads (`param.main_grad`, a view of its grad buffer) and any `.grad`."""
+    if module is None:
+        return
+    for p in module.parameters():
         g = getattr(p, "main_grad", None)
         if isinstance(g, torch.Tensor):
             yield g
         if p.grad is not None:
             yield p.grad
-    # nn.Module's own: megatron's DDP shadows `buffers` with its list of param/grad buffers, whose
-    # storages the params and main grads above already reach
-    yield from torch.nn.Module.buffers(module)
 
 
 def optimizer_tensors(opt: Any) -> Iterator[torch.Tensor]:
@@ -113,27 +125,31 @@ class _Stored:
     storage: torch.UntypedStorage
     nbytes: int
     host: torch.Tensor | None = None  # kept across rollouts: pinning gigabytes anew each time is slow
-    on_host: bool = False
+    on_host: bool = False  # off the device (for a scratch set: dropped)
 
 
 @dataclass
 class TensorSet:
-    """Distinct storages on `device`, moved to host memory and back as a whole."""
+    """Distinct storages on `device`, moved to host memory and back as a whole. A `scratch` set's
+    contents are not kept: its storages are freed on the offload and come back as zeros (the gradient
+    buffers: every step zeroes them before its first backward, trainer/step.py, so their contents between
+    steps are dead; copying them was a quarter of each move, qwen3-1.7B)."""
 
     device: torch.device
     stored: list[_Stored] = field(default_factory=list)
+    scratch: bool = False
 
     @classmethod
-    def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: "TensorSet | None" = None
-           ) -> "TensorSet":
-        out = cls(device)
+    def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: tuple["TensorSet", ...] = (),
+           scratch: bool = False) -> "TensorSet":
+        out = cls(device, scratch=scratch)
         out.add(tensors, exclude=exclude)
         return out
 
-    def add(self, tensors: Iterable[torch.Tensor], *, exclude: "TensorSet | None" = None) -> int:
+    def add(self, tensors: Iterable[torch.Tensor], *, exclude: tuple["TensorSet", ...] = ()) -> int:
         """The storages of `tensors` on the device not in this set (nor in `exclude`) yet; their bytes.
         Identity is the storage itself (`_cdata`), which a move keeps, not its address, which it changes."""
-        seen = {s.storage._cdata for s in (*self.stored, *(exclude.stored if exclude else ()))}
+        seen = {s.storage._cdata for s in (*self.stored, *(x for e in exclude for x in e.stored))}
         added = 0
         for t in tensors:
             st = t.untyped_storage()
@@ -157,9 +173,10 @@ class TensorSet:
         for s in self.stored:
             if s.on_host:
                 continue
-            if s.host is None:
-                s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
-            s.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage))
+            if not self.scratch:
+                if s.host is None:
+                    s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
+                s.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage))
             s.storage.resize_(0)
             s.on_host = True
         return self.nbytes
@@ -169,13 +186,14 @@ class TensorSet:
             if not s.on_host:
                 continue
             s.storage.resize_(s.nbytes)
-            torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage).copy_(s.host)
+            view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage)
+            view.zero_() if self.scratch else view.copy_(s.host)
             s.on_host = False
         return self.nbytes
 
 
 def other_tensors(st: Any) -> list[torch.Tensor]:
-    """Everything of the trainer's but the actor's params: grads, optimizer states, ref, critic."""
+    """Everything of the trainer's kept across a move but the actor's params: optimizer states, ref, critic."""
     rest: list[torch.Tensor] = [*module_tensors(st.actor.model), *optimizer_tensors(st.actor.optimizer),
                                 *module_tensors(st.ref)]
     if st.critic is not None:
@@ -183,10 +201,16 @@ def other_tensors(st: Any) -> list[torch.Tensor]:
     return rest
 
 
-def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet]:
-    """(the actor's params, everything else on `device`)."""
+def grad_tensors(st: Any) -> list[torch.Tensor]:
+    """The gradients (actor and critic): scratch between steps."""
+    return [*module_grads(st.actor.model), *module_grads(st.critic.model if st.critic is not None else None)]
+
+
+def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet, TensorSet]:
+    """(the actor's params, the gradients (scratch), everything else on `device`)."""
     params = TensorSet.of((p.data for p in st.actor.model.parameters()), device)
-    return params, TensorSet.of(other_tensors(st), device, exclude=params)
+    grads = TensorSet.of(grad_tensors(st), device, exclude=(params,), scratch=True)
+    return params, grads, TensorSet.of(other_tensors(st), device, exclude=(params, grads))
 
 
 def warm_process_groups(device: torch.device, *, experts: bool) -> None:
@@ -235,8 +259,9 @@ class Colocation:
     `ending` (rank 0's): is the job being ended (TERM, preempt or stop request)?"""
 
     def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float,
-                 ending=lambda: False):
+                 ending=lambda: False, offload: bool = True):
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
+        self.offload = offload  # --offload-train: the trainer's tensors leave the GPU while the engines generate
         self.ending = ending
         self._released: set[tuple[str, int | None]] = set()  # (url, pid) of the engines this turn released
         self.st = st
@@ -245,11 +270,14 @@ class Colocation:
             # megatron marks expert parameters allreduce=False (their gradients go over the expert DP group)
             warm_process_groups(st.device, experts=any(not getattr(p, "allreduce", True)
                                                        for p in st.actor.model.parameters()))
-        self.params, self.rest = trainer_tensor_sets(st, st.device)
+        self.params, self.grads, self.rest = trainer_tensor_sets(st, st.device)
         self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
         self._keeper: _BracketKeeper | None = None
-        log.info("colocate: %.2f GiB of params and %.2f GiB of other trainer state move between phases",
-                 self.params.nbytes / 2**30, self.rest.nbytes / 2**30)
+        self._fit_said = False
+        log.info("colocate: %.2f GiB of params, %.2f GiB of gradients (dropped, not copied) and %.2f GiB of "
+                 "other trainer state %s", self.params.nbytes / 2**30, self.grads.nbytes / 2**30,
+                 self.rest.nbytes / 2**30, "move between phases" if offload else
+                 "stay on the GPU beside the engines (--no-offload-train)")
 
     def _engines(self, method: str, *, released_only: bool = False, **kw: Any) -> list:
         """`method` on every healthy engine (or only on those this turn released); the engines called."""
@@ -329,7 +357,7 @@ class Colocation:
 
     def offload_all(self) -> None:
         """At start-up, before the engines generate the first rollout."""
-        self._move(offload=(self.rest, self.params))
+        self._move(offload=(self.rest, self.grads, self.params))
 
     def to_trainer(self, version: int) -> None:
         """Rollout `version - 1` is committed: the engines give their memory up, the trainer takes it."""
@@ -356,7 +384,7 @@ class Colocation:
         t1 = time.perf_counter()
         self.times = {"time/engines_release": t1 - t0}
         self._gpu_used("released")
-        self._move(onload=(self.params, self.rest))
+        self._move(onload=(self.params, self.grads, self.rest))
         self.times["time/onload"] = time.perf_counter() - t1
         self._gpu_used("onloaded")
         if self.cuda:
@@ -397,10 +425,11 @@ class Colocation:
             self.times["mem/trainer_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.params.device) / 2**30
         # Adam's moments are made at the optimizer's first step, after the sets were taken: left
         # behind, they held 12.8 GiB of the GPU through every generation (qwen3-1.7B, H100)
-        new = self.rest.add(other_tensors(self.st), exclude=self.params)
+        new = (self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads))
+               + self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest)))
         if new:
             log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
-        self._move(offload=(self.rest,))
+        self._move(offload=(self.rest, self.grads))
         t1 = time.perf_counter()
         self._rank0("resuming the engines' weights", lambda: self._resume(tags=[WEIGHTS]))
         self.times.update({"time/offload": t1 - t0, "time/engines_resume": time.perf_counter() - t1})
@@ -424,6 +453,23 @@ class Colocation:
         self.times["time/offload"] = self.times.get("time/offload", 0.0) + t1 - t0
         self.times["time/engines_resume"] = self.times.get("time/engines_resume", 0.0) + time.perf_counter() - t1
         self._gpu_used("engines_resumed")
+        self._say_if_it_fits()
+
+    def _say_if_it_fits(self) -> None:
+        """Once, on rank 0 with --offload-train: whether the trainer's tensors would have fitted on this GPU
+        beside the engines as they are now (KV cache and CUDA graphs resumed), with a margin for what the
+        engines allocate while generating; then --no-offload-train saves the moves."""
+        if not (self.cuda and self.offload and self.rank == 0) or self._fit_said:
+            return
+        self._fit_said = True
+        free, total = torch.cuda.mem_get_info(self.params.device)
+        state = self.params.nbytes + self.grads.nbytes + self.rest.nbytes
+        margin = max(2 * 2**30, total // 20)
+        if state + margin <= free:
+            moves = self.times.get("time/onload", 0.0) + self.times.get("time/offload", 0.0)
+            log.info("colocate: the trainer's %.1f GiB would fit on this GPU beside the engines (%.1f of %.1f GiB "
+                     "free while they generate): --no-offload-train saves the %.2f s of moves per rollout",
+                     state / 2**30, free / 2**30, total / 2**30, moves)
 
     def release_for_save(self) -> None:
         """The job ends (a preempt, TERM or stop) and the trainer must onload everything to save: between
@@ -456,7 +502,8 @@ class Colocation:
     def holding(self, *, params_only: bool = False) -> Iterator[None]:
         """The trainer's tensors on the GPU for a while, outside the phases: a checkpoint (a stop or
         preempt between rollouts), --save-hf, a publish again to a restarted engine."""
-        moved = tuple(s for s in ((self.params,) if params_only else (self.params, self.rest)) if s.offloaded)
+        sets = (self.params,) if params_only else (self.params, self.grads, self.rest)
+        moved = tuple(s for s in sets if s.offloaded)
         self._move(onload=moved)
         try:
             yield
@@ -464,9 +511,11 @@ class Colocation:
             self._move(offload=moved)
 
     def _move(self, *, offload: tuple[TensorSet, ...] = (), onload: tuple[TensorSet, ...] = ()) -> None:
-        for s in onload:
+        """The sets' moves (none with --no-offload-train); after an offload the cache goes back to the driver
+        either way: the activations' blocks the trainer freed are the engines' room."""
+        for s in onload if self.offload else ():
             s.onload()
-        for s in offload:
+        for s in offload if self.offload else ():
             s.offload()
         if self.cuda:
             torch.cuda.synchronize(self.params.device)

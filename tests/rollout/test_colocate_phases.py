@@ -115,6 +115,29 @@ def test_phases_move_the_engines_and_the_trainer_and_keep_both_exact(private_dep
     assert colo.params.offloaded and colo.rest.offloaded
 
 
+def test_no_offload_train_keeps_the_trainer_in_place_and_the_engines_still_take_turns(
+        private_deployment, tmp_path: Path, one_rank) -> None:
+    """--no-offload-train: the same phases with the engines, and not one of the trainer's storages moves
+    (the same storage objects, never resized to 0), so its tensors are the very ones the step updates."""
+    dep = private_deployment
+    control = Control(RunDir.create(tmp_path / "run"))
+    control_publisher(control, "node0")(dep.supervisor.engines())
+    st = _trainer_state()
+    colo = Colocation(st, control, dep.api_key, rank=0, timeout_s=20.0, offload=False)
+    flat, moment = st.actor.model.flat, st.actor.optimizer.state[st.actor.model.a]["exp_avg"]
+    ptrs = (flat.data_ptr(), moment.data_ptr())
+    colo.offload_all()
+    colo.to_trainer(1)
+    assert control.weight_update() is not None  # the engines did release: the bracket holds their checks
+    _step(st)
+    colo.to_engines_for_weights()
+    colo.to_engines()
+    assert not (colo.params.offloaded or colo.grads.offloaded or colo.rest.offloaded)
+    assert (flat.data_ptr(), moment.data_ptr()) == ptrs and flat.untyped_storage().nbytes() == 40 * 4
+    assert control.weight_update() is None
+    assert asyncio.run(_greedy(dep))  # the engines generate again
+    colo.close()
+
 def test_an_engine_that_does_not_answer_fails_the_phase_in_bound(tmp_path: Path, one_rank) -> None:
     """A peer that accepts the connection and never answers (a hung engine): the release fails within
     the phase's timeout, on every rank, and the step fails (SLURM then requeues the job)."""

@@ -1,6 +1,8 @@
 """--colocate's tensor moves (rlslurm/trainer/colocate.py) without engines: state the trainer makes after
-the sets were taken (Adam's moments appear at the first step) moves too once added, and a storage
-already in a set is recognised after it has been moved (its address changes, its identity does not)."""
+the sets were taken (Adam's moments appear at the first step) moves too once added, a storage already
+in a set is recognised after it has been moved (its address changes, its identity does not), and the
+gradient buffer (megatron's `main_grad` views, zeroed before every step's backward) is dropped on the
+offload and comes back as zeros: nothing of it is copied either way."""
 
 from __future__ import annotations
 
@@ -9,41 +11,88 @@ from types import SimpleNamespace
 
 import torch
 
-from rlslurm.trainer.colocate import TensorSet, other_tensors
+from rlslurm.trainer.colocate import grad_tensors, other_tensors, trainer_tensor_sets
 
 
 def _state() -> SimpleNamespace:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    return SimpleNamespace(actor=SimpleNamespace(model=model, optimizer=opt), ref=None, critic=None)
+    return _attach(SimpleNamespace(actor=SimpleNamespace(model=model, optimizer=opt), ref=None, critic=None))
+
+
+def _attach(st) -> SimpleNamespace:
+    """megatron's layout: every param's main_grad is a view of one flat gradient buffer."""
+    params = list(st.actor.model.parameters())
+    st.buf = getattr(st, "buf", None)
+    if st.buf is None:
+        st.buf = torch.zeros(sum(p.numel() for p in params))
+    at = 0
+    for p in params:
+        p.main_grad = st.buf[at:at + p.numel()].view_as(p)
+        at += p.numel()
+    return st
+
+
+def _copy(st) -> SimpleNamespace:
+    return _attach(copy.deepcopy(st))  # a Parameter's deepcopy leaves its main_grad behind
 
 
 def _step(st) -> None:
-    st.actor.optimizer.zero_grad()
+    """As trainer/step.py: the gradient buffer zeroed first, then backward into it, then the optimizer."""
+    params = list(st.actor.model.parameters())
+    for p in params:
+        p.main_grad.zero_()
     st.actor.model(torch.ones(3, 8)).square().sum().backward()
+    for p in params:
+        p.main_grad.add_(p.grad)
+        p.grad = p.main_grad  # the optimizer reads the buffer, as megatron's does
     st.actor.optimizer.step()
+    for p in params:
+        p.grad = None
 
 
 def test_state_made_after_the_sets_moves_once_added() -> None:
     st = _state()
     dev = torch.device("cpu")
-    params = TensorSet.of((p.data for p in st.actor.model.parameters()), dev)
-    rest = TensorSet.of(other_tensors(st), dev, exclude=params)
-    assert rest.nbytes == 0  # no grads, no moments yet
+    params, grads, rest = trainer_tensor_sets(st, dev)
+    assert rest.nbytes == 0  # no moments yet
+    assert grads.nbytes == st.buf.untyped_storage().nbytes() and grads.scratch
 
     _step(st)
-    twin = copy.deepcopy(st)
+    twin = _copy(st)
     moments = [v for s in st.actor.optimizer.state.values() for v in s.values()]  # and the step counts
-    added = rest.add(other_tensors(st), exclude=params)
-    assert added == sum(t.untyped_storage().nbytes() for t in moments) + sum(
-        p.grad.untyped_storage().nbytes() for p in st.actor.model.parameters())
+    added = rest.add(other_tensors(st), exclude=(params, grads))
+    assert added == sum(t.untyped_storage().nbytes() for t in moments)
+    assert grads.add(grad_tensors(st), exclude=(params, rest)) == 0
     rest.offload()
     assert all(t.untyped_storage().nbytes() == 0 for t in moments)
-    assert rest.add(other_tensors(st), exclude=params) == 0  # moved away: still known
+    assert rest.add(other_tensors(st), exclude=(params, grads)) == 0  # moved away: still known
     rest.onload()
-    assert rest.add(other_tensors(st), exclude=params) == 0  # moved back, new address: still known
+    assert rest.add(other_tensors(st), exclude=(params, grads)) == 0  # moved back, new address: still known
     _step(st)
     _step(twin)
     for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
         assert torch.equal(p, q)  # the moments came back exact: the next step is the same
+
+
+def test_gradients_are_dropped_not_copied_and_the_next_step_is_the_same() -> None:
+    st = _state()
+    params, grads, rest = trainer_tensor_sets(st, torch.device("cpu"))
+    _step(st)
+    rest.add(other_tensors(st), exclude=(params, grads))
+    twin = _copy(st)
+    assert st.buf.abs().sum() > 0  # the last step's gradients are in the buffer
+
+    for s in (rest, grads, params):
+        s.offload()
+    assert st.buf.untyped_storage().nbytes() == 0
+    assert all(x.host is None for x in grads.stored)  # no host copy was made of the gradients
+    assert all(x.host is not None for x in (*rest.stored, *params.stored))
+    for s in (params, grads, rest):
+        s.onload()
+    assert torch.count_nonzero(st.buf) == 0 and st.buf.untyped_storage().nbytes() == grads.nbytes
+    _step(st)
+    _step(twin)
+    for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
+        assert torch.equal(p, q)  # every step zeroes the buffer first: its old contents were dead
