@@ -211,13 +211,16 @@ class EngineSupervisor:
         return sum(s.restarts for s in self._slots)
 
     def recovering(self) -> bool:
-        """A restart of the router or of an engine is under way, with budget left: callers that fail
-        meanwhile (the driver's generate retries, rollout/router_context.py) wait for it rather than
-        count it against their own tries."""
+        """A restart of the router or of an engine is under way, with budget left, or a restarted engine
+        is up but awaits the published weights (not routed until the trainer's publish again): callers
+        that fail meanwhile (the driver's generate retries, rollout/router_context.py) wait for it rather
+        than count it against their own tries. With one engine the router has no worker until then:
+        the GPU tier's TP2 layout (one engine, killed mid-run) failed its rollout 12 s before the
+        engine was routed again."""
         if self.failure is not None:
             return False
         with self._cond:
-            return self._router_restarting or any(s.restarting for s in self._slots)
+            return self._router_restarting or any(s.restarting or s.awaiting_weights for s in self._slots)
 
     def engines(self) -> list[EngineInfo]:
         with self._cond:

@@ -268,6 +268,29 @@ def test_restart_budget_counts_tries_in_a_sliding_window():
     assert b.take(110.0)  # 10 left too
 
 
+def test_a_restarted_engine_awaiting_weights_counts_as_recovering(tmp_path):
+    """Up again but not routed until the trainer publishes to it: the driver's generate retries must
+    wait for it (rollout/router_context.py), as during the restart itself."""
+    from rlslurm.engines.supervisor import EngineSupervisor
+    from rlslurm.rollout.node import RemoteRouter
+
+    spec = _spec(tmp_path, host="127.0.0.1", port=free_port("127.0.0.1"), nccl_port=free_port("127.0.0.1"),
+                 model_path=str(tmp_path / "model"))
+    router = RemoteRouter.at(f"http://127.0.0.1:{free_port('127.0.0.1')}", api_key=None, log_path=tmp_path / "r.log")
+    sup = EngineSupervisor([spec], router)
+    try:
+        assert not sup.recovering()
+        for state in ("restarting", "awaiting_weights"):
+            with sup._cond:
+                setattr(sup._slots[0], state, True)
+            assert sup.recovering(), state
+            with sup._cond:
+                setattr(sup._slots[0], state, False)
+        assert not sup.recovering()
+    finally:
+        sup.close()
+
+
 def test_an_engine_that_never_comes_back_ends_the_attempt_after_its_restart_budget(tmp_path):
     """A restart that keeps failing (here: a start that exits at once - taskset refuses a core this
     host does not have) used to be retried every backoff for as long as the job ran."""
