@@ -23,7 +23,7 @@ def test_varlen_packed_attention_equals_per_sequence_fp32() -> None:
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     t, h, g, d = sum(lens), 16, 8, 128
     q, k, v = (torch.randn(t, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for n in (h, g, g))
-    attn = SDPACoreAttention(SimpleNamespace(attention_softmax_in_fp32=True), 1, None, "self")
+    attn = SDPACoreAttention(SimpleNamespace(attention_softmax_in_fp32=True, context_parallel_size=1), 1, None, "self")
     out = attn(q, k, v, packed_seq_params=packed_seq_params(cu))
     grad = torch.randn_like(out)
     out.backward(grad)
