@@ -193,8 +193,11 @@ def main() -> None:
         batch = prompts(a.prompts, vocab)
         sp = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "ignore_eos": True}
         paths = {"direct": (direct, sup.urls), "driver": (via_driver, router.url), "router_raw": (router_raw, router.url)}
-        for fn, target in paths.values():  # warm-up every path
-            timed(fn, target, key, batch[:16], sp)
+        # warm-up every path with the whole batch: without CUDA graphs the engines' triton kernels compile
+        # at each new batch shape, and a 16-prompt warm-up left that to the first timed rep (4B TP2 on
+        # 4 x H100: direct /generate 1,656 tokens/s in rep 1, 2,198-2,287 after; production-shapes-h100x4.md)
+        for fn, target in paths.values():
+            timed(fn, target, key, batch, sp)
         tps: dict[str, list[float]] = {k: [] for k in paths}
         router_cpu = 0.0
         order = list(paths)
