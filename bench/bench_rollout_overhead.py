@@ -193,9 +193,9 @@ def main() -> None:
         batch = prompts(a.prompts, vocab)
         sp = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "ignore_eos": True}
         paths = {"direct": (direct, sup.urls), "driver": (via_driver, router.url), "router_raw": (router_raw, router.url)}
-        # warm-up every path with the whole batch: without CUDA graphs the engines' triton kernels compile
-        # at each new batch shape, and a 16-prompt warm-up left that to the first timed rep (4B TP2 on
-        # 4 x H100: direct /generate 1,656 tokens/s in rep 1, 2,198-2,287 after; production-shapes-h100x4.md)
+        # warm-up every path with the whole batch: a 16-prompt warm-up does not run the batch's shapes, and
+        # the first timed rep was the slowest (4B TP2 on 4 x H100: direct /generate 1,656 tokens/s in rep 1,
+        # 2,198-2,287 after; production-shapes-h100x4.md), as if kernels were still built on first use
         for fn, target in paths.values():
             timed(fn, target, key, batch, sp)
         tps: dict[str, list[float]] = {k: [] for k in paths}
