@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,9 +24,19 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of the checkout's files (tracked, and untracked but not ignored): setuptools
+    # reuses the checkout's own build/ directory, and a package file moved since an earlier build
+    # was shipped from there at both its old and its new path.
+    src = tmp_path_factory.mktemp("src")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           check=True, capture_output=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     # --no-build-isolation: no index needed (the test machine's setuptools builds it)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(ROOT)], check=True, cwd=out, timeout=300)
+                    "-w", str(out), str(src)], check=True, cwd=out, timeout=300)
     (whl,) = out.glob("rlslurm-*.whl")
     return whl
 
