@@ -108,7 +108,11 @@ def _hf_config(model_script: Path) -> dict:
         cfg.update(num_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
                    moe_intermediate_size=int(one("moe-ffn-hidden-size")), norm_topk_prob=True,
                    decoder_sparse_step=1, mlp_only_layers=[])
-    if mt in ("glm4_moe", "deepseek_v3"):
+    if mt == "mimo":  # MiMoConfig: Qwen2's fields plus its MTP layer count (remote code, as released)
+        cfg.update(num_nextn_predict_layers=int(one("mtp-num-layers", 0)),
+                   auto_map={"AutoConfig": "configuration_mimo.MiMoConfig",
+                             "AutoModelForCausalLM": "modeling_mimo.MiMoForCausalLM"})
+    if mt in ("glm4_moe", "deepseek_v3", "glm4_moe_lite"):
         moe_ffn = int(one("moe-ffn-hidden-size"))
         cfg.update(n_routed_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
                    moe_intermediate_size=moe_ffn,
@@ -119,12 +123,19 @@ def _hf_config(model_script: Path) -> dict:
                    num_nextn_predict_layers=0)
     if mt == "glm4_moe":
         cfg["use_qk_norm"] = "qk-layernorm" in f
-    if mt == "deepseek_v3":
+    if mt == "glm4_moe_lite":
+        # transformers reads the dense layers from mlp_layer_types, SGLang from first_k_dense_replace.
+        # (slime's --add-qkv-bias in glm4.7-30B-A3B.sh is a no-op for megatron-core's MLA; the release
+        # has attention_bias false, which the MLA branch below gives by dropping the field.)
+        cfg["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (cfg["num_hidden_layers"] - dense)
+    if mt in ("deepseek_v3", "glm4_moe_lite"):
         del cfg["head_dim"], cfg["attention_bias"]
         q = one("q-lora-rank")
         cfg.update(q_lora_rank=int(q) if q else None, kv_lora_rank=int(one("kv-lora-rank")),
                    qk_nope_head_dim=int(one("qk-head-dim")), qk_rope_head_dim=int(one("qk-pos-emb-head-dim")),
-                   v_head_dim=int(one("v-head-dim")), rope_interleave=True, scoring_func="sigmoid")
+                   v_head_dim=int(one("v-head-dim")), rope_interleave=True)
+        if mt == "deepseek_v3":
+            cfg["scoring_func"] = "sigmoid"
         factor = float(one("rotary-scaling-factor", 1.0))
         if factor != 1.0:
             cfg["rope_scaling"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096,

@@ -75,13 +75,18 @@ def hf_config_dict(mc: ModelConfig) -> dict:
     if a.rope_scaling is not None:
         rs = a.rope_scaling.model_dump(exclude_none=True)
         cfg["rope_scaling"] = {"rope_type": rs.pop("type"), **rs}
-    if mc.hf_model_type == "qwen2":
+    if mc.hf_model_type in ("qwen2", "mimo"):
         del cfg["attention_bias"]  # Qwen2 has no such field: its q/k/v biases are always there
+    if mc.hf_model_type == "mimo":
+        # MiMo-7B's config.json: Qwen2's fields, MiMoConfig's num_nextn_predict_layers (1 MTP layer,
+        # written by make_tiny_checkpoint) and its auto_map to the remote code (not shipped here)
+        cfg.update(num_nextn_predict_layers=1, auto_map={"AutoConfig": "configuration_mimo.MiMoConfig",
+                                                         "AutoModelForCausalLM": "modeling_mimo.MiMoForCausalLM"})
     if mc.hf_model_type == "qwen3_moe" and a.moe:
         cfg.update(num_experts=a.moe.num_experts, num_experts_per_tok=a.moe.router_topk,
                    moe_intermediate_size=a.moe.moe_ffn_hidden_size, norm_topk_prob=a.moe.router_topk_norm,
                    decoder_sparse_step=1, mlp_only_layers=[])
-    if mc.hf_model_type == "deepseek_v3" and a.moe and a.mla:
+    if mc.hf_model_type in ("deepseek_v3", "glm4_moe_lite") and a.moe and a.mla:
         m, l = a.moe, a.mla
         del cfg["head_dim"], cfg["attention_bias"]  # DeepSeek derives head_dim from the rope dim
         cfg.update(
@@ -89,6 +94,10 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
             num_nextn_predict_layers=0, rope_interleave=True,
         )
+    if mc.hf_model_type == "glm4_moe_lite" and a.moe:
+        # transformers builds the layers from mlp_layer_types, SGLang from first_k_dense_replace
+        # (which _deepseek_style_moe wrote): both, as GLM-4.7-Flash's loaders read one or the other
+        cfg["mlp_layer_types"] = ["dense"] * a.moe.first_k_dense + ["sparse"] * (a.num_layers - a.moe.first_k_dense)
     if mc.hf_model_type == "glm4_moe" and a.moe:
         m = a.moe
         cfg.update(
@@ -109,6 +118,30 @@ def _deepseek_style_moe(m: MoEArch) -> dict[str, Any]:
     )
 
 
+def _add_mimo_mtp_layer(out: Path, cfg: Any, dtype: Any, seed: int) -> None:
+    """Append MiMo's MTP layer 0 to the checkpoint, named and shaped as SGLang's mimo_mtp.py loads it
+    (`model.mtp_layers.0.`: token/hidden/final norms, input_proj [h, 2h], and one Qwen2 decoder
+    layer's 12 tensors), so tests see what the trainer does with tensors it has no rule for."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    d = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    shapes = {"token_layernorm.weight": (h,), "hidden_layernorm.weight": (h,), "final_layernorm.weight": (h,),
+              "input_proj.weight": (h, 2 * h), "input_layernorm.weight": (h,),
+              "post_attention_layernorm.weight": (h,), "self_attn.q_proj.weight": (q, h), "self_attn.q_proj.bias": (q,),
+              "self_attn.k_proj.weight": (kv, h), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.weight": (kv, h),
+              "self_attn.v_proj.bias": (kv,), "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (f, h),
+              "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
+    g = torch.Generator().manual_seed(seed + 1)
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name, shape in shapes.items():
+        tensors[f"model.mtp_layers.0.{name}"] = (torch.randn(*shape, generator=g) * 0.02).to(dtype)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0, dtype: str = "float32",
                          device: str = "cpu") -> Path:
     """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path.
@@ -120,7 +153,8 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     cfg_dict = hf_config_dict(mc)
     model_type = cfg_dict.pop("model_type")
-    config = AutoConfig.for_model(model_type, **cfg_dict)
+    # MiMo: the main model is transformers' Qwen2 (MiMo's own classes are remote code)
+    config = AutoConfig.for_model({"mimo": "qwen2"}.get(model_type, model_type), **cfg_dict)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -132,6 +166,9 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
     model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    if model_type == "mimo":
+        _add_mimo_mtp_layer(out, model.config, getattr(torch, dtype), seed)
+        (out / "config.json").write_text(json.dumps({**cfg_dict, "model_type": "mimo"}, indent=1))
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",

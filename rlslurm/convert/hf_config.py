@@ -40,9 +40,31 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
     # (use_qk_norm, attention_bias). docs/model-families.md.
     "glm4_moe": {"rotary_interleaved": False, "post_self_attn_layernorm": False, "post_mlp_layernorm": False,
                  "normalization": "RMSNorm"},
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and sigmoid-routed MoE under GLM's names for the config
+    # (transformers' Glm4MoeLiteAttention is DeepseekV3Attention). docs/model-families.md.
+    "glm4_moe_lite": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
+                      "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    # Xiaomi MiMo-7B: a Qwen2 model plus MTP layers (`model.mtp_layers.*`) that the mapping leaves
+    # out; its config class is remote code, read here as Qwen2's (REMOTE_BASE). docs/model-families.md.
+    "mimo": {"qk_layernorm": False, "add_qkv_bias": True, "add_bias_linear": False, "rotary_interleaved": False,
+             "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
 }
 
 SUPPORTED = tuple(FAMILY_FIXED)
+MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
+
+# Families looked at and found inexpressible in megatron-core 0.16, -> why, for the refusal
+# (docs/model-families.md, "Families megatron-core cannot express").
+NOT_EXPRESSIBLE = {
+    "minimax_m2": "its q_norm/k_norm are one RMSNorm over all heads' q (k) at once, megatron-core's "
+                  "qk_layernorm one per head (transformer/attention.py builds it hidden_size_per_attention_head "
+                  "wide)",
+}
+
+# model_type whose config class exists only as the checkpoint's remote code (auto_map), -> the
+# transformers config class it subclasses, which holds every field the main model's math reads.
+# MiMo's configuration_mimo.MiMoConfig is Qwen2Config plus num_nextn_predict_layers.
+REMOTE_BASE = {"mimo": "qwen2"}
 
 
 def _rope(cfg: Any) -> dict[str, Any]:
@@ -84,6 +106,13 @@ def load_hf_config(hf_dir: str | Path):
     if "model_type" not in raw:
         raise DataError(str(path), "no model_type")
     try:
+        if raw["model_type"] in REMOTE_BASE:
+            # without the remote code transformers does not know the type: read the fields with the
+            # base class the remote one subclasses, and keep the checkpoint's model_type
+            fields = {k: v for k, v in raw.items() if k != "model_type"}
+            cfg = AutoConfig.for_model(REMOTE_BASE[raw["model_type"]], **fields)
+            cfg.model_type = raw["model_type"]
+            return cfg
         return AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(str(path), f"transformers cannot read it: {e}") from None
@@ -157,12 +186,20 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
                 ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size, "(qwen3_moe)", 0),
                 ("arch.moe.first_k_dense", m.first_k_dense, "mlp_only_layers", 0),
             ]
-    elif mt == "deepseek_v3":
+    elif mt in MLA_FAMILIES:
         m, l = a.moe, a.mla
         pairs += [("arch.moe", "set" if m else None, "n_routed_experts", "set"),
                   ("arch.mla", "set" if l else None, "kv_lora_rank", "set")]
-        if m:
+        if g("attention_bias", False):
+            # HF then adds biases to q_a_proj, kv_a_proj_with_mqa and o_proj; megatron-core's MLA
+            # builds those linears without (multi_latent_attention.py)
+            raise ConfigError(f"{mc.name}: HF {mt} config has attention_bias=true, which megatron-core's "
+                              "multi-latent attention does not build")
+        if m and mt == "deepseek_v3":
             pairs += _sigmoid_router_moe(mc, g, scoring=("scoring_func", g("scoring_func", "sigmoid")))
+        elif m:
+            pairs += _sigmoid_router_moe(mc, g, scoring=(f"({mt} router)", "sigmoid"),
+                                         first_dense=("mlp_layer_types", _lite_first_dense(mc, g)))
         if l:
             pairs += [
                 ("arch.mla.q_lora_rank", l.q_lora_rank, "q_lora_rank", g("q_lora_rank")),
@@ -172,7 +209,7 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
                 ("arch.mla.v_head_dim", l.v_head_dim, "v_head_dim", g("v_head_dim")),
             ]
         if not g("rope_interleave", True):
-            raise ConfigError(f"{mc.name}: HF deepseek_v3 config has rope_interleave=false, which the mapping "
+            raise ConfigError(f"{mc.name}: HF {mt} config has rope_interleave=false, which the mapping "
                               "does not support")
     elif mt == "glm4_moe":
         # Released GLM-4.5 checkpoints carry num_nextn_predict_layers MTP layers after the last
@@ -183,25 +220,49 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
             pairs += _sigmoid_router_moe(mc, g, scoring=("(glm4_moe router)", "sigmoid"))
     elif a.moe is not None:
         pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
-    if mt != "deepseek_v3" and a.mla is not None:
+    if mt not in MLA_FAMILIES and a.mla is not None:
         pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
     for field, value in FAMILY_FIXED.get(mt, {}).items():
         pairs.append((f"arch.{field}", getattr(a, field), f"({mt} architecture)", value))
     return pairs
 
 
-def _sigmoid_router_moe(mc: ModelConfig, g: Callable[..., Any], *, scoring: tuple[str, Any]) -> list[tuple]:
-    """DeepSeek-V3-style MoE fields (deepseek_v3, glm4_moe): routed experts behind a sigmoid router
-    with a score-correction bias and group-limited top-k, n_shared_experts shared experts of
-    moe_intermediate_size each, first_k_dense_replace dense layers."""
+def leading_dense(types: list[str] | None) -> int:
+    """How many entries of an HF mlp_layer_types list are "dense" before the first other one."""
+    types = list(types or [])
+    return next((i for i, t in enumerate(types) if t != "dense"), len(types))
+
+
+def _lite_first_dense(mc: ModelConfig, g: Callable[..., Any]) -> int:
+    """glm4_moe_lite's leading dense layers. transformers builds each layer from `mlp_layer_types`
+    (default: one dense, then sparse) and ignores first_k_dense_replace; SGLang's glm4_moe_lite.py
+    reads first_k_dense_replace. Both must say the same, and the dense layers must lead."""
+    types = list(g("mlp_layer_types") or [])
+    k = leading_dense(types)
+    if any(t != "sparse" for t in types[k:]):
+        raise ConfigError(f"{mc.name}: HF glm4_moe_lite mlp_layer_types {types} is not dense layers followed by "
+                          "sparse ones, which is all megatron-core's moe_layer_freq here expresses")
+    fk = g("first_k_dense_replace")
+    if fk is not None and fk != k:
+        raise ConfigError(f"{mc.name}: HF glm4_moe_lite config has first_k_dense_replace={fk} (SGLang's) but "
+                          f"mlp_layer_types starts with {k} dense layer(s) (transformers')")
+    return k
+
+
+def _sigmoid_router_moe(mc: ModelConfig, g: Callable[..., Any], *, scoring: tuple[str, Any],
+                        first_dense: tuple[str, Any] | None = None) -> list[tuple]:
+    """DeepSeek-V3-style MoE fields (deepseek_v3, glm4_moe, glm4_moe_lite): routed experts behind a
+    sigmoid router with a score-correction bias and group-limited top-k, n_shared_experts shared
+    experts of moe_intermediate_size each, first_k_dense_replace (or `first_dense`) dense layers."""
     m = mc.arch.moe
+    first_dense = first_dense or ("first_k_dense_replace", g("first_k_dense_replace"))
     return [
         ("arch.moe.num_experts", m.num_experts, "n_routed_experts", g("n_routed_experts")),
         ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
         ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "moe_intermediate_size", g("moe_intermediate_size")),
         ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size,
          "n_shared_experts*moe_intermediate_size", (g("n_shared_experts") or 0) * g("moe_intermediate_size")),
-        ("arch.moe.first_k_dense", m.first_k_dense, "first_k_dense_replace", g("first_k_dense_replace")),
+        ("arch.moe.first_k_dense", m.first_k_dense, *first_dense),
         ("arch.moe.router_score_function", m.router_score_function, *scoring),
         ("arch.moe.router_topk_norm", m.router_topk_norm, "norm_topk_prob", g("norm_topk_prob")),
         ("arch.moe.router_scaling_factor", m.router_scaling_factor, "routed_scaling_factor",
@@ -216,6 +277,9 @@ def check_hf_config(mc: ModelConfig, hf_dir: str | Path) -> None:
     """Raise ConfigError naming the first field where `mc` and `hf_dir/config.json` disagree."""
     cfg = load_hf_config(hf_dir)
     if cfg.model_type not in SUPPORTED:
+        if cfg.model_type in NOT_EXPRESSIBLE:
+            raise ConfigError(f"{hf_dir}/config.json: model_type={cfg.model_type!r} has no mapping: "
+                              f"{NOT_EXPRESSIBLE[cfg.model_type]}")
         raise ConfigError(f"{hf_dir}/config.json: model_type={cfg.model_type!r} has no mapping; "
                           f"supported: {', '.join(SUPPORTED)}")
     for field, ours, hf_field, theirs in expected_pairs(mc, cfg):

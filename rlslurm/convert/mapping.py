@@ -176,6 +176,21 @@ def _glm4_moe(mc: ModelConfig, layer: int) -> list[Rule]:
     return _gqa_attention(mc, qk_norm=mc.arch.qk_layernorm) + [_PRE_MLP_NORM] + mlp
 
 
+def _glm4_moe_lite(mc: ModelConfig, layer: int) -> list[Rule]:
+    """GLM-4.7-Flash: DeepSeek-V3's tensors under DeepSeek-V3's names (transformers'
+    Glm4MoeLiteAttention is DeepseekV3Attention, its MoE GLM-4.5's, named as DeepSeek-V3's); the
+    dense layers are those mlp_layer_types says (arch.moe.first_k_dense). The MTP layer released
+    checkpoints append (`model.layers.{num_layers}.*`) has no rule, as for glm4_moe."""
+    return _deepseek_v3(mc, layer)
+
+
+def _mimo(mc: ModelConfig, layer: int) -> list[Rule]:
+    """Xiaomi MiMo-7B: the main model is Qwen2's, tensor for tensor (SGLang's MiMoModel is its
+    Qwen2Model). `model.mtp_layers.*` has no rule: never loaded, trained or exported; the engine's
+    MTP drafter keeps the checkpoint's (docs/model-families.md)."""
+    return _qwen2(mc, layer)
+
+
 FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "llama": _llama,
     "qwen2": _qwen2,
@@ -184,6 +199,8 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3,
     "glm4_moe": _glm4_moe,
+    "glm4_moe_lite": _glm4_moe_lite,
+    "mimo": _mimo,
 }
 
 

@@ -50,7 +50,9 @@ def shipped_match(mc: ModelConfig) -> ModelConfig:
 
 
 def model_config_from_hf(hf_dir: Path) -> ModelConfig:
-    from rlslurm.convert.hf_config import FAMILY_FIXED, SUPPORTED, _rope, check_hf_config, load_hf_config
+    from rlslurm.convert.hf_config import (FAMILY_FIXED, MLA_FAMILIES, NOT_EXPRESSIBLE, SUPPORTED, _rope,
+                                           leading_dense,
+                                           check_hf_config, load_hf_config)
 
     flag = f"--hf-checkpoint {hf_dir}"
     try:
@@ -58,6 +60,8 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
     except UserError as e:
         raise ConfigError(f"{flag}: {e}") from None
     mt = cfg.model_type
+    if mt in NOT_EXPRESSIBLE:
+        raise ConfigError(f"{flag}: config.json model_type {mt!r} has no rlslurm mapping: {NOT_EXPRESSIBLE[mt]}")
     if mt not in SUPPORTED:
         raise ConfigError(f"{flag}: config.json model_type {mt!r} has no rlslurm mapping (supported: "
                           f"{', '.join(SUPPORTED)}); pass --model with a model config YAML")
@@ -79,7 +83,7 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
         keys = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
                 "low_freq_factor", "high_freq_factor")
         arch["rope_scaling"] = {"type": rtype, **{k: rope[k] for k in keys if rope.get(k) is not None}}
-    if mt == "deepseek_v3":
+    if mt in MLA_FAMILIES:
         arch["mla"] = {"q_lora_rank": g("q_lora_rank"), "kv_lora_rank": g("kv_lora_rank"),
                        "qk_head_dim": g("qk_nope_head_dim"), "qk_pos_emb_head_dim": g("qk_rope_head_dim"),
                        "v_head_dim": g("v_head_dim")}
@@ -90,12 +94,15 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
         arch["moe"] = {"num_experts": g("num_experts"), "router_topk": g("num_experts_per_tok"),
                        "moe_ffn_hidden_size": g("moe_intermediate_size"),
                        "router_topk_norm": bool(g("norm_topk_prob", False))}
-    elif mt in ("deepseek_v3", "glm4_moe"):
+    elif mt in ("deepseek_v3", "glm4_moe", "glm4_moe_lite"):
         arch["moe"] = {
             "num_experts": g("n_routed_experts"), "router_topk": g("num_experts_per_tok"),
             "moe_ffn_hidden_size": g("moe_intermediate_size"),
             "shared_expert_ffn_hidden_size": (g("n_shared_experts") or 0) * g("moe_intermediate_size"),
-            "first_k_dense": g("first_k_dense_replace") or 0,
+            # glm4_moe_lite: the leading dense layers of mlp_layer_types (what transformers builds);
+            # check_hf_config below refuses any other pattern, or a first_k_dense_replace that differs
+            "first_k_dense": (leading_dense(g("mlp_layer_types")) if mt == "glm4_moe_lite"
+                              else g("first_k_dense_replace") or 0),
             "router_score_function": g("scoring_func", "sigmoid") if mt == "deepseek_v3" else "sigmoid",
             "router_topk_norm": bool(g("norm_topk_prob", False)),
             "router_scaling_factor": g("routed_scaling_factor", 1.0), "router_num_groups": g("n_group") or 1,

@@ -58,8 +58,16 @@ _OPD_WHY = (f"{_OPD} (a teacher model's log-probs): rlslurm runs no teacher mode
 
 _METRICS = "metrics go to RUN/metrics.jsonl and RUN/rollout_metrics.jsonl (TensorBoard when installed)"
 
+_MTP = "MTP training"
+_MTP_WHY = ("rlslurm builds and trains no MTP layers: the checkpoint's own are never loaded, trained or sent "
+            "to the engines, whose MTP/EAGLE drafter keeps them as they are (docs/model-families.md)")
 # Flags with nothing to pass on, and why (checked before the megatron-core fields).
 NOT_MAPPED = {
+    # slime trains MiMo's/GLM's MTP layers with these; megatron-core's mtp_* fields, passed through,
+    # would ask for an MTP block rlslurm's model has no spec or mapping for
+    "enable_mtp_training": _MTP_WHY,
+    "mtp_num_layers": _MTP_WHY,
+    "mtp_loss_scaling_factor": _MTP_WHY,
     "use_opd": _OPD_WHY,
     "transformer_impl": "rlslurm picks the layer spec itself: transformer-engine's when it is importable, "
                         "megatron-core's local one otherwise (rlslurm/trainer/model.py)",
@@ -168,6 +176,8 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             drop(f, fixed)
             if fixed is _OPD_WHY:
                 out.not_carried.append((f.line, f"{_OPD} ({PORTING_GUIDE})"))
+            elif fixed is _MTP_WHY and n == "enable_mtp_training":
+                out.not_carried.append((f.line, f"{_MTP} (docs/model-families.md)"))
             elif n in low_precision.SLIME_FLAGS:
                 out.not_carried.append((f.line, f"FP8/FP4 training: it trains in bf16 ({low_precision.DOC})"))
             continue

@@ -146,7 +146,14 @@ def main() -> None:
             if rank == 0:
                 from transformers import AutoModelForCausalLM
 
-                hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+                from rlslurm.convert.hf_config import REMOTE_BASE, load_hf_config
+
+                # MiMo's own classes are remote code: its main model is transformers' Qwen2 (as
+                # SGLang's mimo.py builds it on Qwen2Model), loaded from the same files with the
+                # config read as rlslurm reads it; the MTP tensors stay unread, as SGLang's
+                # MiMoForCausalLM skips them too
+                kw = {"config": load_hf_config(hf_dir)} if mc.hf_model_type in REMOTE_BASE else {}
+                hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, **kw).eval()
                 with torch.no_grad():
                     ref = hf(ids_cpu).logits
                 result["max_abs_logits"] = float((ref - logits).abs().max())

@@ -11,7 +11,7 @@ from rlslurm.convert import mapping as M
 from rlslurm.settings.model_config import load_model_config
 from rlslurm.trainer.model import padded_vocab_size
 
-from convert_helpers import FAMILIES
+from convert_helpers import FAMILIES, UNMAPPED, mapped
 
 
 def test_fuse_qkv_groups_heads_by_query_group():
@@ -66,7 +66,9 @@ def test_table_covers_exactly_the_hf_checkpoint(tiny_ckpts, name):
     mc = load_model_config(name)
     expected = M.expected_hf_names(mc)
     assert len(expected) == len(set(expected))
-    assert set(expected) == set(HFCheckpoint(tiny_ckpts / name).names())
+    names = set(HFCheckpoint(tiny_ckpts / name).names())
+    assert set(expected) == mapped(name, names)
+    assert len(names) - len(expected) == UNMAPPED.get(name, (None, 0))[1]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -85,7 +87,7 @@ def test_streamed_import_at_tp2_reassembles_to_the_hf_tensors(tiny_ckpts, name):
         for hf_name, t in zip(res.hf_names, M.to_hf(res.rule, full, lay)):
             assert torch.equal(t, ckpt.get(hf_name)), hf_name
             seen.add(hf_name)
-    assert seen == set(ckpt.names())
+    assert seen == mapped(name, ckpt.names())
 
 
 def test_qwen2_table_has_qkv_biases_and_a_tied_head():
@@ -149,6 +151,38 @@ def test_glm4_moe_mtp_tensors_are_skipped(tiny_ckpts):
     with_mtp = dict(hf_to_mcore(mc, iter([*mtp[:2], *ckpt, *mtp[2:]])))
     assert with_mtp.keys() == plain.keys()
     assert all(torch.equal(with_mtp[k], plain[k]) for k in plain)
+
+
+def test_glm4_moe_lite_table_is_deepseek_v3s_names():
+    """GLM-4.7-Flash (glm4_moe_lite): MLA with a query LoRA, a value head wider than the "nope" key
+    part, a dense layer then routed experts behind a sigmoid router with its correction bias and a
+    shared expert, all under DeepSeek-V3's HF names; the released 47 decoder layers end at 46."""
+    mc = load_model_config("tiny-glm4-moe-lite")
+    targets = M.default_targets(mc)
+    assert M.resolve(mc, "decoder.layers.0.self_attention.linear_q_down_proj.weight").hf_names == (
+        "model.layers.0.self_attn.q_a_proj.weight",)
+    assert M.resolve(mc, "decoder.layers.1.self_attention.kv_layernorm.weight").hf_names == (
+        "model.layers.1.self_attn.kv_a_layernorm.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.linear_fc1.weight").hf_names == (
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
+    assert "decoder.layers.0.mlp.router.weight" not in targets
+    assert M.resolve(mc, "decoder.layers.1.mlp.router.expert_bias").hf_names == (
+        "model.layers.1.mlp.gate.e_score_correction_bias",)
+    assert "decoder.layers.1.mlp.shared_experts.linear_fc2.weight" in targets
+    assert not any("linear_qkv" in n or n.endswith("linear_proj.bias") for n in targets)
+
+
+def test_mimo_reads_and_exports_no_mtp_tensor(tiny_ckpts):
+    """MiMo: the Qwen2 tables; the MTP layer's 16 tensors in the file (`model.mtp_layers.0.*`) are
+    not read by the streamed import (same tensors with or without them) and not in the export set."""
+    mc = load_model_config("tiny-mimo")
+    ckpt = HFCheckpoint(tiny_ckpts / "tiny-mimo")
+    mtp = [n for n in ckpt.names() if n.startswith("model.mtp_layers.")]
+    assert len(mtp) == 16 and not any(n.startswith("model.mtp_layers.") for n in M.expected_hf_names(mc))
+    assert {r.mcore for r in M.layer_rules(mc, 0)} == {r.mcore for r in M.layer_rules(load_model_config("tiny-qwen2"), 0)}
+    with_mtp = dict(hf_to_mcore(mc, iter(ckpt)))
+    without = dict(hf_to_mcore(mc, ((n, t) for n, t in ckpt if n not in mtp)))
+    assert with_mtp.keys() == without.keys() and all(torch.equal(with_mtp[k], without[k]) for k in without)
 
 
 def test_moonlight_table_projects_queries_without_lora():

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from convert_helpers import FAMILIES, check, run_procs
+from convert_helpers import FAMILIES, UNMAPPED, check, run_procs
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
-MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe"]
+MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe", "tiny-glm4-moe-lite"]
 # HF keeps the router correction bias as a buffer (no gradient): one per MoE layer
-ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1}
+ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1, "tiny-glm4-moe-lite": 1}
 TIED = "tiny-qwen3-tied"  # tiny-qwen3 with tied embeddings (like Qwen3-4B), written by the fixture
 LAYOUTS = {"tp1": (1, 1, FAMILIES + [TIED]), "tp2": (2, 1, FAMILIES + [TIED]), "ep2": (2, 2, MOE)}
 CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in models]
@@ -88,7 +88,10 @@ def test_trainer_logprobs_and_gradients_match_hf(parity, layout, model):
 @pytest.mark.parametrize("layout,model", CASES)
 def test_export_round_trip_is_bit_exact(parity, layout, model):
     r = _get(parity, layout, model)
-    assert r["missing_in_export"] == [] and r["extra_in_export"] == []
+    # MiMo's MTP layer is in the file, and by design not in the export (UNMAPPED)
+    prefix, count = UNMAPPED.get(model, ("", 0))
+    assert len(r["missing_in_export"]) == count and all(n.startswith(prefix) for n in r["missing_in_export"])
+    assert r["extra_in_export"] == []
     assert r["not_bit_exact"] == []
     assert r["exported"] > 0
 

@@ -133,6 +133,23 @@ def test_plugins_not_carried_are_named_with_the_porting_guide(tmp_path: Path) ->
     assert not any(a.startswith(("--custom", "--use-opd", "--opd")) for a in imp.argv)
 
 
+def test_mtp_training_is_not_carried_and_says_what_happens_to_the_mtp_layers(tmp_path: Path) -> None:
+    """slime's run-mimo-7B-rl-eagle.sh and run-glm4.7-30B-A3B.sh train the MTP layers; rlslurm
+    builds none, so the switch and megatron-core's mtp_* fields are not mapped (never passed through
+    as --megatron-mtp-*) and one warning says the run lacks MTP training."""
+    s = _script(tmp_path, ("python3 train.py \\\n   --mtp-num-layers 1 \\\n   --enable-mtp-training \\\n"
+                           "   --mtp-loss-scaling-factor 0.2 \\\n   --lr 1e-6\n"))
+    imp = import_script(s, check=False)
+    report = imp.report_lines()
+    assert report[0] == (f"{s}:3: warning: the imported run does not do what this script does: MTP training "
+                         "(docs/model-families.md) (each not mapped below)")
+    for line, flag in ((2, "--mtp-num-layers"), (3, "--enable-mtp-training"), (4, "--mtp-loss-scaling-factor")):
+        mine = [ln for ln in report if ln.startswith(f"{s}:{line}: not mapped: {flag}: rlslurm builds and trains "
+                                                     "no MTP layers")]
+        assert len(mine) == 1, (flag, report)
+    assert not any("mtp" in a for a in imp.argv) and imp.argv[-2:] == ["--lr", "1e-6"]
+
+
 def test_balance_data_is_accepted_with_the_true_reason(tmp_path: Path) -> None:
     """rlslurm balances every step over the DP ranks (trainer/batching.py): slime's switch is
     accepted, by the importer as a note and by `rlslurm submit` itself, never 'not mapped'."""

@@ -1,0 +1,105 @@
+"""The released config.json of GLM-4.7-Flash (glm4_moe_lite) and MiMo-7B (mimo) give the model
+config slime's models/glm4.7-30B-A3B.sh and models/mimo-7B-rl.sh describe; what the mappings cannot
+express is refused in one line naming the field, and MiniMax-M2 naming why megatron-core cannot
+build it (docs/model-families.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlslurm.convert.model_from_hf import model_config_from_hf
+from rlslurm.errors import ConfigError
+
+# GLM-4.7-Flash's config.json as vLLM's test of its glm4_moe_lite config pins it (the model card's file
+# was not reachable from here); the sizes agree with slime's scripts/models/glm4.7-30B-A3B.sh.
+GLM47_FLASH = {
+    "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "vocab_size": 154880,
+    "hidden_size": 2048, "intermediate_size": 10240, "moe_intermediate_size": 1536, "num_hidden_layers": 47,
+    "num_attention_heads": 20, "num_key_value_heads": 20, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "attention_dropout": 0.0, "attention_bias": False, "max_position_embeddings": 202752, "rope_theta": 1_000_000.0,
+    "rope_scaling": None, "partial_rotary_factor": 1.0, "q_lora_rank": 768, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "n_routed_experts": 64,
+    "n_shared_experts": 1, "num_experts_per_tok": 4, "norm_topk_prob": True, "routed_scaling_factor": 1.8,
+    "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc", "first_k_dense_replace": 1,
+    "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+# MiMo-7B-RL's config.json as Megatron-Bridge's MiMo test pins it, plus the auto_map of the release
+# (its config and model classes are remote code); the sizes agree with slime's models/mimo-7B-rl.sh.
+MIMO_7B = {
+    "architectures": ["MiMoForCausalLM"], "model_type": "mimo", "attention_bias": True, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_mimo.MiMoConfig", "AutoModel": "modeling_mimo.MiMoModel",
+                 "AutoModelForCausalLM": "modeling_mimo.MiMoForCausalLM"},
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 11008, "max_position_embeddings": 32768, "num_attention_heads": 32,
+    "num_hidden_layers": 36, "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05,
+    "rope_theta": 640000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151680,
+}
+
+
+def _dir(tmp_path: Path, cfg: dict) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def test_glm47_flash_is_slimes_glm47_30b_a3b(tmp_path):
+    mc = model_config_from_hf(_dir(tmp_path / "GLM-4.7-Flash", GLM47_FLASH))
+    a = mc.arch
+    assert (mc.hf_model_type, a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads) == (
+        "glm4_moe_lite", 47, 2048, 10240, 20)
+    assert a.mla.model_dump() == {"q_lora_rank": 768, "kv_lora_rank": 512, "qk_head_dim": 192,
+                                  "qk_pos_emb_head_dim": 64, "v_head_dim": 256}
+    m = a.moe
+    assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.first_k_dense,
+            m.router_score_function, m.router_scaling_factor, m.router_expert_bias) == (
+        64, 4, 1536, 1536, 1, "sigmoid", 1.8, True)
+    assert (a.rotary_base, a.vocab_size, a.qk_layernorm, a.add_qkv_bias, a.tie_word_embeddings) == (
+        1e6, 154880, True, False, False)
+
+
+@pytest.mark.parametrize("changes,match", [
+    # transformers builds 1 dense layer (mlp_layer_types' default) where SGLang builds 2
+    ({"first_k_dense_replace": 2}, r"first_k_dense_replace=2 \(SGLang's\) but mlp_layer_types starts with 1 dense"),
+    ({"mlp_layer_types": ["dense", "sparse", "dense"] + ["sparse"] * 44},
+     r"mlp_layer_types .* is not dense layers followed by sparse ones"),
+    ({"attention_bias": True}, r"attention_bias=true, which megatron-core's multi-latent attention does not build"),
+    ({"rope_interleave": False}, r"rope_interleave=false"),
+])
+def test_glm47_flash_variants_megatron_cannot_build_are_refused(tmp_path, changes, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        model_config_from_hf(_dir(tmp_path / "m", {**GLM47_FLASH, **changes}))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"--hf-checkpoint {tmp_path / 'm'}: ")
+
+
+def test_mimo_7b_is_slimes_mimo_7b_rl_as_qwen2(tmp_path):
+    """Read without remote code, as the Qwen2Config that MiMoConfig subclasses; the MTP layer count
+    (num_nextn_predict_layers) changes nothing the trainer builds."""
+    mc = model_config_from_hf(_dir(tmp_path / "MiMo-7B-RL", MIMO_7B))
+    a = mc.arch
+    assert (mc.hf_model_type, mc.hf_architecture) == ("mimo", "MiMoForCausalLM")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups,
+            a.kv_channels, a.vocab_size, a.rotary_base, a.norm_epsilon, a.max_position_embeddings) == (
+        36, 4096, 11008, 32, 8, 128, 151680, 640000.0, 1e-5, 32768)
+    assert a.add_qkv_bias and not a.qk_layernorm and not a.tie_word_embeddings and a.moe is None
+    with pytest.raises(ConfigError, match="sliding-window"):
+        model_config_from_hf(_dir(tmp_path / "sw", {**MIMO_7B, "use_sliding_window": True, "sliding_window": 4096,
+                                                      "max_window_layers": 0}))
+
+
+def test_minimax_m2_is_refused_naming_its_whole_width_qk_norm(tmp_path):
+    """MiniMax-M2's q/k RMSNorm spans all heads (transformers' MiniMaxM2Attention: q_norm over
+    num_attention_heads x head_dim), which megatron-core's per-head qk_layernorm cannot compute."""
+    cfg = {"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "hidden_size": 3072,
+           "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+           "rotary_dim": 64, "intermediate_size": 1536, "num_local_experts": 256, "num_experts_per_tok": 8,
+           "vocab_size": 200064, "rms_norm_eps": 1e-6, "rope_theta": 5000000, "use_qk_norm": True,
+           "scoring_func": "sigmoid", "use_routing_bias": True, "tie_word_embeddings": False}
+    with pytest.raises(ConfigError) as e:
+        model_config_from_hf(_dir(tmp_path / "MiniMax-M2.5", cfg))
+    msg = str(e.value)
+    assert "\n" not in msg and "model_type 'minimax_m2' has no rlslurm mapping: its q_norm/k_norm are one " \
+                                "RMSNorm over all heads" in msg and "transformer/attention.py" in msg, msg
