@@ -206,10 +206,12 @@ def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[s
     config = _hf_config(ms) if ms else {"model_type": "unknown"}
     # the script's checkpoint (or the script, scripts/low_precision/*-int4.sh) names a quantized release
     # (Qwen3-4B-FP8, *-INT4): so is its placeholder, as
-    # the real config.json carries quantization_config (Qwen/Qwen3-4B-FP8: fp8 e4m3, 128x128 blocks)
+    # the real config.json carries quantization_config (Qwen/Qwen3-4B-FP8: fp8 e4m3, dynamic activation
+    # scales, 128x128 blocks; SGLang's Fp8Config requires activation_scheme)
     ckpt = next((argv[k + 1] for k, a in enumerate(argv[:-1]) if a == "--hf-checkpoint"), "") + " " + script.name
     if re.search(r"fp8", ckpt, re.I):
-        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                         "weight_block_size": [128, 128]}
     elif re.search(r"int4", ckpt, re.I):
         config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
     (hf / "config.json").write_text(json.dumps(config))

@@ -307,9 +307,9 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 # ------------------------------------------------------------------------------------ checkpoints, CP
 
 
-def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> None:
+def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> str | None:
     """An HF model directory the trainer and the engines can load: config.json matching the model
-    config, and safetensors weights."""
+    config, and safetensors weights. Returns a one-line note for a block-wise FP8 one."""
     from rlslurm.convert.hf_config import check_hf_config
     from rlslurm.convert.hf_io import INDEX_NAME
 
@@ -317,15 +317,17 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> None:
         raise ConfigError(f"{flag} {path}: not a directory (a Hugging Face model directory is expected)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"{flag} {path}: no config.json, so not a Hugging Face model directory")
-    from rlslurm.settings.low_precision import check_unquantized
+    from rlslurm.settings.low_precision import checkpoint_precision
 
-    check_unquantized(flag, path)  # before the weights: a quantized one is refused for what it is
+    # before the weights: block-wise FP8 is noted, any other quantization refused for what it is
+    note = checkpoint_precision(flag, path)
     if not (path / INDEX_NAME).is_file() and not any(path.glob("*.safetensors")):
         raise ConfigError(f"{flag} {path}: no *.safetensors weights (nor {INDEX_NAME})")
     try:
         check_hf_config(mc, path)
     except UserError as e:
         raise ConfigError(f"{flag} {path}: {e}") from None
+    return note
 
 
 SFT_CHECKED_RECORDS = 20

@@ -20,7 +20,7 @@ from rlslurm.settings import layout
 from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
-from rlslurm.settings.low_precision import check_megatron_precision
+from rlslurm.settings.low_precision import check_engine_quantization, check_megatron_precision, fp8_block
 from rlslurm.settings.model_config import ModelConfig, model_config_path
 from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
@@ -157,7 +157,8 @@ def _derive(res: Resolved) -> None:
         mp = t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size
         t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
     if t.update_weight_receiver == "auto":  # kept settled in run.yaml: what ran is what it names
-        t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type, cfg.shares_gpus)
+        t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type, cfg.shares_gpus,
+                                                 fp8=fp8_block(cfg.model.hf_checkpoint) is not None)
     if cfg.run.run_dir is None:  # the default, ./runs/<name>, is relative to where submit runs
         cfg.run.run_dir = Path(absolute(cfg.run_dir, Path.cwd()))
     if s.python is None:
@@ -355,6 +356,7 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     cfg, mc = res.cfg, res.model
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
+    check_engine_quantization(cfg.sglang_args, fp8_block(cfg.model.hf_checkpoint) is not None)
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
@@ -524,7 +526,9 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         if p is not None and not p.exists():
             _need(res, strict, f"{flag} {p} does not exist")
         elif p is not None and flag != "--load":
-            preflight.check_hf_dir(flag, p, mc)
+            note = preflight.check_hf_dir(flag, p, mc)
+            if note:
+                res.notes.append(note)
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():
         _need(res, strict, f"--setup-script {cfg.slurm.setup_script} is not a file")
     replay = cfg.train.load_debug_rollout_data

@@ -2,7 +2,8 @@
 
 Every rank reads the tensors it needs straight from the safetensors files (memory-mapped, one at a
 time) and keeps only its own shard: no rank-0 scatter, so nothing but the file system is shared
-and no rank holds a full model.
+and no rank holds a full model. A block-wise FP8 checkpoint's weights are dequantized as they are read
+(convert/fp8.py), into float32 and then the model's dtype.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import Any, Callable
 
 import torch
 
-from rlslurm.convert import hf_io, mapping, parallel
+from rlslurm.convert import fp8, hf_io, mapping, parallel
 from rlslurm.convert.hf_config import check_hf_config
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.settings.low_precision import fp8_block
 from rlslurm.settings.model_config import ModelConfig
 
 
@@ -51,13 +53,16 @@ def load_hf_checkpoint(model: torch.nn.Module, mc: ModelConfig, hf_dir: str | Pa
     if check_config:
         check_hf_config(mc, hf_dir)
     ckpt = hf_io.HFCheckpoint(hf_dir)
+    # a block-wise FP8 checkpoint is multiplied out on the way in (convert/fp8.py); its *_scale_inv
+    # tensors are read there and never mapped. Any other quantization is refused here too.
+    get = fp8.dequantizing(ckpt, fp8_block(Path(hf_dir), "HF checkpoint"))
     ranks, tensors, targets, override, l2g, n_local = _plan(model, mc)
     emb = tensors.get("embedding.word_embeddings.weight", tensors.get("output_layer.weight"))
     vocab_padded = emb.shape[0] * ranks.tp_size if emb is not None else None
     n = nbytes = 0
     with torch.no_grad():
         for name, local in mapping.hf_to_mcore(
-            mc, ckpt.get, ranks.tp_rank, ranks.tp_size, targets=targets, vocab_size_padded=vocab_padded,
+            mc, get, ranks.tp_rank, ranks.tp_size, targets=targets, vocab_size_padded=vocab_padded,
             layer_map=lambda i: l2g.get(i, i), expert_offset=ranks.ep_rank * n_local, tp_override=override,
         ):
             dst = tensors[name]

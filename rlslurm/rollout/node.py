@@ -81,6 +81,15 @@ def receiver_args(plan: WeightSyncPlan) -> tuple[str, ...]:
     return ("--custom-weight-loader", LOADER)
 
 
+def quantization_args(plan: WeightSyncPlan, sglang_args: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """An FP8 --hf-checkpoint (`plan.fp8_block`): SGLang's --quantization fp8, said on the command line
+    (SGLang would also read it off config.json), unless the passthrough says it (checked at submit:
+    settings/low_precision.py `check_engine_quantization`)."""
+    if plan.fp8_block is None or any(a.split("=", 1)[0] == "--quantization" for a in sglang_args):
+        return ()
+    return ("--quantization", "fp8")
+
+
 def colocate_args(cfg: RunConfig) -> tuple[str, ...]:
     """--colocate on GPUs: SGLang frees its weights and KV cache on /release_memory_occupation only
     through torch_memory_saver, which --enable-memory-saver turns on (on CPU it needs libcuda, and
@@ -134,12 +143,13 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     tp = cfg.rollout.rollout_num_gpus_per_engine
     ncpu = ncpu or os.cpu_count() or 1
     cuda = cfg.run.device == "cuda"
+    plan = weight_sync_plan(cfg)
     # what every engine of the run shares
     common = dict(model_path=str(cfg.model.hf_checkpoint), host=host, api_key=api_key,
                   dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
                   allow_untested_sglang=cfg.rollout.allow_untested_sglang,
-                  extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(weight_sync_plan(cfg)),
-                              *colocate_args(cfg)))
+                  extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(plan),
+                              *quantization_args(plan, cfg.sglang_args), *colocate_args(cfg)))
     span = nodes_per_engine(cfg)
     if span > 1:
         first, rank = node - node % span, node % span

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rlslurm.settings.low_precision import fp8_block
+
 # What can deliver a version, as the transport record names it (control/weight_version.json, each
 # `Delivered` in metrics.jsonl: trainer/weights/record.py): a broadcast group's backend, CUDA IPC
 # (--colocate on GPUs) or its CPU twin memfd, HF files on disk (--weight-sync disk, or the fallback),
@@ -52,6 +54,12 @@ class WeightSyncPlan:
     timeout_s: float = 300.0
     # --verify-weight-sync: the greedy probe after each publish. Consumer: trainer/weights/delivery.py.
     verify: bool = False
+    # --hf-checkpoint is block-wise FP8 (settings/low_precision.py `fp8_block`): the engines serve FP8
+    # (SGLang reads the checkpoint's quantization_config; rollout/node.py adds --quantization fp8), so
+    # what is synced or written for them is FP8 in these weight blocks plus `_scale_inv` tensors, the
+    # checkpoint's names (convert/fp8.py `Fp8Export`). None: the trainer's dtype, unquantized.
+    # Consumers: trainer/weights/factory.py (the publishers' quantizer), rollout/node.py (engine flags).
+    fp8_block: tuple[int, int] | None = None
 
     @property
     def by_disk(self) -> bool:
@@ -93,13 +101,14 @@ def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", 
 RECEIVER_PROVEN = ("qwen3", "qwen3_moe")
 
 
-def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool) -> Literal["sglang", "rlslurm"]:
+def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool, fp8: bool = False) -> Literal["sglang", "rlslurm"]:
     """What `--update-weight-receiver auto` becomes (settled at submit, resolve.py, and kept in run.yaml):
     rlslurm's receiver on GPUs for the families proven there, over NCCL (the runs above; engines sharing
     the trainer's GPUs broadcast over gloo, not proven with it), SGLang's per-bucket loader elsewhere (CPU
     engines included: the CPU suite keeps SGLang's path as its default and tests the receiver by name).
-    --colocate's IPC transport loads through the receiver whatever this says (`engine_loader`)."""
-    proven = device == "cuda" and hf_model_type in RECEIVER_PROVEN and not shares_gpus
+    --colocate's IPC transport loads through the receiver whatever this says (`engine_loader`). An FP8
+    sync (`fp8`) keeps SGLang's loader: the receiver's runs above were bf16 (docs/low-precision.md)."""
+    proven = device == "cuda" and hf_model_type in RECEIVER_PROVEN and not shares_gpus and not fp8
     return "rlslurm" if proven else "sglang"
 
 
@@ -118,4 +127,5 @@ def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
     return WeightSyncPlan(method=t.weight_sync, transport=transport, backend=backend,
                           receiver=receiver, bucket_bytes=t.update_weight_buffer_size,
                           flattened=t.update_weight_flattened_bucket, fallback=t.weight_sync_fallback,
-                          timeout_s=t.weight_sync_timeout_s, verify=t.verify_weight_sync)
+                          timeout_s=t.weight_sync_timeout_s, verify=t.verify_weight_sync,
+                          fp8_block=fp8_block(cfg.model.hf_checkpoint))

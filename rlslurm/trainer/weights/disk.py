@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,9 +32,12 @@ def version_dir(weights_dir: Path, version: int) -> Path:
 
 
 def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: Path | None = None,
-              dtype: torch.dtype | None = None) -> bool:
+              dtype: torch.dtype | None = None, fp8: Any = None) -> bool:
     """The model in HF format into `target` (config.json from `hf_dir` or the model config, and its
     tokenizer files): built beside it and renamed into place complete, replacing an older `target`.
+    `fp8` (convert/fp8.py `Fp8Export`): the weights in the FP8 layout of the checkpoint it was read
+    off, config.json's quantization_config kept, so SGLang loads it as it loaded `hf_dir`; None:
+    unquantized tensors, and config.json without a quantization_config (--save-hf of an FP8 run).
     Collective over the trainer (the export gathers over TP/ETP/EP and PP); returns whether this rank wrote."""
     from megatron.core import parallel_state as ps
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
@@ -43,13 +47,17 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
     roles = export_roles()
     writer = roles.sender and ps.get_pipeline_model_parallel_rank() == 0
     if roles.exporter:  # every member of every TP/ETP/EP gather (DP 0 and, with experts, the DP ranks they reach)
-        stream = stages_to_first(mcore_to_hf(mc, model, dtype=dtype), sender=roles.sender)
+        stream = mcore_to_hf(mc, model, dtype=dtype)
+        if fp8 is not None:  # on each stage's own exporter, before the layers travel to stage 0
+            stream = fp8.quantize(stream)
+        stream = stages_to_first(stream, sender=roles.sender)
         if writer:
             target = Path(target)
             tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             target.parent.mkdir(parents=True, exist_ok=True)
-            save_hf_checkpoint(stream, tmp, config=hf_config(mc, hf_dir), copy_aux_from=hf_dir)
+            save_hf_checkpoint(stream, tmp, config=hf_config(mc, hf_dir, quantized=fp8 is not None),
+                               copy_aux_from=hf_dir)
             if target.exists():  # the same version again after a resume
                 shutil.rmtree(target)
             os.replace(tmp, target)
@@ -61,9 +69,14 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
     return writer
 
 
-def hf_config(mc: ModelConfig, hf_dir: Path | None) -> dict:
+def hf_config(mc: ModelConfig, hf_dir: Path | None, *, quantized: bool = False) -> dict:
+    """config.json of an export: `hf_dir`'s, whose quantization_config stays only if the tensors
+    written are quantized the same way (`quantized`)."""
     if hf_dir is not None and (Path(hf_dir) / "config.json").exists():
-        return json.loads((Path(hf_dir) / "config.json").read_text())
+        cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+        if not quantized:
+            cfg.pop("quantization_config", None)
+        return cfg
     from rlslurm.tiny import hf_config_dict
 
     return hf_config_dict(mc)
@@ -71,15 +84,18 @@ def hf_config(mc: ModelConfig, hf_dir: Path | None) -> dict:
 
 class DiskPublisher:
     def __init__(self, mc: ModelConfig, weights_dir: Path, control: Control | None, *,
-                 hf_dir: Path | None = None, dtype: torch.dtype | None = None, keep: int = 2):
+                 hf_dir: Path | None = None, dtype: torch.dtype | None = None, keep: int = 2, fp8: Any = None):
+        """`fp8`: the engines serve an FP8 checkpoint, so the versions are written in its layout
+        (`export_hf`)."""
         self.mc, self.weights_dir, self.control = mc, Path(weights_dir), control
         self.hf_dir, self.dtype, self.keep = (Path(hf_dir) if hf_dir else None), dtype, keep
+        self.fp8 = fp8
 
     def publish(self, model: torch.nn.Module, version: int, *, record: bool = True) -> Delivered:
         """`record`: write control/weight_version.json (the driver then loads the files); the broadcast
         publisher's fallback records the version itself, once an engine has loaded it."""
         writer = export_hf(self.mc, model, version_dir(self.weights_dir, version), hf_dir=self.hf_dir,
-                           dtype=self.dtype)
+                           dtype=self.dtype, fp8=self.fp8)
         if writer:
             self._prune(version)
         if writer and record and self.control is not None:

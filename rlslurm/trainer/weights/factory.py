@@ -18,7 +18,8 @@ def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Pa
                   no_engines: bool, ending: Callable[[], bool], note: Callable[[str], None]) -> WeightPublisher:
     """`st`: the trainer's state (trainer/setup.py): the model config and the parameters' dtype;
     `replay`: --load-debug-rollout-data; `no_engines`: the run starts none."""
-    disk = DiskPublisher(st.mc, control.run.weights_dir, control, hf_dir=hf_dir, dtype=st.tcfg.params_dtype)
+    fp8 = fp8_export(plan, hf_dir)
+    disk = DiskPublisher(st.mc, control.run.weights_dir, control, hf_dir=hf_dir, dtype=st.tcfg.params_dtype, fp8=fp8)
     if plan.by_disk:
         return disk  # also in replay: the trained weights are then on disk to evaluate
     if replay:
@@ -28,7 +29,7 @@ def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Pa
         return VersionRecorder(control)
     rd = control.run
     common = dict(api_key=rd.api_key() if rd.api_key_file.exists() else None,
-                  opts=SyncOptions.from_plan(plan, dtype=st.tcfg.params_dtype),
+                  opts=SyncOptions.from_plan(plan, dtype=st.tcfg.params_dtype, fp8=fp8),
                   fallback=disk if plan.fallback == "disk" else None, attempt=job_env().attempt,
                   ending=ending, note=note)
     if plan.transport == "ipc":  # --colocate: in place on each GPU
@@ -38,3 +39,13 @@ def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Pa
     from rlslurm.trainer.weights.broadcast import broadcast_publisher
 
     return broadcast_publisher(st.mc, control, **common)
+
+
+def fp8_export(plan: WeightSyncPlan, hf_dir: Path | None) -> Any:
+    """The plan's FP8 sync (an FP8 --hf-checkpoint): which weights to quantize, read off that
+    checkpoint's tensors (convert/fp8.py `Fp8Export`); None for an unquantized one."""
+    if plan.fp8_block is None or hf_dir is None:
+        return None
+    from rlslurm.convert.fp8 import Fp8Export
+
+    return Fp8Export.of_checkpoint(hf_dir, plan.fp8_block)
