@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tests.deliveries import assert_delivered_by
 from tests.fp8_ckpt import make_fp8_checkpoint
+from tests.gpu.demo_runs import rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logs, metrics, probes
-from tests.gpu.test_gpu_grpo import rlslurm_run, transport, where
 
 
 def test_fp8_checkpoint_serves_and_syncs_fp8(tmp_path: Path) -> None:
