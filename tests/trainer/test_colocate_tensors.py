@@ -96,3 +96,26 @@ def test_gradients_are_dropped_not_copied_and_the_next_step_is_the_same() -> Non
     _step(twin)
     for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
         assert torch.equal(p, q)  # every step zeroes the buffer first: its old contents were dead
+
+
+def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None:
+    """`--no-offload-train` (run.offload_train False) keeps every tensor where it is from the start of a
+    colocated run; unset, the trainer's tensors leave for host memory before the first rollout."""
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
+    from rlslurm.trainer.turns import ColocatedTurn
+
+    for setting, moved in ((None, True), (True, True), (False, False)):
+        st = _state()
+        _step(st)
+        st.device = torch.device("cpu")
+        rd = RunDir.create(tmp_path / f"run-{setting}")
+        trainer = SimpleNamespace(st=st, rd=rd, control=Control(rd), rank=0, plan=SimpleNamespace(timeout_s=5.0),
+                                  attempt_ending=lambda: False, delivery=SimpleNamespace(pending=None),
+                                  cfg=SimpleNamespace(run=SimpleNamespace(offload_train=setting)))
+        turn = ColocatedTurn.start(trainer)
+        try:
+            weight = st.actor.model[0].weight
+            assert turn.colo.offload is moved and (weight.untyped_storage().nbytes() == 0) is moved, setting
+        finally:
+            turn.close()
