@@ -44,6 +44,20 @@ def test_a_deferred_publish_comes_first(tmp_path):
     assert t._poll(3) == Publish(3)
 
 
+def test_a_deferred_publish_reaches_a_restarted_engine_once(tmp_path):
+    """A version deferred (it reached no engine, or a resume) goes to every healthy engine, the restarted
+    one awaiting weights too: not a second time as that engine's republish while its record still says
+    awaiting (seen on a GPU: v2 copied twice to a restarted colocated engine)."""
+    t = trainer(tmp_path, published=2)
+    t.delivery.pending = 3
+    engines(t.control)  # B restarted, awaiting weights
+    assert t._poll(3) == Publish(3)
+    t.delivery.delivered(3)  # what the publish records once it went out
+    assert t._poll(3) is Next.WAIT  # B's record says awaiting until its supervisor admits it
+    engines(t.control, b_restarts=2)  # restarted again since: that one gets it again
+    assert t._poll(3) == Publish(3, again=True)
+
+
 def test_deferred_publish_waits_for_an_engine_even_past_the_sync_timeout(tmp_path):
     """A resumed trainer whose engines start slower than --weight-sync-timeout-s must not publish to
     nobody: engines that come up afterwards would serve the HF weights, the driver would wait for the

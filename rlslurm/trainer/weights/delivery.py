@@ -110,7 +110,14 @@ class WeightDelivery:
         """What to publish while the trainer waits for a rollout, if anything; `weight_version`: the
         trainer's weights now; `seen`: the poll's listing of control/ (buffer/control.py `Listing`)."""
         if self.pending is not None:
-            return Publish(self.pending) if self.engines_ready() else None
+            if not self.engines_ready():
+                return None
+            # it goes to every healthy engine, restarted ones awaiting weights too: none of them gets it
+            # again below (a colocated engine killed in the turn got v2 twice on a GPU, 0.03 s apart:
+            # bench/results/colocate-faults-h100x4.md)
+            self._republished.update((e.url, e.restarts) for e in self.control.engines(seen)
+                                     if e.healthy and e.awaiting_weights)
+            return Publish(self.pending)
         behind = self._awaiting(weight_version, seen)
         if not behind:
             return None
