@@ -43,10 +43,9 @@ While the engines are released they cannot answer a health check (SGLang's
 /health generates a token), so rank 0 holds the weight-update bracket (control/weight_update.json,
 engines/update_watch.py) for the whole window and renews it in a thread while the trainer trains.
 
-Tensors move by storage: each distinct storage is copied to host memory and resized to 0 bytes,
-then resized and copied back, so every view (megatron's params are views into its contiguous
-buffers) is valid again afterwards, bit for bit. On --device cpu nothing lives on a GPU and the
-moves are empty; the engines' release then only flushes their cache (docs/sglang-behaviour.md).
+What moves and how: trainer/tensor_sets.py (by storage, every view valid again afterwards). On
+--device cpu the same moves run within host memory (what the CPU tests exercise); the engines'
+release then only flushes their cache (docs/sglang-behaviour.md).
 """
 
 from __future__ import annotations
@@ -56,11 +55,13 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+
+from rlslurm.trainer.tensor_sets import (TensorSet, grad_tensors, other_tensors, trainer_tensor_sets,
+                                         warm_process_groups)
 
 log = logging.getLogger(__name__)
 
@@ -71,166 +72,6 @@ SAVE_RELEASE_S = 10.0  # each engine call of the release before the job's last s
                        # save must fit SLURM's KillWait; engines gone with the job refuse at once
 GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as gone (SGLang ends a
                     # spanning engine's rank 0 about 6 s after another rank died: docs/sglang-behaviour.md)
-
-
-# --- the trainer's tensors ----------------------------------------------------------------------
-
-def _torch_optimizers(opt: Any) -> Iterator[torch.optim.Optimizer]:
-    """The torch optimizers inside megatron's wrappers (chained, mixed precision, distributed)."""
-    if opt is None:
-        return
-    if hasattr(opt, "chained_optimizers"):
-        for o in opt.chained_optimizers:
-            yield from _torch_optimizers(o)
-    elif isinstance(opt, torch.optim.Optimizer):
-        yield opt
-    elif hasattr(opt, "optimizer"):
-        yield from _torch_optimizers(opt.optimizer)
-
-
-def module_tensors(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
-    """Params and buffers (not gradients: `module_grads`)."""
-    if module is None:
-        return
-    for p in module.parameters():
-        yield p.data
-    # nn.Module's own: megatron's DDP shadows `buffers` with its list of param/grad buffers, whose
-    # storages the params and main grads already reach
-    yield from torch.nn.Module.buffers(module)
-
-
-def module_grads(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
-    """megatron's main grads (`param.main_grad`, a view of its grad buffer) and any `.grad`."""
-    if module is None:
-        return
-    for p in module.parameters():
-        g = getattr(p, "main_grad", None)
-        if isinstance(g, torch.Tensor):
-            yield g
-        if p.grad is not None:
-            yield p.grad
-
-
-def optimizer_tensors(opt: Any) -> Iterator[torch.Tensor]:
-    """Every tensor an optimizer holds: its (fp32 main) params and its state (Adam's moments)."""
-    for o in _torch_optimizers(opt):
-        for group in o.param_groups:
-            yield from (p.data for p in group["params"])
-        for state in o.state.values():
-            yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-
-
-@dataclass
-class _Stored:
-    storage: torch.UntypedStorage
-    nbytes: int
-    host: torch.Tensor | None = None  # kept across rollouts: pinning gigabytes anew each time is slow
-    on_host: bool = False  # off the device (for a scratch set: dropped)
-
-
-@dataclass
-class TensorSet:
-    """Distinct storages on `device`, moved to host memory and back as a whole. A `scratch` set's
-    contents are not kept: its storages are freed on the offload and come back as zeros (the gradient
-    buffers: every step zeroes them before its first backward, trainer/step.py, so their contents between
-    steps are dead; copying them was a quarter of each move, qwen3-1.7B)."""
-
-    device: torch.device
-    stored: list[_Stored] = field(default_factory=list)
-    scratch: bool = False
-
-    @classmethod
-    def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: tuple["TensorSet", ...] = (),
-           scratch: bool = False) -> "TensorSet":
-        out = cls(device, scratch=scratch)
-        out.add(tensors, exclude=exclude)
-        return out
-
-    def add(self, tensors: Iterable[torch.Tensor], *, exclude: tuple["TensorSet", ...] = ()) -> int:
-        """The storages of `tensors` on the device not in this set (nor in `exclude`) yet; their bytes.
-        Identity is the storage itself (`_cdata`), which a move keeps, not its address, which it changes."""
-        seen = {s.storage._cdata for s in (*self.stored, *(x for e in exclude for x in e.stored))}
-        added = 0
-        for t in tensors:
-            st = t.untyped_storage()
-            if t.device != self.device or st.nbytes() == 0 or st._cdata in seen:
-                continue
-            seen.add(st._cdata)
-            self.stored.append(_Stored(st, st.nbytes()))
-            added += st.nbytes()
-        return added
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.stored)
-
-    @property
-    def offloaded(self) -> bool:
-        return any(s.on_host for s in self.stored)
-
-    def offload(self) -> int:
-        pin = self.device.type == "cuda"
-        for s in self.stored:
-            if s.on_host:
-                continue
-            if not self.scratch:
-                if s.host is None:
-                    s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
-                s.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage))
-            s.storage.resize_(0)
-            s.on_host = True
-        return self.nbytes
-
-    def onload(self) -> int:
-        for s in self.stored:
-            if not s.on_host:
-                continue
-            s.storage.resize_(s.nbytes)
-            view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage)
-            view.zero_() if self.scratch else view.copy_(s.host)
-            s.on_host = False
-        return self.nbytes
-
-
-def other_tensors(st: Any) -> list[torch.Tensor]:
-    """Everything of the trainer's kept across a move but the actor's params: optimizer states, ref, critic."""
-    rest: list[torch.Tensor] = [*module_tensors(st.actor.model), *optimizer_tensors(st.actor.optimizer),
-                                *module_tensors(st.ref)]
-    if st.critic is not None:
-        rest += [*module_tensors(st.critic.model), *optimizer_tensors(st.critic.optimizer)]
-    return rest
-
-
-def grad_tensors(st: Any) -> list[torch.Tensor]:
-    """The gradients (actor and critic): scratch between steps."""
-    return [*module_grads(st.actor.model), *module_grads(st.critic.model if st.critic is not None else None)]
-
-
-def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet, TensorSet]:
-    """(the actor's params, the gradients (scratch), everything else on `device`)."""
-    params = TensorSet.of((p.data for p in st.actor.model.parameters()), device)
-    grads = TensorSet.of(grad_tensors(st), device, exclude=(params,), scratch=True)
-    return params, grads, TensorSet.of(other_tensors(st), device, exclude=(params, grads))
-
-
-def warm_process_groups(device: torch.device, *, experts: bool) -> None:
-    """One tiny all-reduce on the groups megatron reduces gradients over, while the GPU has room. NCCL
-    makes a group's communicator at its first collective and allocates its buffers with plain
-    cudaMalloc, which torch's caching allocator cannot give back to; megatron's first gradient
-    all-reduce comes at the end of the first backward, when that cache holds the memory the released
-    engines left, and NCCL's allocation failed there ("Failed to CUDA calloc 536870912 bytes",
-    qwen3-1.7B at 9216 tokens per micro-batch, colocated on one H100). Only those groups: each
-    communicator keeps its buffers (warming every megatron group kept 3.4 GiB more on the GPU)."""
-    from megatron.core import parallel_state as ps
-
-    groups = [ps.get_data_parallel_group(with_context_parallel=True)]  # DDP's gradient buckets
-    if experts:
-        groups.append(ps.get_expert_data_parallel_group())  # the experts' gradient buckets
-    if ps.get_pipeline_model_parallel_world_size() > 1 and ps.is_rank_in_embedding_group():
-        groups.append(ps.get_embedding_group())  # tied embeddings' gradients across the first/last stage
-    for g in groups:
-        dist.all_reduce(torch.zeros(1, device=device), group=g)
-    torch.cuda.synchronize(device)
 
 
 # --- the phases ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""--colocate's tensor moves (rlslurm/trainer/colocate.py) without engines: state the trainer makes after
+"""--colocate's tensor moves (rlslurm/trainer/tensor_sets.py) without engines: state the trainer makes after
 the sets were taken (Adam's moments appear at the first step) moves too once added, a storage already
 in a set is recognised after it has been moved (its address changes, its identity does not), and the
 gradient buffer (megatron's `main_grad` views, zeroed before every step's backward) is dropped on the
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rlslurm.trainer.colocate import grad_tensors, other_tensors, trainer_tensor_sets
+from rlslurm.trainer.tensor_sets import grad_tensors, other_tensors, trainer_tensor_sets
 
 
 def _state() -> SimpleNamespace:
