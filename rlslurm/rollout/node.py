@@ -37,6 +37,7 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
+from rlslurm.engines.sglang_flags import flag_value
 from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.turn_watch import TurnHold
@@ -85,7 +86,7 @@ def quantization_args(plan: WeightSyncPlan, sglang_args: list[str] | tuple[str, 
     """An FP8 --hf-checkpoint (`plan.fp8_block`): SGLang's --quantization fp8, said on the command line
     (SGLang would also read it off config.json), unless the passthrough says it (checked at submit:
     settings/low_precision.py `check_engine_quantization`)."""
-    if plan.fp8_block is None or any(a.split("=", 1)[0] == "--quantization" for a in sglang_args):
+    if plan.fp8_block is None or flag_value(sglang_args, "--quantization") is not None:
         return ()
     return ("--quantization", "fp8")
 
