@@ -499,7 +499,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
             _need(res, strict, "--prompt-data is required (a .jsonl or .parquet file of prompts, or a directory "
                                "of them)")
         else:
-            from rlslurm.rollout.data import validate_prompt_file
+            from rlslurm.rollout.prompt_records import validate_prompt_file
 
             # the file without slime's @[START:END] slice (rlslurm/settings/prompt_slice.py)
             if parse_prompt_spec(d.prompt_data).path.exists() or strict:
@@ -515,7 +515,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         res.warnings.append(f"--eval-config {d.eval_config} does not exist (here)")
     else:
         flag = "--eval-config" if d.eval_config is not None else "--eval-prompt-data"
-        from rlslurm.rollout.data import validate_prompt_file
+        from rlslurm.rollout.prompt_records import validate_prompt_file
 
         for ds in eval_datasets(cfg):
             if parse_prompt_spec(ds.path, flag).path.exists() or strict:
@@ -555,7 +555,7 @@ def _check_prompt_supply(cfg: RunConfig, notes: list[str]) -> None:
     out ends the run early (control/data_exhausted.json). Not given: the prompts cycle, reshuffled per
     epoch with --rollout-shuffle, as slime's data source does; one note says how many epochs that is.
     A replay generates nothing."""
-    from rlslurm.rollout.data import count_records
+    from rlslurm.rollout.prompt_records import count_records
 
     d, r = cfg.data, cfg.rollout
     if cfg.train.load_debug_rollout_data is not None:

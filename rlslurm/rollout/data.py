@@ -10,6 +10,8 @@ A prompt file can be far larger than memory, so records are never loaded whole:
 - A directory: its shards as one sequence, or a `datasets` save_to_disk directory
   (rlslurm/rollout/data_dirs.py).
 
+The readers and the checks of a record are rlslurm/rollout/prompt_records.py.
+
 Shuffling permutes record numbers with a generator seeded by (seed, epoch), so the
 order of any epoch can be recomputed from three integers. For parquet the permutation
 is two-level (row groups in random order, rows shuffled inside each group) so that
@@ -24,36 +26,35 @@ first, then the permutation from the saved position.
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.plugins import load_object
-from rlslurm.rollout import data_dirs
+from rlslurm.rollout.prompt_records import (
+    BadRecord,
+    ParquetRecords,
+    PromptText,
+    as_json_value,
+    as_messages,
+    check_exists,
+    empty_slice,
+    file_format,
+    fingerprint,
+    key_columns,
+    open_records,
+)
 from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 
 log = logging.getLogger(__name__)
 
 CURSOR_VERSION = 1
-JSONL_SUFFIXES = (".jsonl", ".json")
-PARQUET_SUFFIXES = (".parquet",)
-_INDEX_CHUNK = 16 << 20
-# One record (line) of a JSON Lines prompt file is read whole; past this it is refused instead. A
-# prompt fits a model's context (128k tokens are < 1 MiB of text, an inline base64 image a few MiB):
-# a longer line is a file that is not JSON Lines (one JSON array, no newlines), read whole otherwise.
-MAX_LINE_BYTES = 64 << 20
-_FINGERPRINT_BYTES = 64 << 10
 _MAX_LENIENT_WARNINGS = 10
-
-PromptText = str | list[dict[str, Any]]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -195,217 +196,6 @@ class DataSource(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
-# --------------------------------------------------------------------------- records
-
-
-class _BadRecord(Exception):
-    """A record that cannot be parsed (strict: DataError; lenient: counted and skipped)."""
-
-    def __init__(self, where: str, message: str):
-        self.where = where
-        self.message = message
-        super().__init__(f"{where}: {message}")
-
-
-def _file_format(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix in JSONL_SUFFIXES:
-        return "jsonl"
-    if suffix in PARQUET_SUFFIXES:
-        return "parquet"
-    raise DataError(str(path), f"unsupported prompt file type {suffix or '(no suffix)'!r}; use .jsonl or .parquet")
-
-
-def _check_exists(path: Path, flag: str = "--prompt-data") -> None:
-    if not path.exists():
-        raise DataError(str(path), f"prompt file does not exist{data_dirs.missing_path_hint(path, flag)}")
-    if not path.is_file() and not path.is_dir():
-        raise DataError(str(path), "prompt data path is not a file or a directory")
-
-
-def _file_digest(path: Path) -> dict[str, Any]:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        h.update(f.read(_FINGERPRINT_BYTES))
-    return {"size": path.stat().st_size, "head_sha1": h.hexdigest()}
-
-
-def _fingerprint(path: Path, n_records: int, flag: str = "--prompt-data") -> dict[str, Any]:
-    """Cheap identity of the data: a cursor into another file (or other shards) is meaningless."""
-    if path.is_dir():
-        return {"records": int(n_records), "shards": data_dirs.dir_digest(path, flag, _file_digest)}
-    digest = _file_digest(path)
-    return {"size": digest["size"], "records": int(n_records), "head_sha1": digest["head_sha1"]}
-
-
-def _open_records(path: Path, columns: Sequence[str], required: Sequence[tuple[str, str]],
-                  flag: str = "--prompt-data") -> "_JsonlRecords | _ParquetRecords | data_dirs.ShardedRecords":
-    """A reader of the records at `path`: a .jsonl/.parquet file, or a directory (data_dirs)."""
-    def open_file(p: Path) -> _JsonlRecords | _ParquetRecords:
-        return _JsonlRecords(p) if _file_format(p) == "jsonl" else _ParquetRecords(p, columns, required)
-
-    return data_dirs.open_dir(path, open_file, columns, required, flag) if path.is_dir() else open_file(path)
-
-
-def _key_columns(input_key: str, label_key: str | None, *more: str | None) -> tuple[list[str], list[tuple[str, str]]]:
-    """The columns a columnar reader decodes, and those a record must have (with their flags)."""
-    required = [(input_key, "--input-key")] + ([(label_key, "--label-key")] if label_key else [])
-    return [c for c in (input_key, label_key, *more) if c], required
-
-
-class _JsonlRecords:
-    """Random access to the non-empty lines of a JSON Lines file through an offset index."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offsets, self.line_numbers = self._build_index(path)
-        self._fh = open(path, "rb")
-
-    @staticmethod
-    def _build_index(path: Path) -> tuple[np.ndarray, np.ndarray]:
-        offsets: list[np.ndarray] = []
-        lines: list[np.ndarray] = []
-        start = 0  # byte offset where the current (unterminated) line starts
-        line_no = 1  # its 1-based line number
-        pos = 0
-        with open(path, "rb") as f:
-            while chunk := f.read(_INDEX_CHUNK):
-                nl = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10).astype(np.int64) + pos
-                if nl.size:
-                    starts = np.empty_like(nl)
-                    starts[0] = start
-                    starts[1:] = nl[:-1] + 1
-                    keep = nl > starts  # drop empty lines here; whitespace-only ones at read time
-                    offsets.append(starts[keep])
-                    lines.append(np.arange(line_no, line_no + nl.size, dtype=np.int64)[keep])
-                    start = int(nl[-1]) + 1
-                    line_no += int(nl.size)
-                pos += len(chunk)
-        if pos > start:  # last line without a trailing newline
-            offsets.append(np.array([start], dtype=np.int64))
-            lines.append(np.array([line_no], dtype=np.int64))
-        if not offsets:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        return np.concatenate(offsets), np.concatenate(lines)
-
-    def __len__(self) -> int:
-        return int(self.offsets.shape[0])
-
-    def where(self, i: int) -> str:
-        return f"{self.path}:{int(self.line_numbers[i])}"
-
-    def read(self, i: int) -> dict[str, Any] | None:
-        """The record's object, None for a whitespace-only line; _BadRecord if unparseable."""
-        offset = int(self.offsets[i])
-        self._fh.seek(offset)
-        raw = self._fh.readline(MAX_LINE_BYTES + 1)
-        where = self.where(i)
-        if _too_long(raw):
-            raise _BadRecord(where, _too_long_message(raw))
-        try:
-            # editors on Windows start files with a byte-order mark; json.loads rejects it
-            text = raw.decode("utf-8-sig" if offset == 0 else "utf-8")
-        except UnicodeDecodeError as e:
-            raise _BadRecord(where, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-        if not text.strip():
-            return None
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise _BadRecord(where, f"invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(obj, dict):
-            hint = ""
-            if text.lstrip()[:1] == "[":
-                hint = " (a JSON array file is not JSON Lines: write one object per line)"
-            raise _BadRecord(where, f"expected a JSON object, got {type(obj).__name__}{hint}")
-        return obj
-
-    def close(self) -> None:
-        self._fh.close()
-
-
-class _ParquetRecords:
-    """Random access to parquet rows, decoding one row group at a time."""
-
-    _CACHE = 2
-
-    def __init__(self, path: Path, columns: Sequence[str], required: Sequence[tuple[str, str]]):
-        import pyarrow.parquet as pq
-
-        self.path = path
-        try:
-            self._pf = pq.ParquetFile(path)
-        except Exception as e:
-            raise DataError(str(path), f"cannot read parquet file: {e}") from None
-        names = self._pf.schema_arrow.names
-        for key, flag in required:
-            if key not in names:
-                raise DataError(str(path), f"no column {key!r} for {flag} (columns: {', '.join(names)})")
-        self.columns = [c for c in dict.fromkeys(columns) if c in names]
-        md = self._pf.metadata
-        sizes = np.array([md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
-        self.group_sizes = sizes
-        self.group_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self._cache: collections.OrderedDict[int, list[dict[str, Any]]] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return int(self.group_starts[-1])
-
-    def where(self, i: int) -> str:
-        return f"{self.path}:row {i + 1}"
-
-    def _group(self, g: int) -> list[dict[str, Any]]:
-        rows = self._cache.get(g)
-        if rows is None:
-            try:
-                rows = self._pf.read_row_group(g, columns=self.columns).to_pylist()
-            except Exception as e:
-                raise DataError(f"{self.path}:row group {g}", f"cannot decode: {e}") from None
-            self._cache[g] = rows
-            while len(self._cache) > self._CACHE:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(g)
-        return rows
-
-    def read(self, i: int) -> dict[str, Any] | None:
-        g = int(np.searchsorted(self.group_starts, i, side="right") - 1)
-        return self._group(g)[i - int(self.group_starts[g])]
-
-    def close(self) -> None:
-        self._cache.clear()
-
-
-# --------------------------------------------------------------------------- fields
-
-
-def _as_messages(value: Any, where: str, key: str) -> PromptText:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
-        for k, m in enumerate(value):
-            if "role" not in m or "content" not in m:
-                raise DataError(where, f"{key!r} message {k} needs 'role' and 'content', has {sorted(m)}")
-        return value
-    raise DataError(where, f"{key!r} must be a string or a non-empty list of {{role, content}} messages, "
-                           f"got {type(value).__name__}")
-
-
-def _as_json_value(value: Any, where: str, key: str, kind: type) -> Any:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise DataError(where, f"{key!r} is a string but not valid JSON: {e.msg}") from None
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if not isinstance(value, kind):
-        raise DataError(where, f"{key!r} must be a {kind.__name__} (or its JSON text), got {type(value).__name__}")
-    return value
-
-
 def _load_tokenizer(tokenizer: Any) -> Any:
     if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
@@ -451,9 +241,9 @@ class PromptSource:
         # `path` may carry slime's @[START:END] slice (rlslurm/settings/prompt_slice.py)
         self.spec: PromptSpec = parse_prompt_spec(path, flag)
         self.path = self.spec.path
-        _check_exists(self.path, flag)
+        check_exists(self.path, flag)
         if self.path.is_file():
-            _file_format(self.path)  # an unknown suffix is refused before anything else
+            file_format(self.path)  # an unknown suffix is refused before anything else
         if num_epochs is not None and num_epochs < 1:
             raise ConfigError(f"--num-epoch must be >= 1, got {num_epochs}")
         if max_prompt_len is not None and max_prompt_len < 1:
@@ -478,17 +268,17 @@ class PromptSource:
             buffer_filter = load_object(buffer_filter, what="--buffer-filter-path")
         self.buffer_filter: BufferFilter = buffer_filter or pop_first
 
-        columns, required = _key_columns(input_key, label_key, metadata_key, tool_key)
-        self._records = _open_records(self.path, columns, required, flag)
+        columns, required = key_columns(input_key, label_key, metadata_key, tool_key)
+        self._records = open_records(self.path, columns, required, flag)
         self.file_records = len(self._records)
         if self.file_records == 0:
             raise DataError(str(self.path), "prompt file has no records")
-        self._fingerprint = _fingerprint(self.path, self.file_records, flag)
+        self.fingerprint = fingerprint(self.path, self.file_records, flag)
         # the records served: [lo, hi) of the file; record numbers (Prompt.index) stay the file's
         self._lo, self._hi = self.spec.bounds(self.file_records)
         self.num_records = self._hi - self._lo
         if self.num_records == 0:
-            raise ConfigError(f"{flag} {self.spec}: {_empty_slice(self.file_records)}")
+            raise ConfigError(f"{flag} {self.spec}: {empty_slice(self.file_records)}")
 
         self.epoch = 0
         self.position = 0
@@ -510,7 +300,7 @@ class PromptSource:
             order = np.arange(lo, hi, dtype=np.int64)
         else:
             rng = np.random.default_rng([self.seed, epoch])
-            if isinstance(self._records, _ParquetRecords) and len(self._records.group_sizes) > 1:
+            if isinstance(self._records, ParquetRecords) and len(self._records.group_sizes) > 1:
                 # each row group clipped to the slice (empty ones kept: the draws of an unsliced file
                 # must not change, or a resumed cursor would point into another order)
                 g0 = np.clip(self._records.group_starts[:-1], lo, hi)
@@ -595,7 +385,7 @@ class PromptSource:
         where = self._records.where(record)
         try:
             obj = self._records.read(record)
-        except _BadRecord as e:
+        except BadRecord as e:
             if self.strict:
                 raise DataError(e.where, f"{e.message} (--no-data-strict counts and skips bad lines)") from None
             self.counters["malformed"] += 1
@@ -610,7 +400,7 @@ class PromptSource:
         value = obj.get(self.input_key)
         if value is None:
             raise DataError(where, f"missing input key {self.input_key!r} (--input-key); record has {sorted(obj)}")
-        prompt = _as_messages(value, where, self.input_key)
+        prompt = as_messages(value, where, self.input_key)
         label = None
         if self.label_key is not None:
             label = obj.get(self.label_key)
@@ -618,10 +408,10 @@ class PromptSource:
                 raise DataError(where, f"missing label key {self.label_key!r} (--label-key); record has {sorted(obj)}")
         metadata: dict[str, Any] = {}
         if self.metadata_key is not None and obj.get(self.metadata_key) is not None:
-            metadata = _as_json_value(obj[self.metadata_key], where, self.metadata_key, dict)
+            metadata = as_json_value(obj[self.metadata_key], where, self.metadata_key, dict)
         tools = None
         if self.tool_key is not None and obj.get(self.tool_key) is not None:
-            tools = _as_json_value(obj[self.tool_key], where, self.tool_key, list)
+            tools = as_json_value(obj[self.tool_key], where, self.tool_key, list)
 
         messages = None
         prompt_ids = None
@@ -652,7 +442,7 @@ class PromptSource:
         return {
             "version": CURSOR_VERSION,
             "path": str(self.path),
-            "fingerprint": dict(self._fingerprint),
+            "fingerprint": dict(self.fingerprint),
             "shuffle": self.shuffle,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -666,11 +456,11 @@ class PromptSource:
         where = f"data cursor for {self.path}"
         if state.get("version") != CURSOR_VERSION:
             raise DataError(where, f"cursor version {state.get('version')!r}, this code reads {CURSOR_VERSION}")
-        if state.get("fingerprint") != self._fingerprint:
+        if state.get("fingerprint") != self.fingerprint:
             raise DataError(
                 str(self.path),
                 f"the prompt file is not the one the run started with (saved {state.get('fingerprint')}, "
-                f"now {self._fingerprint}); resuming would skip or repeat prompts",
+                f"now {self.fingerprint}); resuming would skip or repeat prompts",
             )
         if bool(state.get("shuffle")) != self.shuffle or int(state.get("seed", -1)) != self.seed:
             raise ConfigError(
@@ -700,129 +490,6 @@ class PromptSource:
 
     def close(self) -> None:
         self._records.close()
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def validate_prompt_file(path: str | os.PathLike[str], input_key: str = "prompt", label_key: str | None = "label",
-                         n_lines: int = 20, flag: str = "--prompt-data") -> int:
-    """Pre-submit check: the file exists, its suffix is known, and the first `n_lines`
-    records (of the @[START:END] slice, if any) parse and carry the keys. Returns how many
-    records were checked."""
-    spec = parse_prompt_spec(path, flag)
-    p = spec.path
-    _check_exists(p, flag)
-    if spec.sliced or p.is_dir():
-        return _validate_records(spec, input_key, label_key, n_lines, flag)
-    fmt = _file_format(p)
-    checked = 0
-    if fmt == "jsonl":
-        with open(p, "rb") as f:
-            line_no = 0
-            # bounded reads: a file that is one huge line is refused, not read whole into memory
-            while checked < n_lines and (raw := f.readline(MAX_LINE_BYTES + 1)):
-                line_no += 1
-                where = f"{p}:{line_no}"
-                if _too_long(raw):
-                    raise DataError(where, _too_long_message(raw))
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw.decode("utf-8-sig" if line_no == 1 else "utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    hint = " (a JSON array file is not JSON Lines: write one object per line)" \
-                        if raw.lstrip()[:1] == b"[" else ""
-                    raise DataError(where, f"invalid JSON line: {e}{hint}") from None
-                if not isinstance(obj, dict):
-                    hint = " (a JSON array file is not JSON Lines: write one object per line)" \
-                        if raw.lstrip()[:1] == b"[" else ""
-                    raise DataError(where, f"expected a JSON object, got {type(obj).__name__}{hint}")
-                _check_keys(obj, where, input_key, label_key)
-                checked += 1
-    else:
-        records = _ParquetRecords(p, *_key_columns(input_key, label_key))
-        for i in range(min(n_lines, len(records))):
-            _check_keys(records.read(i) or {}, records.where(i), input_key, label_key)
-            checked += 1
-    if checked == 0:
-        raise DataError(str(p), "prompt file has no records")
-    return checked
-
-
-# Submit counts the records of a JSON Lines file up to this size (a newline scan, ~1 s per GiB);
-# a larger file is left to the driver, which records a shortfall when it happens.
-COUNT_MAX_BYTES = 2 << 30
-
-
-def count_records(path: str | os.PathLike[str], flag: str = "--prompt-data") -> int | None:
-    """How many records the prompt spec serves per epoch (its @[START:END] slice applied), or None
-    when the file is too large to count at submit."""
-    spec = parse_prompt_spec(path, flag)
-    if spec.path.is_dir():
-        if data_dirs.dir_bytes(spec.path, flag) > COUNT_MAX_BYTES:
-            return None
-        records = _open_records(spec.path, [], [], flag)
-        n = len(records)
-        records.close()
-    elif _file_format(spec.path) == "jsonl":
-        if spec.path.stat().st_size > COUNT_MAX_BYTES:
-            return None
-        n = len(_JsonlRecords._build_index(spec.path)[0])
-    else:
-        import pyarrow.parquet as pq
-
-        n = pq.ParquetFile(spec.path).metadata.num_rows
-    lo, hi = spec.bounds(n)
-    return hi - lo
-
-
-def _validate_records(spec: PromptSpec, input_key: str, label_key: str | None, n_lines: int, flag: str) -> int:
-    """validate_prompt_file for a slice or a directory: the slice's bounds need the record count, so
-    the data is indexed (one pass, as the driver does at start) and the first records read."""
-    records = _open_records(spec.path, *_key_columns(input_key, label_key), flag)
-    try:
-        if len(records) == 0:
-            raise DataError(str(spec.path), "prompt file has no records")
-        lo, hi = spec.bounds(len(records))
-        if lo == hi:
-            raise ConfigError(f"{flag} {spec}: {_empty_slice(len(records))}")
-        checked = 0
-        for i in range(lo, min(hi, lo + n_lines)):
-            try:
-                obj = records.read(i)
-            except _BadRecord as e:
-                raise DataError(e.where, e.message) from None
-            if obj is not None:
-                _check_keys(obj, records.where(i), input_key, label_key)
-                checked += 1
-        return checked
-    finally:
-        records.close()
-
-
-def _empty_slice(n_records: int) -> str:
-    return f"the slice selects no records (the file has {n_records}; a slice is PATH@[START:END] over its records)"
-
-
-def _too_long(raw: bytes) -> bool:
-    """`raw` came from readline(MAX_LINE_BYTES + 1): the line went on past the limit."""
-    return len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
-
-
-def _too_long_message(raw: bytes) -> str:
-    hint = " (a JSON array file is not JSON Lines: write one object per line)" if raw.lstrip()[:1] == b"[" else \
-        " (JSON Lines: one prompt record per line)"
-    limit = f"{MAX_LINE_BYTES >> 20} MiB" if MAX_LINE_BYTES % (1 << 20) == 0 else f"{MAX_LINE_BYTES} bytes"
-    return f"line is longer than {limit}{hint}"
-
-
-def _check_keys(obj: Mapping[str, Any], where: str, input_key: str, label_key: str | None) -> None:
-    if obj.get(input_key) is None:
-        raise DataError(where, f"missing input key {input_key!r} (--input-key); record has {sorted(obj)}")
-    _as_messages(obj[input_key], where, input_key)
-    if label_key is not None and obj.get(label_key) is None:
-        raise DataError(where, f"missing label key {label_key!r} (--label-key); record has {sorted(obj)}")
 
 
 _SOURCE_METHODS = ("take", "push_back", "state_dict", "load_state_dict")

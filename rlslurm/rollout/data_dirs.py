@@ -10,7 +10,7 @@
 - A path that does not exist and reads like `owner/name` is probably a Hub dataset id: the nodes read
   local files only (they may have no network), so the error says to download it first.
 
-A reader here has the interface of rlslurm/rollout/data.py's record readers: `len`, `where(i)`
+A reader here has the interface of rlslurm/rollout/prompt_records.py's record readers: `len`, `where(i)`
 (`file:line` or `file:row N` for errors), `read(i)` and `close()`.
 """
 

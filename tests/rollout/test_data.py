@@ -14,8 +14,8 @@ from rlslurm.rollout.data import (
     Prompt,
     PromptSource,
     load_custom_source,
-    validate_prompt_file,
 )
+from rlslurm.rollout.prompt_records import validate_prompt_file
 
 
 def write_jsonl(path: Path, records: list, *, raw_lines: dict[int, str] | None = None) -> Path:
@@ -360,9 +360,9 @@ def test_validate_prompt_file(tmp_path):
 
 def test_a_line_past_the_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
     # the limit is 64 MiB; a small one keeps the files small (the code reads it at call time)
-    from rlslurm.rollout import data
+    from rlslurm.rollout import prompt_records
 
-    monkeypatch.setattr(data, "MAX_LINE_BYTES", 1000, raising=False)
+    monkeypatch.setattr(prompt_records, "MAX_LINE_BYTES", 1000)
     fits = json.dumps({"prompt": "", "label": "0"})
     fits = json.dumps({"prompt": "x" * (1000 - len(fits)), "label": "0"})
     assert len(fits) == 1000

@@ -12,7 +12,8 @@ import pytest
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.resolve import resolve
-from rlslurm.rollout.data import PromptSource, count_records, validate_prompt_file
+from rlslurm.rollout.data import PromptSource
+from rlslurm.rollout.prompt_records import count_records, validate_prompt_file
 
 
 def records(lo: int, hi: int) -> list[dict]:

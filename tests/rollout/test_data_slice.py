@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.rollout.data import PromptSource, validate_prompt_file
+from rlslurm.rollout.data import PromptSource
+from rlslurm.rollout.prompt_records import validate_prompt_file
 from rlslurm.settings.prompt_slice import PromptSpec, parse_prompt_spec
 
 
