@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+from rlslurm import exit_guard
 from rlslurm.errors import UserError
 
 USER_ERROR_EXIT_CODE = 3        # 2 is the CLI's (and argparse's) usage error
@@ -97,7 +98,7 @@ def run_role(role: str, main: Callable[[list[str] | None], int], run_dir_of: Cal
     from rlslurm.buffer.atomic import StorageError
 
     try:
-        sys.exit(main(None))
+        status = main(None)
     except StorageError as e:
         print(f"rlslurm {role}: error: {e}", file=sys.stderr, flush=True)
         try:
@@ -105,7 +106,7 @@ def run_role(role: str, main: Callable[[list[str] | None], int], run_dir_of: Cal
         except Exception as rec_err:  # the filesystem that failed may refuse this too
             print(f"rlslurm {role}: could not record the failure: {rec_err!r}", file=sys.stderr)
         print(f"rlslurm {role}: this attempt fails (requeued within --max-failures)", file=sys.stderr, flush=True)
-        sys.exit(FAILURE_EXIT_CODE)
+        exit_guard.exit(FAILURE_EXIT_CODE)
     except UserError as e:
         print(f"rlslurm {role}: error: {e}", file=sys.stderr)
         try:
@@ -113,7 +114,8 @@ def run_role(role: str, main: Callable[[list[str] | None], int], run_dir_of: Cal
             print(f"rlslurm {role}: recorded in {where}; the job ends without requeue", file=sys.stderr)
         except Exception as rec_err:  # the run dir itself may be what is wrong
             print(f"rlslurm {role}: could not record the user error: {rec_err!r}", file=sys.stderr)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        exit_guard.exit(USER_ERROR_EXIT_CODE)
+    exit_guard.exit(status)  # a thread left blocked in c10d must not abort the exit (exit_guard.py)
 
 
 def run_dir_arg(argv: list[str]) -> Path:

@@ -97,12 +97,12 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 def pytest_unconfigure(config) -> None:
     # A weight-sync join given up by a test (a job ending mid-sync) may still be blocked in c10d;
     # waking while the interpreter finalizes aborts pytest after every test passed (CI, stop 40).
-    # The trainer's own exit path steps around it the same way.
+    # The roles' exit steps around it the same way (rlslurm/exit_guard.py).
     import sys
 
-    group = sys.modules.get("rlslurm.trainer.weights.group")
-    if group is not None:
-        group.exit_past_abandoned_joins(int(getattr(config, "_rlslurm_exitstatus", 1)))
+    guard = sys.modules.get("rlslurm.exit_guard")
+    if guard is not None:
+        guard.exit_now_if_blocked(int(getattr(config, "_rlslurm_exitstatus", 1)))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

@@ -49,7 +49,6 @@ from rlslurm.trainer.rollout_only import watch
 from rlslurm.trainer.setup import init_distributed
 from rlslurm.trainer.turns import ColocatedTurn, PlainTurn
 from rlslurm.trainer.weights.base import SyncInterrupted
-from rlslurm.trainer.weights.group import exit_past_abandoned_joins
 from rlslurm.trainer.weights.delivery import Publish, WeightDelivery
 
 log = logging.getLogger("rlslurm.trainer")
@@ -121,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
         status = Trainer(cfg, rd, rank, world).run()
     dist.barrier()
     dist.destroy_process_group()
-    exit_past_abandoned_joins(status)  # a sync given up at the job's end must not abort the exit
     return status
 
 

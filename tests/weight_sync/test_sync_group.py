@@ -127,33 +127,41 @@ def test_sglang_receivers_get_the_tensors_and_a_stalled_one_is_bounded():
 
 _GIVEN_UP_JOIN = r"""
 import sys, time
+from rlslurm import exit_guard
 from rlslurm.net import free_port
-from rlslurm.trainer.weights.group import GroupSpec, SyncCancelled, SyncGroup, abandoned_joins, exit_past_abandoned_joins
-t0 = time.monotonic()
-g = SyncGroup(GroupSpec("127.0.0.1", free_port(), 2, "g", "gloo", 3.0)).open()
-try:
-    g.join(cancel=lambda: time.monotonic() - t0 > 0.5)
-except SyncCancelled:
-    print("given up", len(abandoned_joins()), flush=True)
-g.close()
+from rlslurm.trainer.weights.group import GroupSpec, SyncCancelled, SyncGroup
+from rlslurm.user_error import run_dir_arg, run_role
 
 class SlowTeardown:  # finalization still going when the join's wait times out (3 s)
     def __del__(self, _sleep=time.sleep):
         _sleep(5)
 
+def main(argv):
+    t0 = time.monotonic()
+    g = SyncGroup(GroupSpec("127.0.0.1", free_port(), 2, "g", "gloo", 3.0)).open()
+    try:
+        g.join(cancel=lambda: time.monotonic() - t0 > 0.5)
+    except SyncCancelled:
+        print("given up", len(exit_guard.still_blocked()), flush=True)
+    g.close()
+    return 7
+
 keep = SlowTeardown()
-if sys.argv[1] == "exit":
-    exit_past_abandoned_joins(7)
-sys.exit(7)
+if sys.argv[1] == "role":
+    run_role("trainer", main, run_dir_arg)
+sys.exit(main(None))
 """
 
 
 def test_a_join_given_up_at_the_end_does_not_abort_the_exit():
     """CI, stop 40: all tests passed, then pytest died with SIGABRT (exit 134). A join given up by a
     cancel stays blocked in c10d until its timeout; waking while Python finalizes aborts the process
-    (3.11). The trainer's exit goes around it: the status it returns is the status the job sees."""
+    (3.11). A role's exit (user_error.run_role) steps around it: the status main() returns is the
+    status the job sees. The same script exiting plainly aborts, which is what makes this a test."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = subprocess.run([sys.executable, "-c", _GIVEN_UP_JOIN, "exit"], env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert run.stdout.startswith("given up 1"), run.stdout + run.stderr
-    assert run.returncode == 7, run.stderr[-2000:]
+    runs = {how: subprocess.run([sys.executable, "-c", _GIVEN_UP_JOIN, how], env=env, capture_output=True,
+                                text=True, timeout=120) for how in ("role", "plain")}
+    for run in runs.values():
+        assert run.stdout.startswith("given up 1"), run.stdout + run.stderr
+    assert runs["role"].returncode == 7, runs["role"].stderr[-2000:]
+    assert runs["plain"].returncode == -6, runs["plain"].stderr[-2000:]  # SIGABRT: the exposure is real

@@ -22,11 +22,8 @@ The trainer's GPU image may not have sglang installed; this module imports only 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import torch
 import torch.distributed as dist
 
+from rlslurm import exit_guard
 from rlslurm.errors import ConfigError
 from rlslurm.net import bound_socket
 
@@ -154,7 +152,7 @@ class SyncGroup:
             while worker.is_alive():
                 worker.join(CANCEL_POLL_S)
                 if worker.is_alive() and cancel():
-                    _ABANDONED.append(worker)
+                    exit_guard.leave_behind(worker)  # its exit must step around it
                     raise SyncCancelled(f"weight-update group {s.group_name!r}: joining given up, the job is ending")
         e = box.pop("error", None)
         store = build = None  # type: ignore[assignment]  # the port must be free once close() drops ours
@@ -233,35 +231,6 @@ class SyncGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# Join threads given up by a cancel, still blocked inside c10d until the spec's timeout: nothing
-# interrupts that wait. If it ends while the interpreter finalizes, Python 3.11 ends the thread with
-# pthread_exit inside C++ frames and the process aborts (SIGABRT, exit 134; seen at the end of the
-# test suite in CI, stop 40). `abandoned_joins()` lets a process's exit path step around that.
-_ABANDONED: list[threading.Thread] = []
-
-
-def abandoned_joins() -> list[threading.Thread]:
-    """The given-up join threads that are still blocked."""
-    _ABANDONED[:] = [t for t in _ABANDONED if t.is_alive()]
-    return list(_ABANDONED)
-
-
-def exit_past_abandoned_joins(status: int) -> None:
-    """End the process now with `status` if a given-up join is still blocked: streams and logs are
-    flushed, then `os._exit`, so the interpreter never finalizes around that thread. Returns when
-    there is none."""
-    left = abandoned_joins()
-    if not left:
-        return
-    log.info("exiting without interpreter teardown: %d weight-sync join(s) given up are still blocked in c10d",
-             len(left))
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
 
 
 # The longest sleep between two polls of a broadcast's works: the bound on how late a completed
