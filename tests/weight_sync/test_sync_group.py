@@ -159,9 +159,13 @@ def test_a_join_given_up_at_the_end_does_not_abort_the_exit():
     (3.11). A role's exit (user_error.run_role) steps around it: the status main() returns is the
     status the job sees. The same script exiting plainly aborts, which is what makes this a test."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    runs = {how: subprocess.run([sys.executable, "-c", _GIVEN_UP_JOIN, how], env=env, capture_output=True,
-                                text=True, timeout=120) for how in ("role", "plain")}
-    for run in runs.values():
-        assert run.stdout.startswith("given up 1"), run.stdout + run.stderr
-    assert runs["role"].returncode == 7, runs["role"].stderr[-2000:]
-    assert runs["plain"].returncode == -6, runs["plain"].stderr[-2000:]  # SIGABRT: the exposure is real
+    procs = {how: subprocess.Popen([sys.executable, "-c", _GIVEN_UP_JOIN, how], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for how in ("role", "plain")}
+    runs = {}
+    for how, p in procs.items():  # both at once: each waits out the join's timeout and a slow teardown
+        out, err = p.communicate(timeout=120)
+        runs[how] = (p.returncode, out, err)
+    for rc, out, err in runs.values():
+        assert out.startswith("given up 1"), out + err
+    assert runs["role"][0] == 7, runs["role"][2][-2000:]
+    assert runs["plain"][0] == -6, runs["plain"][2][-2000:]  # SIGABRT: the exposure is real
