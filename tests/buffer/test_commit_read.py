@@ -70,13 +70,13 @@ def test_wait_for_timeout_and_cancel(run):
     t0 = time.monotonic()
     with pytest.raises(BufferTimeout, match="rollout 5 was not committed within 0.3 s"):
         r.wait_for(5, timeout=0.3, poll_interval=0.05)
-    assert 0.3 <= time.monotonic() - t0 < 1.0
+    assert 0.3 <= time.monotonic() - t0 < 5  # the timeout is kept; the upper bound only says it did not hang
     ev = threading.Event()
     threading.Timer(0.2, ev.set).start()
     t0 = time.monotonic()
     with pytest.raises(Cancelled):
         r.wait_for(5, timeout=30, poll_interval=10, cancel=ev)  # the event wakes the sleep
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 5  # well before the 10 s poll interval
     calls = []
     with pytest.raises(Cancelled):
         r.wait_for(5, poll_interval=0.01, cancel=lambda: calls.append(1) or len(calls) > 3)
