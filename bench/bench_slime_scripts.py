@@ -15,7 +15,7 @@ resolve() and render(), as the CLI does) with placeholder inputs made to match t
   else translated from that script's MODEL_ARGS for the families rlslurm maps; for any other family
   it carries the family's model_type, so the refusal says what rlslurm lacks. When the checkpoint
   path or the script's name says FP8 or INT4, the config.json has the matching quantization_config,
-  as the released checkpoint's has. For SFT scripts it also has rlslurm's tiny tokenizer with a
+  as the released checkpoint's has (INT4: W4A16 in the group size of the script's fake-QAT env). For SFT scripts it also has rlslurm's tiny tokenizer with a
   chat template (submit masks the first conversations with it), and the records use its words.
 
 Only those paths are substituted; every other flag is the script's as imported. Prints one JSON
@@ -213,7 +213,18 @@ def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[s
         config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                          "weight_block_size": [128, 128]}
     elif re.search(r"int4", ckpt, re.I):
-        config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
+        # llm-compressor's W4A16 preset, as slime's tools/convert_hf_to_int4.py writes it (routed experts
+        # only), in the group size the script trains with (Kimi-K2-Thinking's release: 32)
+        m = re.search(r'OPEN_TRAINING_INT4_GROUP_SIZE\\?"?\s*[:=]\s*\\?"?(\d+)', script.read_text())
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                          "output_activations": None,
+                                          "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                      "strategy": "group", "group_size": int(m.group(1)) if m else 128,
+                                                      "dynamic": False, "actorder": None}}},
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*",
+                       "re:.*mlp\\.gate$"]}
     (hf / "config.json").write_text(json.dumps(config))
     (hf / "model.safetensors").write_bytes(b"")
     if sft:  # SFT is checked with the checkpoint's tokenizer and chat template: give it rlslurm's tiny one

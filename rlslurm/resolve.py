@@ -20,7 +20,8 @@ from rlslurm.settings import layout
 from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
-from rlslurm.settings.low_precision import check_engine_quantization, check_megatron_precision, fp8_block
+from rlslurm.settings.low_precision import (check_engine_quantization, check_int4_engine_args, check_megatron_precision,
+                                           fp8_block, int4_scheme)
 from rlslurm.settings.model_config import ModelConfig, model_config_path
 from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
@@ -158,7 +159,8 @@ def _derive(res: Resolved) -> None:
         t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
     if t.update_weight_receiver == "auto":  # kept settled in run.yaml: what ran is what it names
         t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type, cfg.shares_gpus,
-                                                 fp8=fp8_block(cfg.model.hf_checkpoint) is not None)
+                                                 quantized=fp8_block(cfg.model.hf_checkpoint) is not None
+                                                 or int4_scheme(cfg.model.hf_checkpoint) is not None)
     if cfg.run.run_dir is None:  # the default, ./runs/<name>, is relative to where submit runs
         cfg.run.run_dir = Path(absolute(cfg.run_dir, Path.cwd()))
     if s.python is None:
@@ -357,6 +359,8 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
     check_engine_quantization(cfg.sglang_args, fp8_block(cfg.model.hf_checkpoint) is not None)
+    if int4_scheme(cfg.model.hf_checkpoint) is not None:  # CUDA Marlin MoE, the form SGLang can reload
+        check_int4_engine_args(cfg.sglang_args, cfg.run.device)
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)

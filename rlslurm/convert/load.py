@@ -2,8 +2,8 @@
 
 Every rank reads the tensors it needs straight from the safetensors files (memory-mapped, one at a
 time) and keeps only its own shard: no rank-0 scatter, so nothing but the file system is shared
-and no rank holds a full model. A block-wise FP8 checkpoint's weights are dequantized as they are read
-(convert/fp8.py), into float32 and then the model's dtype.
+and no rank holds a full model. A block-wise FP8 or INT4 W4A16 checkpoint's weights are dequantized as
+they are read (convert/fp8.py, convert/int4.py), into float32 and then the model's dtype.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import torch
 
-from rlslurm.convert import fp8, hf_io, mapping, parallel
+from rlslurm.convert import fp8, hf_io, int4, mapping, parallel
 from rlslurm.convert.hf_config import check_hf_config
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.settings.low_precision import fp8_block
+from rlslurm.settings.low_precision import fp8_block, int4_scheme
 from rlslurm.settings.model_config import ModelConfig
 
 
@@ -53,9 +53,12 @@ def load_hf_checkpoint(model: torch.nn.Module, mc: ModelConfig, hf_dir: str | Pa
     if check_config:
         check_hf_config(mc, hf_dir)
     ckpt = hf_io.HFCheckpoint(hf_dir)
-    # a block-wise FP8 checkpoint is multiplied out on the way in (convert/fp8.py); its *_scale_inv
-    # tensors are read there and never mapped. Any other quantization is refused here too.
-    get = fp8.dequantizing(ckpt, fp8_block(Path(hf_dir), "HF checkpoint"))
+    # a block-wise FP8 checkpoint is multiplied out on the way in (convert/fp8.py), an INT4 W4A16 one
+    # unpacked and scaled (convert/int4.py); their scale tensors are read there and never mapped. Any
+    # other quantization is refused here too.
+    block = fp8_block(Path(hf_dir), "HF checkpoint")
+    scheme = int4_scheme(Path(hf_dir), "HF checkpoint")
+    get = int4.dequantizing(ckpt, scheme.group_size) if scheme is not None else fp8.dequantizing(ckpt, block)
     ranks, tensors, targets, override, l2g, n_local = _plan(model, mc)
     emb = tensors.get("embedding.word_embeddings.weight", tensors.get("output_layer.weight"))
     vocab_padded = emb.shape[0] * ranks.tp_size if emb is not None else None

@@ -173,7 +173,12 @@ class EngineProcess:
         if self.spec.device == "cpu":
             sglang_cpu.check_sglang_version()
         else:
-            sglang_versions.check_gpu_sglang(self.spec.allow_untested_sglang)
+            api = sglang_versions.check_gpu_sglang(self.spec.allow_untested_sglang)
+            # an INT4 checkpoint's engine needs the weight-update session (0.5.23): refused here, where
+            # the version is known, before it serves weights no sync could replace (docs/low-precision.md)
+            from rlslurm.settings.low_precision import check_int4_engine
+
+            check_int4_engine(self.spec.model_path, api.weight_update_session, api.version)
         # Short on purpose: ZMQ ipc paths must fit in a unix socket address (108 bytes).
         self._tmpdir = tempfile.mkdtemp(prefix=f"rlsl-{self.spec.port}-")
         with open_log(self.spec.log_path) as log:

@@ -86,6 +86,13 @@ def quantization_args(plan: WeightSyncPlan, sglang_args: list[str] | tuple[str, 
     """An FP8 --hf-checkpoint (`plan.fp8_block`): SGLang's --quantization fp8, said on the command line
     (SGLang would also read it off config.json), unless the passthrough says it (checked at submit:
     settings/low_precision.py `check_engine_quantization`)."""
+    if plan.int4_group is not None:
+        # an INT4 W4A16 --hf-checkpoint: SGLang's Marlin MoE, pinned, because it is the INT4 MoE form
+        # SGLang can take a weight update into (its Triton form, Blackwell's auto default, keeps no way
+        # back: docs/low-precision.md); other values are refused at submit (`check_int4_engine_args`)
+        if flag_value(sglang_args, "--moe-runner-backend") is not None:
+            return ()
+        return ("--moe-runner-backend", "marlin")
     if plan.fp8_block is None or flag_value(sglang_args, "--quantization") is not None:
         return ()
     return ("--quantization", "fp8")

@@ -7,17 +7,24 @@ matching `--megatron-*` fields are refused with that reason instead of passing t
 that would ignore them or fail inside megatron.
 
 Checkpoints: a `--hf-checkpoint` whose config.json has a `quantization_config` holds quantized
-weights plus their scales. Block-wise FP8 as Qwen's *-FP8 releases store it (quant_method fp8, e4m3,
-dynamic activation scales, 128x128 weight blocks) is taken: the trainer dequantizes it on load
-(convert/fp8.py) and trains in bf16/fp32, the engines serve it as FP8 (SGLang reads the same
-quantization_config), and every weight sync quantizes the trained weights back to that layout
-(`WeightSyncPlan.fp8_block`). Any other quantization (slime's compressed-tensors INT4, per-tensor
-FP8, other block sizes, static activation scales) is refused at submit, naming what it is.
+weights plus their scales. Two layouts are taken; the trainer dequantizes them on load and trains in
+bf16/fp32, the engines serve the checkpoint as it is (SGLang reads the same quantization_config), and
+every weight sync quantizes the trained weights back to that layout:
+- block-wise FP8 as Qwen's *-FP8 releases store it (quant_method fp8, e4m3, dynamic activation
+  scales, 128x128 weight blocks): convert/fp8.py, `WeightSyncPlan.fp8_block`;
+- INT4 W4A16 compressed-tensors as slime's INT4 recipes serve it (pack-quantized, symmetric int4
+  groups, routed experts only, since SGLang can reload only its MoE INT4 layers after a weight
+  update and only with its weight-update session, 0.5.23): convert/int4.py, `WeightSyncPlan.int4_group`.
+Any other quantization (other compressed-tensors schemes, per-tensor FP8, other block sizes, static
+activation scales) is refused at submit, naming what it is.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlslurm.errors import ConfigError
@@ -59,7 +66,8 @@ def quantization(hf_dir: Path) -> dict | None:
 # Qwen's *-FP8 releases, and the only FP8 layout rlslurm quantizes to (convert/fp8.py)
 FP8_BLOCK = (128, 128)
 WHY_QUANTIZED = ("rlslurm's trainer dequantizes and its weight sync re-quantizes only block-wise FP8 (quant_method "
-                 f"fp8, fmt e4m3, activation_scheme dynamic, weight_block_size [128, 128]); pass that, or the "
+                 f"fp8, fmt e4m3, activation_scheme dynamic, weight_block_size [128, 128]) and INT4 W4A16 "
+                 f"compressed-tensors (pack-quantized, symmetric int4 groups); pass one of those, or the "
                  f"unquantized checkpoint this one was made from ({DOC})")
 
 
@@ -70,11 +78,14 @@ def fp8_block(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> tuple[int, 
     if q is None:
         return None
     method = q.get("quant_method", "?")
+    if method == "compressed-tensors":
+        int4_scheme(hf_dir, flag)  # taken as INT4 W4A16, or refused naming the field
+        return None
     what = ", ".join(f"{k} {q[k]}" for k in ("fmt", "bits", "format", "activation_scheme", "weight_block_size")
                      if k in q)
     lead = f"{flag} {hf_dir}: config.json quantization_config (quant_method {method!r}{', ' + what if what else ''})"
     if method != "fp8":
-        raise ConfigError(f"{lead} is not block-wise FP8; {WHY_QUANTIZED}")
+        raise ConfigError(f"{lead} is neither block-wise FP8 nor INT4 W4A16; {WHY_QUANTIZED}")
     if q.get("fmt", "e4m3") != "e4m3":  # SGLang and slime read fp8 weights as float8_e4m3fn
         raise ConfigError(f"{lead}: FP8 format {q['fmt']!r}; {WHY_QUANTIZED}")
     if q.get("activation_scheme") != "dynamic":  # SGLang's block-wise FP8 needs dynamic activation scales
@@ -89,9 +100,18 @@ def fp8_block(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> tuple[int, 
 
 def checkpoint_precision(flag: str, hf_dir: Path) -> str | None:
     """Submit's check of a checkpoint's quantization: None for a plain one, a one-line note for
-    block-wise FP8, ConfigError with the reason for anything else."""
+    block-wise FP8 or INT4 W4A16, ConfigError with the reason for anything else."""
     if fp8_block(hf_dir, flag) is None:
-        return None
+        scheme = int4_scheme(hf_dir, flag)
+        if scheme is None:
+            return None
+        check_int4_tensors(hf_dir, flag, checkpoint_names(hf_dir))
+        if flag == "--hf-checkpoint":
+            return (f"{flag} {hf_dir}: INT4 W4A16 compressed-tensors (group size {scheme.group_size}): the trainer "
+                    f"dequantizes it and trains in bf16 (fp32 without --bf16), slime's INT4 fake-QAT is not done; "
+                    f"the engines serve INT4 (Marlin MoE) and need SGLang 0.5.23's weight-update session; each "
+                    f"weight sync quantizes the trained experts back to INT4 groups ({DOC})")
+        return f"{flag} {hf_dir}: INT4 W4A16: dequantized on load, the reference model runs in bf16/fp32 ({DOC})"
     if flag == "--hf-checkpoint":
         return (f"{flag} {hf_dir}: block-wise FP8 (e4m3, 128x128 blocks): the trainer dequantizes it and trains in "
                 f"bf16 (fp32 without --bf16); the engines serve FP8, and each weight sync quantizes the trained "
@@ -111,3 +131,158 @@ def check_engine_quantization(sglang_args: list[str] | tuple[str, ...], fp8: boo
         if fp8 and value != "fp8":
             raise ConfigError(f"--sglang-quantization {value}: --hf-checkpoint is block-wise FP8, and the weight "
                               f"sync sends FP8 weights with their block scales; drop the flag or pass fp8 ({DOC})")
+
+
+# ----------------------------------------------------------------------------- INT4 W4A16 (slime's INT4)
+# The one compressed-tensors scheme rlslurm takes (docs/low-precision.md, "INT4 W4A16 checkpoints"): what
+# llm-compressor's W4A16 preset writes and slime's INT4 recipes serve. Each field is the value SGLang's
+# CompressedTensorsWNA16MoE needs for its Marlin path (symmetric: no zero points; no activation order:
+# no g_idx) and that convert/int4.py packs bit for bit as compressed-tensors' pack-quantized format does.
+INT4_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "dynamic": False}
+WHY_INT4 = ("rlslurm takes compressed-tensors only as INT4 W4A16: format pack-quantized, one config group, weights "
+            "num_bits 4, type int, symmetric, strategy group, static, no activation order, activations unquantized; "
+            "pass that, a block-wise FP8 checkpoint, or the unquantized checkpoint this one was made from "
+            f"({DOC})")
+# the routed experts' projections in the HF names of the MoE families slime's INT4 scripts train
+# (Qwen3-MoE, DeepSeek-V3: Moonlight, Kimi-K2): SGLang serves them through its FusedMoE layer
+EXPERT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.$")
+PACKED, SCALE, SHAPE = "weight_packed", "weight_scale", "weight_shape"
+
+
+@dataclass(frozen=True)
+class Int4Scheme:
+    group_size: int
+    ignore: tuple[str, ...] = ()   # the checkpoint's `ignore` list, for the record: the tensors say what is INT4
+
+
+def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Int4Scheme | None:
+    """The scheme of an INT4 W4A16 compressed-tensors checkpoint; None for any other (or none, or no
+    readable config.json); ConfigError naming the field for a compressed-tensors config of another scheme."""
+    q = quantization(hf_dir) if hf_dir is not None else None
+    if q is None or q.get("quant_method") != "compressed-tensors":
+        return None
+    lead = f"{flag} {hf_dir}: config.json quantization_config (quant_method 'compressed-tensors')"
+
+    def refuse(field: str, value) -> ConfigError:
+        return ConfigError(f"{lead}: {field} {value!r}; {WHY_INT4}")
+
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or len(groups) != 1:
+        raise refuse("config_groups", sorted(groups) if isinstance(groups, dict) else groups)
+    (gname, g), = groups.items()
+    if not isinstance(g, dict):
+        raise refuse(f"config_groups.{gname}", g)
+    fmt = g.get("format") or q.get("format")
+    if fmt != "pack-quantized":
+        raise refuse("format", fmt)
+    w = g.get("weights")
+    if not isinstance(w, dict):
+        raise refuse(f"config_groups.{gname}.weights", w)
+    for key, want in INT4_WEIGHTS.items():
+        have = w.get(key, False if key == "dynamic" else None)
+        if have != want:
+            raise refuse(f"config_groups.{gname}.weights.{key}", have)
+    if w.get("actorder") not in (None, "static"):  # "group" would need SGLang's g_idx reordering
+        raise refuse(f"config_groups.{gname}.weights.actorder", w.get("actorder"))
+    for key in ("block_structure", "scale_dtype", "zp_dtype"):
+        if w.get(key) is not None:
+            raise refuse(f"config_groups.{gname}.weights.{key}", w[key])
+    gs = w.get("group_size")
+    if not isinstance(gs, int) or isinstance(gs, bool) or gs <= 0:
+        raise refuse(f"config_groups.{gname}.weights.group_size", gs)
+    for key in ("input_activations", "output_activations"):
+        if g.get(key) is not None:
+            raise refuse(f"config_groups.{gname}.{key}", g[key])
+    for key in ("kv_cache_scheme", "transform_config"):
+        if q.get(key):
+            raise refuse(key, q[key])
+    if q.get("sparsity_config") and q["sparsity_config"].get("format", "dense") != "dense":
+        raise refuse("sparsity_config.format", q["sparsity_config"].get("format"))
+    if q.get("quantization_status", "compressed") != "compressed":
+        raise refuse("quantization_status", q.get("quantization_status"))
+    # the routed experts' input dims (gate/up: hidden_size, down: moe_intermediate_size) come in whole
+    # groups: SGLang's Marlin MoE sizes its scales as dim // group_size (compressed_tensors_wNa16_moe.py)
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    for key in ("hidden_size", "moe_intermediate_size"):
+        dim = cfg.get(key)
+        if isinstance(dim, int) and dim % gs:
+            raise ConfigError(f"{lead}: group_size {gs} does not divide {key} {dim}, an input dim of the INT4 "
+                              f"experts; {WHY_INT4}")
+    return Int4Scheme(gs, tuple(q.get("ignore") or ()))
+
+
+def checkpoint_names(hf_dir: Path) -> list[str] | None:
+    """The tensor names of a safetensors checkpoint, off its index or its files' headers, without
+    reading a tensor; None when there are none to read (an empty placeholder file)."""
+    index = Path(hf_dir) / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return list(json.loads(index.read_text())["weight_map"])
+        names: list[str] = []
+        for f in sorted(Path(hf_dir).glob("*.safetensors")):
+            with f.open("rb") as fh:
+                head = fh.read(8)
+                if len(head) < 8:
+                    return None
+                (n,) = struct.unpack("<Q", head)
+                names += [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
+        return names or None
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+
+
+def check_int4_tensors(hf_dir: Path, flag: str, names: list[str] | None) -> list[str]:
+    """The HF bases (`...down_proj.`) the checkpoint stores in INT4: only routed experts, each with its
+    scale and shape. Any other INT4 layer is refused: SGLang's linear W4A16 layer (CompressedTensorsWNA16)
+    replaces its parameters by Marlin-packed ones after loading and has no way back, so a weight update
+    cannot load it (docs/low-precision.md). `names` None (nothing readable): nothing to check here."""
+    if names is None:
+        return []
+    have = set(names)
+    bases = sorted(n[: -len(PACKED)] for n in names if n.endswith("." + PACKED))
+    lead = f"{flag} {hf_dir}: INT4 W4A16 compressed-tensors"
+    if not bases:
+        raise ConfigError(f"{lead}: no tensor is *.{PACKED}, so nothing in it is INT4 ({DOC})")
+    for b in bases:
+        missing = [b + s for s in (SCALE, SHAPE) if b + s not in have]
+        if missing:
+            raise ConfigError(f"{lead}: {b}{PACKED} has no {missing[0]} beside it ({DOC})")
+    linear = [b for b in bases if not EXPERT.search(b)]
+    if linear:
+        raise ConfigError(f"{lead}: {linear[0]}{PACKED} ({len(linear)} such) is an INT4 layer outside the routed "
+                          f"experts; SGLang cannot load a weight update into its INT4 linear layers (they are "
+                          f"repacked for Marlin with no way back), so only routed experts may be INT4: quantize "
+                          f"with the other layers ignored (as slime's tools/convert_hf_to_int4.py does), or pass "
+                          f"the unquantized checkpoint ({DOC})")
+    return bases
+
+
+def check_int4_engine(hf_dir: str | Path, weight_update_session: bool, version: str) -> None:
+    """At an engine's start: an INT4 checkpoint needs SGLang's weight-update session, whose begin
+    restores the MoE INT4 parameters to the checkpoint's layout and whose end repacks them for Marlin.
+    0.5.14 has neither: its update loads into the repacked parameters and never repacks (docs/low-precision.md)."""
+    if weight_update_session or int4_scheme(Path(hf_dir), "model") is None:
+        return
+    raise ConfigError(f"{hf_dir}: INT4 W4A16 compressed-tensors, and SGLang {version} cannot load a weight update "
+                      f"into INT4 layers (no /begin_weight_update to undo the Marlin repack, no repack after); "
+                      f"install SGLang 0.5.23 (pip install 'rlslurm[sglang]'), or serve the unquantized or a "
+                      f"block-wise FP8 checkpoint ({DOC})")
+
+
+def check_int4_engine_args(sglang_args: list[str] | tuple[str, ...], device: str) -> None:
+    """Engine flags beside an INT4 --hf-checkpoint: SGLang's INT4 MoE is reloadable only in its Marlin
+    form (the Triton one, `--moe-runner-backend triton` or Blackwell's auto, keeps no way back), and
+    its kernels are CUDA's."""
+    if device != "cuda":
+        raise ConfigError(f"--hf-checkpoint is INT4 W4A16: SGLang serves it with CUDA Marlin kernels, and the "
+                          f"rollout device is {device}; use the unquantized checkpoint on CPU ({DOC})")
+    args = list(sglang_args)
+    for i, a in enumerate(args):
+        name, _, value = a.partition("=")
+        value = value or (args[i + 1] if i + 1 < len(args) else "")
+        if name == "--quantization" and value != "compressed-tensors":
+            raise ConfigError(f"--sglang-quantization {value}: --hf-checkpoint is INT4 W4A16 compressed-tensors and "
+                              f"the weight sync sends INT4 groups; drop the flag or pass compressed-tensors ({DOC})")
+        if name == "--moe-runner-backend" and value != "marlin":
+            raise ConfigError(f"--sglang-moe-runner-backend {value}: --hf-checkpoint is INT4 W4A16, and SGLang can "
+                              f"reload INT4 experts only in their Marlin form; drop the flag or pass marlin ({DOC})")

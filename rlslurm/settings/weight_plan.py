@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rlslurm.settings.low_precision import fp8_block
+from rlslurm.settings.low_precision import fp8_block, int4_scheme
 
 # What can deliver a version, as the transport record names it (control/weight_version.json, each
 # `Delivered` in metrics.jsonl: trainer/weights/record.py): a broadcast group's backend, CUDA IPC
@@ -60,6 +60,17 @@ class WeightSyncPlan:
     # checkpoint's names (convert/fp8.py `Fp8Export`). None: the trainer's dtype, unquantized.
     # Consumers: trainer/weights/factory.py (the publishers' quantizer), rollout/node.py (engine flags).
     fp8_block: tuple[int, int] | None = None
+    # --hf-checkpoint is INT4 W4A16 compressed-tensors (settings/low_precision.py `int4_scheme`): the
+    # engines serve its INT4 experts (rollout/node.py pins SGLang's Marlin MoE, the one it can reload),
+    # so what is synced or written for them is INT4 in groups of this many columns, as
+    # weight_packed/weight_scale/weight_shape in the checkpoint's names (convert/int4.py `Int4Export`).
+    # None: not INT4. Consumers: trainer/weights/factory.py, rollout/node.py.
+    int4_group: int | None = None
+
+    @property
+    def quantized(self) -> bool:
+        """The engines serve a quantized checkpoint, so a sync sends its layout."""
+        return self.fp8_block is not None or self.int4_group is not None
 
     @property
     def by_disk(self) -> bool:
@@ -101,14 +112,14 @@ def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", 
 RECEIVER_PROVEN = ("qwen3", "qwen3_moe")
 
 
-def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool, fp8: bool = False) -> Literal["sglang", "rlslurm"]:
+def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool, quantized: bool = False) -> Literal["sglang", "rlslurm"]:
     """What `--update-weight-receiver auto` becomes (settled at submit, resolve.py, and kept in run.yaml):
     rlslurm's receiver on GPUs for the families proven there, over NCCL (the runs above; engines sharing
     the trainer's GPUs broadcast over gloo, not proven with it), SGLang's per-bucket loader elsewhere (CPU
     engines included: the CPU suite keeps SGLang's path as its default and tests the receiver by name).
     --colocate's IPC transport loads through the receiver whatever this says (`engine_loader`). An FP8
-    sync (`fp8`) keeps SGLang's loader: the receiver's runs above were bf16 (docs/low-precision.md)."""
-    proven = device == "cuda" and hf_model_type in RECEIVER_PROVEN and not shares_gpus and not fp8
+    or INT4 sync (`quantized`) keeps SGLang's loader: the receiver's runs above were bf16 (docs/low-precision.md)."""
+    proven = device == "cuda" and hf_model_type in RECEIVER_PROVEN and not shares_gpus and not quantized
     return "rlslurm" if proven else "sglang"
 
 
@@ -128,4 +139,9 @@ def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
                           receiver=receiver, bucket_bytes=t.update_weight_buffer_size,
                           flattened=t.update_weight_flattened_bucket, fallback=t.weight_sync_fallback,
                           timeout_s=t.weight_sync_timeout_s, verify=t.verify_weight_sync,
-                          fp8_block=fp8_block(cfg.model.hf_checkpoint))
+                          fp8_block=fp8_block(cfg.model.hf_checkpoint), int4_group=int4_group(cfg.model.hf_checkpoint))
+
+
+def int4_group(hf_dir: Any) -> int | None:
+    scheme = int4_scheme(hf_dir)
+    return scheme.group_size if scheme is not None else None

@@ -7,6 +7,7 @@ reason. The flag map for users: docs/slime-flags.md.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,12 +101,36 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
         features = list(dict.fromkeys(feature for _, feature in mapped.not_carried))
         res.warnings.append((mapped.not_carried[0][0], "the imported run does not do what this script does: "
                              f"{'; '.join(features)} (each not mapped below)"))
+    fake_qat = _int4_fake_qat(text)
+    if fake_qat is not None:
+        res.dropped.append(fake_qat)
     if launcher == "train_async.py":
         res.notes.append((line, "train_async.py: slime's asynchronous trainer; rlslurm trains asynchronously with "
                                 "--async-buffer-size N (not set by the import)"))
     if check:
         res.refusal = _refusal(res.argv)
     return res
+
+
+# slime's INT4 fake quantization-aware training: switched on by environment variables its INT4 scripts
+# put in ray's runtime env JSON (scripts/low_precision/run-*-int4.sh, read by
+# slime/backends/megatron_utils at THUDM/slime 624b824), not by a train.py flag, so the flag mapping
+# never sees it. The script is read as text: the JSON is one quoted word of `ray job submit`.
+FAKE_QAT = re.compile(r'OPEN_TRAINING_INT4_FAKE_QAT_FLAG\\?"?\s*[:=]\s*\\?"?([^"\\\s,}]*)')
+QAT_GROUP = re.compile(r'OPEN_TRAINING_INT4_GROUP_SIZE\\?"?\s*[:=]\s*\\?"?([^"\\\s,}]*)')
+
+
+def _int4_fake_qat(text: str) -> tuple[int, str] | None:
+    """(line, why) when the script turns on slime's INT4 fake-QAT: rlslurm trains plain bf16 (docs/low-precision.md)."""
+    m = FAKE_QAT.search(text)
+    if m is None or m.group(1).lower() in ("", "0", "false"):
+        return None
+    g = QAT_GROUP.search(text)
+    group = f", OPEN_TRAINING_INT4_GROUP_SIZE={g.group(1)}" if g else ""
+    return (text.count("\n", 0, m.start()) + 1,
+            f"OPEN_TRAINING_INT4_FAKE_QAT_FLAG={m.group(1)}{group} (ray runtime env): slime's INT4 fake "
+            "quantization-aware training; rlslurm trains plain bf16 and quantizes to INT4 only when it syncs the "
+            "weights to the engines (docs/low-precision.md)")
 
 
 def _refusal(argv: list[str]) -> str | None:

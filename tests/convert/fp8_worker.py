@@ -44,7 +44,7 @@ def main() -> None:
     from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.trainer.weights.base import SyncOptions
     from rlslurm.trainer.weights.disk import export_hf
-    from rlslurm.trainer.weights.factory import fp8_export
+    from rlslurm.trainer.weights.factory import quantized_export
     from rlslurm.trainer.weights.tries import SyncPublisher
 
     out, fp8_dir = Path(args.out), Path(args.fp8_dir)
@@ -58,10 +58,10 @@ def main() -> None:
     loaded = {n: t.cpu().clone() for n, t in mcore_to_hf(mc, model, dtype=torch.bfloat16)}
 
     plan = WeightSyncPlan(fp8_block=(128, 128))
-    opts = SyncOptions.from_plan(plan, dtype=torch.bfloat16, fp8=fp8_export(plan, fp8_dir))
+    opts = SyncOptions.from_plan(plan, dtype=torch.bfloat16, quantizer=quantized_export(plan, fp8_dir))
     pub = SyncPublisher(None, mc, None, api_key=None, opts=opts, weights_dir=out / "weights")  # type: ignore[arg-type]
     sync = [(n, t.cpu().clone()) for n, t in pub.stream(model)]
-    export_hf(mc, model, out / "disk", hf_dir=fp8_dir, dtype=torch.bfloat16, fp8=opts.fp8)
+    export_hf(mc, model, out / "disk", hf_dir=fp8_dir, dtype=torch.bfloat16, quantizer=opts.quantizer)
     export_hf(mc, model, out / "plain", hf_dir=fp8_dir, dtype=torch.bfloat16)
     if rank == 0:
         save_file(loaded, str(out / "loaded.safetensors"))

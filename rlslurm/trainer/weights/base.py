@@ -82,9 +82,10 @@ class SyncOptions:
     group_prefix: str = "rlslurm-wsync"
     flattened: bool = False                 # train.update_weight_flattened_bucket: one broadcast per bucket
     receiver: Literal["sglang", "rlslurm"] = "sglang"  # train.update_weight_receiver (engines/receiver.py)
-    # an FP8 --hf-checkpoint (plan.fp8_block): the weights it stored in FP8 go out as FP8 + _scale_inv
-    # (convert/fp8.py `Fp8Export`, read off the checkpoint by factory.py); None: unquantized
-    fp8: Any = None
+    # an FP8 or INT4 --hf-checkpoint (plan.fp8_block, plan.int4_group): the weights it stored quantized
+    # go out in its layout (convert/fp8.py `Fp8Export`, convert/int4.py `Int4Export`, read off the
+    # checkpoint by factory.py); None: unquantized
+    quantizer: Any = None
 
     def __post_init__(self) -> None:
         if self.bucket_bytes < 1:

@@ -32,12 +32,13 @@ def version_dir(weights_dir: Path, version: int) -> Path:
 
 
 def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: Path | None = None,
-              dtype: torch.dtype | None = None, fp8: Any = None) -> bool:
+              dtype: torch.dtype | None = None, quantizer: Any = None) -> bool:
     """The model in HF format into `target` (config.json from `hf_dir` or the model config, and its
     tokenizer files): built beside it and renamed into place complete, replacing an older `target`.
-    `fp8` (convert/fp8.py `Fp8Export`): the weights in the FP8 layout of the checkpoint it was read
-    off, config.json's quantization_config kept, so SGLang loads it as it loaded `hf_dir`; None:
-    unquantized tensors, and config.json without a quantization_config (--save-hf of an FP8 run).
+    `quantizer` (convert/fp8.py `Fp8Export`, convert/int4.py `Int4Export`): the weights in the FP8 or
+    INT4 layout of the checkpoint it was read off, config.json's quantization_config kept, so SGLang
+    loads it as it loaded `hf_dir`; None: unquantized tensors, and config.json without a
+    quantization_config (--save-hf of a quantized run).
     Collective over the trainer (the export gathers over TP/ETP/EP and PP); returns whether this rank wrote."""
     from megatron.core import parallel_state as ps
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
@@ -48,15 +49,15 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
     writer = roles.sender and ps.get_pipeline_model_parallel_rank() == 0
     if roles.exporter:  # every member of every TP/ETP/EP gather (DP 0 and, with experts, the DP ranks they reach)
         stream = mcore_to_hf(mc, model, dtype=dtype)
-        if fp8 is not None:  # on each stage's own exporter, before the layers travel to stage 0
-            stream = fp8.quantize(stream)
+        if quantizer is not None:  # on each stage's own exporter, before the layers travel to stage 0
+            stream = quantizer.quantize(stream)
         stream = stages_to_first(stream, sender=roles.sender)
         if writer:
             target = Path(target)
             tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             target.parent.mkdir(parents=True, exist_ok=True)
-            save_hf_checkpoint(stream, tmp, config=hf_config(mc, hf_dir, quantized=fp8 is not None),
+            save_hf_checkpoint(stream, tmp, config=hf_config(mc, hf_dir, quantized=quantizer is not None),
                                copy_aux_from=hf_dir)
             if target.exists():  # the same version again after a resume
                 shutil.rmtree(target)
@@ -84,18 +85,19 @@ def hf_config(mc: ModelConfig, hf_dir: Path | None, *, quantized: bool = False) 
 
 class DiskPublisher:
     def __init__(self, mc: ModelConfig, weights_dir: Path, control: Control | None, *,
-                 hf_dir: Path | None = None, dtype: torch.dtype | None = None, keep: int = 2, fp8: Any = None):
-        """`fp8`: the engines serve an FP8 checkpoint, so the versions are written in its layout
-        (`export_hf`)."""
+                 hf_dir: Path | None = None, dtype: torch.dtype | None = None, keep: int = 2,
+                 quantizer: Any = None):
+        """`quantizer`: the engines serve an FP8 or INT4 checkpoint, so the versions are written in
+        its layout (`export_hf`)."""
         self.mc, self.weights_dir, self.control = mc, Path(weights_dir), control
         self.hf_dir, self.dtype, self.keep = (Path(hf_dir) if hf_dir else None), dtype, keep
-        self.fp8 = fp8
+        self.quantizer = quantizer
 
     def publish(self, model: torch.nn.Module, version: int, *, record: bool = True) -> Delivered:
         """`record`: write control/weight_version.json (the driver then loads the files); the broadcast
         publisher's fallback records the version itself, once an engine has loaded it."""
         writer = export_hf(self.mc, model, version_dir(self.weights_dir, version), hf_dir=self.hf_dir,
-                           dtype=self.dtype, fp8=self.fp8)
+                           dtype=self.dtype, quantizer=self.quantizer)
         if writer:
             self._prune(version)
         if writer and record and self.control is not None:

@@ -18,8 +18,9 @@ def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Pa
                   no_engines: bool, ending: Callable[[], bool], note: Callable[[str], None]) -> WeightPublisher:
     """`st`: the trainer's state (trainer/setup.py): the model config and the parameters' dtype;
     `replay`: --load-debug-rollout-data; `no_engines`: the run starts none."""
-    fp8 = fp8_export(plan, hf_dir)
-    disk = DiskPublisher(st.mc, control.run.weights_dir, control, hf_dir=hf_dir, dtype=st.tcfg.params_dtype, fp8=fp8)
+    quantizer = quantized_export(plan, hf_dir)
+    disk = DiskPublisher(st.mc, control.run.weights_dir, control, hf_dir=hf_dir, dtype=st.tcfg.params_dtype,
+                         quantizer=quantizer)
     if plan.by_disk:
         return disk  # also in replay: the trained weights are then on disk to evaluate
     if replay:
@@ -29,7 +30,7 @@ def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Pa
         return VersionRecorder(control)
     rd = control.run
     common = dict(api_key=rd.api_key() if rd.api_key_file.exists() else None,
-                  opts=SyncOptions.from_plan(plan, dtype=st.tcfg.params_dtype, fp8=fp8),
+                  opts=SyncOptions.from_plan(plan, dtype=st.tcfg.params_dtype, quantizer=quantizer),
                   fallback=disk if plan.fallback == "disk" else None, attempt=job_env().attempt,
                   ending=ending, note=note)
     if plan.transport == "ipc":  # --colocate: in place on each GPU
@@ -41,11 +42,18 @@ def publisher_for(plan: WeightSyncPlan, st: Any, control: Control, *, hf_dir: Pa
     return broadcast_publisher(st.mc, control, **common)
 
 
-def fp8_export(plan: WeightSyncPlan, hf_dir: Path | None) -> Any:
-    """The plan's FP8 sync (an FP8 --hf-checkpoint): which weights to quantize, read off that
-    checkpoint's tensors (convert/fp8.py `Fp8Export`); None for an unquantized one."""
-    if plan.fp8_block is None or hf_dir is None:
+def quantized_export(plan: WeightSyncPlan, hf_dir: Path | None) -> Any:
+    """The plan's quantizing sync (an FP8 or INT4 --hf-checkpoint): which weights to quantize, read
+    off that checkpoint's tensors (convert/fp8.py `Fp8Export`, convert/int4.py `Int4Export`); None
+    for an unquantized one."""
+    if hf_dir is None:
         return None
-    from rlslurm.convert.fp8 import Fp8Export
+    if plan.fp8_block is not None:
+        from rlslurm.convert.fp8 import Fp8Export
 
-    return Fp8Export.of_checkpoint(hf_dir, plan.fp8_block)
+        return Fp8Export.of_checkpoint(hf_dir, plan.fp8_block)
+    if plan.int4_group is not None:
+        from rlslurm.convert.int4 import Int4Export
+
+        return Int4Export.of_checkpoint(hf_dir, plan.int4_group)
+    return None

@@ -108,15 +108,15 @@ class SyncPublisher:
         return out
 
     def stream(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        """The HF-named tensors every transport sends: FP8 blocks where the engines serve an FP8
-        checkpoint (`opts.fp8`, rlslurm/settings/weight_plan.py `fp8_block`)."""
+        """The HF-named tensors every transport sends: FP8 blocks or INT4 groups where the engines
+        serve such a checkpoint (`opts.quantizer`, rlslurm/settings/weight_plan.py `fp8_block`, `int4_group`)."""
         if self._export is not None:
             stream = self._export(self.mc, model, self.opts.dtype)
         else:
             from rlslurm.convert import mcore_to_hf
 
             stream = mcore_to_hf(self.mc, model, dtype=self.opts.dtype)
-        return self.opts.fp8.quantize(stream) if self.opts.fp8 is not None else stream
+        return self.opts.quantizer.quantize(stream) if self.opts.quantizer is not None else stream
 
     def step(self, what: str, fn: Callable[[], Any], errors: list[str]) -> bool:
         try:
