@@ -121,6 +121,19 @@ def _hf_config(model_script: Path) -> dict:
                    routed_scaling_factor=float(one("moe-router-topk-scaling-factor", 1.0)),
                    n_group=int(one("moe-router-num-groups", 1)), topk_group=int(one("moe-router-group-topk", 1)),
                    num_nextn_predict_layers=0)
+    if mt == "minimax_m2":
+        # the release's fields (tests/convert/test_hf_config_slime_families.py MINIMAX_M2): no
+        # attention_bias field, rotary as rotary_dim, every layer MoE with intermediate_size the
+        # experts' width, and the switches transformers' MiniMaxM2 reads as fixed
+        del cfg["attention_bias"]
+        cfg.update(intermediate_size=int(one("moe-ffn-hidden-size")), num_local_experts=int(one("num-experts")),
+                   num_experts_per_tok=int(one("moe-router-topk")),
+                   rotary_dim=int(cfg["head_dim"] * float(one("rotary-percent", 1.0))),
+                   use_qk_norm="qk-layernorm" in f, qk_norm_type="per_layer",
+                   scoring_func=one("moe-router-score-function", "softmax"),
+                   use_routing_bias="moe-router-enable-expert-bias" in f,
+                   shared_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)),
+                   attn_type_list=[1] * cfg["num_hidden_layers"])
     if mt == "glm4_moe":
         cfg["use_qk_norm"] = "qk-layernorm" in f
     if mt == "glm4_moe_lite":

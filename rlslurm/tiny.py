@@ -105,6 +105,16 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             # transformers' default is 0.5, not 1: always spell it out
             partial_rotary_factor=a.rotary_percent, num_nextn_predict_layers=0,
         )
+    if mc.hf_model_type == "minimax_m2" and a.moe:
+        # the release's config.json spells partial rotary as rotary_dim (transformers 5.19's
+        # MiniMaxM2Config turns it into partial_rotary_factor) and carries the switches below, which
+        # transformers ignores and check_hf_config pins; no attention_bias field. Every layer is MoE:
+        # intermediate_size is each expert's width.
+        del cfg["attention_bias"]
+        cfg.update(intermediate_size=a.moe.moe_ffn_hidden_size, num_local_experts=a.moe.num_experts,
+                   num_experts_per_tok=a.moe.router_topk, rotary_dim=int(a.kv_channels * a.rotary_percent),
+                   use_qk_norm=True, qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True,
+                   shared_intermediate_size=0, attn_type_list=[1] * a.num_layers)
     return cfg
 
 

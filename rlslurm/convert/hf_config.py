@@ -48,18 +48,22 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
     # out; its config class is remote code, read here as Qwen2's (REMOTE_BASE). docs/model-families.md.
     "mimo": {"qk_layernorm": False, "add_qkv_bias": True, "add_bias_linear": False, "rotary_interleaved": False,
              "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    # MiniMax-M2: q_norm / k_norm are one RMSNorm each over all heads' q (k), before the head split
+    # (transformers' MiniMaxM2Attention builds them num_attention_heads x head_dim and
+    # num_key_value_heads x head_dim wide); no biases anywhere; rotate_half over the first
+    # rotary_dim of each head, as GLM-4.5. docs/model-families.md, "MiniMax-M2".
+    "minimax_m2": {"qk_layernorm": True, "qk_layernorm_all_heads": True, "add_qkv_bias": False,
+                   "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+                   "post_mlp_layernorm": False, "normalization": "RMSNorm"},
 }
 
 SUPPORTED = tuple(FAMILY_FIXED)
 MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
 
 # Families looked at and found inexpressible in megatron-core 0.16, -> why, for the refusal
-# (docs/model-families.md, "Families megatron-core cannot express").
-NOT_EXPRESSIBLE = {
-    "minimax_m2": "its q_norm/k_norm are one RMSNorm over all heads' q (k) at once, megatron-core's "
-                  "qk_layernorm one per head (transformer/attention.py builds it hidden_size_per_attention_head "
-                  "wide)",
-}
+# (docs/model-families.md, "Families megatron-core cannot express"). None at present: MiniMax-M2,
+# the one listed before, is built with rlslurm's own q/k norm (trainer/qk_norm.py).
+NOT_EXPRESSIBLE: dict[str, str] = {}
 
 # model_type whose config class exists only as the checkpoint's remote code (auto_map), -> the
 # transformers config class it subclasses, which holds every field the main model's math reads.
@@ -218,12 +222,55 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
                   ("arch.moe", "set" if a.moe else None, "n_routed_experts", "set")]
         if a.moe:
             pairs += _sigmoid_router_moe(mc, g, scoring=("(glm4_moe router)", "sigmoid"))
+    elif mt == "minimax_m2":
+        pairs += _minimax_m2(mc, g)
     elif a.moe is not None:
         pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
     if mt not in MLA_FAMILIES and a.mla is not None:
         pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
     for field, value in FAMILY_FIXED.get(mt, {}).items():
         pairs.append((f"arch.{field}", getattr(a, field), f"({mt} architecture)", value))
+    return pairs
+
+
+def _minimax_m2(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
+    """MiniMax-M2's MoE fields, and the config.json switches of the release that transformers 5.19's
+    MiniMaxM2 ignores (it always builds the whole-width q/k norm, the sigmoid router with its
+    correction bias, no shared expert, full attention in every layer): a config that turns one of
+    them to something else describes a model that transformers would not compute as written, so it
+    is refused rather than guessed at (docs/model-families.md, "MiniMax-M2")."""
+    ignored = {"use_qk_norm": (True, "q_norm/k_norm"), "qk_norm_type": ("per_layer", "one q/k norm over all heads"),
+               "scoring_func": ("sigmoid", "sigmoid router scores"),
+               "use_routing_bias": (True, "the router's e_score_correction_bias"),
+               "shared_intermediate_size": (0, "no shared expert")}
+    for field, (value, what) in ignored.items():
+        have = g(field, value)
+        if have != value:
+            raise ConfigError(f"{mc.name}: HF minimax_m2 config has {field}={have!r}, but transformers' MiniMaxM2 "
+                              f"always builds {what} ({field}={value!r}), and so does the mapping")
+    kinds = set(g("attn_type_list") or [1])
+    if kinds != {1}:
+        raise ConfigError(f"{mc.name}: HF minimax_m2 config has attn_type_list entries {sorted(kinds - {1})} (not full "
+                          "attention), which transformers' MiniMaxM2 and the mapping do not build")
+    m = mc.arch.moe
+    pairs: list[tuple] = [("arch.moe", "set" if m else None, "num_local_experts", "set")]
+    if m:
+        pairs += [
+            ("arch.moe.num_experts", m.num_experts, "num_local_experts", g("num_local_experts")),
+            ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
+            # every layer is MoE; intermediate_size is each expert's width
+            ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "intermediate_size", g("intermediate_size")),
+            ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size, "shared_intermediate_size",
+             g("shared_intermediate_size", 0)),
+            ("arch.moe.first_k_dense", m.first_k_dense, "(minimax_m2: every layer MoE)", 0),
+            ("arch.moe.router_score_function", m.router_score_function, "scoring_func", g("scoring_func", "sigmoid")),
+            # MiniMaxM2TopKRouter divides the chosen scores by their sum, unscaled, ungrouped
+            ("arch.moe.router_topk_norm", m.router_topk_norm, "(minimax_m2 router)", True),
+            ("arch.moe.router_scaling_factor", m.router_scaling_factor, "(minimax_m2 router)", 1.0),
+            ("arch.moe.router_num_groups", m.router_num_groups, "(minimax_m2 router)", 1),
+            ("arch.moe.router_group_topk", m.router_group_topk, "(minimax_m2 router)", 1),
+            ("arch.moe.router_expert_bias", m.router_expert_bias, "use_routing_bias", g("use_routing_bias", True)),
+        ]
     return pairs
 
 

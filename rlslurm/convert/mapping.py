@@ -62,7 +62,7 @@ def _global_rules(mc: ModelConfig) -> list[Rule]:
     return rules
 
 
-def _gqa_attention(mc: ModelConfig, *, qk_norm: bool) -> list[Rule]:
+def _gqa_attention(mc: ModelConfig, *, qk_norm: bool, qk_norm_tp_dim: int | None = None) -> list[Rule]:
     rules = [
         Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
         Rule("self_attention.linear_qkv.weight",
@@ -73,8 +73,8 @@ def _gqa_attention(mc: ModelConfig, *, qk_norm: bool) -> list[Rule]:
         rules.append(Rule("self_attention.linear_qkv.bias", tuple(P + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv",
                           tp_dim=0))
     if qk_norm:
-        rules += [Rule("self_attention.q_layernorm.weight", (P + "self_attn.q_norm.weight",)),
-                  Rule("self_attention.k_layernorm.weight", (P + "self_attn.k_norm.weight",))]
+        rules += [Rule("self_attention.q_layernorm.weight", (P + "self_attn.q_norm.weight",), tp_dim=qk_norm_tp_dim),
+                  Rule("self_attention.k_layernorm.weight", (P + "self_attn.k_norm.weight",), tp_dim=qk_norm_tp_dim)]
     return rules
 
 
@@ -184,6 +184,24 @@ def _glm4_moe_lite(mc: ModelConfig, layer: int) -> list[Rule]:
     return _deepseek_v3(mc, layer)
 
 
+def _minimax_m2(mc: ModelConfig, layer: int) -> list[Rule]:
+    """MiniMax-M2: GQA without biases whose q_norm/k_norm span all heads ([heads x head_dim] and
+    [kv heads x head_dim], split over TP by heads like linear_qkv: trainer/qk_norm.py), then routed
+    experts only, Mixtral's checkpoint names (`block_sparse_moe.experts.E.w1/w3/w2` = gate/up/down,
+    as transformers' conversion_mapping.py gives minimax_m2 the mixtral rule), a sigmoid router
+    `block_sparse_moe.gate` and its correction bias `block_sparse_moe.e_score_correction_bias`
+    beside it, not in the gate (docs/model-families.md)."""
+    moe = P + "block_sparse_moe."
+    mlp = [Rule("mlp.router.weight", (moe + "gate.weight",)),
+           Rule("mlp.router.expert_bias", (moe + "e_score_correction_bias",)),
+           Rule("mlp.experts.local_experts.{E}.linear_fc1.weight", (moe + "experts.{E}.w1.weight",
+                                                                   moe + "experts.{E}.w3.weight"),
+                "gate_up", expert=True, tp_dim=0),
+           Rule("mlp.experts.local_experts.{E}.linear_fc2.weight", (moe + "experts.{E}.w2.weight",),
+                expert=True, tp_dim=1)]
+    return _gqa_attention(mc, qk_norm=True, qk_norm_tp_dim=0) + [_PRE_MLP_NORM] + mlp
+
+
 def _mimo(mc: ModelConfig, layer: int) -> list[Rule]:
     """Xiaomi MiMo-7B: the main model is Qwen2's, tensor for tensor (SGLang's MiMoModel is its
     Qwen2Model). `model.mtp_layers.*` has no rule: never loaded, trained or exported; the engine's
@@ -201,6 +219,7 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "glm4_moe": _glm4_moe,
     "glm4_moe_lite": _glm4_moe_lite,
     "mimo": _mimo,
+    "minimax_m2": _minimax_m2,
 }
 
 

@@ -48,9 +48,11 @@ def check_meta(mc: ModelConfig, ckpt_dir: str | Path, tp: int) -> int | None:
         return None
     ours, theirs = mc.arch.model_dump(mode="json"), meta.get("arch", {})
     for field in ours:
-        if ours[field] != theirs.get(field):
+        # a field added since the checkpoint was written is absent there: it has the field's default
+        recorded = theirs[field] if field in theirs else type(mc.arch).model_fields[field].default
+        if ours[field] != recorded:
             raise ConfigError(f"model config {mc.name!r}: arch.{field}={ours[field]!r} but the checkpoint "
-                              f"{Path(ckpt_dir) / META_NAME} has {theirs.get(field)!r}")
+                              f"{Path(ckpt_dir) / META_NAME} has {recorded!r}")
     vpad = meta.get("vocab_size_padded")
     if vpad is not None and vpad % tp:
         raise ConfigError(f"tensor parallel size {tp} does not divide the checkpoint's padded vocabulary {vpad} "

@@ -107,6 +107,12 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
             "router_topk_norm": bool(g("norm_topk_prob", False)),
             "router_scaling_factor": g("routed_scaling_factor", 1.0), "router_num_groups": g("n_group") or 1,
             "router_group_topk": g("topk_group") or 1, "router_expert_bias": True}
+    elif mt == "minimax_m2":
+        # every layer MoE, intermediate_size each expert's width; the router is fixed by the family
+        # (check_hf_config below refuses a config.json whose switches say otherwise)
+        arch["moe"] = {"num_experts": g("num_local_experts"), "router_topk": g("num_experts_per_tok"),
+                       "moe_ffn_hidden_size": g("intermediate_size"), "router_score_function": "sigmoid",
+                       "router_topk_norm": True, "router_expert_bias": True}
     if mt == "glm4_moe":
         arch["qk_layernorm"] = bool(g("use_qk_norm", False))
     arch.update(FAMILY_FIXED[mt])

@@ -92,6 +92,10 @@ class Arch(_Strict):
     rotary_interleaved: bool = False
     rope_scaling: RopeScaling | None = None
     qk_layernorm: bool = False
+    # MiniMax-M2: the q (k) norm is one RMSNorm over all heads' q (k) at once, before the head split,
+    # not one per head; its weights are split over TP by heads (trainer/qk_norm.py,
+    # docs/model-families.md "MiniMax-M2")
+    qk_layernorm_all_heads: bool = False
     add_qkv_bias: bool = False
     add_bias_linear: bool = False
     tie_word_embeddings: bool = False
@@ -102,6 +106,10 @@ class Arch(_Strict):
 
     @model_validator(mode="after")
     def _heads(self) -> "Arch":
+        if self.qk_layernorm_all_heads and not self.qk_layernorm:
+            raise ValueError("qk_layernorm_all_heads needs qk_layernorm (it says how the q/k norm spans the heads)")
+        if self.qk_layernorm_all_heads and self.mla is not None:
+            raise ValueError("qk_layernorm_all_heads is for grouped-query attention, not MLA")
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "

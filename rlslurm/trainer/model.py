@@ -4,10 +4,10 @@
   into a `TransformerConfig` (an `MLATransformerConfig` for MLA models) plus the user's
   `--megatron-<field>` overrides.
 - `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
-  transformer-engine imports and megatron's local spec otherwise, plus two small spec extensions:
-  GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`) and, for MLA without
-  transformer-engine, an SDPA core attention (megatron's local one does not take MLA's
-  `k_channels`/`v_channels`).
+  transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
+  GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
+  over all heads (trainer/qk_norm.py) and, for MLA without transformer-engine, an SDPA core
+  attention (megatron's local one does not take MLA's `k_channels`/`v_channels`).
 - `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
 
@@ -97,7 +97,10 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
         normalization=a.normalization,
         add_bias_linear=a.add_bias_linear,
         add_qkv_bias=a.add_qkv_bias,
-        qk_layernorm=a.qk_layernorm,
+        # MiniMax-M2's all-heads q/k norm is rlslurm's module (layer_specs), not megatron's per-head
+        # one; with qk_layernorm off finalize_model_grads does not sum its TP-sharded weight's
+        # gradient over TP as it does a replicated per-head norm's (trainer/qk_norm.py)
+        qk_layernorm=a.qk_layernorm and not a.qk_layernorm_all_heads,
         rotary_interleaved=a.rotary_interleaved,
         # Megatron's attention softmax runs in the input dtype unless told otherwise; HF runs it in
         # fp32 too, so keep it fp32 for bf16 parity.
@@ -214,6 +217,7 @@ def transformer_config(
                 f"--megatron-{key.replace('_', '-')}: {key!r} is not a megatron-core {cls.__name__} field"
             )
     stage_layers(mc.arch.num_layers, pp, first_stage_layers, last_stage_layers, model=mc.name)
+    check_all_heads_qk_norm(mc, tp)
     check_pipeline_split(overrides or {}, pp)
     if params_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
@@ -273,6 +277,17 @@ def transformer_config(
         return cls(**kw)
     except (AssertionError, ValueError, TypeError) as e:
         raise ConfigError(f"model config {mc.name}: megatron-core rejected the TransformerConfig: {e}") from None
+
+
+def check_all_heads_qk_norm(mc: ModelConfig, tp: int) -> None:
+    """MiniMax-M2's all-heads q/k norm is split over TP by whole heads (trainer/qk_norm.py). megatron-core
+    0.16 runs TP above the KV heads by giving several ranks the same KV head (attention.py:1464-1475),
+    where the k norm's sum of squares over TP would count that head more than once: refused."""
+    a = mc.arch
+    if a.qk_layernorm_all_heads and (a.num_query_groups % tp or a.num_attention_heads % tp):
+        raise ConfigError(f"--tensor-model-parallel-size {tp}: {mc.name}'s all-heads q/k norm is split over TP by "
+                          f"whole heads, and {a.num_query_groups} KV heads / {a.num_attention_heads} query heads do "
+                          f"not split into {tp}")
 
 
 # ---------------------------------------------------------------- layer-spec extensions
@@ -504,7 +519,7 @@ def _extend_mlp_spec(mc: ModelConfig, mlp_spec):
 
 
 def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: bool = False):
-    """The decoder block spec for `mc`: stock megatron specs plus the two extensions above;
+    """The decoder block spec for `mc`: stock megatron specs plus the extensions above;
     `packed` (--qkv-format thd): core attention that takes packed sequences."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
@@ -524,6 +539,14 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             continue
         seen.add(id(spec))
         sub = spec.submodules
+        if a.qk_layernorm_all_heads:
+            from megatron.core.transformer.spec_utils import ModuleSpec
+
+            from rlslurm.trainer.qk_norm import AllHeadsRMSNorm
+
+            attn = sub.self_attention.submodules
+            attn.q_layernorm = ModuleSpec(module=AllHeadsRMSNorm, params={"heads": a.num_attention_heads})
+            attn.k_layernorm = ModuleSpec(module=AllHeadsRMSNorm, params={"heads": a.num_query_groups})
         if a.post_self_attn_layernorm:
             sub.self_attention = dataclasses.replace(
                 sub.self_attention, module=_self_attention_with_post_norm(sub.self_attention.module))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight",
-            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo"]
+            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2"]
 # Checkpoint tensors a family's mapping leaves alone by design: MiMo's MTP layer (rlslurm.tiny writes
 # one, 16 tensors), which the trainer never reads and the export never writes.
 UNMAPPED = {"tiny-mimo": ("model.mtp_layers.", 16)}

@@ -21,25 +21,66 @@ import torch
 import torch.distributed as dist
 
 
-def _hf_grads(hf) -> dict:
+# Per-expert checkpoint names of transformers 5's fused expert parameters: (MoE block, gate, up, down).
+# conversion_mapping.py reads qwen2_moe-style names for most families and mixtral's for minimax_m2
+# (`block_sparse_moe.experts.E.w1/w3/w2`, the router `block_sparse_moe.gate`).
+EXPERT_NAMES = {"minimax_m2": ("block_sparse_moe", "w1", "w3", "w2")}
+QWEN2_MOE_NAMES = ("mlp", "gate_proj", "up_proj", "down_proj")
+
+
+def _hf_grads(hf, model_type: str) -> dict:
     """HF parameter gradients by checkpoint name. transformers 5 fuses MoE experts into 3-D
     parameters (`experts.gate_up_proj` [E, 2f, h], gate first; `experts.down_proj` [E, h, f])
     while checkpoints keep per-expert tensors: split them back."""
+    block, gate_n, up_n, down_n = EXPERT_NAMES.get(model_type, QWEN2_MOE_NAMES)
     out = {}
     for n, p in hf.named_parameters():
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         if n.endswith("mlp.experts.gate_up_proj"):
-            base = n[: -len("gate_up_proj")]
+            base = n[: -len("mlp.experts.gate_up_proj")] + f"{block}.experts."
             for e in range(g.shape[0]):
                 gate, up = g[e].chunk(2, 0)
-                out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate, up
+                out[f"{base}{e}.{gate_n}.weight"], out[f"{base}{e}.{up_n}.weight"] = gate, up
         elif n.endswith("mlp.experts.down_proj"):
-            base = n[: -len("down_proj")]
+            base = n[: -len("mlp.experts.down_proj")] + f"{block}.experts."
             for e in range(g.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = g[e]
+                out[f"{base}{e}.{down_n}.weight"] = g[e]
+        elif n.endswith("mlp.gate.weight"):
+            out[n[: -len("mlp.gate.weight")] + f"{block}.gate.weight"] = g
         else:
             out[n] = g
     return out
+
+
+def _sgd_step_loss(model, grads: dict, ids, pos, vocab: int, lr: float = 1.0, max_norm: float = 1e-2) -> tuple:
+    """One step of what megatron's optimizer does with `grads` (the finalised gradients by parameter
+    name), then the loss: the gradient norm as megatron's clip_grads takes it (each TP-sharded
+    parameter once per rank, a replicated one from TP rank 0 only, summed over the model-parallel
+    group; routed experts over the expert groups, as megatron's expert optimizer does, and the two
+    combined as its ChainedOptimizer does), the clipped SGD update (max_norm far below the norm, so
+    the norm sets the step), and the summed token NLL after it. Returns (norm, loss)."""
+    import math
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+    named = list(model.named_parameters())
+    dense = [grads[n] for n, p in named if ".local_experts." not in n and param_is_not_tensor_parallel_duplicate(p)]
+    expert = [grads[n] for n, p in named if ".local_experts." in n and param_is_not_tensor_parallel_duplicate(p)]
+    sq = get_grad_norm_fp32(dense, grad_stats_parallel_group=ps.get_model_parallel_group()) ** 2
+    if any(".local_experts." in n for n, _ in named):
+        sq += get_grad_norm_fp32(expert, grad_stats_parallel_group=ps.get_expert_tensor_model_pipeline_parallel_group()) ** 2
+    norm = math.sqrt(sq)
+    scale = lr * min(1.0, max_norm / (norm + 1e-6))
+    with torch.no_grad():
+        for n, p in named:
+            p.data.add_(grads[n].to(p.dtype), alpha=-scale)
+        logits = gather_from_tensor_model_parallel_region(model(ids, pos, None))[..., :vocab].cpu()
+    ids = ids.cpu()
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    return norm, float(loss)
 
 
 def main() -> None:
@@ -117,14 +158,17 @@ def main() -> None:
             # Gradients in HF names: finish what megatron's finalize_model_grads does for norms
             # (sum over TP of sequence-parallel and q/k-norm grads), then export the grads through
             # the same mapping as the weights (gathered over TP/EP).
+            # Summed over TP, by megatron's rule (finalize_model_grads.py:354-356): sequence-parallel
+            # norms, and per-head q/k norms by name when the config has qk_layernorm (MiniMax-M2's
+            # all-heads q/k norm is TP-sharded and its config has it off: trainer/qk_norm.py).
             tp_group = ps.get_tensor_model_parallel_group()
-            weights = {}
+            weights, finalised = {}, {}
             with torch.no_grad():
                 for pname, p in model.named_parameters():
                     weights[pname] = p.data
                     g = p.grad if p.grad is not None else torch.zeros_like(p)
                     if tp > 1 and (getattr(p, "sequence_parallel", False) or
-                                   "q_layernorm" in pname or "k_layernorm" in pname):
+                                   (tcfg.qk_layernorm and ("q_layernorm" in pname or "k_layernorm" in pname))):
                         g = g.clone()
                         dist.all_reduce(g, group=tp_group)
                     if ".local_experts." in pname and ep > 1:
@@ -132,6 +176,7 @@ def main() -> None:
                         # serves the tokens of all of them: its gradient is the sum over the DP
                         # replicas, which megatron's gradient averaging divides by the DP size.
                         g = g / ps.get_data_parallel_world_size()
+                    finalised[pname] = g
                     p.data = g
                 grads = {n: t.cpu() for n, t in mcore_to_hf(mc, model)}
                 for pname, p in model.named_parameters():
@@ -164,7 +209,7 @@ def main() -> None:
                 ref_train = hf(ids_cpu).logits
                 ref_nll = -torch.log_softmax(ref_train[:, :-1], -1).gather(-1, ids_cpu[:, 1:, None])
                 ref_nll.sum().backward()
-                hf_grads = _hf_grads(hf)
+                hf_grads = _hf_grads(hf, mc.hf_model_type)
                 diffs, scale = {}, 0.0
                 for n, g in grads.items():
                     if n not in hf_grads:
@@ -187,6 +232,10 @@ def main() -> None:
                     n for n in names & set(exported)
                     if exported[n].dtype != ckpt.get(n).dtype or not torch.equal(exported[n], ckpt.get(n)))
                 result["exported"] = len(exported)
+            # last, as it changes the weights: one clipped step, and the loss after it (every layout
+            # must take the same step)
+            result["step_grad_norm"], result["step_loss"] = _sgd_step_loss(model, finalised, ids, pos,
+                                                                           mc.arch.vocab_size)
             result["ok"] = True
         except Exception as e:  # recorded, so one family's failure does not hide the others'
             result["ok"] = False

@@ -1,6 +1,6 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
 different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
-The six conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
+The eight conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/slurm/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
 
@@ -57,15 +57,15 @@ def _bf16_qwen3(root: Path) -> Path:
 
 
 def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
-    """The six conversions of the three round trips below, each a real `rlslurm.convert` command
+    """The eight conversions of the four round trips below, each a real `rlslurm.convert` command
     (the CLI's typer app with a user's argv) on 2 ranks, all in one set of processes
     (tests/convert/cli_worker.py; in the session's one 2-process torchrun of tests/convert, conftest.py
     two_rank_runs): the commands are independent of one another but for the process group they share.
     `<root>/<case>/{mc,hf}`; the 3-layer bf16 tiny-qwen3 in `<root>/bf16`."""
     tiny_ckpts = request.getfixturevalue("tiny_ckpts")
     bf16_qwen3 = _bf16_qwen3(root / "bf16")
-    glm4, deepseek = tiny_ckpts / "tiny-glm4", tiny_ckpts / "tiny-deepseek-v3"
-    q, g, d = root / "qwen3", root / "glm4", root / "deepseek"
+    glm4, deepseek, minimax = tiny_ckpts / "tiny-glm4", tiny_ckpts / "tiny-deepseek-v3", tiny_ckpts / "tiny-minimax-m2"
+    q, g, d, m = root / "qwen3", root / "glm4", root / "deepseek", root / "minimax"
     qwen3 = str(bf16_qwen3.parent / "qwen3-3.yaml")
     plan = [
         # 3 layers over 2 stages, 2 + 1 (slime's uneven pipeline flags), read back at TP 2 on one stage
@@ -83,6 +83,12 @@ def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
          "--ep", "2", "--etp", "1", "--dtype", "fp32"],
         ["mcore-to-hf", "--model", "tiny-deepseek-v3", "--load", str(d / "mc"), "--out", str(d / "hf"), "--tp", "2",
          "--hf-config-from", str(deepseek)],
+        # MiniMax-M2's all-heads q/k norm weights, split by heads over TP=2 when written, whole at TP=1
+        # (one layer per pipeline stage) when read: dist_checkpointing must know them as TP-sharded
+        ["hf-to-mcore", "--model", "tiny-minimax-m2", "--hf", str(minimax), "--out", str(m / "mc"), "--tp", "2",
+         "--dtype", "fp32"],
+        ["mcore-to-hf", "--model", "tiny-minimax-m2", "--load", str(m / "mc"), "--out", str(m / "hf"), "--pp", "2",
+         "--hf-config-from", str(minimax)],
     ]
     (root / "plan.json").write_text(json.dumps(plan))
     return ["tests/convert/cli_worker.py", str(root / "plan.json")]
@@ -131,6 +137,16 @@ def test_deepseek_ep2_etp1_to_tp2(tiny_ckpts, converted):
     _generates(converted / "deepseek" / "hf")
 
 
+def test_minimax_m2_tp2_to_pp2(tiny_ckpts, converted):
+    """The q/k norm weights written as TP=2 shards (each rank's heads' chunk) come back whole at TP=1,
+    bit for bit, with every other tensor (routed experts under Mixtral's names)."""
+    from rlslurm.convert.meta import read_meta
+
+    assert read_meta(converted / "minimax" / "mc")["tp"] == 2
+    _assert_bit_identical(tiny_ckpts / "tiny-minimax-m2", converted / "minimax" / "hf", torch.float32)
+    _generates(converted / "minimax" / "hf")
+
+
 def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):
     from rlslurm.convert.cli import app
 
@@ -139,6 +155,23 @@ def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):
     assert r.exit_code == 2
     assert "hf_model_type='llama'" in r.output and "model_type='qwen3'" in r.output
     assert not (tmp_path / "x").exists()
+
+
+def test_checkpoint_written_before_the_all_heads_qk_norm_field_reads_as_its_default(tmp_path):
+    """rlslurm_model.json of a checkpoint converted before arch.qk_layernorm_all_heads existed lacks the
+    field: it is the default (per-head) for every model it was made from, and still not a MiniMax-M2."""
+    from rlslurm.convert.meta import check_meta, write_meta
+    from rlslurm.errors import ConfigError
+    from rlslurm.settings.model_config import load_model_config
+
+    for name in ("tiny-qwen3", "tiny-minimax-m2"):
+        arch = load_model_config(name).arch.model_dump(mode="json")
+        del arch["qk_layernorm_all_heads"]
+        (tmp_path / name).mkdir()
+        write_meta(tmp_path / name, {"arch": arch, "vocab_size_padded": 128})
+    assert check_meta(load_model_config("tiny-qwen3"), tmp_path / "tiny-qwen3", 1) == 128
+    with pytest.raises(ConfigError, match=r"arch.qk_layernorm_all_heads=True but the checkpoint .* has False$"):
+        check_meta(load_model_config("tiny-minimax-m2"), tmp_path / "tiny-minimax-m2", 1)
 
 
 def test_checkpoint_of_another_architecture_is_refused(tmp_path):

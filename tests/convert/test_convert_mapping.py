@@ -172,6 +172,30 @@ def test_glm4_moe_lite_table_is_deepseek_v3s_names():
     assert not any("linear_qkv" in n or n.endswith("linear_proj.bias") for n in targets)
 
 
+def test_minimax_m2_table_shards_its_qk_norms_by_heads_and_names_experts_as_mixtral():
+    """MiniMax-M2: the all-heads q/k norm weights are split over TP along dim 0 like linear_qkv (a
+    rank's chunk is its heads' part: rank 1 of 2 holds q heads 2-3 and KV head 1), and the MoE is
+    Mixtral's names (w1/w3 = gate/up, w2 = down) under block_sparse_moe, the correction bias beside
+    the gate; no dense layer, no shared expert, no bias."""
+    mc = load_model_config("tiny-minimax-m2")
+    targets = M.default_targets(mc)
+    for x, width in (("q", 4 * 32), ("k", 2 * 32)):
+        name = f"decoder.layers.1.self_attention.{x}_layernorm.weight"
+        assert targets[name] == 0 and M.resolve(mc, name).hf_names == (f"model.layers.1.self_attn.{x}_norm.weight",)
+        full = torch.arange(width, dtype=torch.float32)
+        parts = [dict(M.hf_to_mcore(mc, lambda n: full if n.endswith(f"{x}_norm.weight") else torch.zeros(1), r, 2,
+                                    targets={name: 0}))[name] for r in (0, 1)]
+        assert torch.equal(parts[1], full[width // 2:])
+    assert M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight").hf_names == (
+        "model.layers.0.block_sparse_moe.experts.2.w1.weight", "model.layers.0.block_sparse_moe.experts.2.w3.weight")
+    assert M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight").hf_names == (
+        "model.layers.0.block_sparse_moe.experts.2.w2.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.router.weight").hf_names == ("model.layers.0.block_sparse_moe.gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.router.expert_bias").hf_names == (
+        "model.layers.0.block_sparse_moe.e_score_correction_bias",)
+    assert not any("shared_experts" in n or n.endswith(".bias") or "mlp.linear_fc" in n for n in targets)
+
+
 def test_mimo_reads_and_exports_no_mtp_tensor(tiny_ckpts):
     """MiMo: the Qwen2 tables; the MTP layer's 16 tensors in the file (`model.mtp_layers.0.*`) are
     not read by the streamed import (same tensors with or without them) and not in the export set."""

@@ -4,7 +4,8 @@ tests/convert/parity_worker.py builds the GPTModel from the model config, loads 
 through rlslurm.convert, and compares with HF transformers on the same files and input: (a) logits,
 (b) token log-probs from megatron's vocab-parallel cross entropy with the TP vocab padding masked,
 (c) every parameter's gradient of the summed token NLL (exported through the same mapping), and
-(d) the exported HF tensors with the files, bit for bit; (e) the loss across parallel layouts.
+(d) the exported HF tensors with the files, bit for bit; (e) the loss across parallel layouts, before
+and after one gradient step clipped by megatron's gradient norm.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from convert_helpers import FAMILIES, UNMAPPED, check, run_procs
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
-MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe", "tiny-glm4-moe-lite"]
+MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-minimax-m2"]
 # HF keeps the router correction bias as a buffer (no gradient): one per MoE layer
-ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1, "tiny-glm4-moe-lite": 1}
+ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1, "tiny-glm4-moe-lite": 1,
+                       "tiny-minimax-m2": 2}
 TIED = "tiny-qwen3-tied"  # tiny-qwen3 with tied embeddings (like Qwen3-4B), written by the fixture
 LAYOUTS = {"tp1": (1, 1, FAMILIES + [TIED]), "tp2": (2, 1, FAMILIES + [TIED]), "ep2": (2, 2, MOE)}
 CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in models]
@@ -102,3 +104,18 @@ def test_parallel_layouts_give_the_same_loss(parity, model):
     for layout in ("tp2", "ep2"):
         if model in parity[layout]:
             assert abs(_get(parity, layout, model)["loss"] - base) < 1e-5, (layout, model)
+
+
+@pytest.mark.parametrize("model", FAMILIES + [TIED])
+def test_parallel_layouts_take_the_same_clipped_step(parity, model):
+    """One gradient step clipped by the gradient norm as megatron's optimizer takes it (parity_worker.py
+    `_sgd_step_loss`): the norm counts every TP-sharded parameter's shards once and a replicated one
+    once, so it is the same at every layout, and so is the loss after the step. (Without the
+    tensor-parallel marks on MiniMax-M2's sharded q/k norm weights, its TP=2 norm is 7.7e-6 off, relative.)"""
+    base = _get(parity, "tp1", model)
+    assert base["step_grad_norm"] > 1.0 and abs(base["step_loss"] - base["loss"]) > 1e-2  # the step moved the loss
+    for layout in ("tp2", "ep2"):
+        if model in parity[layout]:
+            r = _get(parity, layout, model)
+            assert r["step_grad_norm"] == pytest.approx(base["step_grad_norm"], rel=1e-6), (layout, model)
+            assert abs(r["step_loss"] - base["step_loss"]) < 1e-5, (layout, model)

@@ -1,7 +1,7 @@
-"""The released config.json of GLM-4.7-Flash (glm4_moe_lite) and MiMo-7B (mimo) give the model
-config slime's models/glm4.7-30B-A3B.sh and models/mimo-7B-rl.sh describe; what the mappings cannot
-express is refused in one line naming the field, and MiniMax-M2 naming why megatron-core cannot
-build it (docs/model-families.md)."""
+"""The released config.json of GLM-4.7-Flash (glm4_moe_lite), MiMo-7B (mimo) and MiniMax-M2 (minimax_m2)
+give the model config slime's models/glm4.7-30B-A3B.sh, models/mimo-7B-rl.sh and models/minimax-m2.sh
+describe; what the mappings cannot express is refused in one line naming the field
+(docs/model-families.md)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,23 @@ MIMO_7B = {
     "intermediate_size": 11008, "max_position_embeddings": 32768, "num_attention_heads": 32,
     "num_hidden_layers": 36, "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05,
     "rope_theta": 640000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151680,
+}
+
+
+# MiniMax-M2's config.json as released (MiniMaxAI/MiniMax-M2; the model card's file was not reachable
+# from here: the values are those that public test fixtures and inference engines' ports pin, and agree
+# with slime's scripts/models/minimax-m2.sh); its fp8 quantization_config left out (convert/fp8.py reads it).
+MINIMAX_M2 = {
+    "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "attn_type_list": [1] * 62,
+    "auto_map": {"AutoConfig": "configuration_minimax_m2.MiniMaxM2Config",
+                 "AutoModelForCausalLM": "modeling_minimax_m2.MiniMaxM2ForCausalLM"},
+    "head_dim": 128, "hidden_act": "silu", "hidden_size": 3072, "intermediate_size": 1536,
+    "max_position_embeddings": 196608, "mtp_transformer_layers": 1, "num_attention_heads": 48,
+    "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
+    "num_mtp_modules": 3, "qk_norm_type": "per_layer", "rms_norm_eps": 1e-06, "rope_theta": 5000000,
+    "rotary_dim": 64, "scoring_func": "sigmoid", "shared_intermediate_size": 0, "tie_word_embeddings": False,
+    "use_cache": True, "use_mtp": True, "use_qk_norm": True, "use_routing_bias": True, "vocab_size": 200064,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -90,16 +107,33 @@ def test_mimo_7b_is_slimes_mimo_7b_rl_as_qwen2(tmp_path):
                                                       "max_window_layers": 0}))
 
 
-def test_minimax_m2_is_refused_naming_its_whole_width_qk_norm(tmp_path):
-    """MiniMax-M2's q/k RMSNorm spans all heads (transformers' MiniMaxM2Attention: q_norm over
-    num_attention_heads x head_dim), which megatron-core's per-head qk_layernorm cannot compute."""
-    cfg = {"architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "hidden_size": 3072,
-           "num_hidden_layers": 62, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
-           "rotary_dim": 64, "intermediate_size": 1536, "num_local_experts": 256, "num_experts_per_tok": 8,
-           "vocab_size": 200064, "rms_norm_eps": 1e-6, "rope_theta": 5000000, "use_qk_norm": True,
-           "scoring_func": "sigmoid", "use_routing_bias": True, "tie_word_embeddings": False}
-    with pytest.raises(ConfigError) as e:
-        model_config_from_hf(_dir(tmp_path / "MiniMax-M2.5", cfg))
-    msg = str(e.value)
-    assert "\n" not in msg and "model_type 'minimax_m2' has no rlslurm mapping: its q_norm/k_norm are one " \
-                                "RMSNorm over all heads" in msg and "transformer/attention.py" in msg, msg
+def test_minimax_m2_is_slimes_minimax_m2(tmp_path):
+    """The release's config.json gives the model slime's models/minimax-m2.sh describes: rotary_dim 64
+    of head_dim 128 (--rotary-percent 0.5), every layer MoE over intermediate_size 1536
+    (--moe-ffn-hidden-size), and its q/k norm over all heads (slime's own layer spec; rlslurm's
+    trainer/qk_norm.py). Its MTP fields (use_mtp, num_mtp_modules) change nothing the trainer builds."""
+    mc = model_config_from_hf(_dir(tmp_path / "MiniMax-M2.5", MINIMAX_M2))
+    a, m = mc.arch, mc.arch.moe
+    assert (mc.hf_model_type, mc.hf_architecture) == ("minimax_m2", "MiniMaxM2ForCausalLM")
+    assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.num_query_groups, a.kv_channels, a.vocab_size,
+            a.rotary_percent, a.rotary_base, a.norm_epsilon, a.max_position_embeddings) == (
+        62, 3072, 48, 8, 128, 200064, 0.5, 5e6, 1e-6, 196608)
+    assert a.qk_layernorm and a.qk_layernorm_all_heads and not a.add_qkv_bias and not a.tie_word_embeddings
+    assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.first_k_dense,
+            m.router_score_function, m.router_topk_norm, m.router_scaling_factor, m.router_expert_bias) == (
+        256, 8, 1536, 0, 0, "sigmoid", True, 1.0, True)
+
+
+@pytest.mark.parametrize("changes,match", [
+    # switches transformers' MiniMaxM2 ignores (it always builds what the release says): refused, not guessed
+    ({"use_qk_norm": False}, r"use_qk_norm=False, but transformers' MiniMaxM2 always builds q_norm/k_norm"),
+    ({"qk_norm_type": "per_head"}, r"qk_norm_type='per_head', but .* one q/k norm over all heads"),
+    ({"scoring_func": "softmax"}, r"scoring_func='softmax'"),
+    ({"use_routing_bias": False}, r"use_routing_bias=False"),
+    ({"shared_intermediate_size": 1536}, r"shared_intermediate_size=1536, .* no shared expert"),
+    ({"attn_type_list": [0, 1] * 31}, r"attn_type_list entries \[0\] \(not full attention\)"),
+])
+def test_minimax_m2_variants_transformers_does_not_build_are_refused(tmp_path, changes, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        model_config_from_hf(_dir(tmp_path / "m", {**MINIMAX_M2, **changes}))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"--hf-checkpoint {tmp_path / 'm'}: ")

@@ -98,6 +98,26 @@ def test_overrides_apply_and_unknown_fields_name_the_flag():
         transformer_config(mc, overrides={"hiden_dropout": 0.1})
 
 
+def test_minimax_m2_fields_and_the_tp_its_qk_norm_refuses():
+    """MiniMax-M2: every layer MoE (sigmoid, correction bias, no shared expert, no scaling), partial
+    non-interleaved rotary, and megatron's own per-head qk_layernorm off (rlslurm's all-heads norm
+    takes its place in the layer spec, and finalize_model_grads must not sum its TP-sharded weight's
+    gradient by name). TP above the 2 KV heads cannot split the k norm by whole heads: one line."""
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-minimax-m2")
+    cfg = transformer_config(mc, tp=2, overrides={})
+    assert mc.arch.qk_layernorm and mc.arch.qk_layernorm_all_heads and not cfg.qk_layernorm
+    assert not cfg.add_qkv_bias and not cfg.add_bias_linear and not cfg.rotary_interleaved
+    assert cfg.moe_layer_freq == [1, 1] and cfg.moe_router_score_function == "sigmoid"
+    assert cfg.moe_router_enable_expert_bias and cfg.moe_shared_expert_intermediate_size is None
+    assert cfg.moe_router_topk_scaling_factor is None and cfg.moe_router_num_groups is None
+    with pytest.raises(ConfigError) as e:
+        transformer_config(mc, tp=4, overrides={})
+    assert str(e.value) == ("--tensor-model-parallel-size 4: tiny-minimax-m2's all-heads q/k norm is split over TP "
+                            "by whole heads, and 2 KV heads / 4 query heads do not split into 4")
+
+
 def test_unsupported_rope_scaling_is_refused():
     from rlslurm.trainer.model import transformer_config
 
