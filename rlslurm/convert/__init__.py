@@ -11,11 +11,25 @@ Public API:
   recorded padded vocabulary (build the model with it to read the checkpoint at another TP).
 """
 
-from rlslurm.convert.export import mcore_to_hf
-from rlslurm.convert.hf_config import check_hf_config
-from rlslurm.convert.hf_io import HFCheckpoint, save_hf_checkpoint
-from rlslurm.convert.load import load_hf_checkpoint
-from rlslurm.convert.mapping import hf_to_mcore
+# The names are loaded on first use (PEP 562): `rlslurm submit`/`status` reach this package for
+# `model_from_hf`, which needs no torch, and an eager import of `export` cost every CLI call ~4 s of
+# torch import on 2 cores.
+_WHERE = {"mcore_to_hf": "export", "check_hf_config": "hf_config", "HFCheckpoint": "hf_io",
+          "save_hf_checkpoint": "hf_io", "load_hf_checkpoint": "load", "hf_to_mcore": "mapping"}
 
 __all__ = ["HFCheckpoint", "check_hf_config", "hf_to_mcore", "load_hf_checkpoint", "mcore_to_hf",
            "save_hf_checkpoint"]
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
