@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from rlslurm.errors import ConfigError
+from rlslurm.settings.argv import flag_value
 
 # Flags rlslurm sets itself (engines/engine.py), with SGLang's aliases of them (--model is
 # --model-path's, --tensor-parallel-size --tp-size's); a passthrough of one would silently fight
@@ -112,18 +113,6 @@ def unknown_flags_message(unknown: list[str], known: frozenset[str], version: st
         close = difflib.get_close_matches(f, sorted(known), n=1)
         hints.append(f"--sglang-{f[2:]}" + (f" (did you mean --sglang-{close[0][2:]}?)" if close else ""))
     return f"{', '.join(hints)}: not a flag of SGLang {version or ''} `launch_server`".replace("  ", " ")
-
-
-def flag_value(args: list[str] | tuple[str, ...], *names: str) -> str | None:
-    """The value of the last `--name V` / `--name=V` among `names` in a passthrough argv; "" for a bare
-    switch; None when absent (argparse keeps the last occurrence, so do we)."""
-    found = None
-    for i, a in enumerate(args):
-        flag, eq, value = a.partition("=")
-        if flag in names:
-            nxt = args[i + 1] if i + 1 < len(args) else None
-            found = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else "")
-    return found
 
 
 def _int_flag(args, *names: str) -> int | None:

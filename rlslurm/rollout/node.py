@@ -37,7 +37,6 @@ from rlslurm.buffer.rundir import RunDir
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
-from rlslurm.engines.sglang_flags import flag_value
 from rlslurm.engines.span import SpanFollower, SpanLeader
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.turn_watch import TurnHold
@@ -46,6 +45,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
+from rlslurm.settings.argv import flag_value
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.weight_plan import WeightSyncPlan, weight_sync_plan
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlslurm.errors import ConfigError
+from rlslurm.settings.argv import flag_value
 
 DOC = "docs/low-precision.md"
 WHY_TRAINING = (f"FP8/FP4 training runs in transformer-engine's layers, and rlslurm's trainer has no "
@@ -122,14 +123,9 @@ def checkpoint_precision(flag: str, hf_dir: Path) -> str | None:
 def check_engine_quantization(sglang_args: list[str] | tuple[str, ...], fp8: bool) -> None:
     """`--sglang-quantization X` beside an FP8 --hf-checkpoint: only fp8 matches what the weight sync
     sends (FP8 weights and their block scales, in the checkpoint's names)."""
-    args = list(sglang_args)
-    for i, a in enumerate(args):
-        name, _, value = a.partition("=")
-        if name != "--quantization":
-            continue
-        value = value or (args[i + 1] if i + 1 < len(args) else "")
-        if fp8 and value != "fp8":
-            raise ConfigError(f"--sglang-quantization {value}: --hf-checkpoint is block-wise FP8, and the weight "
+    value = flag_value(sglang_args, "--quantization")  # the one SGLang will use: argparse keeps the last
+    if fp8 and value is not None and value != "fp8":
+        raise ConfigError(f"--sglang-quantization {value}: --hf-checkpoint is block-wise FP8, and the weight "
                               f"sync sends FP8 weights with their block scales; drop the flag or pass fp8 ({DOC})")
 
 
@@ -276,13 +272,10 @@ def check_int4_engine_args(sglang_args: list[str] | tuple[str, ...], device: str
     if device != "cuda":
         raise ConfigError(f"--hf-checkpoint is INT4 W4A16: SGLang serves it with CUDA Marlin kernels, and the "
                           f"rollout device is {device}; use the unquantized checkpoint on CPU ({DOC})")
-    args = list(sglang_args)
-    for i, a in enumerate(args):
-        name, _, value = a.partition("=")
-        value = value or (args[i + 1] if i + 1 < len(args) else "")
-        if name == "--quantization" and value != "compressed-tensors":
-            raise ConfigError(f"--sglang-quantization {value}: --hf-checkpoint is INT4 W4A16 compressed-tensors and "
-                              f"the weight sync sends INT4 groups; drop the flag or pass compressed-tensors ({DOC})")
-        if name == "--moe-runner-backend" and value != "marlin":
-            raise ConfigError(f"--sglang-moe-runner-backend {value}: --hf-checkpoint is INT4 W4A16, and SGLang can "
-                              f"reload INT4 experts only in their Marlin form; drop the flag or pass marlin ({DOC})")
+    quant, moe = flag_value(sglang_args, "--quantization"), flag_value(sglang_args, "--moe-runner-backend")
+    if quant is not None and quant != "compressed-tensors":
+        raise ConfigError(f"--sglang-quantization {quant}: --hf-checkpoint is INT4 W4A16 compressed-tensors and "
+                          f"the weight sync sends INT4 groups; drop the flag or pass compressed-tensors ({DOC})")
+    if moe is not None and moe != "marlin":
+        raise ConfigError(f"--sglang-moe-runner-backend {moe}: --hf-checkpoint is INT4 W4A16, and SGLang can "
+                          f"reload INT4 experts only in their Marlin form; drop the flag or pass marlin ({DOC})")

@@ -129,6 +129,19 @@ def test_sglang_quantization_must_match_an_fp8_checkpoint(tmp_path: Path) -> Non
                 strict_inputs=False)
 
 
+
+def test_the_engine_flag_judged_is_the_one_sglang_keeps() -> None:
+    """argparse keeps the last of a repeated flag, and that is the value checked: a later fp8 wins over an
+    earlier other value, a later other value is refused."""
+    from rlslurm.settings.low_precision import check_engine_quantization, check_int4_engine_args
+
+    check_engine_quantization(["--quantization", "w8a8_int8", "--quantization=fp8"], fp8=True)
+    with pytest.raises(ConfigError, match=r"^--sglang-quantization w8a8_int8: "):
+        check_engine_quantization(["--quantization=fp8", "--quantization", "w8a8_int8"], fp8=True)
+    check_int4_engine_args(["--moe-runner-backend", "triton", "--moe-runner-backend", "marlin"], "cuda")
+    with pytest.raises(ConfigError, match=r"^--sglang-moe-runner-backend triton: "):
+        check_int4_engine_args(["--moe-runner-backend=marlin", "--moe-runner-backend", "triton"], "cuda")
+
 # ------------------------------------------------------------------ INT4 W4A16 compressed-tensors (slime's INT4)
 INT4_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
                 "dynamic": False, "actorder": None}
