@@ -2,11 +2,12 @@
 around them.
 
 A weight-sync join given up because the job is ending (trainer/weights/group.py) stays blocked in
-c10d until its timeout. If that wait ends while the interpreter finalizes, Python 3.11 ends the
-thread with pthread_exit inside C++ frames and the process aborts (SIGABRT, exit 134) with whatever
+c10d until its timeout. If that wait ends while the interpreter finalizes, CPython (3.11, 3.12) ends
+the thread with pthread_exit inside C++ frames and the process aborts (SIGABRT, exit 134) with whatever
 status it meant to exit with lost: seen at the end of the test suite in CI (stop 40); in a job, a
 requeue or a user error would read as a crash. `exit(status)` ends the process with os._exit,
-after flushing, while such a thread is alive; otherwise it is sys.exit.
+after flushing, while such a thread is alive; otherwise it is sys.exit (docs/slurm-preemption.md,
+"A role's last second: the exit status must survive the interpreter's teardown").
 """
 
 from __future__ import annotations
