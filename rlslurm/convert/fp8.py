@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from rlslurm.convert.quant_stream import small_last
 from rlslurm.errors import DataError
 
 FP8 = torch.float8_e4m3fn
@@ -33,8 +34,6 @@ SCALE_SUFFIX = "_scale_inv"
 # an all-zero block (padding, an expert that never trained) would give scale 0 and 0/0 = NaN;
 # slime's converter hit exactly that (THUDM/slime tests/test_block_fp8_zero_block.py)
 MIN_AMAX = 1e-12
-# unquantized tensors up to this size go out after the big ones (`Fp8Export.quantize`)
-SMALL_BYTES = 1 << 20
 
 
 def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
@@ -120,20 +119,10 @@ class Fp8Export:
         return cls(tuple(block), names)  # type: ignore[arg-type]
 
     def quantize(self, stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """The export stream with each listed weight as FP8 + its `_scale_inv`. The scales and small
-        unquantized tensors (norms, biases) follow the big ones: a flattened bucket holds one dtype
-        (trainer/weights/group.py `iter_buckets`), and interleaving them would cut a bucket at every
-        norm. SGLang applies a sync's tensors when the update ends (/end_weight_update runs its
-        post-load step), so a scale may arrive after its weight."""
-        tail: list[tuple[str, torch.Tensor]] = []
-        for name, t in stream:
-            if name in self.names:
-                q, s = quantize(t, self.block)
-                yield name, q
-                tail.append((name + SCALE_SUFFIX, s))
-            elif t.numel() * t.element_size() <= SMALL_BYTES:
-                tail.append((name, t))
-            else:
-                yield name, t
-        tail.sort(key=lambda nt: str(nt[1].dtype))  # stable: one run per dtype, each in export order
-        yield from tail
+        """The export stream with each listed weight as FP8 + its `_scale_inv`, the scales after the big
+        tensors (convert/quant_stream.py says why)."""
+        def one(name: str, t: torch.Tensor):
+            q, s = quantize(t, self.block)
+            return [(name, q)], [(name + SCALE_SUFFIX, s)]
+
+        return small_last(stream, self.names, one)

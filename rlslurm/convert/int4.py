@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from rlslurm.convert.quant_stream import small_last
 from rlslurm.errors import DataError
 from rlslurm.settings.low_precision import PACKED, SCALE, SHAPE, check_int4_tensors
 
@@ -38,8 +39,6 @@ Q_MIN, Q_MAX = -OFFSET, OFFSET - 1
 # symmetric scale = the group's largest |w| / 7.5: half the int4 range (15 / 2), as compressed-tensors'
 # calculate_qparams computes it (quantization/utils/helpers.py), so that both -8 and 7 are used
 HALF_RANGE = (Q_MAX - Q_MIN) / 2
-# unquantized tensors up to this size go out after the big ones (`Int4Export.quantize`)
-SMALL_BYTES = 1 << 20
 
 
 def pack(q: torch.Tensor) -> torch.Tensor:
@@ -150,22 +149,13 @@ class Int4Export:
                    ckpt.get(bases[0] + SHAPE).dtype)
 
     def quantize(self, stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """The export stream with each listed weight as weight_packed + weight_scale + weight_shape. The
-        packed words go where the weight was; the scales, shapes and small unquantized tensors follow
-        the big ones, one run per dtype, because a flattened bucket holds one dtype
-        (trainer/weights/group.py `iter_buckets`). SGLang applies a sync's INT4 tensors when the update
-        ends (/end_weight_update repacks them for Marlin), so a scale may arrive after its words."""
-        tail: list[tuple[str, torch.Tensor]] = []
-        for name, t in stream:
-            if name in self.names:
-                base = name[: -len("weight")]
-                packed, scale = quantize(t, self.group, self.scale_dtype)
-                yield base + PACKED, packed
-                tail.append((base + SCALE, scale))
-                tail.append((base + SHAPE, torch.tensor(tuple(t.shape), dtype=self.shape_dtype, device=t.device)))
-            elif t.numel() * t.element_size() <= SMALL_BYTES:
-                tail.append((name, t))
-            else:
-                yield name, t
-        tail.sort(key=lambda nt: str(nt[1].dtype))  # stable: one run per dtype, each in export order
-        yield from tail
+        """The export stream with each listed weight as weight_packed + weight_scale + weight_shape: the
+        packed words where the weight was, the scales and shapes after the big tensors
+        (convert/quant_stream.py says why; /end_weight_update repacks them for Marlin)."""
+        def one(name: str, t: torch.Tensor):
+            base = name[: -len("weight")]
+            packed, scale = quantize(t, self.group, self.scale_dtype)
+            shape = torch.tensor(tuple(t.shape), dtype=self.shape_dtype, device=t.device)
+            return [(base + PACKED, packed)], [(base + SCALE, scale), (base + SHAPE, shape)]
+
+        return small_last(stream, self.names, one)
