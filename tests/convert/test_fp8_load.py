@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.megatron]
 
 def two_rank_run(request: pytest.FixtureRequest, out: Path) -> list[str]:
     yaml, _, fp8 = make_fp8_checkpoint(out)
-    return ["tests/convert/fp8_worker.py", "--model", str(yaml), "--fp8-dir", str(fp8), "--out", str(out / "run")]
+    return ["tests/convert/quantized_worker.py", "--model", str(yaml), "--fp8-dir", str(fp8), "--out", str(out / "run")]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.megatron]
 
 def two_rank_run(request: pytest.FixtureRequest, out: Path) -> list[str]:
     _, int4 = make_int4_checkpoint(out)
-    return ["tests/convert/int4_worker.py", "--model", "tiny-qwen3-moe", "--int4-dir", str(int4),
+    return ["tests/convert/quantized_worker.py", "--model", "tiny-qwen3-moe", "--int4-dir", str(int4),
             "--group", str(GROUP), "--out", str(out / "run")]
 
 

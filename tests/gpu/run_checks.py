@@ -18,6 +18,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []
 
 
+def logprob_diffs(ms: list[dict]) -> list[float]:
+    """|train - rollout logprob| of each trained rollout that recorded it (metrics.jsonl)."""
+    return [m["train_rollout_logprob_abs_diff"] for m in ms if "train_rollout_logprob_abs_diff" in m]
+
+
 def probes(run_dir: Path) -> list[dict]:
     p = run_dir / "control" / "weight_probe.jsonl"
     return [json.loads(l) for l in p.read_text().splitlines()] if p.exists() else []

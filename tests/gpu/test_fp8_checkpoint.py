@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.deliveries import assert_delivered_by
 from tests.fp8_ckpt import make_fp8_checkpoint
 from tests.gpu.demo_runs import rlslurm_run, transport, where
-from tests.gpu.run_checks import finish, logs, metrics, probes
+from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
 
 
 def test_fp8_checkpoint_serves_and_syncs_fp8(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_fp8_checkpoint_serves_and_syncs_fp8(tmp_path: Path) -> None:
     recs = probes(run_dir)
     assert recs and all(all(str(e.get("weight_version")) == str(r["version"]) for e in r["engines"].values())
                         for r in recs), recs[:2]
-    diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
+    diffs = logprob_diffs(metrics(run_dir))
     assert diffs and max(diffs) < 0.5, diffs
     print(f"GPU FP8 checkpoint ({where()}): {n} versions synced as FP8 blocks; max |train - rollout logprob| "
           f"{max(diffs):.4f}; greedy equal in {sum(r['match'] for r in recs)}/{len(recs)} probes")

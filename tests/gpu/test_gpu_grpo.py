@@ -25,7 +25,7 @@ from rlslurm.rollout.driver import required_version
 
 from tests.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import SAVE_INTERVAL, check_placement, rlslurm_run, transport, where
-from tests.gpu.run_checks import finish, logs, metrics, probes
+from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
 from tests.process_groups import trainer_pids
 
 MARGIN = 0.15
@@ -87,7 +87,7 @@ def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path
     assert recs and all(str(e.get("weight_version")) == str(r["version"]) for r in recs for e in r["engines"].values()), \
         recs[:2]
     assert n in {r["version"] for r in recs}  # the final weights reached the engine too
-    diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
+    diffs = logprob_diffs(metrics(run_dir))
     assert diffs and max(diffs) < 0.1, diffs  # same weights on both sides, bf16 kernels apart
     assert_delivered_by(run_dir, transport())  # every version, both attempts, by the transport, no fallback
     check_placement(run_dir)
@@ -108,7 +108,7 @@ def test_async_bf16_respects_staleness_bound(tmp_path: Path) -> None:
              if m["weight_version_min"] < required_version(r, async_buffer_size=k)}
     assert not stale, stale
     assert any(m["weight_version_min"] < r for r, m in per_rollout.items()), "never ran ahead: not async"
-    diffs = [m["train_rollout_logprob_abs_diff"] for m in ms if "train_rollout_logprob_abs_diff" in m]
+    diffs = logprob_diffs(ms)
     # bf16 on both sides and weights up to k versions apart: a bound, not equality
     assert diffs and max(diffs) < 0.5, diffs
     recs = probes(run_dir)

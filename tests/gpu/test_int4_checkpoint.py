@@ -17,7 +17,7 @@ from pathlib import Path
 from rlslurm.engines.sglang_versions import api_for, installed_sglang_version
 from tests.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import rlslurm_run, transport, where
-from tests.gpu.run_checks import finish, logs, metrics, probes
+from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
 from tests.int4_ckpt import make_int4_checkpoint, model_yaml
 
 
@@ -45,7 +45,7 @@ def test_int4_checkpoint_serves_and_syncs_int4(tmp_path: Path) -> None:
     recs = probes(run_dir)
     assert recs and all(all(str(e.get("weight_version")) == str(r["version"]) for e in r["engines"].values())
                         for r in recs), recs[:2]
-    diffs = [m["train_rollout_logprob_abs_diff"] for m in metrics(run_dir) if "train_rollout_logprob_abs_diff" in m]
+    diffs = logprob_diffs(metrics(run_dir))
     assert diffs and max(diffs) < 0.5, diffs
     print(f"GPU INT4 checkpoint ({where()}): {n} versions synced as INT4 groups; max |train - rollout logprob| "
           f"{max(diffs):.4f}; greedy equal in {sum(r['match'] for r in recs)}/{len(recs)} probes")
