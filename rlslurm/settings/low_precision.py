@@ -54,13 +54,19 @@ def check_megatron_precision(megatron: dict) -> None:
             raise ConfigError(f"--megatron-{key.replace('_', '-')} {value}: {WHY_TRAINING}")
 
 
-def quantization(hf_dir: Path) -> dict | None:
-    """config.json's `quantization_config` (None when absent or unreadable: other checks say why)."""
+def _config(hf_dir: Path) -> dict | None:
+    """config.json (None when absent or unreadable: other checks say why)."""
     try:
-        cfg = json.loads((hf_dir / "config.json").read_text())
+        cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def quantization(hf_dir: Path, cfg: dict | None = None) -> dict | None:
+    """config.json's `quantization_config` (`cfg`: config.json, when the caller has read it)."""
+    cfg = _config(hf_dir) if cfg is None else cfg
+    q = cfg.get("quantization_config") if cfg is not None else None
     return q if isinstance(q, dict) and q else None
 
 
@@ -154,7 +160,8 @@ class Int4Scheme:
 def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Int4Scheme | None:
     """The scheme of an INT4 W4A16 compressed-tensors checkpoint; None for any other (or none, or no
     readable config.json); ConfigError naming the field for a compressed-tensors config of another scheme."""
-    q = quantization(hf_dir) if hf_dir is not None else None
+    cfg = _config(hf_dir) if hf_dir is not None else None
+    q = quantization(hf_dir, cfg) if cfg is not None else None
     if q is None or q.get("quant_method") != "compressed-tensors":
         return None
     lead = f"{flag} {hf_dir}: config.json quantization_config (quant_method 'compressed-tensors')"
@@ -198,7 +205,6 @@ def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Int4Schem
         raise refuse("quantization_status", q.get("quantization_status"))
     # the routed experts' input dims (gate/up: hidden_size, down: moe_intermediate_size) come in whole
     # groups: SGLang's Marlin MoE sizes its scales as dim // group_size (compressed_tensors_wNa16_moe.py)
-    cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     for key in ("hidden_size", "moe_intermediate_size"):
         dim = cfg.get(key)
         if isinstance(dim, int) and dim % gs:
