@@ -90,21 +90,6 @@ def read_failure(attempt_log_dir: Path) -> dict[str, Any] | None:
 FAILURE_EXIT_CODE = 1  # an attempt's failure: requeued within --max-failures
 
 
-def skip_final_gc_at_exit() -> None:
-    """For a role's `__main__`, first thing: at exit, freeze every object instead of letting the
-    interpreter's last garbage collections walk them. Those walk every object the process ever created
-    (torch, megatron-core: millions) and cost seconds of a core after the work is done (measured on 2
-    cores: 5-8 s from the trainer's FINISHED to its exit, every attempt). Only the collector is
-    skipped: every atexit handler (logging's flush, multiprocessing's join of its children,
-    weakref.finalize), the flush of stdout/stderr and module teardown's refcount-driven cleanup run as
-    before; cyclic garbage left at exit goes with the process. Not for a process that goes on (a test
-    calling run_role): only the roles' __main__ blocks call it."""
-    import atexit
-    import gc
-
-    atexit.register(gc.freeze)
-
-
 def run_role(role: str, main: Callable[[list[str] | None], int], run_dir_of: Callable[[list[str]], Path]) -> NoReturn:
     """A role's `__main__`: exit with main()'s status; on a UserError print it, record it and exit
     with USER_ERROR_EXIT_CODE. The run directory's filesystem failing (full, or a transient error

@@ -123,7 +123,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from rlslurm.user_error import skip_final_gc_at_exit
+    from rlslurm.exit_guard import skip_final_gc_at_exit
 
     skip_final_gc_at_exit()  # the agent has torch loaded: ~0.6 s of a core at its exit otherwise
     main(sys.argv[1:])

@@ -505,7 +505,8 @@ class Trainer:
 
 if __name__ == "__main__":
     # A UserError ends the job without requeue (rlslurm/user_error.py).
-    from rlslurm.user_error import run_dir_arg, run_role, skip_final_gc_at_exit
+    from rlslurm.exit_guard import skip_final_gc_at_exit
+    from rlslurm.user_error import run_dir_arg, run_role
 
     skip_final_gc_at_exit()
 

@@ -78,7 +78,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from rlslurm.user_error import skip_final_gc_at_exit
+    from rlslurm.exit_guard import skip_final_gc_at_exit
 
     skip_final_gc_at_exit()  # the product roles' exit: seconds of a core saved per torchrun worker
     sys.path.insert(0, os.getcwd())
