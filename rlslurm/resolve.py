@@ -7,6 +7,7 @@ it and nothing is submitted unless it passes. Cross-field checks name the flags 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -20,8 +21,8 @@ from rlslurm.settings import layout
 from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
-from rlslurm.settings.low_precision import (check_engine_quantization, check_int4_engine_args, check_megatron_precision,
-                                           fp8_block, int4_scheme)
+from rlslurm.settings.low_precision import (StoredPrecision, check_engine_quantization, check_int4_engine_args,
+                                           check_megatron_precision, stored_precision)
 from rlslurm.settings.model_config import ModelConfig, model_config_path
 from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
@@ -41,6 +42,11 @@ class Resolved:
     model: ModelConfig
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # facts of the run worth one line at submit
+
+    @cached_property
+    def stored(self) -> StoredPrecision:
+        """--hf-checkpoint's quantization, read once (its config.json; settings/low_precision.py)."""
+        return stored_precision(self.cfg.model.hf_checkpoint)
 
 
 def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: bool = True) -> Resolved:
@@ -159,8 +165,7 @@ def _derive(res: Resolved) -> None:
         t.use_distributed_optimizer = cfg.trainer_gpus // mp > 1
     if t.update_weight_receiver == "auto":  # kept settled in run.yaml: what ran is what it names
         t.update_weight_receiver = auto_receiver(cfg.run.device, res.model.hf_model_type, cfg.shares_gpus,
-                                                 quantized=fp8_block(cfg.model.hf_checkpoint) is not None
-                                                 or int4_scheme(cfg.model.hf_checkpoint) is not None)
+                                                 quantized=res.stored.quantized)
     if cfg.run.run_dir is None:  # the default, ./runs/<name>, is relative to where submit runs
         cfg.run.run_dir = Path(absolute(cfg.run_dir, Path.cwd()))
     if s.python is None:
@@ -358,8 +363,8 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     cfg, mc = res.cfg, res.model
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
-    check_engine_quantization(cfg.sglang_args, fp8_block(cfg.model.hf_checkpoint) is not None)
-    if int4_scheme(cfg.model.hf_checkpoint) is not None:  # CUDA Marlin MoE, the form SGLang can reload
+    check_engine_quantization(cfg.sglang_args, res.stored.fp8_block is not None)
+    if res.stored.int4 is not None:  # CUDA Marlin MoE, the form SGLang can reload
         check_int4_engine_args(cfg.sglang_args, cfg.run.device)
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)

@@ -213,6 +213,23 @@ def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Int4Schem
     return Int4Scheme(gs, tuple(q.get("ignore") or ()))
 
 
+@dataclass(frozen=True)
+class StoredPrecision:
+    """What a --hf-checkpoint stores quantized, read from its config.json once per submit (resolve.py
+    `Resolved.stored`): block-wise FP8 (`fp8_block`), INT4 W4A16 (`int4`), or neither."""
+    fp8_block: tuple[int, int] | None = None
+    int4: Int4Scheme | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.fp8_block is not None or self.int4 is not None
+
+
+def stored_precision(hf_dir: Path | None) -> StoredPrecision:
+    """ConfigError, naming the field, for a quantization rlslurm does not take (`fp8_block`, `int4_scheme`)."""
+    return StoredPrecision(fp8_block(hf_dir), int4_scheme(hf_dir))
+
+
 def checkpoint_names(hf_dir: Path) -> list[str] | None:
     """The tensor names of a safetensors checkpoint, off its index or its files' headers, without
     reading a tensor; None when there are none to read (an empty placeholder file)."""

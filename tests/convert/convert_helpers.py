@@ -41,3 +41,12 @@ def run_procs(nproc: int, args: list[str], *, timeout: float = 240, module: bool
 def check(proc: subprocess.CompletedProcess) -> None:
     if proc.returncode != 0:
         raise AssertionError(f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+
+
+def dtype_runs(run_dir: Path, sync: dict) -> list[str]:
+    """The dtypes of a sync in its order (the worker's sync_order.json), one entry per run of equal dtype: a
+    flattened bucket holds one dtype (group.iter_buckets), so few runs mean few buckets split by dtype."""
+    import json
+
+    dtypes = [str(sync[n].dtype) for n in json.loads((run_dir / "sync_order.json").read_text())]
+    return [d for i, d in enumerate(dtypes) if i == 0 or d != dtypes[i - 1]]

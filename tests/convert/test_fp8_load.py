@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from convert_helpers import check, run_procs  # noqa: F401 (run by conftest's two_rank_runs)
+from convert_helpers import check, dtype_runs, run_procs  # noqa: F401 (check, run_procs: conftest's two_rank_runs)
 from tests.fp8_ckpt import QUANT, make_fp8_checkpoint
 
 pytestmark = [pytest.mark.megatron]
@@ -86,10 +86,7 @@ def test_sync_sends_the_checkpoints_layout(run: Path) -> None:
             assert not torch.isnan(t.to(torch.float32)).any(), name
         elif not name.endswith("_scale_inv"):
             assert torch.equal(t, loaded[name]), name
-    # one run per dtype after the big tensors: a flattened bucket holds one dtype (group.iter_buckets)
-    order = json.loads((run / "run" / "sync_order.json").read_text())
-    dtypes = [str(sync[n].dtype) for n in order]
-    runs = [d for i, d in enumerate(dtypes) if i == 0 or d != dtypes[i - 1]]
+    runs = dtype_runs(run / "run", sync)  # one run per dtype after the big tensors
     assert len(runs) <= 4, runs
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from convert_helpers import check, run_procs  # noqa: F401 (run by conftest's two_rank_runs)
+from convert_helpers import check, dtype_runs, run_procs  # noqa: F401 (check, run_procs: conftest's two_rank_runs)
 
 pytest.importorskip("compressed_tensors")  # the format's reference, never imported by rlslurm
 from tests.int4_ckpt import EXPERT, GROUP, QUANT, ct_dequantize, ct_quantize, make_int4_checkpoint  # noqa: E402
@@ -83,10 +83,7 @@ def test_sync_sends_the_checkpoints_layout_as_compressed_tensors_packs_it(run: P
             assert torch.equal(sync[name], w), name
     assert n_int4 == 2 * 4 * 3  # layers x experts x (gate, up, down)
     assert any(".self_attn." in n for n in sync) and "model.layers.0.mlp.gate.weight" in sync
-    # one run per dtype after the big tensors: a flattened bucket holds one dtype (group.iter_buckets)
-    order = json.loads((run / "run" / "sync_order.json").read_text())
-    dtypes = [str(sync[n].dtype) for n in order]
-    runs = [d for i, d in enumerate(dtypes) if i == 0 or d != dtypes[i - 1]]
+    runs = dtype_runs(run / "run", sync)  # one run per dtype after the big tensors
     assert len(runs) <= 5, runs
 
 
