@@ -173,6 +173,51 @@ def _wait_for_exit(procs: dict[str, subprocess.Popen], grace_s: float) -> None:
         pass
 
 
+def _outcome(rd: RunDir, control: Control, logs: Path, reason: str, first: str | None, codes: dict[str, int | None],
+             interrupted_rc: int) -> tuple[int, str]:
+    """The attempt's exit status and the one line the ledger keeps, from how the watch ended (`reason`:
+    a --timeout, the watchdog or an interrupt said why; `first`: the role that ended first) and what the
+    run directory and the roles' logs say."""
+    rc = 1
+    if rd.is_finished():
+        rc, reason = 0, "finished"
+    elif control.stop_requested() and not reason:
+        rc, reason = 0, "stopped by request"
+    elif interrupted_rc:
+        ack = control.stop_ack()
+        rc = interrupted_rc
+        reason += (f"; the trainer checkpointed (iteration {ack.checkpoint_iteration}): run the same command again "
+                   f"to continue" if ack else "; no checkpoint was acknowledged")
+    elif (user_error := read_user_error(logs)) is not None:
+        rc, reason = USER_ERROR_EXIT_CODE, user_error["reason"]  # as the batch script: final
+    elif not reason and (failure := read_failure(logs)) is not None:  # the run dir's filesystem, say
+        reason = (f"failed: {failure['reason']} ({first} ended first, trainer rc={codes['trainer']}, "
+                  f"rollout rc={codes['rollout']})")
+    elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
+        # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
+        # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")
+        cause = last_error_line(logs / "rollout-0.log")
+        reason = f"failed: the rollout ended first (rc={codes['rollout']})" + (f": {cause}" if cause else "")
+    elif not reason and (ack := control.preempt_ack()) is not None:
+        # its process tree was signalled (kill, an OOM killer's TERM, a scheduler outside rlslurm)
+        reason = (f"preempted: the trainer checkpointed (iteration {ack.checkpoint_iteration}) on a signal and "
+                  f"exited; run the same command again to continue")
+    elif not reason:
+        reason = f"failed: {first} ended first (trainer rc={codes['trainer']}, rollout rc={codes['rollout']})"
+    return rc, reason
+
+
+def _print_rewards(rd: RunDir, console: Console) -> None:
+    """The mean reward per rollout as a sparkline, and reward_curve.png in the run directory."""
+    pts = reward_curve(rd.path)
+    if pts:
+        console.print(f"reward per rollout: {sparkline([p[1] for p in pts], 0.0, 1.0)}  "
+                      f"first {pts[0][1]:.3f} -> last {pts[-1][1]:.3f}")
+        png = plot_png(pts, rd.path / "reward_curve.png", f"{rd.path.name}: mean reward per rollout")
+        if png:
+            console.print(f"reward curve: {png}")
+
+
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
               timeout_s: float | None = None, console: Console | None = None,
               gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
@@ -212,7 +257,7 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None
-        reason, rc, interrupted_rc = "", 1, 0
+        reason, interrupted_rc = "", 0
         notices = Notices(rd, console, start)
         try:
             if live:
@@ -252,39 +297,9 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
             if live:
                 live.update(_status_table(rd, num_rollout, start))
                 live.stop()
-    if rd.is_finished():
-        rc, reason = 0, "finished"
-    elif control.stop_requested() and not reason:
-        rc, reason = 0, "stopped by request"
-    elif interrupted_rc:
-        ack = control.stop_ack()
-        rc = interrupted_rc
-        reason += (f"; the trainer checkpointed (iteration {ack.checkpoint_iteration}): run the same command again "
-                   f"to continue" if ack else "; no checkpoint was acknowledged")
-    elif (user_error := read_user_error(logs)) is not None:
-        rc, reason = USER_ERROR_EXIT_CODE, user_error["reason"]  # as the batch script: final
-    elif not reason and (failure := read_failure(logs)) is not None:  # the run dir's filesystem, say
-        reason = (f"failed: {failure['reason']} ({first} ended first, trainer rc={codes['trainer']}, "
-                  f"rollout rc={codes['rollout']})")
-    elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
-        # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
-        # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")
-        cause = last_error_line(logs / "rollout-0.log")
-        reason = f"failed: the rollout ended first (rc={codes['rollout']})" + (f": {cause}" if cause else "")
-    elif not reason and (ack := control.preempt_ack()) is not None:
-        # its process tree was signalled (kill, an OOM killer's TERM, a scheduler outside rlslurm)
-        reason = (f"preempted: the trainer checkpointed (iteration {ack.checkpoint_iteration}) on a signal and "
-                  f"exited; run the same command again to continue")
-    elif not reason:
-        reason = f"failed: {first} ended first (trainer rc={codes['trainer']}, rollout rc={codes['rollout']})"
+    rc, reason = _outcome(rd, control, logs, reason, first, codes, interrupted_rc)
     end_attempt(rd, this, rc, reason)
-    pts = reward_curve(rd.path)
-    if pts:
-        console.print(f"reward per rollout: {sparkline([p[1] for p in pts], 0.0, 1.0)}  "
-                      f"first {pts[0][1]:.3f} -> last {pts[-1][1]:.3f}")
-        png = plot_png(pts, rd.path / "reward_curve.png", f"{rd.path.name}: mean reward per rollout")
-        if png:
-            console.print(f"reward curve: {png}")
+    _print_rewards(rd, console)
     if rc:
         console.print(f"[red]{reason}[/]; logs: {logs}")
     return LocalResult(rc, reason, attempt)
