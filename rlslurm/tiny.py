@@ -115,7 +115,46 @@ def hf_config_dict(mc: ModelConfig) -> dict:
                    num_experts_per_tok=a.moe.router_topk, rotary_dim=int(a.kv_channels * a.rotary_percent),
                    use_qk_norm=True, qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True,
                    shared_intermediate_size=0, attn_type_list=[1] * a.num_layers)
+    if mc.hf_model_type == "qwen3_next":
+        # Qwen3NextConfig: partial_rotary_factor defaults to 0.25, so always spelt out; the hybrid
+        # layers as layer_types; dense layers as mlp_only_layers (rlslurm expresses leading ones)
+        d, m = a.gated_delta_net, a.moe
+        cfg.update(partial_rotary_factor=a.rotary_percent,
+                   layer_types=["linear_attention" if (i + 1) % d.full_attention_interval else "full_attention"
+                                for i in range(a.num_layers)],
+                   linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
+                   linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
+                   linear_num_value_heads=d.num_value_heads)
+        if m:
+            cfg.update(num_experts=m.num_experts, num_experts_per_tok=m.router_topk,
+                       moe_intermediate_size=m.moe_ffn_hidden_size,
+                       shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
+                       norm_topk_prob=m.router_topk_norm, decoder_sparse_step=1,
+                       mlp_only_layers=list(range(m.first_k_dense)))
+        else:
+            cfg.update(num_experts=0)
     return cfg
+
+
+# Qwen3-Next's MTP module as the release stores it (SGLang 0.5.23 qwen3_next.py load_weights reads
+# these names when is_mtp): a few of its tensors, so tests see what the trainer does with tensors
+# it has no rule for (transformers' Qwen3NextPreTrainedModel ignores `^mtp.*` on load).
+def _qwen3_next_mtp_shapes(h: int) -> dict[str, tuple[int, ...]]:
+    return {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,),
+            "mtp.layers.0.input_layernorm.weight": (h,)}
+
+
+def _add_tensors(out: Path, shapes: dict[str, tuple[int, ...]], dtype: Any, seed: int) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(seed + 1)
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name, shape in shapes.items():
+        tensors[name] = (torch.randn(*shape, generator=g) * 0.02).to(dtype)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _deepseek_style_moe(m: MoEArch) -> dict[str, Any]:
@@ -176,6 +215,8 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
     model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    if model_type == "qwen3_next":
+        _add_tensors(out, _qwen3_next_mtp_shapes(model.config.hidden_size), getattr(torch, dtype), seed)
     if model_type == "mimo":
         _add_mimo_mtp_layer(out, model.config, getattr(torch, dtype), seed)
         (out / "config.json").write_text(json.dumps({**cfg_dict, "model_type": "mimo"}, indent=1))

@@ -51,8 +51,8 @@ def shipped_match(mc: ModelConfig) -> ModelConfig:
 
 def model_config_from_hf(hf_dir: Path) -> ModelConfig:
     from rlslurm.convert.hf_config import (FAMILY_FIXED, MLA_FAMILIES, NOT_EXPRESSIBLE, SUPPORTED, _rope,
-                                           leading_dense,
-                                           check_hf_config, load_hf_config)
+                                           check_hf_config, full_attention_interval, leading_dense,
+                                           load_hf_config, qwen3_next_moe_layers)
 
     flag = f"--hf-checkpoint {hf_dir}"
     try:
@@ -113,6 +113,24 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
         arch["moe"] = {"num_experts": g("num_local_experts"), "router_topk": g("num_experts_per_tok"),
                        "moe_ffn_hidden_size": g("intermediate_size"), "router_score_function": "sigmoid",
                        "router_topk_norm": True, "router_expert_bias": True}
+    elif mt == "qwen3_next":
+        # hybrid layers and MoE as Qwen3NextConfig / Qwen3NextDecoderLayer build them; layer patterns the
+        # model config cannot say are refused (hf_config.py full_attention_interval, qwen3_next_moe_layers)
+        try:
+            interval = full_attention_interval(hf_dir.name or str(hf_dir), list(g("layer_types") or []))
+            first_dense = qwen3_next_moe_layers(hf_dir.name or str(hf_dir), g)
+        except UserError as e:
+            raise ConfigError(f"{flag}: {e}") from None
+        arch["gated_delta_net"] = {
+            "full_attention_interval": interval,
+            "conv_kernel_dim": g("linear_conv_kernel_dim"), "key_head_dim": g("linear_key_head_dim"),
+            "value_head_dim": g("linear_value_head_dim"), "num_key_heads": g("linear_num_key_heads"),
+            "num_value_heads": g("linear_num_value_heads")}
+        if first_dense is not None:
+            arch["moe"] = {"num_experts": g("num_experts"), "router_topk": g("num_experts_per_tok"),
+                           "moe_ffn_hidden_size": g("moe_intermediate_size"), "first_k_dense": first_dense,
+                           "shared_expert_ffn_hidden_size": g("shared_expert_intermediate_size") or 0,
+                           "shared_expert_gate": True, "router_topk_norm": bool(g("norm_topk_prob", False))}
     if mt == "glm4_moe":
         arch["qk_layernorm"] = bool(g("use_qk_norm", False))
     arch.update(FAMILY_FIXED[mt])

@@ -10,10 +10,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight",
-            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2"]
+            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2", "tiny-qwen3-next"]
 # Checkpoint tensors a family's mapping leaves alone by design: MiMo's MTP layer (rlslurm.tiny writes
-# one, 16 tensors), which the trainer never reads and the export never writes.
-UNMAPPED = {"tiny-mimo": ("model.mtp_layers.", 16)}
+# one, 16 tensors), and Qwen3-Next's (5 `mtp.*` tensors), which the trainer never reads and the export
+# never writes.
+UNMAPPED = {"tiny-mimo": ("model.mtp_layers.", 16), "tiny-qwen3-next": ("mtp.", 5)}
 
 
 def mapped(model: str, names) -> set[str]:
