@@ -134,6 +134,19 @@ def _hf_config(model_script: Path) -> dict:
                    use_routing_bias="moe-router-enable-expert-bias" in f,
                    shared_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)),
                    attn_type_list=[1] * cfg["num_hidden_layers"])
+    if mt == "qwen3_next":
+        # the release's fields (tests/convert/test_hf_config_slime_families.py QWEN3_NEXT): slime's script
+        # sizes the attention and MoE; the linear-attention heads are the release's (slime's plugin reads
+        # them from config.json), every 4th layer full attention
+        n = cfg["num_hidden_layers"]
+        cfg.update(num_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
+                   moe_intermediate_size=int(one("moe-ffn-hidden-size")),
+                   shared_expert_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)),
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=list(range(dense)),
+                   partial_rotary_factor=float(one("rotary-percent", 1.0)), linear_conv_kernel_dim=4,
+                   linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                   linear_num_value_heads=32,
+                   layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)])
     if mt == "glm4_moe":
         cfg["use_qk_norm"] = "qk-layernorm" in f
     if mt == "glm4_moe_lite":
