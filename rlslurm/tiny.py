@@ -115,6 +115,29 @@ def hf_config_dict(mc: ModelConfig) -> dict:
                    num_experts_per_tok=a.moe.router_topk, rotary_dim=int(a.kv_channels * a.rotary_percent),
                    use_qk_norm=True, qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True,
                    shared_intermediate_size=0, attn_type_list=[1] * a.num_layers)
+    if mc.hf_model_type == "qwen3_5":
+        # a vision-language model (Qwen3_5ForConditionalGeneration): the language model's fields in
+        # text_config, a one-block vision tower beside it (never read by rlslurm); the hybrid layers as
+        # qwen3_next's. Multimodal rotary: its sections over the rotary dims' frequencies
+        # (t, h, w), which text-only positions make plain rotary.
+        d = a.gated_delta_net
+        half = int(a.kv_channels * a.rotary_percent) // 2
+        text = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype", "rope_theta")}
+        text.update(
+            rope_parameters={"rope_type": "default", "rope_theta": a.rotary_base,
+                             "partial_rotary_factor": a.rotary_percent, "mrope_interleaved": True,
+                             "mrope_section": [half // 3, half // 3, half - 2 * (half // 3)]},
+            layer_types=["linear_attention" if (i + 1) % d.full_attention_interval else "full_attention"
+                         for i in range(a.num_layers)],
+            linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
+            linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
+            linear_num_value_heads=d.num_value_heads)
+        text.pop("partial_rotary_factor", None)
+        return {"architectures": [mc.hf_architecture], "model_type": "qwen3_5", "text_config": text,
+                "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                  "out_hidden_size": a.hidden_size, "patch_size": 16, "spatial_merge_size": 2,
+                                  "temporal_patch_size": 2, "num_position_embeddings": 16},
+                "tie_word_embeddings": a.tie_word_embeddings, "torch_dtype": "float32"}
     if mc.hf_model_type == "qwen3_next":
         # Qwen3NextConfig: partial_rotary_factor defaults to 0.25, so always spelt out; the hybrid
         # layers as layer_types; dense layers as mlp_only_layers (rlslurm expresses leading ones)
@@ -196,7 +219,7 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path.
     `dtype`/`device`: a full-size shape (benches) is built on the GPU and written in bf16."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,7 +229,9 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     config = AutoConfig.for_model({"mimo": "qwen2"}.get(model_type, model_type), **cfg_dict)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # a vision-language model (Qwen3.5): the whole model, so the file holds its names and tower
+        auto = AutoModelForImageTextToText if hasattr(config, "text_config") else AutoModelForCausalLM
+        model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # non-trivial norms so a norm mapped to the wrong tensor shows in logits
         for name, p in model.named_parameters():
             if p.dim() == 1:

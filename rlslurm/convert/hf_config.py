@@ -62,7 +62,20 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
                    "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
                    "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
                    "attention_output_gate": True},
+    # Qwen3.5 (dense, e.g. Qwen3.5-27B): Qwen3-Next's layers with a dense MLP everywhere, inside a
+    # vision-language model whose text_config holds the language model's fields (TEXT_CONFIG)
+    "qwen3_5": {"qk_layernorm": True, "qk_layernorm_all_heads": False, "add_qkv_bias": False,
+                "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+                "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
+                "attention_output_gate": True},
 }
+
+# Vision-language model_types whose language model rlslurm trains: its fields are config.json's
+# `text_config`, its tensors `model.language_model.*` (convert/mapping.py); the vision tower is never
+# loaded, trained or exported (docs/model-families.md, "Qwen3.5").
+TEXT_CONFIG = ("qwen3_5",)
+# families of Qwen3-Next's hybrid layers (gated delta nets and gated full attention)
+GATED_DELTA_FAMILIES = ("qwen3_next", "qwen3_5")
 
 SUPPORTED = tuple(FAMILY_FIXED)
 MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
@@ -133,6 +146,9 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
     """(model-config field, its value, HF field, HF value) for every math-changing field."""
     a = mc.arch
     mt = cfg.model_type
+    top = cfg
+    if mt in TEXT_CONFIG:
+        cfg = cfg.text_config  # the language model's fields; model_type and architectures stay the file's
     rope = _rope(cfg)
     g: Callable[[str, Any], Any] = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
     heads = g("num_attention_heads")
@@ -151,8 +167,9 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         ("arch.activation", a.activation, "hidden_act",
          {"silu": "swiglu", "gelu": "gelu"}.get(g("hidden_act"), g("hidden_act"))),
     ]
-    if mc.hf_architecture not in (g("architectures") or [mc.hf_architecture]):
-        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", g("architectures")))
+    archs = getattr(top, "architectures", None)
+    if mc.hf_architecture not in (archs or [mc.hf_architecture]):
+        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", archs))
     if not a.mla:
         head_dim = g("head_dim") or g("hidden_size") // heads
         pairs.append(("arch.kv_channels", a.kv_channels, "head_dim", head_dim))
@@ -231,11 +248,11 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
             pairs += _sigmoid_router_moe(mc, g, scoring=("(glm4_moe router)", "sigmoid"))
     elif mt == "minimax_m2":
         pairs += _minimax_m2(mc, g)
-    elif mt == "qwen3_next":
+    elif mt in GATED_DELTA_FAMILIES:
         pairs += _qwen3_next(mc, g)
     elif a.moe is not None:
         pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
-    if mt != "qwen3_next" and a.gated_delta_net is not None:
+    if mt not in GATED_DELTA_FAMILIES and a.gated_delta_net is not None:
         pairs.append(("arch.gated_delta_net", "set", f"({mt} has no linear attention)", None))
     if mt not in MLA_FAMILIES and a.mla is not None:
         pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
@@ -293,7 +310,7 @@ def full_attention_interval(mc_name: str, types: list[str]) -> int:
     interval = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), n + 1)
     want = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
     if types != want:
-        raise ConfigError(f"{mc_name}: HF qwen3_next layer_types {types} is not every N-th layer full attention and "
+        raise ConfigError(f"{mc_name}: HF layer_types {types} is not every N-th layer full attention and "
                           "the others linear_attention, which is all the model config (full_attention_interval) and "
                           "megatron-core's linear_attention_freq express here")
     return interval
@@ -316,11 +333,17 @@ def qwen3_next_moe_layers(mc_name: str, g: Callable[..., Any]) -> int | None:
 
 
 def _qwen3_next(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
-    """Qwen3-Next: the gated delta net and MoE fields (docs/model-families.md, "Qwen3-Next")."""
+    """Qwen3-Next (and Qwen3.5's language model): the gated delta net and MoE fields
+    (docs/model-families.md, "Qwen3-Next", "Qwen3.5")."""
     a, d, m = mc.arch, mc.arch.gated_delta_net, mc.arch.moe
+    mt = mc.hf_model_type
     if g("attention_bias", False):
-        raise ConfigError(f"{mc.name}: HF qwen3_next config has attention_bias=true, which gives o_proj a bias too; "
+        raise ConfigError(f"{mc.name}: HF {mt} config has attention_bias=true, which gives o_proj a bias too; "
                           "megatron-core's add_qkv_bias covers q/k/v only (add_bias_linear would add MLP biases)")
+    if g("attn_output_gate", True) is not True:
+        # Qwen3.5's config.json says attn_output_gate; transformers builds the gate whatever it says
+        raise ConfigError(f"{mc.name}: HF {mt} config has attn_output_gate={g('attn_output_gate')!r}, but "
+                          "transformers' Qwen3NextAttention always builds the output gate, and so does the mapping")
     types = list(g("layer_types") or [])
     pairs: list[tuple] = [("arch.gated_delta_net", "set" if d else None, "layer_types", "set")]
     if d:
@@ -336,6 +359,8 @@ def _qwen3_next(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
             ("arch.gated_delta_net.num_value_heads", d.num_value_heads, "linear_num_value_heads",
              g("linear_num_value_heads")),
         ]
+    if mt == "qwen3_5":  # Qwen3_5DecoderLayer: a dense Qwen3_5MLP in every layer
+        return pairs + [("arch.moe", "set" if m else None, "(qwen3_5 is dense)", None)]
     first_dense = qwen3_next_moe_layers(mc.name, g)
     pairs.append(("arch.moe", "set" if m else None, "num_experts", "set" if first_dense is not None else None))
     if m and first_dense is not None:

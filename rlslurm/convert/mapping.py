@@ -20,6 +20,11 @@ expert index) to the HF tensor(s) it is made of, and says how they are laid out:
 - `gdn_in`: Qwen3-Next's gated delta net input projection: HF `in_proj_qkvz` and `in_proj_ba`, both
   grouped by key head, re-laid out as megatron's `in_proj` `[q; k; v; z; b; a]`, each part over all
   heads.
+- `concat`: HF tensors concatenated along dim 0 as they are (Qwen3.5's `in_proj_qkv`, `in_proj_z`,
+  `in_proj_b`, `in_proj_a` -> the same `in_proj`); `Rule.pieces` gives their sizes for the way back.
+
+A vision-language model's language model (Qwen3.5) has its HF tensors under `model.language_model.`
+instead of `model.` (LANGUAGE_MODEL_PREFIX); the rules are the same.
 
 A rule with `sections` is split over TP section by section (every rank holds `[s1_r; s2_r; ...]`,
 as megatron's GatedDeltaNet splits its fused in_proj and conv1d), not in one contiguous chunk. With
@@ -42,7 +47,7 @@ import torch
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.settings.model_config import ModelConfig
 
-Kind = Literal["plain", "vocab", "qkv", "gate_up", "gdn_in"]
+Kind = Literal["plain", "vocab", "qkv", "gate_up", "gdn_in", "concat"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +61,22 @@ class Rule:
     tp_dim: int | None = None
     # split over TP section by section (sizes along the TP dim of the full tensor); () = one piece
     sections: tuple[int, ...] = ()
+    # `concat`: the HF tensors' sizes along dim 0
+    pieces: tuple[int, ...] = ()
 
 
 P = "model.layers.{L}."
+# model_type -> where its language model's tensors are (default "model.")
+LANGUAGE_MODEL_PREFIX = {"qwen3_5": "model.language_model."}
+
+
+def _under(mc: ModelConfig, rules: list[Rule]) -> list[Rule]:
+    """`rules` with their HF names moved under the family's language-model prefix."""
+    prefix = LANGUAGE_MODEL_PREFIX.get(mc.hf_model_type)
+    if prefix is None:
+        return rules
+    return [dataclasses.replace(r, hf=tuple(prefix + h.removeprefix("model.") if h.startswith("model.") else h
+                                             for h in r.hf)) for r in rules]
 
 
 def _global_rules(mc: ModelConfig) -> list[Rule]:
@@ -70,7 +88,7 @@ def _global_rules(mc: ModelConfig) -> list[Rule]:
     # with the embedding); it loads from the embedding and is never exported (`lm_head` is absent).
     head = "model.embed_tokens.weight" if mc.arch.tie_word_embeddings else "lm_head.weight"
     rules.append(Rule("output_layer.weight", (head,), "vocab", tp_dim=0))
-    return rules
+    return _under(mc, rules)
 
 
 def _gqa_attention(mc: ModelConfig, *, qk_norm: bool, qk_norm_tp_dim: int | None = None) -> list[Rule]:
@@ -241,9 +259,16 @@ def _qwen3_next(mc: ModelConfig, layer: int) -> list[Rule]:
     if is_linear_attention_layer(mc, layer):
         d, la, s = a.gated_delta_net, P + "linear_attn.", "self_attention."
         qk, v, nv = d.num_key_heads * d.key_head_dim, d.num_value_heads * d.value_head_dim, d.num_value_heads
+        if mc.hf_model_type == "qwen3_5":
+            # Qwen3_5GatedDeltaNet: in_proj_qkv ([q; k; v] over all heads, as the conv reads them),
+            # in_proj_z, in_proj_b, in_proj_a: megatron's in_proj is their concatenation
+            in_proj = Rule(s + "in_proj.weight", tuple(la + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
+                           "concat", tp_dim=0, sections=(qk, qk, v, v, nv, nv), pieces=(2 * qk + v, v, nv, nv))
+        else:
+            in_proj = Rule(s + "in_proj.weight", (la + "in_proj_qkvz.weight", la + "in_proj_ba.weight"), "gdn_in",
+                           tp_dim=0, sections=(qk, qk, v, v, nv, nv))
         attn = [Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
-                Rule(s + "in_proj.weight", (la + "in_proj_qkvz.weight", la + "in_proj_ba.weight"), "gdn_in",
-                     tp_dim=0, sections=(qk, qk, v, v, nv, nv)),
+                in_proj,
                 Rule(s + "conv1d.weight", (la + "conv1d.weight",), tp_dim=0, sections=(qk, qk, v)),
                 Rule(s + "A_log", (la + "A_log",), tp_dim=0),
                 Rule(s + "dt_bias", (la + "dt_bias",), tp_dim=0),
@@ -275,6 +300,9 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "mimo": _mimo,
     "minimax_m2": _minimax_m2,
     "qwen3_next": _qwen3_next,
+    # Qwen3.5's language model: Qwen3-Next's layers with the split in_proj and a dense MLP (arch.moe
+    # None), under model.language_model. (LANGUAGE_MODEL_PREFIX); model.visual.* has no rule
+    "qwen3_5": _qwen3_next,
 }
 
 
@@ -284,7 +312,7 @@ def layer_rules(mc: ModelConfig, layer: int) -> list[Rule]:
     if family is None:
         raise ConfigError(f"model config {mc.name}: hf_model_type={mc.hf_model_type!r} has no HF<->Megatron "
                           f"mapping; supported: {', '.join(FAMILIES)}")
-    return family(mc, layer)
+    return _under(mc, family(mc, layer))
 
 
 # Megatron's transformer-engine spec fuses the pre-attention/pre-MLP norms into the following
@@ -447,6 +475,8 @@ def to_mcore(rule: Rule, hf: list[torch.Tensor], lay: Layout) -> torch.Tensor:
         return fuse_qkv(*hf, groups=lay.groups, output_gate=lay.output_gate)
     if rule.kind == "gdn_in":
         return fuse_gdn_in(*hf, *lay.gdn)
+    if rule.kind == "concat":
+        return torch.cat(hf, 0)
     if rule.kind == "gate_up":
         return hf[0] if len(hf) == 1 else torch.cat(hf, 0)
     raise AssertionError(rule.kind)
@@ -462,6 +492,8 @@ def to_hf(rule: Rule, full: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
         return list(split_qkv(full, lay.groups, lay.heads, lay.head_dim, output_gate=lay.output_gate))
     if rule.kind == "gdn_in":
         return list(split_gdn_in(full, *lay.gdn))
+    if rule.kind == "concat":
+        return [x.contiguous() for x in torch.split(full, list(rule.pieces), 0)]
     if rule.kind == "gate_up":
         return [full] if len(rule.hf) == 1 else [x.contiguous() for x in _halves(full)]
     raise AssertionError(rule.kind)

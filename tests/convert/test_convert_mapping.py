@@ -276,6 +276,34 @@ def test_qwen3_next_gated_attention_shared_expert_and_mtp():
     assert not any(n.startswith("mtp.") for n in M.expected_hf_names(mc))
 
 
+def test_qwen3_5_is_qwen3_next_under_the_language_model_with_a_split_in_proj():
+    """Qwen3.5's language model: every HF name under model.language_model. (lm_head stays lm_head);
+    the gated delta net's in_proj_qkv ([q; k; v] over all heads), in_proj_z, in_proj_b, in_proj_a are
+    concatenated into megatron's in_proj [q; k; v; z; b; a] and split over TP part by part; dense MLPs."""
+    mc = load_model_config("tiny-qwen3.5")
+    qk, v, nv, h = 32, 96, 4, 64
+    res = M.resolve(mc, "decoder.layers.0.self_attention.in_proj.weight")
+    la = "model.language_model.layers.0.linear_attn."
+    assert res.hf_names == tuple(la + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a"))
+    hf = [torch.randn(n, h) for n in (2 * qk + v, v, nv, nv)]
+    full = M.to_mcore(res.rule, hf, M.Layout.of(mc))
+    q, k, vv, z, b, a = torch.split(full, [qk, qk, v, v, nv, nv])
+    r1 = M.shard(res.rule.kind, full, 1, 2, partition_dim=0, sections=res.rule.sections)
+    assert torch.equal(r1, torch.cat([x.chunk(2)[1] for x in (q, k, vv, z, b, a)]))
+    parts = [M.shard(res.rule.kind, full, r, 2, partition_dim=0, sections=res.rule.sections) for r in (0, 1)]
+    back = M.to_hf(res.rule, M.unshard(res.rule.kind, parts, partition_dim=0, sections=res.rule.sections),
+                   M.Layout.of(mc))
+    assert all(torch.equal(x, y) for x, y in zip(back, hf))
+    assert M.resolve(mc, "embedding.word_embeddings.weight").hf_names == ("model.language_model.embed_tokens.weight",)
+    assert M.resolve(mc, "decoder.final_layernorm.weight").hf_names == ("model.language_model.norm.weight",)
+    assert M.resolve(mc, "output_layer.weight").hf_names == ("lm_head.weight",)
+    assert M.resolve(mc, "decoder.layers.2.self_attention.linear_qkv.weight").hf_names == tuple(
+        f"model.language_model.layers.2.self_attn.{x}_proj.weight" for x in "qkv")
+    names = M.expected_hf_names(mc)
+    assert all(n.startswith("model.language_model.") or n == "lm_head.weight" for n in names)
+    assert not any("router" in n or "experts" in n for n in M.default_targets(mc))
+
+
 def test_mimo_reads_and_exports_no_mtp_tensor(tiny_ckpts):
     """MiMo: the Qwen2 tables; the MTP layer's 16 tensors in the file (`model.mtp_layers.0.*`) are
     not read by the streamed import (same tensors with or without them) and not in the export set."""

@@ -1,6 +1,7 @@
-"""The released config.json of GLM-4.7-Flash (glm4_moe_lite), MiMo-7B (mimo), MiniMax-M2 (minimax_m2) and
-Qwen3-Next-80B-A3B (qwen3_next) give the model config slime's models/glm4.7-30B-A3B.sh,
-models/mimo-7B-rl.sh, models/minimax-m2.sh and models/qwen3-next-80B-A3B.sh describe; what the mappings
+"""The released config.json of GLM-4.7-Flash (glm4_moe_lite), MiMo-7B (mimo), MiniMax-M2 (minimax_m2),
+Qwen3-Next-80B-A3B (qwen3_next) and Qwen3.5-27B (qwen3_5) give the model config slime's
+models/glm4.7-30B-A3B.sh, models/mimo-7B-rl.sh, models/minimax-m2.sh, models/qwen3-next-80B-A3B.sh and
+models/qwen3.5-27B.sh describe; what the mappings
 cannot express is refused in one line naming the field (docs/model-families.md)."""
 
 from __future__ import annotations
@@ -74,6 +75,31 @@ QWEN3_NEXT = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 151936,
     "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
 }
+
+
+# Qwen3.5-27B's config.json (Qwen/Qwen3.5-27B; not reachable from here: the values public test fixtures pin
+# for it, which agree with slime's scripts/models/qwen3.5-27B.sh), its vision_config cut to the fields
+# transformers needs (rlslurm reads none of it).
+QWEN3_5_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "image_token_id": 248056,
+    "language_model_only": False, "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text", "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True,
+        "bos_token_id": 248044, "eos_token_id": 248044, "dtype": "bfloat16", "full_attention_interval": 4,
+        "head_dim": 256, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+        "intermediate_size": 17408, "layer_types": ["linear_attention"] * 3 * 1 + ["full_attention"],
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+        "mtp_num_hidden_layers": 1, "num_attention_heads": 24, "num_hidden_layers": 64, "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "vocab_size": 248320,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    },
+    "vision_config": {"model_type": "qwen3_5", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                      "num_heads": 16, "out_hidden_size": 5120, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2, "num_position_embeddings": 2304},
+}
+QWEN3_5_27B["text_config"]["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * 16
 
 
 def _dir(tmp_path: Path, cfg: dict) -> Path:
@@ -196,3 +222,27 @@ def test_qwen3_next_leading_dense_layers_and_another_interval(tmp_path):
     mc = model_config_from_hf(_dir(tmp_path / "q", {**QWEN3_NEXT, "mlp_only_layers": [0, 1],
                                                      "full_attention_interval": 3}))
     assert mc.arch.moe.first_k_dense == 2 and mc.arch.gated_delta_net.full_attention_interval == 3
+
+
+def test_qwen3_5_27b_is_slimes_qwen3_5_27b(tmp_path):
+    """The release's config.json (the language model in text_config) gives slime's models/qwen3.5-27B.sh:
+    64 layers, hidden 5120, ffn 17408 (dense), 24 heads over 4 KV heads of 256, --attention-output-gate,
+    --apply-layernorm-1p, --rotary-percent 0.25, rotary base 1e7; gated delta nets of 16 key and 48 value
+    heads of 128 in 3 of every 4 layers."""
+    mc = model_config_from_hf(_dir(tmp_path / "Qwen3.5-27B", QWEN3_5_27B))
+    a, d = mc.arch, mc.arch.gated_delta_net
+    assert (mc.hf_model_type, mc.hf_architecture) == ("qwen3_5", "Qwen3_5ForConditionalGeneration")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups, a.kv_channels,
+            a.vocab_size, a.rotary_percent, a.rotary_base, a.norm_epsilon, a.max_position_embeddings) == (
+        64, 5120, 17408, 24, 4, 256, 248320, 0.25, 1e7, 1e-6, 262144)
+    assert a.moe is None and a.qk_layernorm and a.norm_zero_centered and a.attention_output_gate
+    assert (d.full_attention_interval, d.num_key_heads, d.num_value_heads, d.key_head_dim, d.value_head_dim) == (
+        4, 16, 48, 128, 128)
+
+
+def test_qwen3_5_without_the_output_gate_is_refused(tmp_path):
+    cfg = {**QWEN3_5_27B, "text_config": {**QWEN3_5_27B["text_config"], "attn_output_gate": False}}
+    with pytest.raises(ConfigError, match=r"attn_output_gate=False, but transformers' Qwen3NextAttention always "
+                                          r"builds the output gate") as e:
+        model_config_from_hf(_dir(tmp_path / "q", cfg))
+    assert "\n" not in str(e.value)
