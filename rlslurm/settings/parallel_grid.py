@@ -137,15 +137,12 @@ def check_pipeline_split(overrides, pp: int) -> None:
 def check_gated_delta_net(arch, name: str, *, tp: int, cp: int, qkv_format: str = "bshd") -> None:
     """What megatron-core 0.16's GatedDeltaNet (Qwen3-Next's linear-attention layers) cannot do,
     refused in one line at submit (rlslurm/resolve.py) and when the trainer builds the model
-    (trainer/model.py): context parallelism (transformer_config.py asserts context_parallel_size 1),
-    packed sequences (GatedDeltaNet.forward raises NotImplementedError for packed_seq_params), and TP
-    that does not split the key and value heads (transformer_config.py asserts it)."""
+    (trainer/model.py): packed sequences (GatedDeltaNet.forward raises NotImplementedError for
+    packed_seq_params), and TP that does not split the key and value heads (transformer_config.py
+    asserts it). Context parallelism is rlslurm's (trainer/gated_delta.py); `cp` is kept for callers."""
     d = getattr(arch, "gated_delta_net", None)
     if d is None:
         return
-    if cp > 1:
-        raise ConfigError(f"--context-parallel-size {cp}: {name}'s gated delta net layers do not support context "
-                          "parallelism (megatron-core 0.16 GatedDeltaNet)")
     if qkv_format == "thd":
         raise ConfigError(f"--qkv-format thd: {name}'s gated delta net layers take no packed sequences "
                           "(megatron-core 0.16 GatedDeltaNet.forward raises NotImplementedError)")

@@ -157,6 +157,71 @@ def install() -> bool:
     return True
 
 
+def context_parallel_gated_delta_net():
+    """megatron-core's GatedDeltaNet with context parallelism (CP > 1), as rlslurm lays tokens out for it
+    (trainer/context_parallel.py: CP rank r holds chunks r and 2 CP - 1 - r of each sequence).
+
+    megatron-core 0.16's GatedDeltaNet has no CP (its TransformerConfig asserts context_parallel_size 1).
+    The recurrence runs over the whole sequence, so this subclass does what rlslurm's CP attention does
+    with keys and values: each rank projects its own tokens (in_proj), all-gathers the projections of
+    the CP group and puts them back in sequence order, runs the convolution, the gated delta rule and the
+    gated norm over the whole sequence, keeps its own tokens' outputs and projects them (out_proj). The
+    gather's backward sums every rank's gradient for a position and keeps the rank's own (a
+    reduce-scatter, context_parallel._GatherKV), so the in_proj gradients are exact, and each rank's
+    conv/A_log/dt_bias/norm gradients are its own tokens' share, which megatron's DDP sums over the
+    data-parallel-with-CP group as it does for attention. Exact, not faster: every CP rank computes the
+    mixing of the whole sequence (3 of 4 layers in Qwen3-Next), and holds it for the backward
+    (docs/model-families.md, "Qwen3-Next"). At CP 1 it is megatron's forward, unchanged."""
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet
+
+    class ContextParallelGatedDeltaNet(GatedDeltaNet):
+        def forward(self, hidden_states, attention_mask=None, key_value_states=None, inference_context=None,
+                    attention_bias=None, packed_seq_params=None, sequence_len_offset=None, *,
+                    inference_params=None, **kwargs):
+            if self.config.context_parallel_size == 1:
+                return super().forward(hidden_states, attention_mask, key_value_states, inference_context,
+                                       attention_bias, packed_seq_params, sequence_len_offset,
+                                       inference_params=inference_params, **kwargs)
+            if packed_seq_params is not None or inference_context is not None or inference_params is not None:
+                raise NotImplementedError("gated delta net with context parallelism: padded training input only")
+            from rlslurm.trainer import context_parallel as cpx
+
+            group = cpx.cp_group()
+            cp = torch.distributed.get_world_size(group)
+            qkvzba, _ = self.in_proj(hidden_states)              # [s_local, b, in_proj_dim / tp]
+            s_local = qkvzba.shape[0]
+            inverse = cpx._inverse((0, s_local * cp), cp).to(qkvzba.device)
+            full = cpx._GatherKV.apply(qkvzba, group).index_select(0, inverse)   # [s, b, .] in sequence order
+            mixed = self._mix(full)                              # [s, b, v_dim / tp]
+            cols = torch.tensor(cpx.columns([0, s_local * cp], cp, cpx.cp_rank()), device=mixed.device)
+            return self.out_proj(mixed.index_select(0, cols).contiguous())
+
+        def _mix(self, qkvzba: torch.Tensor) -> torch.Tensor:
+            """The part of GatedDeltaNet.forward between in_proj and out_proj, over the whole sequence:
+            [s, b, in_proj_dim / tp] -> [s, b, v_dim / tp] (the same steps as megatron's, in order)."""
+            tp = self.tp_size
+            seq, batch = qkvzba.shape[0], qkvzba.shape[1]
+            x = qkvzba.transpose(0, 1)
+            qkv, gate, beta, alpha = torch.split(
+                x, [(2 * self.qk_dim + self.v_dim) // tp, self.v_dim // tp, self.num_value_heads // tp,
+                    self.num_value_heads // tp], dim=-1)
+            w = self.conv1d.weight.squeeze(1)
+            qkv = causal_conv1d_fn(qkv.transpose(1, 2).contiguous(), w, self.conv1d.bias, "silu").transpose(1, 2)
+            q, k, v = torch.split(qkv, [self.qk_dim // tp, self.qk_dim // tp, self.v_dim // tp], dim=-1)
+            q = l2norm(q.reshape(batch, seq, -1, self.key_head_dim))
+            k = l2norm(k.reshape(batch, seq, -1, self.key_head_dim))
+            v = v.reshape(batch, seq, -1, self.value_head_dim)
+            rep = self.num_value_heads // self.num_key_heads
+            if rep > 1:
+                q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+            g = -self.A_log.exp() * F.softplus(alpha.float() + self.dt_bias)
+            out, _ = chunk_gated_delta_rule(q, k, v, g, beta.sigmoid())
+            norm = self._apply_gated_norm(out, gate.reshape(batch, seq, -1, self.value_head_dim))
+            return norm.reshape(batch, seq, -1).transpose(0, 1).contiguous()
+
+    return ContextParallelGatedDeltaNet
+
+
 class GatedOutputNorm(torch.nn.Module):
     """The gated delta net's output norm (transformers' Qwen3NextRMSNormGated before its gate, which
     megatron's GatedDeltaNet applies itself): RMS-normalise each value head in fp32, cast back, times

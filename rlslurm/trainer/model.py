@@ -153,6 +153,7 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
         # Qwen3-Next's linear-attention layers: megatron-core's GatedDeltaNet with rlslurm's kernels,
         # placed by rlslurm's layer spec (layer_specs; megatron's own hybrid spec builder needs
         # transformer-engine). Same int rule as HF's full_attention_interval.
+        # (experimental_attention_variant is set in transformer_config: megatron asserts CP 1 with it)
         kw.update(experimental_attention_variant="gated_delta_net", linear_attention_freq=d.full_attention_interval,
                   linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
                   linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
@@ -283,6 +284,11 @@ def transformer_config(
     if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:
         if "max_position_embeddings" in fields:
             kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
+    if cp > 1 and kw.get("experimental_attention_variant") == "gated_delta_net":
+        # megatron-core 0.16 asserts context_parallel_size 1 for its GatedDeltaNet forward; rlslurm's
+        # subclass does CP itself (trainer/gated_delta.py context_parallel_gated_delta_net), and nothing
+        # else reads the field (the layer spec is rlslurm's): left unset, the layer sizes stay
+        kw["experimental_attention_variant"] = None
     kw.update(overrides or {})
     if mixes_dp and kw.get("moe_token_dispatcher_type") == "allgather":
         raise ConfigError(f"--megatron-moe-token-dispatcher-type allgather at --expert-model-parallel-size {ep} x "
@@ -556,7 +562,7 @@ def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | Non
     input norm fused into it, as megatron's spec does), the output norm rlslurm's GatedOutputNorm
     (HF's plain-weight gated norm, not the zero-centred norm of the rest), out_proj row-parallel.
     docs/model-families.md, "Qwen3-Next"."""
-    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNetSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
@@ -572,7 +578,8 @@ def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | Non
         from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
         in_proj, out_proj = ColumnParallelLinear, RowParallelLinear
-    gdn = ModuleSpec(module=GatedDeltaNet, submodules=GatedDeltaNetSubmodules(
+    # megatron's GatedDeltaNet, with rlslurm's context parallelism (its forward at CP 1)
+    gdn = ModuleSpec(module=gated_delta.context_parallel_gated_delta_net(), submodules=GatedDeltaNetSubmodules(
         in_proj=in_proj, out_norm=gated_delta.GatedOutputNorm, out_proj=out_proj))
     interval = mc.arch.gated_delta_net.full_attention_interval
     from megatron.core import parallel_state as ps

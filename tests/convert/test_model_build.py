@@ -122,7 +122,9 @@ def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
     """Qwen3-Next: megatron's gated delta net variant every layer but each 3rd (linear_attention_freq 3,
     HF's full_attention_interval), zero-centred norms, the attention output gate, the shared expert's
     gate, and sequence parallelism at TP 2 (the delta net's output norm sums its gradient over TP as a
-    sequence-parallel weight). Context parallelism and TP that does not split the linear heads: one line."""
+    sequence-parallel weight). TP that does not split the linear heads: one line. At CP 2 the variant
+    field stays unset (megatron asserts CP 1 for its own forward; rlslurm's subclass does CP) and the
+    layer sizes are kept."""
     from rlslurm.trainer.model import transformer_config
 
     mc = load_model_config("tiny-qwen3-next")
@@ -138,14 +140,14 @@ def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
         transformer_config(mc, tp=4, overrides={})
     assert str(e.value) == ("--tensor-model-parallel-size 4: tiny-qwen3-next's gated delta net layers have 2 key / "
                             "4 value heads, which do not split into 4")
-    with pytest.raises(ConfigError, match=r"^--context-parallel-size 2: tiny-qwen3-next's gated delta net layers do "
-                                          r"not support context parallelism"):
-        transformer_config(mc, cp=2, overrides={})
+    cp2 = transformer_config(mc, cp=2, overrides={})
+    assert cp2.experimental_attention_variant is None and cp2.linear_attention_freq == 3
+    assert (cp2.linear_num_key_heads, cp2.linear_num_value_heads) == (2, 4)
 
 
 def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
-    """Layers 0 and 1 (0-based) of tiny-qwen3-next are linear attention: megatron's GatedDeltaNet with
-    rlslurm's kernels and output norm; layer 2 is megatron's SelfAttention with zero-centred q/k norms.
+    """Layers 0 and 1 (0-based) of tiny-qwen3-next are linear attention: megatron's GatedDeltaNet (rlslurm's
+    subclass of it, which adds context parallelism) with rlslurm's kernels and output norm; layer 2 is megatron's SelfAttention with zero-centred q/k norms.
     Packed sequences (--qkv-format thd) are refused in one line."""
     from megatron.core.ssm import gated_delta_net as gdn
     from megatron.core.transformer.attention import SelfAttention
@@ -165,7 +167,7 @@ def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
     monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda *a, **k: 1)
     block = layer_specs(mc, tcfg)
     kinds = [spec.submodules.self_attention.module for spec in block.layer_specs]
-    assert kinds == [gdn.GatedDeltaNet, gdn.GatedDeltaNet, SelfAttention]
+    assert issubclass(kinds[0], gdn.GatedDeltaNet) and kinds[1] is kinds[0] and kinds[2] is SelfAttention
     assert block.layer_specs[0].submodules.self_attention.submodules.out_norm is gated_delta.GatedOutputNorm
     assert gdn.HAVE_FLA and gdn.chunk_gated_delta_rule is gated_delta.chunk_gated_delta_rule
     if not HAVE_TE:
