@@ -149,7 +149,7 @@ def _hf_config(model_script: Path) -> dict:
                    linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
                    linear_num_value_heads=32,
                    layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)])
-    if mt == "qwen3_5":
+    if mt in ("qwen3_5", "qwen3_5_moe"):
         # a vision-language model: the language model's fields in text_config (the release's linear
         # attention: 16 key heads of 128, 48 value heads for the 27B, every 4th layer full attention)
         n = cfg["num_hidden_layers"]
@@ -162,6 +162,11 @@ def _hf_config(model_script: Path) -> dict:
                                      "partial_rotary_factor": float(one("rotary-percent", 1.0)),
                                      "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
         text.pop("partial_rotary_factor", None)
+        if mt == "qwen3_5_moe":  # every layer MoE, no dense MLP (no intermediate_size)
+            del text["intermediate_size"]
+            text.update(num_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
+                        moe_intermediate_size=int(one("moe-ffn-hidden-size")),
+                        shared_expert_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)))
         cfg = {"architectures": [archs], "model_type": mt, "text_config": text,
                "tie_word_embeddings": cfg["tie_word_embeddings"], "torch_dtype": "bfloat16"}
     if mt == "glm4_moe":

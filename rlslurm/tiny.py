@@ -115,7 +115,7 @@ def hf_config_dict(mc: ModelConfig) -> dict:
                    num_experts_per_tok=a.moe.router_topk, rotary_dim=int(a.kv_channels * a.rotary_percent),
                    use_qk_norm=True, qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True,
                    shared_intermediate_size=0, attn_type_list=[1] * a.num_layers)
-    if mc.hf_model_type == "qwen3_5":
+    if mc.hf_model_type in ("qwen3_5", "qwen3_5_moe"):
         # a vision-language model (Qwen3_5ForConditionalGeneration): the language model's fields in
         # text_config, a one-block vision tower beside it (never read by rlslurm); the hybrid layers as
         # qwen3_next's. Multimodal rotary: its sections over the rotary dims' frequencies
@@ -133,7 +133,13 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
             linear_num_value_heads=d.num_value_heads)
         text.pop("partial_rotary_factor", None)
-        return {"architectures": [mc.hf_architecture], "model_type": "qwen3_5", "text_config": text,
+        if mc.hf_model_type == "qwen3_5_moe":  # every layer Qwen3-Next's MoE block, no dense MLP
+            m = a.moe
+            del text["intermediate_size"]
+            text.update(num_experts=m.num_experts, num_experts_per_tok=m.router_topk,
+                        moe_intermediate_size=m.moe_ffn_hidden_size,
+                        shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size)
+        return {"architectures": [mc.hf_architecture], "model_type": mc.hf_model_type, "text_config": text,
                 "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
                                   "out_hidden_size": a.hidden_size, "patch_size": 16, "spatial_merge_size": 2,
                                   "temporal_patch_size": 2, "num_position_embeddings": 16},

@@ -68,14 +68,19 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
                 "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
                 "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
                 "attention_output_gate": True},
+    # Qwen3.5 MoE (Qwen3.5-35B-A3B): the same with Qwen3-Next's MoE block in every layer
+    "qwen3_5_moe": {"qk_layernorm": True, "qk_layernorm_all_heads": False, "add_qkv_bias": False,
+                    "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+                    "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
+                    "attention_output_gate": True},
 }
 
 # Vision-language model_types whose language model rlslurm trains: its fields are config.json's
 # `text_config`, its tensors `model.language_model.*` (convert/mapping.py); the vision tower is never
 # loaded, trained or exported (docs/model-families.md, "Qwen3.5").
-TEXT_CONFIG = ("qwen3_5",)
+TEXT_CONFIG = ("qwen3_5", "qwen3_5_moe")
 # families of Qwen3-Next's hybrid layers (gated delta nets and gated full attention)
-GATED_DELTA_FAMILIES = ("qwen3_next", "qwen3_5")
+GATED_DELTA_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 SUPPORTED = tuple(FAMILY_FIXED)
 MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
@@ -156,7 +161,10 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         ("hf_model_type", mc.hf_model_type, "model_type", mt),
         ("arch.num_layers", a.num_layers, "num_hidden_layers", g("num_hidden_layers")),
         ("arch.hidden_size", a.hidden_size, "hidden_size", g("hidden_size")),
-        ("arch.ffn_hidden_size", a.ffn_hidden_size, "intermediate_size", g("intermediate_size")),
+        # Qwen3.5 MoE has no dense MLP (no intermediate_size): the model config keeps the experts' width
+        ("arch.ffn_hidden_size", a.ffn_hidden_size, *(("moe_intermediate_size", g("moe_intermediate_size"))
+                                                      if mt == "qwen3_5_moe" else
+                                                      ("intermediate_size", g("intermediate_size")))),
         ("arch.num_attention_heads", a.num_attention_heads, "num_attention_heads", heads),
         ("arch.num_query_groups", a.num_query_groups, "num_key_value_heads", g("num_key_value_heads", heads)),
         ("arch.vocab_size", a.vocab_size, "vocab_size", g("vocab_size")),
@@ -374,7 +382,9 @@ def _qwen3_next(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
             # Qwen3NextSparseMoeBlock always builds shared_expert_gate; Qwen3NextTopKRouter: softmax,
             # top-k, divided by their sum when norm_topk_prob, no scaling, no groups, no bias
             ("arch.moe.shared_expert_gate", m.shared_expert_gate, "(qwen3_next shared_expert_gate)", True),
-            ("arch.moe.router_topk_norm", m.router_topk_norm, "norm_topk_prob", g("norm_topk_prob")),
+            # Qwen3.5 MoE's router (Qwen3VLMoeTextTopKRouter) always divides by the sum; no such field
+            ("arch.moe.router_topk_norm", m.router_topk_norm,
+             *(("(qwen3_5_moe router)", True) if mt == "qwen3_5_moe" else ("norm_topk_prob", g("norm_topk_prob")))),
             ("arch.moe.router_score_function", m.router_score_function, "(qwen3_next router)", "softmax"),
             ("arch.moe.router_scaling_factor", m.router_scaling_factor, "(qwen3_next router)", 1.0),
             ("arch.moe.router_num_groups", m.router_num_groups, "(qwen3_next router)", 1),

@@ -67,7 +67,7 @@ class Rule:
 
 P = "model.layers.{L}."
 # model_type -> where its language model's tensors are (default "model.")
-LANGUAGE_MODEL_PREFIX = {"qwen3_5": "model.language_model."}
+LANGUAGE_MODEL_PREFIX = {"qwen3_5": "model.language_model.", "qwen3_5_moe": "model.language_model."}
 
 
 def _under(mc: ModelConfig, rules: list[Rule]) -> list[Rule]:
@@ -259,7 +259,7 @@ def _qwen3_next(mc: ModelConfig, layer: int) -> list[Rule]:
     if is_linear_attention_layer(mc, layer):
         d, la, s = a.gated_delta_net, P + "linear_attn.", "self_attention."
         qk, v, nv = d.num_key_heads * d.key_head_dim, d.num_value_heads * d.value_head_dim, d.num_value_heads
-        if mc.hf_model_type == "qwen3_5":
+        if mc.hf_model_type in ("qwen3_5", "qwen3_5_moe"):
             # Qwen3_5GatedDeltaNet: in_proj_qkv ([q; k; v] over all heads, as the conv reads them),
             # in_proj_z, in_proj_b, in_proj_a: megatron's in_proj is their concatenation
             in_proj = Rule(s + "in_proj.weight", tuple(la + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
@@ -303,6 +303,9 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     # Qwen3.5's language model: Qwen3-Next's layers with the split in_proj and a dense MLP (arch.moe
     # None), under model.language_model. (LANGUAGE_MODEL_PREFIX); model.visual.* has no rule
     "qwen3_5": _qwen3_next,
+    # Qwen3.5 MoE: the same with Qwen3-Next's MoE block in every layer (experts per expert, as
+    # transformers 5.19 writes them)
+    "qwen3_5_moe": _qwen3_next,
 }
 
 

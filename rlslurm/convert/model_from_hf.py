@@ -134,7 +134,11 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
             arch["moe"] = {"num_experts": g("num_experts"), "router_topk": g("num_experts_per_tok"),
                            "moe_ffn_hidden_size": g("moe_intermediate_size"), "first_k_dense": first_dense,
                            "shared_expert_ffn_hidden_size": g("shared_expert_intermediate_size") or 0,
-                           "shared_expert_gate": True, "router_topk_norm": bool(g("norm_topk_prob", False))}
+                           "shared_expert_gate": True,
+                           # Qwen3.5 MoE's router always renormalises (it has no norm_topk_prob field)
+                           "router_topk_norm": mt == "qwen3_5_moe" or bool(g("norm_topk_prob", False))}
+        if mt == "qwen3_5_moe":
+            arch["ffn_hidden_size"] = g("moe_intermediate_size")  # no dense MLP, no intermediate_size
     if mt == "glm4_moe":
         arch["qk_layernorm"] = bool(g("use_qk_norm", False))
     arch.update(FAMILY_FIXED[mt])

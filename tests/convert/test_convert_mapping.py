@@ -304,6 +304,19 @@ def test_qwen3_5_is_qwen3_next_under_the_language_model_with_a_split_in_proj():
     assert not any("router" in n or "experts" in n for n in M.default_targets(mc))
 
 
+def test_qwen3_5_moe_is_qwen3_next_moe_under_the_language_model():
+    """Qwen3.5 MoE: Qwen3.5's layers with Qwen3-Next's MoE block in every layer, experts per expert under
+    model.language_model. (as transformers 5.19 writes them), the shared expert and its gate."""
+    mc = load_model_config("tiny-qwen3.5-moe")
+    p = "model.language_model.layers.0.mlp."
+    assert M.resolve(mc, "decoder.layers.0.mlp.router.weight").hf_names == (p + "gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight").hf_names == (
+        p + "experts.3.gate_proj.weight", p + "experts.3.up_proj.weight")
+    assert M.resolve(mc, "decoder.layers.0.mlp.shared_experts.gate_weight").hf_names == (p + "shared_expert_gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.self_attention.in_proj.weight").rule.kind == "concat"
+    assert not any(".mlp.linear_fc" in n for n in M.default_targets(mc))  # no dense layer
+
+
 def test_mimo_reads_and_exports_no_mtp_tensor(tiny_ckpts):
     """MiMo: the Qwen2 tables; the MTP layer's 16 tensors in the file (`model.mtp_layers.0.*`) are
     not read by the streamed import (same tensors with or without them) and not in the export set."""

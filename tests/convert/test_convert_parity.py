@@ -20,7 +20,7 @@ from convert_helpers import FAMILIES, UNMAPPED, check, run_procs
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
 MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-minimax-m2",
-       "tiny-qwen3-next"]
+       "tiny-qwen3-next", "tiny-qwen3.5-moe"]
 # HF keeps the router correction bias as a buffer (no gradient): one per MoE layer
 ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1, "tiny-glm4-moe-lite": 1,
                        "tiny-minimax-m2": 2}

@@ -1,7 +1,7 @@
 """The released config.json of GLM-4.7-Flash (glm4_moe_lite), MiMo-7B (mimo), MiniMax-M2 (minimax_m2),
-Qwen3-Next-80B-A3B (qwen3_next) and Qwen3.5-27B (qwen3_5) give the model config slime's
-models/glm4.7-30B-A3B.sh, models/mimo-7B-rl.sh, models/minimax-m2.sh, models/qwen3-next-80B-A3B.sh and
-models/qwen3.5-27B.sh describe; what the mappings
+Qwen3-Next-80B-A3B (qwen3_next), Qwen3.5-27B (qwen3_5) and Qwen3.5-35B-A3B (qwen3_5_moe) give the model
+config slime's models/glm4.7-30B-A3B.sh, models/mimo-7B-rl.sh, models/minimax-m2.sh,
+models/qwen3-next-80B-A3B.sh, models/qwen3.5-27B.sh and models/qwen3.5-35B-A3B.sh describe; what the mappings
 cannot express is refused in one line naming the field (docs/model-families.md)."""
 
 from __future__ import annotations
@@ -100,6 +100,28 @@ QWEN3_5_27B = {
                       "temporal_patch_size": 2, "num_position_embeddings": 2304},
 }
 QWEN3_5_27B["text_config"]["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * 16
+
+# Qwen3.5-35B-A3B's (Qwen/Qwen3.5-35B-A3B; as public fixtures pin it, agreeing with slime's
+# scripts/models/qwen3.5-35B-A3B.sh): no intermediate_size (no dense MLP), 256 experts top-8 of 512, one
+# shared expert of 512.
+QWEN3_5_35B_A3B = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_moe_text", "attention_bias": False, "attn_output_gate": True, "dtype": "bfloat16",
+        "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 10, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128, "max_position_embeddings": 262144, "moe_intermediate_size": 512,
+        "mtp_num_hidden_layers": 1, "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
+        "num_hidden_layers": 40, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "vocab_size": 248320,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    },
+    "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                      "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                      "num_position_embeddings": 2304},
+}
 
 
 def _dir(tmp_path: Path, cfg: dict) -> Path:
@@ -246,3 +268,17 @@ def test_qwen3_5_without_the_output_gate_is_refused(tmp_path):
                                           r"builds the output gate") as e:
         model_config_from_hf(_dir(tmp_path / "q", cfg))
     assert "\n" not in str(e.value)
+
+
+def test_qwen3_5_35b_a3b_is_slimes_qwen3_5_35b_a3b(tmp_path):
+    """Qwen3.5-35B-A3B (qwen3_5_moe): slime's models/qwen3.5-35B-A3B.sh, every layer MoE (256 experts, top-8
+    of 512, softmax, always renormalised, a shared expert of 512 behind --moe-shared-expert-gate); the
+    model config's ffn_hidden_size is the experts' width (the script's --ffn-hidden-size 512)."""
+    mc = model_config_from_hf(_dir(tmp_path / "Qwen3.5-35B-A3B", QWEN3_5_35B_A3B))
+    a, m, d = mc.arch, mc.arch.moe, mc.arch.gated_delta_net
+    assert (mc.hf_model_type, mc.hf_architecture) == ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups,
+            a.kv_channels, a.vocab_size) == (40, 2048, 512, 16, 2, 256, 248320)
+    assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.shared_expert_gate,
+            m.first_k_dense, m.router_topk_norm) == (256, 8, 512, 512, True, 0, True)
+    assert (d.num_key_heads, d.num_value_heads, d.full_attention_interval) == (16, 32, 4)
