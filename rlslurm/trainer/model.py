@@ -295,6 +295,10 @@ def transformer_config(
                           f"--expert-tensor-parallel-size {etp}: "
                           "it needs equal micro-batch shapes on every expert-parallel rank, which right-padded "
                           "RL micro-batches of different DP ranks do not have (use alltoall)")
+    if mc.arch.gated_delta_net is not None and tp > 1 and not kw.get("sequence_parallel"):
+        raise ConfigError("--megatron-sequence-parallel: gated delta nets at TP > 1 need sequence parallelism (their "
+                          "output norm's TP-partial gradient is summed as a sequence-parallel weight's, "
+                          "trainer/gated_delta.py GatedOutputNorm)")
     if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")

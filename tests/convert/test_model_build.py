@@ -140,6 +140,8 @@ def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
         transformer_config(mc, tp=4, overrides={})
     assert str(e.value) == ("--tensor-model-parallel-size 4: tiny-qwen3-next's gated delta net layers have 2 key / "
                             "4 value heads, which do not split into 4")
+    with pytest.raises(ConfigError, match=r"^--megatron-sequence-parallel: gated delta nets at TP > 1 need"):
+        transformer_config(mc, tp=2, overrides={"sequence_parallel": False})
     cp2 = transformer_config(mc, cp=2, overrides={})
     assert cp2.experimental_attention_variant is None and cp2.linear_attention_freq == 3
     assert (cp2.linear_num_key_heads, cp2.linear_num_value_heads) == (2, 4)
