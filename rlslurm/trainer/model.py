@@ -6,7 +6,8 @@
 - `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
   transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
-  over all heads (trainer/qk_norm.py) and, for MLA without transformer-engine, an SDPA core
+  over all heads (trainer/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
+  norms (trainer/gated_delta.py) and, for MLA without transformer-engine, an SDPA core
   attention (megatron's local one does not take MLA's `k_channels`/`v_channels`).
 - `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
@@ -153,7 +154,7 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
         # Qwen3-Next's linear-attention layers: megatron-core's GatedDeltaNet with rlslurm's kernels,
         # placed by rlslurm's layer spec (layer_specs; megatron's own hybrid spec builder needs
         # transformer-engine). Same int rule as HF's full_attention_interval.
-        # (experimental_attention_variant is set in transformer_config: megatron asserts CP 1 with it)
+        # (transformer_config unsets experimental_attention_variant at CP > 1: megatron asserts CP 1 with it)
         kw.update(experimental_attention_variant="gated_delta_net", linear_attention_freq=d.full_attention_interval,
                   linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
                   linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
@@ -555,7 +556,7 @@ def _extend_mlp_spec(mc: ModelConfig, mlp_spec):
     return dataclasses.replace(mlp_spec, module=_mlp_with_post_norm(mlp_spec.module), params=params)
 
 
-def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | None, packed: bool) -> None:
+def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | None) -> None:
     """Qwen3-Next: the linear-attention layers of this stage get megatron-core's GatedDeltaNet as their
     `self_attention` (the rest of each layer, norms and MLP/MoE, is the stock spec's).
 
@@ -614,7 +615,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
     block = get_gpt_decoder_block_spec(tcfg, **kw)
     a = mc.arch
     if a.gated_delta_net is not None:
-        _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage, packed=packed)
+        _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
     _local_spec_fixes(block, tcfg)
     seen: set[int] = set()
     for spec in block.layer_specs:
