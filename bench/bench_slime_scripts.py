@@ -86,6 +86,8 @@ def _hf_config(model_script: Path) -> dict:
         mt, archs = "glm4_moe_lite", "Glm4MoeLiteForCausalLM"  # GLM-4.7-Flash: MLA, not GLM-4.5's GQA
     if mt == "qwen3" and "num-experts" in f:
         mt, archs = "qwen3_moe", "Qwen3MoeForCausalLM"
+    if mt == "qwen3_5" and "num-experts" in f:
+        mt, archs = "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"  # Qwen3.5-35B-A3B: its own model_type
     one = lambda k, d=None: (f.get(k) or [d])[0]  # noqa: E731
     heads = int(one("num-attention-heads", 1))
     cfg: dict = {
@@ -134,6 +136,39 @@ def _hf_config(model_script: Path) -> dict:
                    use_routing_bias="moe-router-enable-expert-bias" in f,
                    shared_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)),
                    attn_type_list=[1] * cfg["num_hidden_layers"])
+    if mt == "qwen3_next":
+        # the release's fields (tests/convert/test_hf_config_slime_families.py QWEN3_NEXT): slime's script
+        # sizes the attention and MoE; the linear-attention heads are the release's (slime's plugin reads
+        # them from config.json), every 4th layer full attention
+        n = cfg["num_hidden_layers"]
+        cfg.update(num_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
+                   moe_intermediate_size=int(one("moe-ffn-hidden-size")),
+                   shared_expert_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)),
+                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=list(range(dense)),
+                   partial_rotary_factor=float(one("rotary-percent", 1.0)), linear_conv_kernel_dim=4,
+                   linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                   linear_num_value_heads=32,
+                   layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)])
+    if mt in ("qwen3_5", "qwen3_5_moe"):
+        # a vision-language model: the language model's fields in text_config (the release's linear
+        # attention: 16 key heads of 128, 48 value heads for the 27B, every 4th layer full attention)
+        n = cfg["num_hidden_layers"]
+        text = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype", "rope_theta")}
+        text.update(attn_output_gate="attention-output-gate" in f, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                    linear_value_head_dim=128, linear_num_key_heads=16,
+                    linear_num_value_heads=48 if stem.lower().startswith("qwen3.5-27b") else 32,
+                    layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)],
+                    rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"],
+                                     "partial_rotary_factor": float(one("rotary-percent", 1.0)),
+                                     "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
+        text.pop("partial_rotary_factor", None)
+        if mt == "qwen3_5_moe":  # every layer MoE, no dense MLP (no intermediate_size)
+            del text["intermediate_size"]
+            text.update(num_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
+                        moe_intermediate_size=int(one("moe-ffn-hidden-size")),
+                        shared_expert_intermediate_size=int(one("moe-shared-expert-intermediate-size", 0)))
+        cfg = {"architectures": [archs], "model_type": mt, "text_config": text,
+               "tie_word_embeddings": cfg["tie_word_embeddings"], "torch_dtype": "bfloat16"}
     if mt == "glm4_moe":
         cfg["use_qk_norm"] = "qk-layernorm" in f
     if mt == "glm4_moe_lite":

@@ -24,7 +24,8 @@ from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_
 from rlslurm.settings.low_precision import (StoredPrecision, check_engine_quantization, check_int4_engine_args,
                                            check_megatron_precision, stored_precision)
 from rlslurm.settings.model_config import ModelConfig, model_config_path
-from rlslurm.settings.parallel_grid import check_expert_grid, check_pipeline_split, owned_field_refusal, stage_layers
+from rlslurm.settings.parallel_grid import (check_expert_grid, check_gated_delta_net, check_pipeline_split,
+                                            owned_field_refusal, stage_layers)
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import check_rl_settings
@@ -275,6 +276,8 @@ def _check_trainer_grid(cfg: RunConfig, mc: ModelConfig) -> int:
                 f"--tensor-model-parallel-size {t.tensor_model_parallel_size} must divide {mc.name}'s "
                 f"{mc.arch.num_attention_heads} heads and {mc.arch.num_query_groups} query groups"
             )
+    check_gated_delta_net(mc.arch, mc.name, tp=t.tensor_model_parallel_size, cp=t.context_parallel_size,
+                          qkv_format=t.qkv_format)
     # megatron-core's split of the layers over the stages, even or uneven (rlslurm/settings/parallel_grid.py)
     stage_layers(mc.arch.num_layers, t.pipeline_model_parallel_size, t.decoder_first_pipeline_num_layers,
                  t.decoder_last_pipeline_num_layers, model=mc.name)

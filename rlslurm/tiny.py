@@ -115,7 +115,75 @@ def hf_config_dict(mc: ModelConfig) -> dict:
                    num_experts_per_tok=a.moe.router_topk, rotary_dim=int(a.kv_channels * a.rotary_percent),
                    use_qk_norm=True, qk_norm_type="per_layer", scoring_func="sigmoid", use_routing_bias=True,
                    shared_intermediate_size=0, attn_type_list=[1] * a.num_layers)
+    if mc.hf_model_type in ("qwen3_5", "qwen3_5_moe"):
+        # a vision-language model (Qwen3_5ForConditionalGeneration): the language model's fields in
+        # text_config, a one-block vision tower beside it (never read by rlslurm); the hybrid layers as
+        # qwen3_next's. Multimodal rotary: its sections over the rotary dims' frequencies
+        # (t, h, w), which text-only positions make plain rotary.
+        d = a.gated_delta_net
+        half = int(a.kv_channels * a.rotary_percent) // 2
+        text = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype", "rope_theta")}
+        text.update(
+            rope_parameters={"rope_type": "default", "rope_theta": a.rotary_base,
+                             "partial_rotary_factor": a.rotary_percent, "mrope_interleaved": True,
+                             "mrope_section": [half // 3, half // 3, half - 2 * (half // 3)]},
+            layer_types=["linear_attention" if (i + 1) % d.full_attention_interval else "full_attention"
+                         for i in range(a.num_layers)],
+            linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
+            linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
+            linear_num_value_heads=d.num_value_heads)
+        text.pop("partial_rotary_factor", None)
+        if mc.hf_model_type == "qwen3_5_moe":  # every layer Qwen3-Next's MoE block, no dense MLP
+            m = a.moe
+            del text["intermediate_size"]
+            text.update(num_experts=m.num_experts, num_experts_per_tok=m.router_topk,
+                        moe_intermediate_size=m.moe_ffn_hidden_size,
+                        shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size)
+        return {"architectures": [mc.hf_architecture], "model_type": mc.hf_model_type, "text_config": text,
+                "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                                  "out_hidden_size": a.hidden_size, "patch_size": 16, "spatial_merge_size": 2,
+                                  "temporal_patch_size": 2, "num_position_embeddings": 16},
+                "tie_word_embeddings": a.tie_word_embeddings, "torch_dtype": "float32"}
+    if mc.hf_model_type == "qwen3_next":
+        # Qwen3NextConfig: partial_rotary_factor defaults to 0.25, so always spelt out; the hybrid
+        # layers as layer_types; dense layers as mlp_only_layers (rlslurm expresses leading ones)
+        d, m = a.gated_delta_net, a.moe
+        cfg.update(partial_rotary_factor=a.rotary_percent,
+                   layer_types=["linear_attention" if (i + 1) % d.full_attention_interval else "full_attention"
+                                for i in range(a.num_layers)],
+                   linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
+                   linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
+                   linear_num_value_heads=d.num_value_heads)
+        if m:
+            cfg.update(num_experts=m.num_experts, num_experts_per_tok=m.router_topk,
+                       moe_intermediate_size=m.moe_ffn_hidden_size,
+                       shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size,
+                       norm_topk_prob=m.router_topk_norm, decoder_sparse_step=1,
+                       mlp_only_layers=list(range(m.first_k_dense)))
+        else:
+            cfg.update(num_experts=0)
     return cfg
+
+
+# Qwen3-Next's MTP module as the release stores it (SGLang 0.5.23 qwen3_next.py load_weights reads
+# these names when is_mtp): a few of its tensors, so tests see what the trainer does with tensors
+# it has no rule for (transformers' Qwen3NextPreTrainedModel ignores `^mtp.*` on load).
+def _qwen3_next_mtp_shapes(h: int) -> dict[str, tuple[int, ...]]:
+    return {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,),
+            "mtp.layers.0.input_layernorm.weight": (h,)}
+
+
+def _add_tensors(out: Path, shapes: dict[str, tuple[int, ...]], dtype: Any, seed: int) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(seed + 1)
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name, shape in shapes.items():
+        tensors[name] = (torch.randn(*shape, generator=g) * 0.02).to(dtype)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _deepseek_style_moe(m: MoEArch) -> dict[str, Any]:
@@ -157,7 +225,7 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path.
     `dtype`/`device`: a full-size shape (benches) is built on the GPU and written in bf16."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -167,7 +235,9 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     config = AutoConfig.for_model({"mimo": "qwen2"}.get(model_type, model_type), **cfg_dict)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # a vision-language model (Qwen3.5): the whole model, so the file holds its names and tower
+        auto = AutoModelForImageTextToText if hasattr(config, "text_config") else AutoModelForCausalLM
+        model = auto.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # non-trivial norms so a norm mapped to the wrong tensor shows in logits
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -176,6 +246,8 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
     model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    if model_type == "qwen3_next":
+        _add_tensors(out, _qwen3_next_mtp_shapes(model.config.hidden_size), getattr(torch, dtype), seed)
     if model_type == "mimo":
         _add_mimo_mtp_layer(out, model.config, getattr(torch, dtype), seed)
         (out / "config.json").write_text(json.dumps({**cfg_dict, "model_type": "mimo"}, indent=1))

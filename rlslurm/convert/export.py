@@ -65,7 +65,7 @@ def mcore_to_hf(
         else:
             size, group = ranks.tp_size, ranks.tp_group
         parts = _all_gather(t.data, size, group) if pdim is not None else [t.data]
-        full = mapping.unshard(res.rule.kind, parts, partition_dim=pdim)
+        full = mapping.unshard(res.rule.kind, parts, partition_dim=pdim, sections=res.rule.sections)
         if parallel.is_expert(name):
             per_ep = _all_gather(full, ranks.ep_size, ranks.ep_group)
             local_idx = res.expert

@@ -55,7 +55,32 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "minimax_m2": {"qk_layernorm": True, "qk_layernorm_all_heads": True, "add_qkv_bias": False,
                    "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
                    "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    # Qwen3-Next: zero-centred norms (Qwen3NextRMSNorm: x * (1 + weight)), per-head q/k norms, gated
+    # full attention (q_proj -> [q_h; gate_h] per head), rotate_half over the first
+    # partial_rotary_factor of each head. docs/model-families.md, "Qwen3-Next".
+    "qwen3_next": {"qk_layernorm": True, "qk_layernorm_all_heads": False, "add_qkv_bias": False,
+                   "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+                   "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
+                   "attention_output_gate": True},
+    # Qwen3.5 (dense, e.g. Qwen3.5-27B): Qwen3-Next's layers with a dense MLP everywhere, inside a
+    # vision-language model whose text_config holds the language model's fields (TEXT_CONFIG)
+    "qwen3_5": {"qk_layernorm": True, "qk_layernorm_all_heads": False, "add_qkv_bias": False,
+                "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+                "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
+                "attention_output_gate": True},
+    # Qwen3.5 MoE (Qwen3.5-35B-A3B): the same with Qwen3-Next's MoE block in every layer
+    "qwen3_5_moe": {"qk_layernorm": True, "qk_layernorm_all_heads": False, "add_qkv_bias": False,
+                    "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
+                    "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
+                    "attention_output_gate": True},
 }
+
+# Vision-language model_types whose language model rlslurm trains: its fields are config.json's
+# `text_config`, its tensors `model.language_model.*` (convert/mapping.py); the vision tower is never
+# loaded, trained or exported (docs/model-families.md, "Qwen3.5").
+TEXT_CONFIG = ("qwen3_5", "qwen3_5_moe")
+# families of Qwen3-Next's hybrid layers (gated delta nets and gated full attention)
+GATED_DELTA_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 SUPPORTED = tuple(FAMILY_FIXED)
 MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
@@ -126,6 +151,9 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
     """(model-config field, its value, HF field, HF value) for every math-changing field."""
     a = mc.arch
     mt = cfg.model_type
+    top = cfg
+    if mt in TEXT_CONFIG:
+        cfg = cfg.text_config  # the language model's fields; model_type and architectures stay the file's
     rope = _rope(cfg)
     g: Callable[[str, Any], Any] = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
     heads = g("num_attention_heads")
@@ -133,7 +161,10 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         ("hf_model_type", mc.hf_model_type, "model_type", mt),
         ("arch.num_layers", a.num_layers, "num_hidden_layers", g("num_hidden_layers")),
         ("arch.hidden_size", a.hidden_size, "hidden_size", g("hidden_size")),
-        ("arch.ffn_hidden_size", a.ffn_hidden_size, "intermediate_size", g("intermediate_size")),
+        # Qwen3.5 MoE has no dense MLP (no intermediate_size): the model config keeps the experts' width
+        ("arch.ffn_hidden_size", a.ffn_hidden_size, *(("moe_intermediate_size", g("moe_intermediate_size"))
+                                                      if mt == "qwen3_5_moe" else
+                                                      ("intermediate_size", g("intermediate_size")))),
         ("arch.num_attention_heads", a.num_attention_heads, "num_attention_heads", heads),
         ("arch.num_query_groups", a.num_query_groups, "num_key_value_heads", g("num_key_value_heads", heads)),
         ("arch.vocab_size", a.vocab_size, "vocab_size", g("vocab_size")),
@@ -144,8 +175,9 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         ("arch.activation", a.activation, "hidden_act",
          {"silu": "swiglu", "gelu": "gelu"}.get(g("hidden_act"), g("hidden_act"))),
     ]
-    if mc.hf_architecture not in (g("architectures") or [mc.hf_architecture]):
-        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", g("architectures")))
+    archs = getattr(top, "architectures", None)
+    if mc.hf_architecture not in (archs or [mc.hf_architecture]):
+        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", archs))
     if not a.mla:
         head_dim = g("head_dim") or g("hidden_size") // heads
         pairs.append(("arch.kv_channels", a.kv_channels, "head_dim", head_dim))
@@ -224,8 +256,12 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
             pairs += _sigmoid_router_moe(mc, g, scoring=("(glm4_moe router)", "sigmoid"))
     elif mt == "minimax_m2":
         pairs += _minimax_m2(mc, g)
+    elif mt in GATED_DELTA_FAMILIES:
+        pairs += _qwen3_next(mc, g)
     elif a.moe is not None:
         pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
+    if mt not in GATED_DELTA_FAMILIES and a.gated_delta_net is not None:
+        pairs.append(("arch.gated_delta_net", "set", f"({mt} has no linear attention)", None))
     if mt not in MLA_FAMILIES and a.mla is not None:
         pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
     for field, value in FAMILY_FIXED.get(mt, {}).items():
@@ -270,6 +306,89 @@ def _minimax_m2(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
             ("arch.moe.router_num_groups", m.router_num_groups, "(minimax_m2 router)", 1),
             ("arch.moe.router_group_topk", m.router_group_topk, "(minimax_m2 router)", 1),
             ("arch.moe.router_expert_bias", m.router_expert_bias, "use_routing_bias", g("use_routing_bias", True)),
+        ]
+    return pairs
+
+
+def full_attention_interval(mc_name: str, types: list[str]) -> int:
+    """The N of an HF Qwen3-Next `layer_types` list in which exactly every N-th layer is
+    "full_attention" and the others "linear_attention" (what HF's full_attention_interval builds and
+    megatron's int linear_attention_freq expresses); N > layers when none is. Any other list is refused."""
+    n = len(types)
+    interval = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), n + 1)
+    want = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    if types != want:
+        raise ConfigError(f"{mc_name}: HF layer_types {types} is not every N-th layer full attention and "
+                          "the others linear_attention, which is all the model config (full_attention_interval) and "
+                          "megatron-core's linear_attention_freq express here")
+    return interval
+
+
+def qwen3_next_moe_layers(mc_name: str, g: Callable[..., Any]) -> int | None:
+    """The leading dense layers of an HF Qwen3-Next (Qwen3NextDecoderLayer: layer i is MoE unless it is
+    in mlp_only_layers, num_experts is 0 or (i + 1) % decoder_sparse_step != 0); None when no layer is
+    MoE. MoE layers after a dense one are refused: megatron's moe_layer_freq is read as leading dense
+    layers here (MoEArch.first_k_dense)."""
+    n, only, step = g("num_hidden_layers"), set(g("mlp_only_layers") or []), g("decoder_sparse_step", 1) or 1
+    moe = [i not in only and (g("num_experts") or 0) > 0 and (i + 1) % step == 0 for i in range(n)]
+    if not any(moe):
+        return None
+    k = moe.index(True)
+    if not all(moe[k:]):
+        raise ConfigError(f"{mc_name}: HF qwen3_next mlp_only_layers={sorted(only)} / decoder_sparse_step={step} put "
+                          "dense layers between MoE layers; the model config expresses leading dense layers only")
+    return k
+
+
+def _qwen3_next(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
+    """Qwen3-Next (and Qwen3.5's language model): the gated delta net and MoE fields
+    (docs/model-families.md, "Qwen3-Next", "Qwen3.5")."""
+    a, d, m = mc.arch, mc.arch.gated_delta_net, mc.arch.moe
+    mt = mc.hf_model_type
+    if g("attention_bias", False):
+        raise ConfigError(f"{mc.name}: HF {mt} config has attention_bias=true, which gives o_proj a bias too; "
+                          "megatron-core's add_qkv_bias covers q/k/v only (add_bias_linear would add MLP biases)")
+    if g("attn_output_gate", True) is not True:
+        # Qwen3.5's config.json says attn_output_gate; transformers builds the gate whatever it says
+        raise ConfigError(f"{mc.name}: HF {mt} config has attn_output_gate={g('attn_output_gate')!r}, but "
+                          "transformers' Qwen3NextAttention always builds the output gate, and so does the mapping")
+    types = list(g("layer_types") or [])
+    pairs: list[tuple] = [("arch.gated_delta_net", "set" if d else None, "layer_types", "set")]
+    if d:
+        pairs += [
+            ("arch.gated_delta_net.full_attention_interval", d.full_attention_interval, "layer_types",
+             full_attention_interval(mc.name, types)),
+            ("arch.gated_delta_net.conv_kernel_dim", d.conv_kernel_dim, "linear_conv_kernel_dim",
+             g("linear_conv_kernel_dim")),
+            ("arch.gated_delta_net.key_head_dim", d.key_head_dim, "linear_key_head_dim", g("linear_key_head_dim")),
+            ("arch.gated_delta_net.value_head_dim", d.value_head_dim, "linear_value_head_dim",
+             g("linear_value_head_dim")),
+            ("arch.gated_delta_net.num_key_heads", d.num_key_heads, "linear_num_key_heads", g("linear_num_key_heads")),
+            ("arch.gated_delta_net.num_value_heads", d.num_value_heads, "linear_num_value_heads",
+             g("linear_num_value_heads")),
+        ]
+    if mt == "qwen3_5":  # Qwen3_5DecoderLayer: a dense Qwen3_5MLP in every layer
+        return pairs + [("arch.moe", "set" if m else None, "(qwen3_5 is dense)", None)]
+    first_dense = qwen3_next_moe_layers(mc.name, g)
+    pairs.append(("arch.moe", "set" if m else None, "num_experts", "set" if first_dense is not None else None))
+    if m and first_dense is not None:
+        pairs += [
+            ("arch.moe.num_experts", m.num_experts, "num_experts", g("num_experts")),
+            ("arch.moe.router_topk", m.router_topk, "num_experts_per_tok", g("num_experts_per_tok")),
+            ("arch.moe.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "moe_intermediate_size", g("moe_intermediate_size")),
+            ("arch.moe.first_k_dense", m.first_k_dense, "mlp_only_layers/decoder_sparse_step", first_dense),
+            ("arch.moe.shared_expert_ffn_hidden_size", m.shared_expert_ffn_hidden_size,
+             "shared_expert_intermediate_size", g("shared_expert_intermediate_size")),
+            # Qwen3NextSparseMoeBlock always builds shared_expert_gate; Qwen3NextTopKRouter: softmax,
+            # top-k, divided by their sum when norm_topk_prob, no scaling, no groups, no bias
+            ("arch.moe.shared_expert_gate", m.shared_expert_gate, "(qwen3_next shared_expert_gate)", True),
+            # Qwen3.5 MoE's router (Qwen3VLMoeTextTopKRouter) always divides by the sum; no such field
+            ("arch.moe.router_topk_norm", m.router_topk_norm,
+             *(("(qwen3_5_moe router)", True) if mt == "qwen3_5_moe" else ("norm_topk_prob", g("norm_topk_prob")))),
+            ("arch.moe.router_score_function", m.router_score_function, "(qwen3_next router)", "softmax"),
+            ("arch.moe.router_scaling_factor", m.router_scaling_factor, "(qwen3_next router)", 1.0),
+            ("arch.moe.router_num_groups", m.router_num_groups, "(qwen3_next router)", 1),
+            ("arch.moe.router_expert_bias", m.router_expert_bias, "(qwen3_next router)", False),
         ]
     return pairs
 

@@ -17,6 +17,20 @@ expert index) to the HF tensor(s) it is made of, and says how they are laid out:
   (`[q heads of group g, k_g, v_g]` for every g); the TP split is contiguous over groups.
 - `gate_up`: HF gate and up (two tensors, or GLM-4's one fused `gate_up_proj`) concatenated into
   `linear_fc1`; for TP every rank holds `[gate_r; up_r]`, not a contiguous chunk.
+- `gdn_in`: Qwen3-Next's gated delta net input projection: HF `in_proj_qkvz` and `in_proj_ba`, both
+  grouped by key head, re-laid out as megatron's `in_proj` `[q; k; v; z; b; a]`, each part over all
+  heads.
+- `concat`: HF tensors concatenated along dim 0 as they are (Qwen3.5's `in_proj_qkv`, `in_proj_z`,
+  `in_proj_b`, `in_proj_a` -> the same `in_proj`); `Rule.pieces` gives their sizes for the way back.
+
+A vision-language model's language model (Qwen3.5) has its HF tensors under `model.language_model.`
+instead of `model.` (LANGUAGE_MODEL_PREFIX); the rules are the same.
+
+A rule with `sections` is split over TP section by section (every rank holds `[s1_r; s2_r; ...]`,
+as megatron's GatedDeltaNet splits its fused in_proj and conv1d), not in one contiguous chunk. With
+an attention output gate (Qwen3-Next, `Layout.output_gate`), HF's q_proj holds `[q_h; gate_h]` per
+head and `qkv` puts `[q heads of g, gate heads of g, k_g, v_g]` per query group, as megatron's
+`attention_output_gate` reads linear_qkv.
 
 Layer indices in the yielded Megatron names are global (0-based), like HF's; the loader maps them
 to a pipeline stage's local layers. Expert indices are local to this EP rank.
@@ -33,7 +47,7 @@ import torch
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.settings.model_config import ModelConfig
 
-Kind = Literal["plain", "vocab", "qkv", "gate_up"]
+Kind = Literal["plain", "vocab", "qkv", "gate_up", "gdn_in", "concat"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +59,24 @@ class Rule:
     # TP split dim under megatron's local spec (None: replicated). The loader/exporter read the
     # real one off the model's parameter; this is for model-free use (`default_targets`).
     tp_dim: int | None = None
+    # split over TP section by section (sizes along the TP dim of the full tensor); () = one piece
+    sections: tuple[int, ...] = ()
+    # `concat`: the HF tensors' sizes along dim 0
+    pieces: tuple[int, ...] = ()
 
 
 P = "model.layers.{L}."
+# model_type -> where its language model's tensors are (default "model.")
+LANGUAGE_MODEL_PREFIX = {"qwen3_5": "model.language_model.", "qwen3_5_moe": "model.language_model."}
+
+
+def _under(mc: ModelConfig, rules: list[Rule]) -> list[Rule]:
+    """`rules` with their HF names moved under the family's language-model prefix."""
+    prefix = LANGUAGE_MODEL_PREFIX.get(mc.hf_model_type)
+    if prefix is None:
+        return rules
+    return [dataclasses.replace(r, hf=tuple(prefix + h.removeprefix("model.") if h.startswith("model.") else h
+                                             for h in r.hf)) for r in rules]
 
 
 def _global_rules(mc: ModelConfig) -> list[Rule]:
@@ -59,7 +88,7 @@ def _global_rules(mc: ModelConfig) -> list[Rule]:
     # with the embedding); it loads from the embedding and is never exported (`lm_head` is absent).
     head = "model.embed_tokens.weight" if mc.arch.tie_word_embeddings else "lm_head.weight"
     rules.append(Rule("output_layer.weight", (head,), "vocab", tp_dim=0))
-    return rules
+    return _under(mc, rules)
 
 
 def _gqa_attention(mc: ModelConfig, *, qk_norm: bool, qk_norm_tp_dim: int | None = None) -> list[Rule]:
@@ -209,6 +238,56 @@ def _mimo(mc: ModelConfig, layer: int) -> list[Rule]:
     return _qwen2(mc, layer)
 
 
+def is_linear_attention_layer(mc: ModelConfig, layer: int) -> bool:
+    """Qwen3-Next: layer (0-based) is a gated delta net, not full attention (HF layer_types)."""
+    d = mc.arch.gated_delta_net
+    return d is not None and (layer + 1) % d.full_attention_interval != 0
+
+
+def _qwen3_next(mc: ModelConfig, layer: int) -> list[Rule]:
+    """Qwen3-Next (docs/model-families.md, "Qwen3-Next"): per layer either a gated delta net
+    (`linear_attn.*` -> megatron GatedDeltaNet's in_proj [q;k;v;z;b;a] split over TP part by part,
+    conv1d [q;k;v] likewise, A_log/dt_bias per value head, the plain-weight output norm, out_proj) or
+    gated full attention (q_proj holds [q_h; gate_h] per head, fused into linear_qkv by `qkv` with
+    the Layout's output gate; per-head q/k norms). Every other norm's weight is HF's offset from 1,
+    which megatron's zero-centred norms store the same way: no conversion. The MoE layers have a
+    softmax router, routed experts under qwen2_moe's names, and one shared expert
+    (`mlp.shared_expert.*`, singular) behind its own sigmoid gate (`mlp.shared_expert_gate`, megatron's
+    `shared_experts.gate_weight`). The MTP tensors (`mtp.*`) have no rule: never loaded, trained or
+    exported."""
+    a = mc.arch
+    if is_linear_attention_layer(mc, layer):
+        d, la, s = a.gated_delta_net, P + "linear_attn.", "self_attention."
+        qk, v, nv = d.num_key_heads * d.key_head_dim, d.num_value_heads * d.value_head_dim, d.num_value_heads
+        if mc.hf_model_type in ("qwen3_5", "qwen3_5_moe"):
+            # Qwen3_5GatedDeltaNet: in_proj_qkv ([q; k; v] over all heads, as the conv reads them),
+            # in_proj_z, in_proj_b, in_proj_a: megatron's in_proj is their concatenation
+            in_proj = Rule(s + "in_proj.weight", tuple(la + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
+                           "concat", tp_dim=0, sections=(qk, qk, v, v, nv, nv), pieces=(2 * qk + v, v, nv, nv))
+        else:
+            in_proj = Rule(s + "in_proj.weight", (la + "in_proj_qkvz.weight", la + "in_proj_ba.weight"), "gdn_in",
+                           tp_dim=0, sections=(qk, qk, v, v, nv, nv))
+        attn = [Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
+                in_proj,
+                Rule(s + "conv1d.weight", (la + "conv1d.weight",), tp_dim=0, sections=(qk, qk, v)),
+                Rule(s + "A_log", (la + "A_log",), tp_dim=0),
+                Rule(s + "dt_bias", (la + "dt_bias",), tp_dim=0),
+                Rule(s + "out_norm.weight", (la + "norm.weight",)),
+                Rule(s + "out_proj.weight", (la + "out_proj.weight",), tp_dim=1)]
+    else:
+        attn = _gqa_attention(mc, qk_norm=True)
+    if not _is_moe_layer(mc, layer):
+        return attn + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
+    mlp = [Rule("mlp.router.weight", (P + "mlp.gate.weight",))]
+    mlp += [dataclasses.replace(r, expert=True)
+            for r in _dense_mlp(P + "mlp.experts.{E}.", "mlp.experts.local_experts.{E}.")]
+    if a.moe.shared_expert_ffn_hidden_size:
+        mlp += _dense_mlp(P + "mlp.shared_expert.", "mlp.shared_experts.")
+    if a.moe.shared_expert_gate:
+        mlp.append(Rule("mlp.shared_experts.gate_weight", (P + "mlp.shared_expert_gate.weight",)))
+    return attn + [_PRE_MLP_NORM] + mlp
+
+
 FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "llama": _llama,
     "qwen2": _qwen2,
@@ -220,6 +299,13 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     "glm4_moe_lite": _glm4_moe_lite,
     "mimo": _mimo,
     "minimax_m2": _minimax_m2,
+    "qwen3_next": _qwen3_next,
+    # Qwen3.5's language model: Qwen3-Next's layers with the split in_proj and a dense MLP (arch.moe
+    # None), under model.language_model. (LANGUAGE_MODEL_PREFIX); model.visual.* has no rule
+    "qwen3_5": _qwen3_next,
+    # Qwen3.5 MoE: the same with Qwen3-Next's MoE block in every layer (experts per expert, as
+    # transformers 5.19 writes them)
+    "qwen3_5_moe": _qwen3_next,
 }
 
 
@@ -229,7 +315,7 @@ def layer_rules(mc: ModelConfig, layer: int) -> list[Rule]:
     if family is None:
         raise ConfigError(f"model config {mc.name}: hf_model_type={mc.hf_model_type!r} has no HF<->Megatron "
                           f"mapping; supported: {', '.join(FAMILIES)}")
-    return family(mc, layer)
+    return _under(mc, family(mc, layer))
 
 
 # Megatron's transformer-engine spec fuses the pre-attention/pre-MLP norms into the following
@@ -241,6 +327,9 @@ TE_ALIASES = {
     "self_attention.q_layernorm.weight": "self_attention.linear_q_up_proj.layer_norm_weight",
     "self_attention.kv_layernorm.weight": "self_attention.linear_kv_up_proj.layer_norm_weight",
 }
+# TE name -> local name where a local name has a second TE name: a gated delta net layer's input norm
+# is fused into its in_proj (megatron's get_gated_delta_net_module_spec), not into linear_qkv
+TE_REVERSE_EXTRA = {"self_attention.in_proj.layer_norm_weight": "input_layernorm.weight"}
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT_RE = re.compile(r"local_experts\.(\d+)\.")
@@ -253,21 +342,62 @@ def fmt(pattern: str, layer: int | None = None, expert: int | None = None) -> st
 # ------------------------------------------------------------------ re-layouts (pure functions)
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int) -> torch.Tensor:
-    """HF q/k/v (weights [n*d, h] or biases [n*d]) -> Megatron linear_qkv, grouped by query group."""
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, *,
+             output_gate: bool = False) -> torch.Tensor:
+    """HF q/k/v (weights [n*d, h] or biases [n*d]) -> Megatron linear_qkv, grouped by query group.
+    `output_gate`: HF's q holds [q_h; gate_h] per head (Qwen3-Next), megatron wants [q heads of g,
+    gate heads of g, k_g, v_g] per group (attention.py get_query_key_value_tensors)."""
     tail = q.shape[1:]
-    qg = q.reshape(groups, -1, *tail)
     kg = k.reshape(groups, -1, *tail)
     vg = v.reshape(groups, -1, *tail)
+    if output_gate:
+        head_dim = kg.shape[1]
+        pairs = q.reshape(-1, 2, head_dim, *tail)  # [heads, (q, gate), d, ...]
+        qg = pairs[:, 0].reshape(groups, -1, *tail)
+        gg = pairs[:, 1].reshape(groups, -1, *tail)
+        return torch.cat([qg, gg, kg, vg], dim=1).reshape(-1, *tail)
+    qg = q.reshape(groups, -1, *tail)
     return torch.cat([qg, kg, vg], dim=1).reshape(-1, *tail)
 
 
-def split_qkv(fused: torch.Tensor, groups: int, heads: int, head_dim: int) -> tuple[torch.Tensor, ...]:
+def split_qkv(fused: torch.Tensor, groups: int, heads: int, head_dim: int, *,
+              output_gate: bool = False) -> tuple[torch.Tensor, ...]:
     tail = fused.shape[1:]
     per_group = heads // groups * head_dim
+    if output_gate:
+        g = fused.reshape(groups, 2 * per_group + 2 * head_dim, *tail)
+        q, gate, k, v = torch.split(g, [per_group, per_group, head_dim, head_dim], dim=1)
+        q = torch.stack([q.reshape(heads, head_dim, *tail), gate.reshape(heads, head_dim, *tail)], dim=1)
+        return tuple(x.reshape(-1, *tail).contiguous() for x in (q, k, v))
     g = fused.reshape(groups, per_group + 2 * head_dim, *tail)
     q, k, v = torch.split(g, [per_group, head_dim, head_dim], dim=1)
     return tuple(x.reshape(-1, *tail).contiguous() for x in (q, k, v))
+
+
+def fuse_gdn_in(qkvz: torch.Tensor, ba: torch.Tensor, key_heads: int, key_dim: int, value_heads: int,
+                value_dim: int) -> torch.Tensor:
+    """HF Qwen3-Next `in_proj_qkvz` ([q_g, k_g, v_g, z_g] per key head g, v_g/z_g the g-th group of
+    value_heads / key_heads value heads) and `in_proj_ba` ([b_g, a_g] per key head;
+    Qwen3NextGatedDeltaNet.fix_query_key_value_ordering) -> megatron GatedDeltaNet's in_proj
+    [q; k; v; z; b; a], each over all heads in head order."""
+    r = value_heads // key_heads
+    tail = qkvz.shape[1:]
+    q, k, v, z = torch.split(qkvz.reshape(key_heads, -1, *tail), [key_dim, key_dim, r * value_dim, r * value_dim], 1)
+    b, a = torch.split(ba.reshape(key_heads, 2 * r, *tail), [r, r], 1)
+    return torch.cat([x.reshape(-1, *tail) for x in (q, k, v, z, b, a)], 0)
+
+
+def split_gdn_in(full: torch.Tensor, key_heads: int, key_dim: int, value_heads: int,
+                 value_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `fuse_gdn_in`."""
+    r = value_heads // key_heads
+    tail = full.shape[1:]
+    qk, v = key_heads * key_dim, value_heads * value_dim
+    q, k, vv, z, b, a = torch.split(full, [qk, qk, v, v, value_heads, value_heads], 0)
+    per_head = [x.reshape(key_heads, -1, *tail) for x in (q, k, vv, z)]
+    qkvz = torch.cat(per_head, 1).reshape(-1, *tail)
+    ba = torch.cat([b.reshape(key_heads, r, *tail), a.reshape(key_heads, r, *tail)], 1).reshape(-1, *tail)
+    return qkvz.contiguous(), ba.contiguous()
 
 
 def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,10 +405,18 @@ def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return t[:n], t[n:]
 
 
-def shard(kind: Kind, full: torch.Tensor, rank: int, size: int, *, partition_dim: int | None) -> torch.Tensor:
-    """This TP rank's slice of a full Megatron-layout tensor. partition_dim None = replicated."""
+def shard(kind: Kind, full: torch.Tensor, rank: int, size: int, *, partition_dim: int | None,
+          sections: tuple[int, ...] = ()) -> torch.Tensor:
+    """This TP rank's slice of a full Megatron-layout tensor. partition_dim None = replicated.
+    `sections`: split each section over TP and concatenate this rank's pieces (Rule.sections)."""
     if size == 1 or partition_dim is None:
         return full
+    if sections:
+        if any(n % size for n in sections) or sum(sections) != full.shape[partition_dim]:
+            raise ConfigError(f"cannot split sections {sections} of a tensor of shape {tuple(full.shape)} along dim "
+                              f"{partition_dim} into {size} TP shards")
+        parts = torch.split(full, list(sections), partition_dim)
+        return torch.cat([p.chunk(size, partition_dim)[rank] for p in parts], partition_dim)
     if kind == "gate_up":
         gate, up = _halves(full)
         return torch.cat([gate.chunk(size, 0)[rank], up.chunk(size, 0)[rank]], 0)
@@ -288,10 +426,15 @@ def shard(kind: Kind, full: torch.Tensor, rank: int, size: int, *, partition_dim
     return full.chunk(size, partition_dim)[rank]
 
 
-def unshard(kind: Kind, parts: list[torch.Tensor], *, partition_dim: int | None) -> torch.Tensor:
+def unshard(kind: Kind, parts: list[torch.Tensor], *, partition_dim: int | None,
+            sections: tuple[int, ...] = ()) -> torch.Tensor:
     """Inverse of `shard` given every TP rank's slice in rank order."""
     if len(parts) == 1 or partition_dim is None:
         return parts[0]
+    if sections:
+        local = [n // len(parts) for n in sections]
+        pieces = [torch.split(p, local, partition_dim) for p in parts]
+        return torch.cat([pieces[r][i] for i in range(len(sections)) for r in range(len(parts))], partition_dim)
     if kind == "gate_up":
         halves = [_halves(p) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], 0)
@@ -307,12 +450,17 @@ class Layout:
     head_dim: int
     vocab: int
     vocab_padded: int
+    output_gate: bool = False
+    # gated delta net: key heads, key head dim, value heads, value head dim (0: none)
+    gdn: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     @classmethod
     def of(cls, mc: ModelConfig, vocab_padded: int | None = None) -> "Layout":
         a = mc.arch
+        d = a.gated_delta_net
+        gdn = (d.num_key_heads, d.key_head_dim, d.num_value_heads, d.value_head_dim) if d else (0, 0, 0, 0)
         return cls(a.num_attention_heads, a.num_query_groups, a.kv_channels, a.vocab_size,
-                   vocab_padded or a.vocab_size)
+                   vocab_padded or a.vocab_size, a.attention_output_gate, gdn)
 
 
 def to_mcore(rule: Rule, hf: list[torch.Tensor], lay: Layout) -> torch.Tensor:
@@ -327,7 +475,11 @@ def to_mcore(rule: Rule, hf: list[torch.Tensor], lay: Layout) -> torch.Tensor:
             t = torch.cat([t, t.new_zeros(lay.vocab_padded - lay.vocab, *t.shape[1:])], 0)
         return t
     if rule.kind == "qkv":
-        return fuse_qkv(*hf, groups=lay.groups)
+        return fuse_qkv(*hf, groups=lay.groups, output_gate=lay.output_gate)
+    if rule.kind == "gdn_in":
+        return fuse_gdn_in(*hf, *lay.gdn)
+    if rule.kind == "concat":
+        return torch.cat(hf, 0)
     if rule.kind == "gate_up":
         return hf[0] if len(hf) == 1 else torch.cat(hf, 0)
     raise AssertionError(rule.kind)
@@ -340,7 +492,11 @@ def to_hf(rule: Rule, full: torch.Tensor, lay: Layout) -> list[torch.Tensor]:
     if rule.kind == "vocab":
         return [full[: lay.vocab]]
     if rule.kind == "qkv":
-        return list(split_qkv(full, lay.groups, lay.heads, lay.head_dim))
+        return list(split_qkv(full, lay.groups, lay.heads, lay.head_dim, output_gate=lay.output_gate))
+    if rule.kind == "gdn_in":
+        return list(split_gdn_in(full, *lay.gdn))
+    if rule.kind == "concat":
+        return [x.contiguous() for x in torch.split(full, list(rule.pieces), 0)]
     if rule.kind == "gate_up":
         return [full] if len(rule.hf) == 1 else [x.contiguous() for x in _halves(full)]
     raise AssertionError(rule.kind)
@@ -377,7 +533,7 @@ def resolve(mc: ModelConfig, mcore_name: str, *, layer_map: Callable[[int], int]
     if em:
         expert = expert_offset + int(em.group(1))
         suffix = _EXPERT_RE.sub("local_experts.{E}.", suffix, count=1)
-    te_reverse = {v: k for k, v in TE_ALIASES.items()}
+    te_reverse = {**{v: k for k, v in TE_ALIASES.items()}, **TE_REVERSE_EXTRA}
     suffix = te_reverse.get(suffix, suffix)
     for r in layer_rules(mc, layer):
         if r.mcore == suffix:
@@ -454,7 +610,7 @@ def hf_to_mcore(
         res = plan[name]
         full = to_mcore(res.rule, tensors, lay)
         rank, size = (tp_override or {}).get(name, (tp_rank, tp_size))
-        return name, shard(res.rule.kind, full, rank, size, partition_dim=targets[name])
+        return name, shard(res.rule.kind, full, rank, size, partition_dim=targets[name], sections=res.rule.sections)
 
     if callable(hf_state):
         for name, res in plan.items():

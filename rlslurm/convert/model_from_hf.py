@@ -50,9 +50,10 @@ def shipped_match(mc: ModelConfig) -> ModelConfig:
 
 
 def model_config_from_hf(hf_dir: Path) -> ModelConfig:
-    from rlslurm.convert.hf_config import (FAMILY_FIXED, MLA_FAMILIES, NOT_EXPRESSIBLE, SUPPORTED, _rope,
-                                           leading_dense,
-                                           check_hf_config, load_hf_config)
+    from rlslurm.convert.hf_config import (FAMILY_FIXED, GATED_DELTA_FAMILIES, MLA_FAMILIES, NOT_EXPRESSIBLE,
+                                           SUPPORTED, TEXT_CONFIG, _rope,
+                                           check_hf_config, full_attention_interval, leading_dense,
+                                           load_hf_config, qwen3_next_moe_layers)
 
     flag = f"--hf-checkpoint {hf_dir}"
     try:
@@ -65,6 +66,9 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
     if mt not in SUPPORTED:
         raise ConfigError(f"{flag}: config.json model_type {mt!r} has no rlslurm mapping (supported: "
                           f"{', '.join(SUPPORTED)}); pass --model with a model config YAML")
+    top = cfg
+    if mt in TEXT_CONFIG:
+        cfg = cfg.text_config  # a vision-language model: the language model's fields
     g = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
     rope = _rope(cfg)
     heads = g("num_attention_heads")
@@ -113,10 +117,32 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
         arch["moe"] = {"num_experts": g("num_local_experts"), "router_topk": g("num_experts_per_tok"),
                        "moe_ffn_hidden_size": g("intermediate_size"), "router_score_function": "sigmoid",
                        "router_topk_norm": True, "router_expert_bias": True}
+    elif mt in GATED_DELTA_FAMILIES:
+        # hybrid layers and MoE as Qwen3NextConfig / Qwen3NextDecoderLayer build them; layer patterns the
+        # model config cannot say are refused (hf_config.py full_attention_interval, qwen3_next_moe_layers)
+        try:
+            interval = full_attention_interval(hf_dir.name or str(hf_dir), list(g("layer_types") or []))
+            first_dense = None if mt == "qwen3_5" else qwen3_next_moe_layers(hf_dir.name or str(hf_dir), g)
+        except UserError as e:
+            raise ConfigError(f"{flag}: {e}") from None
+        arch["gated_delta_net"] = {
+            "full_attention_interval": interval,
+            "conv_kernel_dim": g("linear_conv_kernel_dim"), "key_head_dim": g("linear_key_head_dim"),
+            "value_head_dim": g("linear_value_head_dim"), "num_key_heads": g("linear_num_key_heads"),
+            "num_value_heads": g("linear_num_value_heads")}
+        if first_dense is not None:
+            arch["moe"] = {"num_experts": g("num_experts"), "router_topk": g("num_experts_per_tok"),
+                           "moe_ffn_hidden_size": g("moe_intermediate_size"), "first_k_dense": first_dense,
+                           "shared_expert_ffn_hidden_size": g("shared_expert_intermediate_size") or 0,
+                           "shared_expert_gate": True,
+                           # Qwen3.5 MoE's router always renormalises (it has no norm_topk_prob field)
+                           "router_topk_norm": mt == "qwen3_5_moe" or bool(g("norm_topk_prob", False))}
+        if mt == "qwen3_5_moe":
+            arch["ffn_hidden_size"] = g("moe_intermediate_size")  # no dense MLP, no intermediate_size
     if mt == "glm4_moe":
         arch["qk_layernorm"] = bool(g("use_qk_norm", False))
     arch.update(FAMILY_FIXED[mt])
-    archs = g("architectures") or []
+    archs = getattr(top, "architectures", None) or []
     raw = {"name": hf_dir.name or str(hf_dir), "hf_architecture": archs[0] if archs else "", "hf_model_type": mt,
            "arch": arch}
     try:

@@ -36,6 +36,9 @@ class MoEArch(_Strict):
     router_num_groups: int = 1              # group-limited routing (DeepSeek n_group)
     router_group_topk: int = 1
     router_expert_bias: bool = False        # DeepSeek-V3 e_score_correction_bias
+    # Qwen3-Next: the shared expert's output is scaled by sigmoid(hidden @ shared_expert_gate), one
+    # number per token (megatron's moe_shared_expert_gate)
+    shared_expert_gate: bool = False
 
     @model_validator(mode="after")
     def _megatron_routes_as_hf(self) -> "MoEArch":
@@ -47,6 +50,8 @@ class MoEArch(_Strict):
                 f"router_num_groups={self.router_num_groups} is not supported: megatron-core ranks expert groups by "
                 f"their top router_topk // router_group_topk scores, HF by their top 2"
             )
+        if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
+            raise ValueError("shared_expert_gate needs a shared expert (shared_expert_ffn_hidden_size > 0)")
         if self.router_score_function == "sigmoid" and self.router_topk == 1 and self.router_topk_norm:
             raise ValueError("router_topk=1 with sigmoid scores and router_topk_norm is not supported: megatron-core "
                              "does not renormalise a single expert's score, HF does")
@@ -59,6 +64,27 @@ class MLAArch(_Strict):
     qk_head_dim: int        # "nope" part
     qk_pos_emb_head_dim: int
     v_head_dim: int
+
+
+class GatedDeltaNetArch(_Strict):
+    """Qwen3-Next's linear-attention layers (transformers' Qwen3NextGatedDeltaNet, megatron-core's
+    GatedDeltaNet with rlslurm's kernels, trainer/gated_delta.py; docs/model-families.md "Qwen3-Next").
+    Layer i (0-based) is full attention when (i + 1) % full_attention_interval == 0, else a gated
+    delta net (transformers' default layer_types, megatron's int linear_attention_freq)."""
+
+    full_attention_interval: int = Field(gt=0)
+    conv_kernel_dim: int = Field(default=4, gt=0)
+    key_head_dim: int = Field(gt=0)
+    value_head_dim: int = Field(gt=0)
+    num_key_heads: int = Field(gt=0)
+    num_value_heads: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "GatedDeltaNetArch":
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"num_value_heads={self.num_value_heads} is not a multiple of "
+                             f"num_key_heads={self.num_key_heads}")
+        return self
 
 
 class RopeScaling(_Strict):
@@ -101,8 +127,14 @@ class Arch(_Strict):
     tie_word_embeddings: bool = False
     post_self_attn_layernorm: bool = False  # GLM-4 (0414) sandwich norms
     post_mlp_layernorm: bool = False
+    # Qwen3-Next: every norm's weight is stored as its offset from 1 (megatron's
+    # layernorm_zero_centered_gamma), and the full-attention layers' q_proj also yields a per-head
+    # output gate, sigmoid(gate) * attention before o_proj (megatron's attention_output_gate)
+    norm_zero_centered: bool = False
+    attention_output_gate: bool = False
     moe: MoEArch | None = None
     mla: MLAArch | None = None
+    gated_delta_net: GatedDeltaNetArch | None = None
 
     @model_validator(mode="after")
     def _heads(self) -> "Arch":
@@ -110,6 +142,12 @@ class Arch(_Strict):
             raise ValueError("qk_layernorm_all_heads needs qk_layernorm (it says how the q/k norm spans the heads)")
         if self.qk_layernorm_all_heads and self.mla is not None:
             raise ValueError("qk_layernorm_all_heads is for grouped-query attention, not MLA")
+        if self.gated_delta_net is not None and (self.mla is not None or self.qk_layernorm_all_heads):
+            raise ValueError("gated_delta_net layers go with grouped-query attention (per-head q/k norm), not "
+                             "MLA or qk_layernorm_all_heads")
+        if self.attention_output_gate and self.mla is not None:
+            raise ValueError("attention_output_gate is for grouped-query attention, not MLA (megatron-core "
+                             "refuses it there)")
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
@@ -170,7 +208,8 @@ def estimate_params(a: Arch) -> int:
         kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * a.num_attention_heads * (m.qk_head_dim + m.v_head_dim)
         attn = q + kv + a.num_attention_heads * m.v_head_dim * h
     else:
-        qkv = h * a.kv_channels * (a.num_attention_heads + 2 * a.num_query_groups)
+        q_width = a.num_attention_heads * (2 if a.attention_output_gate else 1)
+        qkv = h * a.kv_channels * (q_width + 2 * a.num_query_groups)
         attn = qkv + a.num_attention_heads * a.kv_channels * h
     dense_mlp = 3 * h * a.ffn_hidden_size if a.activation == "swiglu" else 2 * h * a.ffn_hidden_size
     if a.moe:
@@ -180,6 +219,12 @@ def estimate_params(a: Arch) -> int:
     else:
         mlp_total = a.num_layers * dense_mlp
     emb = a.vocab_size * h * (1 if a.tie_word_embeddings else 2)
+    if a.gated_delta_net:
+        d = a.gated_delta_net
+        qk, v = d.num_key_heads * d.key_head_dim, d.num_value_heads * d.value_head_dim
+        linear = h * (2 * qk + 2 * v + 2 * d.num_value_heads) + (2 * qk + v) * d.conv_kernel_dim + v * h
+        full = a.num_layers // d.full_attention_interval
+        return full * attn + (a.num_layers - full) * linear + mlp_total + emb
     return a.num_layers * attn + mlp_total + emb
 
 

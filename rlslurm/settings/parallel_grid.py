@@ -132,3 +132,20 @@ def check_pipeline_split(overrides, pp: int) -> None:
             raise ConfigError(f"--megatron-{key.replace('_', '-')}: rlslurm splits the layers over pipeline stages "
                               f"evenly or by {FIRST_FLAG} / {LAST_FLAG} (rlslurm/settings/parallel_grid.py); "
                               "megatron-core's other splits are not supported")
+
+
+def check_gated_delta_net(arch, name: str, *, tp: int, cp: int, qkv_format: str = "bshd") -> None:
+    """What megatron-core 0.16's GatedDeltaNet (Qwen3-Next's linear-attention layers) cannot do,
+    refused in one line at submit (rlslurm/resolve.py) and when the trainer builds the model
+    (trainer/model.py): packed sequences (GatedDeltaNet.forward raises NotImplementedError for
+    packed_seq_params), and TP that does not split the key and value heads (transformer_config.py
+    asserts it). Context parallelism is rlslurm's (trainer/gated_delta.py); `cp` is kept for callers."""
+    d = getattr(arch, "gated_delta_net", None)
+    if d is None:
+        return
+    if qkv_format == "thd":
+        raise ConfigError(f"--qkv-format thd: {name}'s gated delta net layers take no packed sequences "
+                          "(megatron-core 0.16 GatedDeltaNet.forward raises NotImplementedError)")
+    if d.num_key_heads % tp or d.num_value_heads % tp:
+        raise ConfigError(f"--tensor-model-parallel-size {tp}: {name}'s gated delta net layers have "
+                          f"{d.num_key_heads} key / {d.num_value_heads} value heads, which do not split into {tp}")

@@ -6,7 +6,8 @@
 - `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
   transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
-  over all heads (trainer/qk_norm.py) and, for MLA without transformer-engine, an SDPA core
+  over all heads (trainer/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
+  norms (trainer/gated_delta.py) and, for MLA without transformer-engine, an SDPA core
   attention (megatron's local one does not take MLA's `k_channels`/`v_channels`).
 - `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
@@ -28,7 +29,8 @@ import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import ModelConfig
-from rlslurm.settings.parallel_grid import check_pipeline_split, owned_field_refusal, stage_layers
+from rlslurm.settings.parallel_grid import (check_gated_delta_net, check_pipeline_split, owned_field_refusal,
+                                            stage_layers)
 from rlslurm.trainer.attention_ops import repeat_kv_heads, varlen_attn, varlen_causal
 
 HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
@@ -102,6 +104,10 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
         # gradient over TP as it does a replicated per-head norm's (trainer/qk_norm.py)
         qk_layernorm=a.qk_layernorm and not a.qk_layernorm_all_heads,
         rotary_interleaved=a.rotary_interleaved,
+        # Qwen3-Next: norms stored as offsets from 1 (the local spec's TorchNorm builds them, megatron's
+        # own local norm refuses the setting) and the gated full attention
+        layernorm_zero_centered_gamma=a.norm_zero_centered,
+        attention_output_gate=a.attention_output_gate,
         # Megatron's attention softmax runs in the input dtype unless told otherwise; HF runs it in
         # fp32 too, so keep it fp32 for bf16 parity.
         attention_softmax_in_fp32=True,
@@ -136,12 +142,23 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
             moe_token_dispatcher_type="alltoall" if HAVE_TE else "allgather",
             moe_router_dtype="fp32",
             moe_shared_expert_overlap=False,
+            moe_shared_expert_gate=m.shared_expert_gate,
         )
         if m.router_score_function == "sigmoid" and not m.router_topk_norm:
             raise ConfigError(
                 f"model config {mc.name}: arch.moe.router_topk_norm=false with sigmoid scores is not "
                 "supported by megatron-core (it always renormalises sigmoid top-k)"
             )
+    if a.gated_delta_net:
+        d = a.gated_delta_net
+        # Qwen3-Next's linear-attention layers: megatron-core's GatedDeltaNet with rlslurm's kernels,
+        # placed by rlslurm's layer spec (layer_specs; megatron's own hybrid spec builder needs
+        # transformer-engine). Same int rule as HF's full_attention_interval.
+        # (transformer_config unsets experimental_attention_variant at CP > 1: megatron asserts CP 1 with it)
+        kw.update(experimental_attention_variant="gated_delta_net", linear_attention_freq=d.full_attention_interval,
+                  linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
+                  linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
+                  linear_num_value_heads=d.num_value_heads)
     if a.mla:
         m2 = a.mla
         kw.update(
@@ -218,6 +235,7 @@ def transformer_config(
             )
     stage_layers(mc.arch.num_layers, pp, first_stage_layers, last_stage_layers, model=mc.name)
     check_all_heads_qk_norm(mc, tp)
+    check_gated_delta_net(mc.arch, mc.name, tp=tp, cp=cp)
     check_pipeline_split(overrides or {}, pp)
     if params_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
@@ -242,7 +260,11 @@ def transformer_config(
     # megatron trains MoE with TP > 1 only under sequence parallelism (moe_layer.py:379); with
     # it, sequence lengths must be divisible by TP.
     # MLA's TP > 1 backward is only right under sequence parallelism (see _local_spec_fixes).
-    kw["sequence_parallel"] = tp > 1 and (mc.arch.moe is not None or mc.arch.mla is not None)
+    # Gated delta nets: their output norm sees only this rank's value heads, so its weight gradient is
+    # partial per rank; as a sequence-parallel parameter finalize_model_grads sums it over TP
+    # (trainer/gated_delta.py GatedOutputNorm).
+    kw["sequence_parallel"] = tp > 1 and (mc.arch.moe is not None or mc.arch.mla is not None
+                                          or mc.arch.gated_delta_net is not None)
     # RL micro-batches are right-padded to their own longest sample and dynamic batching varies
     # their sample count, so pipeline stages must exchange each activation's shape before it
     # (megatron's schedule otherwise assumes one fixed [seq, micro_batch, hidden] per call).
@@ -263,12 +285,21 @@ def transformer_config(
     if "original_max_position_embeddings" in kw and "original_max_position_embeddings" not in fields:
         if "max_position_embeddings" in fields:
             kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
+    if cp > 1 and kw.get("experimental_attention_variant") == "gated_delta_net":
+        # megatron-core 0.16 asserts context_parallel_size 1 for its GatedDeltaNet forward; rlslurm's
+        # subclass does CP itself (trainer/gated_delta.py context_parallel_gated_delta_net), and nothing
+        # else reads the field (the layer spec is rlslurm's): left unset, the layer sizes stay
+        kw["experimental_attention_variant"] = None
     kw.update(overrides or {})
     if mixes_dp and kw.get("moe_token_dispatcher_type") == "allgather":
         raise ConfigError(f"--megatron-moe-token-dispatcher-type allgather at --expert-model-parallel-size {ep} x "
                           f"--expert-tensor-parallel-size {etp}: "
                           "it needs equal micro-batch shapes on every expert-parallel rank, which right-padded "
                           "RL micro-batches of different DP ranks do not have (use alltoall)")
+    if mc.arch.gated_delta_net is not None and tp > 1 and not kw.get("sequence_parallel"):
+        raise ConfigError("--megatron-sequence-parallel: gated delta nets at TP > 1 need sequence parallelism (their "
+                          "output norm's TP-partial gradient is summed as a sequence-parallel weight's, "
+                          "trainer/gated_delta.py GatedOutputNorm)")
     if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
@@ -307,8 +338,14 @@ class TorchNorm:
     mark_sequence_parallel = False
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
-        if config.normalization == "RMSNorm":
-            norm: torch.nn.Module = torch.nn.RMSNorm(hidden_size, eps=eps)
+        if config.normalization == "RMSNorm" and config.layernorm_zero_centered_gamma:
+            from rlslurm.trainer.gated_delta import ZeroCenteredRMSNorm
+
+            norm: torch.nn.Module = ZeroCenteredRMSNorm(hidden_size, eps=eps)
+        elif config.layernorm_zero_centered_gamma:
+            raise ConfigError("layernorm_zero_centered_gamma with LayerNorm: not built without transformer-engine")
+        elif config.normalization == "RMSNorm":
+            norm = torch.nn.RMSNorm(hidden_size, eps=eps)
         elif config.normalization == "LayerNorm":
             norm = torch.nn.LayerNorm(hidden_size, eps=eps)
         else:
@@ -352,7 +389,8 @@ def _local_spec_fixes(block, tcfg) -> None:
 
             for field in ("linear_q_down_proj", "linear_kv_down_proj"):
                 setattr(attn, field, Linear)
-    if not tcfg.sequence_parallel:
+    # Qwen3-Next's zero-centred norms: megatron's local norm refuses them, TorchNorm builds them
+    if not tcfg.sequence_parallel and not tcfg.layernorm_zero_centered_gamma:
         return
     if block.layer_norm is LNImpl:
         block.layer_norm = SPTorchNorm
@@ -518,11 +556,56 @@ def _extend_mlp_spec(mc: ModelConfig, mlp_spec):
     return dataclasses.replace(mlp_spec, module=_mlp_with_post_norm(mlp_spec.module), params=params)
 
 
+def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | None) -> None:
+    """Qwen3-Next: the linear-attention layers of this stage get megatron-core's GatedDeltaNet as their
+    `self_attention` (the rest of each layer, norms and MLP/MoE, is the stock spec's).
+
+    megatron's own hybrid spec (`experimental_attention_variant_module_specs`) would place it, but
+    accepts transformer-engine only, and GatedDeltaNet refuses to build without fla: rlslurm installs
+    its own kernels into that module (trainer/gated_delta.py `install`) and builds this spec itself,
+    as megatron's `get_gated_delta_net_module_spec` does: in_proj column-parallel (with TE the
+    input norm fused into it, as megatron's spec does), the output norm rlslurm's GatedOutputNorm
+    (HF's plain-weight gated norm, not the zero-centred norm of the rest), out_proj row-parallel.
+    docs/model-families.md, "Qwen3-Next"."""
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNetSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from rlslurm.trainer import gated_delta
+
+    gated_delta.install()
+    if HAVE_TE:
+        from megatron.core.extensions.transformer_engine import (TELayerNormColumnParallelLinear,
+                                                                 TERowParallelLinear)
+
+        in_proj, out_proj = TELayerNormColumnParallelLinear, TERowParallelLinear
+    else:
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+        in_proj, out_proj = ColumnParallelLinear, RowParallelLinear
+    # megatron's GatedDeltaNet, with rlslurm's context parallelism (its forward at CP 1)
+    gdn = ModuleSpec(module=gated_delta.context_parallel_gated_delta_net(), submodules=GatedDeltaNetSubmodules(
+        in_proj=in_proj, out_norm=gated_delta.GatedOutputNorm, out_proj=out_proj))
+    interval = mc.arch.gated_delta_net.full_attention_interval
+    from megatron.core import parallel_state as ps
+
+    # this stage's first layer (no process groups, as in unit tests: the whole model on one stage)
+    offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage) if ps.model_parallel_is_initialized() else 0
+    specs = []
+    for i, spec in enumerate(block.layer_specs):
+        if (offset + i + 1) % interval:  # linear attention (HF layer_types "linear_attention")
+            spec = dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, self_attention=gdn))
+        specs.append(spec)
+    block.layer_specs = specs
+
+
 def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: bool = False):
     """The decoder block spec for `mc`: stock megatron specs plus the extensions above;
     `packed` (--qkv-format thd): core attention that takes packed sequences."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
+    if packed:
+        check_gated_delta_net(mc.arch, mc.name, tp=1, cp=1, qkv_format="thd")
     kw: dict[str, Any] = {"use_transformer_engine": HAVE_TE}
     params = inspect.signature(get_gpt_decoder_block_spec).parameters
     if "normalization" in params:
@@ -531,6 +614,8 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
         kw["vp_stage"] = vp_stage
     block = get_gpt_decoder_block_spec(tcfg, **kw)
     a = mc.arch
+    if a.gated_delta_net is not None:
+        _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
     _local_spec_fixes(block, tcfg)
     seen: set[int] = set()
     for spec in block.layer_specs:

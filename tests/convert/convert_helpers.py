@@ -10,10 +10,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight",
-            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2"]
+            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2", "tiny-qwen3-next",
+            "tiny-qwen3.5", "tiny-qwen3.5-moe"]
 # Checkpoint tensors a family's mapping leaves alone by design: MiMo's MTP layer (rlslurm.tiny writes
-# one, 16 tensors), which the trainer never reads and the export never writes.
-UNMAPPED = {"tiny-mimo": ("model.mtp_layers.", 16)}
+# one, 16 tensors), Qwen3-Next's (5 `mtp.*` tensors) and Qwen3.5's vision tower (21 `model.visual.*`
+# tensors), which the trainer never reads and the export never writes.
+UNMAPPED = {"tiny-mimo": ("model.mtp_layers.", 16), "tiny-qwen3-next": ("mtp.", 5),
+            "tiny-qwen3.5": ("model.visual.", 21), "tiny-qwen3.5-moe": ("model.visual.", 21)}
 
 
 def mapped(model: str, names) -> set[str]:

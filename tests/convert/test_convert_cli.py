@@ -1,6 +1,6 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
 different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
-The eight conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
+The ten conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/slurm/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
 
@@ -57,7 +57,7 @@ def _bf16_qwen3(root: Path) -> Path:
 
 
 def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
-    """The eight conversions of the four round trips below, each a real `rlslurm.convert` command
+    """The ten conversions of the five round trips below, each a real `rlslurm.convert` command
     (the CLI's typer app with a user's argv) on 2 ranks, all in one set of processes
     (tests/convert/cli_worker.py; in the session's one 2-process torchrun of tests/convert, conftest.py
     two_rank_runs): the commands are independent of one another but for the process group they share.
@@ -66,6 +66,7 @@ def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
     bf16_qwen3 = _bf16_qwen3(root / "bf16")
     glm4, deepseek, minimax = tiny_ckpts / "tiny-glm4", tiny_ckpts / "tiny-deepseek-v3", tiny_ckpts / "tiny-minimax-m2"
     q, g, d, m = root / "qwen3", root / "glm4", root / "deepseek", root / "minimax"
+    qn_src, qn = tiny_ckpts / "tiny-qwen3-next", root / "qwen3-next"
     qwen3 = str(bf16_qwen3.parent / "qwen3-3.yaml")
     plan = [
         # 3 layers over 2 stages, 2 + 1 (slime's uneven pipeline flags), read back at TP 2 on one stage
@@ -89,6 +90,12 @@ def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
          "--dtype", "fp32"],
         ["mcore-to-hf", "--model", "tiny-minimax-m2", "--load", str(m / "mc"), "--out", str(m / "hf"), "--pp", "2",
          "--hf-config-from", str(minimax)],
+        # Qwen3-Next's gated delta nets: in_proj and conv1d written as TP=2 shards part by part
+        # (megatron GatedDeltaNet's sharded_state_dict), read back whole at TP=1 (experts over EP=2)
+        ["hf-to-mcore", "--model", "tiny-qwen3-next", "--hf", str(qn_src), "--out", str(qn / "mc"), "--tp", "2",
+         "--dtype", "fp32"],
+        ["mcore-to-hf", "--model", "tiny-qwen3-next", "--load", str(qn / "mc"), "--out", str(qn / "hf"), "--ep", "2",
+         "--hf-config-from", str(qn_src)],
     ]
     (root / "plan.json").write_text(json.dumps(plan))
     return ["tests/convert/cli_worker.py", str(root / "plan.json")]
@@ -145,6 +152,22 @@ def test_minimax_m2_tp2_to_pp2(tiny_ckpts, converted):
     assert read_meta(converted / "minimax" / "mc")["tp"] == 2
     _assert_bit_identical(tiny_ckpts / "tiny-minimax-m2", converted / "minimax" / "hf", torch.float32)
     _generates(converted / "minimax" / "hf")
+
+
+def test_qwen3_next_tp2_to_ep2(tiny_ckpts, converted):
+    """The gated delta nets' fused in_proj and conv1d, written as TP=2 shards ([q_r; k_r; v_r; ...] on
+    each rank), come back whole at TP=1, bit for bit, with every other tensor; the MTP tensors of the
+    file are not in the export (never read)."""
+    from rlslurm.convert.meta import read_meta
+
+    from convert_helpers import mapped
+
+    assert read_meta(converted / "qwen3-next" / "mc")["tp"] == 2
+    a, b = HFCheckpoint(tiny_ckpts / "tiny-qwen3-next"), HFCheckpoint(converted / "qwen3-next" / "hf")
+    assert mapped("tiny-qwen3-next", a.names()) == set(b.names()) != set(a.names())
+    for n in b.names():
+        assert b.get(n).dtype == torch.float32 and torch.equal(a.get(n), b.get(n)), n
+    _generates(converted / "qwen3-next" / "hf")
 
 
 def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):

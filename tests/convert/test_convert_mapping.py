@@ -83,7 +83,8 @@ def test_streamed_import_at_tp2_reassembles_to_the_hf_tensors(tiny_ckpts, name):
     seen = set()
     for name_, dim in targets.items():
         res = M.resolve(mc, name_)
-        full = M.unshard(res.rule.kind, [shards[0][name_], shards[1][name_]], partition_dim=dim)
+        full = M.unshard(res.rule.kind, [shards[0][name_], shards[1][name_]], partition_dim=dim,
+                         sections=res.rule.sections)
         for hf_name, t in zip(res.hf_names, M.to_hf(res.rule, full, lay)):
             assert torch.equal(t, ckpt.get(hf_name)), hf_name
             seen.add(hf_name)
@@ -194,6 +195,126 @@ def test_minimax_m2_table_shards_its_qk_norms_by_heads_and_names_experts_as_mixt
     assert M.resolve(mc, "decoder.layers.0.mlp.router.expert_bias").hf_names == (
         "model.layers.0.block_sparse_moe.e_score_correction_bias",)
     assert not any("shared_experts" in n or n.endswith(".bias") or "mlp.linear_fc" in n for n in targets)
+
+
+def test_qwen3_next_gated_delta_net_tensors_split_over_tp_part_by_part():
+    """Qwen3-Next's linear-attention layers: HF's in_proj_qkvz ([q, k, v, z] per key head) and in_proj_ba
+    ([b, a] per key head) become megatron GatedDeltaNet's in_proj [q; k; v; z; b; a], and at TP 2 rank r
+    holds [q_r; k_r; v_r; z_r; b_r; a_r] (megatron's forward splits its local rows that way), the conv1d
+    [q_r; k_r; v_r]; the round trip is exact. tiny-qwen3-next: 2 key heads of 16, 4 value heads of 24."""
+    mc = load_model_config("tiny-qwen3-next")
+    h, qk, v, nv = 64, 2 * 16, 4 * 24, 4
+    # every row of the HF tensors says which (part, head, row) it is, so the layout can be read back
+    rows = []
+    for g in range(2):  # key head g: q_g (16), k_g (16), v of value heads 2g, 2g+1 (2 x 24), z likewise
+        rows += [("q", g, i) for i in range(16)] + [("k", g, i) for i in range(16)]
+        rows += [("v", 2 * g + j, i) for j in range(2) for i in range(24)]
+        rows += [("z", 2 * g + j, i) for j in range(2) for i in range(24)]
+    ba_rows = [(x, 2 * g + j, 0) for g in range(2) for x in "ba" for j in range(2)]
+    code = {r: float(n) for n, r in enumerate(rows + ba_rows)}
+    qkvz = torch.tensor([code[r] for r in rows]).unsqueeze(1).expand(-1, h).contiguous()
+    ba = torch.tensor([code[r] for r in ba_rows]).unsqueeze(1).expand(-1, h).contiguous()
+    name = "decoder.layers.0.self_attention.in_proj.weight"
+    res = M.resolve(mc, name)
+    assert res.hf_names == ("model.layers.0.linear_attn.in_proj_qkvz.weight", "model.layers.0.linear_attn.in_proj_ba.weight")
+    src = {res.hf_names[0]: qkvz, res.hf_names[1]: ba}
+    parts = [dict(M.hf_to_mcore(mc, src.__getitem__, r, 2, targets={name: 0}))[name] for r in (0, 1)]
+
+    def want(rank):  # q, k of key head `rank`, then v, z of value heads 2 rank, 2 rank + 1, then b, a
+        order = [("q", rank, i) for i in range(16)] + [("k", rank, i) for i in range(16)]
+        for x in "vz":
+            order += [(x, 2 * rank + j, i) for j in range(2) for i in range(24)]
+        order += [(x, 2 * rank + j, 0) for x in "ba" for j in range(2)]
+        return torch.tensor([code[r] for r in order])
+
+    assert parts[0].shape == ((2 * qk + 2 * v + 2 * nv) // 2, h)
+    assert torch.equal(parts[0][:, 0], want(0)) and torch.equal(parts[1][:, 0], want(1))
+    full = M.unshard(res.rule.kind, parts, partition_dim=0, sections=res.rule.sections)
+    back = M.to_hf(res.rule, full, M.Layout.of(mc))
+    assert torch.equal(back[0], qkvz) and torch.equal(back[1], ba)
+    conv = M.resolve(mc, "decoder.layers.1.self_attention.conv1d.weight")
+    assert conv.hf_names == ("model.layers.1.linear_attn.conv1d.weight",) and conv.rule.sections == (qk, qk, v)
+    w = torch.arange(2 * qk + v, dtype=torch.float32).view(-1, 1, 1)
+    r1 = M.shard("plain", w, 1, 2, partition_dim=0, sections=conv.rule.sections)
+    assert r1.flatten().tolist() == [*range(16, 32), *range(48, 64), *range(64 + 48, 64 + 96)]
+    for x, hf in (("A_log", "A_log"), ("dt_bias", "dt_bias"), ("out_norm.weight", "norm.weight"),
+                  ("out_proj.weight", "out_proj.weight")):
+        assert M.resolve(mc, f"decoder.layers.1.self_attention.{x}").hf_names == (f"model.layers.1.linear_attn.{hf}",)
+    # the TE spec fuses the input norm into in_proj
+    assert M.resolve(mc, "decoder.layers.0.self_attention.in_proj.layer_norm_weight").hf_names == (
+        "model.layers.0.input_layernorm.weight",)
+
+
+def test_qwen3_next_gated_attention_shared_expert_and_mtp():
+    """Qwen3-Next's full-attention layer (the third): q_proj [q_h; gate_h] per head goes into linear_qkv
+    as [q heads, gate heads, k, v] per query group (megatron's attention_output_gate) and back; the MoE
+    layers' shared expert (singular in HF) and its sigmoid gate; layer 0 dense; `mtp.*` never read."""
+    mc = load_model_config("tiny-qwen3-next")
+    heads, groups, d, h = 4, 2, 32, 64
+    q = torch.randn(heads * 2 * d, h)
+    k, v = torch.randn(groups * d, h), torch.randn(groups * d, h)
+    fused = M.fuse_qkv(q, k, v, groups, output_gate=True)
+    per_head = q.view(heads, 2, d, h)
+    g0 = fused.view(groups, -1, h)[0]  # group 0: q heads 0-1, gate heads 0-1, k_0, v_0
+    assert torch.equal(g0[:d], per_head[0, 0]) and torch.equal(g0[d:2 * d], per_head[1, 0])
+    assert torch.equal(g0[2 * d:3 * d], per_head[0, 1]) and torch.equal(g0[4 * d:5 * d], k[:d])
+    assert all(torch.equal(a, b) for a, b in zip(M.split_qkv(fused, groups, heads, d, output_gate=True), (q, k, v)))
+    res = M.resolve(mc, "decoder.layers.2.self_attention.linear_qkv.weight")
+    assert res.hf_names == tuple(f"model.layers.2.self_attn.{x}_proj.weight" for x in "qkv")
+    assert M.Layout.of(mc).output_gate
+    targets = M.default_targets(mc)
+    assert "decoder.layers.2.self_attention.q_layernorm.weight" in targets
+    assert not any(n.startswith("decoder.layers.2.self_attention.in_proj") for n in targets)
+    assert not any(n.startswith("decoder.layers.0.self_attention.linear_qkv") for n in targets)
+    assert M.resolve(mc, "decoder.layers.1.mlp.shared_experts.gate_weight").hf_names == (
+        "model.layers.1.mlp.shared_expert_gate.weight",)
+    assert M.resolve(mc, "decoder.layers.1.mlp.shared_experts.linear_fc1.weight").hf_names == (
+        "model.layers.1.mlp.shared_expert.gate_proj.weight", "model.layers.1.mlp.shared_expert.up_proj.weight")
+    assert M.resolve(mc, "decoder.layers.0.mlp.linear_fc1.weight").hf_names == (
+        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight")
+    assert "decoder.layers.0.mlp.router.weight" not in targets and "decoder.layers.1.mlp.router.weight" in targets
+    assert not any(n.startswith("mtp.") for n in M.expected_hf_names(mc))
+
+
+def test_qwen3_5_is_qwen3_next_under_the_language_model_with_a_split_in_proj():
+    """Qwen3.5's language model: every HF name under model.language_model. (lm_head stays lm_head);
+    the gated delta net's in_proj_qkv ([q; k; v] over all heads), in_proj_z, in_proj_b, in_proj_a are
+    concatenated into megatron's in_proj [q; k; v; z; b; a] and split over TP part by part; dense MLPs."""
+    mc = load_model_config("tiny-qwen3.5")
+    qk, v, nv, h = 32, 96, 4, 64
+    res = M.resolve(mc, "decoder.layers.0.self_attention.in_proj.weight")
+    la = "model.language_model.layers.0.linear_attn."
+    assert res.hf_names == tuple(la + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a"))
+    hf = [torch.randn(n, h) for n in (2 * qk + v, v, nv, nv)]
+    full = M.to_mcore(res.rule, hf, M.Layout.of(mc))
+    q, k, vv, z, b, a = torch.split(full, [qk, qk, v, v, nv, nv])
+    r1 = M.shard(res.rule.kind, full, 1, 2, partition_dim=0, sections=res.rule.sections)
+    assert torch.equal(r1, torch.cat([x.chunk(2)[1] for x in (q, k, vv, z, b, a)]))
+    parts = [M.shard(res.rule.kind, full, r, 2, partition_dim=0, sections=res.rule.sections) for r in (0, 1)]
+    back = M.to_hf(res.rule, M.unshard(res.rule.kind, parts, partition_dim=0, sections=res.rule.sections),
+                   M.Layout.of(mc))
+    assert all(torch.equal(x, y) for x, y in zip(back, hf))
+    assert M.resolve(mc, "embedding.word_embeddings.weight").hf_names == ("model.language_model.embed_tokens.weight",)
+    assert M.resolve(mc, "decoder.final_layernorm.weight").hf_names == ("model.language_model.norm.weight",)
+    assert M.resolve(mc, "output_layer.weight").hf_names == ("lm_head.weight",)
+    assert M.resolve(mc, "decoder.layers.2.self_attention.linear_qkv.weight").hf_names == tuple(
+        f"model.language_model.layers.2.self_attn.{x}_proj.weight" for x in "qkv")
+    names = M.expected_hf_names(mc)
+    assert all(n.startswith("model.language_model.") or n == "lm_head.weight" for n in names)
+    assert not any("router" in n or "experts" in n for n in M.default_targets(mc))
+
+
+def test_qwen3_5_moe_is_qwen3_next_moe_under_the_language_model():
+    """Qwen3.5 MoE: Qwen3.5's layers with Qwen3-Next's MoE block in every layer, experts per expert under
+    model.language_model. (as transformers 5.19 writes them), the shared expert and its gate."""
+    mc = load_model_config("tiny-qwen3.5-moe")
+    p = "model.language_model.layers.0.mlp."
+    assert M.resolve(mc, "decoder.layers.0.mlp.router.weight").hf_names == (p + "gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight").hf_names == (
+        p + "experts.3.gate_proj.weight", p + "experts.3.up_proj.weight")
+    assert M.resolve(mc, "decoder.layers.0.mlp.shared_experts.gate_weight").hf_names == (p + "shared_expert_gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.self_attention.in_proj.weight").rule.kind == "concat"
+    assert not any(".mlp.linear_fc" in n for n in M.default_targets(mc))  # no dense layer
 
 
 def test_mimo_reads_and_exports_no_mtp_tensor(tiny_ckpts):

@@ -1,7 +1,8 @@
-"""The released config.json of GLM-4.7-Flash (glm4_moe_lite), MiMo-7B (mimo) and MiniMax-M2 (minimax_m2)
-give the model config slime's models/glm4.7-30B-A3B.sh, models/mimo-7B-rl.sh and models/minimax-m2.sh
-describe; what the mappings cannot express is refused in one line naming the field
-(docs/model-families.md)."""
+"""The released config.json of GLM-4.7-Flash (glm4_moe_lite), MiMo-7B (mimo), MiniMax-M2 (minimax_m2),
+Qwen3-Next-80B-A3B (qwen3_next), Qwen3.5-27B (qwen3_5) and Qwen3.5-35B-A3B (qwen3_5_moe) give the model
+config slime's models/glm4.7-30B-A3B.sh, models/mimo-7B-rl.sh, models/minimax-m2.sh,
+models/qwen3-next-80B-A3B.sh, models/qwen3.5-27B.sh and models/qwen3.5-35B-A3B.sh describe; what the mappings
+cannot express is refused in one line naming the field (docs/model-families.md)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,72 @@ MINIMAX_M2 = {
     "rotary_dim": 64, "scoring_func": "sigmoid", "shared_intermediate_size": 0, "tie_word_embeddings": False,
     "use_cache": True, "use_mtp": True, "use_qk_norm": True, "use_routing_bias": True, "vocab_size": 200064,
     "torch_dtype": "bfloat16",
+}
+
+
+# Qwen3-Next-80B-A3B-Instruct's config.json (Qwen/Qwen3-Next-80B-A3B-Instruct; the model card's file was
+# not reachable from here: the values are those public test fixtures pin for this architecture, and they
+# agree with slime's scripts/models/qwen3-next-80B-A3B.sh and transformers 5.19's Qwen3NextConfig
+# defaults); the MTP fields are the release's, which transformers ignores.
+QWEN3_NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "decoder_sparse_step": 1,
+    "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5120, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128,
+    "max_position_embeddings": 262144, "mlp_only_layers": [], "moe_intermediate_size": 512, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts": 512, "num_experts_per_tok": 10, "num_hidden_layers": 48,
+    "num_key_value_heads": 2, "output_router_logits": False, "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 512,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 151936,
+    "mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False,
+}
+
+
+# Qwen3.5-27B's config.json (Qwen/Qwen3.5-27B; not reachable from here: the values public test fixtures pin
+# for it, which agree with slime's scripts/models/qwen3.5-27B.sh), its vision_config cut to the fields
+# transformers needs (rlslurm reads none of it).
+QWEN3_5_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "image_token_id": 248056,
+    "language_model_only": False, "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text", "attention_bias": False, "attention_dropout": 0.0, "attn_output_gate": True,
+        "bos_token_id": 248044, "eos_token_id": 248044, "dtype": "bfloat16", "full_attention_interval": 4,
+        "head_dim": 256, "hidden_act": "silu", "hidden_size": 5120, "initializer_range": 0.02,
+        "intermediate_size": 17408, "layer_types": ["linear_attention"] * 3 * 1 + ["full_attention"],
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+        "mtp_num_hidden_layers": 1, "num_attention_heads": 24, "num_hidden_layers": 64, "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "vocab_size": 248320,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    },
+    "vision_config": {"model_type": "qwen3_5", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                      "num_heads": 16, "out_hidden_size": 5120, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2, "num_position_embeddings": 2304},
+}
+QWEN3_5_27B["text_config"]["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * 16
+
+# Qwen3.5-35B-A3B's (Qwen/Qwen3.5-35B-A3B; as public fixtures pin it, agreeing with slime's
+# scripts/models/qwen3.5-35B-A3B.sh): no intermediate_size (no dense MLP), 256 experts top-8 of 512, one
+# shared expert of 512.
+QWEN3_5_35B_A3B = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_moe_text", "attention_bias": False, "attn_output_gate": True, "dtype": "bfloat16",
+        "full_attention_interval": 4, "head_dim": 256, "hidden_act": "silu", "hidden_size": 2048,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 10, "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128, "max_position_embeddings": 262144, "moe_intermediate_size": 512,
+        "mtp_num_hidden_layers": 1, "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8,
+        "num_hidden_layers": 40, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+        "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "vocab_size": 248320,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
+                            "rope_theta": 10000000, "partial_rotary_factor": 0.25},
+    },
+    "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                      "out_hidden_size": 2048, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                      "num_position_embeddings": 2304},
 }
 
 
@@ -137,3 +204,81 @@ def test_minimax_m2_variants_transformers_does_not_build_are_refused(tmp_path, c
     with pytest.raises(ConfigError, match=match) as e:
         model_config_from_hf(_dir(tmp_path / "m", {**MINIMAX_M2, **changes}))
     assert "\n" not in str(e.value) and str(e.value).startswith(f"--hf-checkpoint {tmp_path / 'm'}: ")
+
+
+def test_qwen3_next_is_slimes_qwen3_next_80b_a3b(tmp_path):
+    """The release's config.json gives slime's models/qwen3-next-80B-A3B.sh: 48 layers, every 4th full
+    attention (16 heads over 2 KV heads of 256, --attention-output-gate, --qk-layernorm, --rotary-percent
+    0.25, --apply-layernorm-1p), the others gated delta nets (16 key heads, 32 value heads of 128), every
+    layer MoE (512 experts, top-10 of 512 wide, softmax, one shared expert of 512 behind
+    --moe-shared-expert-gate)."""
+    mc = model_config_from_hf(_dir(tmp_path / "Qwen3-Next-80B-A3B-Instruct", QWEN3_NEXT))
+    a, m, d = mc.arch, mc.arch.moe, mc.arch.gated_delta_net
+    assert (mc.hf_model_type, mc.hf_architecture) == ("qwen3_next", "Qwen3NextForCausalLM")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups, a.kv_channels,
+            a.vocab_size, a.rotary_percent, a.rotary_base, a.norm_epsilon) == (
+        48, 2048, 5120, 16, 2, 256, 151936, 0.25, 1e7, 1e-6)
+    assert a.qk_layernorm and a.norm_zero_centered and a.attention_output_gate and not a.add_qkv_bias
+    assert (d.full_attention_interval, d.conv_kernel_dim, d.key_head_dim, d.value_head_dim, d.num_key_heads,
+            d.num_value_heads) == (4, 4, 128, 128, 16, 32)
+    assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.shared_expert_gate,
+            m.first_k_dense, m.router_score_function, m.router_topk_norm, m.router_expert_bias) == (
+        512, 10, 512, 512, True, 0, "softmax", True, False)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"layer_types": ["linear_attention", "full_attention", "full_attention", "linear_attention"] * 12},
+     r"layer_types .* is not every N-th layer full attention"),
+    ({"attention_bias": True}, r"attention_bias=true, which gives o_proj a bias too"),
+    ({"mlp_only_layers": [3]}, r"mlp_only_layers=\[3\] / decoder_sparse_step=1 put dense layers between MoE layers"),
+    ({"shared_expert_intermediate_size": 0}, r"shared_expert_gate needs a shared expert"),
+])
+def test_qwen3_next_variants_the_model_config_cannot_say_are_refused(tmp_path, changes, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        model_config_from_hf(_dir(tmp_path / "q", {**QWEN3_NEXT, **changes}))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"--hf-checkpoint {tmp_path / 'q'}: ")
+
+
+def test_qwen3_next_leading_dense_layers_and_another_interval(tmp_path):
+    """mlp_only_layers [0, 1] is two leading dense layers; full_attention_interval 3 is every 3rd."""
+    mc = model_config_from_hf(_dir(tmp_path / "q", {**QWEN3_NEXT, "mlp_only_layers": [0, 1],
+                                                     "full_attention_interval": 3}))
+    assert mc.arch.moe.first_k_dense == 2 and mc.arch.gated_delta_net.full_attention_interval == 3
+
+
+def test_qwen3_5_27b_is_slimes_qwen3_5_27b(tmp_path):
+    """The release's config.json (the language model in text_config) gives slime's models/qwen3.5-27B.sh:
+    64 layers, hidden 5120, ffn 17408 (dense), 24 heads over 4 KV heads of 256, --attention-output-gate,
+    --apply-layernorm-1p, --rotary-percent 0.25, rotary base 1e7; gated delta nets of 16 key and 48 value
+    heads of 128 in 3 of every 4 layers."""
+    mc = model_config_from_hf(_dir(tmp_path / "Qwen3.5-27B", QWEN3_5_27B))
+    a, d = mc.arch, mc.arch.gated_delta_net
+    assert (mc.hf_model_type, mc.hf_architecture) == ("qwen3_5", "Qwen3_5ForConditionalGeneration")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups, a.kv_channels,
+            a.vocab_size, a.rotary_percent, a.rotary_base, a.norm_epsilon, a.max_position_embeddings) == (
+        64, 5120, 17408, 24, 4, 256, 248320, 0.25, 1e7, 1e-6, 262144)
+    assert a.moe is None and a.qk_layernorm and a.norm_zero_centered and a.attention_output_gate
+    assert (d.full_attention_interval, d.num_key_heads, d.num_value_heads, d.key_head_dim, d.value_head_dim) == (
+        4, 16, 48, 128, 128)
+
+
+def test_qwen3_5_without_the_output_gate_is_refused(tmp_path):
+    cfg = {**QWEN3_5_27B, "text_config": {**QWEN3_5_27B["text_config"], "attn_output_gate": False}}
+    with pytest.raises(ConfigError, match=r"attn_output_gate=False, but transformers' Qwen3NextAttention always "
+                                          r"builds the output gate") as e:
+        model_config_from_hf(_dir(tmp_path / "q", cfg))
+    assert "\n" not in str(e.value)
+
+
+def test_qwen3_5_35b_a3b_is_slimes_qwen3_5_35b_a3b(tmp_path):
+    """Qwen3.5-35B-A3B (qwen3_5_moe): slime's models/qwen3.5-35B-A3B.sh, every layer MoE (256 experts, top-8
+    of 512, softmax, always renormalised, a shared expert of 512 behind --moe-shared-expert-gate); the
+    model config's ffn_hidden_size is the experts' width (the script's --ffn-hidden-size 512)."""
+    mc = model_config_from_hf(_dir(tmp_path / "Qwen3.5-35B-A3B", QWEN3_5_35B_A3B))
+    a, m, d = mc.arch, mc.arch.moe, mc.arch.gated_delta_net
+    assert (mc.hf_model_type, mc.hf_architecture) == ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.num_query_groups,
+            a.kv_channels, a.vocab_size) == (40, 2048, 512, 16, 2, 256, 248320)
+    assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.shared_expert_gate,
+            m.first_k_dense, m.router_topk_norm) == (256, 8, 512, 512, True, 0, True)
+    assert (d.num_key_heads, d.num_value_heads, d.full_attention_interval) == (16, 32, 4)

@@ -118,6 +118,66 @@ def test_minimax_m2_fields_and_the_tp_its_qk_norm_refuses():
                             "by whole heads, and 2 KV heads / 4 query heads do not split into 4")
 
 
+def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
+    """Qwen3-Next: megatron's gated delta net variant every layer but each 3rd (linear_attention_freq 3,
+    HF's full_attention_interval), zero-centred norms, the attention output gate, the shared expert's
+    gate, and sequence parallelism at TP 2 (the delta net's output norm sums its gradient over TP as a
+    sequence-parallel weight). TP that does not split the linear heads: one line. At CP 2 the variant
+    field stays unset (megatron asserts CP 1 for its own forward; rlslurm's subclass does CP) and the
+    layer sizes are kept."""
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-qwen3-next")
+    cfg = transformer_config(mc, tp=2, overrides={})
+    assert cfg.experimental_attention_variant == "gated_delta_net" and cfg.linear_attention_freq == 3
+    assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+            cfg.linear_conv_kernel_dim) == (2, 4, 16, 24, 4)
+    assert cfg.layernorm_zero_centered_gamma and cfg.attention_output_gate and cfg.qk_layernorm
+    assert cfg.moe_shared_expert_gate and cfg.moe_shared_expert_intermediate_size == 48
+    assert cfg.moe_layer_freq == [0, 1, 1] and cfg.moe_router_score_function == "softmax"
+    assert not cfg.moe_router_pre_softmax and cfg.sequence_parallel
+    with pytest.raises(ConfigError) as e:
+        transformer_config(mc, tp=4, overrides={})
+    assert str(e.value) == ("--tensor-model-parallel-size 4: tiny-qwen3-next's gated delta net layers have 2 key / "
+                            "4 value heads, which do not split into 4")
+    with pytest.raises(ConfigError, match=r"^--megatron-sequence-parallel: gated delta nets at TP > 1 need"):
+        transformer_config(mc, tp=2, overrides={"sequence_parallel": False})
+    cp2 = transformer_config(mc, cp=2, overrides={})
+    assert cp2.experimental_attention_variant is None and cp2.linear_attention_freq == 3
+    assert (cp2.linear_num_key_heads, cp2.linear_num_value_heads) == (2, 4)
+
+
+def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
+    """Layers 0 and 1 (0-based) of tiny-qwen3-next are linear attention: megatron's GatedDeltaNet (rlslurm's
+    subclass of it, which adds context parallelism) with rlslurm's kernels and output norm; layer 2 is megatron's SelfAttention with zero-centred q/k norms.
+    Packed sequences (--qkv-format thd) are refused in one line."""
+    from megatron.core.ssm import gated_delta_net as gdn
+    from megatron.core.transformer.attention import SelfAttention
+
+    from rlslurm.trainer import gated_delta
+    from rlslurm.trainer.model import HAVE_TE, TorchNorm, layer_specs, transformer_config
+
+    from megatron.core import parallel_state as ps
+
+    mc = load_model_config("tiny-qwen3-next")
+    tcfg = transformer_config(mc, overrides={})
+    with pytest.raises(ConfigError, match=r"^--qkv-format thd: tiny-qwen3-next's gated delta net layers take no "
+                                          r"packed sequences"):
+        layer_specs(mc, tcfg, packed=True)
+    # one pipeline stage without process groups
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda *a, **k: 1)
+    block = layer_specs(mc, tcfg)
+    kinds = [spec.submodules.self_attention.module for spec in block.layer_specs]
+    assert issubclass(kinds[0], gdn.GatedDeltaNet) and kinds[1] is kinds[0] and kinds[2] is SelfAttention
+    assert block.layer_specs[0].submodules.self_attention.submodules.out_norm is gated_delta.GatedOutputNorm
+    assert gdn.HAVE_FLA and gdn.chunk_gated_delta_rule is gated_delta.chunk_gated_delta_rule
+    if not HAVE_TE:
+        assert block.layer_specs[2].submodules.self_attention.submodules.q_layernorm is TorchNorm
+        norm = TorchNorm(tcfg, 8, eps=1e-6)
+        assert isinstance(norm, gated_delta.ZeroCenteredRMSNorm) and not norm.weight.any()
+
+
 def test_unsupported_rope_scaling_is_refused():
     from rlslurm.trainer.model import transformer_config
 

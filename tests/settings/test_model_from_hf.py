@@ -76,3 +76,15 @@ def test_import_maps_an_unshipped_model_script_to_the_checkpoint(tmp_path: Path)
     assert f"{s}:1: note: source qwen3-14B.sh: rlslurm ships no model config 'qwen3-14B', so the model config is " \
            "built from --hf-checkpoint's config.json at submit" in report
     assert "not mapped: source" not in report
+
+
+def test_what_qwen3_next_gated_delta_nets_cannot_do_is_refused_at_submit(prompts: Path) -> None:
+    """Packed sequences are refused before anything is submitted, in one line, as the trainer would refuse
+    them on its node; context parallelism is accepted (rlslurm's, trainer/gated_delta.py)."""
+    argv = ["--model", "tiny-qwen3-next", "--prompt-data", str(prompts)]
+    resolve(argv, strict_inputs=False)  # the layout of its defaults is fine
+    resolve(argv + ["--context-parallel-size", "2", "--trainer-procs-per-node", "2"], strict_inputs=False)
+    with pytest.raises(ConfigError) as e:
+        resolve(argv + ["--qkv-format", "thd"], strict_inputs=False)
+    says = "--qkv-format thd: tiny-qwen3-next's gated delta net layers take no packed sequences"
+    assert "\n" not in str(e.value) and says in str(e.value), str(e.value)

@@ -9,8 +9,8 @@
   parallel), an MLA + MoE model whose stages differ (dense first layer, MoE second), split evenly;
   the pipelined forward's log-probs equal HF transformers'.
 - Context parallelism (CP=2, docs/context-parallel.md): packed at CP=2 (resuming its last step from
-  PP=1's checkpoint), padded at CP=2 x PP=2, and the MLA + MoE model at CP=2 give PP=1's losses,
-  metrics and updated weights.
+  PP=1's checkpoint), padded at CP=2 x PP=2, the MLA + MoE model at CP=2, and Qwen3-Next's gated
+  delta nets at CP=2 x PP=2 give PP=1's losses, metrics and updated weights.
 - PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
   + resume from the stage-sharded checkpoint is bit-exact.
 """
@@ -98,7 +98,10 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
     hf = make_tiny_checkpoint(load_model_config(str(tied)), tmp / "hf", seed=3)
     mla_tmp = tmp / "mla-moe"
     mla_hf = make_tiny_checkpoint(load_model_config("tiny-deepseek-v3"), mla_tmp / "hf", seed=5)
+    next_tmp = tmp / "qwen3-next"
+    next_hf = make_tiny_checkpoint(load_model_config("tiny-qwen3-next"), next_tmp / "hf", seed=5)
     d, m = (tmp, hf, str(tied)), (mla_tmp, mla_hf, "tiny-deepseek-v3")
+    q = (next_tmp, next_hf, "tiny-qwen3-next")
     # key: (dir, hf, model), nproc, tp, pp, distributed optimizer, (first, last stage's layers)[, train extra]
     cp2, packed = {"context_parallel_size": 2}, {"qkv_format": "thd"}
     specs = {"dense/pp1": (d, 1, 1, 1, False, (None, None)), "dense/pp2": (d, 2, 1, 2, False, (2, None)),
@@ -108,7 +111,11 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
              # context parallelism (docs/context-parallel.md)
              "dense/cp2-thd": (d, 2, 1, 1, False, (None, None), {**cp2, **packed}),
              "dense/cp2pp2": (d, 4, 1, 2, False, (2, None), cp2),
-             "mla/cp2": (m, 2, 1, 1, False, (None, None), cp2)}
+             "mla/cp2": (m, 2, 1, 1, False, (None, None), cp2),
+             # Qwen3-Next's gated delta nets: rlslurm's CP (the mixing over the whole sequence) and a
+             # pipeline whose second stage starts at a gated delta net (layer 1 of 0-2)
+             "next/pp1": (q, 1, 1, 1, False, (None, None)),
+             "next/cp2pp2": (q, 4, 1, 2, False, (1, None), cp2)}
     runs = []
     for key, ((where, h, model), n, tp, pp, do, stages, *extra) in specs.items():
         name = key.split("/")[1]
@@ -169,6 +176,16 @@ def test_context_parallel_mla_moe_equals_one_rank(layouts) -> None:
     ref, got = layouts["mla/pp1"], layouts["mla/cp2"]
     assert got[0]["cp"] == 2 and got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
     _same(ref, got, "tiny-deepseek-v3 cp2")
+
+
+def test_context_parallel_gated_delta_nets_equal_one_rank(layouts) -> None:
+    """tiny-qwen3-next at CP=2 x PP=2 (stage 1 = layers 1-2: a gated delta net, then gated attention)
+    equals PP=1: megatron-core 0.16's GatedDeltaNet has no CP; rlslurm's subclass all-gathers the
+    in_proj output over CP and mixes the whole sequence (trainer/gated_delta.py)."""
+    ref, got = layouts["next/pp1"], layouts["next/cp2pp2"]
+    assert (got[0]["cp"], got[0]["pp"]) == (2, 2) and got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
+    assert ref[0]["logprob_max_abs_diff"] < 1e-5, ref[0]
+    _same(ref, got, "tiny-qwen3-next cp2pp2")
 
 
 def test_checkpoint_resumes_at_an_uneven_split(dense) -> None:
