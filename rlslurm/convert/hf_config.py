@@ -55,10 +55,14 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "minimax_m2": {"qk_layernorm": True, "qk_layernorm_all_heads": True, "add_qkv_bias": False,
                    "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
                    "post_mlp_layernorm": False, "normalization": "RMSNorm"},
+    # GLM-5: GLM-4.7-Flash's MLA and MoE plus DeepSeek sparse attention's indexer in every layer
+    # (transformers' GlmMoeDsaAttention/GlmMoeDsaIndexer; trainer/dsa.py). docs/model-families.md, "GLM-5".
+    "glm_moe_dsa": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
+                    "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
 }
 
 SUPPORTED = tuple(FAMILY_FIXED)
-MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
+MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "glm_moe_dsa")
 
 # Families looked at and found inexpressible in megatron-core 0.16, -> why, for the refusal
 # (docs/model-families.md, "Families megatron-core cannot express"). None at present: MiniMax-M2,
@@ -204,6 +208,8 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         elif m:
             pairs += _sigmoid_router_moe(mc, g, scoring=(f"({mt} router)", "sigmoid"),
                                          first_dense=("mlp_layer_types", _lite_first_dense(mc, g)))
+        if mt == "glm_moe_dsa":
+            pairs += _glm_moe_dsa(mc, g)
         if l:
             pairs += [
                 ("arch.mla.q_lora_rank", l.q_lora_rank, "q_lora_rank", g("q_lora_rank")),
@@ -228,6 +234,8 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         pairs.append(("arch.moe", "set", f"({mt} is dense)", None))
     if mt not in MLA_FAMILIES and a.mla is not None:
         pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
+    if mt != "glm_moe_dsa" and a.dsa is not None:
+        pairs.append(("arch.dsa", "set", f"({mt} has no sparse attention indexer)", None))
     for field, value in FAMILY_FIXED.get(mt, {}).items():
         pairs.append((f"arch.{field}", getattr(a, field), f"({mt} architecture)", value))
     return pairs
@@ -274,6 +282,27 @@ def _minimax_m2(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
     return pairs
 
 
+def _glm_moe_dsa(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
+    """GLM-5's sparse-attention indexer fields (transformers 5.19 GlmMoeDsaConfig / GlmMoeDsaIndexer),
+    and the GLM-5 variants rlslurm refuses, one line each (docs/model-families.md, "GLM-5")."""
+    d = mc.arch.dsa
+    types = list(g("indexer_types") or [])
+    shared = [i for i, t in enumerate(types) if t != "full"]
+    if shared:
+        # GLM-5.2 (index_topk_freq 4): a "shared" layer has no indexer and reuses the top-k of the
+        # last "full" layer before it (GlmMoeDsaAttention prev_topk_indices); megatron-core 0.16's
+        # DSAttention computes its own in every layer and passes nothing between layers
+        raise ConfigError(f"{mc.name}: HF glm_moe_dsa config has indexer_types 'shared' at layers {shared[:4]}"
+                          f"{'...' if len(shared) > 4 else ''} (cross-layer top-k sharing, index_topk_freq), which "
+                          "megatron-core 0.16's DSA does not build: every DSAttention layer runs its own indexer")
+    pairs: list[tuple] = [("arch.dsa", "set" if d else None, "index_topk", "set")]
+    if d:
+        pairs += [("arch.dsa.index_n_heads", d.index_n_heads, "index_n_heads", g("index_n_heads")),
+                  ("arch.dsa.index_head_dim", d.index_head_dim, "index_head_dim", g("index_head_dim")),
+                  ("arch.dsa.index_topk", d.index_topk, "index_topk", g("index_topk"))]
+    return pairs
+
+
 def leading_dense(types: list[str] | None) -> int:
     """How many entries of an HF mlp_layer_types list are "dense" before the first other one."""
     types = list(types or [])
@@ -287,11 +316,11 @@ def _lite_first_dense(mc: ModelConfig, g: Callable[..., Any]) -> int:
     types = list(g("mlp_layer_types") or [])
     k = leading_dense(types)
     if any(t != "sparse" for t in types[k:]):
-        raise ConfigError(f"{mc.name}: HF glm4_moe_lite mlp_layer_types {types} is not dense layers followed by "
+        raise ConfigError(f"{mc.name}: HF {mc.hf_model_type} mlp_layer_types {types} is not dense layers followed by "
                           "sparse ones, which is all megatron-core's moe_layer_freq here expresses")
     fk = g("first_k_dense_replace")
     if fk is not None and fk != k:
-        raise ConfigError(f"{mc.name}: HF glm4_moe_lite config has first_k_dense_replace={fk} (SGLang's) but "
+        raise ConfigError(f"{mc.name}: HF {mc.hf_model_type} config has first_k_dense_replace={fk} (SGLang's) but "
                           f"mlp_layer_types starts with {k} dense layer(s) (transformers')")
     return k
 

@@ -169,6 +169,12 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
             )
         else:
             raise ConfigError(f"model config {mc.name}: arch.rope_scaling.type={rs.type!r} is not supported with MLA")
+        if a.dsa is not None:
+            # GLM-5: megatron-core's DSA core attention with rlslurm's indexer (trainer/dsa.py); the
+            # indexer's KL loss off (refused in transformer_config: the indexer is not trained)
+            kw.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=a.dsa.index_n_heads,
+                      dsa_indexer_head_dim=a.dsa.index_head_dim, dsa_indexer_topk=a.dsa.index_topk,
+                      dsa_indexer_loss_coeff=0.0)
     elif a.rope_scaling is not None:
         rs = a.rope_scaling
         # Megatron's llama3 rope scaling hard-codes low/high freq factors 1/4 and original 8192.
@@ -272,6 +278,7 @@ def transformer_config(
     if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
+    check_dsa(mc, kw)
     kw = {k: v for k, v in kw.items() if k in fields}
     try:
         return cls(**kw)
@@ -288,6 +295,23 @@ def check_all_heads_qk_norm(mc: ModelConfig, tp: int) -> None:
         raise ConfigError(f"--tensor-model-parallel-size {tp}: {mc.name}'s all-heads q/k norm is split over TP by "
                           f"whole heads, and {a.num_query_groups} KV heads / {a.num_attention_heads} query heads do "
                           f"not split into {tp}")
+
+
+def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
+    """GLM-5's sparse attention (trainer/dsa.py) with the settings it cannot take, one line each."""
+    if mc.arch.dsa is None:
+        return
+    if (kw.get("dsa_indexer_loss_coeff") or 0.0) > 0:
+        raise ConfigError(f"--megatron-dsa-indexer-loss-coeff {kw['dsa_indexer_loss_coeff']}: rlslurm does not train "
+                          f"{mc.name}'s sparse-attention indexer (transformers runs it under no_grad and slime's GLM-5 "
+                          "scripts train it by no loss; docs/model-families.md, GLM-5)")
+    if kw.get("recompute_granularity") == "selective" and "core_attn" in (kw.get("recompute_modules") or ["core_attn"]):
+        raise ConfigError("--megatron-recompute-granularity selective: megatron-core 0.16's MLA recomputes core_attn "
+                          f"without the hidden states and query latent that {mc.name}'s sparse attention needs; "
+                          "use full recompute or leave core_attn out of --megatron-recompute-modules")
+    if kw.get("context_parallel_size", 1) > 1:
+        raise ConfigError(f"--context-parallel-size {kw['context_parallel_size']}: megatron-core 0.16's sparse "
+                          f"attention (DSA, {mc.name}) does not support context parallelism")
 
 
 # ---------------------------------------------------------------- layer-spec extensions
@@ -554,7 +578,14 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             if a.moe:
                 raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
             sub.mlp = _extend_mlp_spec(mc, sub.mlp)
-        if (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
+        if a.dsa is not None:
+            if packed:
+                raise ConfigError(f"--qkv-format thd: {mc.name}'s sparse attention (megatron-core's DSA) takes no "
+                                  "packed sequences; use bshd")
+            from rlslurm.trainer.dsa import core_attention_spec
+
+            sub.self_attention.submodules.core_attention = core_attention_spec()
+        elif (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
             # packed input, or context parallelism (docs/context-parallel.md): megatron's local
             # DotProductAttention takes neither
             sub.self_attention.submodules.core_attention = SDPACoreAttention
@@ -612,6 +643,10 @@ def build_gpt_model(
     params = inspect.signature(GPTModel.__init__).parameters
     kw = {k: v for k, v in kw.items() if k in params}
     model = GPTModel(**kw)
+    if a.dsa is not None:
+        from rlslurm.trainer.dsa import freeze_indexer
+
+        freeze_indexer(model)  # GLM-5's indexer is not trained (trainer/dsa.py)
     if torch.cuda.is_available():
         # What Megatron-LM's get_model does: megatron's parallel layers allocate on the GPU, plain
         # torch modules (norms) on the CPU.

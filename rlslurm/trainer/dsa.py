@@ -1,0 +1,171 @@
+"""GLM-5's DeepSeek sparse attention (DSA) on megatron-core 0.16's DSA modules.
+
+megatron-core 0.16 has DSA in `transformer/experimental_attention_variant/dsa.py` (`DSAttention`, the
+MLA core attention that masks every query to the top-k keys its `DSAIndexer` picks) and a spec for it
+(`models/gpt/experimental_attention_variant_module_specs.py` `get_dsa_module_spec_for_backend`,
+transformer-engine only). transformers 5.19's GLM-5 (`models/glm_moe_dsa/modeling_glm_moe_dsa.py`
+`GlmMoeDsaIndexer`, `GlmMoeDsaAttention`) computes the same top-k attention, with four differences that
+the classes here take care of (docs/model-families.md, "GLM-5"):
+
+- rotary part first: GLM-5's indexer rotates the *leading* `qk_rope_head_dim` dims of its q and k
+  (`torch.split(q, [rope, rest])`), megatron's `DSAIndexer._apply_rope` the trailing ones. The scores
+  are dot products, so this only permutes dims, but the checkpoint's weights are laid out for the
+  leading part: `GLM5Indexer._apply_rope` rotates the leading part (megatron's own
+  `apply_rotary_pos_emb` does exactly that when handed the whole head: `rope_utils.py`
+  `_apply_rotary_pos_emb_bshd` rotates `t[..., :rot_dim]` and passes the rest), and the HF tensors
+  map name for name, unpermuted (slime permutes them instead: its megatron_to_hf/deepseekv3.py).
+- Hadamard: megatron rotates q and k with `fast_hadamard_transform` (a CUDA extension, absent here and
+  on the GPU machines) and asserts bf16; `GLM5Indexer` uses rlslurm's torch transform
+  (trainer/hadamard.py) in any dtype. transformers applies none: orthonormal, it changes the scores
+  by rounding only.
+- k norm epsilon: transformers builds `indexer.k_norm` as `nn.LayerNorm(index_head_dim, eps=1e-6)`,
+  megatron with `layernorm_epsilon` (GLM-5: 1e-5): `IndexerKNorm` is a torch LayerNorm at 1e-6.
+- the indexer's linears: megatron builds them with `parallel_mode="duplicated"`, which only
+  transformer-engine's linear takes; `IndexerLinear` is a plain linear, replicated on every TP rank.
+
+The indexer is not trained. transformers runs it under `torch.no_grad()`, megatron's `DSAttention`
+detaches its inputs, so the LM loss gives its weights no gradient; megatron trains it only by its
+KL loss against the attention scores (`compute_dsa_indexer_loss`, `dsa_indexer_loss_coeff`), which
+slime's run-glm5 scripts do not set. `freeze_indexer` turns `requires_grad` off (the optimizer then
+leaves the weights exactly as loaded: no weight decay), and `GLM5DSAttention` skips the loss, whose
+dense fp32 [b, heads, s, s] scores would cost as much as dense attention. trainer/model.py refuses
+`--megatron-dsa-indexer-loss-coeff` > 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from rlslurm.trainer.hadamard import rotate_activation
+
+# transformers' GlmMoeDsaIndexer: `nn.LayerNorm(self.head_dim, eps=1e-6)`, whatever rms_norm_eps says
+HF_INDEXER_K_NORM_EPS = 1e-6
+
+INDEXER_PREFIX = "self_attention.core_attention.indexer."
+
+
+class IndexerLinear(torch.nn.Linear):
+    """A linear replicated on every TP rank (megatron's `parallel_mode="duplicated"`), returning
+    (output, bias) as megatron's linears do. Not marked `sequence_parallel`: the indexer runs on the
+    gathered sequence, so each TP rank computes the whole of it (and it is frozen, freeze_indexer)."""
+
+    def __init__(self, input_size: int, output_size: int, *, config, init_method=None, bias: bool = False,
+                 skip_bias_add: bool = False, parallel_mode: str | None = "duplicated", **_: Any):
+        if parallel_mode not in (None, "duplicated"):
+            raise ValueError(f"IndexerLinear: parallel_mode={parallel_mode!r} (only duplicated)")
+        super().__init__(input_size, output_size, bias=bias, dtype=config.params_dtype)
+        self._return_bias = skip_bias_add and bias
+        if init_method is not None and config.perform_initialization:
+            with torch.no_grad():
+                init_method(self.weight)
+        for p in self.parameters():
+            setattr(p, "allreduce", True)
+
+    def forward(self, x: torch.Tensor):
+        if self._return_bias:
+            return torch.nn.functional.linear(x, self.weight), self.bias
+        return super().forward(x), None
+
+
+class IndexerKNorm(torch.nn.LayerNorm):
+    """transformers' `indexer.k_norm`: LayerNorm with weight and bias at eps 1e-6 (megatron would pass
+    its layernorm_epsilon)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = HF_INDEXER_K_NORM_EPS, **_: Any):
+        super().__init__(hidden_size, eps=HF_INDEXER_K_NORM_EPS, dtype=config.params_dtype)
+
+
+@functools.cache
+def _indexer_class():
+    from megatron.core.models.common.embeddings import apply_rotary_pos_emb
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexer
+
+    class GLM5Indexer(DSAIndexer):
+        """megatron's DSAIndexer with GLM-5's rotary layout and rlslurm's Hadamard transform."""
+
+        def _apply_rope(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor, mscale: float) -> torch.Tensor:
+            # the whole head: megatron rotates its leading rot_dim dims and passes the rest
+            return apply_rotary_pos_emb(x, rotary_pos_emb, config=self.config, cu_seqlens=None, mscale=mscale,
+                                        cp_group=self.pg_collection.cp)
+
+        def forward_with_scores(self, x, qr, mask=None, packed_seq_params=None):
+            """megatron's DSAIndexer.forward_with_scores (same steps, same shapes) with the two
+            changes above; returns (index_scores [b, sq, sk] fp32, topk_indices [b, sq, k])."""
+            if packed_seq_params is not None:
+                raise NotImplementedError("GLM-5 sparse attention takes no packed sequences (--qkv-format thd)")
+            seq_len = self.rotary_pos_emb.get_rotary_seq_len(None, None, x, self.config, None)
+            if self.config.rope_type == "rope":
+                rotary_pos_emb, mscale = self.rotary_pos_emb(seq_len, packed_seq=False), 1.0
+            else:
+                rotary_pos_emb, mscale = self.rotary_pos_emb(seq_len, packed_seq=False)
+            if self.config.sequence_parallel and self.pg_collection.tp.size() > 1:
+                x = gather_from_sequence_parallel_region(x, group=self.pg_collection.tp)
+                qr = gather_from_sequence_parallel_region(qr, group=self.pg_collection.tp)
+            s, b, _ = x.size()
+            q, _ = self.linear_wq_b(qr)
+            q = self._apply_rope(q.reshape(s, b, self.index_n_heads, self.index_head_dim), rotary_pos_emb, mscale)
+            k, _ = self.linear_wk(x)
+            k = self._apply_rope(self.k_norm(k).reshape(s, b, 1, self.index_head_dim), rotary_pos_emb, mscale)
+            q, k = rotate_activation(q), rotate_activation(k.reshape(s, b, self.index_head_dim))
+            weights, _ = self.linear_weights_proj(x)
+            # relu(q.k) * scale == relu(q.k * scale): transformers scales inside the relu
+            weights = weights * (self.index_n_heads ** -0.5) * self.softmax_scale
+            scores = self._compute_index_scores(q, weights, k)
+            if mask is not None:
+                scores = scores + mask
+            return scores, scores.topk(min(self.index_topk, s), dim=-1)[1]
+
+    return GLM5Indexer
+
+
+@functools.cache
+def _attention_class():
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAttention
+
+    class GLM5DSAttention(DSAttention):
+        """megatron's DSAttention; the indexer's KL loss only when dsa_indexer_loss_coeff > 0 (never,
+        in rlslurm: trainer/model.py refuses it), so no dense score matrix is built for nothing."""
+
+        def forward(self, query, key, value, attention_mask, x=None, qr=None, **kw: Any):
+            if x is None or qr is None:
+                raise RuntimeError("GLM-5 sparse attention needs MLA's hidden states and query latent; selective "
+                                   "recompute of core_attn does not pass them")
+            if (self.config.dsa_indexer_loss_coeff or 0.0) > 0:
+                return super().forward(query, key, value, attention_mask, x=x, qr=qr, **kw)
+            from megatron.core.transformer.experimental_attention_variant.dsa import unfused_dsa_fn
+
+            sq, skv = query.size(0), key.size(0)
+            if kw.get("attn_mask_type") is None:
+                raise NotImplementedError("GLM-5 sparse attention: only megatron's causal mask type is supported")
+            mask = torch.triu(torch.full((sq, skv), float("-inf"), dtype=torch.float32, device=query.device),
+                              diagonal=1)
+            _, topk = self.indexer.forward_with_scores(x.detach(), qr.detach(), mask=mask,
+                                                       packed_seq_params=kw.get("packed_seq_params"))
+            return unfused_dsa_fn(query, key, value, topk, self.softmax_scale)
+
+    return GLM5DSAttention
+
+
+def core_attention_spec():
+    """The MLA core attention spec of a GLM-5 layer: DSAttention with GLM-5's indexer."""
+    from megatron.core.transformer.experimental_attention_variant.dsa import (DSAIndexerSubmodules,
+                                                                              DSAttentionSubmodules)
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    indexer = ModuleSpec(module=_indexer_class(), submodules=DSAIndexerSubmodules(
+        linear_wq_b=IndexerLinear, linear_wk=IndexerLinear, k_norm=IndexerKNorm, linear_weights_proj=IndexerLinear))
+    return ModuleSpec(module=_attention_class(), submodules=DSAttentionSubmodules(indexer=indexer))
+
+
+def freeze_indexer(model: torch.nn.Module) -> int:
+    """requires_grad off for every indexer parameter (see the module docstring); returns how many."""
+    n = 0
+    for name, p in model.named_parameters():
+        if ".core_attention.indexer." in name:
+            p.requires_grad_(False)
+            n += 1
+    return n
