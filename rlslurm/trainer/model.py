@@ -6,8 +6,9 @@
 - `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
   transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
-  over all heads (trainer/qk_norm.py) and, for MLA without transformer-engine, an SDPA core
-  attention (megatron's local one does not take MLA's `k_channels`/`v_channels`).
+  over all heads (trainer/qk_norm.py), GLM-5's sparse attention (megatron's DSA with rlslurm's
+  indexer, trainer/dsa.py) and, for MLA without transformer-engine, an SDPA core attention
+  (megatron's local one does not take MLA's `k_channels`/`v_channels`).
 - `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
 
@@ -582,8 +583,16 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             if packed:
                 raise ConfigError(f"--qkv-format thd: {mc.name}'s sparse attention (megatron-core's DSA) takes no "
                                   "packed sequences; use bshd")
+            from megatron.core.transformer.identity_op import IdentityOp
+
             from rlslurm.trainer.dsa import core_attention_spec
 
+            if getattr(sub.self_attention.submodules, "q_layernorm", None) in (None, IdentityOp):
+                # transformer-engine's MLA spec fuses the query-latent norm into linear_q_up_proj; MLA
+                # would then hand the indexer the un-normalised latent, transformers the normalised one
+                raise ConfigError(f"model config {mc.name}: its sparse attention needs MLA's query-latent norm as "
+                                  "a module of its own (megatron's local spec), not fused into linear_q_up_proj "
+                                  "(transformer-engine's): the indexer reads the normalised latent")
             sub.self_attention.submodules.core_attention = core_attention_spec()
         elif (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
             # packed input, or context parallelism (docs/context-parallel.md): megatron's local
