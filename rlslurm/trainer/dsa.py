@@ -23,6 +23,13 @@ the classes here take care of (docs/model-families.md, "GLM-5"):
 - the indexer's linears: megatron builds them with `parallel_mode="duplicated"`, which only
   transformer-engine's linear takes; `IndexerLinear` is a plain linear, replicated on every TP rank.
 
+Context parallelism: megatron-core 0.16 asserts CP 1 for DSA (`TransformerConfig`). `GLM5DSAttention`
+does it in rlslurm's CP layout (trainer/context_parallel.py: two load-balanced chunks of every row per
+rank): the indexer keys and MLA's keys/values of every CP rank are all-gathered, and this rank's
+queries, at their own positions of the row, pick and attend to their top-k among all keys
+(`sparse_attention`, megatron's `unfused_dsa_fn` with that causal mask). trainer/model.py builds the
+TransformerConfig without the DSA switch at CP > 1 and sets it afterwards.
+
 The indexer is not trained. transformers runs it under `torch.no_grad()`, megatron's `DSAttention`
 detaches its inputs, so the LM loss gives its weights no gradient; megatron trains it only by its
 KL loss against the attention scores (`compute_dsa_indexer_loss`, `dsa_indexer_loss_coeff`), which
@@ -94,7 +101,9 @@ def _indexer_class():
 
         def forward_with_scores(self, x, qr, mask=None, packed_seq_params=None):
             """megatron's DSAIndexer.forward_with_scores (same steps, same shapes) with the two
-            changes above; returns (index_scores [b, sq, sk] fp32, topk_indices [b, sq, k])."""
+            changes above, and under context parallelism this rank's queries against every CP rank's
+            keys (`mask` then [local queries, all keys]); returns (index_scores [b, sq, sk] fp32,
+            topk_indices [b, sq, k], indices into the whole sequence)."""
             if packed_seq_params is not None:
                 raise NotImplementedError("GLM-5 sparse attention takes no packed sequences (--qkv-format thd)")
             seq_len = self.rotary_pos_emb.get_rotary_seq_len(None, None, x, self.config, None)
@@ -111,13 +120,15 @@ def _indexer_class():
             k, _ = self.linear_wk(x)
             k = self._apply_rope(self.k_norm(k).reshape(s, b, 1, self.index_head_dim), rotary_pos_emb, mscale)
             q, k = rotate_activation(q), rotate_activation(k.reshape(s, b, self.index_head_dim))
+            if self.config.context_parallel_size > 1:
+                k = _cp_full_keys(k)  # no gradient: the indexer is frozen and its inputs detached
             weights, _ = self.linear_weights_proj(x)
             # relu(q.k) * scale == relu(q.k * scale): transformers scales inside the relu
             weights = weights * (self.index_n_heads ** -0.5) * self.softmax_scale
             scores = self._compute_index_scores(q, weights, k)
             if mask is not None:
                 scores = scores + mask
-            return scores, scores.topk(min(self.index_topk, s), dim=-1)[1]
+            return scores, scores.topk(min(self.index_topk, k.size(0)), dim=-1)[1]
 
     return GLM5Indexer
 
@@ -134,20 +145,61 @@ def _attention_class():
             if x is None or qr is None:
                 raise RuntimeError("GLM-5 sparse attention needs MLA's hidden states and query latent; selective "
                                    "recompute of core_attn does not pass them")
-            if (self.config.dsa_indexer_loss_coeff or 0.0) > 0:
-                return super().forward(query, key, value, attention_mask, x=x, qr=qr, **kw)
-            from megatron.core.transformer.experimental_attention_variant.dsa import unfused_dsa_fn
-
-            sq, skv = query.size(0), key.size(0)
             if kw.get("attn_mask_type") is None:
                 raise NotImplementedError("GLM-5 sparse attention: only megatron's causal mask type is supported")
-            mask = torch.triu(torch.full((sq, skv), float("-inf"), dtype=torch.float32, device=query.device),
-                              diagonal=1)
-            _, topk = self.indexer.forward_with_scores(x.detach(), qr.detach(), mask=mask,
-                                                       packed_seq_params=kw.get("packed_seq_params"))
-            return unfused_dsa_fn(query, key, value, topk, self.softmax_scale)
+            if kw.get("packed_seq_params") is not None:
+                raise NotImplementedError("GLM-5 sparse attention takes no packed sequences (--qkv-format thd)")
+            cp = self.config.context_parallel_size
+            if cp == 1 and (self.config.dsa_indexer_loss_coeff or 0.0) > 0:
+                return super().forward(query, key, value, attention_mask, x=x, qr=qr, **kw)
+            sq = query.size(0)
+            if cp > 1:
+                # this rank's two chunks of every row against the whole row's keys (rlslurm's CP
+                # layout, trainer/context_parallel.py): keys and values all-gathered, differentiably
+                from rlslurm.trainer import context_parallel as cpx
+
+                group, full = cpx.cp_group(), sq * cp
+                qpos = torch.tensor(cpx.columns([0, full], cp, cpx.cp_rank()), device=query.device)
+                key, value = cpx._full_kv(key, value, [0, full], group)
+            else:
+                qpos = torch.arange(sq, device=query.device)
+            kpos = torch.arange(key.size(0), device=query.device)
+            causal = torch.zeros(sq, key.size(0), dtype=torch.float32, device=query.device).masked_fill(
+                kpos[None, :] > qpos[:, None], float("-inf"))
+            _, topk = self.indexer.forward_with_scores(x.detach(), qr.detach(), mask=causal)
+            return sparse_attention(query, key, value, topk, causal, self.softmax_scale)
 
     return GLM5DSAttention
+
+
+def _cp_full_keys(k: torch.Tensor) -> torch.Tensor:
+    """The indexer keys [s_local, b, d] of every CP rank, in sequence order [s_local * cp, b, d]."""
+    import torch.distributed as dist
+
+    from rlslurm.trainer import context_parallel as cpx
+
+    group, cp = cpx.cp_group(), cpx.cp_size()
+    parts = [torch.empty_like(k) for _ in range(cp)]
+    dist.all_gather(parts, k.contiguous(), group=group)
+    inv = cpx._inverse((0, k.size(0) * cp), cp).to(k.device)
+    return torch.cat(parts, dim=0).index_select(0, inv)
+
+
+def sparse_attention(query, key, value, topk, causal, softmax_scale: float):
+    """megatron's `unfused_dsa_fn` with the causal mask given ([sq, skv]: a CP rank's queries sit at
+    their own positions of the row, not its first sq): fp32 scores, -inf outside the top-k and the
+    causal part, fp32 softmax, then the values in their dtype. [sq, b, np, hn] -> [sq, b, np * hnv]."""
+    sq, b, np_, hn = query.size()
+    skv, hnv = key.size(0), value.size(3)
+    q = query.permute(1, 2, 0, 3).reshape(b * np_, sq, hn)
+    k = key.permute(1, 2, 3, 0).reshape(b * np_, hn, skv)
+    scores = (torch.bmm(q.float(), k.float()) * softmax_scale).reshape(b, np_, sq, skv)
+    mask = torch.full((b, sq, skv), float("-inf"), device=scores.device).scatter_(-1, topk, 0)
+    scores = scores + (mask + causal.view(1, sq, skv)).unsqueeze(1)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).reshape(b * np_, sq, skv)
+    v = value.permute(1, 2, 0, 3).reshape(b * np_, skv, hnv)
+    out = torch.bmm(probs.to(value.dtype), v)
+    return out.reshape(b, np_, sq, hnv).permute(2, 0, 1, 3).contiguous().reshape(sq, b, np_ * hnv)
 
 
 def core_attention_spec():

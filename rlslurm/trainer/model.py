@@ -281,8 +281,14 @@ def transformer_config(
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
     check_dsa(mc, kw)
     kw = {k: v for k, v in kw.items() if k in fields}
+    # megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention does CP itself (trainer/dsa.py)
+    variant = kw.pop("experimental_attention_variant") if kw.get("context_parallel_size", 1) > 1 and mc.arch.dsa \
+        else None
     try:
-        return cls(**kw)
+        cfg = cls(**kw)
+        if variant is not None:
+            cfg.experimental_attention_variant = variant  # MLA then hands the core attention x and qr
+        return cfg
     except (AssertionError, ValueError, TypeError) as e:
         raise ConfigError(f"model config {mc.name}: megatron-core rejected the TransformerConfig: {e}") from None
 
@@ -299,20 +305,12 @@ def check_all_heads_qk_norm(mc: ModelConfig, tp: int) -> None:
 
 
 def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
-    """GLM-5's sparse attention (trainer/dsa.py) with the settings it cannot take, one line each."""
-    if mc.arch.dsa is None:
-        return
-    if (kw.get("dsa_indexer_loss_coeff") or 0.0) > 0:
-        raise ConfigError(f"--megatron-dsa-indexer-loss-coeff {kw['dsa_indexer_loss_coeff']}: rlslurm does not train "
-                          f"{mc.name}'s sparse-attention indexer (transformers runs it under no_grad and slime's GLM-5 "
-                          "scripts train it by no loss; docs/model-families.md, GLM-5)")
-    if kw.get("recompute_granularity") == "selective" and "core_attn" in (kw.get("recompute_modules") or ["core_attn"]):
-        raise ConfigError("--megatron-recompute-granularity selective: megatron-core 0.16's MLA recomputes core_attn "
-                          f"without the hidden states and query latent that {mc.name}'s sparse attention needs; "
-                          "use full recompute or leave core_attn out of --megatron-recompute-modules")
-    if kw.get("context_parallel_size", 1) > 1:
-        raise ConfigError(f"--context-parallel-size {kw['context_parallel_size']}: megatron-core 0.16's sparse "
-                          f"attention (DSA, {mc.name}) does not support context parallelism")
+    """GLM-5's sparse attention (trainer/dsa.py) with the settings it cannot take, one line each (the
+    same check as at submit: rlslurm/settings/sparse_attention.py)."""
+    from rlslurm.settings.sparse_attention import sparse_attention_refusal
+
+    if (why := sparse_attention_refusal(mc, megatron=kw)) is not None:
+        raise ConfigError(why)
 
 
 # ---------------------------------------------------------------- layer-spec extensions
@@ -581,8 +579,9 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             sub.mlp = _extend_mlp_spec(mc, sub.mlp)
         if a.dsa is not None:
             if packed:
-                raise ConfigError(f"--qkv-format thd: {mc.name}'s sparse attention (megatron-core's DSA) takes no "
-                                  "packed sequences; use bshd")
+                from rlslurm.settings.sparse_attention import sparse_attention_refusal
+
+                raise ConfigError(sparse_attention_refusal(mc, qkv_format="thd"))
             from megatron.core.transformer.identity_op import IdentityOp
 
             from rlslurm.trainer.dsa import core_attention_spec

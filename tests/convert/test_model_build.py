@@ -157,8 +157,8 @@ def test_mask_padded_vocab_masks_exactly_the_padding_rows():
 
 def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     """GLM-5: MLA + MoE as GLM-4.7-Flash, plus megatron-core's DSA (experimental_attention_variant) with
-    the indexer's sizes and its KL loss off; what megatron-core 0.16's DSA cannot take is refused in one
-    line naming the flag (trainer/dsa.py, docs/model-families.md "GLM-5")."""
+    the indexer's sizes and its KL loss off, at CP 2 too; what it cannot take is refused in one line
+    naming the flag (trainer/dsa.py, docs/model-families.md "GLM-5")."""
     from rlslurm.trainer.model import transformer_config
 
     mc = load_model_config("tiny-glm-moe-dsa")
@@ -174,8 +174,6 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
                                               "tiny-glm-moe-dsa's sparse-attention indexer"),
         ({"recompute_granularity": "selective"}, {}, "--megatron-recompute-granularity selective: megatron-core "
                                                      "0.16's MLA recomputes core_attn without"),
-        ({}, {"cp": 2}, "--context-parallel-size 2: megatron-core 0.16's sparse attention (DSA, tiny-glm-moe-dsa) "
-                        "does not support context parallelism"),
     ]
     for overrides, kw, msg in refusals:
         with pytest.raises(ConfigError) as e:
@@ -183,6 +181,9 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
         assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
     # selective recompute of other modules leaves the sparse attention alone
     transformer_config(mc, overrides={"recompute_granularity": "selective", "recompute_modules": ["mlp"]})
+    # CP: megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention takes it (trainer/dsa.py)
+    cp2 = transformer_config(mc, cp=2, overrides={})
+    assert cp2.context_parallel_size == 2 and cp2.experimental_attention_variant == "dsa"
 
 
 def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():

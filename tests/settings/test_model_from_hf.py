@@ -76,3 +76,21 @@ def test_import_maps_an_unshipped_model_script_to_the_checkpoint(tmp_path: Path)
     assert f"{s}:1: note: source qwen3-14B.sh: rlslurm ships no model config 'qwen3-14B', so the model config is " \
            "built from --hf-checkpoint's config.json at submit" in report
     assert "not mapped: source" not in report
+
+
+@pytest.mark.parametrize("extra, refusal", [
+    (["--qkv-format", "thd"], "--qkv-format thd: tiny-glm-moe-dsa's sparse attention (megatron-core's DSA) takes "
+                              "no packed sequences"),
+    (["--megatron-dsa-indexer-loss-coeff", "0.1"], "--megatron-dsa-indexer-loss-coeff 0.1: rlslurm does not train"),
+    (["--megatron-recompute-granularity", "selective"], "--megatron-recompute-granularity selective: megatron-core "
+                                                        "0.16's MLA recomputes core_attn without"),
+])
+def test_glm5_layouts_its_sparse_attention_cannot_take_are_refused_at_submit(extra: list[str], refusal: str) -> None:
+    """GLM-5 (glm_moe_dsa): refused by submit in one line naming the flag, not by the trainer at start-up
+    (rlslurm/settings/sparse_attention.py; the trainer checks again, tests/convert/test_model_build.py)."""
+    base = ["--model", "tiny-glm-moe-dsa", "--nodes", "2"]
+    resolve(base, strict_inputs=False)
+    resolve(base + ["--context-parallel-size", "2"], strict_inputs=False)  # rlslurm's DSA attention takes CP
+    with pytest.raises(ConfigError) as e:
+        resolve(base + extra, strict_inputs=False)
+    assert str(e.value).startswith(refusal) and "\n" not in str(e.value), str(e.value)

@@ -9,8 +9,8 @@
   parallel), an MLA + MoE model whose stages differ (dense first layer, MoE second), split evenly;
   the pipelined forward's log-probs equal HF transformers'.
 - Context parallelism (CP=2, docs/context-parallel.md): packed at CP=2 (resuming its last step from
-  PP=1's checkpoint), padded at CP=2 x PP=2, and the MLA + MoE model at CP=2 give PP=1's losses,
-  metrics and updated weights.
+  PP=1's checkpoint), padded at CP=2 x PP=2, the MLA + MoE model and GLM-5's sparse attention at CP=2
+  give PP=1's losses, metrics and updated weights.
 - PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
   + resume from the stage-sharded checkpoint is bit-exact.
 """
@@ -117,6 +117,13 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
         # from that checkpoint: a resume at CP 2 from a CP 1 checkpoint (1 process runs before 2)
         runs.append((key, n, run, where / f"{name}-out", key in ("dense/pp4", "dense/pp1"),
                      d[0] / "pp1" / "checkpoints" if key == "dense/cp2-thd" else None))
+    # GLM-5 (tiny-glm-moe-dsa): sparse attention at CP 2, each rank's queries against every rank's
+    # indexer keys and top-k keys (rlslurm/trainer/dsa.py), against the same model on one rank
+    g_tmp = tmp / "glm5"
+    g_hf = make_tiny_checkpoint(load_model_config("tiny-glm-moe-dsa"), g_tmp / "hf", seed=5)
+    for name, n, extra in (("pp1", 1, None), ("cp2", 2, cp2)):
+        runs.append((f"glm5/{name}", n, _prepare(g_tmp, g_hf, name, n, 1, 1, model="tiny-glm-moe-dsa", extra=extra),
+                     g_tmp / f"{name}-out", False, None))
     return runs
 
 
@@ -169,6 +176,16 @@ def test_context_parallel_mla_moe_equals_one_rank(layouts) -> None:
     ref, got = layouts["mla/pp1"], layouts["mla/cp2"]
     assert got[0]["cp"] == 2 and got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
     _same(ref, got, "tiny-deepseek-v3 cp2")
+
+
+def test_context_parallel_glm5_sparse_attention_equals_one_rank(layouts) -> None:
+    """tiny-glm-moe-dsa (MLA + MoE + sparse attention keeping 4 keys per query; the rows here are up
+    to 13 tokens) at CP=2: log-probs equal HF transformers', and losses, metrics and updated weights
+    equal one rank's (megatron-core 0.16's DSA asserts CP 1; rlslurm's GLM-5 attention gathers the
+    indexer keys and the keys/values over CP itself)."""
+    ref, got = layouts["glm5/pp1"], layouts["glm5/cp2"]
+    assert got[0]["cp"] == 2 and ref[0]["logprob_max_abs_diff"] < 1e-5 and got[0]["logprob_max_abs_diff"] < 1e-5
+    _same(ref, got, "tiny-glm-moe-dsa cp2")
 
 
 def test_checkpoint_resumes_at_an_uneven_split(dense) -> None:
