@@ -188,7 +188,10 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     _check_nodes_and_time(cfg)
     if (why := layout.context_parallel_refusal(cfg, mc)) is not None:
         raise ConfigError(why)
-    if (why := sparse_attention_refusal(mc, qkv_format=cfg.train.qkv_format, megatron=cfg.megatron)) is not None:
+    t = cfg.train
+    if (why := sparse_attention_refusal(mc, qkv_format=t.qkv_format, megatron=cfg.megatron,
+                                        pp=t.pipeline_model_parallel_size, first=t.decoder_first_pipeline_num_layers,
+                                        last=t.decoder_last_pipeline_num_layers)) is not None:
         raise ConfigError(why)  # GLM-5 (rlslurm/settings/sparse_attention.py)
     if cfg.run.shared_gpu:
         _check_shared_gpu(cfg)

@@ -102,7 +102,7 @@ def hf_config_dict(mc: ModelConfig) -> dict:
         # GLM-5's config.json: DeepSeek-V3's MLA/MoE fields (no rope_interleave field: GLM-5 always
         # interleaves; head_dim is derived from the rope dim), mlp_layer_types and
         # first_k_dense_replace both (transformers reads the first, SGLang the second), the indexer's
-        # sizes, every layer its own indexer (indexer_types "full", the GLM-5 release)
+        # sizes, and which layers reuse an earlier layer's top-k (indexer_types "shared": GLM-5.2's)
         m, l, d = a.moe, a.mla, a.dsa
         del cfg["head_dim"], cfg["attention_bias"]
         cfg.update(
@@ -110,7 +110,7 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
             mlp_layer_types=["dense"] * m.first_k_dense + ["sparse"] * (a.num_layers - m.first_k_dense),
             index_n_heads=d.index_n_heads, index_head_dim=d.index_head_dim, index_topk=d.index_topk,
-            indexer_types=["full"] * a.num_layers,
+            indexer_types=["shared" if i in d.shared_layers else "full" for i in range(a.num_layers)],
         )
     if mc.hf_model_type == "glm4_moe" and a.moe:
         m = a.moe

@@ -284,22 +284,20 @@ def _minimax_m2(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
 
 def _glm_moe_dsa(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
     """GLM-5's sparse-attention indexer fields (transformers 5.19 GlmMoeDsaConfig / GlmMoeDsaIndexer),
-    and the GLM-5 variants rlslurm refuses, one line each (docs/model-families.md, "GLM-5")."""
+    GLM-5.2's shared layers among them (docs/model-families.md, "GLM-5")."""
     d = mc.arch.dsa
     types = list(g("indexer_types") or [])
-    shared = [i for i, t in enumerate(types) if t != "full"]
-    if shared:
-        # GLM-5.2 (index_topk_freq 4): a "shared" layer has no indexer and reuses the top-k of the
-        # last "full" layer before it (GlmMoeDsaAttention prev_topk_indices); megatron-core 0.16's
-        # DSAttention computes its own in every layer and passes nothing between layers
-        raise ConfigError(f"{mc.name}: HF glm_moe_dsa config has indexer_types 'shared' at layers {shared[:4]}"
-                          f"{'...' if len(shared) > 4 else ''} (cross-layer top-k sharing, index_topk_freq), which "
-                          "megatron-core 0.16's DSA does not build: every DSAttention layer runs its own indexer")
+    if any(t not in ("full", "shared") for t in types) or (types and types[0] != "full"):
+        raise ConfigError(f"{mc.name}: HF glm_moe_dsa config has indexer_types {types[:6]}...: each 'full' or "
+                          "'shared', the first 'full' (transformers' GlmMoeDsaAttention)")
     pairs: list[tuple] = [("arch.dsa", "set" if d else None, "index_topk", "set")]
     if d:
         pairs += [("arch.dsa.index_n_heads", d.index_n_heads, "index_n_heads", g("index_n_heads")),
                   ("arch.dsa.index_head_dim", d.index_head_dim, "index_head_dim", g("index_head_dim")),
-                  ("arch.dsa.index_topk", d.index_topk, "index_topk", g("index_topk"))]
+                  ("arch.dsa.index_topk", d.index_topk, "index_topk", g("index_topk")),
+                  # GLM-5.2: a "shared" layer reuses the top-k of the last "full" layer before it
+                  ("arch.dsa.shared_layers", list(d.shared_layers), "indexer_types 'shared'",
+                   [i for i, t in enumerate(types) if t == "shared"])]
     return pairs
 
 

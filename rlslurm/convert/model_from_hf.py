@@ -116,9 +116,10 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
     if mt == "glm4_moe":
         arch["qk_layernorm"] = bool(g("use_qk_norm", False))
     if mt == "glm_moe_dsa":
-        # GLM-5's sparse-attention indexer (check_hf_config below refuses cross-layer top-k sharing)
+        # GLM-5's sparse-attention indexer; GLM-5.2's "shared" layers reuse an earlier layer's top-k
         arch["dsa"] = {"index_n_heads": g("index_n_heads"), "index_head_dim": g("index_head_dim"),
-                       "index_topk": g("index_topk")}
+                       "index_topk": g("index_topk"),
+                       "shared_layers": [i for i, t in enumerate(g("indexer_types") or []) if t == "shared"]}
     arch.update(FAMILY_FIXED[mt])
     archs = g("architectures") or []
     raw = {"name": hf_dir.name or str(hf_dir), "hf_architecture": archs[0] if archs else "", "hf_model_type": mt,

@@ -69,6 +69,9 @@ class DSAArch(_Strict):
     index_n_heads: int = Field(gt=0)
     index_head_dim: int = Field(gt=0)
     index_topk: int = Field(gt=0)
+    # GLM-5.2's cross-layer top-k sharing (HF indexer_types "shared"): these layers (0-based) have no
+    # indexer and reuse the top-k of the last layer before them that has one
+    shared_layers: tuple[int, ...] = ()
 
 
 class RopeScaling(_Strict):
@@ -121,6 +124,10 @@ class Arch(_Strict):
             if self.mla is None or self.mla.q_lora_rank is None:
                 raise ValueError("dsa (the sparse attention indexer) needs mla with a q_lora_rank: its queries are "
                                  "projected from MLA's normalised query latent")
+            sh = self.dsa.shared_layers
+            if sh and (0 in sh or max(sh) >= self.num_layers or list(sh) != sorted(set(sh))):
+                raise ValueError(f"dsa.shared_layers={list(sh)}: sorted, distinct layers 1..{self.num_layers - 1} "
+                                 "(layer 0 has no earlier indexer to share)")
             d = self.dsa.index_head_dim
             if d & (d - 1) or d < self.mla.qk_pos_emb_head_dim:
                 raise ValueError(f"dsa.index_head_dim={d} must be a power of 2 (its Hadamard rotation, "

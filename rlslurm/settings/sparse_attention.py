@@ -12,11 +12,32 @@ if TYPE_CHECKING:
 
 
 def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
-                             megatron: dict[str, Any] | None = None) -> str | None:
-    """Why this layout or these megatron settings cannot run `mc`'s sparse attention, or None."""
+                             megatron: dict[str, Any] | None = None, pp: int = 1, first: int | None = None,
+                             last: int | None = None) -> str | None:
+    """Why this layout or these megatron settings cannot run `mc`'s sparse attention, or None. `pp`,
+    `first`, `last`: the pipeline stages (--pipeline-model-parallel-size, --decoder-first/last-pipeline-
+    num-layers)."""
     if mc is None or mc.arch.dsa is None:
         return None
     megatron = megatron or {}
+    shared = set(mc.arch.dsa.shared_layers)
+    if shared and pp > 1:
+        # GLM-5.2: a shared layer reuses the top-k of an earlier layer of its own stage (trainer/dsa.py)
+        from rlslurm.settings.parallel_grid import stage_layers
+
+        starts, at = [], 0
+        for n in stage_layers(mc.arch.num_layers, pp, first, last, model=mc.name):
+            starts.append(at)
+            at += n
+        bad = [s for s in starts if s in shared]
+        if bad:
+            return (f"--pipeline-model-parallel-size {pp}: the stage starting at layer {bad[0]} of {mc.name} starts "
+                    "with a shared sparse-attention layer (GLM-5.2's cross-layer top-k), whose top-k comes from an "
+                    "earlier stage; move the split (--decoder-first/last-pipeline-num-layers) to a layer with an indexer")
+        if megatron.get("recompute_granularity") == "full":
+            return (f"--megatron-recompute-granularity full at --pipeline-model-parallel-size {pp}: {mc.name}'s shared "
+                    "sparse-attention layers (GLM-5.2) would be recomputed after later micro-batches' forwards "
+                    "(1F1B) replaced the top-k they reuse; run PP 1 or without full recompute")
     coeff = megatron.get("dsa_indexer_loss_coeff") or 0.0
     if coeff > 0:
         return (f"--megatron-dsa-indexer-loss-coeff {coeff}: rlslurm does not train {mc.name}'s sparse-attention "

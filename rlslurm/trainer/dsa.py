@@ -125,7 +125,10 @@ def _indexer_class():
             weights, _ = self.linear_weights_proj(x)
             # relu(q.k) * scale == relu(q.k * scale): transformers scales inside the relu
             weights = weights * (self.index_n_heads ** -0.5) * self.softmax_scale
-            scores = self._compute_index_scores(q, weights, k)
+            # megatron's _compute_index_scores, here so that no private method of another megatron version
+            # is needed: relu(q . k) per head, weighted, summed over the heads -> [b, sq, sk] fp32
+            scores = torch.einsum("sbhd,tbd->sbht", q.float(), k.float()).relu_()
+            scores = (scores * weights.float().unsqueeze(-1)).sum(dim=2).transpose(0, 1)
             if mask is not None:
                 scores = scores + mask
             return scores, scores.topk(min(self.index_topk, k.size(0)), dim=-1)[1]
@@ -139,37 +142,81 @@ def _attention_class():
 
     class GLM5DSAttention(DSAttention):
         """megatron's DSAttention; the indexer's KL loss only when dsa_indexer_loss_coeff > 0 (never,
-        in rlslurm: trainer/model.py refuses it), so no dense score matrix is built for nothing."""
+        in rlslurm: refused), so no dense score matrix is built for nothing; CP in rlslurm's layout;
+        its top-k left in `holder` (by layer number) for GLM-5.2's shared layers after it."""
+
+        def __init__(self, *args: Any, holder: dict | None = None, **kw: Any):
+            super().__init__(*args, **kw)
+            self.holder = holder
 
         def forward(self, query, key, value, attention_mask, x=None, qr=None, **kw: Any):
             if x is None or qr is None:
                 raise RuntimeError("GLM-5 sparse attention needs MLA's hidden states and query latent; selective "
                                    "recompute of core_attn does not pass them")
-            if kw.get("attn_mask_type") is None:
-                raise NotImplementedError("GLM-5 sparse attention: only megatron's causal mask type is supported")
-            if kw.get("packed_seq_params") is not None:
-                raise NotImplementedError("GLM-5 sparse attention takes no packed sequences (--qkv-format thd)")
-            cp = self.config.context_parallel_size
-            if cp == 1 and (self.config.dsa_indexer_loss_coeff or 0.0) > 0:
+            _check_kw(kw)
+            if self.config.context_parallel_size == 1 and (self.config.dsa_indexer_loss_coeff or 0.0) > 0:
                 return super().forward(query, key, value, attention_mask, x=x, qr=qr, **kw)
-            sq = query.size(0)
-            if cp > 1:
-                # this rank's two chunks of every row against the whole row's keys (rlslurm's CP
-                # layout, trainer/context_parallel.py): keys and values all-gathered, differentiably
-                from rlslurm.trainer import context_parallel as cpx
-
-                group, full = cpx.cp_group(), sq * cp
-                qpos = torch.tensor(cpx.columns([0, full], cp, cpx.cp_rank()), device=query.device)
-                key, value = cpx._full_kv(key, value, [0, full], group)
-            else:
-                qpos = torch.arange(sq, device=query.device)
-            kpos = torch.arange(key.size(0), device=query.device)
-            causal = torch.zeros(sq, key.size(0), dtype=torch.float32, device=query.device).masked_fill(
-                kpos[None, :] > qpos[:, None], float("-inf"))
+            key, value, causal = _keys_and_mask(self.config, query, key, value)
             _, topk = self.indexer.forward_with_scores(x.detach(), qr.detach(), mask=causal)
+            if self.holder is not None:
+                self.holder[self.layer_number] = topk
             return sparse_attention(query, key, value, topk, causal, self.softmax_scale)
 
     return GLM5DSAttention
+
+
+def _check_kw(kw: dict) -> None:
+    if kw.get("attn_mask_type") is None:
+        raise NotImplementedError("GLM-5 sparse attention: only megatron's causal mask type is supported")
+    if kw.get("packed_seq_params") is not None:
+        raise NotImplementedError("GLM-5 sparse attention takes no packed sequences (--qkv-format thd)")
+
+
+def _keys_and_mask(config, query, key, value):
+    """(keys, values, causal mask [sq, skv] fp32) for this rank's queries: at CP > 1 the keys and values of
+    every CP rank, all-gathered differentiably, and the queries at their own positions of the row
+    (rlslurm's CP layout, trainer/context_parallel.py: two load-balanced chunks of every row per rank)."""
+    sq, cp = query.size(0), config.context_parallel_size
+    if cp > 1:
+        from rlslurm.trainer import context_parallel as cpx
+
+        full = sq * cp
+        qpos = torch.tensor(cpx.columns([0, full], cp, cpx.cp_rank()), device=query.device)
+        key, value = cpx._full_kv(key, value, [0, full], cpx.cp_group())
+    else:
+        qpos = torch.arange(sq, device=query.device)
+    kpos = torch.arange(key.size(0), device=query.device)
+    causal = torch.zeros(sq, key.size(0), dtype=torch.float32, device=query.device).masked_fill(
+        kpos[None, :] > qpos[:, None], float("-inf"))
+    return key, value, causal
+
+
+class SharedTopKAttention(torch.nn.Module):
+    """GLM-5.2's "shared" layer (transformers' GlmMoeDsaAttention with `skip_topk`): no indexer; MLA
+    attends to the keys the last indexer layer before it kept (`source`, 1-based as megatron's
+    layer_number), read from `holder`, which that layer's GLM5DSAttention filled in this forward. Those
+    layers run in this pipeline stage (trainer/model.py refuses a stage that starts with a shared layer).
+    Under recompute the source's entry must still be this micro-batch's when the shared layer is
+    recomputed: true at PP 1 (one micro-batch's forward, then its backward); at PP > 1 the 1F1B
+    schedule runs other micro-batches' forwards in between, so recompute is refused there."""
+
+    def __init__(self, config, layer_number: int, softmax_scale: float | None = None, k_channels: int | None = None,
+                 *, holder: dict, source: int, **_: Any):
+        super().__init__()
+        import math
+
+        self.config, self.layer_number, self.holder, self.source = config, layer_number, holder, source
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(
+            k_channels if k_channels is not None else config.kv_channels)
+
+    def forward(self, query, key, value, attention_mask, x=None, qr=None, **kw: Any):
+        _check_kw(kw)
+        topk = self.holder.get(self.source)
+        if topk is None or topk.shape[:2] != (query.size(1), query.size(0)):
+            raise RuntimeError(f"GLM-5.2 shared layer {self.layer_number}: no top-k of layer {self.source} from this "
+                               "forward (its source must run before it, in the same pipeline stage)")
+        key, value, causal = _keys_and_mask(self.config, query, key, value)
+        return sparse_attention(query, key, value, topk, causal, self.softmax_scale)
 
 
 def _cp_full_keys(k: torch.Tensor) -> torch.Tensor:
@@ -202,15 +249,30 @@ def sparse_attention(query, key, value, topk, causal, softmax_scale: float):
     return out.reshape(b, np_, sq, hnv).permute(2, 0, 1, 3).contiguous().reshape(sq, b, np_ * hnv)
 
 
-def core_attention_spec():
-    """The MLA core attention spec of a GLM-5 layer: DSAttention with GLM-5's indexer."""
+def core_attention_spec(holder: dict | None = None):
+    """The MLA core attention spec of a GLM-5 layer with an indexer: DSAttention with GLM-5's indexer,
+    its top-k left in `holder` for the shared layers after it."""
     from megatron.core.transformer.experimental_attention_variant.dsa import (DSAIndexerSubmodules,
                                                                               DSAttentionSubmodules)
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     indexer = ModuleSpec(module=_indexer_class(), submodules=DSAIndexerSubmodules(
         linear_wq_b=IndexerLinear, linear_wk=IndexerLinear, k_norm=IndexerKNorm, linear_weights_proj=IndexerLinear))
-    return ModuleSpec(module=_attention_class(), submodules=DSAttentionSubmodules(indexer=indexer))
+    return ModuleSpec(module=_attention_class(), submodules=DSAttentionSubmodules(indexer=indexer),
+                      params={"holder": holder})
+
+
+def shared_attention_spec(holder: dict, source: int):
+    """The core attention spec of a GLM-5.2 shared layer: layer `source`'s top-k (1-based)."""
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    return ModuleSpec(module=SharedTopKAttention, params={"holder": holder, "source": source})
+
+
+def source_layer(mc, layer: int) -> int:
+    """The 0-based layer whose top-k shared layer `layer` reuses: the last one before it with an indexer."""
+    shared = set(mc.arch.dsa.shared_layers)
+    return max(i for i in range(layer) if i not in shared)
 
 
 def freeze_indexer(model: torch.nn.Module) -> int:

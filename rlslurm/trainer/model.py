@@ -309,7 +309,9 @@ def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
     same check as at submit: rlslurm/settings/sparse_attention.py)."""
     from rlslurm.settings.sparse_attention import sparse_attention_refusal
 
-    if (why := sparse_attention_refusal(mc, megatron=kw)) is not None:
+    if (why := sparse_attention_refusal(mc, megatron=kw, pp=kw.get("pipeline_model_parallel_size", 1),
+                                        first=kw.get("num_layers_in_first_pipeline_stage"),
+                                        last=kw.get("num_layers_in_last_pipeline_stage"))) is not None:
         raise ConfigError(why)
 
 
@@ -555,6 +557,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
     block = get_gpt_decoder_block_spec(tcfg, **kw)
     a = mc.arch
     _local_spec_fixes(block, tcfg)
+    holder: dict = {}  # GLM-5.2: each indexer layer's top-k, for the shared layers after it (trainer/dsa.py)
     seen: set[int] = set()
     for spec in block.layer_specs:
         # Several layers share one spec object: extend each object once.
@@ -592,7 +595,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
                 raise ConfigError(f"model config {mc.name}: its sparse attention needs MLA's query-latent norm as "
                                   "a module of its own (megatron's local spec), not fused into linear_q_up_proj "
                                   "(transformer-engine's): the indexer reads the normalised latent")
-            sub.self_attention.submodules.core_attention = core_attention_spec()
+            sub.self_attention.submodules.core_attention = core_attention_spec(holder)
         elif (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
             # packed input, or context parallelism (docs/context-parallel.md): megatron's local
             # DotProductAttention takes neither
@@ -602,7 +605,32 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
             if not takes_k:
                 sub.self_attention.submodules.core_attention = SDPACoreAttention
+    if a.dsa is not None and a.dsa.shared_layers:
+        _share_top_k(mc, tcfg, block, holder, vp_stage)
     return block
+
+
+def _share_top_k(mc: ModelConfig, tcfg, block, holder: dict, vp_stage: int | None) -> None:
+    """GLM-5.2: the shared layers of this stage get a core attention of their own (no indexer: the
+    top-k of the last indexer layer before them, trainer/dsa.py SharedTopKAttention)."""
+    import copy
+
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from rlslurm.trainer.dsa import shared_attention_spec, source_layer
+
+    offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage)
+    shared = set(mc.arch.dsa.shared_layers)
+    for i, spec in enumerate(block.layer_specs):
+        if offset + i not in shared:
+            continue
+        if i == 0:
+            raise ConfigError(f"model config {mc.name}: the pipeline stage starting at layer {offset} starts with a "
+                              "shared sparse-attention layer, whose top-k comes from a layer of an earlier stage")
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.submodules.core_attention = shared_attention_spec(
+            holder, source_layer(mc, offset + i) + 1)
+        block.layer_specs[i] = spec
 
 
 def build_gpt_model(

@@ -168,18 +168,27 @@ def test_glm5_is_slimes_glm5_744b_a40b(tmp_path):
             a.norm_epsilon) == (78, 6144, 12288, 64, 154880, 1e6, 1e-5)
     assert a.mla.model_dump() == {"q_lora_rank": 2048, "kv_lora_rank": 512, "qk_head_dim": 192,
                                   "qk_pos_emb_head_dim": 64, "v_head_dim": 256}
-    assert a.dsa.model_dump() == {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048}
+    assert a.dsa.model_dump() == {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048, "shared_layers": ()}
     assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.first_k_dense,
             m.router_score_function, m.router_scaling_factor, m.router_expert_bias) == (
         256, 8, 2048, 2048, 3, "sigmoid", 2.5, True)
     assert a.qk_layernorm and not a.rotary_interleaved and not a.tie_word_embeddings
 
 
+def test_glm52_shares_top_k_as_slimes_glm52_744b_a40b(tmp_path):
+    """GLM-5.2 (slime's run-glm5.2-744B-A40B.sh): index_topk_freq 4 from index_skip_topk_offset 3
+    (transformers' GlmMoeDsaConfig turns them into indexer_types): layers 0, 1, 2, 6, 10, ... 74 run
+    their indexer (slime's 'computing layers 1, 2, 3, 7, 11, ..., 75', 1-based), the others reuse the
+    last one's top-k."""
+    mc = model_config_from_hf(_dir(tmp_path / "GLM-5.2", {**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3,
+                                                           "rope_parameters": {"rope_theta": 8000000}}))
+    full = [i for i in range(78) if i not in mc.arch.dsa.shared_layers]
+    assert full == [0, 1, 2] + list(range(6, 78, 4)) and mc.arch.rotary_base == 8e6
+
+
 @pytest.mark.parametrize("changes,match", [
-    # GLM-5.2 (slime's run-glm5.2-744B-A40B.sh): layers 3, 4, 5, 7, ... reuse an earlier layer's top-k
-    ({"index_topk_freq": 4, "index_skip_topk_offset": 3, "rope_parameters": {"rope_theta": 8000000}},
-     r"indexer_types 'shared' at layers \[3, 4, 5, 7\]\.\.\. \(cross-layer top-k sharing, index_topk_freq\), which "
-     r"megatron-core 0\.16's DSA does not build"),
+    ({"indexer_types": ["shared"] + ["full"] * 77}, r"dsa.shared_layers=\[0\]: sorted, distinct layers 1..77"),
+    ({"indexer_types": ["full"] * 77 + ["dense"]}, r"indexer_types \['full', .*each 'full' or 'shared'"),
     ({"attention_bias": True}, r"attention_bias=true, which megatron-core's multi-latent attention does not build"),
     ({"mlp_layer_types": ["dense"] * 2 + ["sparse"] * 76},
      r"first_k_dense_replace=3 \(SGLang's\) but mlp_layer_types starts with 2 dense"),

@@ -167,7 +167,7 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     assert (cfg.dsa_indexer_n_heads, cfg.dsa_indexer_head_dim, cfg.dsa_indexer_topk, cfg.dsa_indexer_loss_coeff) == (
         4, 32, 4, 0.0)
     assert (cfg.q_lora_rank, cfg.qk_pos_emb_head_dim, cfg.moe_layer_freq, cfg.moe_router_topk_scaling_factor) == (
-        32, 8, [0, 1], 2.5)
+        32, 8, [0, 1, 1], 2.5)
     assert cfg.sequence_parallel and not cfg.rotary_interleaved and cfg.moe_router_bias_update_rate == 0.0
     refusals = [
         ({"dsa_indexer_loss_coeff": 0.1}, {}, "--megatron-dsa-indexer-loss-coeff 0.1: rlslurm does not train "
@@ -184,6 +184,21 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     # CP: megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention takes it (trainer/dsa.py)
     cp2 = transformer_config(mc, cp=2, overrides={})
     assert cp2.context_parallel_size == 2 and cp2.experimental_attention_variant == "dsa"
+    # GLM-5.2's shared layer 2 reuses layer 1's top-k: no pipeline stage may start with it, and full
+    # recompute at PP > 1 would recompute it after a later micro-batch's forward (1F1B)
+    for pp_kw, msg in (({"pp": 3}, "--pipeline-model-parallel-size 3: the stage starting at layer 2 of tiny-glm-moe-dsa "
+                                   "starts with a shared sparse-attention layer"),
+                       ({"pp": 2, "first_stage_layers": 2}, "--pipeline-model-parallel-size 2: the stage starting at "
+                                                            "layer 2"),
+                       ({"pp": 2, "first_stage_layers": 1, "overrides": {"recompute_granularity": "full"}},
+                        "--megatron-recompute-granularity full at --pipeline-model-parallel-size 2: tiny-glm-moe-dsa's "
+                        "shared sparse-attention layers")):
+        with pytest.raises(ConfigError) as e:
+            transformer_config(mc, **{"overrides": {}, **pp_kw})
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
+    transformer_config(mc, pp=2, first_stage_layers=1, overrides={})  # stages [0], [1, 2]
+    transformer_config(mc, overrides={"recompute_granularity": "full", "recompute_method": "uniform",
+                                      "recompute_num_layers": 1})  # PP 1: recomputed right after its forward
 
 
 def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():

@@ -84,6 +84,9 @@ def test_import_maps_an_unshipped_model_script_to_the_checkpoint(tmp_path: Path)
     (["--megatron-dsa-indexer-loss-coeff", "0.1"], "--megatron-dsa-indexer-loss-coeff 0.1: rlslurm does not train"),
     (["--megatron-recompute-granularity", "selective"], "--megatron-recompute-granularity selective: megatron-core "
                                                         "0.16's MLA recomputes core_attn without"),
+    # GLM-5.2's shared layer 2 (tiny-glm-moe-dsa) would start the second stage
+    (["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2"],
+     "--pipeline-model-parallel-size 2: the stage starting at layer 2 of tiny-glm-moe-dsa starts with a shared"),
 ])
 def test_glm5_layouts_its_sparse_attention_cannot_take_are_refused_at_submit(extra: list[str], refusal: str) -> None:
     """GLM-5 (glm_moe_dsa): refused by submit in one line naming the flag, not by the trainer at start-up
