@@ -34,10 +34,6 @@ def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
             return (f"--pipeline-model-parallel-size {pp}: the stage starting at layer {bad[0]} of {mc.name} starts "
                     "with a shared sparse-attention layer (GLM-5.2's cross-layer top-k), whose top-k comes from an "
                     "earlier stage; move the split (--decoder-first/last-pipeline-num-layers) to a layer with an indexer")
-        if megatron.get("recompute_granularity") == "full":
-            return (f"--megatron-recompute-granularity full at --pipeline-model-parallel-size {pp}: {mc.name}'s shared "
-                    "sparse-attention layers (GLM-5.2) would be recomputed after later micro-batches' forwards "
-                    "(1F1B) replaced the top-k they reuse; run PP 1 or without full recompute")
     coeff = megatron.get("dsa_indexer_loss_coeff") or 0.0
     if coeff > 0:
         return (f"--megatron-dsa-indexer-loss-coeff {coeff}: rlslurm does not train {mc.name}'s sparse-attention "

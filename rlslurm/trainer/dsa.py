@@ -194,27 +194,43 @@ def _keys_and_mask(config, query, key, value):
 class SharedTopKAttention(torch.nn.Module):
     """GLM-5.2's "shared" layer (transformers' GlmMoeDsaAttention with `skip_topk`): no indexer; MLA
     attends to the keys the last indexer layer before it kept (`source`, 1-based as megatron's
-    layer_number), read from `holder`, which that layer's GLM5DSAttention filled in this forward. Those
-    layers run in this pipeline stage (trainer/model.py refuses a stage that starts with a shared layer).
-    Under recompute the source's entry must still be this micro-batch's when the shared layer is
-    recomputed: true at PP 1 (one micro-batch's forward, then its backward); at PP > 1 the 1F1B
-    schedule runs other micro-batches' forwards in between, so recompute is refused there."""
+    layer_number), read from `holder`, which that layer's GLM5DSAttention filled in this forward (the
+    source runs in the same pipeline stage: trainer/model.py refuses a stage that starts with a shared
+    layer).
+
+    Full activation recompute: megatron runs a checkpointed layer's forward under no_grad (in training
+    mode) and again with grad in the backward, by which time other micro-batches' forwards have replaced
+    the holder's entry (1F1B at PP > 1). So a no_grad training forward also queues the top-k it used,
+    and a later grad forward of the same layer with a queue takes the oldest (micro-batches reach their
+    backward in the order of their forwards, as megatron's schedules run them); a layer that is not
+    checkpointed never queues. Eval forwards (rlslurm's log-probs: model.eval()) read the holder only."""
 
     def __init__(self, config, layer_number: int, softmax_scale: float | None = None, k_channels: int | None = None,
                  *, holder: dict, source: int, **_: Any):
         super().__init__()
+        import collections
         import math
 
         self.config, self.layer_number, self.holder, self.source = config, layer_number, holder, source
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(
             k_channels if k_channels is not None else config.kv_channels)
+        self.pending: collections.deque = collections.deque()  # top-k of checkpointed forwards, oldest first
+
+    def _top_k(self, query):
+        if self.training and torch.is_grad_enabled() and self.pending:
+            topk = self.pending.popleft()  # the recompute of a checkpointed forward
+        else:
+            topk = self.holder.get(self.source)
+            if self.training and not torch.is_grad_enabled() and topk is not None:
+                self.pending.append(topk)  # a checkpointed forward: its recompute comes in the backward
+        if topk is None or topk.shape[:2] != (query.size(1), query.size(0)):
+            raise RuntimeError(f"GLM-5.2 shared layer {self.layer_number}: no top-k of layer {self.source} for this "
+                               "micro-batch (its source must run before it, in the same pipeline stage)")
+        return topk
 
     def forward(self, query, key, value, attention_mask, x=None, qr=None, **kw: Any):
         _check_kw(kw)
-        topk = self.holder.get(self.source)
-        if topk is None or topk.shape[:2] != (query.size(1), query.size(0)):
-            raise RuntimeError(f"GLM-5.2 shared layer {self.layer_number}: no top-k of layer {self.source} from this "
-                               "forward (its source must run before it, in the same pipeline stage)")
+        topk = self._top_k(query)
         key, value, causal = _keys_and_mask(self.config, query, key, value)
         return sparse_attention(query, key, value, topk, causal, self.softmax_scale)
 

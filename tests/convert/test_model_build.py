@@ -184,21 +184,17 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     # CP: megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention takes it (trainer/dsa.py)
     cp2 = transformer_config(mc, cp=2, overrides={})
     assert cp2.context_parallel_size == 2 and cp2.experimental_attention_variant == "dsa"
-    # GLM-5.2's shared layer 2 reuses layer 1's top-k: no pipeline stage may start with it, and full
-    # recompute at PP > 1 would recompute it after a later micro-batch's forward (1F1B)
+    # GLM-5.2's shared layer 2 reuses layer 1's top-k: no pipeline stage may start with it
     for pp_kw, msg in (({"pp": 3}, "--pipeline-model-parallel-size 3: the stage starting at layer 2 of tiny-glm-moe-dsa "
                                    "starts with a shared sparse-attention layer"),
                        ({"pp": 2, "first_stage_layers": 2}, "--pipeline-model-parallel-size 2: the stage starting at "
-                                                            "layer 2"),
-                       ({"pp": 2, "first_stage_layers": 1, "overrides": {"recompute_granularity": "full"}},
-                        "--megatron-recompute-granularity full at --pipeline-model-parallel-size 2: tiny-glm-moe-dsa's "
-                        "shared sparse-attention layers")):
+                                                            "layer 2")):
         with pytest.raises(ConfigError) as e:
-            transformer_config(mc, **{"overrides": {}, **pp_kw})
+            transformer_config(mc, overrides={}, **pp_kw)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
-    transformer_config(mc, pp=2, first_stage_layers=1, overrides={})  # stages [0], [1, 2]
-    transformer_config(mc, overrides={"recompute_granularity": "full", "recompute_method": "uniform",
-                                      "recompute_num_layers": 1})  # PP 1: recomputed right after its forward
+    # stages [0], [1, 2], with full recompute (the shared layer queues its top-k for the recompute, trainer/dsa.py)
+    transformer_config(mc, pp=2, first_stage_layers=1, overrides={"recompute_granularity": "full",
+                                                                  "recompute_method": "uniform", "recompute_num_layers": 1})
 
 
 def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():
