@@ -141,7 +141,7 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
             cfg = yaml.safe_load((run / "run.yaml").read_text())
             cfg["megatron"] = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
             (run / "run.yaml").write_text(yaml.safe_dump(cfg))
-        runs.append((f"glm5/{name}", n, run, g_tmp / f"{name}-out", False, None))
+        runs.append((f"glm5/{name}", n, run, g_tmp / f"{name}-out", name == "cp2", None))
     return runs
 
 
@@ -200,10 +200,12 @@ def test_context_parallel_glm5_sparse_attention_equals_one_rank(layouts) -> None
     """GLM-5 (MLA + MoE + sparse attention keeping 4 keys per query, one layer reusing another's; the
     rows here are up to 13 tokens) at CP=2: log-probs equal HF transformers', and losses, metrics and
     updated weights equal one rank's (megatron-core 0.16's DSA asserts CP 1; rlslurm's GLM-5 attention
-    gathers the indexer keys and the keys/values over CP itself)."""
+    gathers the indexer keys and the keys/values over CP itself); its checkpoint resumes bit for bit."""
     ref, got = layouts["glm5/pp1"], layouts["glm5/cp2"]
     assert got[0]["cp"] == 2 and ref[0]["logprob_max_abs_diff"] < 1e-5 and got[0]["logprob_max_abs_diff"] < 1e-5
     _same(ref, got, "tiny-glm-moe-dsa cp2")
+    # and a checkpoint saved there (the frozen indexers in the model, not in the optimizer) resumes bit for bit
+    assert got[0]["resume"]["max_abs_diff"] == 0.0, got[0]["resume"]
 
 
 def test_glm52_shared_top_k_under_pipeline_and_full_recompute_equals_one_rank(layouts) -> None:
