@@ -35,8 +35,11 @@ detaches its inputs, so the LM loss gives its weights no gradient; megatron trai
 KL loss against the attention scores (`compute_dsa_indexer_loss`, `dsa_indexer_loss_coeff`), which
 slime's run-glm5 scripts do not set. `freeze_indexer` turns `requires_grad` off (the optimizer then
 leaves the weights exactly as loaded: no weight decay), and `GLM5DSAttention` skips the loss, whose
-dense fp32 [b, heads, s, s] scores would cost as much as dense attention. trainer/model.py refuses
-`--megatron-dsa-indexer-loss-coeff` > 0.
+dense fp32 [b, heads, s, s] scores would cost as much as dense attention.
+`--megatron-dsa-indexer-loss-coeff` > 0 is refused (rlslurm/settings/sparse_attention.py).
+
+GLM-5.2's "shared" layers (no indexer; the top-k of the last indexer layer before them):
+`SharedTopKAttention`, fed by the full layers' `GLM5DSAttention` through a dict per model build.
 """
 
 from __future__ import annotations
@@ -50,8 +53,6 @@ from rlslurm.trainer.hadamard import rotate_activation
 
 # transformers' GlmMoeDsaIndexer: `nn.LayerNorm(self.head_dim, eps=1e-6)`, whatever rms_norm_eps says
 HF_INDEXER_K_NORM_EPS = 1e-6
-
-INDEXER_PREFIX = "self_attention.core_attention.indexer."
 
 
 class IndexerLinear(torch.nn.Linear):
