@@ -114,7 +114,7 @@ def _hf_config(model_script: Path) -> dict:
         cfg.update(num_nextn_predict_layers=int(one("mtp-num-layers", 0)),
                    auto_map={"AutoConfig": "configuration_mimo.MiMoConfig",
                              "AutoModelForCausalLM": "modeling_mimo.MiMoForCausalLM"})
-    if mt in ("glm4_moe", "deepseek_v3", "glm4_moe_lite"):
+    if mt in ("glm4_moe", "deepseek_v3", "glm4_moe_lite", "glm_moe_dsa"):
         moe_ffn = int(one("moe-ffn-hidden-size"))
         cfg.update(n_routed_experts=int(one("num-experts")), num_experts_per_tok=int(one("moe-router-topk")),
                    moe_intermediate_size=moe_ffn,
@@ -176,7 +176,17 @@ def _hf_config(model_script: Path) -> dict:
         # (slime's --add-qkv-bias in glm4.7-30B-A3B.sh is a no-op for megatron-core's MLA; the release
         # has attention_bias false, which the MLA branch below gives by dropping the field.)
         cfg["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (cfg["num_hidden_layers"] - dense)
-    if mt in ("deepseek_v3", "glm4_moe_lite"):
+    if mt == "glm_moe_dsa":
+        # GLM-5's config.json (tests/convert/test_hf_config_slime_families.py GLM5): dense layers in
+        # mlp_layer_types too, and the indexer's sizes, which slime's spec reads from the checkpoint
+        # (slime_plugins/models/glm5: index_n_heads, index_head_dim, index_topk) and its models/X.sh does
+        # not carry: the release's. GLM-5.2 also has the cross-layer top-k schedule its script's comment
+        # names (index_topk_freq 4, index_skip_topk_offset 3).
+        cfg["mlp_layer_types"] = ["dense"] * dense + ["sparse"] * (cfg["num_hidden_layers"] - dense)
+        cfg.update(index_n_heads=32, index_head_dim=128, index_topk=2048)
+        if stem.startswith("glm5.2"):
+            cfg.update(index_topk_freq=4, index_skip_topk_offset=3)
+    if mt in ("deepseek_v3", "glm4_moe_lite", "glm_moe_dsa"):
         del cfg["head_dim"], cfg["attention_bias"]
         q = one("q-lora-rank")
         cfg.update(q_lora_rank=int(q) if q else None, kv_lora_rank=int(one("kv-lora-rank")),

@@ -30,6 +30,7 @@ from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import check_rl_settings
 from rlslurm.settings.rm_types import RM_REGISTRY
+from rlslurm.settings.sparse_attention import sparse_attention_refusal
 from rlslurm.settings.weight_plan import auto_receiver
 from rlslurm.trainer.replay_subsample import check_subsample
 
@@ -188,6 +189,11 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     _check_nodes_and_time(cfg)
     if (why := layout.context_parallel_refusal(cfg, mc)) is not None:
         raise ConfigError(why)
+    t = cfg.train
+    if (why := sparse_attention_refusal(mc, qkv_format=t.qkv_format, megatron=cfg.megatron,
+                                        pp=t.pipeline_model_parallel_size, first=t.decoder_first_pipeline_num_layers,
+                                        last=t.decoder_last_pipeline_num_layers)) is not None:
+        raise ConfigError(why)  # GLM-5 (rlslurm/settings/sparse_attention.py)
     if cfg.run.shared_gpu:
         _check_shared_gpu(cfg)
     dp = _check_trainer_grid(cfg, mc)

@@ -98,6 +98,20 @@ def hf_config_dict(mc: ModelConfig) -> dict:
         # transformers builds the layers from mlp_layer_types, SGLang from first_k_dense_replace
         # (which _deepseek_style_moe wrote): both, as GLM-4.7-Flash's loaders read one or the other
         cfg["mlp_layer_types"] = ["dense"] * a.moe.first_k_dense + ["sparse"] * (a.num_layers - a.moe.first_k_dense)
+    if mc.hf_model_type == "glm_moe_dsa" and a.moe and a.mla and a.dsa:
+        # GLM-5's config.json: DeepSeek-V3's MLA/MoE fields (no rope_interleave field: GLM-5 always
+        # interleaves; head_dim is derived from the rope dim), mlp_layer_types and
+        # first_k_dense_replace both (transformers reads the first, SGLang the second), the indexer's
+        # sizes, and which layers reuse an earlier layer's top-k (indexer_types "shared": GLM-5.2's)
+        m, l, d = a.moe, a.mla, a.dsa
+        del cfg["head_dim"], cfg["attention_bias"]
+        cfg.update(
+            **_deepseek_style_moe(m), q_lora_rank=l.q_lora_rank, kv_lora_rank=l.kv_lora_rank,
+            qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
+            mlp_layer_types=["dense"] * m.first_k_dense + ["sparse"] * (a.num_layers - m.first_k_dense),
+            index_n_heads=d.index_n_heads, index_head_dim=d.index_head_dim, index_topk=d.index_topk,
+            indexer_types=["shared" if i in d.shared_layers else "full" for i in range(a.num_layers)],
+        )
     if mc.hf_model_type == "glm4_moe" and a.moe:
         m = a.moe
         cfg.update(

@@ -73,6 +73,10 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
                     "add_bias_linear": False, "rotary_interleaved": False, "post_self_attn_layernorm": False,
                     "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
                     "attention_output_gate": True},
+    # GLM-5: GLM-4.7-Flash's MLA and MoE plus DeepSeek sparse attention's indexer in every layer
+    # (transformers' GlmMoeDsaAttention/GlmMoeDsaIndexer; trainer/dsa.py). docs/model-families.md, "GLM-5".
+    "glm_moe_dsa": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
+                    "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
 }
 
 # Vision-language model_types whose language model rlslurm trains: its fields are config.json's
@@ -83,7 +87,7 @@ TEXT_CONFIG = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTA_FAMILIES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
 SUPPORTED = tuple(FAMILY_FIXED)
-MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
+MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "glm_moe_dsa")
 
 # Families looked at and found inexpressible in megatron-core 0.16, -> why, for the refusal
 # (docs/model-families.md, "Families megatron-core cannot express"). None at present: MiniMax-M2,
@@ -236,6 +240,8 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         elif m:
             pairs += _sigmoid_router_moe(mc, g, scoring=(f"({mt} router)", "sigmoid"),
                                          first_dense=("mlp_layer_types", _lite_first_dense(mc, g)))
+        if mt == "glm_moe_dsa":
+            pairs += _glm_moe_dsa(mc, g)
         if l:
             pairs += [
                 ("arch.mla.q_lora_rank", l.q_lora_rank, "q_lora_rank", g("q_lora_rank")),
@@ -264,6 +270,8 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         pairs.append(("arch.gated_delta_net", "set", f"({mt} has no linear attention)", None))
     if mt not in MLA_FAMILIES and a.mla is not None:
         pairs.append(("arch.mla", "set", f"({mt} has no MLA)", None))
+    if mt != "glm_moe_dsa" and a.dsa is not None:
+        pairs.append(("arch.dsa", "set", f"({mt} has no sparse attention indexer)", None))
     for field, value in FAMILY_FIXED.get(mt, {}).items():
         pairs.append((f"arch.{field}", getattr(a, field), f"({mt} architecture)", value))
     return pairs
@@ -343,7 +351,7 @@ def qwen3_next_moe_layers(mc_name: str, g: Callable[..., Any]) -> int | None:
 def _qwen3_next(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
     """Qwen3-Next (and Qwen3.5's language model): the gated delta net and MoE fields
     (docs/model-families.md, "Qwen3-Next", "Qwen3.5")."""
-    a, d, m = mc.arch, mc.arch.gated_delta_net, mc.arch.moe
+    d, m = mc.arch.gated_delta_net, mc.arch.moe
     mt = mc.hf_model_type
     if g("attention_bias", False):
         raise ConfigError(f"{mc.name}: HF {mt} config has attention_bias=true, which gives o_proj a bias too; "
@@ -393,6 +401,25 @@ def _qwen3_next(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
     return pairs
 
 
+def _glm_moe_dsa(mc: ModelConfig, g: Callable[..., Any]) -> list[tuple]:
+    """GLM-5's sparse-attention indexer fields (transformers 5.19 GlmMoeDsaConfig / GlmMoeDsaIndexer),
+    GLM-5.2's shared layers among them (docs/model-families.md, "GLM-5")."""
+    d = mc.arch.dsa
+    types = list(g("indexer_types") or [])
+    if any(t not in ("full", "shared") for t in types) or (types and types[0] != "full"):
+        raise ConfigError(f"{mc.name}: HF glm_moe_dsa config has indexer_types {types[:6]}...: each 'full' or "
+                          "'shared', the first 'full' (transformers' GlmMoeDsaAttention)")
+    pairs: list[tuple] = [("arch.dsa", "set" if d else None, "index_topk", "set")]
+    if d:
+        pairs += [("arch.dsa.index_n_heads", d.index_n_heads, "index_n_heads", g("index_n_heads")),
+                  ("arch.dsa.index_head_dim", d.index_head_dim, "index_head_dim", g("index_head_dim")),
+                  ("arch.dsa.index_topk", d.index_topk, "index_topk", g("index_topk")),
+                  # GLM-5.2: a "shared" layer reuses the top-k of the last "full" layer before it
+                  ("arch.dsa.shared_layers", list(d.shared_layers), "indexer_types 'shared'",
+                   [i for i, t in enumerate(types) if t == "shared"])]
+    return pairs
+
+
 def leading_dense(types: list[str] | None) -> int:
     """How many entries of an HF mlp_layer_types list are "dense" before the first other one."""
     types = list(types or [])
@@ -406,11 +433,11 @@ def _lite_first_dense(mc: ModelConfig, g: Callable[..., Any]) -> int:
     types = list(g("mlp_layer_types") or [])
     k = leading_dense(types)
     if any(t != "sparse" for t in types[k:]):
-        raise ConfigError(f"{mc.name}: HF glm4_moe_lite mlp_layer_types {types} is not dense layers followed by "
+        raise ConfigError(f"{mc.name}: HF {mc.hf_model_type} mlp_layer_types {types} is not dense layers followed by "
                           "sparse ones, which is all megatron-core's moe_layer_freq here expresses")
     fk = g("first_k_dense_replace")
     if fk is not None and fk != k:
-        raise ConfigError(f"{mc.name}: HF glm4_moe_lite config has first_k_dense_replace={fk} (SGLang's) but "
+        raise ConfigError(f"{mc.name}: HF {mc.hf_model_type} config has first_k_dense_replace={fk} (SGLang's) but "
                           f"mlp_layer_types starts with {k} dense layer(s) (transformers')")
     return k
 

@@ -231,6 +231,22 @@ def _minimax_m2(mc: ModelConfig, layer: int) -> list[Rule]:
     return _gqa_attention(mc, qk_norm=True, qk_norm_tp_dim=0) + [_PRE_MLP_NORM] + mlp
 
 
+def _glm_moe_dsa(mc: ModelConfig, layer: int) -> list[Rule]:
+    """GLM-5: GLM-4.7-Flash's tensors (DeepSeek-V3's MLA and MoE names) plus, in every layer, the
+    sparse-attention indexer (`self_attn.indexer.*`: wq_b from the query latent, wk, the k LayerNorm's
+    weight and bias, weights_proj), replicated over TP and laid out as transformers' (rotary part
+    first: trainer/dsa.py rotates it there, so no permutation); GLM-5.2's shared layers have none. The
+    MTP layer of the release (`model.layers.{num_layers}.*`) has no rule, as for glm4_moe
+    (docs/model-families.md, "GLM-5")."""
+    i, hf = "self_attention.core_attention.indexer.", P + "self_attn.indexer."
+    indexer = [Rule(i + "linear_wq_b.weight", (hf + "wq_b.weight",)), Rule(i + "linear_wk.weight", (hf + "wk.weight",)),
+               Rule(i + "k_norm.weight", (hf + "k_norm.weight",)), Rule(i + "k_norm.bias", (hf + "k_norm.bias",)),
+               Rule(i + "linear_weights_proj.weight", (hf + "weights_proj.weight",))]
+    if layer in mc.arch.dsa.shared_layers:  # GLM-5.2: no indexer, the top-k of an earlier layer
+        return _deepseek_v3(mc, layer)
+    return _deepseek_v3(mc, layer) + indexer
+
+
 def _mimo(mc: ModelConfig, layer: int) -> list[Rule]:
     """Xiaomi MiMo-7B: the main model is Qwen2's, tensor for tensor (SGLang's MiMoModel is its
     Qwen2Model). `model.mtp_layers.*` has no rule: never loaded, trained or exported; the engine's
@@ -306,6 +322,7 @@ FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
     # Qwen3.5 MoE: the same with Qwen3-Next's MoE block in every layer (experts per expert, as
     # transformers 5.19 writes them)
     "qwen3_5_moe": _qwen3_next,
+    "glm_moe_dsa": _glm_moe_dsa,
 }
 
 

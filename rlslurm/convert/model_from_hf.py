@@ -98,14 +98,14 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
         arch["moe"] = {"num_experts": g("num_experts"), "router_topk": g("num_experts_per_tok"),
                        "moe_ffn_hidden_size": g("moe_intermediate_size"),
                        "router_topk_norm": bool(g("norm_topk_prob", False))}
-    elif mt in ("deepseek_v3", "glm4_moe", "glm4_moe_lite"):
+    elif mt in ("deepseek_v3", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa"):
         arch["moe"] = {
             "num_experts": g("n_routed_experts"), "router_topk": g("num_experts_per_tok"),
             "moe_ffn_hidden_size": g("moe_intermediate_size"),
             "shared_expert_ffn_hidden_size": (g("n_shared_experts") or 0) * g("moe_intermediate_size"),
             # glm4_moe_lite: the leading dense layers of mlp_layer_types (what transformers builds);
             # check_hf_config below refuses any other pattern, or a first_k_dense_replace that differs
-            "first_k_dense": (leading_dense(g("mlp_layer_types")) if mt == "glm4_moe_lite"
+            "first_k_dense": (leading_dense(g("mlp_layer_types")) if mt in ("glm4_moe_lite", "glm_moe_dsa")
                               else g("first_k_dense_replace") or 0),
             "router_score_function": g("scoring_func", "sigmoid") if mt == "deepseek_v3" else "sigmoid",
             "router_topk_norm": bool(g("norm_topk_prob", False)),
@@ -141,6 +141,11 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
             arch["ffn_hidden_size"] = g("moe_intermediate_size")  # no dense MLP, no intermediate_size
     if mt == "glm4_moe":
         arch["qk_layernorm"] = bool(g("use_qk_norm", False))
+    if mt == "glm_moe_dsa":
+        # GLM-5's sparse-attention indexer; GLM-5.2's "shared" layers reuse an earlier layer's top-k
+        arch["dsa"] = {"index_n_heads": g("index_n_heads"), "index_head_dim": g("index_head_dim"),
+                       "index_topk": g("index_topk"),
+                       "shared_layers": [i for i, t in enumerate(g("indexer_types") or []) if t == "shared"]}
     arch.update(FAMILY_FIXED[mt])
     archs = getattr(top, "architectures", None) or []
     raw = {"name": hf_dir.name or str(hf_dir), "hf_architecture": archs[0] if archs else "", "hf_model_type": mt,

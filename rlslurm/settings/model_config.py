@@ -87,6 +87,19 @@ class GatedDeltaNetArch(_Strict):
         return self
 
 
+class DSAArch(_Strict):
+    """DeepSeek sparse attention's lightning indexer (GLM-5, `glm_moe_dsa`): per query it scores every
+    earlier key with `index_n_heads` small heads of `index_head_dim` and keeps the `index_topk` best;
+    MLA then attends to those keys only (trainer/dsa.py, docs/model-families.md "GLM-5")."""
+
+    index_n_heads: int = Field(gt=0)
+    index_head_dim: int = Field(gt=0)
+    index_topk: int = Field(gt=0)
+    # GLM-5.2's cross-layer top-k sharing (HF indexer_types "shared"): these layers (0-based) have no
+    # indexer and reuse the top-k of the last layer before them that has one
+    shared_layers: tuple[int, ...] = ()
+
+
 class RopeScaling(_Strict):
     type: Literal["yarn", "llama3"]
     factor: float
@@ -135,9 +148,23 @@ class Arch(_Strict):
     moe: MoEArch | None = None
     mla: MLAArch | None = None
     gated_delta_net: GatedDeltaNetArch | None = None
+    dsa: DSAArch | None = None  # GLM-5's sparse attention indexer (needs MLA with a query LoRA)
 
     @model_validator(mode="after")
     def _heads(self) -> "Arch":
+        if self.dsa is not None:
+            if self.mla is None or self.mla.q_lora_rank is None:
+                raise ValueError("dsa (the sparse attention indexer) needs mla with a q_lora_rank: its queries are "
+                                 "projected from MLA's normalised query latent")
+            sh = self.dsa.shared_layers
+            if sh and (0 in sh or max(sh) >= self.num_layers or list(sh) != sorted(set(sh))):
+                raise ValueError(f"dsa.shared_layers={list(sh)}: sorted, distinct layers 1..{self.num_layers - 1} "
+                                 "(layer 0 has no earlier indexer to share)")
+            d = self.dsa.index_head_dim
+            if d & (d - 1) or d < self.mla.qk_pos_emb_head_dim:
+                raise ValueError(f"dsa.index_head_dim={d} must be a power of 2 (its Hadamard rotation, "
+                                 f"trainer/hadamard.py) and at least mla.qk_pos_emb_head_dim="
+                                 f"{self.mla.qk_pos_emb_head_dim} (the rotary part)")
         if self.qk_layernorm_all_heads and not self.qk_layernorm:
             raise ValueError("qk_layernorm_all_heads needs qk_layernorm (it says how the q/k norm spans the heads)")
         if self.qk_layernorm_all_heads and self.mla is not None:

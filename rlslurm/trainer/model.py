@@ -7,8 +7,9 @@
   transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
   over all heads (trainer/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
-  norms (trainer/gated_delta.py) and, for MLA without transformer-engine, an SDPA core
-  attention (megatron's local one does not take MLA's `k_channels`/`v_channels`).
+  norms (trainer/gated_delta.py), GLM-5's sparse attention (megatron's DSA with rlslurm's indexer,
+  trainer/dsa.py) and, for MLA without transformer-engine, an SDPA core attention (megatron's local
+  one does not take MLA's `k_channels`/`v_channels`).
 - `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
 
@@ -186,6 +187,12 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
             )
         else:
             raise ConfigError(f"model config {mc.name}: arch.rope_scaling.type={rs.type!r} is not supported with MLA")
+        if a.dsa is not None:
+            # GLM-5: megatron-core's DSA core attention with rlslurm's indexer (trainer/dsa.py); the
+            # indexer's KL loss off (refused in transformer_config: the indexer is not trained)
+            kw.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=a.dsa.index_n_heads,
+                      dsa_indexer_head_dim=a.dsa.index_head_dim, dsa_indexer_topk=a.dsa.index_topk,
+                      dsa_indexer_loss_coeff=0.0)
     elif a.rope_scaling is not None:
         rs = a.rope_scaling
         # Megatron's llama3 rope scaling hard-codes low/high freq factors 1/4 and original 8192.
@@ -303,9 +310,16 @@ def transformer_config(
     if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
+    check_dsa(mc, kw)
     kw = {k: v for k, v in kw.items() if k in fields}
+    # megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention does CP itself (trainer/dsa.py)
+    variant = kw.pop("experimental_attention_variant") if kw.get("context_parallel_size", 1) > 1 and mc.arch.dsa \
+        else None
     try:
-        return cls(**kw)
+        cfg = cls(**kw)
+        if variant is not None:
+            cfg.experimental_attention_variant = variant  # MLA then hands the core attention x and qr
+        return cfg
     except (AssertionError, ValueError, TypeError) as e:
         raise ConfigError(f"model config {mc.name}: megatron-core rejected the TransformerConfig: {e}") from None
 
@@ -319,6 +333,17 @@ def check_all_heads_qk_norm(mc: ModelConfig, tp: int) -> None:
         raise ConfigError(f"--tensor-model-parallel-size {tp}: {mc.name}'s all-heads q/k norm is split over TP by "
                           f"whole heads, and {a.num_query_groups} KV heads / {a.num_attention_heads} query heads do "
                           f"not split into {tp}")
+
+
+def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
+    """GLM-5's sparse attention (trainer/dsa.py) with the settings it cannot take, one line each (the
+    same check as at submit: rlslurm/settings/sparse_attention.py)."""
+    from rlslurm.settings.sparse_attention import sparse_attention_refusal
+
+    if (why := sparse_attention_refusal(mc, megatron=kw, pp=kw.get("pipeline_model_parallel_size", 1),
+                                        first=kw.get("num_layers_in_first_pipeline_stage"),
+                                        last=kw.get("num_layers_in_last_pipeline_stage"))) is not None:
+        raise ConfigError(why)
 
 
 # ---------------------------------------------------------------- layer-spec extensions
@@ -617,6 +642,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
     if a.gated_delta_net is not None:
         _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
     _local_spec_fixes(block, tcfg)
+    holder: dict = {}  # GLM-5.2: each indexer layer's top-k, for the shared layers after it (trainer/dsa.py)
     seen: set[int] = set()
     for spec in block.layer_specs:
         # Several layers share one spec object: extend each object once.
@@ -639,7 +665,23 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             if a.moe:
                 raise ConfigError(f"model config {mc.name}: post_mlp_layernorm with MoE is not supported")
             sub.mlp = _extend_mlp_spec(mc, sub.mlp)
-        if (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
+        if a.dsa is not None:
+            if packed:
+                from rlslurm.settings.sparse_attention import sparse_attention_refusal
+
+                raise ConfigError(sparse_attention_refusal(mc, qkv_format="thd"))
+            from megatron.core.transformer.identity_op import IdentityOp
+
+            from rlslurm.trainer.dsa import core_attention_spec
+
+            if getattr(sub.self_attention.submodules, "q_layernorm", None) in (None, IdentityOp):
+                # transformer-engine's MLA spec fuses the query-latent norm into linear_q_up_proj; MLA
+                # would then hand the indexer the un-normalised latent, transformers the normalised one
+                raise ConfigError(f"model config {mc.name}: its sparse attention needs MLA's query-latent norm as "
+                                  "a module of its own (megatron's local spec), not fused into linear_q_up_proj "
+                                  "(transformer-engine's): the indexer reads the normalised latent")
+            sub.self_attention.submodules.core_attention = core_attention_spec(holder)
+        elif (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
             # packed input, or context parallelism (docs/context-parallel.md): megatron's local
             # DotProductAttention takes neither
             sub.self_attention.submodules.core_attention = SDPACoreAttention
@@ -648,7 +690,32 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
             if not takes_k:
                 sub.self_attention.submodules.core_attention = SDPACoreAttention
+    if a.dsa is not None and a.dsa.shared_layers:
+        _share_top_k(mc, tcfg, block, holder, vp_stage)
     return block
+
+
+def _share_top_k(mc: ModelConfig, tcfg, block, holder: dict, vp_stage: int | None) -> None:
+    """GLM-5.2: the shared layers of this stage get a core attention of their own (no indexer: the
+    top-k of the last indexer layer before them, trainer/dsa.py SharedTopKAttention)."""
+    import copy
+
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    from rlslurm.trainer.dsa import shared_attention_spec, source_layer
+
+    offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage)
+    shared = set(mc.arch.dsa.shared_layers)
+    for i, spec in enumerate(block.layer_specs):
+        if offset + i not in shared:
+            continue
+        if i == 0:
+            raise ConfigError(f"model config {mc.name}: the pipeline stage starting at layer {offset} starts with a "
+                              "shared sparse-attention layer, whose top-k comes from a layer of an earlier stage")
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.submodules.core_attention = shared_attention_spec(
+            holder, source_layer(mc, offset + i) + 1)
+        block.layer_specs[i] = spec
 
 
 def build_gpt_model(
@@ -697,6 +764,10 @@ def build_gpt_model(
     params = inspect.signature(GPTModel.__init__).parameters
     kw = {k: v for k, v in kw.items() if k in params}
     model = GPTModel(**kw)
+    if a.dsa is not None:
+        from rlslurm.trainer.dsa import freeze_indexer
+
+        freeze_indexer(model)  # GLM-5's indexer is not trained (trainer/dsa.py)
     if torch.cuda.is_available():
         # What Megatron-LM's get_model does: megatron's parallel layers allocate on the GPU, plain
         # torch modules (norms) on the CPU.

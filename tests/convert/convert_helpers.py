@@ -53,3 +53,7 @@ def dtype_runs(run_dir: Path, sync: dict) -> list[str]:
 
     dtypes = [str(sync[n].dtype) for n in json.loads((run_dir / "sync_order.json").read_text())]
     return [d for i, d in enumerate(dtypes) if i == 0 or d != dtypes[i - 1]]
+
+
+# GLM-5 (glm_moe_dsa): MLA + MoE + DeepSeek sparse attention (rlslurm/trainer/dsa.py)
+FAMILIES.append("tiny-glm-moe-dsa")

@@ -130,6 +130,13 @@ def main() -> None:
             model.eval()
             summary = load_hf_checkpoint(model, mc, hf_dir)
             result["loaded_tensors"] = summary["tensors"]
+            if mc.arch.dsa is not None:
+                # GLM-5: what the trainer built for the sparse attention (trainer/dsa.py)
+                cores = {type(m).__name__ for n, m in model.named_modules() if n.endswith("self_attention.core_attention")}
+                idx = [m for n, m in model.named_modules() if n.endswith("core_attention.indexer")]
+                result["dsa"] = {"core_attention": sorted(cores), "indexers": sorted({type(m).__name__ for m in idx}),
+                                 "k_norm_eps": sorted({m.k_norm.eps for m in idx}),
+                                 "frozen": sorted(n for n, p in model.named_parameters() if not p.requires_grad)}
 
             g = torch.Generator().manual_seed(0)
             # No special tokens: HF's embedding has padding_idx=<pad>, whose gradient torch always

@@ -1,6 +1,6 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
 different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
-The ten conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
+The conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/slurm/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
 
@@ -57,7 +57,7 @@ def _bf16_qwen3(root: Path) -> Path:
 
 
 def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
-    """The ten conversions of the five round trips below, each a real `rlslurm.convert` command
+    """The fourteen conversions of the seven round trips below, each a real `rlslurm.convert` command
     (the CLI's typer app with a user's argv) on 2 ranks, all in one set of processes
     (tests/convert/cli_worker.py; in the session's one 2-process torchrun of tests/convert, conftest.py
     two_rank_runs): the commands are independent of one another but for the process group they share.
@@ -97,8 +97,22 @@ def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
         ["mcore-to-hf", "--model", "tiny-qwen3-next", "--load", str(qn / "mc"), "--out", str(qn / "hf"), "--ep", "2",
          "--hf-config-from", str(qn_src)],
     ]
+    plan += _glm5_plan(tiny_ckpts, root / "glm5")
     (root / "plan.json").write_text(json.dumps(plan))
     return ["tests/convert/cli_worker.py", str(root / "plan.json")]
+
+
+def _glm5_plan(tiny_ckpts: Path, r: Path) -> list[list[str]]:
+    """GLM-5 (tiny-glm-moe-dsa: sparse-attention indexers in layers 0 and 1, none in the shared layer 2):
+    TP 2 read back on 2 stages ([0], [1, 2]), and EP 2 x ETP 1 read back at TP 2. dist_checkpointing must
+    take the indexer's replicated tensors (rlslurm/trainer/dsa.py) in both."""
+    hf = str(tiny_ckpts / "tiny-glm-moe-dsa")
+    m = ["--model", "tiny-glm-moe-dsa"]
+    return [["hf-to-mcore", *m, "--hf", hf, "--out", str(r / "tp2"), "--tp", "2", "--dtype", "fp32"],
+            ["mcore-to-hf", *m, "--load", str(r / "tp2"), "--out", str(r / "hf-pp2"), "--pp", "2",
+             "--decoder-first-pipeline-num-layers", "1", "--hf-config-from", hf],
+            ["hf-to-mcore", *m, "--hf", hf, "--out", str(r / "ep2"), "--ep", "2", "--etp", "1", "--dtype", "fp32"],
+            ["mcore-to-hf", *m, "--load", str(r / "ep2"), "--out", str(r / "hf-tp2"), "--tp", "2", "--hf-config-from", hf]]
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +182,14 @@ def test_qwen3_next_tp2_to_ep2(tiny_ckpts, converted):
     for n in b.names():
         assert b.get(n).dtype == torch.float32 and torch.equal(a.get(n), b.get(n)), n
     _generates(converted / "qwen3-next" / "hf")
+
+
+def test_glm5_sparse_attention_round_trips(tiny_ckpts, converted):
+    """tiny-glm-moe-dsa, TP 2 -> PP 2 and EP 2 x ETP 1 -> TP 2: every tensor back bit for bit, the
+    indexers' included (and none in the shared layer)."""
+    for out in ("hf-pp2", "hf-tp2"):
+        _assert_bit_identical(tiny_ckpts / "tiny-glm-moe-dsa", converted / "glm5" / out, torch.float32)
+    _generates(converted / "glm5" / "hf-pp2")
 
 
 def test_wrong_model_config_is_refused_naming_the_field(tiny_ckpts, tmp_path):

@@ -366,3 +366,61 @@ def test_expert_names_use_the_ep_offset():
     res = M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight",
                     layer_map=lambda i: i + 1)
     assert res.hf_names == ("model.layers.1.mlp.experts.1.down_proj.weight",)
+
+
+def test_glm_moe_dsa_table_adds_the_indexer_to_deepseek_v3s_names(tiny_ckpts):
+    """GLM-5 (glm_moe_dsa): GLM-4.7-Flash's MLA/MoE names plus, in every layer with an indexer, its 5
+    tensors under megatron's DSAttention (`core_attention.indexer.*`), replicated over TP and
+    unpermuted (rlslurm's indexer rotates the leading rope dims, as transformers does); none in
+    GLM-5.2's shared layer 2; the MTP layer a release appends (`model.layers.{num_layers}.*`, indexer
+    included) is never read."""
+    mc = load_model_config("tiny-glm-moe-dsa")
+    targets = M.default_targets(mc)
+    pairs = {"linear_wq_b.weight": "wq_b.weight", "linear_wk.weight": "wk.weight", "k_norm.weight": "k_norm.weight",
+             "k_norm.bias": "k_norm.bias", "linear_weights_proj.weight": "weights_proj.weight"}
+    for layer in (0, 1):
+        for ours, hf in pairs.items():
+            name = f"decoder.layers.{layer}.self_attention.core_attention.indexer.{ours}"
+            assert targets[name] is None and M.resolve(mc, name).hf_names == (
+                f"model.layers.{layer}.self_attn.indexer.{hf}",)
+    assert M.resolve(mc, "decoder.layers.1.mlp.router.expert_bias").hf_names == (
+        "model.layers.1.mlp.gate.e_score_correction_bias",)
+    lite = {r.mcore for r in M.layer_rules(load_model_config("tiny-glm4-moe-lite"), 1)}
+    assert {r.mcore for r in M.layer_rules(mc, 1)} - lite == {"self_attention.core_attention.indexer." + n for n in pairs}
+    assert mc.arch.dsa.shared_layers == (2,) and {r.mcore for r in M.layer_rules(mc, 2)} == lite
+    assert not any(".indexer." in n for n in M.expected_hf_names(mc) if n.startswith("model.layers.2."))
+    ckpt = HFCheckpoint(tiny_ckpts / "tiny-glm-moe-dsa")
+    n, h = mc.arch.num_layers, mc.arch.hidden_size
+    mtp = [(f"model.layers.{n}.eh_proj.weight", torch.randn(h, 2 * h)),
+           (f"model.layers.{n}.self_attn.indexer.wk.weight", torch.randn(32, h))]
+    plain = dict(hf_to_mcore(mc, iter(ckpt)))
+    with_mtp = dict(hf_to_mcore(mc, iter([mtp[0], *ckpt, mtp[1]])))
+    assert with_mtp.keys() == plain.keys() and all(torch.equal(with_mtp[k], plain[k]) for k in plain)
+
+
+def test_glm_moe_dsa_tiny_model_is_really_sparse(tiny_ckpts):
+    """The parity tests' input (2 rows of 12 tokens, parity_worker.py) is longer than tiny-glm-moe-dsa's
+    index_topk (4): transformers' logits change once every query may attend to all its keys (top-k
+    larger than the row), from the 5th position on, and not before (a query there has at most 4 keys).
+    Layers 0 and 1 keep different keys for some queries, so layer 2 (shared) reusing the wrong one shows."""
+    from transformers import AutoModelForCausalLM
+
+    mc = load_model_config("tiny-glm-moe-dsa")
+    hf = AutoModelForCausalLM.from_pretrained(tiny_ckpts / "tiny-glm-moe-dsa", dtype=torch.float32).eval()
+    ids = torch.randint(4, mc.arch.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    kept: dict[int, list] = {0: [], 1: []}
+    for i in (0, 1):
+        def keep(*a, _run=hf.model.layers[i].self_attn.indexer.forward, _i=i, **k):
+            kept[_i].append(_run(*a, **k))
+            return kept[_i][-1]
+        hf.model.layers[i].self_attn.indexer.forward = keep
+    assert hf.model.layers[2].self_attn.indexer is None  # shared: reuses layer 1's top-k
+    with torch.no_grad():
+        sparse = hf(ids).logits
+        for layer in hf.model.layers[:2]:
+            assert layer.self_attn.indexer.index_topk == mc.arch.dsa.index_topk == 4
+            layer.self_attn.indexer.index_topk = 10**6
+        dense = hf(ids).logits
+    diff = (sparse - dense).abs()
+    assert float(diff[:, :4].max()) < 1e-6 and float(diff[:, 4:].max()) > 1e-2  # (the former: rounding)
+    assert not torch.equal(kept[0][0].sort(-1).values, kept[1][0].sort(-1).values)

@@ -24,6 +24,11 @@ MOE = ["tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe", 
 # HF keeps the router correction bias as a buffer (no gradient): one per MoE layer
 ROUTER_BIAS_BUFFERS = {"tiny-deepseek-v3": 1, "tiny-moonlight": 1, "tiny-glm4-moe": 1, "tiny-glm4-moe-lite": 1,
                        "tiny-minimax-m2": 2}
+# GLM-5: sparse attention (top-4 keys of the 12-token rows; layer 2 reuses layer 1's, as GLM-5.2) on
+# GLM-4.7-Flash's MLA and MoE (2 MoE layers)
+GLM5 = "tiny-glm-moe-dsa"
+MOE += [GLM5]
+ROUTER_BIAS_BUFFERS[GLM5] = 2
 TIED = "tiny-qwen3-tied"  # tiny-qwen3 with tied embeddings (like Qwen3-4B), written by the fixture
 LAYOUTS = {"tp1": (1, 1, FAMILIES + [TIED]), "tp2": (2, 1, FAMILIES + [TIED]), "ep2": (2, 2, MOE)}
 CASES = [(layout, m) for layout, (_, _, models) in LAYOUTS.items() for m in models]
@@ -121,3 +126,16 @@ def test_parallel_layouts_take_the_same_clipped_step(parity, model):
             r = _get(parity, layout, model)
             assert r["step_grad_norm"] == pytest.approx(base["step_grad_norm"], rel=1e-6), (layout, model)
             assert abs(r["step_loss"] - base["step_loss"]) < 1e-5, (layout, model)
+
+
+def test_glm5_trains_megatrons_sparse_attention_with_its_indexer_frozen(parity):
+    """tiny-glm-moe-dsa is built with megatron-core's DSA core attention and rlslurm's GLM-5 indexer
+    (trainer/dsa.py) in its layers 0 and 1 and, in layer 2, GLM-5.2's shared top-k attention, at every
+    layout; the indexer's k norm at transformers' 1e-6, and its 5 tensors per indexer frozen
+    (transformers computes it under no_grad: its gradient there is 0)."""
+    for layout in LAYOUTS:
+        d = _get(parity, layout, GLM5)["dsa"]
+        assert d["core_attention"] == ["GLM5DSAttention", "SharedTopKAttention"], (layout, d)
+        assert d["indexers"] == ["GLM5Indexer"], (layout, d)
+        assert d["k_norm_eps"] == [1e-6]
+        assert len(d["frozen"]) == 10 and all(".core_attention.indexer." in n for n in d["frozen"]), d["frozen"]

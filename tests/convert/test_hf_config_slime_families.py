@@ -282,3 +282,62 @@ def test_qwen3_5_35b_a3b_is_slimes_qwen3_5_35b_a3b(tmp_path):
     assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.shared_expert_gate,
             m.first_k_dense, m.router_topk_norm) == (256, 8, 512, 512, True, 0, True)
     assert (d.num_key_heads, d.num_value_heads, d.full_attention_interval) == (16, 32, 4)
+# GLM-5's config.json: the values transformers 5.19's GlmMoeDsaConfig documents as zai-org/GLM-5 (its
+# defaults) with slime's scripts/models/glm5-744B-A40B.sh rope base (the model card's file was not
+# reachable from here; the sizes agree with that script: 78 layers of which 3 dense, hidden 6144, 64
+# heads, q LoRA 2048, kv LoRA 512, qk 192 + 64 rope, v 256, 256 experts top-8 of 2048, one shared,
+# scaling 2.5, vocab 154880).
+GLM5 = {
+    "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "vocab_size": 154880,
+    "hidden_size": 6144, "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": 78,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "n_shared_experts": 1, "n_routed_experts": 256,
+    "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 2048, "qk_rope_head_dim": 64,
+    "v_head_dim": 256, "qk_nope_head_dim": 192, "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "hidden_act": "silu", "max_position_embeddings": 202752, "rms_norm_eps": 1e-5,
+    "attention_bias": False, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 32,
+    "first_k_dense_replace": 3, "num_nextn_predict_layers": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"}, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_glm5_is_slimes_glm5_744b_a40b(tmp_path):
+    """GLM-5 (glm_moe_dsa): GLM-4.7-Flash's MLA/MoE fields plus the sparse-attention indexer (32 heads
+    of 128, top 2048 keys); its MTP layer (num_nextn_predict_layers) changes nothing the trainer builds."""
+    mc = model_config_from_hf(_dir(tmp_path / "GLM-5", GLM5))
+    a, m = mc.arch, mc.arch.moe
+    assert (mc.hf_model_type, mc.hf_architecture) == ("glm_moe_dsa", "GlmMoeDsaForCausalLM")
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_attention_heads, a.vocab_size, a.rotary_base,
+            a.norm_epsilon) == (78, 6144, 12288, 64, 154880, 1e6, 1e-5)
+    assert a.mla.model_dump() == {"q_lora_rank": 2048, "kv_lora_rank": 512, "qk_head_dim": 192,
+                                  "qk_pos_emb_head_dim": 64, "v_head_dim": 256}
+    assert a.dsa.model_dump() == {"index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048, "shared_layers": ()}
+    assert (m.num_experts, m.router_topk, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size, m.first_k_dense,
+            m.router_score_function, m.router_scaling_factor, m.router_expert_bias) == (
+        256, 8, 2048, 2048, 3, "sigmoid", 2.5, True)
+    assert a.qk_layernorm and not a.rotary_interleaved and not a.tie_word_embeddings
+
+
+def test_glm52_shares_top_k_as_slimes_glm52_744b_a40b(tmp_path):
+    """GLM-5.2 (slime's run-glm5.2-744B-A40B.sh): index_topk_freq 4 from index_skip_topk_offset 3
+    (transformers' GlmMoeDsaConfig turns them into indexer_types): layers 0, 1, 2, 6, 10, ... 74 run
+    their indexer (slime's 'computing layers 1, 2, 3, 7, 11, ..., 75', 1-based), the others reuse the
+    last one's top-k."""
+    mc = model_config_from_hf(_dir(tmp_path / "GLM-5.2", {**GLM5, "index_topk_freq": 4, "index_skip_topk_offset": 3,
+                                                           "rope_parameters": {"rope_theta": 8000000}}))
+    full = [i for i in range(78) if i not in mc.arch.dsa.shared_layers]
+    assert full == [0, 1, 2] + list(range(6, 78, 4)) and mc.arch.rotary_base == 8e6
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"indexer_types": ["shared"] + ["full"] * 77}, r"dsa.shared_layers=\[0\]: sorted, distinct layers 1..77"),
+    ({"indexer_types": ["full"] * 77 + ["dense"]}, r"indexer_types \['full', .*each 'full' or 'shared'"),
+    ({"attention_bias": True}, r"attention_bias=true, which megatron-core's multi-latent attention does not build"),
+    ({"mlp_layer_types": ["dense"] * 2 + ["sparse"] * 76},
+     r"first_k_dense_replace=3 \(SGLang's\) but mlp_layer_types starts with 2 dense"),
+    ({"index_head_dim": 96}, r"cannot build: arch: dsa.index_head_dim=96 must be a power of 2"),
+])
+def test_glm5_variants_megatron_cannot_build_are_refused(tmp_path, changes, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        model_config_from_hf(_dir(tmp_path / "m", {**GLM5, **changes}))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"--hf-checkpoint {tmp_path / 'm'}: ")

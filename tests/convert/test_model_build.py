@@ -213,3 +213,61 @@ def test_mask_padded_vocab_masks_exactly_the_padding_rows():
     assert mask_padded_vocab(full, 128, tp_rank=0) is full  # nothing padded: untouched
     r0.logsumexp(-1).sum().backward()  # differentiable; padding gets no gradient
     assert not logits.grad[..., 64:].any() and logits.grad[..., :64].all()
+
+
+def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
+    """GLM-5: MLA + MoE as GLM-4.7-Flash, plus megatron-core's DSA (experimental_attention_variant) with
+    the indexer's sizes and its KL loss off, at CP 2 too; what it cannot take is refused in one line
+    naming the flag (trainer/dsa.py, docs/model-families.md "GLM-5")."""
+    from rlslurm.trainer.model import transformer_config
+
+    mc = load_model_config("tiny-glm-moe-dsa")
+    cfg = transformer_config(mc, tp=2, overrides={})
+    assert type(cfg).__name__ == "MLATransformerConfig" and cfg.experimental_attention_variant == "dsa"
+    assert (cfg.dsa_indexer_n_heads, cfg.dsa_indexer_head_dim, cfg.dsa_indexer_topk, cfg.dsa_indexer_loss_coeff) == (
+        4, 32, 4, 0.0)
+    assert (cfg.q_lora_rank, cfg.qk_pos_emb_head_dim, cfg.moe_layer_freq, cfg.moe_router_topk_scaling_factor) == (
+        32, 8, [0, 1, 1], 2.5)
+    assert cfg.sequence_parallel and not cfg.rotary_interleaved and cfg.moe_router_bias_update_rate == 0.0
+    refusals = [
+        ({"dsa_indexer_loss_coeff": 0.1}, {}, "--megatron-dsa-indexer-loss-coeff 0.1: rlslurm does not train "
+                                              "tiny-glm-moe-dsa's sparse-attention indexer"),
+        ({"recompute_granularity": "selective"}, {}, "--megatron-recompute-granularity selective: megatron-core "
+                                                     "0.16's MLA recomputes core_attn without"),
+    ]
+    for overrides, kw, msg in refusals:
+        with pytest.raises(ConfigError) as e:
+            transformer_config(mc, overrides=overrides, **kw)
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
+    # selective recompute of other modules leaves the sparse attention alone
+    transformer_config(mc, overrides={"recompute_granularity": "selective", "recompute_modules": ["mlp"]})
+    # CP: megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention takes it (trainer/dsa.py)
+    cp2 = transformer_config(mc, cp=2, overrides={})
+    assert cp2.context_parallel_size == 2 and cp2.experimental_attention_variant == "dsa"
+    # GLM-5.2's shared layer 2 reuses layer 1's top-k: no pipeline stage may start with it
+    for pp_kw, msg in (({"pp": 3}, "--pipeline-model-parallel-size 3: the stage starting at layer 2 of tiny-glm-moe-dsa "
+                                   "starts with a shared sparse-attention layer"),
+                       ({"pp": 2, "first_stage_layers": 2}, "--pipeline-model-parallel-size 2: the stage starting at "
+                                                            "layer 2")):
+        with pytest.raises(ConfigError) as e:
+            transformer_config(mc, overrides={}, **pp_kw)
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
+    # stages [0], [1, 2], with full recompute (the shared layer queues its top-k for the recompute, trainer/dsa.py)
+    transformer_config(mc, pp=2, first_stage_layers=1, overrides={"recompute_granularity": "full",
+                                                                  "recompute_method": "uniform", "recompute_num_layers": 1})
+
+
+def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():
+    """transformers builds GLM-5's indexer.k_norm as nn.LayerNorm(index_head_dim, eps=1e-6) whatever
+    rms_norm_eps (GLM-5: 1e-5) says; megatron's DSAIndexer passes layernorm_epsilon."""
+    from types import SimpleNamespace
+
+    from rlslurm.trainer.dsa import IndexerKNorm, IndexerLinear
+
+    norm = IndexerKNorm(SimpleNamespace(params_dtype=torch.float32), hidden_size=128, eps=1e-5)
+    assert isinstance(norm, torch.nn.LayerNorm) and norm.eps == 1e-6 and norm.bias.shape == (128,)
+    lin = IndexerLinear(16, 8, config=SimpleNamespace(params_dtype=torch.float32, perform_initialization=False),
+                        init_method=None, bias=False, parallel_mode="duplicated")
+    out, bias = lin(torch.ones(2, 16))
+    assert out.shape == (2, 8) and bias is None
+    assert not hasattr(lin.weight, "tensor_model_parallel") and not getattr(lin.weight, "sequence_parallel", False)

@@ -88,3 +88,24 @@ def test_what_qwen3_next_gated_delta_nets_cannot_do_is_refused_at_submit(prompts
         resolve(argv + ["--qkv-format", "thd"], strict_inputs=False)
     says = "--qkv-format thd: tiny-qwen3-next's gated delta net layers take no packed sequences"
     assert "\n" not in str(e.value) and says in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("extra, refusal", [
+    (["--qkv-format", "thd"], "--qkv-format thd: tiny-glm-moe-dsa's sparse attention (megatron-core's DSA) takes "
+                              "no packed sequences"),
+    (["--megatron-dsa-indexer-loss-coeff", "0.1"], "--megatron-dsa-indexer-loss-coeff 0.1: rlslurm does not train"),
+    (["--megatron-recompute-granularity", "selective"], "--megatron-recompute-granularity selective: megatron-core "
+                                                        "0.16's MLA recomputes core_attn without"),
+    # GLM-5.2's shared layer 2 (tiny-glm-moe-dsa) would start the second stage
+    (["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2"],
+     "--pipeline-model-parallel-size 2: the stage starting at layer 2 of tiny-glm-moe-dsa starts with a shared"),
+])
+def test_glm5_layouts_its_sparse_attention_cannot_take_are_refused_at_submit(extra: list[str], refusal: str) -> None:
+    """GLM-5 (glm_moe_dsa): refused by submit in one line naming the flag, not by the trainer at start-up
+    (rlslurm/settings/sparse_attention.py; the trainer checks again, tests/convert/test_model_build.py)."""
+    base = ["--model", "tiny-glm-moe-dsa", "--nodes", "2"]
+    resolve(base, strict_inputs=False)
+    resolve(base + ["--context-parallel-size", "2"], strict_inputs=False)  # rlslurm's DSA attention takes CP
+    with pytest.raises(ConfigError) as e:
+        resolve(base + extra, strict_inputs=False)
+    assert str(e.value).startswith(refusal) and "\n" not in str(e.value), str(e.value)

@@ -9,8 +9,9 @@
   parallel), an MLA + MoE model whose stages differ (dense first layer, MoE second), split evenly;
   the pipelined forward's log-probs equal HF transformers'.
 - Context parallelism (CP=2, docs/context-parallel.md): packed at CP=2 (resuming its last step from
-  PP=1's checkpoint), padded at CP=2 x PP=2, the MLA + MoE model at CP=2, and Qwen3-Next's gated
-  delta nets at CP=2 x PP=2 give PP=1's losses, metrics and updated weights.
+  PP=1's checkpoint), padded at CP=2 x PP=2, the MLA + MoE model and GLM-5's sparse attention at CP=2,
+  and Qwen3-Next's gated delta nets at CP=2 x PP=2 give PP=1's losses, metrics and updated weights; so
+  does GLM-5.2's shared top-k at PP=2 with full recompute.
 - PPO (critic, reference, KL) through the entry point at PP=2 takes finite steps, and a kill -9
   + resume from the stage-sharded checkpoint is bit-exact.
 """
@@ -124,6 +125,30 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
         # from that checkpoint: a resume at CP 2 from a CP 1 checkpoint (1 process runs before 2)
         runs.append((key, n, run, where / f"{name}-out", key in ("dense/pp4", "dense/pp1"),
                      d[0] / "pp1" / "checkpoints" if key == "dense/cp2-thd" else None))
+    # GLM-5 (tiny-glm-moe-dsa: indexers in layers 0 and 1, layer 2 reuses layer 1's top-k): sparse
+    # attention at CP 2, each rank's queries against every rank's indexer keys and top-k keys; and, with a
+    # 4th layer (indexer), at PP 2 (stages [0, 1, 2], [3]) with full recompute, where the first stage's
+    # 1F1B warm-up runs other micro-batches' forwards before a micro-batch's backward recomputes the shared
+    # layer (rlslurm/trainer/dsa.py SharedTopKAttention); each against the same model on one rank
+    import yaml
+
+    g_tmp = tmp / "glm5"
+    g_raw = yaml.safe_load((MODEL_CONFIG_DIR / "tiny-glm-moe-dsa.yaml").read_text())
+    g_raw["name"], g_raw["arch"]["num_layers"] = "tiny-glm-moe-dsa-4", 4
+    g4 = g_tmp / "tiny-glm-moe-dsa-4.yaml"
+    g_tmp.mkdir(parents=True, exist_ok=True)
+    g4.write_text(yaml.safe_dump(g_raw))
+    hfs = {"tiny-glm-moe-dsa": make_tiny_checkpoint(load_model_config("tiny-glm-moe-dsa"), g_tmp / "hf", seed=5),
+           str(g4): make_tiny_checkpoint(load_model_config(str(g4)), g_tmp / "hf4", seed=5)}
+    for name, model, n, pp, extra in (("pp1", "tiny-glm-moe-dsa", 1, 1, None), ("cp2", "tiny-glm-moe-dsa", 2, 1, cp2),
+                                      ("pp1-4", str(g4), 1, 1, None),
+                                      ("pp2-recompute", str(g4), 2, 2, {"decoder_first_pipeline_num_layers": 3})):
+        run = _prepare(g_tmp, hfs[model], name, n, 1, pp, model=model, extra=extra)
+        if name == "pp2-recompute":
+            cfg = yaml.safe_load((run / "run.yaml").read_text())
+            cfg["megatron"] = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+            (run / "run.yaml").write_text(yaml.safe_dump(cfg))
+        runs.append((f"glm5/{name}", n, run, g_tmp / f"{name}-out", name == "cp2", None))
     return runs
 
 
@@ -186,6 +211,28 @@ def test_context_parallel_gated_delta_nets_equal_one_rank(layouts) -> None:
     assert (got[0]["cp"], got[0]["pp"]) == (2, 2) and got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
     assert ref[0]["logprob_max_abs_diff"] < 1e-5, ref[0]
     _same(ref, got, "tiny-qwen3-next cp2pp2")
+
+
+def test_context_parallel_glm5_sparse_attention_equals_one_rank(layouts) -> None:
+    """GLM-5 (MLA + MoE + sparse attention keeping 4 keys per query, one layer reusing another's; the
+    rows here are up to 13 tokens) at CP=2: log-probs equal HF transformers', and losses, metrics and
+    updated weights equal one rank's (megatron-core 0.16's DSA asserts CP 1; rlslurm's GLM-5 attention
+    gathers the indexer keys and the keys/values over CP itself); its checkpoint resumes bit for bit."""
+    ref, got = layouts["glm5/pp1"], layouts["glm5/cp2"]
+    assert got[0]["cp"] == 2 and ref[0]["logprob_max_abs_diff"] < 1e-5 and got[0]["logprob_max_abs_diff"] < 1e-5
+    _same(ref, got, "tiny-glm-moe-dsa cp2")
+    # and a checkpoint saved there (the frozen indexers in the model, not in the optimizer) resumes bit for bit
+    assert got[0]["resume"]["max_abs_diff"] == 0.0, got[0]["resume"]
+
+
+def test_glm52_shared_top_k_under_pipeline_and_full_recompute_equals_one_rank(layouts) -> None:
+    """GLM-5.2's shared layer in the first of 2 stages, every layer recomputed in the backward: the
+    recompute takes the top-k its micro-batch's forward used, not the last one seen (with the latter,
+    measured: 'no top-k of layer 2 for this micro-batch'); the same steps as one rank."""
+    ref, got = layouts["glm5/pp1-4"], layouts["glm5/pp2-recompute"]
+    assert got[0]["pp"] == 2 and got[0]["logprob_max_abs_diff"] < 1e-5
+    assert [s["num_microbatches"] for s in ref[0]["steps"]] != [1.0, 1.0]  # 1F1B has a warm-up to get wrong
+    _same(ref, got, "tiny-glm-moe-dsa pp2 full recompute")
 
 
 def test_checkpoint_resumes_at_an_uneven_split(dense) -> None:
