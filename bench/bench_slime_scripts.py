@@ -303,7 +303,8 @@ def _reason(msg: str) -> str:
     return msg.split(": ")[0][:100] if msg.startswith("--") else msg[:100]
 
 
-def run(root: Path) -> tuple[dict, list[dict]]:
+def run(root: Path, site: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
+    """`site`: flags appended to every command, as a site's own settings (--site-flag)."""
     from rlslurm.errors import UserError
     from rlslurm.resolve import resolve
     from rlslurm.slime_import import import_script
@@ -321,7 +322,7 @@ def run(root: Path) -> tuple[dict, list[dict]]:
             row["not_mapped"] = len(imp.dropped)
             row["warnings"] = len(imp.warnings)  # a missing `\`, plugins or FP8 the run lacks
             with tempfile.TemporaryDirectory() as tmp:
-                argv = _substitute(imp.argv, Path(tmp), s, root)
+                argv = _substitute(imp.argv, Path(tmp), s, root) + list(site)
                 res = resolve(argv, strict_inputs=False)
                 render(res.cfg, res.cfg.run_dir.resolve())
             row["dry_run"] = "ok"
@@ -337,7 +338,7 @@ def run(root: Path) -> tuple[dict, list[dict]]:
             reasons[f"crash {type(e).__name__}"] += 1
         rows.append(row)
     summary = {"scripts": len(scripts), "imported": imported, "dry_run_ok": ok,
-               "refusals": dict(reasons.most_common())}
+               "refusals": dict(reasons.most_common()), **({"site_flags": list(site)} if site else {})}
     return summary, rows
 
 
@@ -354,11 +355,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scripts", type=Path, help="slime's scripts/ directory")
     ap.add_argument("--markdown", type=Path, help="also write the per-script table here")
+    ap.add_argument("--site-flag", action="append", default=[], metavar="FLAG",
+                    help="append FLAG to every command, as a site setting a script cannot carry (e.g. "
+                         "--site-flag=--engine-span-ports-closed); repeatable. The recorded figure uses none")
     a = ap.parse_args()
     import logging
 
     logging.disable(logging.WARNING)
-    summary, rows = run(a.scripts)
+    summary, rows = run(a.scripts, tuple(a.site_flag))
     print(json.dumps(summary))
     if a.markdown:
         a.markdown.write_text(markdown(summary, rows, a.scripts))
