@@ -4,8 +4,8 @@
 #   bash tools/test.sh [PYTEST ARGS]          the whole suite, as CI runs it (.ci/run): install everything
 #       (apt: slurm + munge; pip: torch CPU first, then the package with test extras and SGLang's CPU
 #       path), boot a real SLURM cluster on this host (tests/slurm_cluster), run every test, stop the
-#       cluster by pid. 1,677 tests; pytest 2,992 s on the 2-core test VM (2026-11-28; CI 3,220 s before
-#       the CLI stopped importing torch and the roles their final GC).
+#       cluster by pid. 1,810 tests (2026-11-28); CI ran the 1,677 before the four gated-delta and
+#       sparse-attention families in 3,086 s, install included.
 #   bash tools/test.sh --quick [PYTEST ARGS]  the quick lane: every test that needs no SLURM cluster and
 #       starts no SGLang engine, no megatron-core run and nothing marked slow (QUICK below). No install
 #       step: run the full command or tools/install.sh once first. Under 5 min on 2 cores (README).
