@@ -278,6 +278,11 @@ class RolloutDriver:
                 client, self.tokenizer, max_concurrency=self.cfg.rollout.rollout_max_concurrency, retry=self.retry,
                 recovering=self.recovering)
             while (rollout_id := self._next_rollout(next_id)) is not None:
+                if should_stop():  # also between rollouts: one shorter than poll_s never reaches the check inside
+                    result.handback = self.writer.save_handback(self.source.state_dict())
+                    log.info("stopped before rollout %d: cursor saved to %s", rollout_id, result.handback)
+                    result.reason = "stopped"
+                    return result
                 regenerate = rollout_id < next_id
                 if regenerate:
                     log.warning("regenerating rollout %d (the trainer quarantined it as corrupt)", rollout_id)
