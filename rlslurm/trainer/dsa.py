@@ -238,15 +238,11 @@ class SharedTopKAttention(torch.nn.Module):
 
 def _cp_full_keys(k: torch.Tensor) -> torch.Tensor:
     """The indexer keys [s_local, b, d] of every CP rank, in sequence order [s_local * cp, b, d]."""
-    import torch.distributed as dist
-
     from rlslurm.trainer import context_parallel as cpx
 
-    group, cp = cpx.cp_group(), cpx.cp_size()
-    parts = [torch.empty_like(k) for _ in range(cp)]
-    dist.all_gather(parts, k.contiguous(), group=group)
+    cp = cpx.cp_size()
     inv = cpx._inverse((0, k.size(0) * cp), cp).to(k.device)
-    return torch.cat(parts, dim=0).index_select(0, inv)
+    return cpx._all_gather(k.contiguous(), cpx.cp_group(), 0).index_select(0, inv)
 
 
 def sparse_attention(query, key, value, topk, causal, softmax_scale: float):
