@@ -282,8 +282,7 @@ def _check_trainer_grid(cfg: RunConfig, mc: ModelConfig) -> int:
                 f"--tensor-model-parallel-size {t.tensor_model_parallel_size} must divide {mc.name}'s "
                 f"{mc.arch.num_attention_heads} heads and {mc.arch.num_query_groups} query groups"
             )
-    check_gated_delta_net(mc.arch, mc.name, tp=t.tensor_model_parallel_size, cp=t.context_parallel_size,
-                          qkv_format=t.qkv_format)
+    check_gated_delta_net(mc.arch, mc.name, tp=t.tensor_model_parallel_size, qkv_format=t.qkv_format)
     # megatron-core's split of the layers over the stages, even or uneven (rlslurm/settings/parallel_grid.py)
     stage_layers(mc.arch.num_layers, t.pipeline_model_parallel_size, t.decoder_first_pipeline_num_layers,
                  t.decoder_last_pipeline_num_layers, model=mc.name)

@@ -242,7 +242,7 @@ def transformer_config(
             )
     stage_layers(mc.arch.num_layers, pp, first_stage_layers, last_stage_layers, model=mc.name)
     check_all_heads_qk_norm(mc, tp)
-    check_gated_delta_net(mc.arch, mc.name, tp=tp, cp=cp)
+    check_gated_delta_net(mc.arch, mc.name, tp=tp)
     check_pipeline_split(overrides or {}, pp)
     if params_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
@@ -630,7 +630,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     if packed:
-        check_gated_delta_net(mc.arch, mc.name, tp=1, cp=1, qkv_format="thd")
+        check_gated_delta_net(mc.arch, mc.name, tp=1, qkv_format="thd")
     kw: dict[str, Any] = {"use_transformer_engine": HAVE_TE}
     params = inspect.signature(get_gpt_decoder_block_spec).parameters
     if "normalization" in params:
