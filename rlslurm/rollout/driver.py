@@ -279,20 +279,14 @@ class RolloutDriver:
                 recovering=self.recovering)
             while (rollout_id := self._next_rollout(next_id)) is not None:
                 if should_stop():  # also between rollouts: one shorter than poll_s never reaches the check inside
-                    result.handback = self.writer.save_handback(self.source.state_dict())
-                    log.info("stopped before rollout %d: cursor saved to %s", rollout_id, result.handback)
-                    result.reason = "stopped"
-                    return result
+                    return self._hand_back(result, f"stopped before rollout {rollout_id}: cursor")
                 regenerate = rollout_id < next_id
                 if regenerate:
                     log.warning("regenerating rollout %d (the trainer quarantined it as corrupt)", rollout_id)
                 stopped, outcome = await self._until_stop(self._one(rollout_id, result), should_stop)
                 if stopped:
-                    result.handback = self.writer.save_handback(self.source.state_dict())
-                    log.info("stopped in rollout %d: cursor with its unfinished groups saved to %s", rollout_id,
-                             result.handback)
-                    result.reason = "stopped"
-                    return result
+                    return self._hand_back(result,
+                                           f"stopped in rollout {rollout_id}: cursor with its unfinished groups")
                 if outcome == "exhausted":
                     result.reason = "exhausted"
                     return result
@@ -302,6 +296,14 @@ class RolloutDriver:
                     else:
                         next_id = rollout_id + 1
                 result.next_rollout_id = max(result.next_rollout_id, next_id)
+        return result
+
+    def _hand_back(self, result: DriverResult, what: str) -> DriverResult:
+        """A stop: the source's cursor (and any groups a cancelled rollout handed back) saved for the next
+        attempt (buffer `save_handback`)."""
+        result.handback = self.writer.save_handback(self.source.state_dict())
+        log.info("%s saved to %s", what, result.handback)
+        result.reason = "stopped"
         return result
 
     def _next_rollout(self, next_id: int) -> int | None:
