@@ -16,7 +16,7 @@ import torch
 from rlslurm.convert import fp8, hf_io, int4, mapping, parallel
 from rlslurm.convert.hf_config import check_hf_config
 from rlslurm.errors import ConfigError, DataError
-from rlslurm.settings.low_precision import fp8_block, int4_scheme
+from rlslurm.settings.low_precision import stored_precision
 from rlslurm.settings.model_config import ModelConfig
 
 
@@ -56,9 +56,9 @@ def load_hf_checkpoint(model: torch.nn.Module, mc: ModelConfig, hf_dir: str | Pa
     # a block-wise FP8 checkpoint is multiplied out on the way in (convert/fp8.py), an INT4 W4A16 one
     # unpacked and scaled (convert/int4.py); their scale tensors are read there and never mapped. Any
     # other quantization is refused here too.
-    block = fp8_block(Path(hf_dir), "HF checkpoint")
-    scheme = int4_scheme(Path(hf_dir), "HF checkpoint")
-    get = int4.dequantizing(ckpt, scheme.group_size) if scheme is not None else fp8.dequantizing(ckpt, block)
+    stored = stored_precision(Path(hf_dir), "HF checkpoint")
+    get = (int4.dequantizing(ckpt, stored.int4.group_size) if stored.int4 is not None
+           else fp8.dequantizing(ckpt, stored.fp8_block))
     ranks, tensors, targets, override, l2g, n_local = _plan(model, mc)
     emb = tensors.get("embedding.word_embeddings.weight", tensors.get("output_layer.weight"))
     vocab_padded = emb.shape[0] * ranks.tp_size if emb is not None else None

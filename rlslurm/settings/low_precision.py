@@ -78,15 +78,16 @@ WHY_QUANTIZED = ("rlslurm's trainer dequantizes and its weight sync re-quantizes
                  f"unquantized checkpoint this one was made from ({DOC})")
 
 
-def fp8_block(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> tuple[int, int] | None:
+def fp8_block(hf_dir: Path | None, flag: str = "--hf-checkpoint", cfg: dict | None = None) -> tuple[int, int] | None:
     """The weight block of a block-wise FP8 checkpoint, None for an unquantized one (or no readable
-    config.json: other checks say why); ConfigError naming the layout for any other quantization."""
-    q = quantization(hf_dir) if hf_dir is not None else None
+    config.json: other checks say why); ConfigError naming the layout for any other quantization.
+    `cfg`: config.json, when the caller has read it (`stored_precision`)."""
+    q = quantization(hf_dir, cfg) if hf_dir is not None else None
     if q is None:
         return None
     method = q.get("quant_method", "?")
     if method == "compressed-tensors":
-        int4_scheme(hf_dir, flag)  # taken as INT4 W4A16, or refused naming the field
+        int4_scheme(hf_dir, flag, cfg)  # taken as INT4 W4A16, or refused naming the field
         return None
     what = ", ".join(f"{k} {q[k]}" for k in ("fmt", "bits", "format", "activation_scheme", "weight_block_size")
                      if k in q)
@@ -108,8 +109,8 @@ def fp8_block(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> tuple[int, 
 def checkpoint_precision(flag: str, hf_dir: Path) -> str | None:
     """Submit's check of a checkpoint's quantization: None for a plain one, a one-line note for
     block-wise FP8 or INT4 W4A16, ConfigError with the reason for anything else."""
-    if fp8_block(hf_dir, flag) is None:
-        scheme = int4_scheme(hf_dir, flag)
+    if (stored := stored_precision(hf_dir, flag)).fp8_block is None:
+        scheme = stored.int4
         if scheme is None:
             return None
         check_int4_tensors(hf_dir, flag, checkpoint_names(hf_dir))
@@ -157,10 +158,12 @@ class Int4Scheme:
     ignore: tuple[str, ...] = ()   # the checkpoint's `ignore` list, for the record: the tensors say what is INT4
 
 
-def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Int4Scheme | None:
+def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint", cfg: dict | None = None) -> Int4Scheme | None:
     """The scheme of an INT4 W4A16 compressed-tensors checkpoint; None for any other (or none, or no
-    readable config.json); ConfigError naming the field for a compressed-tensors config of another scheme."""
-    cfg = _config(hf_dir) if hf_dir is not None else None
+    readable config.json); ConfigError naming the field for a compressed-tensors config of another scheme.
+    `cfg`: config.json, when the caller has read it (`stored_precision`)."""
+    if cfg is None:
+        cfg = _config(hf_dir) if hf_dir is not None else None
     q = quantization(hf_dir, cfg) if cfg is not None else None
     if q is None or q.get("quant_method") != "compressed-tensors":
         return None
@@ -215,8 +218,8 @@ def int4_scheme(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Int4Schem
 
 @dataclass(frozen=True)
 class StoredPrecision:
-    """What a --hf-checkpoint stores quantized, read from its config.json once per submit (resolve.py
-    `Resolved.stored`): block-wise FP8 (`fp8_block`), INT4 W4A16 (`int4`), or neither."""
+    """What a checkpoint stores quantized: block-wise FP8 (`fp8_block`), INT4 W4A16 (`int4`), or neither
+    (`stored_precision`; at submit once, resolve.py `Resolved.stored`)."""
     fp8_block: tuple[int, int] | None = None
     int4: Int4Scheme | None = None
 
@@ -225,9 +228,11 @@ class StoredPrecision:
         return self.fp8_block is not None or self.int4 is not None
 
 
-def stored_precision(hf_dir: Path | None) -> StoredPrecision:
-    """ConfigError, naming the field, for a quantization rlslurm does not take (`fp8_block`, `int4_scheme`)."""
-    return StoredPrecision(fp8_block(hf_dir), int4_scheme(hf_dir))
+def stored_precision(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> StoredPrecision:
+    """Its config.json read once; ConfigError, naming the field, for a quantization rlslurm does not take
+    (`fp8_block`, `int4_scheme`)."""
+    cfg = _config(hf_dir) if hf_dir is not None else None
+    return StoredPrecision(fp8_block(hf_dir, flag, cfg), int4_scheme(hf_dir, flag, cfg))
 
 
 def checkpoint_names(hf_dir: Path) -> list[str] | None:

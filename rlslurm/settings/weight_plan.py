@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rlslurm.settings.low_precision import fp8_block, int4_scheme
+from rlslurm.settings.low_precision import stored_precision
 
 # What can deliver a version, as the transport record names it (control/weight_version.json, each
 # `Delivered` in metrics.jsonl: trainer/weights/record.py): a broadcast group's backend, CUDA IPC
@@ -127,6 +127,7 @@ def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
     """The plan of a resolved RunConfig (layout.check has refused what cannot work: ipc without
     --colocate or with PP > 1, NCCL with --colocate)."""
     t = cfg.train
+    stored = stored_precision(cfg.model.hf_checkpoint)  # FP8/INT4 weights go out as the checkpoint stores them
     transport = t.weight_sync_transport
     if transport == "auto":
         transport = "ipc" if cfg.run.colocate and t.pipeline_model_parallel_size == 1 else "broadcast"
@@ -139,9 +140,4 @@ def weight_sync_plan(cfg: Any) -> WeightSyncPlan:
                           receiver=receiver, bucket_bytes=t.update_weight_buffer_size,
                           flattened=t.update_weight_flattened_bucket, fallback=t.weight_sync_fallback,
                           timeout_s=t.weight_sync_timeout_s, verify=t.verify_weight_sync,
-                          fp8_block=fp8_block(cfg.model.hf_checkpoint), int4_group=int4_group(cfg.model.hf_checkpoint))
-
-
-def int4_group(hf_dir: Any) -> int | None:
-    scheme = int4_scheme(hf_dir)
-    return scheme.group_size if scheme is not None else None
+                          fp8_block=stored.fp8_block, int4_group=stored.int4.group_size if stored.int4 else None)
