@@ -27,7 +27,7 @@ if [ "$want_slurm" = 1 ] && ! { command -v slurmctld && command -v strace; } >/d
 fi
 
 pipi() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
-C="$here/tools/constraints-cpu.txt"
+C="$here/constraints/cpu.txt"
 
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
   log "pip: torch==2.13.0 (local CPU build)"
