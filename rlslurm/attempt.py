@@ -32,7 +32,8 @@ Role = Literal["trainer", "rollout"]
 # (stop.json, stop_ack.json) is not among them: it outlives attempts until the user continues the run
 # (`rlslurm run` / `rlslurm resubmit` clear it, rlslurm/cli.py).
 STALE_RECORDS = ("preempt.json", "preempt_ack.json", "engines.json", "engines-node*.json", "router.json",
-                 "weight_update.json", "colocate_turn.json", "rendezvous-*.json", "heartbeats/*.json")
+                 "weight_update.json", "colocate_turn.json", "colocate_memory.json", "rendezvous-*.json",
+                 "heartbeats/*.json")
 
 # Reasons of the attempts that end before their processes start, and of those that left no line.
 FINISHED = "finished"

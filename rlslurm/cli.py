@@ -170,8 +170,11 @@ def submit(
 DEMO_RUN_NAME = "demo"
 DEMO_FLAGS = [
     "--model", "tiny-qwen3", "--run-name", DEMO_RUN_NAME, "--num-rollout", "24", "--custom-rm-path",
-    "rlslurm.demo_task:reward", "--rollout-temperature", "1.0", "--rollout-dtype", "float32", "--num-epoch", "1000",
+    "rlslurm.demo_task:reward", "--rollout-temperature", "1.0", "--num-epoch", "1000",
 ]
+# The engines' dtype for the demo: float32 on CPU (the CPU tier's exact greedy checks); on GPUs the
+# engines serve 16-bit (SGLang's CUDA kernels have no float32 rmsnorm: preflight.check_engine_dtype).
+DEMO_DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
 
 
 @app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
@@ -223,9 +226,15 @@ def run(
         # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
 
-        layers = [load_yaml_layer(opts.config)] if opts.config else []
-        colocate = build_config([*layers, parse_flags(argv)]).run.colocate
+        from rlslurm.gpus import machine_gpu_flags
+
+        layers = [*([load_yaml_layer(opts.config)] if opts.config else []), parse_flags(argv)]
+        probe = build_config([parse_flags(["--device", "cpu"]), *layers])  # `rlslurm run` runs on the CPU unless told
+        colocate = probe.run.colocate
         machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
+        machine += machine_gpu_flags(probe, layers)  # --device cuda: the GPUs this machine has
+        if demo and not any(("rollout", "rollout_dtype") in layer.values for layer in layers):
+            machine += ["--rollout-dtype", DEMO_DTYPE[probe.run.device]]
         res = resolve(["--device", "cpu", *machine] + argv, opts.config, strict_inputs=True)
         _print_notes(res)
         gpus = role_gpus(res.cfg, res.model)  # too few GPUs: refused before the run directory exists

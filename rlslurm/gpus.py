@@ -89,6 +89,25 @@ def role_gpus(cfg: "RunConfig", model: "ModelConfig | None" = None,
     return assign(gpu_split(cfg, model), visible_gpus() if visible is None else visible)
 
 
+def machine_gpu_flags(probe: "RunConfig", layers: list) -> list[str]:
+    """`rlslurm run --device cuda` on one machine: --gpus-per-node from the GPUs it has, unless the user
+    gave it (flags or YAML, `layers`) - all of them colocated or shared, half to each group otherwise
+    (the trainer's `--gpus-per-node`, the engines' as many). One GPU is too few for two groups: the
+    error names --colocate, which shares it."""
+    if probe.run.device != "cuda" or any(("slurm", "gpus_per_node") in layer.values for layer in layers):
+        return []
+    n = len(visible_gpus())
+    if n == 0:
+        raise ConfigError("--device cuda: no GPU visible on this machine (nvidia-smi lists none, or "
+                          "CUDA_VISIBLE_DEVICES is empty)")
+    if probe.shares_gpus:
+        return ["--gpus-per-node", str(n)]
+    if n < 2:
+        raise ConfigError("--device cuda: 1 GPU visible on this machine, and the trainer and the engines need one "
+                          "each; --colocate shares it (they take turns, as slime's --colocate)")
+    return ["--gpus-per-node", str(n // 2)]
+
+
 def step_gpus(cfg: "RunConfig", role: str) -> str | None:
     """--nodes 1 in SLURM: the role's CUDA_VISIBLE_DEVICES, picked from the job's GPUs that both
     overlapping steps see (rlslurm/slurm/launch.py). None where SLURM's own is right: a het group's

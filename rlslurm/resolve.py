@@ -78,6 +78,8 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
             continue  # the user chose one side of the split (the other is the rest), or there is none
         if name == "trainer_procs_per_node" and device == "cuda" and (probe.run.colocate or probe.slurm.nodes == 1):
             continue  # the placement gives the trainer its GPUs (layout.py); a config's CPU process count does not
+        if name in CPU_PLACEMENT and device == "cuda" and lent.get("device") == "cpu":
+            continue  # a config's placement on CPU cores (a tiny model's) is not one on GPUs
         defaults.set(name, value, where)
     if device == "cuda":
         defaults.megatron.update(_megatron_defaults(mc.megatron, user_layers))
@@ -93,6 +95,11 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
         raise ConfigError(f"{flag_name(name)}: derived value {err.get('input')!r} is refused: "
                           f"{err['msg'].removeprefix('Value error, ')}") from None
     return res
+
+
+# A model config's defaults that place processes on CPU cores (the tiny models' `device: cpu` entries):
+# with --device cuda the GPUs place them (--gpus-per-node and the layout), not these.
+CPU_PLACEMENT = frozenset({"gpus_per_node", "trainer_procs_per_node", "engines_per_node"})
 
 
 def _megatron_defaults(model: dict, user_layers: list[Layer]) -> dict:
@@ -394,11 +401,6 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
     if cfg.train.weight_sync_backend == "nccl":
         raise ConfigError("--shared-gpu with --weight-sync-backend nccl: NCCL refuses two ranks on one GPU (the "
                           "trainer and an engine); leave it auto (gloo) or use gloo")
-    from rlslurm.engines.sglang_flags import passthrough_flags
-
-    if "--mem-fraction-static" not in passthrough_flags(cfg.sglang_args):
-        raise ConfigError("--shared-gpu: pass --sglang-mem-fraction-static (e.g. 0.3) so that the engines leave "
-                          "GPU memory to the trainer on the same GPU")
 
 
 def _check_cpu_offload(cfg: RunConfig) -> None:

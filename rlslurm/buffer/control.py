@@ -15,6 +15,8 @@ reader sees the old or the new version, never a mix. Records:
                                                   weights into the engines; engines/update_watch.py reads it)
     colocate_turn.json           trainer rank 0   TurnRecord (--colocate: while the trainer holds the GPUs;
                                                   engines/turn_watch.py holds engine restarts until it goes)
+    colocate_memory.json         trainer rank 0   ColocationMemory (--colocate: the trainer's state is off the
+                                                  GPUs; the rollout nodes start their engines only then)
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
@@ -140,6 +142,15 @@ class WeightUpdateRecord(_Record):
     version: int
     until: float  # the trainer's wall clock (time.time()); readers bound it by their own clock too
     pid: int = Field(default_factory=os.getpid)
+
+
+class ColocationMemory(_Record):
+    """--colocate: this attempt's trainer has built its model and moved its state off the GPUs, so the
+    engines may start and size themselves on what is free (engines/memory_share.py); `margins`: per
+    GPU (its UUID; "" on CPU), what the trainer may take beside engines that hold their whole share."""
+    attempt: int
+    margins: dict[str, int]
+    updated_at: float = Field(default_factory=time.time)
 
 
 class TurnRecord(_Record):
@@ -377,6 +388,18 @@ class Control:
 
     def turn(self) -> TurnRecord | None:
         return self._read(self.turn_file, TurnRecord)
+
+    @property
+    def colocation_memory_file(self) -> Path:
+        return self.dir / "colocate_memory.json"
+
+    def write_colocation_memory(self, rec: ColocationMemory) -> None:
+        self._write(self.colocation_memory_file.name, rec)
+
+    def colocation_memory(self, attempt: int) -> ColocationMemory | None:
+        """This attempt's record, or None while its trainer has not written it."""
+        rec = self._read(self.colocation_memory_file, ColocationMemory)
+        return rec if rec is not None and rec.attempt == attempt else None
 
     # --- heartbeats -------------------------------------------------------------------
     def heartbeat(self, role: str, rank: int = 0, *, phase: str | None = None,

@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Literal
 
 from rlslurm.buffer.atomic import open_log
-from rlslurm.engines import log_scrub, owner_watch, procfs, sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.engines import log_scrub, memory_share, owner_watch, procfs, sglang_cpu, sglang_flags, sglang_versions
+from rlslurm.engines.memory_share import MemoryPlan
 from rlslurm.engines.procfs import pid_alive
 from rlslurm.engines.sglang_client import health_sync
-from rlslurm.errors import ConfigError
+from rlslurm.errors import ConfigError, UserError
 from rlslurm.net import check_ip_literal
 
 ENV_API_KEY = "RLSLURM_SGLANG_API_KEY"
@@ -51,6 +52,23 @@ _SHM_PATTERNS = (re.compile(r"^/dev/shm/sglang_loads_.*\.shm$"), re.compile(r"^/
 
 class EngineStartError(RuntimeError):
     """An SGLang server exited or did not become healthy; the message ends with its log tail."""
+
+
+class EngineSetupError(UserError):
+    """The engine's own process refused to start SGLang (its one line, ENGINE_ERROR_MARK in its log):
+    a setting must change, a restart cannot help."""
+
+
+class EngineOutOfMemory(UserError):
+    """An engine died of CUDA out-of-memory: restarting it the same way dies the same way (the share of
+    the GPU it takes must change), so it is reported once and the attempt ends."""
+
+
+ENGINE_ERROR_MARK = "rlslurm engine error: "
+# What a CUDA out-of-memory death leaves in an SGLang log (torch's allocator, torch_memory_saver's
+# resume, CUDA runtime/driver calls): docs/sglang-behaviour.md, "Out of memory".
+_OOM = re.compile(r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation|"
+                  r"CUDA_ERROR_OUT_OF_MEMORY|torch_memory_saver.*out of memory|Tried to allocate [0-9.]+ [GM]iB")
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,9 @@ class EngineSpec:
     node_rank: int = 0
     dist_init_addr: str | None = None
     allow_untested_sglang: bool = False   # --allow-untested-sglang (engines/sglang_versions.py)
+    # --colocate on GPUs: the trainer's margin, from which the engine's process sizes its memory share
+    # before SGLang starts (engines/memory_share.py)
+    memory: MemoryPlan | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "host", check_ip_literal(self.host, where=f"{self.name} host"))
@@ -145,6 +166,11 @@ class EngineSpec:
         env.pop(ENV_API_KEY, None)
         if self.api_key:
             env[ENV_API_KEY] = self.api_key
+        for var in (memory_share.ENV, memory_share.ENV_RECORD):
+            env.pop(var, None)
+        if self.memory is not None and self.device == "cuda":
+            env[memory_share.ENV] = self.memory.to_env()
+            env[memory_share.ENV_RECORD] = str(memory_share.record_path(self.log_path))
         return env
 
 
@@ -211,6 +237,7 @@ class EngineProcess:
                 refused = self.refused_arguments()
                 if refused:
                     raise ConfigError(f"--sglang-* passthrough: SGLang on {socket.gethostname()} refused it: {refused}")
+                self.raise_if_final("at its start")
                 raise EngineStartError(f"{self.spec.name} ({self.url}) exited with code {self.proc.returncode} "
                                        f"before it became healthy; log {self.spec.log_path}:\n{self.log_tail()}")
             if health_sync(self.url, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
@@ -232,6 +259,32 @@ class EngineProcess:
             return None
         m = re.search(r"^[^\n]*?: error: ((?:unrecognized arguments|argument --)[^\n]*)$", text, re.MULTILINE)
         return m.group(1).strip() if m else None
+
+    def _this_start_log(self) -> list[str]:
+        """The log lines of this process's start (from rlslurm's start line on)."""
+        try:
+            lines = self.spec.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        starts = [i for i, line in enumerate(lines) if line.startswith("==== rlslurm: start #")]
+        return lines[starts[-1]:] if starts else lines
+
+    def raise_if_final(self, when: str) -> None:
+        """After the process ended: EngineSetupError (the wrapper's own refusal) or EngineOutOfMemory
+        (CUDA OOM, `when`: at its start, or since), with the line that says so; nothing otherwise."""
+        lines = self._this_start_log()
+        for line in reversed(lines):
+            if line.startswith(ENGINE_ERROR_MARK):
+                raise EngineSetupError(f"{self.spec.name}: {line.removeprefix(ENGINE_ERROR_MARK)}")
+        oom = next((line.strip() for line in reversed(lines) if _OOM.search(line)), None)
+        if oom is None:
+            return
+        share = next((line.split(": ", 1)[1] for line in lines if line.startswith("rlslurm engine memory")),
+                     "SGLang's own default share")
+        raise EngineOutOfMemory(
+            f"{self.spec.name} ran out of GPU memory {when} ({oom[:300]}); its memory share: {share}. Give the "
+            f"engines less of the GPU with --sglang-mem-fraction-static (below the share above), or the trainer "
+            f"less (--offload-train, a smaller --max-tokens-per-gpu); log {self.spec.log_path}")
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -352,6 +405,11 @@ def _main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m rlslurm.engines.engine MODULE [ARGS...]")
     module, args = argv[0], argv[1:]
+    try:
+        args = memory_share.apply_from_env(args)  # --colocate on GPUs: the share, before SGLang starts
+    except UserError as e:
+        print(f"{ENGINE_ERROR_MARK}{' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        raise SystemExit(3) from None
     key = os.environ.pop(ENV_API_KEY, None)
     rotate = log_scrub.parse_rotate_env(os.environ.pop(log_scrub.ENV_LOG_ROTATE, None))
     scrubber = None

@@ -5,9 +5,12 @@ and they start in parallel), waits for each to be healthy, registers each with t
 (`POST /workers` with the api key, so the router can call the keyed server) and waits until
 the router itself reports them healthy. A background thread then watches every engine:
 
-- process gone (kill -9, OOM), looked for every EXIT_POLL_S -> restart at once (--colocate: once
+- process gone (kill -9, a crash), looked for every EXIT_POLL_S -> restart at once (--colocate: once
   the trainer's turn is over; noticed within the turn, not a health round later, so that a death
-  inside a short turn is held too);
+  inside a short turn is held too); but a death no restart can help - CUDA out of memory, or the
+  engine's own refusal to start (engines/engine.py `raise_if_final`) - is reported once as what it
+  is, with the setting to change, and ends the attempt as a user error (`final`): restarted, the
+  same share of the same GPU dies the same way;
 - `/health` failing `unhealthy_after` times in a row, checked every `health_interval_s` (hung,
   SIGSTOPped) -> restart.
 
@@ -67,6 +70,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import health_sync
+from rlslurm.errors import UserError
 from rlslurm.gpus import device_uuids
 
 if TYPE_CHECKING:
@@ -192,6 +196,9 @@ class EngineSupervisor:
         self._router_budget = RestartBudget(max_restarts, restart_window_s)
         # set once an engine or the router used up its budget: nothing is restarted any more
         self.failure: str | None = None
+        # set with `failure` when a restart cannot help (an engine's CUDA OOM, its own refusal to start):
+        # the attempt ends as a user error, not requeued (engines/engine.py `raise_if_final`)
+        self.final: UserError | None = None
         self._cond = threading.Condition()
         self._paused = 0
         self._stop = threading.Event()
@@ -341,9 +348,22 @@ class EngineSupervisor:
         return self._paused > 0
 
     def raise_if_failed(self) -> None:
-        """EngineFailure once an engine or the router used up its restart budget."""
+        """EngineFailure once an engine or the router used up its restart budget; the UserError of an
+        engine that no restart can help."""
+        if self.final is not None:
+            raise self.final
         if self.failure is not None:
             raise EngineFailure(self.failure)
+
+    def _final(self, s: _Slot, error: UserError) -> None:
+        """No restart can help `s` (a CUDA OOM, its own refusal): reported once, nothing restarted again."""
+        with self._cond:
+            if self.failure is None:
+                self.final, self.failure = error, str(error)
+            s.restarting = False
+            self._cond.notify_all()
+        log.error("%s", error)
+        self._emit(RestartEvent(s.proc.spec.name, s.proc.url, str(error), s.restarts, 0.0, False, str(error)))
 
     def _give_up(self, what: str, budget: RestartBudget, reason: str, error: str | None) -> None:
         last = f"; the last try failed: {error.splitlines()[0].rstrip(':')}" if error else ""
@@ -438,6 +458,12 @@ class EngineSupervisor:
         name = s.proc.spec.name
         t0 = time.monotonic()
         self._changed()
+        if reason.startswith("exited"):
+            try:
+                s.proc.raise_if_final("while serving")
+            except UserError as e:
+                self._final(s, e)
+                return
         self._await_turn(s, reason)
         log.warning("%s (%s): %s; restarting", name, s.proc.url, reason)
         error: str | None = None
@@ -459,6 +485,10 @@ class EngineSupervisor:
                 held = not self._weights_current(s)
                 if not held:
                     self._register(s)
+            except UserError as e:  # its restart died of OOM or was refused: the same again would too
+                if not self._stop.is_set():
+                    self._final(s, e)
+                return
             except Exception as e:  # any failure: report, back off, try again (never leave `restarting` set)
                 if self._stop.is_set():
                     break

@@ -76,6 +76,34 @@ GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as
 
 # --- the phases ---------------------------------------------------------------------------------
 
+def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_bytes: int,
+                      trains_beside: bool) -> None:
+    """The trainer shares its GPUs with engines (--colocate, --shared-gpu) and has built its model (and,
+    colocated, moved its state off the GPUs): rank 0 records, per GPU, what the trainer may take beside
+    engines that hold their whole share (engines/memory_share.py `trainer_margin`; `trains_beside`: it
+    also trains while they generate, --shared-gpu). The rollout nodes start their engines only then, so
+    that each sizes its share on what the trainer leaves. Collective."""
+    from rlslurm.buffer.control import ColocationMemory
+    from rlslurm.engines.memory_share import trainer_margin
+    from rlslurm.gpus import torch_device_uuid
+
+    mine = ("", 0)
+    if st.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(st.device)
+        params = sum(p.numel() * p.element_size() for p in st.actor.model.parameters())
+        mine = (torch_device_uuid(torch.cuda.current_device()) or "",
+                trainer_margin(params, bucket_bytes, total, trains_beside=trains_beside))
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if rank == 0:
+        margins: dict[str, int] = {}
+        for uuid, margin in every:
+            margins[uuid] = max(margins.get(uuid, 0), margin)
+        control.write_colocation_memory(ColocationMemory(attempt=attempt, margins=margins))
+        log.info("the trainer shares its GPUs with the engines: they may start now (the trainer's margin beside "
+                 "them: %s)", ", ".join(f"{m / 2**30:.2f} GiB" for m in margins.values()))
+
+
 class EnginesGone(RuntimeError):
     """An engine phase failed while the job is ending: the trainer checkpoints and exits."""
 
@@ -197,7 +225,7 @@ class Colocation:
             raise (EnginesGone if err[1] else RuntimeError)(f"colocate: {what} failed: {err[0]}")
 
     def offload_all(self) -> None:
-        """At start-up, before the engines generate the first rollout."""
+        """At start-up, before the engines start (`let_engines_start`)."""
         self._move(offload=(self.rest, self.grads, self.params))
 
     def to_trainer(self, version: int) -> None:

@@ -42,7 +42,7 @@ from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import load_run_config
 from rlslurm.settings.weight_plan import weight_sync_plan
 from rlslurm.trainer.collectives import collective_device
-from rlslurm.trainer.colocate import EnginesGone
+from rlslurm.trainer.colocate import EnginesGone, let_engines_start
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
 from rlslurm.trainer.replay_subsample import subsample
 from rlslurm.trainer.rollout_only import watch
@@ -177,6 +177,9 @@ class Trainer:
             try:
                 if cfg.run.colocate:  # the engines and the trainer take turns on the GPUs (trainer/turns.py)
                     self.turn = ColocatedTurn.start(self)
+                elif cfg.run.shared_gpu:  # both on the same GPU at once: the engines start beside the model
+                    let_engines_start(self.st, self.control, attempt=self.attempt, rank=self.rank,
+                                      bucket_bytes=self.plan.bucket_bytes, trains_beside=True)
                 ended = self._loop(progress)
             except SyncInterrupted as e:  # a sync in flight when the job began to end
                 ended = self._ending(progress, e)

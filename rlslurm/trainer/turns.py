@@ -21,7 +21,7 @@ import time
 from typing import Any, ContextManager
 
 from rlslurm.buffer.progress import TrainerProgress
-from rlslurm.trainer.colocate import Colocation, EnginesGone
+from rlslurm.trainer.colocate import Colocation, EnginesGone, let_engines_start
 
 
 class PlainTurn:
@@ -50,23 +50,26 @@ class PlainTurn:
 
 
 class ColocatedTurn:
-    """--colocate. Built by `start` once the model is: the engines start from the HF weights (or are
-    given the resumed version first); then the trainer's tensors leave the GPU until the first rollout
-    is committed."""
+    """--colocate. Built by `start` once the model is: the trainer's tensors leave the GPU, then the
+    engines start (from the HF weights; a resumed version reaches them once they are up) and generate
+    until the first rollout is committed."""
 
     def __init__(self, trainer: Any, colo: Colocation):
         self.t, self.colo = trainer, colo
 
     @classmethod
     def start(cls, trainer: Any) -> "ColocatedTurn":
+        """The trainer's state leaves the GPUs, then the engines may start: they size themselves on the
+        memory free then (engines/memory_share.py), which leaves what the trainer keeps. A resumed
+        version goes to them once they are up, from the loop's poll (WeightDelivery.due), like a publish
+        again to a restarted engine."""
         t = trainer
         key = t.rd.api_key() if t.rd.api_key_file.exists() else None
         colo = Colocation(t.st, t.control, key, rank=t.rank, timeout_s=t.plan.timeout_s, ending=t.attempt_ending,
                           offload=t.cfg.run.offload_train is not False)
-        if t.delivery.pending is not None:  # resumed: the engines need the trained weights first
-            t.delivery.wait_for_engines()
-            t.delivery.publish(t.delivery.pending)
         colo.offload_all()
+        let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
+                          trains_beside=False)
         return cls(t, colo)
 
     def begin(self, rollout_id: int) -> None:

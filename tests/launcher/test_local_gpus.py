@@ -38,9 +38,16 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch) -> None:
     assert visible_gpus() == []
 
 
-def _run_split(tmp_path: Path, monkeypatch, *argv: str) -> tuple[list[str], list[str]]:
-    """What `rlslurm run ARGV` hands its two roles (run_local's `gpus`), on a faked 4-GPU machine:
-    the CLI's own decision, made before the run directory exists."""
+def _run_split(tmp_path: Path, monkeypatch, *argv: str, visible: list[str] = FOUR,
+               dtype: tuple[str, ...] = ("--rollout-dtype", "bfloat16")) -> tuple[list[str], list[str]]:
+    """What `rlslurm run ARGV` hands its two roles (run_local's `gpus`), on a faked machine of `visible`
+    GPUs (4 by default): the CLI's own decision, made before the run directory exists."""
+    return _run(tmp_path, monkeypatch, *argv, visible=visible, dtype=dtype)["gpus"]
+
+
+def _run(tmp_path: Path, monkeypatch, *argv: str, visible: list[str] = FOUR,
+         dtype: tuple[str, ...] = ("--rollout-dtype", "bfloat16")) -> dict:
+    """run_local's keyword arguments for `rlslurm run --demo --device cuda ARGV` (nothing is started)."""
     import rlslurm.local
 
     seen: dict = {}
@@ -52,16 +59,17 @@ def _run_split(tmp_path: Path, monkeypatch, *argv: str) -> tuple[list[str], list
         seen.update(kw)
         raise Done
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(FOUR))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(visible))
     monkeypatch.setattr(rlslurm.local, "run_local", capture)
     tmp_path.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(tmp_path)
     from rlslurm.cli import app
 
     result = CliRunner().invoke(app, ["run", "--demo", "--run-dir", str(tmp_path / "run"), "--no-progress",
-                                      "--device", "cuda", "--rollout-dtype", "bfloat16", *argv])
+                                      "--device", "cuda", *dtype, *argv])
     assert isinstance(result.exception, Done), result.output
-    return seen["gpus"]
+    seen["run_dir"] = tmp_path / "run"
+    return seen
 
 
 # the layouts of the GPU matrix (tests/gpu/test_layouts.py), each on its own GPUs: (flags, trainer's, rollout's)
@@ -91,7 +99,7 @@ def test_rlslurm_run_gives_the_engines_gpus_of_their_own(name: str, tmp_path: Pa
 
 def test_shared_gpu_and_colocate_put_both_groups_on_the_same_gpus(tmp_path: Path, monkeypatch) -> None:
     shared = _run_split(tmp_path / "a", monkeypatch, "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
-                        "--shared-gpu", "--sglang-mem-fraction-static", "0.3")
+                        "--shared-gpu")
     assert shared == (FOUR, FOUR)
     import rlslurm.preflight
 
@@ -170,13 +178,12 @@ def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypat
     base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",
             "--nodes", "2", "--gpus-per-node", "1", "--trainer-procs-per-node", "1",
             "--hf-checkpoint", str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))]
-    shared = base + ["--shared-gpu", "--sglang-mem-fraction-static", "0.3"]
+    shared = base + ["--shared-gpu"]  # no memory share given: the engines size theirs (engines/memory_share.py)
     cfg = resolve(shared, strict_inputs=False).cfg
     assert weight_sync_plan(cfg).backend == "gloo"
     assert weight_sync_plan(resolve(base, strict_inputs=False).cfg).backend is None  # nccl on CUDA
     with pytest.raises(ConfigError, match="--shared-gpu is for `rlslurm run`"):
         render(cfg, tmp_path / "run")
-    one_line_naming(base + ["--shared-gpu"], "--shared-gpu", "--sglang-mem-fraction-static")
     one_line_naming(shared + ["--weight-sync-backend", "nccl"], "--shared-gpu", "--weight-sync-backend nccl")
     one_line_naming(shared + ["--device", "cpu"], "--shared-gpu", "--device cuda")
 
@@ -201,3 +208,33 @@ def test_a_cpu_run_hides_the_gpus_from_both_groups(tmp_path: Path, monkeypatch) 
     """Fails before: --device cpu handed the roles the machine's GPUs, and on 4 x H100 the CPU trainer put
     megatron's gradient buffers on one beside its gloo group (unsupported device type cuda)."""
     assert _run_split(tmp_path, monkeypatch, "--device", "cpu", "--rollout-dtype", "float32") == ([], [])
+
+
+def test_device_cuda_takes_the_gpus_the_machine_has(tmp_path: Path, monkeypatch) -> None:
+    """`rlslurm run --demo --device cuda` with no --gpus-per-node: the visible GPUs, half to each group
+    (all of them, shared, with --colocate); the tiny model's CPU placement (gpus_per_node 0, two trainer
+    processes, two CPU engines) does not apply, and the demo's engines serve bfloat16. Before: "--gpus-per-node
+    must be >= 1 with --device cuda"."""
+    import rlslurm.preflight
+    from rlslurm.settings.runfile import load_run_config
+
+    seen = _run(tmp_path / "two", monkeypatch, visible=["0", "1"], dtype=())
+    assert seen["gpus"] == (["0", "1"], ["1", "0"])
+    cfg = load_run_config(seen["run_dir"])
+    assert (cfg.slurm.gpus_per_node, cfg.trainer_procs_per_node, cfg.rollout.rollout_dtype) == (1, 1, "bfloat16")
+    monkeypatch.setattr(rlslurm.preflight, "check_colocate", lambda cfg, warnings, strict: None)
+    colocated = _run(tmp_path / "one", monkeypatch, "--colocate", visible=["0"], dtype=())
+    assert colocated["gpus"] == (["0"], ["0"])
+    assert load_run_config(colocated["run_dir"]).slurm.gpus_per_node == 1
+
+
+def test_one_gpu_for_two_groups_suggests_colocate(tmp_path: Path, monkeypatch) -> None:
+    from rlslurm.cli import app
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--demo", "--run-dir", str(tmp_path / "run"), "--no-progress",
+                                      "--device", "cuda"])
+    assert isinstance(result.exception, ConfigError), result.output  # the CLI prints a UserError as one line
+    assert "1 GPU visible" in str(result.exception) and "--colocate" in str(result.exception)
+    assert not (tmp_path / "run" / "run.yaml").exists()

@@ -1,0 +1,234 @@
+"""How much of a GPU a colocated engine takes: its `--mem-fraction-static`, derived when the user gives
+none (docs/colocate.md, "The engines' memory share").
+
+SGLang sizes an engine's weights + KV cache as `--mem-fraction-static` x the GPU memory free when the
+engine starts, and leaves the rest of that free memory to its own activations (docs/sglang-behaviour.md,
+"How SGLang sizes its memory"). Its default share is computed from the GPU's size alone, as if the engine
+had the GPU to itself. Colocated, the trainer is on the same GPU: what it holds while the engines
+generate, and what it may take beside them later (its params, onloaded to publish to a restarted engine
+or to probe a version, and the transfer buckets), must come out of the engines' share, or the engines'
+resume after the trainer's turn runs out of memory.
+
+So colocated engines start only once the trainer has built its model and moved its state off the GPU
+(the trainer's `ColocationMemory` record, control/colocate_memory.json): the free memory an engine then
+sees excludes what the trainer holds. Each engine's wrapper process (engines/engine.py `_main`) then
+gives SGLang
+
+    share = 1 - (sglang_reserve + margin) / free
+
+where `sglang_reserve` is what SGLang's own default leaves for activations on this GPU ((1 - its default
+share) x the GPU's size), `margin` is what the trainer may take beside the engines (`trainer_margin`),
+and `free` the GPU's free memory at the engine's start (the least over its GPUs on the node). The value
+and its terms are logged in the engine's log and written beside it (`<engine log>.memory.json`). A share
+the user gave is kept, with a warning when it is larger than the derived one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rlslurm.errors import UserError
+
+ENV = "RLSLURM_ENGINE_MEMORY"  # the engine's MemoryPlan as JSON, set by the rollout node (EngineSpec.env)
+ENV_RECORD = ENV + "_RECORD"  # where the engine's process writes its Share (JSON)
+GIB = 2**30
+# What the trainer's resident state may grow by between its first offload (when the engines are sized)
+# and a later turn: cuBLAS workspaces, allocator blocks of tensors made at the first step that stay
+# (docs/colocate.md). The larger of a fixed amount and a share of the GPU.
+GROWTH_MIN_BYTES = 1 * GIB
+GROWTH_SHARE = 0.01
+# The least KV cache worth starting an engine with: below it the share is refused in one line rather
+# than left to SGLang's "Loaded weights leave no GPU memory for the KV cache".
+MIN_KV_BYTES = 1 * GIB
+
+
+class EngineMemoryError(UserError):
+    """The engines cannot fit beside the trainer on this GPU: a setting must change."""
+
+
+# --shared-gpu (a test layout of `rlslurm run`): the trainer trains while the engines generate, and its
+# activations' peak is not known before its first step: this share of the GPU is kept for it.
+TRAINING_SHARE = 0.25
+
+
+def trainer_margin(params_bytes: int, bucket_bytes: int, total_bytes: int, *, trains_beside: bool = False) -> int:
+    """What one trainer rank may take on its GPU beside engines that hold their whole share: its params
+    (onloaded for a publish again to a restarted engine, or for --verify-weight-sync's probe), one
+    transfer bucket, and room to grow; `trains_beside` (--shared-gpu): its training too."""
+    margin = params_bytes + bucket_bytes + max(GROWTH_MIN_BYTES, int(GROWTH_SHARE * total_bytes))
+    return margin + (int(TRAINING_SHARE * total_bytes) if trains_beside else 0)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the rollout node tells a colocated engine: the trainer's margin on the engine's GPUs."""
+
+    margin_bytes: int
+    weights_bytes: int  # the model's weights per engine GPU (bf16/fp16/fp32 as served)
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> "MemoryPlan":
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class Share:
+    fraction: float
+    derived: bool          # False: the user's --sglang-mem-fraction-static
+    total_gib: float
+    free_gib: float        # at the engine's start, the least over its GPUs here
+    sglang_reserve_gib: float
+    margin_gib: float
+    sglang_default: float | None
+    derived_fraction: float | None  # what rlslurm would give (None: nothing fits; `fraction` when derived)
+
+    def describe(self) -> str:
+        terms = (f"{self.free_gib:.1f} GiB free of {self.total_gib:.1f} at the engine's start (the trainer's "
+                 f"state off the GPU); SGLang's reserve for activations {self.sglang_reserve_gib:.1f} GiB "
+                 f"(its default share {self.sglang_default}); the trainer's margin {self.margin_gib:.1f} GiB")
+        if self.derived:
+            return f"--mem-fraction-static {self.fraction:.3f} derived by rlslurm: {terms}"
+        would = "nothing that fits" if self.derived_fraction is None else f"{self.derived_fraction:.3f}"
+        return f"--mem-fraction-static {self.fraction:.3f} given by the user (rlslurm would derive {would}: {terms})"
+
+    @property
+    def risky(self) -> bool:
+        """A user's share larger than what fits beside the trainer: the resume after a turn may OOM."""
+        return not self.derived and (self.derived_fraction is None or self.fraction > self.derived_fraction)
+
+
+def derive(*, total: int, free: int, sglang_default: float, margin: int, weights: int) -> float:
+    """The engine's share of `free` (bytes), three decimals, rounded down; EngineMemoryError when its
+    weights and the least KV cache do not fit."""
+    reserve = (1.0 - sglang_default) * total
+    fraction = math.floor((1.0 - (reserve + margin) / free) * 1000) / 1000
+    if fraction * free < weights + MIN_KV_BYTES:
+        raise EngineMemoryError(
+            f"--colocate: {free / GIB:.1f} GiB of the GPU are free beside the trainer; SGLang keeps "
+            f"{reserve / GIB:.1f} GiB for activations and the trainer needs {margin / GIB:.1f} GiB beside the "
+            f"engines, which leaves {max(fraction, 0) * free / GIB:.1f} GiB for {weights / GIB:.1f} GiB of "
+            f"weights and a KV cache: the model does not fit colocated on this GPU (use more GPUs per engine "
+            f"with --rollout-num-gpus-per-engine, or separate GPUs for the trainer and the engines)")
+    return fraction
+
+
+def gpu_memory(devices: list[int]) -> tuple[int, int]:
+    """(total, free) bytes of the CUDA devices `devices` as this process numbers them: the least of
+    each over them (an engine over several GPUs is sized by its fullest). Read with nvidia-smi, not
+    torch: a CUDA context in the server's main process would hold memory of its own."""
+    from rlslurm.gpus import device_uuids, normal_uuid
+
+    uuids = device_uuids(devices)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid,memory.total,memory.free",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise EngineMemoryError(f"--colocate: the GPUs' free memory cannot be read to size the engine's share "
+                                f"(nvidia-smi: {e}); give it with --sglang-mem-fraction-static") from None
+    rows = {normal_uuid(u): (int(t) * 2**20, int(f) * 2**20)
+            for u, t, f in (line.split(",") for line in out.splitlines() if line.count(",") == 2)}
+    mine = [rows[u] for u in uuids or [] if u in rows] or list(rows.values())
+    if not mine:
+        raise EngineMemoryError("--colocate: nvidia-smi lists no GPU to size the engine's memory share with")
+    return min(t for t, _ in mine), min(f for _, f in mine)
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def engine_devices(args: list[str]) -> list[int]:
+    base = int(_flag(args, "--base-gpu-id") or 0)
+    tp = int(_flag(args, "--tp-size") or 1)
+    nnodes = int(_flag(args, "--nnodes") or 1)
+    return list(range(base, base + tp // nnodes))
+
+
+def sglang_default_share(args: list[str]) -> float:
+    """SGLang's own default --mem-fraction-static for these server flags (its server_args heuristic from
+    the GPU's size, chunked prefill and CUDA-graph batch sizes), asked of SGLang itself so that it
+    follows the installed version."""
+    from sglang.srt.server_args import prepare_server_args
+
+    return float(prepare_server_args([a for a in args if not a.startswith("--api-key")]).mem_fraction_static)
+
+
+def size_engine(args: list[str], plan: MemoryPlan, record: Path | None) -> tuple[list[str], Share]:
+    """In the engine's wrapper process before SGLang starts: `args` with the share appended (or the
+    user's kept), and what it is. Writes `record` (JSON) and returns the Share."""
+    given = _flag(args, "--mem-fraction-static")
+    total, free = gpu_memory(engine_devices(args))
+    default = sglang_default_share(_without(args, "--mem-fraction-static"))
+    try:
+        derived: float | None = derive(total=total, free=free, sglang_default=default, margin=plan.margin_bytes,
+                                       weights=plan.weights_bytes)
+    except EngineMemoryError:
+        if given is None:
+            raise
+        derived = None  # the user's share stands; the warning says nothing else would fit
+    share = Share(fraction=derived if given is None else float(given), derived=given is None,
+                  total_gib=total / GIB, free_gib=free / GIB, sglang_reserve_gib=(1 - default) * total / GIB,
+                  margin_gib=plan.margin_bytes / GIB, sglang_default=default, derived_fraction=derived)
+    if record is not None:
+        record.write_text(json.dumps(asdict(share), indent=1) + "\n")
+    if given is None:
+        args = [*args, "--mem-fraction-static", f"{share.fraction:.3f}"]
+    return args, share
+
+
+def _without(args: list[str], name: str) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == name:
+            skip = True
+            continue
+        if a.startswith(name + "="):
+            continue
+        out.append(a)
+    return out
+
+
+def record_path(log_path: Path) -> Path:
+    return log_path.with_name(log_path.name.removesuffix(".log") + ".memory.json")
+
+
+def apply_from_env(args: list[str]) -> list[str]:
+    """engines/engine.py `_main`: size a colocated GPU engine when the rollout node asked for it."""
+    text = os.environ.pop(ENV, None)
+    if not text:
+        return args
+    plan = MemoryPlan.from_env(text)
+    record = os.environ.pop(ENV_RECORD, None)
+    args, share = size_engine(args, plan, Path(record) if record else None)
+    level = "warning" if share.risky else "info"
+    print(f"rlslurm engine memory ({level}): {share.describe()}", file=sys.stderr, flush=True)
+    return args
+
+
+def serving_weights_bytes(cfg) -> int:
+    """The model's weights as the engines serve them, over all of an engine's GPUs: its parameter count
+    (settings/model_config.py's estimate) x the serving dtype's bytes (`auto`: 16-bit, as GPU engines
+    serve an fp32 checkpoint: docs/sglang-behaviour.md)."""
+    from rlslurm.convert.model_from_hf import run_model
+
+    dtype = cfg.rollout.rollout_dtype or "auto"
+    per_param = 4 if dtype in ("float32", "float") else 2
+    return run_model(cfg.model.model, cfg.model.hf_checkpoint).num_params * per_param
