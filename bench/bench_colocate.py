@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.gpu.bundle_flags import run_flags  # noqa: E402
+from tests.gpu.bundle_flags import mem_flags, run_flags  # noqa: E402
 
 PHASES = ("time/engines_release", "time/onload", "time/offload", "time/engines_resume")
 
@@ -90,7 +90,8 @@ def main() -> None:
     # the trainer's micro-batches: its logits (tokens x 151 k vocabulary, fp32) are the activation peak,
     # and on an 80 GB GPU the shipped 9216 left NCCL's first 512 MiB buffer no room (H100, 1.7B)
     ap.add_argument("--max-tokens-per-gpu", type=int, default=4096)
-    ap.add_argument("--mem-fraction", type=float, default=0.3, help="the engine's --sglang-mem-fraction-static")
+    ap.add_argument("--mem-fraction", type=float, default=None,
+                    help="the engine's --sglang-mem-fraction-static (default: rlslurm derives it)")
     ap.add_argument("--transport", choices=("ipc", "broadcast"), default="ipc")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of the node the run takes (--gpus-per-node)")
     ap.add_argument("--tp", type=int, default=1, help="the trainer's --tensor-model-parallel-size")
@@ -118,7 +119,7 @@ def main() -> None:
            "--colocate", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu), "--weight-sync-transport", a.transport,
            *(["--update-weight-buffer-size", str(a.bucket_bytes)] if a.bucket_bytes else []),
            *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
-             ["--device", "cuda", "--gpus-per-node", str(a.gpus), *run_flags(a.mem_fraction)]),
+             ["--device", "cuda", "--gpus-per-node", str(a.gpus), *run_flags(), *mem_flags(a.mem_fraction, "--sglang-")]),
            "--tensor-model-parallel-size", str(a.tp), "--rollout-num-gpus-per-engine", str(a.engine_tp),
            *([] if a.offload_train is None else ["--offload-train" if a.offload_train else "--no-offload-train"])]
     wall = run_logged(cmd, a.work / "run.log")

@@ -48,7 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.gpu.bundle_flags import server_flags  # noqa: E402
+from tests.gpu.bundle_flags import mem_flags, server_flags  # noqa: E402
 
 SHAPES = {  # Qwen3 dense configs (HF config.json fields); "tiny" only checks the bench on CPU
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -67,7 +67,7 @@ MOE_SHAPES = {  # Qwen3-MoE configs (HF config.json fields); "tiny-moe" only che
                     num_experts_per_tok=8, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
                     head_dim=128, vocab_size=151936, tie_word_embeddings=False),
 }
-GPU_ENGINE_FLAGS = server_flags(0.5)  # the trimmed GPU bundle's (tests/gpu/bundle_flags.py); tests/gpu and
+GPU_ENGINE_FLAGS = server_flags()  # the trimmed GPU bundle's (tests/gpu/bundle_flags.py); tests/gpu and
 # bench_rollout_overhead.py start their engines with it (this bench takes --mem-fraction)
 MODES = {"rlslurm": "rlslurm's receiver in the engine", "flattened": "SGLang's flattened_bucket receive",
          "per_tensor": "SGLang's per-tensor receive"}
@@ -183,7 +183,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["1.7B", "4B"], choices=sorted(SHAPES) + sorted(MOE_SHAPES))
     ap.add_argument("--engine-tp", type=int, default=1, help="the engine's TP size (its GPUs follow the sender's)")
     ap.add_argument("--engine-gpu", type=int, default=1, help="the engine's first GPU (the sender has GPU 0)")
-    ap.add_argument("--mem-fraction", type=float, default=0.5, help="the engine's --mem-fraction-static")
+    ap.add_argument("--mem-fraction", type=float, default=None,
+                    help="the engine's --mem-fraction-static (default: SGLang's)")
     ap.add_argument("--bucket-mib", type=int, nargs="+", default=[512, 1024])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -226,7 +227,7 @@ def main() -> None:
         control = Control(RunDir.create(work / "run"))
         port = engine_port_block(host, 1)[0]
         extra = ("--load-format", "dummy", "--skip-tokenizer-init", "--custom-weight-loader", RECEIVER_LOADER) \
-            + (server_flags(a.mem_fraction) if cuda else ())
+            + ((*server_flags(), *mem_flags(a.mem_fraction)) if cuda else ())
         spec = EngineSpec(name="engine-0", model_path=str(model_dir), host=host, port=port.port,
                           nccl_port=port.nccl_port, log_path=work / "engine-0.log", api_key=key,
                           dtype="bfloat16" if cuda else "float32", device=a.device, base_gpu_id=recv_gpu,

@@ -39,7 +39,7 @@ from flops import peak_bf16, qwen3_forward_flops_per_token  # noqa: E402
 from tests.gpu.bundle_flags import run_flags  # noqa: E402
 
 # the trimmed GPU bundle's engine flags; the engine has its GPUs to itself, so a larger KV pool
-ENGINE_FLAGS = run_flags(0.7)
+ENGINE_FLAGS = run_flags()
 # placement flags of `rlslurm run` and GPUs used, per layout: the trainer's GPUs first, the engine's next
 LAYOUTS = {
     "tp1": (["--gpus-per-node", "1", "--trainer-procs-per-node", "1"], 1, 2),

@@ -150,7 +150,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--engine-tp", type=int, default=1, help="cuda: GPUs per engine (one engine per TP GPUs)")
-    ap.add_argument("--mem-fraction", type=float, default=0.5, help="cuda: the engines' --mem-fraction-static")
+    ap.add_argument("--mem-fraction", type=float, default=None,
+                    help="cuda: the engines' --mem-fraction-static (default: SGLang's)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rollout-overhead.jsonl")
     a = ap.parse_args()
 
@@ -163,7 +164,7 @@ def main() -> None:
 
         from bench_engine_sync import SHAPES, write_model_dir
 
-        from tests.gpu.bundle_flags import server_flags
+        from tests.gpu.bundle_flags import mem_flags, server_flags
 
         if a.size not in SHAPES:
             sys.exit(f"--device cuda takes --size {' or '.join(s for s in SHAPES if s != 'tiny')}")
@@ -173,7 +174,7 @@ def main() -> None:
                             nccl_port=p.nccl_port, log_path=work / f"engine-{i}.log", api_key=key, dtype="bfloat16",
                             device="cuda", base_gpu_id=i * a.engine_tp, tp_size=a.engine_tp,
                             extra_args=("--load-format", "dummy", "--skip-tokenizer-init",
-                                        *server_flags(a.mem_fraction)))
+                                        *server_flags(), *mem_flags(a.mem_fraction)))
                  for i, p in enumerate(engine_port_block(host, n_engines))]
     else:
         mc = model_config(a.model, a.size)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from tests.gpu.bundle_flags import run_flags
 
-# a small KV pool leaves the GPU mostly free (the trainer may share it)
-SGLANG_GPU_FLAGS = run_flags(0.3)
+SGLANG_GPU_FLAGS = run_flags()  # the bundle's backends only: the memory share is the default
 SAVE_INTERVAL = 4
 
 

@@ -15,7 +15,7 @@ from tests.gpu.bundle_flags import run_flags
 def test_colocated_engine_kill9_and_term_inside_the_turn_on_a_gpu(tmp_path: Path) -> None:
     run = kill_then_term_inside_turns(tmp_path, ["--device", "cuda", "--gpus-per-node", "1",
                                                  "--trainer-procs-per-node", "1", "--rollout-dtype", "bfloat16",
-                                                 *run_flags(0.3)],
+                                                 *run_flags()],
                                       steps=400, engines=1)  # the demo model steps in ~20 ms on a GPU
     # the mechanism on a GPU: trainer and engine on the same one, before and after the restart
     attempt = run / "logs" / "attempt-0"

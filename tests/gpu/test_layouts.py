@@ -75,7 +75,7 @@ def start(run_dir: Path, log: Path, flags: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rlslurm.cli", "run", "--demo", "--run-dir", str(run_dir), "--no-progress",
            "--device", "cuda", "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "4", "--verify-weight-sync",
            "--rollout-dtype", "bfloat16", "--weight-sync-fallback", "off", "--weight-sync-timeout-s", "60",
-           *run_flags(0.3), "--update-weight-receiver", RECEIVER, *flags]
+           *run_flags(), "--update-weight-receiver", RECEIVER, *flags]
     return subprocess.Popen(cmd, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

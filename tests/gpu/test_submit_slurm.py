@@ -82,7 +82,7 @@ def submit(run_dir: Path, prompts: Path, *extra: str) -> int:
             "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(NUM_ROLLOUT), "--num-epoch", "100",
             "--rollout-dtype", "bfloat16", "--rollout-temperature", "1.0", "--verify-weight-sync", "--save-interval", "4",
             "--weight-sync-fallback", "off", "--weight-sync-timeout-s", "60", "--engine-health-interval-s", "5",
-            *run_flags(0.3), *extra)
+            *run_flags(), *extra)
     return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
 
 
