@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from rlslurm import preflight
 from rlslurm.convert.model_from_hf import run_model
+from rlslurm.engines.memory_share import check_given_share
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.job.timespec import time_limit_s
@@ -378,6 +379,7 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     cfg, mc = res.cfg, res.model
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
+    check_given_share(cfg.sglang_args)
     check_engine_quantization(cfg.sglang_args, res.stored.fp8_block is not None)
     if res.stored.int4 is not None:  # CUDA Marlin MoE, the form SGLang can reload
         check_int4_engine_args(cfg.sglang_args, cfg.run.device)

@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlslurm.errors import UserError
+from rlslurm.errors import ConfigError
 
 ENV = "RLSLURM_ENGINE_MEMORY"  # the engine's MemoryPlan as JSON, set by the rollout node (EngineSpec.env)
 ENV_RECORD = ENV + "_RECORD"  # where the engine's process writes its Share (JSON)
@@ -48,13 +48,28 @@ GROWTH_SHARE = 0.01
 MIN_KV_BYTES = 1 * GIB
 
 
-class EngineMemoryError(UserError):
+class EngineMemoryError(ConfigError):
     """The engines cannot fit beside the trainer on this GPU: a setting must change."""
 
 
 # --shared-gpu (a test layout of `rlslurm run`): the trainer trains while the engines generate, and its
 # activations' peak is not known before its first step: this share of the GPU is kept for it.
 TRAINING_SHARE = 0.25
+
+
+def check_given_share(sglang_args: list[str] | tuple[str, ...]) -> None:
+    """At submit: a --sglang-mem-fraction-static that no GPU could take. Whether one below 1 fits beside
+    the trainer is known only on the node (the engine's log warns, `Share.risky`)."""
+    given = _flag(list(sglang_args), "--mem-fraction-static")
+    if given is None:
+        return
+    try:
+        value = float(given)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise EngineMemoryError(f"--sglang-mem-fraction-static {given}: the engines' share of a GPU's free memory "
+                                f"is a number between 0 and 1 (leave it out and rlslurm derives it colocated)")
 
 
 def trainer_margin(params_bytes: int, bucket_bytes: int, total_bytes: int, *, trains_beside: bool = False) -> int:

@@ -158,3 +158,13 @@ def test_other_deaths_are_still_restarted(tmp_path) -> None:
         assert sup.final is None and sup.failure is not None
     finally:
         sup.close()
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "-0.2", "most"])
+def test_a_share_no_gpu_could_take_is_refused_at_submit(value: str, tmp_path) -> None:
+    from tests.config_errors import one_line_naming
+    from tests.prompt_files import prompt_lines
+
+    (tmp_path / "p.jsonl").write_text(prompt_lines())
+    one_line_naming(["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--nodes", "1",
+                     "--sglang-mem-fraction-static", value], f"--sglang-mem-fraction-static {value}", "between 0 and 1")
