@@ -19,7 +19,8 @@ gives SGLang
 where `sglang_reserve` is what SGLang's own default leaves for activations on this GPU ((1 - its default
 share) x the GPU's size), `margin` is what the trainer may take beside the engines (`trainer_margin`),
 and `free` the GPU's free memory at the engine's start (the least over its GPUs on the node). The value
-and its terms are logged in the engine's log and written beside it (`<engine log>.memory.json`). A share
+and its terms are logged in the engine's log and written beside it, a line per start of the engine
+(`<engine log>.memory.jsonl`). A share
 the user gave is kept, with a warning when it is larger than the derived one.
 """
 
@@ -36,7 +37,7 @@ from pathlib import Path
 from rlslurm.errors import ConfigError
 
 ENV = "RLSLURM_ENGINE_MEMORY"  # the engine's MemoryPlan as JSON, set by the rollout node (EngineSpec.env)
-ENV_RECORD = ENV + "_RECORD"  # where the engine's process writes its Share (JSON)
+ENV_RECORD = ENV + "_RECORD"  # where the engine's process appends its Share (a JSON line per start)
 GIB = 2**30
 # What the trainer's resident state may grow by between its first offload (when the engines are sized)
 # and a later turn: cuBLAS workspaces, allocator blocks of tensors made at the first step that stay
@@ -185,7 +186,7 @@ def sglang_default_share(args: list[str]) -> float:
 
 def size_engine(args: list[str], plan: MemoryPlan, record: Path | None) -> tuple[list[str], Share]:
     """In the engine's wrapper process before SGLang starts: `args` with the share appended (or the
-    user's kept), and what it is. Writes `record` (JSON) and returns the Share."""
+    user's kept), and what it is. Appends it to `record` (a JSON line per start of the engine)."""
     given = _flag(args, "--mem-fraction-static")
     total, free = gpu_memory(engine_devices(args))
     default = sglang_default_share(_without(args, "--mem-fraction-static"))
@@ -200,7 +201,8 @@ def size_engine(args: list[str], plan: MemoryPlan, record: Path | None) -> tuple
                   total_gib=total / GIB, free_gib=free / GIB, sglang_reserve_gib=(1 - default) * total / GIB,
                   margin_gib=plan.margin_bytes / GIB, sglang_default=default, derived_fraction=derived)
     if record is not None:
-        record.write_text(json.dumps(asdict(share), indent=1) + "\n")
+        with open(record, "a") as f:
+            f.write(json.dumps(asdict(share)) + "\n")
     if given is None:
         args = [*args, "--mem-fraction-static", f"{share.fraction:.3f}"]
     return args, share
@@ -222,7 +224,7 @@ def _without(args: list[str], name: str) -> list[str]:
 
 
 def record_path(log_path: Path) -> Path:
-    return log_path.with_name(log_path.name.removesuffix(".log") + ".memory.json")
+    return log_path.with_name(log_path.name.removesuffix(".log") + ".memory.jsonl")
 
 
 def apply_from_env(args: list[str]) -> list[str]:

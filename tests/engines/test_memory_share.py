@@ -52,14 +52,16 @@ def _sized(monkeypatch, tmp_path, args: list[str]):
     monkeypatch.setattr(memory_share, "gpu_memory", lambda devices: (H200, H200 - GIB))
     monkeypatch.setattr(memory_share, "sglang_default_share", lambda a: 0.907)
     plan = MemoryPlan(margin_bytes=trainer_margin(2**20, 2**29, H200), weights_bytes=2**20)
-    return memory_share.size_engine(args, plan, tmp_path / "engine-0.memory.json")
+    return memory_share.size_engine(args, plan, tmp_path / "engine-0.memory.jsonl")
 
 
 def test_the_engine_gets_the_derived_share_and_it_is_recorded(monkeypatch, tmp_path) -> None:
     args, share = _sized(monkeypatch, tmp_path, ["--model-path", "m", "--base-gpu-id", "0", "--tp-size", "1"])
     assert args[-2:] == ["--mem-fraction-static", f"{share.fraction:.3f}"] and share.derived
-    rec = json.loads((tmp_path / "engine-0.memory.json").read_text())
+    [rec] = [json.loads(line) for line in (tmp_path / "engine-0.memory.jsonl").read_text().splitlines()]
     assert rec["fraction"] == share.fraction and rec["sglang_default"] == 0.907 and rec["derived"]
+    _sized(monkeypatch, tmp_path, ["--model-path", "m"])  # the engine's restart: a second line
+    assert len((tmp_path / "engine-0.memory.jsonl").read_text().splitlines()) == 2
     assert "derived by rlslurm" in share.describe() and not share.risky
 
 

@@ -25,7 +25,8 @@ def colocated(run_dir: Path, log: Path, *flags: str) -> subprocess.Popen:
 
 def shares(run_dir: Path) -> list[dict]:
     """Every engine start's memory share as the engine's process recorded it (engines/memory_share.py)."""
-    return [json.loads(p.read_text()) for p in sorted(run_dir.glob("logs/attempt-*/engine-*.memory.json"))]
+    return [json.loads(line) for p in sorted(run_dir.glob("logs/attempt-*/engine-*.memory.jsonl"))
+            for line in p.read_text().splitlines() if line.strip()]
 
 
 def engine_text(run_dir: Path) -> str:
