@@ -94,8 +94,8 @@ class EngineSpec:
     node_rank: int = 0
     dist_init_addr: str | None = None
     allow_untested_sglang: bool = False   # --allow-untested-sglang (engines/sglang_versions.py)
-    # --colocate on GPUs: the trainer's margin, from which the engine's process sizes its memory share
-    # before SGLang starts (engines/memory_share.py)
+    # --colocate / --shared-gpu: the engine's process waits for the trainer to leave the GPUs and, on
+    # GPUs, sizes its memory share before SGLang starts (engines/memory_share.py)
     memory: MemoryPlan | None = None
 
     def __post_init__(self) -> None:
@@ -168,7 +168,7 @@ class EngineSpec:
             env[ENV_API_KEY] = self.api_key
         for var in (memory_share.ENV, memory_share.ENV_RECORD):
             env.pop(var, None)
-        if self.memory is not None and self.device == "cuda":
+        if self.memory is not None:
             env[memory_share.ENV] = self.memory.to_env()
             env[memory_share.ENV_RECORD] = str(memory_share.record_path(self.log_path))
         return env
@@ -405,19 +405,20 @@ def _main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m rlslurm.engines.engine MODULE [ARGS...]")
     module, args = argv[0], argv[1:]
+    key = os.environ.pop(ENV_API_KEY, None)
+    rotate = log_scrub.parse_rotate_env(os.environ.pop(log_scrub.ENV_LOG_ROTATE, None))
+    owner_watch.start()  # ends this server if the rollout process dies without stopping it (its wait too)
     try:
-        args = memory_share.apply_from_env(args)  # --colocate on GPUs: the share, before SGLang starts
+        # sharing its GPUs with the trainer: wait for it to leave them, then the share (before SGLang starts)
+        args = memory_share.apply_from_env(args, cuda=not sglang_cpu.is_cpu_launch(args))
     except UserError as e:
         print(f"{ENGINE_ERROR_MARK}{' '.join(str(e).split())}", file=sys.stderr, flush=True)
         raise SystemExit(3) from None
-    key = os.environ.pop(ENV_API_KEY, None)
-    rotate = log_scrub.parse_rotate_env(os.environ.pop(log_scrub.ENV_LOG_ROTATE, None))
     scrubber = None
     if key:
         # One token: a key starting with '-' would otherwise be parsed as an option.
         args = [*args, f"--api-key={key}"]
         scrubber = log_scrub.redirect_through_scrubber(key, rotate)  # before SGLang starts any thread
-    owner_watch.start()  # ends this server if the rollout process dies without stopping it
     sys.argv = [module, *args]
     if module == ROUTER_MODULE:
         # sglang-router's launcher imports its Python mini load balancer, which imports SGLang's

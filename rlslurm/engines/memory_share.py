@@ -10,9 +10,9 @@ or to probe a version, and the transfer buckets), must come out of the engines' 
 resume after the trainer's turn runs out of memory.
 
 So colocated engines start only once the trainer has built its model and moved its state off the GPU
-(the trainer's `ColocationMemory` record, control/colocate_memory.json): the free memory an engine then
-sees excludes what the trainer holds. Each engine's wrapper process (engines/engine.py `_main`) then
-gives SGLang
+(the trainer's `ColocationMemory` record, control/colocate_memory.json): each engine's wrapper process
+(engines/engine.py `_main`) imports SGLang while the trainer builds, waits for that record, and then,
+the free memory it sees excluding what the trainer holds, gives SGLang
 
     share = 1 - (sglang_reserve + margin) / free
 
@@ -31,10 +31,15 @@ import math
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlslurm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlslurm.buffer.control import ColocationMemory
 
 ENV = "RLSLURM_ENGINE_MEMORY"  # the engine's MemoryPlan as JSON, set by the rollout node (EngineSpec.env)
 ENV_RECORD = ENV + "_RECORD"  # where the engine's process appends its Share (a JSON line per start)
@@ -44,6 +49,9 @@ GIB = 2**30
 # (docs/colocate.md). The larger of a fixed amount and a share of the GPU.
 GROWTH_MIN_BYTES = 1 * GIB
 GROWTH_SHARE = 0.01
+# How long an engine that shares its GPUs waits for the trainer to build (and load) its model and leave
+# them: a large checkpoint's load included
+TRAINER_BUILD_WAIT_S = 3600.0
 # The least KV cache worth starting an engine with: below it the share is refused in one line rather
 # than left to SGLang's "Loaded weights leave no GPU memory for the KV cache".
 MIN_KV_BYTES = 1 * GIB
@@ -83,10 +91,12 @@ def trainer_margin(params_bytes: int, bucket_bytes: int, total_bytes: int, *, tr
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """What the rollout node tells a colocated engine: the trainer's margin on the engine's GPUs."""
+    """What the rollout node tells an engine that shares its GPUs with the trainer: where the trainer's
+    record of this attempt will be, and the model's weights per engine GPU (as served)."""
 
-    margin_bytes: int
-    weights_bytes: int  # the model's weights per engine GPU (bf16/fp16/fp32 as served)
+    record: str            # RUN/control/colocate_memory.json
+    attempt: int
+    weights_bytes: int
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -94,6 +104,32 @@ class MemoryPlan:
     @classmethod
     def from_env(cls, text: str) -> "MemoryPlan":
         return cls(**json.loads(text))
+
+
+def wait_for_trainer(plan: MemoryPlan, timeout_s: float | None = None) -> "ColocationMemory":
+    """The trainer's record of this attempt: its state is off the GPUs, and its margin per GPU."""
+    from rlslurm.buffer.control import ColocationMemory, read_record
+
+    timeout_s = TRAINER_BUILD_WAIT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rec = read_record(Path(plan.record), ColocationMemory)
+        if rec is not None and rec.attempt == plan.attempt:
+            return rec
+        if time.monotonic() > deadline:
+            raise EngineMemoryError(f"the trainer of attempt {plan.attempt} did not build its model and leave the "
+                                    f"GPUs to the engines within {timeout_s:g} s ({plan.record})")
+        time.sleep(0.5)
+
+
+def margin_on(rec: "ColocationMemory", devices: list[int]) -> int:
+    """The trainer's margin on the GPUs of CUDA devices `devices` (the largest; every GPU's where they
+    cannot be told apart)."""
+    from rlslurm.gpus import device_uuids
+
+    uuids = device_uuids(devices) or []
+    mine = [rec.margins[u] for u in uuids if u in rec.margins]
+    return max(mine or rec.margins.values() or [0])
 
 
 @dataclass(frozen=True)
@@ -184,22 +220,23 @@ def sglang_default_share(args: list[str]) -> float:
     return float(prepare_server_args([a for a in args if not a.startswith("--api-key")]).mem_fraction_static)
 
 
-def size_engine(args: list[str], plan: MemoryPlan, record: Path | None) -> tuple[list[str], Share]:
-    """In the engine's wrapper process before SGLang starts: `args` with the share appended (or the
-    user's kept), and what it is. Appends it to `record` (a JSON line per start of the engine)."""
+def size_engine(args: list[str], margin: int, weights: int, record: Path | None) -> tuple[list[str], Share]:
+    """In the engine's wrapper process before SGLang starts, the trainer's state off the GPU: `args` with
+    the share appended (or the user's kept), and what it is. Appends it to `record` (a JSON line per
+    start of the engine)."""
     given = _flag(args, "--mem-fraction-static")
     total, free = gpu_memory(engine_devices(args))
     default = sglang_default_share(_without(args, "--mem-fraction-static"))
     try:
-        derived: float | None = derive(total=total, free=free, sglang_default=default, margin=plan.margin_bytes,
-                                       weights=plan.weights_bytes)
+        derived: float | None = derive(total=total, free=free, sglang_default=default, margin=margin,
+                                       weights=weights)
     except EngineMemoryError:
         if given is None:
             raise
         derived = None  # the user's share stands; the warning says nothing else would fit
     share = Share(fraction=derived if given is None else float(given), derived=given is None,
                   total_gib=total / GIB, free_gib=free / GIB, sglang_reserve_gib=(1 - default) * total / GIB,
-                  margin_gib=plan.margin_bytes / GIB, sglang_default=default, derived_fraction=derived)
+                  margin_gib=margin / GIB, sglang_default=default, derived_fraction=derived)
     if record is not None:
         with open(record, "a") as f:
             f.write(json.dumps(asdict(share)) + "\n")
@@ -227,14 +264,24 @@ def record_path(log_path: Path) -> Path:
     return log_path.with_name(log_path.name.removesuffix(".log") + ".memory.jsonl")
 
 
-def apply_from_env(args: list[str]) -> list[str]:
-    """engines/engine.py `_main`: size a colocated GPU engine when the rollout node asked for it."""
+def apply_from_env(args: list[str], *, cuda: bool) -> list[str]:
+    """engines/engine.py `_main`, for an engine that shares its GPUs with the trainer: wait for the
+    trainer to leave the GPUs (SGLang's import, on GPUs, done first: it overlaps the trainer's build),
+    then, on GPUs, size the engine's share."""
     text = os.environ.pop(ENV, None)
     if not text:
         return args
     plan = MemoryPlan.from_env(text)
     record = os.environ.pop(ENV_RECORD, None)
-    args, share = size_engine(args, plan, Path(record) if record else None)
+    if cuda:
+        import sglang.srt.server_args  # noqa: F401  (seconds of imports, while the trainer builds its model)
+    print(f"rlslurm engine memory: waiting for the trainer to build its model and leave the GPUs ({plan.record})",
+          file=sys.stderr, flush=True)
+    rec = wait_for_trainer(plan)
+    if not cuda:
+        return args
+    args, share = size_engine(args, margin_on(rec, engine_devices(args)), plan.weights_bytes,
+                              Path(record) if record else None)
     level = "warning" if share.risky else "info"
     print(f"rlslurm engine memory ({level}): {share.describe()}", file=sys.stderr, flush=True)
     return args

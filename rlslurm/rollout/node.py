@@ -36,7 +36,7 @@ from rlslurm.buffer.atomic import CorruptRecord, ensure_dir, listdir_fresh, writ
 from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord, read_record
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.engines.engine import EngineProcess, EngineSpec
-from rlslurm.engines.memory_share import MemoryPlan, serving_weights_bytes
+from rlslurm.engines.memory_share import TRAINER_BUILD_WAIT_S, MemoryPlan, serving_weights_bytes
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.engines.span import SpanFollower, SpanLeader
@@ -44,7 +44,6 @@ from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEven
 from rlslurm.engines.turn_watch import TurnHold
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
 from rlslurm.errors import ConfigError
-from rlslurm.gpus import device_uuids
 from rlslurm.heartbeat import Beat
 from rlslurm.net import engine_port_block, free_port, interface_ipv4
 from rlslurm.rollout.router_context import parse_weight_version
@@ -55,6 +54,7 @@ from rlslurm.settings.weight_plan import WeightSyncPlan, weight_sync_plan
 log = logging.getLogger(__name__)
 
 ROUTER_WAIT_S = 900.0
+START_TIMEOUT_S = 600.0  # an engine's start, to healthy (minutes on GPUs for a large model)
 # Node 0 merges the other nodes' engine records into engines.json this often (its own engines'
 # changes at once): each merge opens every node's record (docs/shared-fs-load.md). Another node's
 # restart reaches the trainer up to this much later; the restarted engine awaits weights meanwhile
@@ -73,13 +73,6 @@ _NODE_FILE = re.compile(r"^engines-node(\d+)\.json$")
 # Engines start with this version so that "no update yet" is the integer 0 (the HF checkpoint),
 # and a restarted engine says 0 again: the driver's weight gate then sees it is behind.
 WEIGHT_VERSION_ARGS = ("--weight-version", "0")
-# --colocate: how long a rollout node waits for its attempt's trainer to build (and load) its model and
-# leave the GPUs before starting its engines: a large checkpoint's load included
-TRAINER_OFFLOAD_WAIT_S = 3600.0
-
-
-class EnginesCancelled(RuntimeError):
-    """The attempt ended while the node waited to start its engines."""
 
 
 def receiver_args(plan: WeightSyncPlan) -> tuple[str, ...]:
@@ -254,7 +247,7 @@ class RolloutNode:
         self._heartbeat(now=True)  # "starting engines" from now: minutes on GPUs, with no heartbeat until they are up
         specs = engine_specs(self.cfg, node=self.node, host=self.host, api_key=self.api_key, log_dir=self.log_dir)
         if self.cfg.shares_gpus:
-            specs = self._after_trainer_offload(specs, cancel)
+            specs = self._after_trainer_offload(specs)
         if specs[0].node_rank > 0:
             self._publish([])  # no engine of its own: clears what an earlier attempt's layout left
             self.follower = SpanFollower(specs[0], self.control, attempt=self.attempt, node_name=self.node_name).start()
@@ -268,7 +261,9 @@ class RolloutNode:
                                         health_check_interval_s=max(1, int(self.cfg.rollout.engine_health_interval_s)))
             self.router.spawn()
         interval = self.cfg.rollout.engine_health_interval_s
-        self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval,
+        # colocated, an engine's start includes its wait for the trainer's model build (engines/memory_share.py)
+        start_s = START_TIMEOUT_S + (TRAINER_BUILD_WAIT_S if self.cfg.shares_gpus else 0.0)
+        self.supervisor = EngineSupervisor(specs, self.router, health_interval_s=interval, start_timeout_s=start_s,
                                            health_timeout_s=max(5.0, interval), on_change=self._publish,
                                            on_restart=self._on_restart,
                                            admit=weights_current(self.control, self.api_key),
@@ -282,36 +277,16 @@ class RolloutNode:
                                          cap_s=self.plan.timeout_s + PAUSE_MARGIN_S).start()
             self.supervisor.in_update = self.watcher.covers
 
-    def _after_trainer_offload(self, specs: list[EngineSpec], cancel) -> list[EngineSpec]:
-        """--colocate (or --shared-gpu): wait until this attempt's trainer has built its model and moved its
-        state off the GPUs (its ColocationMemory record), so that the engines size their share on what it
-        leaves; on GPUs, each engine's spec carries the trainer's margin on its GPUs
-        (engines/memory_share.py)."""
-        self.phase, self.phase_since = "waiting for the trainer to build its model and leave the GPUs", time.time()
-        self._heartbeat(now=True)
-        deadline = time.monotonic() + TRAINER_OFFLOAD_WAIT_S
-        while (rec := self.control.colocation_memory(self.attempt)) is None:
-            if cancel():
-                raise EnginesCancelled("the attempt ended before its trainer left the GPUs to the engines")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"--colocate: this attempt's trainer did not leave the GPUs to the engines within "
-                                   f"{TRAINER_OFFLOAD_WAIT_S:g} s (control/colocate_memory.json)")
-            self._heartbeat()
-            time.sleep(1.0)
-        self.phase, self.phase_since = "starting engines", time.time()
-        self._heartbeat(now=True)
-        if self.cfg.run.device != "cuda":
-            return specs
-        weights = serving_weights_bytes(self.cfg)
-        out = []
-        for spec in specs:
-            gpus = list(range(spec.base_gpu_id, spec.base_gpu_id + spec.tp_size // spec.nnodes))
-            uuids = device_uuids(gpus) or []
-            margin = max((rec.margins[u] for u in uuids if u in rec.margins), default=max(rec.margins.values(),
-                                                                                        default=0))
-            out.append(dataclasses.replace(spec, memory=MemoryPlan(margin_bytes=margin,
-                                                                   weights_bytes=weights // spec.tp_size)))
-        return out
+    def _after_trainer_offload(self, specs: list[EngineSpec]) -> list[EngineSpec]:
+        """--colocate (or --shared-gpu): each engine's process waits, once SGLang is imported, until this
+        attempt's trainer has built its model and moved its state off the GPUs (its ColocationMemory
+        record), then sizes its share on what the trainer leaves (engines/memory_share.py). The import
+        overlaps the trainer's build."""
+        weights = serving_weights_bytes(self.cfg) if self.cfg.run.device == "cuda" else 0
+        return [dataclasses.replace(spec, memory=MemoryPlan(record=str(self.control.colocation_memory_file),
+                                                            attempt=self.attempt,
+                                                            weights_bytes=weights // spec.tp_size))
+                for spec in specs]
 
     def _turn_hold(self) -> TurnHold | None:
         """--colocate: restarts wait for the trainer's turn to end (engines/turn_watch.py), for at most

@@ -51,8 +51,7 @@ def _sized(monkeypatch, tmp_path, args: list[str]):
     # the GPU (nvidia-smi) and SGLang's default share (its server_args on a GPU) as the H200 reported them
     monkeypatch.setattr(memory_share, "gpu_memory", lambda devices: (H200, H200 - GIB))
     monkeypatch.setattr(memory_share, "sglang_default_share", lambda a: 0.907)
-    plan = MemoryPlan(margin_bytes=trainer_margin(2**20, 2**29, H200), weights_bytes=2**20)
-    return memory_share.size_engine(args, plan, tmp_path / "engine-0.memory.jsonl")
+    return memory_share.size_engine(args, trainer_margin(2**20, 2**29, H200), 2**20, tmp_path / "engine-0.memory.jsonl")
 
 
 def test_the_engine_gets_the_derived_share_and_it_is_recorded(monkeypatch, tmp_path) -> None:
@@ -74,12 +73,20 @@ def test_a_share_the_user_gave_stands_and_a_risky_one_is_said(monkeypatch, tmp_p
 
 
 def test_an_engine_that_cannot_size_its_share_is_refused_in_one_line(tmp_path) -> None:
-    """The rollout node's plan reaches the engine's process (EngineSpec.env); that process cannot read
-    a GPU on this machine, refuses before SGLang starts, and the rollout node gets one line, a user
-    error: no restart or requeue would help."""
+    """The rollout node's plan reaches the engine's process (EngineSpec.env); that process waits for the
+    trainer's record of its attempt (an earlier attempt's does not count), then cannot read a GPU on this
+    machine, refuses before SGLang starts, and the rollout node gets one line, a user error: no restart or
+    requeue would help."""
+    import threading
+
+    from rlslurm.buffer.control import ColocationMemory, Control
+
+    control = Control(tmp_path / "run")
+    control.write_colocation_memory(ColocationMemory(attempt=0, margins={"": GIB}))  # the previous attempt's
     spec = EngineSpec(name="engine-0-0", model_path=str(tmp_path / "model"), host="127.0.0.1",
                       port=free_port("127.0.0.1"), nccl_port=free_port("127.0.0.1"), log_path=tmp_path / "e.log",
-                      device="cuda", memory=MemoryPlan(margin_bytes=GIB, weights_bytes=GIB))
+                      device="cuda", memory=MemoryPlan(record=str(control.colocation_memory_file), attempt=1,
+                                                       weights_bytes=GIB))
     env = spec.env()
     assert MemoryPlan.from_env(env[memory_share.ENV]) == spec.memory
     from rlslurm.engines.engine import EngineProcess
@@ -90,9 +97,15 @@ def test_an_engine_that_cannot_size_its_share_is_refused_in_one_line(tmp_path) -
     with open(log, "ab") as out:
         proc.proc = subprocess.Popen(spec.argv(), env={**env, "PATH": "/nonexistent"}, stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+    later = threading.Timer(8.0, lambda: control.write_colocation_memory(ColocationMemory(attempt=1,
+                                                                                         margins={"": GIB})))
+    later.start()
+    t0 = time.monotonic()
     with pytest.raises(EngineSetupError, match=r"engine-0-0: --colocate: the GPUs' free memory cannot be read") as e:
-        proc.wait_healthy(60)
+        proc.wait_healthy(120)
+    assert time.monotonic() - t0 >= 8.0  # it waited for this attempt's trainer
     assert proc.proc.returncode == 3 and "\n" not in str(e.value)
+    assert "waiting for the trainer to build its model" in log.read_text()
 
 
 # What an engine's death by CUDA OOM leaves in its log: the lines of the H200 run the issue quotes
