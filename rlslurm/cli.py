@@ -318,13 +318,17 @@ def _run_dir_arg(run_dir: Path) -> Path:
 def status(
     run_dir: Path = typer.Argument(..., help="run directory"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="then print a line per training step as it is "
+                                "trained, until no attempt of the run lives (Ctrl-C to stop)"),
 ) -> None:
     """Job state (scontrol/squeue/sacct), attempts from the ledger, progress from the run dir.
 
-    Example: rlslurm status runs/glm4-grpo --json
+    Examples: rlslurm status runs/glm4-grpo --json | rlslurm status runs/glm4-grpo --follow
     """
-    from rlslurm.slurm.status import pending_hint, phase_line, run_status, weights_line
+    from rlslurm.slurm.status import pending_hint, phase_line, rollouts_line, run_status, state_row, weights_line
 
+    if as_json and follow:
+        raise UserError("--json prints one object and --follow a line per step: give one of them")
     st = run_status(_run_dir_arg(run_dir))
     if as_json:
         print(json.dumps(st.as_dict(), indent=2, default=str))
@@ -335,8 +339,8 @@ def status(
         # a --nodes 1 job is one group, no het components (docs/single-node.md)
         label = f"  het group {c['offset']}" if c.get("offset") is not None else "  one node, both groups"
         head.append((label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}"))
-    head.append(("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else "")))
-    head.append(("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}"))
+    head.append(state_row(st))
+    head.append(("rollouts", rollouts_line(st)))
     if (hint := pending_hint(st.slurm)) is not None:
         head.append(("note", Text(hint, style="yellow")))
     head.append(("weights", weights_line(st.weights)))
@@ -381,6 +385,11 @@ def status(
         where = ", ".join(f"{k} {ue[k]}" for k in ("attempt", "role", "host") if ue.get(k) is not None)
         out.print(f"{ue['reason']} ({where}); the job was not requeued: fix it, then rlslurm resubmit",
                   markup=False, highlight=False)
+    if follow:
+        from rlslurm.watch import follow as follow_steps
+
+        out.print()
+        follow_steps(run_dir, out)
 
 
 @app.command()
