@@ -424,11 +424,15 @@ def logs(
     attempt: Optional[int] = typer.Option(None, "--attempt", help="attempt number (default: the latest)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines (Ctrl-C to stop)"),
     lines: int = typer.Option(40, "--lines", "-n", help="lines of each log to show first"),
+    raw: bool = typer.Option(False, "--raw", help="every line as written, the noise too (nanobind's leak report "
+                             "at exit, HTTP access lines)"),
 ) -> None:
-    """Show the logs of an attempt: the batch script's, every trainer and rollout node's.
+    """Show the logs of an attempt: every trainer and rollout node's, then the engines', the router's
+    and the batch script's; without --raw, known noise is left out and counted (rlslurm/log_view.py).
 
     Example: rlslurm logs runs/glm4-grpo -f
     """
+    from rlslurm import log_view
     from rlslurm.buffer.rundir import RunDir
 
     rd = RunDir(_run_dir_arg(run_dir))
@@ -438,11 +442,17 @@ def logs(
     n = attempts[-1] if attempt is None else attempt
     if n not in attempts:
         raise UserError(f"--attempt {n}: no such attempt (have {attempts})")
-    files = _logs_in_reading_order(rd.attempt_log_dir(n)) + sorted(rd.logs_dir.glob("slurm-*.out"))
-    cmd = ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files]
-    if not files:
+
+    def files() -> list[Path]:
+        return _logs_in_reading_order(rd.attempt_log_dir(n)) + sorted(rd.logs_dir.glob("slurm-*.out"))
+
+    if not files():
         raise UserError(f"attempt {n}: no log files yet")
-    os.execvp("tail", cmd)
+    if raw:
+        os.execvp("tail", ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files()])
+    log_view.show(files(), lines)
+    if follow:
+        log_view.follow(files)
 
 
 def _logs_in_reading_order(attempt_dir: Path) -> list[Path]:
