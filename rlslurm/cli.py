@@ -24,10 +24,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from rlslurm.buffer.atomic import StorageError
+from rlslurm.cli_typer import App, Group, RunFlagsCommand, model_names
 from rlslurm.console import make_console, print_pairs, print_table
 from rlslurm.errors import UserError
 
-app = typer.Typer(
+app = App(
+    cls=Group,
     help="SLURM-native RL post-training (Megatron-core + SGLang) with torchrun and no Ray.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -67,7 +69,7 @@ _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 # command's own; every other run flag passes through to rlslurm/settings/flags.py (FLAGS_EPILOG).
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "model": (Optional[str], typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a "
-                                          "YAML path")),
+                                          "YAML path", autocompletion=model_names)),
     "nodes": (Optional[int], typer.Option(None, "--nodes", help="total nodes: trainer + rollout")),
     "prompt_data": (Optional[Path], typer.Option(None, "--prompt-data", help="prompts: a .jsonl or .parquet file, a "
                                                  "directory of them, or a `datasets` save_to_disk directory")),
@@ -139,7 +141,7 @@ def _print_notes(res) -> None:
         err.print(f"note: {escape(n)}", highlight=False)
 
 
-@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@app.command(cls=RunFlagsCommand, context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 @_run_options()
 def submit(
     ctx: typer.Context,
@@ -148,11 +150,16 @@ def submit(
 ) -> None:
     """Validate, create the run directory and submit the heterogeneous job.
 
-    Examples:\n
-      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl --hf-checkpoint /ckpt/GLM-4-9B-0414\n
-      rlslurm submit --model qwen3-4B --nodes 2 --prompt-data dapo.jsonl --partition gpu --time 2-00:00:00 \\\n
-          --rollout-batch-size 64 --sglang-mem-fraction-static 0.7 --megatron-recompute-granularity full\n
-      rlslurm submit --model glm4-9B --nodes 4 --dry-run
+    Examples (models/<name>: `hf download <hub id> --local-dir models/<name>`):
+
+      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl \\
+          --hf-checkpoint models/GLM-4-9B-0414
+      rlslurm submit --model qwen3-4B --nodes 2 --prompt-data dapo.jsonl \\
+          --hf-checkpoint models/Qwen3-4B --partition gpu --time 2-00:00:00 \\
+          --rollout-batch-size 64 --global-batch-size 512 \\
+          --sglang-mem-fraction-static 0.7
+      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl \\
+          --hf-checkpoint models/GLM-4-9B-0414 --dry-run
     """
     res = _resolve(ctx, opts, not dry_run)
     if dry_run:
@@ -174,7 +181,7 @@ DEMO_FLAGS = [
 ]
 
 
-@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@app.command(cls=RunFlagsCommand, context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 @_run_options(without=("nodes",))  # one machine: the layout is the command's (below)
 def run(
     ctx: typer.Context,
@@ -284,7 +291,7 @@ def resubmit(
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
 
 
-@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@app.command(cls=RunFlagsCommand, context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 @_run_options()
 def render(
     ctx: typer.Context,

@@ -31,11 +31,12 @@ import torch
 import typer
 
 from rlslurm.buffer.atomic import StorageError
+from rlslurm.cli_typer import App, Group
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.settings.parallel_grid import stage_layers
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Convert HF safetensors <-> megatron-core distributed checkpoints.")
+app = App(cls=Group, add_completion=False, no_args_is_help=True,
+          help="Convert HF safetensors <-> megatron-core distributed checkpoints.")
 
 
 class DType(str, Enum):
