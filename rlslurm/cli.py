@@ -162,6 +162,7 @@ def submit(
           --hf-checkpoint models/GLM-4-9B-0414 --dry-run
     """
     res = _resolve(ctx, opts, not dry_run)
+    _warn_node_local(res.cfg.run_dir)
     if dry_run:
         from rlslurm.slurm.render import render
 
@@ -172,6 +173,13 @@ def submit(
     sub = do_submit(res)
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
     out.print(f"  follow: rlslurm status {sub.run_dir}   logs: rlslurm logs {sub.run_dir}")
+
+
+def _warn_node_local(run_dir: Path) -> None:
+    from rlslurm.preflight import node_local_run_dir
+
+    if (why := node_local_run_dir(run_dir)) is not None:
+        err.print(f"[yellow]warning:[/] {escape(why)}", highlight=False, soft_wrap=True)
 
 
 DEMO_RUN_NAME = "demo"
@@ -285,6 +293,7 @@ def resubmit(
         err.print(f"[yellow]warning:[/] {failed} failed attempts since the last new checkpoint count against "
                   f"--max-failures {cfg.slurm.max_failures}: a failure before the next checkpoint ends the job; "
                   f"--reset-failures gives a new budget")
+    _warn_node_local(cfg.run_dir)
     _clear_stop(run_dir)
     sub = do_submit(Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint)), resume=True,
                     reset_failures=reset_failures)
