@@ -143,3 +143,17 @@ def test_the_live_table_ends_its_line_before_what_follows() -> None:
     end_live(live)
     console.print("reward per rollout: ...")
     assert "\nreward per rollout: ..." in buf.getvalue()
+
+
+def test_the_demo_model_is_written_without_a_progress_bar(tmp_path: Path, capfd) -> None:
+    """`rlslurm run --demo` began its output with transformers' "Writing model shards" bar (one shard);
+    the bar is off only while the tiny checkpoint is written."""
+    from transformers.utils import logging as hf_logging
+
+    from rlslurm.settings.model_config import load_model_config
+    from rlslurm.tiny import make_tiny_checkpoint
+
+    make_tiny_checkpoint(load_model_config("tiny-qwen3"), tmp_path / "hf")
+    out, err = capfd.readouterr()
+    assert "Writing model shards" not in out + err and (tmp_path / "hf" / "model.safetensors").exists()
+    assert hf_logging.is_progress_bar_enabled()
