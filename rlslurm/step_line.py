@@ -26,12 +26,8 @@ VERSION, TRANSPORT = "weight_sync/version", "weight_sync/transport"
 
 
 def _num(v: float) -> str:
-    """Four significant digits, without an exponent for everyday magnitudes."""
-    if v == 0:
-        return "0"
-    if 1e-4 <= abs(v) < 1e5:
-        return f"{v:.4g}"
-    return f"{v:.3g}"
+    """Three significant digits (metrics.jsonl has them all): the line stays short enough to read."""
+    return "0" if v == 0 else f"{v:.3g}"
 
 
 def _rate(v: float) -> str:
