@@ -2,7 +2,8 @@
 own line, rlslurm/step_line.py, from RUN/metrics.jsonl), until no attempt of it lives any more; then
 how it ended. It reads the run directory only: it works the same for a SLURM job and a `rlslurm run`,
 from any machine that sees the run directory, and a requeued job's next attempt is followed too
-(its job stays alive while it waits).
+(its job stays alive while it waits). Its load on the shared filesystem: metrics.jsonl read from where
+it left off every 2 s, the run's status (the listings `rlslurm status` makes) every 10 s.
 """
 
 from __future__ import annotations
