@@ -296,7 +296,7 @@ def state_row(st: RunStatus) -> tuple[str, str]:
     end = st.ended
     at = f"attempt {end.get('attempt')}, {_when(end.get('end'))}, exit {end.get('exit_code')}" if end else ""
     if st.finished:
-        early = f" early: {st.ended_early}" if st.ended_early else ""
+        early = f", early: {st.ended_early}" if st.ended_early else ""
         return "finished", f"yes{early}" + (f" ({at})" if at else "")
     if st.attempt_lives and st.current_attempt:
         return "running", f"attempt {st.current_attempt.get('attempt')} since {_when(st.current_attempt.get('start'))}"
