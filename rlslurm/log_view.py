@@ -1,16 +1,10 @@
 """`rlslurm logs`: an attempt's logs without the lines that say nothing about the run.
 
 The logs on disk stay whole (`rlslurm logs --raw` shows them as they are); the view leaves out, and
-counts, lines of a few known kinds that fill a log's tail without telling anything:
-
-* nanobind's leak report at interpreter exit: triton's bindings print ~500 lines of it when a trainer
-  or rollout process ends (`nanobind: leaked 514 functions!`, ` - leaked type "..."`); the 40-line tail
-  of a finished demo's trainer log was nothing else;
-* HTTP access lines of requests that succeeded: uvicorn's in the SGLang servers' logs (one per
-  `/generate`, and the `/health` and `/model_info` checks), httpx's `HTTP Request: ... 200 OK` in logs
-  written before rlslurm/role_log.py quietened it. A failed request's line (4xx, 5xx) is kept.
-
-Each kind is one entry of NOISE; a line is hidden only when it matches one, whole.
+counts, lines of the known kinds in NOISE, each matched whole: nanobind's leak report at interpreter
+exit (triton's bindings, from every trainer and rollout process), HTTP access lines of requests that
+succeeded (the SGLang servers' uvicorn lines, httpx's in older logs); a failed request's line is kept.
+What they are and how much of a log's end they filled: docs/logs.md, "Reading them: `rlslurm logs`".
 """
 
 from __future__ import annotations
