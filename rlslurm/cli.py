@@ -24,10 +24,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from rlslurm.buffer.atomic import StorageError
+from rlslurm.cli_typer import App, Group, RunFlagsCommand, model_names
 from rlslurm.console import make_console, print_pairs, print_table
 from rlslurm.errors import UserError
 
-app = typer.Typer(
+app = App(
+    cls=Group,
     help="SLURM-native RL post-training (Megatron-core + SGLang) with torchrun and no Ray.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -67,7 +69,7 @@ _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 # command's own; every other run flag passes through to rlslurm/settings/flags.py (FLAGS_EPILOG).
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "model": (Optional[str], typer.Option(None, "--model", help="model config name (see `rlslurm models`) or a "
-                                          "YAML path")),
+                                          "YAML path", autocompletion=model_names)),
     "nodes": (Optional[int], typer.Option(None, "--nodes", help="total nodes: trainer + rollout")),
     "prompt_data": (Optional[Path], typer.Option(None, "--prompt-data", help="prompts: a .jsonl or .parquet file, a "
                                                  "directory of them, or a `datasets` save_to_disk directory")),
@@ -139,7 +141,7 @@ def _print_notes(res) -> None:
         err.print(f"note: {escape(n)}", highlight=False)
 
 
-@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@app.command(cls=RunFlagsCommand, context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 @_run_options()
 def submit(
     ctx: typer.Context,
@@ -148,13 +150,19 @@ def submit(
 ) -> None:
     """Validate, create the run directory and submit the heterogeneous job.
 
-    Examples:\n
-      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl --hf-checkpoint /ckpt/GLM-4-9B-0414\n
-      rlslurm submit --model qwen3-4B --nodes 2 --prompt-data dapo.jsonl --partition gpu --time 2-00:00:00 \\\n
-          --rollout-batch-size 64 --sglang-mem-fraction-static 0.7 --megatron-recompute-granularity full\n
-      rlslurm submit --model glm4-9B --nodes 4 --dry-run
+    Examples (models/<name>: `hf download <hub id> --local-dir models/<name>`):
+
+      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl \\
+          --hf-checkpoint models/GLM-4-9B-0414
+      rlslurm submit --model qwen3-4B --nodes 2 --prompt-data dapo.jsonl \\
+          --hf-checkpoint models/Qwen3-4B --partition gpu --time 2-00:00:00 \\
+          --rollout-batch-size 64 --global-batch-size 512 \\
+          --sglang-mem-fraction-static 0.7
+      rlslurm submit --model glm4-9B --nodes 4 --prompt-data train.jsonl \\
+          --hf-checkpoint models/GLM-4-9B-0414 --dry-run
     """
     res = _resolve(ctx, opts, not dry_run)
+    _warn_node_local(res.cfg.run_dir)
     if dry_run:
         from rlslurm.slurm.render import render
 
@@ -167,6 +175,13 @@ def submit(
     out.print(f"  follow: rlslurm status {sub.run_dir}   logs: rlslurm logs {sub.run_dir}")
 
 
+def _warn_node_local(run_dir: Path) -> None:
+    from rlslurm.preflight import node_local_run_dir
+
+    if (why := node_local_run_dir(run_dir)) is not None:
+        err.print(f"[yellow]warning:[/] {escape(why)}", highlight=False, soft_wrap=True)
+
+
 DEMO_RUN_NAME = "demo"
 DEMO_FLAGS = [
     "--model", "tiny-qwen3", "--run-name", DEMO_RUN_NAME, "--num-rollout", "24", "--custom-rm-path",
@@ -177,7 +192,7 @@ DEMO_FLAGS = [
 DEMO_DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
 
 
-@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@app.command(cls=RunFlagsCommand, context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 @_run_options(without=("nodes",))  # one machine: the layout is the command's (below)
 def run(
     ctx: typer.Context,
@@ -287,13 +302,14 @@ def resubmit(
         err.print(f"[yellow]warning:[/] {failed} failed attempts since the last new checkpoint count against "
                   f"--max-failures {cfg.slurm.max_failures}: a failure before the next checkpoint ends the job; "
                   f"--reset-failures gives a new budget")
+    _warn_node_local(cfg.run_dir)
     _clear_stop(run_dir)
     sub = do_submit(Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint)), resume=True,
                     reset_failures=reset_failures)
     out.print(f"submitted job [bold]{sub.job_id}[/] — run dir {sub.run_dir}")
 
 
-@app.command(context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
+@app.command(cls=RunFlagsCommand, context_settings=_PASSTHROUGH, epilog=FLAGS_EPILOG)
 @_run_options()
 def render(
     ctx: typer.Context,
@@ -327,13 +343,17 @@ def _run_dir_arg(run_dir: Path) -> Path:
 def status(
     run_dir: Path = typer.Argument(..., help="run directory"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="then print a line per training step as it is "
+                                "trained, until no attempt of the run lives (Ctrl-C to stop)"),
 ) -> None:
     """Job state (scontrol/squeue/sacct), attempts from the ledger, progress from the run dir.
 
-    Example: rlslurm status runs/glm4-grpo --json
+    Examples: rlslurm status runs/glm4-grpo --json | rlslurm status runs/glm4-grpo --follow
     """
-    from rlslurm.slurm.status import pending_hint, phase_line, run_status, weights_line
+    from rlslurm.slurm.status import pending_hint, phase_line, rollouts_line, run_status, state_row, weights_line
 
+    if as_json and follow:
+        raise UserError("--json prints one object and --follow a line per step: give one of them")
     st = run_status(_run_dir_arg(run_dir))
     if as_json:
         print(json.dumps(st.as_dict(), indent=2, default=str))
@@ -344,8 +364,8 @@ def status(
         # a --nodes 1 job is one group, no het components (docs/single-node.md)
         label = f"  het group {c['offset']}" if c.get("offset") is not None else "  one node, both groups"
         head.append((label, f"{c.get('id')} {c.get('state')} on {c.get('nodes')}"))
-    head.append(("finished", ("yes" if st.finished else "no") + (f", early: {st.ended_early}" if st.ended_early else "")))
-    head.append(("rollouts", f"{st.rollouts_committed} committed, last trained {st.last_trained_rollout}"))
+    head.append(state_row(st))
+    head.append(("rollouts", rollouts_line(st)))
     if (hint := pending_hint(st.slurm)) is not None:
         head.append(("note", Text(hint, style="yellow")))
     head.append(("weights", weights_line(st.weights)))
@@ -390,6 +410,11 @@ def status(
         where = ", ".join(f"{k} {ue[k]}" for k in ("attempt", "role", "host") if ue.get(k) is not None)
         out.print(f"{ue['reason']} ({where}); the job was not requeued: fix it, then rlslurm resubmit",
                   markup=False, highlight=False)
+    if follow:
+        from rlslurm.watch import follow as follow_steps
+
+        out.print()
+        follow_steps(run_dir, out)
 
 
 @app.command()
@@ -424,11 +449,15 @@ def logs(
     attempt: Optional[int] = typer.Option(None, "--attempt", help="attempt number (default: the latest)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines (Ctrl-C to stop)"),
     lines: int = typer.Option(40, "--lines", "-n", help="lines of each log to show first"),
+    raw: bool = typer.Option(False, "--raw", help="every line as written, the noise too (nanobind's leak report "
+                             "at exit, HTTP access lines)"),
 ) -> None:
-    """Show the logs of an attempt: the batch script's, every trainer and rollout node's.
+    """Show the logs of an attempt: every trainer and rollout node's, then the engines', the router's
+    and the batch script's; without --raw, known noise is left out and counted (rlslurm/log_view.py).
 
     Example: rlslurm logs runs/glm4-grpo -f
     """
+    from rlslurm import log_view
     from rlslurm.buffer.rundir import RunDir
 
     rd = RunDir(_run_dir_arg(run_dir))
@@ -438,11 +467,17 @@ def logs(
     n = attempts[-1] if attempt is None else attempt
     if n not in attempts:
         raise UserError(f"--attempt {n}: no such attempt (have {attempts})")
-    files = _logs_in_reading_order(rd.attempt_log_dir(n)) + sorted(rd.logs_dir.glob("slurm-*.out"))
-    cmd = ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files]
-    if not files:
+
+    def files() -> list[Path]:
+        return _logs_in_reading_order(rd.attempt_log_dir(n)) + sorted(rd.logs_dir.glob("slurm-*.out"))
+
+    if not files():
         raise UserError(f"attempt {n}: no log files yet")
-    os.execvp("tail", cmd)
+    if raw:
+        os.execvp("tail", ["tail", "-n", str(lines)] + (["-F"] if follow else []) + [str(f) for f in files()])
+    log_view.show(files(), lines)
+    if follow:
+        log_view.follow(files)
 
 
 def _logs_in_reading_order(attempt_dir: Path) -> list[Path]:

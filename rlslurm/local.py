@@ -24,7 +24,7 @@ from rich.text import Text
 from rich.table import Table
 
 from rlslurm import owned_role
-from rlslurm.attempt import LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
+from rlslurm.attempt import FINISHED, LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
 from rlslurm.buffer.atomic import PRIVATE_UMASK, open_log
 from rlslurm.buffer.attempts import next_attempt
 from rlslurm.buffer.control import Control
@@ -36,6 +36,7 @@ from rlslurm.net import rendezvous_port
 from rlslurm.secret_env import read_secret_env
 from rlslurm.settings.runfile import load_run_config
 from rlslurm.slurm.status import phase_line, role_phases, weights_line
+from rlslurm.step_line import MetricsTail, step_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 
@@ -105,7 +106,8 @@ def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
     return proc.returncode
 
 
-def _status_table(rd: RunDir, num_rollout: int, t0: float) -> Table:
+def _status_table(rd: RunDir, num_rollout: int, t0: float, ended: str | None = None) -> Table:
+    """The live table; `ended`: how the attempt ended, shown instead of what its processes last did."""
     pts = reward_curve(rd.path)
     t = Table(show_header=False, box=None)
     t.add_row("run", str(rd.path))
@@ -115,6 +117,9 @@ def _status_table(rd: RunDir, num_rollout: int, t0: float) -> Table:
         t.add_row("reward", f"{pts[-1][1]:.3f}  {sparkline([p[1] for p in pts], 0.0, 1.0)}")
     wv = Control(rd).weight_version()
     t.add_row("weights", weights_line(wv.model_dump() if wv else None))
+    if ended is not None:
+        t.add_row("ended", Text(ended, style="green" if ended == FINISHED else "yellow"))
+        return t
     for p in _main_phases(rd):
         t.add_row(f"{p['role']} {p['rank']}", Text(phase_line(p, live=True)))
     return t
@@ -126,9 +131,10 @@ def _main_phases(rd: RunDir) -> list[dict]:
 
 
 class Notices:
-    """What `rlslurm run` prints as lines of their own, with or without the live table: a version the
-    disk fallback delivered (yellow: the transport failed), and every STALL_S without a trained rollout,
-    what each role is doing (issue 30: a run stuck in a failing sync printed nothing for 5 minutes)."""
+    """What `rlslurm run` prints as lines of their own, with or without the live table: each step this
+    attempt trains (the trainer's line, rlslurm/step_line.py), a version the disk fallback delivered
+    (yellow: the transport failed), and every STALL_S without a trained rollout, what each role is doing
+    (issue 30: a run stuck in a failing sync printed nothing for 5 minutes)."""
 
     STALL_S = 120.0
 
@@ -136,8 +142,14 @@ class Notices:
         self.rd, self.console = rd, console
         self.fallbacks = 0
         self.trained, self.progress_at, self.said_at = len(reward_curve(rd.path)), t0, t0
+        self.steps = MetricsTail(rd.metrics, from_end=True)  # a resumed run's earlier steps were printed then
+
+    def print_steps(self) -> None:
+        for rec in self.steps.new():
+            self.console.print(step_line(rec), markup=False, highlight=False)
 
     def check(self) -> None:
+        self.print_steps()
         wv = Control(self.rd).weight_version()
         if wv is not None and wv.fallbacks > self.fallbacks:
             self.fallbacks = wv.fallbacks
@@ -218,6 +230,57 @@ def _print_rewards(rd: RunDir, console: Console) -> None:
             console.print(f"reward curve: {png}")
 
 
+def end_live(live: Live) -> None:
+    """Stop the live table, ending its last line: Rich breaks the line only on a terminal, and into a
+    file the summary that follows ran on from the table's last row."""
+    live.stop()
+    if not live.console.is_terminal:
+        live.console.line()
+
+
+def _watch(rd: RunDir, control: Control, procs: dict[str, subprocess.Popen], live: Live | None, notices: Notices,
+           console: Console, num_rollout: int, start: float, timeout_s: float | None, hang_timeout_s: float,
+           stop_grace_s: float) -> tuple[str, str | None, int, dict[str, int | None]]:
+    """Watch both roles until one ends, the run finishes, --timeout, the watchdog or an interrupt; then
+    stop them. Returns (why the watch ended, if it says, the role that ended first, the interrupt's exit
+    status or 0, each role's exit status)."""
+    reason, first, interrupted_rc = "", None, 0
+    try:
+        next_hang_check, hung = start + CHECK_EVERY_S, []
+        while all(p.poll() is None for p in procs.values()):
+            notices.check()
+            if timeout_s is not None and time.time() - start > timeout_s:
+                control.request_stop(f"rlslurm run: --timeout {timeout_s:.0f}s reached")
+                reason = f"timeout after {timeout_s:.0f}s"
+                break
+            if hang_timeout_s and time.time() >= next_hang_check:
+                next_hang_check = time.time() + CHECK_EVERY_S
+                hung = silent_roles(rd.control_dir / "heartbeats", hang_timeout_s, start)
+                if hung:
+                    reason = (f"failed: hung: {', '.join(hung)} silent for more than {hang_timeout_s:.0f}s, "
+                              f"stopped by the watchdog")
+                    break
+            if live:
+                live.update(_status_table(rd, num_rollout, start))
+            time.sleep(1.0)
+        first = next((n for n, p in procs.items() if p.poll() is not None), None)
+        deadline = time.time() + FINISH_GRACE_S
+        while rd.is_finished() and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+            time.sleep(0.5)
+        if reason and not hung:  # the --timeout stop: let both finish their checkpoint / hand-back first
+            _wait_for_exit(procs, stop_grace_s)
+    except (KeyboardInterrupt, _Terminated) as e:
+        control.request_stop("rlslurm run: interrupted")
+        reason, first = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else e})", None
+        interrupted_rc = 130 if isinstance(e, KeyboardInterrupt) else 143  # the shell's 128 + signal
+        console.print(f"{reason}: the trainer checkpoints and both stop (up to {stop_grace_s:.0f} s; "
+                      "interrupt again to stop them at once)")
+        _wait_for_exit(procs, stop_grace_s)
+    finally:
+        codes = {n: _stop(p) for n, p in procs.items()}
+    return reason, first, interrupted_rc, codes
+
+
 def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: bool = True,
               timeout_s: float | None = None, console: Console | None = None,
               gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
@@ -257,48 +320,20 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
         procs = {"trainer": trainer, "rollout": rollout}
         live = Live(_status_table(rd, num_rollout, start), console=console, refresh_per_second=1,
                     transient=False) if progress else None
-        reason, interrupted_rc = "", 0
         notices = Notices(rd, console, start)
         try:
             if live:
                 live.start()
-            next_hang_check, hung = start + CHECK_EVERY_S, []
-            while all(p.poll() is None for p in procs.values()):
-                notices.check()
-                if timeout_s is not None and time.time() - start > timeout_s:
-                    control.request_stop(f"rlslurm run: --timeout {timeout_s:.0f}s reached")
-                    reason = f"timeout after {timeout_s:.0f}s"
-                    break
-                if hang_timeout_s and time.time() >= next_hang_check:
-                    next_hang_check = time.time() + CHECK_EVERY_S
-                    hung = silent_roles(rd.control_dir / "heartbeats", hang_timeout_s, start)
-                    if hung:
-                        reason = (f"failed: hung: {', '.join(hung)} silent for more than {hang_timeout_s:.0f}s, "
-                                  f"stopped by the watchdog")
-                        break
-                if live:
-                    live.update(_status_table(rd, num_rollout, start))
-                time.sleep(1.0)
-            first = next((n for n, p in procs.items() if p.poll() is not None), None)
-            deadline = time.time() + FINISH_GRACE_S
-            while rd.is_finished() and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
-                time.sleep(0.5)
-            if reason and not hung:  # the --timeout stop: let both finish their checkpoint / hand-back first
-                _wait_for_exit(procs, stop_grace_s)
-        except (KeyboardInterrupt, _Terminated) as e:
-            control.request_stop("rlslurm run: interrupted")
-            reason, first = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else e})", None
-            interrupted_rc = 130 if isinstance(e, KeyboardInterrupt) else 143  # the shell's 128 + signal
-            console.print(f"{reason}: the trainer checkpoints and both stop (up to {stop_grace_s:.0f} s; "
-                          "interrupt again to stop them at once)")
-            _wait_for_exit(procs, stop_grace_s)
-        finally:
-            codes = {n: _stop(p) for n, p in procs.items()}
+            reason, first, interrupted_rc, codes = _watch(rd, control, procs, live, notices, console, num_rollout,
+                                                          start, timeout_s, hang_timeout_s, stop_grace_s)
+            notices.print_steps()  # those trained since the last look
+            rc, reason = _outcome(rd, control, logs, reason, first, codes, interrupted_rc)
+            end_attempt(rd, this, rc, reason)
             if live:
-                live.update(_status_table(rd, num_rollout, start))
-                live.stop()
-    rc, reason = _outcome(rd, control, logs, reason, first, codes, interrupted_rc)
-    end_attempt(rd, this, rc, reason)
+                live.update(_status_table(rd, num_rollout, start, ended=reason))
+        finally:
+            if live:
+                end_live(live)
     _print_rewards(rd, console)
     if rc:
         console.print(f"[red]{reason}[/]; logs: {logs}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -376,3 +377,29 @@ def check_replay_buffer(path: Path) -> None:
         RolloutReader.replay(path)
     except UserError as e:
         raise ConfigError(f"--load-debug-rollout-data {path}: {e}") from None
+
+
+# Memory-backed filesystems: each node has its own, and it is gone with the node's reboot.
+NODE_MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+# Directories that are each node's own by convention (a login node's /tmp is not a compute node's).
+NODE_LOCAL_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+
+
+def node_local_run_dir(run_dir: Path) -> str | None:
+    """Why `run_dir` is likely not shared with the job's nodes, or None. `rlslurm submit` writes the run
+    directory here and the job's nodes read and write it there (run.yaml, the buffer, control/): a
+    directory that only this node has splits the run. Said for submit only: `rlslurm run` runs both
+    groups on this machine, where any directory works (docs/shared-filesystem.md)."""
+    from rlslurm.buffer.atomic import filesystem_of
+
+    path = Path(os.path.abspath(run_dir))
+    mount, fstype = filesystem_of(path)
+    local = next((d for d in (*NODE_LOCAL_DIRS, os.environ.get("TMPDIR")) if d and
+                  (str(path) == d.rstrip("/") or str(path).startswith(d.rstrip("/") + "/"))), None)
+    if fstype not in NODE_MEMORY_FS and local is None:
+        return None
+    what = f"a {fstype} (each node's own memory, at {mount})" if fstype in NODE_MEMORY_FS else \
+        f"under {local}, which is local to each node"
+    return (f"--run-dir {path} is {what}: the job's nodes would not see what submit writes there, nor each "
+            f"other's files; give a --run-dir on storage every node mounts at the same path "
+            f"(docs/shared-filesystem.md)")

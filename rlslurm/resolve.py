@@ -27,7 +27,7 @@ from rlslurm.settings.low_precision import (StoredPrecision, check_engine_quanti
 from rlslurm.settings.model_config import ModelConfig, model_config_path
 from rlslurm.settings.parallel_grid import (check_expert_grid, check_gated_delta_net, check_pipeline_split,
                                             owned_field_refusal, stage_layers)
-from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin
+from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin, model_download_hint
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import check_rl_settings
 from rlslurm.settings.rm_types import RM_REGISTRY
@@ -545,7 +545,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         _need(res, strict, f"--hf-checkpoint is required for {mc.name} (the HF directory with the initial weights)")
     for flag, p in (("--hf-checkpoint", m.hf_checkpoint), ("--ref-load", m.ref_load), ("--load", m.load)):
         if p is not None and not p.exists():
-            _need(res, strict, f"{flag} {p} does not exist")
+            _need(res, strict, f"{flag} {p} does not exist{model_download_hint(p, flag) if flag != '--load' else ''}")
         elif p is not None and flag != "--load":
             note = preflight.check_hf_dir(flag, p, mc)
             if note:

@@ -259,7 +259,17 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
         for name, b in model.named_buffers():  # DeepSeek's router correction bias is a buffer
             if name.endswith("e_score_correction_bias"):
                 b.add_(torch.randn_like(b) * 0.1)
-    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    from transformers.utils import logging as hf_logging
+
+    # transformers' "Writing model shards" bar, for the one shard of a tiny model, was the first thing
+    # `rlslurm run --demo` printed
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     if model_type == "qwen3_next":
         _add_tensors(out, _qwen3_next_mtp_shapes(model.config.hidden_size), getattr(torch, dtype), seed)
     if model_type == "mimo":

@@ -17,9 +17,10 @@ from rlslurm.buffer.manifest import CorruptRollout
 from rlslurm.buffer.reader import RolloutReader
 from rlslurm.console import make_console, print_table
 from rlslurm.buffer.rundir import RunDir
+from rlslurm.cli_typer import App, Group
 from rlslurm.errors import ConfigError, UserError
 
-app = typer.Typer(help="Inspect the rollout buffer of a run directory.", no_args_is_help=True)
+app = App(cls=Group, help="Inspect the rollout buffer of a run directory.", no_args_is_help=True)
 
 RunArg = typer.Argument(..., help="run directory")
 KindOpt = typer.Option("train", "--kind", help="train or eval rollouts")

@@ -31,11 +31,12 @@ import torch
 import typer
 
 from rlslurm.buffer.atomic import StorageError
+from rlslurm.cli_typer import App, Group
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.settings.parallel_grid import stage_layers
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Convert HF safetensors <-> megatron-core distributed checkpoints.")
+app = App(cls=Group, add_completion=False, no_args_is_help=True,
+          help="Convert HF safetensors <-> megatron-core distributed checkpoints.")
 
 
 class DType(str, Enum):
@@ -233,8 +234,11 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
 
         t0 = time.time()
         net, _ = runtime.build(mc, rt, ckpt_dtype, vocab_size_padded=vpad)
-        state = dist_checkpointing.load(net.sharded_state_dict(), str(load))
-        net.load_state_dict(state)
+        sharded = net.sharded_state_dict()
+        state = dist_checkpointing.load(sharded, str(load))
+        # a run's checkpoint (RUN/checkpoints/iter_N) also holds the optimizer, the scheduler and the
+        # trainer's progress beside the model (trainer/checkpoint.py): the model's part is converted
+        net.load_state_dict({k: v for k, v in state.items() if k in sharded})
         stage = ps.get_pipeline_model_parallel_rank()
         writer = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
         stream = mcore_to_hf(mc, net, dtype=out_dtype)

@@ -32,6 +32,10 @@ def run_model(model: str | None, hf_checkpoint: Path | str | None) -> ModelConfi
         raise ConfigError(NO_MODEL)
     hf = Path(hf_checkpoint)
     if not (hf / "config.json").is_file():
+        from rlslurm.settings.paths import model_download_hint
+
+        if hint := model_download_hint(hf, "--hf-checkpoint"):
+            raise ConfigError(f"--hf-checkpoint {hf} does not exist{hint}")
         raise ConfigError(f"--hf-checkpoint {hf}: no config.json here, so the model cannot be determined: pass "
                           "--model NAME, or run where the checkpoint is")
     return shipped_match(model_config_from_hf(hf))

@@ -17,7 +17,6 @@ A reader here has the interface of rlslurm/rollout/prompt_records.py's record re
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,11 +24,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlslurm.errors import DataError
+from rlslurm.settings.paths import hub_id_of
 
 SHARD_SUFFIXES = (".jsonl", ".parquet")
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
 class Records(Protocol):
     def __len__(self) -> int: ...
 
@@ -43,8 +40,8 @@ class Records(Protocol):
 def missing_path_hint(path: Path, flag: str) -> str:
     """Why a prompt path does not exist, when it reads like a Hub dataset id ('' otherwise). The path
     has been made absolute at submit, so the id is its last two components, neither of which exists."""
-    hub_id = f"{path.parent.name}/{path.name}"
-    if path.parent.exists() or path.suffix.lower() in (*SHARD_SUFFIXES, ".json") or not _HUB_ID.fullmatch(hub_id):
+    hub_id = hub_id_of(path)
+    if hub_id is None or path.suffix.lower() in (*SHARD_SUFFIXES, ".json"):
         return ""
     return (f"; if {hub_id!r} is a Hugging Face Hub dataset, download it first (the nodes read local files only): "
             f"hf download {hub_id} --repo-type dataset --local-dir data/{path.name}, then {flag} with the "

@@ -130,6 +130,11 @@ def _suggest(name: str) -> str:
     if name in SLIME_ALIASES:  # a YAML key: aliases are command-line spellings
         field_name, value = SLIME_ALIASES[name]
         return f" (slime's spelling of {field_name}" + ("" if value is None else f": {value}") + ")"
+    _, dot, leaf = name.rpartition(".")
+    if dot:  # a YAML path written as a flag (--train.lr): flags name the field alone
+        if leaf in FIELDS:
+            return f" (flags are not dotted: {flag_name(leaf)}; in a --config YAML: {FIELDS[leaf][0]}: {{{leaf}: ...}})"
+        return _suggest(leaf)
     close = difflib.get_close_matches(name, list(FIELDS), n=1)
     return f" (did you mean {flag_name(close[0])}?)" if close else ""
 

@@ -12,6 +12,7 @@ clusters `/home` is often a link into the parallel file system and users recogni
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,29 @@ def absolutize(layer: Layer, base: Path) -> Layer:
     for key, value in list(layer.values.items()):
         layer.values[key] = _one(key[1], value, base)
     return layer
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def hub_id_of(path: Path) -> str | None:
+    """The Hugging Face Hub id a path that does not exist reads like ("THUDM/GLM-4-9B-0414" given as a
+    path, made absolute here): its last two components, when neither exists and they are not a
+    directory under the root (`/ckpt/Qwen3-4B` is a path); else None."""
+    hub_id = f"{path.parent.name}/{path.name}"
+    if path.exists() or path.parent.exists() or path.parent.parent == Path(path.anchor) \
+            or not _HUB_ID.fullmatch(hub_id):
+        return None
+    return hub_id
+
+
+def model_download_hint(path: Path, flag: str) -> str:
+    """How to get the model a --hf-checkpoint (or --ref-load) that reads like a Hub id names: the nodes
+    read local files only. '' when the path does not read like one."""
+    hub_id = hub_id_of(path)
+    if hub_id is None:
+        return ""
+    local = f"models/{path.name}"
+    return (f"; if {hub_id!r} is a Hugging Face Hub model, download it first (the nodes read local files only): "
+            f"hf download {hub_id} --local-dir {local}, then {flag} {local} (its safetensors are read as they are: "
+            f"no conversion)")

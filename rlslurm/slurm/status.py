@@ -101,8 +101,13 @@ class RunStatus:
     current_attempt: dict[str, Any] | None
     finished: bool
     ended_early: str | None = None  # why a FINISHED run stopped before --num-rollout (the prompts ran out)
-    rollouts_committed: int = 0
-    last_trained_rollout: int | None = None
+    rollouts_committed: int = 0  # in the buffer now: retention retires trained ones (docs/buffer-retention.md)
+    last_trained_rollout: int | None = None  # the last rollout a checkpoint covers
+    rollouts_trained: int = 0  # distinct rollout ids in metrics.jsonl
+    rollouts_generated: int | None = None  # the newest committed id + 1 (retention always keeps the newest)
+    num_rollout: int | None = None  # --num-rollout, from run.yaml
+    # How the newest attempt ended (its ledger line), once no attempt lives; None while one does.
+    ended: dict[str, Any] | None = None
     weight_version: int | None = None
     engines: list[dict[str, Any]] = field(default_factory=list)
     reward_trend: list[tuple[int, float]] = field(default_factory=list)  # (rollout id, mean reward), last 50
@@ -111,9 +116,11 @@ class RunStatus:
     user_error: dict[str, Any] | None = None
     # control/weight_version.json: version, transport, fallbacks (this attempt's), last_fallback
     weights: dict[str, Any] | None = None
-    # each role's heartbeat: role, rank, phase, for_s (in that phase), age_s (of the heartbeat)
+    # each role's heartbeat: role, rank, phase, for_s (in that phase), age_s (of the heartbeat); only
+    # while the attempt lives: after it, a heartbeat is what a process last did, not what it does
     phases: list[dict[str, Any]] = field(default_factory=list)
     live: bool = False  # some role's heartbeat is fresh (its process runs)
+    attempt_lives: bool = False  # an attempt runs: SLURM says its job is alive, or (no job) `live`
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,14 +139,20 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         from rlslurm.buffer.reader import RolloutReader
 
         reader = RolloutReader(rd, readonly=True)
-        committed, last_trained = len(reader.committed_ids()), reader.last_trained()
+        ids, last_trained = reader.committed_ids(), reader.last_trained()
     except Exception:  # a run dir from before the first commit must not break status
-        committed, last_trained = 0, None
+        ids, last_trained = [], None
     phases = role_phases(control)
     live = current is not None and any(p["age_s"] < LIVE_S for p in phases)
     finished = rd.is_finished()
     if slurm["source"] is None:  # nothing to ask: the run's own record
-        slurm = {**slurm, "state": own_state(finished, live, attempts), "source": "run directory"}
+        # an attempt just begun has no heartbeat yet (its roles are importing)
+        lives = live or (current is not None and time.time() - (current.get("start") or 0) < LIVE_S)
+        slurm = {**slurm, "state": own_state(finished, lives, attempts), "source": "run directory"}
+    else:
+        lives = current is not None and slurm["state"] in _ALIVE
+    curve = reward_curve(rd.path)
+    last = max(attempts, key=lambda a: a.get("attempt", -1)) if attempts else None
     return RunStatus(
         run_dir=str(rd.path),
         job_id=job_id,
@@ -148,17 +161,32 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
         current_attempt=current,
         finished=finished,
         ended_early=(rd.finished_info() or {}).get("ended_early") if finished else None,
-        rollouts_committed=committed,
+        rollouts_committed=len(ids),
         last_trained_rollout=last_trained,
+        rollouts_trained=len(curve),
+        rollouts_generated=ids[-1] + 1 if ids else None,
+        num_rollout=_num_rollout(rd),
+        ended=None if lives or last is None else {k: last.get(k) for k in ("attempt", "job_id", "reason", "exit_code",
+                                                                           "end")},
         weight_version=wv.version if wv else None,
         engines=[_engine(e.model_dump(), live, phases) for e in control.engines()],
-        reward_trend=reward_curve(rd.path)[-50:],
+        reward_trend=curve[-50:],
         resubmits=[r for r in ledger if is_event(r)],
         user_error=_last_user_error(rd, attempts),
         weights=wv.model_dump() if wv else None,
-        phases=phases,
+        phases=phases if lives else [],
         live=live,
+        attempt_lives=lives,
     )
+
+
+def _num_rollout(rd: RunDir) -> int | None:
+    from rlslurm.settings.runfile import load_run_config
+
+    try:
+        return load_run_config(rd.path).rollout.num_rollout
+    except Exception:  # status reports what it can read; run.yaml's own errors are submit's to name
+        return None
 
 
 def pending_hint(slurm: dict[str, Any]) -> str | None:
@@ -256,3 +284,34 @@ def phase_line(p: dict[str, Any], live: bool) -> str:
     if not live or p["age_s"] > LIVE_S:
         return f"{p['phase']} (its last heartbeat, {p['age_s']:.0f} s ago)"
     return f"{p['phase']}{took}"
+
+
+def _when(ts: Any) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) and ts > 0 else "-"
+
+
+def state_row(st: RunStatus) -> tuple[str, str]:
+    """Where the run stands: running (which attempt, since when), finished, or how its last attempt
+    ended (the ledger's reason: failed, preempted, stopped, interrupted), never a stale phase."""
+    end = st.ended
+    at = f"attempt {end.get('attempt')}, {_when(end.get('end'))}, exit {end.get('exit_code')}" if end else ""
+    if st.finished:
+        early = f", early: {st.ended_early}" if st.ended_early else ""
+        return "finished", f"yes{early}" + (f" ({at})" if at else "")
+    if st.attempt_lives and st.current_attempt:
+        return "running", f"attempt {st.current_attempt.get('attempt')} since {_when(st.current_attempt.get('start'))}"
+    if end:
+        return "ended", f"{end.get('reason')} ({at})"
+    return "finished", "no"
+
+
+def rollouts_line(st: RunStatus) -> str:
+    """Trained (of --num-rollout) and generated, and how many the buffer keeps: retention retires
+    trained rollouts, so the buffer's count is not the run's."""
+    trained = f"{st.rollouts_trained}/{st.num_rollout}" if st.num_rollout is not None else str(st.rollouts_trained)
+    parts = [f"{trained} trained"]
+    if st.last_trained_rollout is not None:
+        parts[0] += f" ({st.last_trained_rollout + 1} in the last checkpoint)"
+    if st.rollouts_generated is not None:
+        parts.append(f"{st.rollouts_generated} generated ({st.rollouts_committed} kept in the buffer)")
+    return ", ".join(parts)

@@ -234,7 +234,7 @@ class Trainer:
             except (EnginesGone, SyncInterrupted) as e:
                 self._log_lines(lines)  # trained: its metrics stay with it (found on an H200)
                 return self._ending(progress, e)
-            self._log_lines(lines, times)
+            self._log_lines(lines, {**times, "time/iteration": time.perf_counter() - t0})
         if self.delivery.pending is not None:  # the engines never came up while we trained
             self.delivery.wait_for_engines()
             self.delivery.publish(self.delivery.pending)

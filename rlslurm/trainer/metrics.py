@@ -6,20 +6,27 @@ file, after the checkpoint of that rollout if one was due.
 
 A resumed attempt re-trains the rollouts after its checkpoint, so their steps appear again in
 metrics.jsonl; every line carries `attempt` so readers keep the last attempt's line per step.
+
+Each record is also logged as one line (rlslurm/step_line.py), after it is written: the trainer's
+log shows every step, as slime's and verl's do, and that line never says what the file does not.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlslurm.metrics_sink import JsonlSink, open_sinks
+from rlslurm.step_line import step_line
 
 if TYPE_CHECKING:
     from rlslurm.settings.config import RunConfig
+
+log = logging.getLogger("rlslurm.trainer.step")
 
 
 class MetricsLogger:
@@ -40,6 +47,7 @@ class MetricsLogger:
         for k, v in values.items():
             rec[k] = None if isinstance(v, float) and not math.isfinite(v) else v
         self.sinks.log(rec, step=step, rollout_id=int(values.get("rollout_id", step)))
+        log.info("%s", step_line(rec))
 
     def close(self) -> None:
         if self.sinks is not None:

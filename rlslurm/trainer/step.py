@@ -28,6 +28,7 @@ from torch import Tensor
 from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
 from rlslurm.settings.rl_settings import loss_type
+from rlslurm.step_line import GEN_TOK_S
 from rlslurm.trainer import actor_loss
 from rlslurm.trainer import logprobs as lp
 from rlslurm.trainer import pipeline
@@ -343,4 +344,7 @@ def rollout_metrics(rollout: Rollout, rewards: list[float]) -> dict[str, float]:
         "truncation_rate": sum(x.status == SampleStatus.TRUNCATED for x in s) / n,
         "n_samples": float(n),
         "weight_version_min": float(min(x.weight_version for x in s)),
+        # the driver's generation rate, from the rollout's metadata: the per-step line shows it beside
+        # the trainer's own (rlslurm/step_line.py)
+        **({GEN_TOK_S: float(rollout.meta.metrics[GEN_TOK_S])} if GEN_TOK_S in rollout.meta.metrics else {}),
     }

@@ -137,6 +137,16 @@ def test_unknown_flag_suggests_the_right_one() -> None:
         resolve(["--rollout-bach-size", "4"], strict_inputs=False)
 
 
+def test_a_dotted_flag_gets_the_field_it_names() -> None:
+    """A YAML path typed as a flag (as in other launchers' configs) named --trainer-gpus, the closest
+    spelling of "train.lr"; the field it names is the flag, under its real YAML section."""
+    with pytest.raises(ConfigError, match=r"^unknown flag --train\.lr \(flags are not dotted: --lr; in a --config "
+                                          r"YAML: train: \{lr: \.\.\.\}\)$"):
+        resolve(["--train.lr", "1e-6"], strict_inputs=False)
+    with pytest.raises(ConfigError, match=r"--rollout\.rollout-batch-sise .*did you mean --rollout-batch-size\?"):
+        resolve(["--rollout.rollout-batch-sise", "4"], strict_inputs=False)
+
+
 def test_bad_value_names_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"^--n-samples-per-prompt: .*'many'"):
         resolve(["--n-samples-per-prompt", "many"], strict_inputs=False)

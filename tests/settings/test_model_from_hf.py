@@ -44,6 +44,19 @@ def test_without_model_the_run_takes_the_checkpoints_architecture(tmp_path: Path
     assert res.model.arch.hidden_size == 2560
 
 
+@pytest.mark.parametrize("model", [["--model", "glm4-9B"], []])
+def test_a_hub_id_for_hf_checkpoint_says_how_to_download_it(tmp_path: Path, monkeypatch, model: list[str]) -> None:
+    """slime's scripts and model cards name models by Hub id; the nodes read local files only. The error
+    said only "does not exist" (with --model) or "no config.json here" (without)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"prompt": "p", "label": "l"}\n')
+    with pytest.raises(ConfigError) as e:
+        resolve([*model, "--nodes", "4", "--prompt-data", "train.jsonl", "--hf-checkpoint", "THUDM/GLM-4-9B-0414"])
+    assert str(e.value).startswith(f"--hf-checkpoint {tmp_path}/THUDM/GLM-4-9B-0414 does not exist; ")
+    assert ("hf download THUDM/GLM-4-9B-0414 --local-dir models/GLM-4-9B-0414, then --hf-checkpoint "
+            "models/GLM-4-9B-0414") in str(e.value)
+
+
 @pytest.mark.parametrize("argv, names", [
     ([], ("no model", "--model", "--hf-checkpoint")),
     (["--hf-checkpoint", "/nowhere/Qwen3-14B"], ("--hf-checkpoint /nowhere/Qwen3-14B: no config.json here",

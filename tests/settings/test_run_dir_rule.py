@@ -56,3 +56,25 @@ def test_rlslurm_run_resumes_the_run_dir_of_the_rule(args, expected, tmp_path, m
     r = CliRunner().invoke(cli.app, ["run", *args])
     assert isinstance(r.exception, _Resumed), (r.output, r.exception)
     assert r.exception.args[0] == Path(expected)
+
+
+@pytest.mark.parametrize("run_dir", ["/dev/shm/rlslurm-test-run", "/tmp/rlslurm-test-run", "/rlslurm-test-no-such-dir/run"])
+def test_submit_warns_of_a_run_dir_no_other_node_sees(monkeypatch, run_dir: str) -> None:
+    """A job's nodes coordinate only through the run directory, which submit writes on this node: one
+    in memory or under a node's own /tmp splits the run (filesystem_of names the mount). Not for
+    `rlslurm run`, whose groups share this machine (docs/shared-filesystem.md)."""
+    from rlslurm.buffer.atomic import filesystem_of
+
+    monkeypatch.delenv("TMPDIR", raising=False)
+    said = {"/dev/shm/rlslurm-test-run": "is a tmpfs (each node's own memory, at /dev/shm)"
+            if filesystem_of("/dev/shm") == ("/dev/shm", "tmpfs") else "is under /dev/shm, which is local to each node",
+            "/tmp/rlslurm-test-run": "is under /tmp, which is local to each node"}.get(run_dir)
+    res = CliRunner().invoke(cli.app, ["submit", "--model", "tiny-qwen3", "--nodes", "2", "--run-dir", run_dir,
+                                       "--dry-run"])
+    assert res.exit_code == 0, res.output
+    warned = [l for l in res.stderr.splitlines() if l.startswith(f"warning: --run-dir {run_dir} ")]
+    if said is None:  # under / (not created): a directory of its own, as a shared mount is
+        assert not warned, res.stderr
+    else:
+        assert len(warned) == 1 and said in warned[0] and "docs/shared-filesystem.md" in warned[0], res.stderr
+    assert not Path(run_dir).exists()  # a dry run creates nothing

@@ -37,7 +37,8 @@ def _straight(tmp: Path, tiny_hf: Path, train: dict) -> Path:
     commit_rollouts(source, range(4))
     run = make_run(tmp / "replay", tiny_hf, nproc=2, train={**train, "load_debug_rollout_data": str(source)},
                    rollout=ROLLOUT)
-    run_trainer(run, nproc=2)
+    out = run_trainer(run, nproc=2)
+    (tmp / "trainer.log").write_text(out.stdout + out.stderr)  # what the job's trainer-0.log would hold
     return run
 
 
@@ -106,6 +107,42 @@ def test_replay_trains_without_engines_and_logs_metrics(straight: Path) -> None:
     assert list((straight / "tb").glob("events.out.tfevents.*"))  # TensorBoard next to metrics.jsonl
     # the replayed buffer is read-only: nothing retired or marked trained there
     assert not [p.name for p in (straight.parent / "source" / "buffer").rglob("*trained*")]
+
+
+def test_a_runs_checkpoint_converts_to_the_published_weights(straight: Path, tmp_path: Path) -> None:
+    """The README's export path: `rlslurm convert mcore-to-hf` of a run's checkpoint (which also holds
+    the optimizer, scheduler and progress: the converter refused those keys) gives the weights the
+    trainer published from it, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import REPO, _pythonpath
+
+    out = tmp_path / "hf"
+    p = subprocess.run([sys.executable, "-m", "rlslurm", "convert", "mcore-to-hf", "--model", "tiny-qwen3", "--load",
+                        str(straight / "checkpoints" / "iter_0000004"), "--out", str(out)], capture_output=True,
+                       text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": _pythonpath()})
+    assert p.returncode == 0, p.stderr[-3000:]
+    got, v4 = load_file(str(out / "model.safetensors")), load_file(str(straight / "weights" / "v4" / "model.safetensors"))
+    assert got.keys() == v4.keys() and all(torch.equal(got[k].to(v4[k].dtype), v4[k]) for k in v4)
+
+
+def test_the_trainer_logs_one_line_per_step_from_its_metrics_record(straight: Path) -> None:
+    """slime and verl print a line per step; the trainer's is made of the record metrics.jsonl got,
+    by one formatter (rlslurm/step_line.py), after the rollout's publish: its version is on it."""
+    from rlslurm.step_line import step_line
+
+    log = (straight.parent / "trainer.log").read_text()
+    lines = [l.split(" INFO ", 1)[1] for l in log.splitlines() if l.startswith("[trainer 0] ") and " | reward " in l]
+    recs = metrics(straight)
+    assert lines == [step_line(r) for r in recs]
+    assert lines[0].startswith("rollout 0 step 0 | reward ") and " | kl " in lines[0]
+    # each rollout's version went out by disk before its lines were written
+    assert [l.rsplit(" | ", 1)[1] for l in lines] == [f"weights v{r // 2 + 1} disk" for r in range(8)]
+    assert all(" | tok/s train " in l and ", iteration " in l for l in lines)
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))

@@ -74,6 +74,7 @@ class WeightDelivery:
         """The publishes since the last call, for a rollout's metrics line."""
         out: dict = {"weight_sync/fallbacks": self.fallbacks}
         if self.last is not None:
+            out["weight_sync/version"] = self.last.version
             out["weight_sync/transport"] = self.last.transport
         if self._unlogged:
             out["weight_sync/deliveries"] = [d.as_dict() for d in self._unlogged]
