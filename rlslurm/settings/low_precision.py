@@ -289,8 +289,8 @@ def check_int4_engine(hf_dir: str | Path, weight_update_session: bool, version: 
         return
     raise ConfigError(f"{hf_dir}: INT4 W4A16 compressed-tensors, and SGLang {version} cannot load a weight update "
                       f"into INT4 layers (no /begin_weight_update to undo the Marlin repack, no repack after); "
-                      f"install SGLang 0.5.23 (pip install 'rlslurm[sglang]'), or serve the unquantized or a "
-                      f"block-wise FP8 checkpoint ({DOC})")
+                      f"install SGLang 0.5.23 (no supported GPU stack has it yet: --allow-untested-stack, "
+                      f"docs/supported-stacks.md), or serve the unquantized or a block-wise FP8 checkpoint ({DOC})")
 
 
 def check_int4_engine_args(sglang_args: list[str] | tuple[str, ...], device: str) -> None:
