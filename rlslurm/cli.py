@@ -567,8 +567,11 @@ def convert(ctx: typer.Context) -> None:
     --account, --time MIN, --gpus-per-node, --cpus-per-task, --job-dir.
     """
     from rlslurm.slurm.convert_job import SUBMIT_HELP
+    from rlslurm.stacks import check_convert_args
 
     args = list(ctx.args)
+    # the job runs this interpreter (submitit), so its stack is checked here too (rlslurm/stacks.py)
+    conversion = check_convert_args(args)
     if "--submit" in args and "--help" not in args:
         from rlslurm.slurm.convert_job import split_submit_args, submit as submit_conversion
 
@@ -585,7 +588,7 @@ def convert(ctx: typer.Context) -> None:
     command = typer.main.get_command(convert_app)
     for c in [command, *getattr(command, "commands", {}).values()]:
         c.epilog = SUBMIT_HELP
-    command(args=args, prog_name="rlslurm convert")
+    command(args=conversion, prog_name="rlslurm convert")
 
 
 _mount_subapps()

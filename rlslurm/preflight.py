@@ -7,7 +7,7 @@ know stays for the nodes, where a user error ends the job without requeue (docs/
   may have it; every other import failure is an error;
 * `--sglang-*` flags are checked against this host's SGLang only when the job runs this host's
   Python environment (job_env_is_ours); `--megatron-*` fields likewise, read from megatron-core's
-  source without importing it (importing takes seconds).
+  source without importing it (importing takes seconds), and the installed stack (check_stack).
 """
 
 from __future__ import annotations
@@ -159,6 +159,23 @@ def _netrc_has(host: str | None) -> bool:
         return netrc.netrc().authenticators(machine) is not None
     except (OSError, netrc.NetrcParseError):
         return False
+
+
+# ------------------------------------------------------------------------------------ stack
+
+
+def check_stack(cfg: "RunConfig", mc: "ModelConfig", warnings: list[str], notes: list[str]) -> None:
+    """The torch, megatron-core, SGLang and transformer-engine each role will run, against the supported
+    stacks (rlslurm/stacks.py), where the job runs this environment: the roles would refuse them at
+    their start, after the queue wait. Another environment is checked there, by each role."""
+    from rlslurm import stacks
+
+    if not job_env_is_ours(cfg):
+        notes.append("the job runs another Python environment: each role checks its torch, megatron-core, SGLang "
+                     f"and transformer-engine against the supported stacks at its start ({stacks.DOC})")
+        return
+    for role in ("trainer", "rollout"):
+        stacks.check_run_role(role, cfg, model=mc, warnings=warnings)
 
 
 # ------------------------------------------------------------------------------------ colocate

@@ -366,9 +366,10 @@ def _check_timeouts(t: TrainSection) -> None:
 
 
 def _check_packages(res: Resolved, strict_inputs: bool) -> None:
-    """The packages the job runs, against what is set for them: wandb, SGLang (its flags, dtype and memory
-    saver), sglang-router and megatron-core (its fields, its precision) (preflight.py)."""
+    """The packages the job runs, against what is set for them: the supported stacks, wandb, SGLang (its
+    flags, dtype and memory saver), sglang-router and megatron-core (its fields, its precision) (preflight.py)."""
     cfg, mc = res.cfg, res.model
+    preflight.check_stack(cfg, mc, res.warnings, res.notes)
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
     check_engine_quantization(cfg.sglang_args, res.stored.fp8_block is not None)

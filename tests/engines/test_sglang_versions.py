@@ -62,7 +62,7 @@ def test_the_flag_reaches_every_gpu_engine(tmp_path: Path) -> None:
     from rlslurm.rollout.node import engine_specs
 
     argv = ["--model", "tiny-qwen3", "--nodes", "2", "--gpus-per-node", "2"]
-    for extra, want in (([], False), (["--allow-untested-sglang"], True)):
+    for extra, want in (([], False), (["--allow-untested-sglang"], True), (["--allow-untested-stack"], True)):
         cfg = resolve(argv + extra, strict_inputs=False).cfg
         cfg.model.hf_checkpoint = tmp_path  # the servers' model; not read here
         specs = engine_specs(cfg, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)
