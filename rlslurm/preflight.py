@@ -324,9 +324,11 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 # ------------------------------------------------------------------------------------ checkpoints, CP
 
 
-def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> str | None:
+def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) -> str | None:
     """An HF model directory the trainer and the engines can load: config.json matching the model
-    config, and safetensors weights. Returns a one-line note for a block-wise FP8 one."""
+    config, and safetensors weights. Returns a one-line note for a block-wise FP8 one. Needs no torch:
+    on a host without transformers config.json is compared as written (convert/hf_config.py FileConfig),
+    and what it leaves out is left to the trainer, with a warning."""
     from rlslurm.convert.hf_config import check_hf_config
     from rlslurm.convert.hf_io import INDEX_NAME
 
@@ -341,9 +343,13 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> str | None:
     if not (path / INDEX_NAME).is_file() and not any(path.glob("*.safetensors")):
         raise ConfigError(f"{flag} {path}: no *.safetensors weights (nor {INDEX_NAME})")
     try:
-        check_hf_config(mc, path)
+        unchecked = check_hf_config(mc, path)
     except UserError as e:
         raise ConfigError(f"{flag} {path}: {e}") from None
+    if unchecked:
+        warnings.append(f"{flag} {path}: transformers is not installed here, so config.json was read as written; "
+                        f"what it leaves out ({', '.join(dict.fromkeys(unchecked))}) takes transformers' defaults, which the "
+                        "trainer checks on the node")
     return note
 
 

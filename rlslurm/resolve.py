@@ -544,7 +544,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         if p is not None and not p.exists():
             _need(res, strict, f"{flag} {p} does not exist")
         elif p is not None and flag != "--load":
-            note = preflight.check_hf_dir(flag, p, mc)
+            note = preflight.check_hf_dir(flag, p, mc, res.warnings)
             if note:
                 res.notes.append(note)
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():

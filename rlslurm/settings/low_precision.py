@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,21 +236,13 @@ def stored_precision(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Stor
 
 def checkpoint_names(hf_dir: Path) -> list[str] | None:
     """The tensor names of a safetensors checkpoint, off its index or its files' headers, without
-    reading a tensor; None when there are none to read (an empty placeholder file)."""
-    index = Path(hf_dir) / "model.safetensors.index.json"
+    reading a tensor (convert/hf_io.py); None when there are none to read (an empty placeholder file)."""
+    from rlslurm.convert.hf_io import checkpoint_names as names_of
+    from rlslurm.errors import DataError
+
     try:
-        if index.is_file():
-            return list(json.loads(index.read_text())["weight_map"])
-        names: list[str] = []
-        for f in sorted(Path(hf_dir).glob("*.safetensors")):
-            with f.open("rb") as fh:
-                head = fh.read(8)
-                if len(head) < 8:
-                    return None
-                (n,) = struct.unpack("<Q", head)
-                names += [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
-        return names or None
-    except (OSError, ValueError, KeyError, struct.error):
+        return names_of(hf_dir) or None
+    except DataError:
         return None
 
 
