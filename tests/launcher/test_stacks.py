@@ -132,3 +132,18 @@ def test_installed_te_counts_only_when_the_trainer_would_use_it() -> None:
     with_te = {**CPU, "transformer-engine": "2.9.0"}
     assert check_role("trainer", allow_untested=False, te=False, found=with_te).name == "cpu"
     assert check_role("rollout", allow_untested=False, te=True, found=with_te).name == "cpu"  # the engines' own
+
+
+def test_the_readmes_install_lines_install_a_stack_that_ran() -> None:
+    """Every `pip install` line of the README's Install section pins a constraints file, and an SGLang extra
+    it names is that same stack's (the former `.[train,rollout,sglang]` resolved SGLang 0.5.23 with torch
+    2.14.1, which nobody ran on a GPU)."""
+    section = (ROOT / "README.md").read_text().split("### Install\n", 1)[1].split("\n### ", 1)[0]
+    lines = [line.strip() for line in section.splitlines() if line.strip().startswith("pip install")]
+    assert lines
+    by_file = {s.constraints: s for s in STACKS}
+    for line in lines:
+        m = re.match(r"pip install -c (\S+) (\S+)", line)
+        assert m and m[1] in by_file, line
+        extras = {e for group in re.findall(r"\[([^\]]+)\]", m[2]) for e in group.split(",")}
+        assert {e for e in extras if e.startswith("sglang")} <= {by_file[m[1]].sglang_extra}, line
