@@ -24,7 +24,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlslurm.errors import ConfigError
 
@@ -132,7 +132,6 @@ class Verdict:
     stack: Stack | None               # the supported stack they all match, if any
     missing: tuple[str, ...] = ()     # needed and not installed
     why: str = ""                     # why no stack matches (one clause), when stack is None
-    problems: tuple[str, ...] = field(default=())  # components that fit no stack at all
 
     @property
     def supported(self) -> bool:
@@ -188,7 +187,7 @@ def judge(components: tuple[str, ...], found: dict[str, str | None] | None = Non
     else:  # each is some stack's, but not the same one's
         why = "a mix of " + " and ".join(f"{c} {found[c]} (stack {', '.join(s.name for s in fits[c])})"
                                          for c in components)
-    return Verdict(components, found, None, (), why, problems)
+    return Verdict(components, found, None, (), why)
 
 
 def _not_listed(component: str, version: str) -> str:
