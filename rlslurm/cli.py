@@ -47,19 +47,21 @@ FLAGS_EPILOG = ("Every run setting is a flag (over 160, plus --sglang-*, --route
 
 def _version(value: bool) -> None:
     if value:
-        import platform
+        from rlslurm.doctor import version_lines
 
-        import rlslurm
-
-        # where it runs from: the job script bakes in the submitting interpreter (--python)
-        print(f"rlslurm {rlslurm.__version__} ({Path(rlslurm.__file__).parent}; "
-              f"Python {platform.python_version()} at {sys.executable})")
+        # where it runs from (the job script bakes in the submitting interpreter, --python) and the
+        # installed stack against the supported ones (rlslurm/stacks.py)
+        print("\n".join(version_lines()))
         raise typer.Exit()
+
+
+_VERSION_HELP = ("print rlslurm's version, where it is installed, its Python, the installed torch, megatron-core, "
+                 "SGLang, ... and whether they are a supported stack")
 
 
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print rlslurm's version, where it is installed and its Python")) -> None:
+                                       help=_VERSION_HELP)) -> None:
     """SLURM-native RL post-training (Megatron-core + SGLang) with torchrun and no Ray."""
 
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -562,6 +564,20 @@ def _shown_default(v: object) -> str:
     return str(v)
 
 
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="the same facts as one JSON object")) -> None:
+    """Run on a node: the installed stack (as --version) and what the machine has: GPUs, CUDA,
+    torch_memory_saver, transformer-engine. Exits 1 when the stack is not a supported one
+    (docs/supported-stacks.md).
+    """
+    from rlslurm.doctor import doctor_facts, doctor_lines
+
+    facts = doctor_facts()
+    print(json.dumps(facts, indent=2) if as_json else "\n".join(doctor_lines(facts)))
+    if not facts["stack"]["supported"]:
+        raise typer.Exit(1)
+
+
 @app.command("import-slime")
 def import_slime(
     script: Path = typer.Argument(..., help="a slime launch script (run-*.sh); it is read, never run"),
@@ -595,8 +611,11 @@ def convert(ctx: typer.Context) -> None:
     --account, --time MIN, --gpus-per-node, --cpus-per-task, --job-dir.
     """
     from rlslurm.slurm.convert_job import SUBMIT_HELP
+    from rlslurm.stacks import check_convert_args
 
     args = list(ctx.args)
+    # the job runs this interpreter (submitit), so its stack is checked here too (rlslurm/stacks.py)
+    conversion = check_convert_args(args)
     if "--submit" in args and "--help" not in args:
         from rlslurm.slurm.convert_job import split_submit_args, submit as submit_conversion
 
@@ -613,7 +632,7 @@ def convert(ctx: typer.Context) -> None:
     command = typer.main.get_command(convert_app)
     for c in [command, *getattr(command, "commands", {}).values()]:
         c.epilog = SUBMIT_HELP
-    command(args=args, prog_name="rlslurm convert")
+    command(args=conversion, prog_name="rlslurm convert")
 
 
 _mount_subapps()

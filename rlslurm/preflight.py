@@ -7,7 +7,7 @@ know stays for the nodes, where a user error ends the job without requeue (docs/
   may have it; every other import failure is an error;
 * `--sglang-*` flags are checked against this host's SGLang only when the job runs this host's
   Python environment (job_env_is_ours); `--megatron-*` fields likewise, read from megatron-core's
-  source without importing it (importing takes seconds).
+  source without importing it (importing takes seconds), and the installed stack (check_stack).
 """
 
 from __future__ import annotations
@@ -162,6 +162,23 @@ def _netrc_has(host: str | None) -> bool:
         return False
 
 
+# ------------------------------------------------------------------------------------ stack
+
+
+def check_stack(cfg: "RunConfig", mc: "ModelConfig", warnings: list[str], notes: list[str]) -> None:
+    """The torch, megatron-core, SGLang and transformer-engine each role will run, against the supported
+    stacks (rlslurm/stacks.py), where the job runs this environment: the roles would refuse them at
+    their start, after the queue wait. Another environment is checked there, by each role."""
+    from rlslurm import stacks
+
+    if not job_env_is_ours(cfg):
+        notes.append("the job runs another Python environment: each role checks its torch, megatron-core, SGLang "
+                     f"and transformer-engine against the supported stacks at its start ({stacks.DOC})")
+        return
+    for role in ("trainer", "rollout"):
+        stacks.check_run_role(role, cfg, model=mc, warnings=warnings)
+
+
 # ------------------------------------------------------------------------------------ colocate
 
 
@@ -308,9 +325,11 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 # ------------------------------------------------------------------------------------ checkpoints, CP
 
 
-def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> str | None:
+def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) -> str | None:
     """An HF model directory the trainer and the engines can load: config.json matching the model
-    config, and safetensors weights. Returns a one-line note for a block-wise FP8 one."""
+    config, and safetensors weights. Returns a one-line note for a block-wise FP8 one. Needs no torch:
+    on a host without transformers config.json is compared as written (convert/hf_config.py FileConfig),
+    and what it leaves out is left to the trainer, with a warning."""
     from rlslurm.convert.hf_config import check_hf_config
     from rlslurm.convert.hf_io import INDEX_NAME
 
@@ -325,9 +344,13 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig") -> str | None:
     if not (path / INDEX_NAME).is_file() and not any(path.glob("*.safetensors")):
         raise ConfigError(f"{flag} {path}: no *.safetensors weights (nor {INDEX_NAME})")
     try:
-        check_hf_config(mc, path)
+        unchecked = check_hf_config(mc, path)
     except UserError as e:
         raise ConfigError(f"{flag} {path}: {e}") from None
+    if unchecked:
+        warnings.append(f"{flag} {path}: transformers is not installed here, so config.json was read as written; "
+                        f"what it leaves out ({', '.join(dict.fromkeys(unchecked))}) takes transformers' defaults, which the "
+                        "trainer checks on the node")
     return note
 
 

@@ -374,9 +374,10 @@ def _check_timeouts(t: TrainSection) -> None:
 
 
 def _check_packages(res: Resolved, strict_inputs: bool) -> None:
-    """The packages the job runs, against what is set for them: wandb, SGLang (its flags, dtype and memory
-    saver), sglang-router and megatron-core (its fields, its precision) (preflight.py)."""
+    """The packages the job runs, against what is set for them: the supported stacks, wandb, SGLang (its
+    flags, dtype and memory saver), sglang-router and megatron-core (its fields, its precision) (preflight.py)."""
     cfg, mc = res.cfg, res.model
+    preflight.check_stack(cfg, mc, res.warnings, res.notes)
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
     check_given_share(cfg.sglang_args)
@@ -547,7 +548,7 @@ def _check_inputs(res: Resolved, strict: bool) -> None:
         if p is not None and not p.exists():
             _need(res, strict, f"{flag} {p} does not exist{model_download_hint(p, flag) if flag != '--load' else ''}")
         elif p is not None and flag != "--load":
-            note = preflight.check_hf_dir(flag, p, mc)
+            note = preflight.check_hf_dir(flag, p, mc, res.warnings)
             if note:
                 res.notes.append(note)
     if cfg.slurm.setup_script is not None and not cfg.slurm.setup_script.is_file():

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable
 
-from rlslurm.errors import ConfigError, DataError
+from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.settings.model_config import ModelConfig
 
 # Per family: what the architecture implies that config.json does not spell out.
@@ -125,9 +126,37 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+class FileConfig:
+    """config.json as written, for a host without transformers (a login node that submits a job running
+    another environment: docs/supported-stacks.md). Its keys are attributes (`text_config` a FileConfig
+    too); a field the file leaves out is missing here, where transformers would fill in its default, so
+    `check_hf_config` leaves the comparisons that need one to the trainer, which runs with transformers."""
+
+    def __init__(self, raw: dict[str, Any]):
+        for k, v in raw.items():
+            setattr(self, k, FileConfig(v) if k == "text_config" and isinstance(v, dict) else v)
+
+
+def _left_out(cfg: FileConfig, hf_field: str) -> bool:
+    """Whether a compared HF field (`num_key_value_heads`, `rope_parameters.rope_theta`,
+    `n_shared_experts*moe_intermediate_size`) is missing from the file, so that its value would be
+    transformers' default; a family's fixed value (`(qwen3_moe router)`) is never."""
+    if hf_field.startswith("("):
+        return False
+    where = [cfg, getattr(cfg, "text_config", None)]
+    where += [getattr(c, d, None) for c in where if c is not None for d in ("rope_parameters", "rope_scaling")]
+    names = [n for n in re.findall(r"[A-Za-z_]\w*", hf_field) if n != "rope_parameters"]
+    return not all(any(n in (vars(c) if isinstance(c, FileConfig) else c) for c in where if isinstance(c, (dict, FileConfig)))
+                   for n in names)
+
+
 def load_hf_config(hf_dir: str | Path):
-    """The transformers config object of a checkpoint directory (offline; defaults filled in)."""
-    from transformers import AutoConfig
+    """The transformers config object of a checkpoint directory (offline; defaults filled in); where
+    transformers is not installed, the file as written (FileConfig)."""
+    try:
+        from transformers import AutoConfig
+    except ModuleNotFoundError:
+        AutoConfig = None
 
     path = Path(hf_dir) / "config.json"
     if not path.exists():
@@ -138,6 +167,8 @@ def load_hf_config(hf_dir: str | Path):
         raise DataError(str(path), f"invalid JSON: {e}") from None
     if "model_type" not in raw:
         raise DataError(str(path), "no model_type")
+    if AutoConfig is None:
+        return FileConfig(raw)
     try:
         if raw["model_type"] in REMOTE_BASE:
             # without the remote code transformers does not know the type: read the fields with the
@@ -151,8 +182,18 @@ def load_hf_config(hf_dir: str | Path):
         raise DataError(str(path), f"transformers cannot read it: {e}") from None
 
 
-def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]:
-    """(model-config field, its value, HF field, HF value) for every math-changing field."""
+def identity_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]:
+    """Which model the checkpoint is: model_type, and architectures where the file names any."""
+    pairs: list[tuple[str, Any, str, Any]] = [("hf_model_type", mc.hf_model_type, "model_type", cfg.model_type)]
+    archs = getattr(cfg, "architectures", None)
+    if mc.hf_architecture not in (archs or [mc.hf_architecture]):
+        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", archs))
+    return pairs
+
+
+def expected_pairs(mc: ModelConfig, cfg: Any, *, family: bool = True) -> list[tuple[str, Any, str, Any]]:
+    """(model-config field, its value, HF field, HF value) for every math-changing field; `family=False`:
+    only those every family has (sizes, norms, rope), without the family's own rules."""
     a = mc.arch
     mt = cfg.model_type
     top = cfg
@@ -161,8 +202,7 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
     rope = _rope(cfg)
     g: Callable[[str, Any], Any] = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
     heads = g("num_attention_heads")
-    pairs: list[tuple[str, Any, str, Any]] = [
-        ("hf_model_type", mc.hf_model_type, "model_type", mt),
+    pairs: list[tuple[str, Any, str, Any]] = identity_pairs(mc, top) + [
         ("arch.num_layers", a.num_layers, "num_hidden_layers", g("num_hidden_layers")),
         ("arch.hidden_size", a.hidden_size, "hidden_size", g("hidden_size")),
         # Qwen3.5 MoE has no dense MLP (no intermediate_size): the model config keeps the experts' width
@@ -179,9 +219,6 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
         ("arch.activation", a.activation, "hidden_act",
          {"silu": "swiglu", "gelu": "gelu"}.get(g("hidden_act"), g("hidden_act"))),
     ]
-    archs = getattr(top, "architectures", None)
-    if mc.hf_architecture not in (archs or [mc.hf_architecture]):
-        pairs.append(("hf_architecture", mc.hf_architecture, "architectures", archs))
     if not a.mla:
         head_dim = g("head_dim") or g("hidden_size") // heads
         pairs.append(("arch.kv_channels", a.kv_channels, "head_dim", head_dim))
@@ -202,6 +239,8 @@ def expected_pairs(mc: ModelConfig, cfg: Any) -> list[tuple[str, Any, str, Any]]
             for f in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
                 if rope.get(f) is not None:
                     pairs.append((f"arch.rope_scaling.{f}", getattr(rs, f), f"rope_parameters.{f}", rope.get(f)))
+    if not family:
+        return pairs
     if "sliding_attention" in (g("layer_types") or []):
         # Qwen2/Qwen3 configs can switch on sliding-window layers (use_sliding_window); the
         # Megatron model attends over the whole sequence. Released Qwen2.5/Qwen3 checkpoints keep it off.
@@ -466,8 +505,11 @@ def _sigmoid_router_moe(mc: ModelConfig, g: Callable[..., Any], *, scoring: tupl
     ]
 
 
-def check_hf_config(mc: ModelConfig, hf_dir: str | Path) -> None:
-    """Raise ConfigError naming the first field where `mc` and `hf_dir/config.json` disagree."""
+def check_hf_config(mc: ModelConfig, hf_dir: str | Path) -> list[str]:
+    """Raise ConfigError naming the first field where `mc` and `hf_dir/config.json` disagree. Returns what
+    was not compared: nothing with transformers; without it (FileConfig) the fields config.json leaves out,
+    whose values would be transformers' defaults, or the family's fields when its rules need a field
+    transformers derives. model_type and architectures are always compared."""
     cfg = load_hf_config(hf_dir)
     if cfg.model_type not in SUPPORTED:
         if cfg.model_type in NOT_EXPRESSIBLE:
@@ -475,9 +517,26 @@ def check_hf_config(mc: ModelConfig, hf_dir: str | Path) -> None:
                               f"{NOT_EXPRESSIBLE[cfg.model_type]}")
         raise ConfigError(f"{hf_dir}/config.json: model_type={cfg.model_type!r} has no mapping; "
                           f"supported: {', '.join(SUPPORTED)}")
-    for field, ours, hf_field, theirs in expected_pairs(mc, cfg):
-        if not _same(ours, theirs):
+    file_only = isinstance(cfg, FileConfig)
+    unchecked: list[str] = []
+    try:
+        pairs = expected_pairs(mc, cfg)
+    except (UserError, TypeError):
+        if not file_only:
+            raise
+        # the family's own rules read fields transformers derives (layer_types from full_attention_interval,
+        # mlp_layer_types from first_k_dense_replace, ...): without it they cannot be told here
+        unchecked.append(f"the {cfg.model_type} family's own fields (its rules read what transformers derives)")
+        try:
+            pairs = expected_pairs(mc, cfg, family=False)
+        except TypeError:  # a size the others are computed from is left out
+            pairs = identity_pairs(mc, cfg)
+    for field, ours, hf_field, theirs in pairs:
+        if file_only and _left_out(cfg, hf_field):
+            unchecked.append(hf_field)  # transformers' default, which the trainer compares
+        elif not _same(ours, theirs):
             raise ConfigError(
                 f"model config {mc.name!r} does not match {hf_dir}/config.json: "
                 f"{field}={ours!r} but HF {hf_field}={theirs!r}"
             )
+    return unchecked

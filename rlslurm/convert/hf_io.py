@@ -4,6 +4,11 @@ Reading never loads a whole checkpoint: `HFCheckpoint` opens each shard lazily (
 `model.safetensors.index.json` when there is one) and hands out single tensors. Writing follows
 the shared-filesystem rules: every file goes to a temp name in the same directory, is fsynced and
 renamed; the index (the manifest of a sharded checkpoint) is written last.
+
+Importing this module imports no torch: submit's checks of a checkpoint (rlslurm/preflight.py) run on
+login nodes that may have none. The tensor names come from each file's header, which is JSON: an
+8-byte little-endian length, then that many bytes of {name: {dtype, shape, data_offsets}, "__metadata__": ...}
+(the safetensors format).
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
-from typing import Iterable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from rlslurm.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -48,9 +55,8 @@ class HFCheckpoint:
             if not shards:
                 raise ConfigError(f"{self.dir}: no *.safetensors files and no {INDEX_NAME}")
             for shard in shards:
-                with safe_open(str(shard), framework="pt") as f:
-                    for name in f.keys():
-                        self._where[name] = shard
+                for name in sorted(safetensors_header(shard)):  # as safetensors lists them
+                    self._where[name] = shard
         self._open: dict[Path, object] = {}
         self._safe_open = safe_open
 
@@ -75,6 +81,36 @@ class HFCheckpoint:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self._where:
             yield name, self.get(name)
+
+
+def safetensors_header(path: Path) -> dict[str, dict]:
+    """{tensor name: {dtype, shape, data_offsets}} of one safetensors file, from its header (no tensor
+    read, no torch); DataError naming the file when it is not one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise DataError(str(path), "not a safetensors file (shorter than its 8-byte header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > max(os.fstat(f.fileno()).st_size - 8, 0):
+                raise DataError(str(path), f"not a safetensors file (header length {n} past the end of the file)")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(str(path), f"not a readable safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise DataError(str(path), "not a safetensors header (not a JSON object)")
+    return {k: v for k, v in header.items() if k != "__metadata__"}
+
+
+def checkpoint_names(hf_dir: str | Path) -> list[str]:
+    """The tensor names of a safetensors checkpoint directory, off its index or its files' headers."""
+    index = Path(hf_dir) / INDEX_NAME
+    if index.is_file():
+        try:
+            return list(json.loads(index.read_text())["weight_map"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DataError(str(index), f"not a safetensors index ({e})") from None
+    return [name for shard in sorted(Path(hf_dir).glob("*.safetensors")) for name in safetensors_header(shard)]
 
 
 def _fsync_dir(path: Path) -> None:

@@ -55,7 +55,7 @@ def shipped_match(mc: ModelConfig) -> ModelConfig:
 
 def model_config_from_hf(hf_dir: Path) -> ModelConfig:
     from rlslurm.convert.hf_config import (FAMILY_FIXED, GATED_DELTA_FAMILIES, MLA_FAMILIES, NOT_EXPRESSIBLE,
-                                           SUPPORTED, TEXT_CONFIG, _rope,
+                                           SUPPORTED, TEXT_CONFIG, FileConfig, _rope,
                                            check_hf_config, full_attention_interval, leading_dense,
                                            load_hf_config, qwen3_next_moe_layers)
 
@@ -64,6 +64,10 @@ def model_config_from_hf(hf_dir: Path) -> ModelConfig:
         cfg = load_hf_config(hf_dir)
     except UserError as e:
         raise ConfigError(f"{flag}: {e}") from None
+    if isinstance(cfg, FileConfig):  # derived fields and defaults are transformers' (docs/supported-stacks.md)
+        raise ConfigError(f"{flag}: without --model the architecture is read from config.json with transformers, "
+                          "which is not installed here: pass --model NAME (`rlslurm models`, or a model config YAML), "
+                          "or install transformers where you submit")
     mt = cfg.model_type
     if mt in NOT_EXPRESSIBLE:
         raise ConfigError(f"{flag}: config.json model_type {mt!r} has no rlslurm mapping: {NOT_EXPRESSIBLE[mt]}")

@@ -1,7 +1,8 @@
-"""The SGLang versions rlslurm supports and every way they differ, in one place (docs/sglang-versions.md).
+"""How the SGLang versions of the supported stacks differ, in one place (docs/sglang-versions.md).
 
-0.5.23 is the CPU/CI version (rlslurm/engines/sglang_cpu pins it). 0.5.14 is the GPU machines' version:
-the last SGLang whose pin, torch==2.11.0, is the image's own torch (docs/gpu.md). Between the two, the
+The versions are those of rlslurm/stacks.py's STACKS. 0.5.23 is the CPU stack's (rlslurm/engines/sglang_cpu
+pins it). 0.5.14 is the GPU stack's: the last SGLang whose pin, torch==2.11.0, is the image's own torch
+(docs/gpu.md). Between the two, the
 HTTP contract rlslurm uses differs in one place: 0.5.23 wraps a weight update in a session
 (/begin_weight_update, /end_weight_update: in-place-quantised weights become loadable between them);
 0.5.14 has no such endpoints and needs none for unquantised weights. Everything else rlslurm calls
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-import re
 from dataclasses import dataclass
 
+from rlslurm import stacks
 from rlslurm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,17 @@ class SGLangAPI:
     cpu_path: bool                # rlslurm's CPU device path runs it (engines/sglang_cpu)
 
 
+# The oldest supported release with /begin_weight_update and /end_weight_update (0.5.14 has neither).
+WEIGHT_UPDATE_SESSION_SINCE = (0, 5, 23)
+# The release the CPU path (engines/sglang_cpu) patches.
+CPU_PATH = "0.5.23"
+
 SUPPORTED: dict[str, SGLangAPI] = {
-    "0.5.14": SGLangAPI("0.5.14", weight_update_session=False, cpu_path=False),
-    "0.5.23": SGLangAPI("0.5.23", weight_update_session=True, cpu_path=True),
+    v: SGLangAPI(v, weight_update_session=stacks.release(v) >= WEIGHT_UPDATE_SESSION_SINCE, cpu_path=v == CPU_PATH)
+    for v in stacks.sglang_versions()
 }
 # An engine record written before versions were recorded: the version rlslurm was built against.
-DEFAULT = SUPPORTED["0.5.23"]
+DEFAULT = SUPPORTED[CPU_PATH]
 
 
 def installed_sglang_version() -> str | None:
@@ -45,14 +51,7 @@ def installed_sglang_version() -> str | None:
         return None
 
 
-# pip extras that install each tested version on GPU machines (pyproject.toml; docs/sglang-versions.md)
-EXTRAS = {"0.5.23": "rlslurm[sglang]", "0.5.14": "rlslurm[sglang-torch211]"}
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """The numeric release of a version string: "0.5.20.post1" -> (0, 5, 20); () if it has none."""
-    m = re.match(r"\d+(?:\.\d+)*", version)
-    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+_release = stacks.release
 
 
 def nearest_tested(version: str) -> SGLangAPI:
@@ -72,18 +71,26 @@ def api_for(version: str | None) -> SGLangAPI:
     return SUPPORTED.get(version) or nearest_tested(version)
 
 
+def gpu_install_hint() -> str:
+    """How to install the SGLang of each stack that has run on GPUs (its pyproject extra)."""
+    return " or ".join(f"pip install -c {s.constraints} 'rlslurm[{s.sglang_extra}]' (SGLang {s.sglang})"
+                       for s in stacks.STACKS if s.sglang_extra)
+
+
 def check_gpu_sglang(allow_untested: bool = False) -> SGLangAPI:
-    """Before starting a GPU engine: the installed SGLang is a tested one, or --allow-untested-sglang
-    says to go on with a warning and the nearest tested version's API."""
+    """Before starting a GPU engine: the installed SGLang's API. A version of no supported stack needs
+    --allow-untested-sglang (or --allow-untested-stack), which goes on with a warning and the nearest
+    tested version's API. (Whether the rest of the node's stack is supported is the rollout's check at
+    its start: rlslurm/stacks.py check_role.)"""
     found = installed_sglang_version()
     if found in SUPPORTED:
         return SUPPORTED[found]
-    install = " or ".join(f"pip install '{EXTRAS[v]}' (SGLang {v})" for v in SUPPORTED)
     if found is None:
-        raise ConfigError(f"rollout device cuda: SGLang is not installed; {install} (docs/sglang-versions.md)")
+        raise ConfigError(f"rollout device cuda: SGLang is not installed; {gpu_install_hint()} "
+                          f"(docs/sglang-versions.md)")
     if not allow_untested:
         raise ConfigError(f"rollout device cuda: SGLang is {found}, not a tested version ({', '.join(SUPPORTED)}); "
-                          f"{install}, or --allow-untested-sglang to try it (docs/sglang-versions.md)")
+                          f"{gpu_install_hint()}, or --allow-untested-sglang to try it (docs/sglang-versions.md)")
     api = nearest_tested(found)
     log.warning("SGLang %s is not a tested version (%s); going on as --allow-untested-sglang asks, with SGLang "
                 "%s's API (docs/sglang-versions.md)", found, ", ".join(SUPPORTED), api.version)

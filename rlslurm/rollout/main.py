@@ -36,6 +36,7 @@ from rlslurm.job.report import write_env_report
 from rlslurm.net import node_ip
 from rlslurm.settings.layout import no_engines_reason
 from rlslurm.settings.runfile import load_run_config
+from rlslurm.stacks import check_run_role
 
 log = logging.getLogger("rlslurm.rollout")
 
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     role_log.configure("%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = load_run_config(a.run_dir)
+    check_run_role("rollout", cfg)  # rlslurm/stacks.py
     rd = RunDir(a.run_dir)
     env = job_env()
     # the engines inherit it: their device numbers in NVML's (PCI) order, as engines.json names their

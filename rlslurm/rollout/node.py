@@ -158,7 +158,8 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     # what every engine of the run shares
     common = dict(model_path=str(cfg.model.hf_checkpoint), host=host, api_key=api_key,
                   dtype=cfg.rollout.rollout_dtype or "auto", device=cfg.run.device,
-                  allow_untested_sglang=cfg.rollout.allow_untested_sglang,
+                  # rlslurm/stacks.py: --allow-untested-stack covers the rollout's SGLang too
+                  allow_untested_sglang=cfg.rollout.allow_untested_sglang or cfg.run.allow_untested_stack,
                   extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(plan),
                               *quantization_args(plan, cfg.sglang_args), *colocate_args(cfg)))
     span = nodes_per_engine(cfg)

@@ -65,6 +65,10 @@ class RunSection(Section):
     seed: int = Field(1234, description="random seed of the trainer (initialisation, dropout)")
     device: Literal["cuda", "cpu"] = Field("cuda", description="cuda on GPU nodes; cpu runs megatron-core over gloo "
                                                               "and SGLang's CPU mode (tests, the demo)")
+    # rlslurm/stacks.py: each role checks its torch, megatron-core, SGLang and transformer-engine at its start
+    allow_untested_stack: bool = Field(False, description="go on, with a warning, when the installed torch, "
+                                                          "megatron-core, SGLang or transformer-engine are not one "
+                                                          "supported stack (docs/supported-stacks.md)")
     group_shared: bool = Field(False, description="make the run directory 2750 (group-readable, setgid) instead "
                                                   "of 0700 (docs/security.md)")
     # weight sync then goes over gloo: NCCL refuses two ranks on one GPU (docs/gpu.md)
@@ -316,8 +320,9 @@ class RolloutSection(Section):
                                                               "(firewall, private job network)")
     rollout_dtype: str | None = Field(None, description="the engines' --dtype, e.g. float32 for exact CPU tests")
     # engines/sglang_versions.py: an untested version gets the API of the nearest tested one below it
-    allow_untested_sglang: bool = Field(False, description="GPU engines: start with an SGLang other than the tested "
-                                                           "0.5.14 and 0.5.23, with a warning instead of an error")
+    allow_untested_sglang: bool = Field(False, description="rollout nodes: start the engines with an SGLang (or the "
+                                                           "torch under it) of no supported stack, with a warning "
+                                                           "instead of an error (docs/sglang-versions.md)")
     rm_type: Literal[RM_TYPES] = Field(  # type: ignore[valid-type]  # rlslurm/settings/rm_types.py
         "math", description="built-in reward: math, exact, dapo, f1, gpqa, remote, ... (docs/slime-flags.md); "
                             "--custom-rm-path wins")

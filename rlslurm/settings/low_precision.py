@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,21 +236,13 @@ def stored_precision(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Stor
 
 def checkpoint_names(hf_dir: Path) -> list[str] | None:
     """The tensor names of a safetensors checkpoint, off its index or its files' headers, without
-    reading a tensor; None when there are none to read (an empty placeholder file)."""
-    index = Path(hf_dir) / "model.safetensors.index.json"
+    reading a tensor (convert/hf_io.py); None when there are none to read (an empty placeholder file)."""
+    from rlslurm.convert.hf_io import checkpoint_names as names_of
+    from rlslurm.errors import DataError
+
     try:
-        if index.is_file():
-            return list(json.loads(index.read_text())["weight_map"])
-        names: list[str] = []
-        for f in sorted(Path(hf_dir).glob("*.safetensors")):
-            with f.open("rb") as fh:
-                head = fh.read(8)
-                if len(head) < 8:
-                    return None
-                (n,) = struct.unpack("<Q", head)
-                names += [k for k in json.loads(fh.read(n)) if k != "__metadata__"]
-        return names or None
-    except (OSError, ValueError, KeyError, struct.error):
+        return names_of(hf_dir) or None
+    except DataError:
         return None
 
 
@@ -289,8 +280,8 @@ def check_int4_engine(hf_dir: str | Path, weight_update_session: bool, version: 
         return
     raise ConfigError(f"{hf_dir}: INT4 W4A16 compressed-tensors, and SGLang {version} cannot load a weight update "
                       f"into INT4 layers (no /begin_weight_update to undo the Marlin repack, no repack after); "
-                      f"install SGLang 0.5.23 (pip install 'rlslurm[sglang]'), or serve the unquantized or a "
-                      f"block-wise FP8 checkpoint ({DOC})")
+                      f"install SGLang 0.5.23 (no supported GPU stack has it yet: --allow-untested-stack, "
+                      f"docs/supported-stacks.md), or serve the unquantized or a block-wise FP8 checkpoint ({DOC})")
 
 
 def check_int4_engine_args(sglang_args: list[str] | tuple[str, ...], device: str) -> None:

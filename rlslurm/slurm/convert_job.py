@@ -100,7 +100,9 @@ def split_submit_args(args: list[str]) -> ConvertJob:
 def run_conversion(argv: list[str], nproc: int) -> int:
     """Runs inside the job: torchrun with one process per model-parallel rank."""
     from rlslurm.net import rendezvous_port
+    from rlslurm.stacks import check_convert_args
 
+    check_convert_args(argv)  # the node's stack, before torchrun imports torch (rlslurm/stacks.py)
     port = rendezvous_port("127.0.0.1")
     # torchrun with its rendezvous store on 127.0.0.1 only (rlslurm/slurm/torchrun.py)
     cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0", f"--nproc-per-node={nproc}",

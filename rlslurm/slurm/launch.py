@@ -5,6 +5,7 @@ takes its own GPUs of the job's (rlslurm/gpus.py `step_gpus`).
 `trainer`: execs torchrun with the node rank and world shape taken from the SLURM step and the
 rendezvous (head address + per-attempt port) chosen by the batch script.
 `rollout`: execs the rollout group's entry point.
+Both first check the node's stack for the role (rlslurm/stacks.py), before torch is imported.
 Exec, not subprocess: signals from srun reach torchrun / the rollout process directly.
 """
 
@@ -20,6 +21,7 @@ from submitit.slurm.slurm import SlurmJobEnvironment
 from rlslurm.attempt import rollout_argv, trainer_argv
 from rlslurm.gpus import step_gpus
 from rlslurm.settings.runfile import load_run_config
+from rlslurm.stacks import check_run_role
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,10 +46,14 @@ def role_argv(argv: list[str] | None = None) -> list[str]:
                         master_port=a.master_port, shutdown_timeout_s=cfg.slurm.signal_grace_s)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
+    cfg = load_run_config(a.run_dir)
+    # before torchrun or SGLang is imported: a node without a supported stack (torch missing included)
+    # fails here in one line, recorded as a user error (rlslurm/stacks.py)
+    check_run_role(a.role, cfg)
     cmd = role_argv(argv)
-    gpus = step_gpus(load_run_config(a.run_dir), a.role)
+    gpus = step_gpus(cfg, a.role)
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     sys.stdout.flush()
@@ -55,4 +61,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # A UserError (an unsupported stack) ends the job without requeue (rlslurm/user_error.py).
+    from rlslurm.user_error import run_dir_arg, run_role
+
+    run_role(sys.argv[1] if len(sys.argv) > 1 else "launch", main, run_dir_arg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import time
@@ -45,11 +46,17 @@ def prepare_run_dir(res: Resolved, *, resume: bool = False) -> RunDir:
     elif cfg.slurm.secret_env and not secret_env_file(run_dir).exists():
         raise ConfigError(f"{secret_env_file(run_dir)} is missing: run.yaml names secret variables "
                           f"({', '.join(cfg.slurm.secret_env)}) whose values were kept there")
+    init = not resume and makes_init_checkpoint(cfg, res.model)
+    if init and not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
+        # a login node with only `pip install .` (docs/supported-stacks.md): refused before anything is created
+        raise ConfigError(f"--model {res.model.name} without --hf-checkpoint: submit writes a random-init checkpoint "
+                          "(RUN/hf_init) with torch and transformers, which are not installed here; pass "
+                          "--hf-checkpoint DIR, or submit where they are")
     rd = RunDir.create(run_dir, group_shared=cfg.run.group_shared)
     if secrets:
         write_bytes_atomic(secret_env_file(run_dir), render_env_file(secrets).encode(), mode=0o600)
     if not resume:
-        if makes_init_checkpoint(cfg, res.model):
+        if init:
             from rlslurm.tiny import make_tiny_checkpoint
 
             cfg.model.hf_checkpoint = make_tiny_checkpoint(res.model, run_dir / "hf_init", seed=cfg.run.seed)

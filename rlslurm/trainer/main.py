@@ -41,6 +41,7 @@ from rlslurm.job.report import write_env_report
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import load_run_config
 from rlslurm.settings.weight_plan import weight_sync_plan
+from rlslurm.stacks import check_run_role
 from rlslurm.trainer.collectives import collective_device
 from rlslurm.trainer.colocate import EnginesGone, let_engines_start
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _on_term)
     cfg = load_run_config(a.run_dir)
+    check_run_role("trainer", cfg)  # before any collective: every rank refuses alike (rlslurm/stacks.py)
     rd = RunDir(a.run_dir)
     rank, world = init_distributed(cfg.run.device, cfg.train.distributed_timeout_minutes)
     role_log.configure(f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")

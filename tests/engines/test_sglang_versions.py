@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -34,11 +33,12 @@ def test_api_for_known_unknown_and_unrecorded() -> None:
 @pytest.mark.parametrize("installed", ["0.5.20", "0.6.0.post2"])
 def test_an_untested_gpu_sglang_is_refused_unless_allowed(monkeypatch, caplog, installed: str) -> None:
     """Issue 33 item 7: the tested versions, or --allow-untested-sglang's warning; the error names the
-    extras that install a tested version and the flag."""
+    extra, with its constraints file, that installs the GPU stack's version (issue 48: no extra installs
+    0.5.23, which pins a torch nobody ran on a GPU), and the flag."""
     monkeypatch.setattr(sglang_versions, "installed_sglang_version", lambda: installed)
     with pytest.raises(ConfigError, match=rf"^rollout device cuda: SGLang is {re.escape(installed)}, not a tested "
-                                          r"version \(0.5.14, 0.5.23\); pip install 'rlslurm\[sglang-torch211\]' "
-                                          r"\(SGLang 0.5.14\) or pip install 'rlslurm\[sglang\]' \(SGLang 0.5.23\), or "
+                                          r"version \(0.5.14, 0.5.23\); pip install -c constraints/gpu-torch211.txt "
+                                          r"'rlslurm\[sglang-torch211\]' \(SGLang 0.5.14\), or "
                                           r"--allow-untested-sglang to try it"):
         check_gpu_sglang()
     with caplog.at_level(logging.WARNING, logger="rlslurm.engines.sglang_versions"):
@@ -48,13 +48,13 @@ def test_an_untested_gpu_sglang_is_refused_unless_allowed(monkeypatch, caplog, i
     assert check_gpu_sglang() is SUPPORTED["0.5.14"]
 
 
-def test_the_extras_pin_the_tested_versions() -> None:
-    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
-    for version, extra in sglang_versions.EXTRAS.items():
-        name = extra.removeprefix("rlslurm[").removesuffix("]")
-        assert f"sglang=={version}" in extras[name], (extra, extras[name])
-    assert set(sglang_versions.EXTRAS) == set(SUPPORTED)
+def test_the_api_table_is_the_stacks_sglang() -> None:
+    """One list: the versions with an API here are the SGLang of rlslurm/stacks.py's stacks, and only the
+    CPU stack's has the CPU path (rlslurm/engines/sglang_cpu)."""
+    from rlslurm.stacks import STACKS
+
+    assert set(SUPPORTED) == {s.sglang for s in STACKS} == {"0.5.14", "0.5.23"}
+    assert [v for v, api in SUPPORTED.items() if api.cpu_path] == [s.sglang for s in STACKS if s.name == "cpu"]
 
 
 def test_the_flag_reaches_every_gpu_engine(tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_the_flag_reaches_every_gpu_engine(tmp_path: Path) -> None:
     from rlslurm.rollout.node import engine_specs
 
     argv = ["--model", "tiny-qwen3", "--nodes", "2", "--gpus-per-node", "2"]
-    for extra, want in (([], False), (["--allow-untested-sglang"], True)):
+    for extra, want in (([], False), (["--allow-untested-sglang"], True), (["--allow-untested-stack"], True)):
         cfg = resolve(argv + extra, strict_inputs=False).cfg
         cfg.model.hf_checkpoint = tmp_path  # the servers' model; not read here
         specs = engine_specs(cfg, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)

@@ -10,30 +10,33 @@
 # tilelang, deep-gemm and openai_harmony are left out (not needed with the flags in tests/gpu), and so are
 # pillow, lxml and uvloop, which the image has.
 # transformers 5.8.1 is bundled because SGLang 0.5.14 fails to import with the image's 5.17.
+# Every version comes from constraints/gpu-torch211.txt, the GPU stack (docs/supported-stacks.md): a package
+# named here without a pin there is taken at its newest release.
 set -euo pipefail
 OUT="${1:-.gpu-bundle}"
 CAP_MIB="${CAP_MIB:-60}"
+C="$(cd "$(dirname "$0")/../.." && pwd)/constraints/gpu-torch211.txt"
 rm -rf "$OUT"; mkdir -p "$OUT/all" "$OUT/dl" "$OUT/p1"
-dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+dl() { python3 -m pip download -q --no-deps -c "$C" --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 --platform any -d "$1" "${@:2}"; }
 # rlslurm's own needs the image lacks, the trainer's megatron-core, the router
-dl "$OUT/all" pydantic==2.14.3 pydantic-core==2.50.4 annotated-types typing-inspection sniffio submitit \
+dl "$OUT/all" pydantic pydantic-core annotated-types typing-inspection sniffio submitit \
   typer annotated-doc click shellingham \
-  megatron-core==0.19.2 sglang-router==0.3.2
+  megatron-core sglang-router
 # SGLang's server and what it imports
-dl "$OUT/all" sglang==0.5.14 flashinfer_python==0.6.12 transformers==5.8.1 tokenizers==0.22.2 fastapi starlette \
-  uvicorn orjson pybase64 setproctitle pyzmq apache-tvm-ffi==0.1.9 python-multipart uvloop msgspec \
+dl "$OUT/all" sglang flashinfer_python transformers tokenizers fastapi starlette \
+  uvicorn orjson pybase64 setproctitle pyzmq apache-tvm-ffi python-multipart uvloop msgspec \
   partial_json_parser interegular prometheus-client opentelemetry-api opentelemetry-sdk \
-  opentelemetry-semantic-conventions openai==2.6.1 jiter distro compressed-tensors torchao==0.17.0 gguf blobfile \
+  opentelemetry-semantic-conventions openai jiter distro compressed-tensors torchao gguf blobfile \
   torch_memory_saver nvidia-ml-py aiohttp aiohappyeyeballs aiosignal frozenlist multidict yarl propcache \
   pycryptodomex lxml dill multiprocess xxhash easydict einops msgpack cloudpickle psutil loguru frozendict \
-  jsonschema jsonschema-specifications referencing rpds-py attrs soundfile==0.13.1 cffi pycparser \
-  timm==1.0.16 py-cpuinfo
-dl "$OUT/dl" sglang-kernel==0.4.4
+  jsonschema jsonschema-specifications referencing rpds-py attrs soundfile cffi pycparser \
+  timm py-cpuinfo
+dl "$OUT/dl" sglang-kernel
 mkdir -p "$OUT/dl/sk"
-(cd "$OUT/dl/sk" && unzip -q -o ../sglang_kernel-0.4.4-*.whl -x 'sgl_kernel/flash_ops.abi3.so' 'sgl_kernel/sm100/*')
+(cd "$OUT/dl/sk" && unzip -q -o ../sglang_kernel-*.whl -x 'sgl_kernel/flash_ops.abi3.so' 'sgl_kernel/sm100/*')
 tar -C "$OUT/dl/sk" -cJf "$OUT/p1/sgl_kernel-sm90.tar.xz" .   # 35 MB of .so -> about a third
 rm -rf "$OUT/dl"
 python3 - "$OUT" "$CAP_MIB" <<'PY'
