@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from rlslurm import preflight
 from rlslurm.convert.model_from_hf import run_model
+from rlslurm.engines.sglang_args import FALLBACK
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.job.timespec import time_limit_s
@@ -324,7 +325,7 @@ def _check_engines(cfg: RunConfig) -> None:
                               f"needs --engines-per-node 1, got {r.engines_per_node}")
         _check_engine_size(cfg, r.rollout_num_gpus_per_engine, 1, "one rank per node with --device cpu")
     if not cfg.starts_no_engines:
-        check_parallel(cfg.sglang_args, r.rollout_num_gpus_per_engine)
+        check_parallel(preflight.sglang_passthrough(cfg), r.rollout_num_gpus_per_engine, preflight.sglang_table(cfg))
         _check_span_exposure(cfg)
 
 
@@ -371,9 +372,10 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     cfg, mc = res.cfg, res.model
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
-    check_engine_quantization(cfg.sglang_args, res.stored.fp8_block is not None)
+    engine_argv = preflight.sglang_passthrough(cfg).argv  # its --config file's keys too
+    check_engine_quantization(engine_argv, res.stored.fp8_block is not None)
     if res.stored.int4 is not None:  # CUDA Marlin MoE, the form SGLang can reload
-        check_int4_engine_args(cfg.sglang_args, cfg.run.device)
+        check_int4_engine_args(engine_argv, cfg.run.device)
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
@@ -394,9 +396,7 @@ def _check_shared_gpu(cfg: RunConfig) -> None:
     if cfg.train.weight_sync_backend == "nccl":
         raise ConfigError("--shared-gpu with --weight-sync-backend nccl: NCCL refuses two ranks on one GPU (the "
                           "trainer and an engine); leave it auto (gloo) or use gloo")
-    from rlslurm.engines.sglang_flags import passthrough_flags
-
-    if "--mem-fraction-static" not in passthrough_flags(cfg.sglang_args):
+    if "mem_fraction_static" not in preflight.sglang_passthrough(cfg).resolve(preflight.sglang_table(cfg) or FALLBACK):
         raise ConfigError("--shared-gpu: pass --sglang-mem-fraction-static (e.g. 0.3) so that the engines leave "
                           "GPU memory to the trainer on the same GPU")
 
@@ -436,7 +436,7 @@ def _check_span_exposure(cfg: RunConfig) -> None:
 
     r = cfg.rollout
     if (why := span_exposure_refusal(cfg.sglang_args, nodes_per_engine(cfg), r.engine_span_interface,
-                                     r.engine_span_ports_closed)) is not None:
+                                     r.engine_span_ports_closed, preflight.sglang_table(cfg))) is not None:
         raise ConfigError(why)
     if r.engine_span_interface is not None and not r.engine_span_interface.strip():
         raise ConfigError("--engine-span-interface: an empty interface name")
