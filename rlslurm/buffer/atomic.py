@@ -513,6 +513,42 @@ def set_aside(path: str | Path, ino: int) -> Path | None:
     return aside
 
 
+# A record that reads as damaged is read once more after this long (a filesystem that briefly served a
+# torn block) before it is set aside (`read_hint`, buffer/control.py `read_record`).
+REREAD_S = 0.2
+
+
+def read_hint(path: str | Path, *, set_aside_damaged: bool = True) -> dict | None:
+    """A JSON object the run wrote itself (atomically) and can do without or rebuild (buffer/trained.json,
+    a hand-back, a quarantine's reason.json): None if absent. One that reads as damaged twice, 0.2 s
+    apart, was damaged on disk: it is set aside as `.corrupt.<name>.<time>` (`set_aside_damaged=False`: a
+    reader that must not change the run leaves it) with one warning naming it, and reads as None; its
+    caller says what it uses instead (docs/shared-filesystem.md, "When the filesystem fails")."""
+    path = Path(path)
+    for last in (False, True):
+        got = read_bytes_ino(path)
+        if got is None:
+            return None
+        data, ino = got
+        try:
+            obj = json.loads(data)
+            if isinstance(obj, dict):
+                return obj
+            problem = f"a JSON {type(obj).__name__}, not an object"
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            problem = f"not valid JSON ({e})"
+        if not last:
+            time.sleep(REREAD_S)
+    if not set_aside_damaged:
+        log.warning("%s: damaged on disk (%s); read as absent", path, problem)
+        return None
+    aside = set_aside(path, ino)
+    if aside is None:  # replaced by its writer meanwhile: read that one
+        return read_hint(path)
+    log.warning("%s: damaged on disk (%s); set aside as %s and read as absent", path, problem, aside.name)
+    return None
+
+
 def unlink_durable(path: str | Path, *, missing_ok: bool = True) -> bool:
     """Remove a file and persist the removal; True if this call removed it."""
     path = Path(path)

@@ -16,7 +16,7 @@ from rlslurm.buffer.atomic import (
     listdir_fresh,
     publish_exclusive,
     read_bytes,
-    read_json,
+    read_hint,
     write_json_atomic,
 )
 from rlslurm.errors import ConfigError
@@ -153,7 +153,9 @@ class RunDir:
         write_json_atomic(self.finished, {"finished_at": time.time(), **info})
 
     def finished_info(self) -> dict | None:
-        return read_json(self.finished)
+        """FINISHED's record; None when absent or damaged (then with a warning: the run is finished all
+        the same, `is_finished` goes by the name)."""
+        return read_hint(self.finished, set_aside_damaged=False)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"

@@ -39,7 +39,7 @@ from rlslurm.buffer.atomic import (
     is_tmp_name,
     listdir_fresh,
     publish_exclusive,
-    read_json,
+    read_hint,
     retry_transient,
     unlink_durable,
     write_json_atomic,
@@ -167,7 +167,10 @@ class RolloutWriter(BufferStore):
         if last_trained is not None:
             top = max(top, last_trained)
         cursor = dict(newest.meta.data_cursor) if newest is not None else {}
-        handback = read_json(self.handback_file)
+        handback = read_hint(self.handback_file)  # damaged: set aside with a warning, the commit's cursor used
+        if handback is not None and not isinstance(handback.get("data_cursor"), dict):
+            log.warning("%s: no data cursor in it; ignored", self.handback_file)
+            handback = None
         from_handback = handback is not None and handback.get("base") == _identity(newest)
         if from_handback:
             cursor = dict(handback["data_cursor"])  # type: ignore[index]

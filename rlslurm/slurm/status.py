@@ -126,7 +126,7 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
     ledger = read_ledger(rd)
     attempts = [r for r in ledger if not is_event(r)]
     current = _current_attempt(rd, attempts)
-    control = Control(rd)
+    control = Control(rd, readonly=True)  # a look: a damaged record stays where it is
     wv = control.weight_version()
     try:
         from rlslurm.buffer.reader import RolloutReader

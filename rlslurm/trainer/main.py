@@ -41,7 +41,7 @@ from rlslurm.job.report import write_env_report
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import load_run_config
 from rlslurm.settings.weight_plan import weight_sync_plan
-from rlslurm.trainer.collectives import collective_device
+from rlslurm.trainer.collectives import collective_device, from_rank0
 from rlslurm.trainer.colocate import EnginesGone
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
 from rlslurm.trainer.replay_subsample import subsample
@@ -312,16 +312,15 @@ class Trainer:
         gets it by a broadcast, not by opening its manifest and data file on the shared run directory
         itself: per rank that was 2 metadata operations per rollout on every GPU of the job
         (docs/shared-fs-load.md). Ranks > 0 hold copies (writable), rank 0 the read-only views."""
-        msg = [self.reader.read(rollout_id) if self.rank == 0 else None]
-        if self.world > 1:
-            dist.broadcast_object_list(msg, src=0)
-        return msg[0]
+        return self.from_rank0(lambda: self.reader.read(rollout_id))
+
+    def from_rank0(self, fn):
+        """Rank 0's `fn()` on every rank, its errors too (trainer/collectives.py `from_rank0`)."""
+        return from_rank0(self.rank, self.world, fn)
 
     def ending_collective(self) -> bool:
         """Rank 0's `attempt_ending`, learnt by every rank at the same call."""
-        flag = [self.attempt_ending() if self.rank == 0 else None]
-        dist.broadcast_object_list(flag, src=0)
-        return bool(flag[0])
+        return bool(self.from_rank0(self.attempt_ending))
 
     def attempt_ending(self) -> bool:
         return term_received() or self.control.preempt_requested() is not None or \
@@ -335,11 +334,7 @@ class Trainer:
         """Collective: rank 0 polls the control files and the buffer, every rank gets its verdict
         (trainer/commands.py); publishes due meanwhile (trainer/weights/delivery.py) are made here."""
         while True:
-            msg: list = [None]
-            if self.rank == 0:
-                msg = [self._poll(rollout_id)]
-            dist.broadcast_object_list(msg, src=0)
-            cmd: Command = msg[0]
+            cmd: Command = self.from_rank0(lambda: self._poll(rollout_id))
             if isinstance(cmd, Failed):
                 raise DataError(str(self.reader.dir), cmd.message)
             if isinstance(cmd, Publish):
@@ -406,9 +401,7 @@ class Trainer:
         return superseded(self.rd, self.attempt)
 
     def _superseded_collective(self) -> bool:
-        flag = [self._superseded() if self.rank == 0 else None]
-        dist.broadcast_object_list(flag, src=0)
-        return bool(flag[0])
+        return bool(self.from_rank0(self._superseded))
 
     def _superseded_exit(self) -> int:
         log.error("attempt %d was superseded by a later attempt of this run: exiting without a checkpoint, "
