@@ -65,9 +65,22 @@ NO_SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk 
 RETRY_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Test hook (tests and bench/bench_chaos.py only): while the file this names exists, every try of
 # `retry_transient` fails with EIO before it touches the run directory, as an NFS/Lustre server
-# hiccup would; the window is the file's lifetime. Unset in every real run.
+# hiccup would; the window is the file's lifetime. The file's text narrows it: `PART` only the
+# operations on paths containing PART, `first:PART` only the first try of each (every operation then
+# meets one EIO and goes on: bench_chaos.py's eio_ckpt, over one whole checkpoint save). Unset in every
+# real run.
 TEST_EIO_ENV = "RLSLURM_TEST_EIO_FILE"
 _TEST_EIO_FILE = os.environ.get(TEST_EIO_ENV) or None
+
+
+def _injected_eio(path: str | Path, first_try: bool) -> bool:
+    try:
+        with open(_TEST_EIO_FILE, "rb") as f:  # type: ignore[arg-type]
+            spec = f.read().decode(errors="replace").strip()
+    except FileNotFoundError:
+        return False
+    first = spec.startswith("first:")
+    return (first_try or not first) and spec.removeprefix("first:") in str(path)
 
 T = TypeVar("T")
 
@@ -76,9 +89,9 @@ def retry_transient(fn: Callable[[], T], path: str | Path, what: str) -> T:
     """`fn()`, again after each backoff delay while it raises a transient OSError; a transient error
     that outlasts them is a TransientStorageError naming `path`. `fn` must be safe to repeat (each
     try writes a fresh temp file, or only reads)."""
-    for delay in (*RETRY_DELAYS_S, None):
+    for i, delay in enumerate((*RETRY_DELAYS_S, None)):
         try:
-            if _TEST_EIO_FILE is not None and os.path.exists(_TEST_EIO_FILE):
+            if _TEST_EIO_FILE is not None and _injected_eio(path, i == 0):
                 raise OSError(errno.EIO, f"Input/output error (injected: {TEST_EIO_ENV})")
             return fn()
         except OSError as e:

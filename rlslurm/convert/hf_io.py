@@ -86,12 +86,19 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Temp + fsync + rename; a transient error of a shared filesystem (EIO, ESTALE, EAGAIN) writes it
+    again whole (buffer/atomic.py `retry_transient`, its bounds): the bytes are in memory."""
+    from rlslurm.buffer.atomic import retry_transient
+
+    def once() -> None:
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    retry_transient(once, path, f"writing {path.name}")
 
 
 def save_hf_checkpoint(
@@ -157,7 +164,9 @@ def save_hf_checkpoint(
         for aux in AUX_FILES:
             src = Path(copy_aux_from) / aux
             if src.exists():
-                shutil.copyfile(src, out / aux)
+                from rlslurm.buffer.atomic import retry_transient
+
+                retry_transient(lambda src=src, aux=aux: shutil.copyfile(src, out / aux), out / aux, "copying it")
     if config is not None:  # last: a directory with config.json is a complete model
         _atomic_write_bytes(out / "config.json", json.dumps(config, indent=2).encode())
     _fsync_dir(out)

@@ -217,3 +217,16 @@ def test_the_eio_test_hook_fails_every_try_while_its_file_exists(run, tmp_path, 
     trigger.touch()
     Control(run).write_router("http://n1:2")
     assert tries == [0.01] and Control(run).router().url == "http://n1:2"
+
+
+def test_the_eio_test_hook_can_be_narrowed_to_the_first_try_on_some_paths(run, tmp_path, monkeypatch):
+    """bench/bench_chaos.py's eio_ckpt: `first:/checkpoints/` in the file fails only the first try of each
+    operation under RUN/checkpoints (each then goes on), leaving the rest of the run alone."""
+    trigger = tmp_path / "eio"
+    monkeypatch.setattr(atomic, "_TEST_EIO_FILE", str(trigger))
+    trigger.write_text("first:/checkpoints/\n")
+    Control(run).write_router("http://n1:1")  # not under checkpoints/: untouched
+    tries = []
+    monkeypatch.setattr(atomic.time, "sleep", tries.append)
+    atomic.write_json_atomic(run.checkpoints_dir / "latest", {"name": "iter_0000004"})
+    assert tries == [0.01] and json.loads((run.checkpoints_dir / "latest").read_text())["name"] == "iter_0000004"
