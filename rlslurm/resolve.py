@@ -381,6 +381,10 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_router_args(cfg, res.warnings)
     check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
+    from rlslurm.trainer.host_memory import submit_line  # page-locked host memory against --mem
+
+    if (line := submit_line(cfg, mc)) is not None:
+        res.warnings.append(line)
 
 
 # Rank 0 alone, in one stretch between two trainer collectives: the wait for this attempt's engines

@@ -385,16 +385,20 @@ class Checkpointer:
         self.in_flight: _InFlight | None = None
 
     @staticmethod
-    def prepare(st) -> None:
+    def prepare(st, *, pin: bool = True) -> None:
         """Reserve the staging area in the background on a GPU trainer (trainer/ckpt_staging.py), so
-        that the first save does not page-lock it inside its stall. Not collective."""
+        that the first save does not page-lock it inside its stall. `pin` False: the node has too little
+        host memory to page-lock it (trainer/host_memory.py): every save stages in pageable memory. Not
+        collective."""
         if not torch.cuda.is_available() or next(st.actor.inner.parameters()).device.type != "cuda":
             return
         from rlslurm.trainer import ckpt_writer
 
         nbytes = staging_estimate(st)
-        log.info("reserving %.1f GiB of host memory for checkpoint staging in the background", nbytes / 2**30)
-        ckpt_writer.area().reserve(nbytes, pin=True)
+        log.info("reserving %.1f GiB of %s host memory for checkpoint staging in the background", nbytes / 2**30,
+                 "page-locked" if pin else "pageable")
+        ckpt_writer.area().allow_pin = pin
+        ckpt_writer.area().reserve(nbytes, pin=pin)
 
     @property
     def pending_iteration(self) -> int | None:

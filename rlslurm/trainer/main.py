@@ -138,6 +138,7 @@ class Trainer:
             "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
+        self.pin_host = True  # page-lock host memory for staging and offload (`_may_page_lock`)
         self.plan = weight_sync_plan(cfg)  # every weight-sync setting, resolved once (rlslurm/settings/weight_plan.py)
         self.delivery = WeightDelivery(self.control, self.plan, rank=rank, no_engines=self.no_engines,
                                        note=self._phase, ending=self.attempt_ending)
@@ -161,7 +162,8 @@ class Trainer:
             self.last_saved = progress.trained_rollouts
             log.info("resumed from %s: next rollout %d, weight version %d", ckpt, progress.next_rollout_id,
                      progress.weight_version)
-        self._checkpointer().prepare(st)  # while the engines come up and the first rollout is made
+        self.pin_host = self._may_page_lock()
+        self._checkpointer().prepare(st, pin=self.pin_host)  # while the engines come up and the first rollout is made
         self.reader = self._reader()
         self.delivery.start(publisher_for(self.plan, st, self.control, hf_dir=cfg.model.hf_checkpoint,
                                           replay=self.replay, no_engines=self.no_engines,
@@ -189,6 +191,21 @@ class Trainer:
             self.metrics.close()
             self.turn.close()
             self.delivery.close()
+
+    def _may_page_lock(self) -> bool:
+        """Whether this node's host memory holds what its ranks would page-lock for the run: the
+        checkpoint staging area and --colocate's offload copies (trainer/host_memory.py); else they stay
+        pageable, said in one line."""
+        from rlslurm.trainer import host_memory
+        from rlslurm.trainer.checkpoint import staging_estimate
+
+        if self.cfg.run.device != "cuda":
+            return True  # nothing is page-locked on CPU
+        ok, line = host_memory.may_page_lock(staging_estimate(self.st), host_memory.local_ranks(),
+                                             self.cfg.run.colocate and self.cfg.run.offload_train is not False)
+        if line is not None:
+            log.warning("%s", line)
+        return ok
 
     def _mark_finished(self, progress: TrainerProgress) -> None:
         ended_early = {} if self.ended_early is None else {"ended_early": self.ended_early}

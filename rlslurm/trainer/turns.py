@@ -62,7 +62,7 @@ class ColocatedTurn:
         t = trainer
         key = t.rd.api_key() if t.rd.api_key_file.exists() else None
         colo = Colocation(t.st, t.control, key, rank=t.rank, timeout_s=t.plan.timeout_s, ending=t.attempt_ending,
-                          offload=t.cfg.run.offload_train is not False)
+                          offload=t.cfg.run.offload_train is not False, pin_host=t.pin_host)
         if t.delivery.pending is not None:  # resumed: the engines need the trained weights first
             t.delivery.wait_for_engines()
             t.delivery.publish(t.delivery.pending)

@@ -110,7 +110,7 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
         _step(st)
         st.device = torch.device("cpu")
         rd = RunDir.create(tmp_path / f"run-{setting}")
-        trainer = SimpleNamespace(st=st, rd=rd, control=Control(rd), rank=0, plan=SimpleNamespace(timeout_s=5.0),
+        trainer = SimpleNamespace(st=st, rd=rd, control=Control(rd), rank=0, plan=SimpleNamespace(timeout_s=5.0), pin_host=True,
                                   attempt_ending=lambda: False, delivery=SimpleNamespace(pending=None),
                                   cfg=SimpleNamespace(run=SimpleNamespace(offload_train=setting)))
         turn = ColocatedTurn.start(trainer)
