@@ -450,13 +450,64 @@ def read_bytes(path: str | Path) -> bytes | None:
     listdir_fresh(path.parent)
 
     def once() -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        got = _read_record_bytes(path)
+        return None if got is None else got[0]
 
     return _read_retrying(once, path, "reading it")
+
+
+# The most a record of the run directory is read to (a manifest, a control record, the ledger): a name
+# that is no such record (a symlink to /dev/zero, a huge foreign file) must not be read without end.
+MAX_RECORD_BYTES = 256 << 20
+
+
+class NotARecord(ValueError):
+    """What is under a record's name is no file the run wrote: a FIFO, a device, or too large."""
+
+
+def read_regular(path: str | Path, limit: int = MAX_RECORD_BYTES) -> tuple[bytes, int] | None:
+    """(the bytes of the regular file `path`, its inode); None if absent. Anything else under that name
+    is NotARecord naming it: a FIFO (an open would wait on it forever), a device such as /dev/zero (read
+    without end), a file over `limit`. Opened without blocking, and checked before any read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecord(f"{path}: not a regular file (a {_kind_of(st.st_mode)})")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise NotARecord(f"{path}: over {human_size(limit)}, not a record of the run")
+        return data, st.st_ino
+    finally:
+        os.close(fd)
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _read_record_bytes(path: Path) -> tuple[bytes, int] | None:
+    """`read_regular`, where what is no record reads as b"" with a warning: every record's parser then
+    refuses it as damaged, and its caller sets it aside."""
+    try:
+        return read_regular(path)
+    except NotARecord as e:
+        log.warning("%s; read as damaged", e)
+        try:
+            return b"", os.stat(path).st_ino
+        except FileNotFoundError:
+            return None
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -494,14 +545,7 @@ def read_bytes_ino(path: str | Path, *, relist: bool = True) -> tuple[bytes, int
     if relist:
         listdir_fresh(path.parent)
 
-    def once() -> tuple[bytes, int] | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read(), os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            return None
-
-    return _read_retrying(once, path, "reading it")
+    return _read_retrying(lambda: _read_record_bytes(path), path, "reading it")
 
 
 def set_aside(path: str | Path, ino: int) -> Path | None:

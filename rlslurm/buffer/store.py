@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 from rlslurm.buffer import codec, integrity
-from rlslurm.buffer.atomic import listdir_fresh, read_hint
+from rlslurm.buffer.atomic import NotARecord, listdir_fresh, read_hint, read_regular
 from rlslurm.buffer.manifest import (
     CorruptRollout,
     Manifest,
@@ -23,6 +24,7 @@ from rlslurm.errors import ConfigError
 log = logging.getLogger(__name__)
 
 TRAINED_FILE = "trained.json"
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few KiB per 4 MiB block checksum list
 QUARANTINE_DIR = "quarantine"
 # A quarantine directory's name: <kind>-<rollout id>-<time>-<random> (reader.py `quarantine`)
 _QUARANTINE_RE = re.compile(r"(train|eval)-([0-9]+)-[0-9]+-[0-9a-f]+")
@@ -61,11 +63,12 @@ class BufferStore:
         """The verified manifest, None if not committed, CorruptRollout if bad."""
         path = self.manifest_path(rollout_id)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
+            got = read_regular(path, MAX_MANIFEST_BYTES)
+        except NotARecord as e:  # a FIFO or /dev/zero under its name: never waited on, never read without end
+            raise CorruptRollout(rollout_id, str(path), str(e).removeprefix(f"{path}: ")) from None
+        if got is None:
             return None
-        m = Manifest.from_bytes(data, path, rollout_id)
+        m = Manifest.from_bytes(got[0], path, rollout_id)
         if m.kind != self.kind:
             raise CorruptRollout(rollout_id, str(path), f"manifest kind {m.kind!r} in the {self.kind!r} directory")
         return m
@@ -83,11 +86,14 @@ class BufferStore:
         if m.checksum_alg != integrity.ALGORITHM:
             raise CorruptRollout(rollout_id, str(path), f"unknown checksum algorithm {m.checksum_alg!r}")
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block the open
         except FileNotFoundError:
             raise CorruptRollout(rollout_id, str(path), "data file is missing") from None
         try:
-            size = os.fstat(fd).st_size  # fresh after open on NFS (close-to-open)
+            st = os.fstat(fd)
+            size = st.st_size  # fresh after open on NFS (close-to-open)
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptRollout(rollout_id, str(path), "data file is not a regular file")
             if size != m.data_size:
                 raise CorruptRollout(rollout_id, str(path), f"data file has {size} bytes, manifest says {m.data_size}")
             buf, bad = integrity.read_verified(fd, size, m.data_checksum)

@@ -33,6 +33,7 @@ from typing import Any
 
 from rlslurm.buffer import codec, integrity
 from rlslurm.buffer.atomic import (
+    NotARecord,
     StorageError,
     ensure_dir,
     fsync_dir,
@@ -40,6 +41,7 @@ from rlslurm.buffer.atomic import (
     listdir_fresh,
     publish_exclusive,
     read_hint,
+    read_regular,
     retry_transient,
     unlink_durable,
     write_json_atomic,
@@ -48,7 +50,7 @@ from rlslurm.buffer.atomic import (
 from rlslurm.buffer.manifest import Manifest, data_name, parse_data_name
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, RolloutStats, Sample
-from rlslurm.buffer.store import BufferStore
+from rlslurm.buffer.store import MAX_MANIFEST_BYTES, BufferStore
 from rlslurm.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -265,8 +267,9 @@ def _identity(m: Manifest | None) -> dict[str, Any] | None:
 
 def _quarantined_manifest(qdir: Path, rollout_id: int) -> Manifest | None:
     try:
-        return Manifest.from_bytes((qdir / "manifest.json").read_bytes(), qdir / "manifest.json", rollout_id)
-    except (OSError, DataError):
+        got = read_regular(qdir / "manifest.json", MAX_MANIFEST_BYTES)  # a FIFO moved there: never waited on
+        return None if got is None else Manifest.from_bytes(got[0], qdir / "manifest.json", rollout_id)
+    except (OSError, DataError, NotARecord):
         return None  # torn manifest, or the quarantine never got to move it
 
 

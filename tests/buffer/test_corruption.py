@@ -224,3 +224,28 @@ def test_damaged_hand_back_and_quarantine_reason_are_never_final(run, caplog):
     assert rp.data_cursor == make_meta(2).data_cursor  # the newest commit's (quarantined) cursor
     assert sum("damaged on disk" in rec.getMessage() for rec in caplog.records) == 2
     assert [n for n in os.listdir(run.buffer_dir) if n.startswith(".corrupt.train-handback.json.")]
+
+
+def test_a_manifest_name_holding_a_fifo_or_dev_zero_is_corrupt_not_a_hang(run):
+    """What sits under a manifest's name is opened without blocking and checked before it is read: a
+    FIFO (an open would wait forever) or a symlink to /dev/zero (read without end) is a corrupt rollout,
+    named in one line, quarantined, then regenerated; the driver's resume reads past the quarantined
+    FIFO too."""
+    w = RolloutWriter(run)
+    w.commit(0, make_samples(0), make_meta(0))
+    os.mkfifo(w.dir / "00000001.manifest.json")
+    os.symlink("/dev/zero", w.dir / "00000002.manifest.json")
+    r = RolloutReader(run)
+    with pytest.raises(CorruptRollout, match=r"00000001.manifest.json: rollout 1 is corrupt: not a regular file \(a FIFO\)"):
+        r.read(1)
+    with pytest.raises(CorruptRollout, match=r"rollout 2 is corrupt: not a regular file \(a character device\)"):
+        r.read(2)
+    for rid in (1, 2):
+        with pytest.raises(Exception, match="timeout|not committed"):  # quarantined, waits for the regeneration
+            r.wait_for(rid, timeout=0.2, poll_interval=0.01)
+    rp = RolloutWriter(run).resume_point()
+    assert rp.to_regenerate == [1, 2] and rp.next_rollout_id == 3
+    from rlslurm.buffer.atomic import read_bytes
+
+    os.symlink("/dev/zero", run.control_dir / "engines.json")
+    assert read_bytes(run.control_dir / "engines.json") == b""  # a record's reader: damaged, set aside

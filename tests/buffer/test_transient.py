@@ -69,17 +69,9 @@ def test_a_transient_error_that_persists_fails_the_attempt_not_the_run(run, monk
 def test_a_transient_read_error_is_retried(run, monkeypatch, err):
     c = Control(run)
     c.set_weight_version(3)
-    real_open = open
-    calls = {"n": 0}
-
-    def flaky_open(path, *a, **kw):
-        if "weight_version" in str(path) and calls["n"] < 2:
-            calls["n"] += 1
-            raise OSError(err, os.strerror(err))
-        return real_open(path, *a, **kw)
-
-    monkeypatch.setattr(atomic, "open", flaky_open, raising=False)
-    assert c.weight_version().version == 3 and calls["n"] == 2
+    flaky_open = Flaky(os.open, err, times=2, match="weight_version")
+    monkeypatch.setattr(os, "open", flaky_open)
+    assert c.weight_version().version == 3 and flaky_open.raised == 2
     listing = Flaky(os.listdir, err, times=2, match=str(run.control_dir))
     monkeypatch.setattr(os, "listdir", listing)
     assert "weight_version.json" in atomic.listdir_fresh(run.control_dir) and listing.raised == 2
