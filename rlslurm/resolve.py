@@ -207,6 +207,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     _check_rollout(cfg)
     _check_timeouts(cfg.train)
     _check_packages(res, strict_inputs)
+    _check_run_dir(cfg)
     _check_inputs(res, strict_inputs)
     _check_memory(res)
 
@@ -508,6 +509,15 @@ def _need(res: Resolved, strict: bool, msg: str) -> None:
     if strict:
         raise ConfigError(msg)
     res.warnings.append(msg)
+
+
+def _check_run_dir(cfg: RunConfig) -> None:
+    """A --run-dir that cannot be made or written here (a file on its path, a read-only place): one line
+    before anything is submitted (the job writes it from every node; its filesystem is this one)."""
+    from rlslurm.buffer.rundir import usable_refusal
+
+    if (why := usable_refusal(cfg.run_dir)) is not None:
+        raise ConfigError(f"--run-dir {cfg.run_dir}: {why}")
 
 
 def _check_inputs(res: Resolved, strict: bool) -> None:

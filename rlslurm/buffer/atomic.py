@@ -427,10 +427,13 @@ def listdir_fresh(path: str | Path) -> list[str]:
     def once() -> list[str]:
         try:
             return os.listdir(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no such directory (a file on its path)
             return []
 
-    return _read_retrying(once, path, "listing it")
+    try:
+        return _read_retrying(once, path, "listing it")
+    except OSError as e:  # EACCES, ...: one line naming it, not a traceback
+        raise StorageError(f"{path}: cannot list it: {e.strerror or e}") from e
 
 
 def _read_retrying(fn: Callable[[], T], path: str | Path, what: str) -> T:

@@ -29,6 +29,20 @@ GROUP_DIR_MODE = 0o750 | stat.S_ISGID
 SUBDIRS = ("control", "buffer", "weights", "checkpoints", "logs", "tb")
 
 
+def usable_refusal(path: Path) -> str | None:
+    """Why `path` cannot become (or be) a run directory, from what exists now; None if it can: it is a
+    directory this user may write, or its nearest existing ancestor is."""
+    p = Path(os.path.abspath(path))
+    probe = p
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory" if probe != p else "exists and is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{'it' if probe == p else probe} is not writable by you"
+    return None
+
+
 class RunDir:
     """Paths inside one run directory. The constructor does no I/O."""
 
@@ -50,12 +64,16 @@ class RunDir:
                 f"run directory {rd.path}: exists, is not empty and is not an rlslurm run directory "
                 f"(no {MARKER}); pick a new path or empty it"
             )
-        rd.path.mkdir(parents=True, exist_ok=True)
-        os.chmod(rd.path, mode)
-        for sub in SUBDIRS:
-            d = rd.path / sub
-            d.mkdir(exist_ok=True)
-            os.chmod(d, mode)
+        try:
+            rd.path.mkdir(parents=True, exist_ok=True)
+            os.chmod(rd.path, mode)
+            for sub in SUBDIRS:
+                d = rd.path / sub
+                d.mkdir(exist_ok=True)
+                os.chmod(d, mode)
+        except OSError as e:  # a file on its path, a read-only or foreign place: one line
+            raise ConfigError(f"run directory {rd.path}: cannot make it: {e.strerror or e}"
+                              f"{f' ({e.filename})' if e.filename and str(e.filename) != str(rd.path) else ''}") from None
         if MARKER not in entries:
             write_json_atomic(
                 rd.path / MARKER,
