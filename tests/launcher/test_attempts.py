@@ -208,3 +208,15 @@ def test_rlslurm_run_on_a_live_jobs_run_dir_is_refused_and_keeps_its_stop(tmp_pa
     r = CliRunner().invoke(cli.app, ["run", "--run-dir", str(rd.path)])
     assert r.exit_code != 0 and "its job 7 is still COMPLETING" in str(r.exception), r.output
     assert Control(rd).stop_requested() is not None
+
+
+@pytest.mark.parametrize("damage", [b'{"jobs": [{"job_id": "7"', b'{"jobs": [{"job_id": 7}]}', b"[]"])
+def test_a_damaged_jobs_record_is_never_final(tmp_path: Path, damage: bytes) -> None:
+    """RUN/jobs.json names the run's current job: damaged on disk, status and cancel read no job (with a
+    warning) and leave it where it is; it was a DataError (or a TypeError traceback) on every command."""
+    from rlslurm.slurm.submit import current_job_id
+
+    rd = RunDir.create(tmp_path / "run")
+    (rd.path / "jobs.json").write_bytes(damage)
+    assert current_job_id(rd.path) is None and run_status(rd.path).job_id is None
+    assert (rd.path / "jobs.json").read_bytes() == damage
