@@ -86,10 +86,10 @@ def check_on_node(sglang_args: list[str] | tuple[str, ...], nodes_per_engine: in
     """The rollout node, before it starts an engine: the passthrough judged again with this node's own
     SGLang (submit may have had none, or another), its --config file read as it is now: owned flags
     and the spanning engine's exposure."""
-    if not sglang_args:
-        return
-    from rlslurm.engines.sglang_flags import check_owned, sglang_parser_table
+    from rlslurm.engines.sglang_flags import check_owned, sglang_installed, sglang_parser_table
 
+    if not sglang_args or not sglang_installed():  # no engine can start here anyway (engine.py says so)
+        return
     table = sglang_parser_table()
     p = read_passthrough(sglang_args, table)
     check_owned(p, table)
