@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from rlslurm.buffer.atomic import retry_transient
 from rlslurm.errors import ConfigError, DataError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -88,8 +89,6 @@ def _fsync_dir(path: Path) -> None:
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     """Temp + fsync + rename; a transient error of a shared filesystem (EIO, ESTALE, EAGAIN) writes it
     again whole (buffer/atomic.py `retry_transient`, its bounds): the bytes are in memory."""
-    from rlslurm.buffer.atomic import retry_transient
-
     def once() -> None:
         tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
         with open(tmp, "wb") as f:
@@ -164,8 +163,6 @@ def save_hf_checkpoint(
         for aux in AUX_FILES:
             src = Path(copy_aux_from) / aux
             if src.exists():
-                from rlslurm.buffer.atomic import retry_transient
-
                 retry_transient(lambda src=src, aux=aux: shutil.copyfile(src, out / aux), out / aux, "copying it")
     if config is not None:  # last: a directory with config.json is a complete model
         _atomic_write_bytes(out / "config.json", json.dumps(config, indent=2).encode())
