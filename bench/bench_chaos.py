@@ -50,12 +50,14 @@ final weights (each attempt's contiguous range of trained ids, cut where the nex
 as tests/e2e/test_grpo_slurm.py computes it) is 0..29 exactly once; the last attempt's line per
 step covers every rollout with its full batch of samples; every committed id is in the buffer or
 trained (no gap); the reward curve has a point per rollout; every engine that answered a weight probe
-served the trainer's version with its greedy tokens (probes an engine missed are listed).
+served the trainer's version with its greedy tokens (probes an engine missed are listed); no process of
+the run is left once its job has ended (any whose command line names the run directory, and its routers).
 
 figure = faults survived (recovered), reference = faults injected, ratio = survived / injected.
 Prints one JSON line per fault and a summary line; appends them to bench/results/chaos-<tag>.jsonl
 (--out) and writes bench/results/chaos.md.
-Usage: python3 bench/bench_chaos.py [--faults 10 --seed 15 --num-rollout 100 --no-boot --out PATH]
+Usage: python3 bench/bench_chaos.py [--seed 15 --num-rollout 100 --no-boot --out PATH --sync-timeout-s S]
+(the default sequence, MAIN_SEQUENCE, is 14 faults at every product default: about 1.5-2 h on 2 cores)
 """
 
 from __future__ import annotations
