@@ -57,7 +57,9 @@ figure = faults survived (recovered), reference = faults injected, ratio = survi
 Prints one JSON line per fault and a summary line; appends them to bench/results/chaos-<tag>.jsonl
 (--out) and writes bench/results/chaos.md.
 Usage: python3 bench/bench_chaos.py [--seed 15 --num-rollout 100 --no-boot --out PATH --sync-timeout-s S]
-(the default sequence, MAIN_SEQUENCE, is 14 faults at every product default: about 1.5-2 h on 2 cores)
+(the default sequence, MAIN_SEQUENCE, is 14 faults at every product default; the 12-fault run of
+bench/results/chaos.md took 1,313 s with --weight-sync-timeout-s 20, and at the default 300 s a hang inside
+a weight sync is found ~5 min later, so budget more; take the cluster's lock: `flock /tmp/rlslurm-slurm.lock`)
 """
 
 from __future__ import annotations
