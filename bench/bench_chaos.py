@@ -1,8 +1,8 @@
 """Chaos soak on the local SLURM test cluster (issue #15): a tiny GRPO run survives injected faults.
 
 Boots the real single-host SLURM cluster (tests/slurm_cluster/boot.sh; stopped by pid at the end,
-also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2,
---weight-sync-timeout-s 20 (see SYNC_TIMEOUT_S), the product's default --max-failures (issue 31 item 7;
+also on failure), submits the tiny GRPO run of tests/e2e/test_grpo_slurm.py (tiny-qwen3, --nodes 2, every timeout at
+the product's default unless --sync-timeout-s, the product's default --max-failures (issue 31 item 7;
 COUNTS lists the faults whose failed attempt counts against it):
 trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the real sglang-router
 + the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
@@ -17,11 +17,13 @@ sequence of faults (every kind once, the rest drawn at random, shuffled):
 | usr1 | `scancel --signal=USR1 --batch` | checkpoint, self-requeue |
 | sigterm | `scancel --signal=TERM` (the steps) | checkpoint, requeue ("steps terminated") |
 | requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
-| hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within HANG_BOUND_S (120 s) the bench sends SIGCONT and reports it |
+| hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within `hang_bound_s` (the sync timeout + 2 min) the bench sends SIGCONT and reports it |
 | ckpt_kill | save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save | failed attempt; resume from the previous checkpoint |
 | sigterm_slow_save | each rank's save held 40 s, then `scancel --signal=TERM` | the save completes past torchrun's 30 s, acknowledged, requeue |
 | fs_full | RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in | one line naming the filesystem, failed attempt, requeue |
 | eio | RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO | retried with backoff; never a user error |
+| eio_ckpt | RLSLURM_TEST_EIO_FILE says `first:/checkpoints/` until the next save is `latest`: the first try of every operation of that save fails with EIO (each rank's write, its results, .metadata, rlslurm.json with its checksums, verify, latest) | each retried; the save completes in the same attempt |
+| damage_trained | RUN/buffer/trained.json cut short | set aside with a warning, rebuilt from the checkpoint's record; never a user error |
 | kill_engine_in_turn | (--colocate) kill -9 of an engine while the trainer holds the GPUs | restarted after the turn |
 
 Default sequences: MAIN_SEQUENCE, or COLOCATE_SEQUENCE with --colocate (one node, trainer and engines
@@ -48,12 +50,16 @@ final weights (each attempt's contiguous range of trained ids, cut where the nex
 as tests/e2e/test_grpo_slurm.py computes it) is 0..29 exactly once; the last attempt's line per
 step covers every rollout with its full batch of samples; every committed id is in the buffer or
 trained (no gap); the reward curve has a point per rollout; every engine that answered a weight probe
-served the trainer's version with its greedy tokens (probes an engine missed are listed).
+served the trainer's version with its greedy tokens (probes an engine missed are listed); no process of
+the run is left once its job has ended (any whose command line names the run directory, and its routers).
 
 figure = faults survived (recovered), reference = faults injected, ratio = survived / injected.
 Prints one JSON line per fault and a summary line; appends them to bench/results/chaos-<tag>.jsonl
 (--out) and writes bench/results/chaos.md.
-Usage: python3 bench/bench_chaos.py [--faults 10 --seed 15 --num-rollout 100 --no-boot --out PATH]
+Usage: python3 bench/bench_chaos.py [--seed 15 --num-rollout 100 --no-boot --out PATH --sync-timeout-s S]
+(the default sequence, MAIN_SEQUENCE, is 14 faults at every product default; the 12-fault run of
+bench/results/chaos.md took 1,313 s with --weight-sync-timeout-s 20, and at the default 300 s a hang inside
+a weight sync is found ~5 min later, so budget more; take the cluster's lock: `flock /tmp/rlslurm-slurm.lock`)
 """
 
 from __future__ import annotations
@@ -92,17 +98,17 @@ from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmErro
 from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
 
 KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine",
-         "ckpt_kill", "sigterm_slow_save", "fs_full", "eio", "kill_engine_in_turn"]
+         "ckpt_kill", "sigterm_slow_save", "fs_full", "eio", "kill_engine_in_turn", "eio_ckpt", "damage_trained"]
 ENDS_ATTEMPT = {"kill_trainer", "kill_driver", "usr1", "sigterm", "requeue", "ckpt_kill", "sigterm_slow_save",
                 "fs_full"}
 # The faults whose attempt ends as a failure ("failed: ..." in the ledger), counted against --max-failures;
 # the preemption-like ones (usr1, sigterm*, requeue) end an attempt without counting.
 COUNTS = {"kill_trainer", "kill_driver", "ckpt_kill", "fs_full"}
-# The default sequences (issue 31 item 7). The main one: 12 faults, four of them counted, in one run at the
-# product's default --max-failures 3, which counts the failures since the checkpoint last moved on
-# (rlslurm/buffer/attempts.py): the run must checkpoint between them to survive.
-MAIN_SEQUENCE = ["kill_engine", "eio", "ckpt_kill", "usr1", "kill_router", "sigterm_slow_save", "fs_full",
-                 "hang_engine", "requeue", "kill_trainer", "kill_engine", "kill_driver"]
+# The default sequences (issue 31 item 7, issue 43 item 7). The main one: 14 faults, four of them counted,
+# in one run at the product's default --max-failures 3, which counts the failures since the checkpoint
+# last moved on (rlslurm/buffer/attempts.py): the run must checkpoint between them to survive.
+MAIN_SEQUENCE = ["kill_engine", "eio", "ckpt_kill", "usr1", "eio_ckpt", "kill_router", "sigterm_slow_save",
+                 "fs_full", "damage_trained", "hang_engine", "requeue", "kill_trainer", "kill_engine", "kill_driver"]
 COLOCATE_SEQUENCE = ["kill_engine_in_turn", "sigterm", "kill_trainer"]
 SLOW_SAVE_S = 40        # sigterm_slow_save: each rank's write held this long (> torchrun's default 30 s)
 CKPT_KILL_DELAY_S = 30  # ckpt_kill: the window in which the ranks are killed mid-save
@@ -114,10 +120,11 @@ RECOVERY_TIMEOUT_S = 420.0   # a requeue here takes ~60-70 s (bench/results/requ
 READY_TIMEOUT_S = 420.0      # an engine restart is a full SGLang CPU start-up (~45 s on 2 loaded cores)
 # A hung engine is found after 3 failed checks x (interval 2 s + timeout 5 s) ~ 21 s, but no check runs
 # while a weight update is under way (engines/update_watch.py): that pause lasts up to the sync timeout
-# + 30 s. The bench's sync timeout is that of tests/e2e/test_weight_sync_faults_slurm.py's hung-peer run
-# (x2): with the default 300 s a hang inside a sync is found only after ~5.5 min, by design.
-SYNC_TIMEOUT_S = 20
-HANG_BOUND_S = 120.0
+# + 30 s. With the product's default (300 s) a hang inside a sync is found only after ~5.5 min, by design;
+# the bound the bench waits for the supervisor follows the sync timeout (`hang_bound_s`).
+DEFAULT_SYNC_TIMEOUT_S = 300.0  # rlslurm/settings/config.py weight_sync_timeout_s
+HANG_DETECT_S = 90.0            # the checks' ~21 s, with room on two loaded cores
+EIO_CKPT_TIMEOUT_S = 600.0      # eio_ckpt: a save under the window (one per --save-interval rollouts)
 FINISH_TIMEOUT_S = 900.0
 BATCH_SAMPLES = 8 * 4        # tiny-qwen3's defaults at --nodes 2: 8 prompts x 4 samples per rollout
 NOTES = "## Notes (hand-written"
@@ -255,12 +262,19 @@ class Procs:
 # ------------------------------------------------------------------------------ driving the run
 
 
+def hang_bound_s(sync_timeout_s: float | None) -> float:
+    """How long the bench waits for the supervisor to restart a hung engine: its checks are paused for a
+    weight update's sync timeout + 30 s (engines/update_watch.py), then take ~21 s."""
+    return (sync_timeout_s or DEFAULT_SYNC_TIMEOUT_S) + 30 + HANG_DETECT_S
+
+
 def submit(run_dir: Path, prompts: Path, num_rollout: int, max_failures: int | None, colocate: bool,
-           hooks: dict[str, str]) -> int:
-    """The tiny GRPO run (the product's failure budget unless `max_failures`), with the test hooks'
-    environment (`hooks`: RLSLURM_TEST_SAVE_DELAY_S, RLSLURM_TEST_EIO_FILE) exported to the job.
-    --colocate: one node, 2 trainer ranks and 2 engines on its 2 GPUs, taking turns."""
-    extra = ["--weight-sync-timeout-s", str(SYNC_TIMEOUT_S)]
+           hooks: dict[str, str], sync_timeout_s: float | None = None) -> int:
+    """The tiny GRPO run (the product's failure budget and timeouts unless `max_failures`,
+    `sync_timeout_s`), with the test hooks' environment (`hooks`: RLSLURM_TEST_SAVE_DELAY_S,
+    RLSLURM_TEST_EIO_FILE) exported to the job. --colocate: one node, 2 trainer ranks and 2 engines on
+    its 2 GPUs, taking turns."""
+    extra = [] if sync_timeout_s is None else ["--weight-sync-timeout-s", f"{sync_timeout_s:g}"]
     if max_failures is not None:
         extra += ["--max-failures", str(max_failures)]
     if colocate:
@@ -312,8 +326,9 @@ def log_count(run_dir: Path, attempt: int, needle: str) -> int:
 
 
 class Soak:
-    def __init__(self, cluster: SlurmCluster, run_dir: Path, job: int, delay_file: Path, eio_file: Path):
-        self.cluster, self.run_dir, self.job = cluster, run_dir, job
+    def __init__(self, cluster: SlurmCluster, run_dir: Path, job: int, delay_file: Path, eio_file: Path,
+                 hang_bound_s: float = hang_bound_s(None)):
+        self.cluster, self.run_dir, self.job, self.hang_bound_s = cluster, run_dir, job, hang_bound_s
         self.delay_file, self.eio_file = delay_file, eio_file
         self.procs = Procs(run_dir)
         self.control = Control(run_dir)
@@ -411,6 +426,21 @@ class Soak:
             time.sleep(EIO_HOLD_S)
             self.eio_file.unlink()
             return {"target": f"every run-dir write/read (RLSLURM_TEST_EIO_FILE) for {EIO_HOLD_S:g} s"}
+        if kind == "eio_ckpt":  # the first try of each operation of the next whole save
+            before = latest_ckpt(self.run_dir)
+            self.eio_file.write_text("first:/checkpoints/\n")
+            try:
+                after = self.wait(lambda: (l := latest_ckpt(self.run_dir)) != before and l, EIO_CKPT_TIMEOUT_S,
+                                  "a save completed under the EIO window")
+            finally:
+                self.eio_file.unlink(missing_ok=True)
+            return {"target": f"the first try of every operation of a save under RUN/checkpoints (RLSLURM_TEST_EIO_FILE "
+                              f"first:/checkpoints/): latest {before} -> {after}", "latest_before": before,
+                    "latest_after": after}
+        if kind == "damage_trained":
+            p = self.run_dir / "buffer/trained.json"
+            p.write_bytes(p.read_bytes()[:12] if p.exists() else b'{"last_tra')
+            return {"target": "RUN/buffer/trained.json cut to 12 bytes"}
         if kind == "kill_engine_in_turn":
             # A CPU turn lasts a few seconds and the node may notice the death a second or more later on
             # two loaded cores: the trainer ranks are stopped from the kill until the node has logged it,
@@ -512,7 +542,7 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
         # The supervisor's answer is a SIGKILL of the stopped server's group (the pid goes away).
         gone = lambda: procfs.state(pid) in (None, "Z") or "launch_server" not in cmdline(pid)  # noqa: E731
         try:
-            soak.wait(gone, HANG_BOUND_S, "the hung engine restarted")
+            soak.wait(gone, soak.hang_bound_s, "the hung engine restarted")
             hang = {"restarted_by_supervisor": True, "killed_after_s": round(time.time() - t_inject, 1)}
         except TimeoutError:
             still = procfs.state(pid)
@@ -520,8 +550,8 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
                 os.killpg(pid, signal.SIGCONT)
             except ProcessLookupError:  # killed at the last moment after all
                 pass
-            hang = {"restarted_by_supervisor": False, "sigcont_after_s": HANG_BOUND_S, "state_before_cont": still}
-            print(f"[bench] FINDING: hung engine {pid} not restarted within {HANG_BOUND_S:.0f} s; sent SIGCONT",
+            hang = {"restarted_by_supervisor": False, "sigcont_after_s": soak.hang_bound_s, "state_before_cont": still}
+            print(f"[bench] FINDING: hung engine {pid} not restarted within {soak.hang_bound_s:.0f} s; sent SIGCONT",
                   flush=True)
         rec["hang"] = hang
     ended_line = lambda: next((l for l in read_ledger(rd) if l.get("attempt") == old and "end" in l), None)  # noqa: E731
@@ -564,6 +594,14 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
     rec["counted_failure"] = bool(rec["old_attempt_end"] and rec["old_attempt_end"].startswith("failed"))
     if kind == "eio":
         rec["eio_retry_warnings"] = log_count(rd, old, "injected: RLSLURM_TEST_EIO_FILE")
+    if kind == "eio_ckpt":  # which operations of the save met the EIO and were retried (their warnings)
+        rec["ckpt_retries"] = {what: log_count(rd, old, f"(injected: RLSLURM_TEST_EIO_FILE) while {what}")
+                               for what in ("writing the checkpoint files of rank", "writing .metadata",
+                                            "syncing and summing the checkpoint's files", "verifying the checkpoint",
+                                            "writing latest")}
+    if kind == "damage_trained":
+        rec["set_aside"] = sorted(p.name for p in (rd / "buffer").glob(".corrupt.trained.json.*"))
+        rec["user_error"] = bool(list((rd / "logs").rglob("user_error.json")))
     if kind == "ckpt_kill" and r["attempt"] != old:
         rec["resumed_from"] = resumed_from(rd, r["attempt"])
         it, back = hit_iter(rec), rec["resumed_from"]
@@ -604,6 +642,15 @@ class FaultFailed(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ end checks
+
+
+def run_processes(soak: Soak) -> list[int]:
+    """Every live process of this run after its job ended: any whose command line names the run
+    directory (trainer ranks, their writers, the rollout process, engines: their model is RUN/hf_init),
+    and the routers it started (retitled "sglang::router")."""
+    pids = set(pgrep(re.escape(str(soak.run_dir)))) - {os.getpid()}
+    pids |= {p for p in soak.routers_seen if "sglang::router" in cmdline(p) or "launch_router" in cmdline(p)}
+    return sorted(p for p in pids if procfs.state(p) not in (None, "Z"))
 
 
 def end_leftovers(soak: Soak) -> dict[str, list[int]]:
@@ -737,6 +784,10 @@ def detail(f: dict) -> str:
                 f"{f.get('user_error')}; space freed {f.get('space_freed_after_s')} s after the fill")
     if k == "eio":
         return f"{f.get('eio_retry_warnings')} retry warnings in the attempt's logs"
+    if k == "eio_ckpt":
+        return f"latest {f.get('latest_before')} -> {f.get('latest_after')}; retried: {f.get('ckpt_retries')}"
+    if k == "damage_trained":
+        return f"set aside: {f.get('set_aside')}; user error: {f.get('user_error')}"
     if k == "kill_engine_in_turn":
         return f"restart held for the turn: {f.get('restart_waited_for_turn')} log line(s)"
     return ""
@@ -837,6 +888,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=None,
                    help="comma-separated fault sequence, in this order (default: the main or --colocate sequence; "
                         "'random': every old kind once, the rest random, shuffled)")
+    p.add_argument("--sync-timeout-s", type=float, default=None,
+                   help="the run's --weight-sync-timeout-s (default: not passed, the product's default)")
     p.add_argument("--md", type=Path, default=None, help="the report to write (default bench/results/chaos.md)")
     p.add_argument("--finish-timeout", type=float, default=FINISH_TIMEOUT_S,
                    help="seconds to wait for the run to end after the last fault")
@@ -898,9 +951,9 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={CKPT_TMPFS},mode=0700", "tmpfs", str(mounted)],
                            check=True)
         job = submit(run_dir, make_prompts(work / "prompts.jsonl", n=64), a.num_rollout, a.max_failures,
-                     a.colocate, hooks)
+                     a.colocate, hooks, a.sync_timeout_s)
         print(f"[bench] job {job}, run dir {run_dir}", flush=True)
-        soak = Soak(cluster, run_dir, job, delay_file, eio_file)
+        soak = Soak(cluster, run_dir, job, delay_file, eio_file, hang_bound_s(a.sync_timeout_s))
         soak.wait(lambda: len({r["rollout_id"] for r in metrics(run_dir)}) >= 2, FIRST_ATTEMPT_TIMEOUT_S,
                   "first 2 rollouts trained")
         t_prev = metrics(run_dir)[-1]["time"]
@@ -935,6 +988,11 @@ def main(argv: list[str] | None = None) -> int:
         result = verify(run_dir, a.num_rollout, BATCH_SAMPLES, soak.commits)
         result["budget"] = budget(run_dir, faults)
         result["job_state"] = state
+        time.sleep(5)  # SLURM's step teardown
+        left = run_processes(soak)
+        result["processes_left"] = {p: cmdline(p)[:160] for p in left}
+        result["checks"]["no_process_of_the_run_left"] = not left
+        result["all_ok"] = all(result["checks"].values())
         result["left_running"] = end_leftovers(soak)
         print(json.dumps({"bench": "chaos_soak", "end_checks": result}), flush=True)
     finally:

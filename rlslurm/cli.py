@@ -231,6 +231,7 @@ def run(
         argv = DEMO_FLAGS + ["--run-dir", str(rd_path)] + argv
     existing = RunDir(rd_path)
     if existing.run_yaml.exists():
+        _refuse_live_job(existing.path)  # before its stop request is cleared
         cfg = load_run_config(existing.path)
         gpus = role_gpus(cfg)
         err.print(f"resuming {existing.path} (its run.yaml is used; flags given now are ignored)")
@@ -263,6 +264,18 @@ def run(
     raise typer.Exit(result.returncode)
 
 
+def _refuse_live_job(run_dir: Path) -> None:
+    """Two jobs must not share a run directory: refused while the run's SLURM job is pending, running or
+    still ending (`rlslurm run` and `rlslurm resubmit` alike)."""
+    from rlslurm.slurm.status import job_alive
+    from rlslurm.slurm.submit import current_job_id
+
+    job = current_job_id(run_dir)
+    if job and (state := job_alive(job)):
+        raise UserError(f"{run_dir}: its job {job} is still {state}; two jobs must not share a run directory "
+                        f"(`rlslurm cancel {run_dir}` first, or let it end)")
+
+
 def _clear_stop(run_dir: Path) -> None:
     """Continuing a run is the user's answer to their earlier `rlslurm stop` (or Ctrl-C / --timeout
     of `rlslurm run`): without clearing it, the new attempt would stop at once."""
@@ -289,16 +302,12 @@ def resubmit(
     from rlslurm.convert.model_from_hf import run_model
     from rlslurm.resolve import Resolved
     from rlslurm.settings.runfile import load_run_config
-    from rlslurm.slurm.status import job_alive
-    from rlslurm.slurm.submit import current_job_id, submit as do_submit
+    from rlslurm.slurm.submit import submit as do_submit
 
     if RunDir(run_dir).is_finished():
         raise UserError(f"{run_dir}: the run is FINISHED; nothing to resubmit")
     cfg = load_run_config(run_dir)
-    job = current_job_id(run_dir)
-    if job and (state := job_alive(job)):
-        raise UserError(f"{run_dir}: its job {job} is still {state}; two jobs must not share a run directory "
-                        f"(`rlslurm cancel {run_dir}` first, or let it end)")
+    _refuse_live_job(run_dir)
     failed = failures_counted(read_ledger(run_dir))
     if not reset_failures and failed >= cfg.slurm.max_failures:
         err.print(f"[yellow]warning:[/] {failed} failed attempts since the last new checkpoint count against "

@@ -214,23 +214,42 @@ def check_engine_dtype(cfg: "RunConfig") -> None:
                           "bfloat16")
 
 
-def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
+def sglang_table(cfg: "RunConfig"):
+    """The installed SGLang's parser table (engines/sglang_flags.py), where the job runs this host's
+    SGLang and there is a passthrough to read with it; else None (the rollout node reads it again)."""
     from rlslurm.engines import sglang_flags, sglang_versions
 
-    args = cfg.sglang_args
-    sglang_flags.check_owned(args)
-    if not sglang_flags.passthrough_flags(args):
+    if not cfg.sglang_args or not job_env_is_ours(cfg) or sglang_versions.installed_sglang_version() is None:
+        return None
+    return sglang_flags.sglang_parser_table()
+
+
+def sglang_passthrough(cfg: "RunConfig"):
+    """cfg.sglang_args as SGLang reads them, --config file expanded (engines/sglang_args.py)."""
+    from rlslurm.engines.sglang_args import read_passthrough
+
+    return read_passthrough(cfg.sglang_args, sglang_table(cfg))
+
+
+def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
+    """No flag (or --sglang-config key) that rlslurm sets, none SGLang does not know: on the values the
+    installed SGLang resolves, where the job runs it."""
+    from rlslurm.engines import sglang_flags, sglang_versions
+
+    table = sglang_table(cfg)
+    p = sglang_passthrough(cfg)
+    sglang_flags.check_owned(p, table)
+    if not p.flags():
         return
-    version = sglang_versions.installed_sglang_version()
-    if version is None or not job_env_is_ours(cfg):
-        warnings.append(f"--sglang-* flags ({' '.join(sglang_flags.passthrough_flags(args))}) not checked here: "
+    if table is None:
+        version = sglang_versions.installed_sglang_version()
+        warnings.append(f"--sglang-* flags ({' '.join(w for _, w in p.flags())}) not checked here: "
                         f"{'SGLang is not installed on this host' if version is None else 'the job runs another environment'}"
                         f"; the rollout nodes check them")
         return
-    known = sglang_flags.sglang_server_flags()
-    unknown = sglang_flags.unknown_flags(args, known)
+    unknown = sglang_flags.unknown_flags(p, table)
     if unknown:
-        raise ConfigError(sglang_flags.unknown_flags_message(unknown, known, version))
+        raise ConfigError(sglang_flags.unknown_flags_message(unknown, table, sglang_versions.installed_sglang_version()))
 
 
 def check_router_args(cfg: "RunConfig", warnings: list[str]) -> None:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from rlslurm import preflight
 from rlslurm.convert.model_from_hf import run_model
 from rlslurm.engines.memory_share import check_given_share
+from rlslurm.engines.sglang_args import FALLBACK
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.job.timespec import time_limit_s
@@ -214,6 +215,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
     _check_rollout(cfg)
     _check_timeouts(cfg.train)
     _check_packages(res, strict_inputs)
+    _check_run_dir(cfg)
     _check_inputs(res, strict_inputs)
     _check_memory(res)
 
@@ -332,7 +334,7 @@ def _check_engines(cfg: RunConfig) -> None:
                               f"needs --engines-per-node 1, got {r.engines_per_node}")
         _check_engine_size(cfg, r.rollout_num_gpus_per_engine, 1, "one rank per node with --device cpu")
     if not cfg.starts_no_engines:
-        check_parallel(cfg.sglang_args, r.rollout_num_gpus_per_engine)
+        check_parallel(preflight.sglang_passthrough(cfg), r.rollout_num_gpus_per_engine, preflight.sglang_table(cfg))
         _check_span_exposure(cfg)
 
 
@@ -380,15 +382,20 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_stack(cfg, mc, res.warnings, res.notes)
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
-    check_given_share(cfg.sglang_args)
-    check_engine_quantization(cfg.sglang_args, res.stored.fp8_block is not None)
+    engine_argv = preflight.sglang_passthrough(cfg).argv  # its --config file's keys too
+    check_given_share(engine_argv)
+    check_engine_quantization(engine_argv, res.stored.fp8_block is not None)
     if res.stored.int4 is not None:  # CUDA Marlin MoE, the form SGLang can reload
-        check_int4_engine_args(cfg.sglang_args, cfg.run.device)
+        check_int4_engine_args(engine_argv, cfg.run.device)
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
     check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
+    from rlslurm.trainer.host_memory import submit_line  # page-locked host memory against --mem
+
+    if (line := submit_line(cfg, mc)) is not None:
+        res.warnings.append(line)
 
 
 # Rank 0 alone, in one stretch between two trainer collectives: the wait for this attempt's engines
@@ -441,7 +448,7 @@ def _check_span_exposure(cfg: RunConfig) -> None:
 
     r = cfg.rollout
     if (why := span_exposure_refusal(cfg.sglang_args, nodes_per_engine(cfg), r.engine_span_interface,
-                                     r.engine_span_ports_closed)) is not None:
+                                     r.engine_span_ports_closed, preflight.sglang_table(cfg))) is not None:
         raise ConfigError(why)
     if r.engine_span_interface is not None and not r.engine_span_interface.strip():
         raise ConfigError("--engine-span-interface: an empty interface name")
@@ -509,6 +516,15 @@ def _need(res: Resolved, strict: bool, msg: str) -> None:
     if strict:
         raise ConfigError(msg)
     res.warnings.append(msg)
+
+
+def _check_run_dir(cfg: RunConfig) -> None:
+    """A --run-dir that cannot be made or written here (a file on its path, a read-only place): one line
+    before anything is submitted (the job writes it from every node; its filesystem is this one)."""
+    from rlslurm.buffer.rundir import usable_refusal
+
+    if (why := usable_refusal(cfg.run_dir)) is not None:
+        raise ConfigError(f"--run-dir {cfg.run_dir}: {why}")
 
 
 def _check_inputs(res: Resolved, strict: bool) -> None:

@@ -65,9 +65,22 @@ NO_SPACE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk 
 RETRY_DELAYS_S: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 # Test hook (tests and bench/bench_chaos.py only): while the file this names exists, every try of
 # `retry_transient` fails with EIO before it touches the run directory, as an NFS/Lustre server
-# hiccup would; the window is the file's lifetime. Unset in every real run.
+# hiccup would; the window is the file's lifetime. The file's text narrows it: `PART` only the
+# operations on paths containing PART, `first:PART` only the first try of each (every operation then
+# meets one EIO and goes on: bench_chaos.py's eio_ckpt, over one whole checkpoint save). Unset in every
+# real run.
 TEST_EIO_ENV = "RLSLURM_TEST_EIO_FILE"
 _TEST_EIO_FILE = os.environ.get(TEST_EIO_ENV) or None
+
+
+def _injected_eio(path: str | Path, first_try: bool) -> bool:
+    try:
+        with open(_TEST_EIO_FILE, "rb") as f:  # type: ignore[arg-type]
+            spec = f.read().decode(errors="replace").strip()
+    except FileNotFoundError:
+        return False
+    first = spec.startswith("first:")
+    return (first_try or not first) and spec.removeprefix("first:") in str(path)
 
 T = TypeVar("T")
 
@@ -76,9 +89,9 @@ def retry_transient(fn: Callable[[], T], path: str | Path, what: str) -> T:
     """`fn()`, again after each backoff delay while it raises a transient OSError; a transient error
     that outlasts them is a TransientStorageError naming `path`. `fn` must be safe to repeat (each
     try writes a fresh temp file, or only reads)."""
-    for delay in (*RETRY_DELAYS_S, None):
+    for i, delay in enumerate((*RETRY_DELAYS_S, None)):
         try:
-            if _TEST_EIO_FILE is not None and os.path.exists(_TEST_EIO_FILE):
+            if _TEST_EIO_FILE is not None and _injected_eio(path, i == 0):
                 raise OSError(errno.EIO, f"Input/output error (injected: {TEST_EIO_ENV})")
             return fn()
         except OSError as e:
@@ -414,10 +427,13 @@ def listdir_fresh(path: str | Path) -> list[str]:
     def once() -> list[str]:
         try:
             return os.listdir(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no such directory (a file on its path)
             return []
 
-    return _read_retrying(once, path, "listing it")
+    try:
+        return _read_retrying(once, path, "listing it")
+    except OSError as e:  # EACCES, ...: one line naming it, not a traceback
+        raise StorageError(f"{path}: cannot list it: {e.strerror or e}") from e
 
 
 def _read_retrying(fn: Callable[[], T], path: str | Path, what: str) -> T:
@@ -437,13 +453,64 @@ def read_bytes(path: str | Path) -> bytes | None:
     listdir_fresh(path.parent)
 
     def once() -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        got = _read_record_bytes(path)
+        return None if got is None else got[0]
 
     return _read_retrying(once, path, "reading it")
+
+
+# The most a record of the run directory is read to (a manifest, a control record, the ledger): a name
+# that is no such record (a symlink to /dev/zero, a huge foreign file) must not be read without end.
+MAX_RECORD_BYTES = 256 << 20
+
+
+class NotARecord(ValueError):
+    """What is under a record's name is no file the run wrote: a FIFO, a device, or too large."""
+
+
+def read_regular(path: str | Path, limit: int = MAX_RECORD_BYTES) -> tuple[bytes, int] | None:
+    """(the bytes of the regular file `path`, its inode); None if absent. Anything else under that name
+    is NotARecord naming it: a FIFO (an open would wait on it forever), a device such as /dev/zero (read
+    without end), a file over `limit`. Opened without blocking, and checked before any read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecord(f"{path}: not a regular file (a {_kind_of(st.st_mode)})")
+        chunks, left = [], limit + 1
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise NotARecord(f"{path}: over {human_size(limit)}, not a record of the run")
+        return data, st.st_ino
+    finally:
+        os.close(fd)
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _read_record_bytes(path: Path) -> tuple[bytes, int] | None:
+    """`read_regular`, where what is no record reads as b"" with a warning: every record's parser then
+    refuses it as damaged, and its caller sets it aside."""
+    try:
+        return read_regular(path)
+    except NotARecord as e:
+        log.warning("%s; read as damaged", e)
+        try:
+            return b"", os.stat(path).st_ino
+        except FileNotFoundError:
+            return None
 
 
 def read_json(path: str | Path) -> dict | None:
@@ -481,14 +548,7 @@ def read_bytes_ino(path: str | Path, *, relist: bool = True) -> tuple[bytes, int
     if relist:
         listdir_fresh(path.parent)
 
-    def once() -> tuple[bytes, int] | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read(), os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            return None
-
-    return _read_retrying(once, path, "reading it")
+    return _read_retrying(lambda: _read_record_bytes(path), path, "reading it")
 
 
 def set_aside(path: str | Path, ino: int) -> Path | None:
@@ -511,6 +571,42 @@ def set_aside(path: str | Path, ino: int) -> Path | None:
         return None
     fsync_dir(path.parent)
     return aside
+
+
+# A record that reads as damaged is read once more after this long (a filesystem that briefly served a
+# torn block) before it is set aside (`read_hint`, buffer/control.py `read_record`).
+REREAD_S = 0.2
+
+
+def read_hint(path: str | Path, *, set_aside_damaged: bool = True) -> dict | None:
+    """A JSON object the run wrote itself (atomically) and can do without or rebuild (buffer/trained.json,
+    a hand-back, a quarantine's reason.json): None if absent. One that reads as damaged twice, 0.2 s
+    apart, was damaged on disk: it is set aside as `.corrupt.<name>.<time>` (`set_aside_damaged=False`: a
+    reader that must not change the run leaves it) with one warning naming it, and reads as None; its
+    caller says what it uses instead (docs/shared-filesystem.md, "When the filesystem fails")."""
+    path = Path(path)
+    for last in (False, True):
+        got = read_bytes_ino(path)
+        if got is None:
+            return None
+        data, ino = got
+        try:
+            obj = json.loads(data)
+            if isinstance(obj, dict):
+                return obj
+            problem = f"a JSON {type(obj).__name__}, not an object"
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            problem = f"not valid JSON ({e})"
+        if not last:
+            time.sleep(REREAD_S)
+    if not set_aside_damaged:
+        log.warning("%s: damaged on disk (%s); read as absent", path, problem)
+        return None
+    aside = set_aside(path, ino)
+    if aside is None:  # replaced by its writer meanwhile: read that one
+        return read_hint(path)
+    log.warning("%s: damaged on disk (%s); set aside as %s and read as absent", path, problem, aside.name)
+    return None
 
 
 def unlink_durable(path: str | Path, *, missing_ok: bool = True) -> bool:

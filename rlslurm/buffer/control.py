@@ -46,6 +46,7 @@ from rlslurm.buffer.atomic import (
     ensure_dir,
     listdir_fresh,
     publish_exclusive,
+    REREAD_S,
     read_bytes_ino,
     read_json,
     set_aside,
@@ -218,17 +219,14 @@ class Listing:
     the listing is what makes an absent name trustworthy on NFS). Trainer rank 0's poll reads stop,
     preempt, engines.json and data_exhausted.json through one (docs/shared-fs-load.md)."""
 
-    def __init__(self, directory: Path):
-        self.dir = directory
+    def __init__(self, directory: Path, *, readonly: bool = False):
+        self.dir, self.readonly = directory, readonly
         self.names = frozenset(listdir_fresh(directory))
 
     def read(self, name: str, model: type["R"]) -> "R | None":
-        return read_record(self.dir / name, model, relist=False) if name in self.names else None
+        return (read_record(self.dir / name, model, relist=False, readonly=self.readonly) if name in self.names
+                else None)
 
-
-# A record that reads as damaged is read once more after this long (a filesystem that briefly
-# served a torn block) before it is set aside (`read_record`).
-REREAD_S = 0.2
 
 
 def _parse(data: bytes, path: Path, model: type[R]) -> R:
@@ -244,12 +242,13 @@ def _parse(data: bytes, path: Path, model: type[R]) -> R:
         raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
 
 
-def read_record(path: Path, model: type[R], *, relist: bool = True) -> R | None:
+def read_record(path: Path, model: type[R], *, relist: bool = True, readonly: bool = False) -> R | None:
     """A control record, None if absent (`relist=False`: its directory was just listed by the caller).
     Every record is written atomically by the run itself, so one
     that reads as damaged twice was damaged on disk: it is set aside (buffer/atomic.py `set_aside`)
     and a CorruptRecord fails this attempt; the next attempt's writer rebuilds it
-    (docs/shared-filesystem.md, "When the filesystem fails")."""
+    (docs/shared-filesystem.md, "When the filesystem fails"). `readonly` (a reader that must not change
+    the run: `rlslurm status`): a damaged record is left where it is, with a warning, and reads as None."""
     for last in (False, True):
         got = read_bytes_ino(path, relist=relist)
         if got is None:
@@ -261,6 +260,9 @@ def read_record(path: Path, model: type[R], *, relist: bool = True) -> R | None:
             if not last:
                 time.sleep(REREAD_S)
                 continue
+            if readonly:
+                log.warning("%s: damaged on disk (%s); left as it is and read as absent", path, e.message)
+                return None
             aside = set_aside(path, ino)
             if aside is None:  # replaced by its writer meanwhile: read that one
                 return read_record(path, model)
@@ -275,8 +277,11 @@ class RendezvousTaken(UserError):
 
 
 class Control:
-    def __init__(self, run: RunDir | str | Path):
+    def __init__(self, run: RunDir | str | Path, *, readonly: bool = False):
+        """`readonly`: a reader that must not change the run (`rlslurm status`): a damaged record is
+        left in place and reads as absent (`read_record`)."""
         self.run = as_rundir(run)
+        self.readonly = readonly
         self.dir = self.run.control_dir
         self.heartbeat_dir = self.dir / "heartbeats"
         self._heartbeat_mode: int | None = None  # set with the heartbeat directory, at the first beat
@@ -288,10 +293,10 @@ class Control:
 
     def _read(self, path: Path, model: type[R], seen: Listing | None = None) -> R | None:
         """`seen`: a listing of control/ just taken (`listing`), not taken again for this record."""
-        return read_record(path, model) if seen is None else seen.read(path.name, model)
+        return read_record(path, model, readonly=self.readonly) if seen is None else seen.read(path.name, model)
 
     def listing(self) -> Listing:
-        return Listing(self.dir)
+        return Listing(self.dir, readonly=self.readonly)
 
     # --- engines / router ---------------------------------------------------------------
     def write_engines(self, engines: list[EngineRecord]) -> None:

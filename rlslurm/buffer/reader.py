@@ -73,6 +73,7 @@ class RolloutReader(BufferStore):
         super().__init__(run, kind=kind)
         self._require_dir()
         self.readonly = readonly
+        self.repairs = not readonly  # a read-only reader leaves a damaged hint file where it is
         self.on_corrupt: OnCorrupt = on_corrupt or ("wait" if readonly else "quarantine")
         if self.on_corrupt not in ("quarantine", "wait", "raise"):
             raise ConfigError(f"on_corrupt must be quarantine, wait or raise, got {self.on_corrupt!r}")

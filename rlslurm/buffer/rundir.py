@@ -3,6 +3,7 @@ that survives a requeue. This module knows its layout and its permissions."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import stat
@@ -11,15 +12,20 @@ from pathlib import Path
 
 from rlslurm.buffer.atomic import (
     DEFAULT_FILE_MODE,
+    CorruptRecord,
     ensure_dir,
     exists_fresh,
     listdir_fresh,
     publish_exclusive,
     read_bytes,
-    read_json,
+    read_bytes_ino,
+    read_hint,
+    set_aside,
     write_json_atomic,
 )
 from rlslurm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 MARKER = ".rlslurm-run"
 FORMAT_VERSION = 1
@@ -27,6 +33,26 @@ PRIVATE_DIR_MODE = 0o700
 # setgid so files created later inherit the group, not the creator's primary group
 GROUP_DIR_MODE = 0o750 | stat.S_ISGID
 SUBDIRS = ("control", "buffer", "weights", "checkpoints", "logs", "tb")
+
+
+def usable_refusal(path: Path) -> str | None:
+    """Why `path` cannot become (or be) a run directory, from what exists now; None if it can: it is a
+    directory this user may write, or its nearest existing ancestor is."""
+    p = Path(os.path.abspath(path))
+    probe = p
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory" if probe != p else "exists and is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{'it' if probe == p else probe} is not writable by you"
+    return None
+
+
+def _key_of(data: bytes) -> str | None:
+    """The api key in control/api_key's bytes, None if they are not one (rlslurm writes 64 hex digits)."""
+    key = data.decode("ascii", errors="replace").strip()
+    return key if len(key) >= 32 and all(c in "0123456789abcdef" for c in key) else None
 
 
 class RunDir:
@@ -50,12 +76,16 @@ class RunDir:
                 f"run directory {rd.path}: exists, is not empty and is not an rlslurm run directory "
                 f"(no {MARKER}); pick a new path or empty it"
             )
-        rd.path.mkdir(parents=True, exist_ok=True)
-        os.chmod(rd.path, mode)
-        for sub in SUBDIRS:
-            d = rd.path / sub
-            d.mkdir(exist_ok=True)
-            os.chmod(d, mode)
+        try:
+            rd.path.mkdir(parents=True, exist_ok=True)
+            os.chmod(rd.path, mode)
+            for sub in SUBDIRS:
+                d = rd.path / sub
+                d.mkdir(exist_ok=True)
+                os.chmod(d, mode)
+        except OSError as e:  # a file on its path, a read-only or foreign place: one line
+            raise ConfigError(f"run directory {rd.path}: cannot make it: {e.strerror or e}"
+                              f"{f' ({e.filename})' if e.filename and str(e.filename) != str(rd.path) else ''}") from None
         if MARKER not in entries:
             write_json_atomic(
                 rd.path / MARKER,
@@ -130,19 +160,29 @@ class RunDir:
 
     # --- api key ------------------------------------------------------------------------
     def ensure_api_key(self) -> str:
-        """Create control/api_key (0600) once, exclusively; every caller gets the same key."""
+        """Create control/api_key (0600) once, exclusively; every caller gets the same key. One damaged on
+        disk (not the 64 hex digits rlslurm writes) is set aside with a warning and made anew: the key only
+        has to be the same for the processes of one attempt, which all start after this."""
         key = secrets.token_hex(32)  # hex: never starts with '-' (argv parsers), no quoting needed
         ensure_dir(self.control_dir)
         publish_exclusive(self.api_key_file, (key + "\n").encode(), mode=0o600)
+        got = read_bytes_ino(self.api_key_file)
+        if got is not None and _key_of(got[0]) is None:
+            aside = set_aside(self.api_key_file, got[1])
+            if aside is not None:
+                log.warning("%s: damaged on disk; set aside as %s and made anew", self.api_key_file, aside.name)
+            publish_exclusive(self.api_key_file, (key + "\n").encode(), mode=0o600)
         return self.api_key()
 
     def api_key(self) -> str:
         data = read_bytes(self.api_key_file)
         if data is None:
             raise ConfigError(f"{self.api_key_file}: api key file is missing (was the run directory created by rlslurm?)")
-        key = data.decode().strip()
-        if not key:
-            raise ConfigError(f"{self.api_key_file}: api key file is empty")
+        key = _key_of(data)
+        if key is None:  # the run wrote it itself: the filesystem's doing, rebuilt by the next attempt
+            raise CorruptRecord(f"{self.api_key_file}: damaged on disk (not the key rlslurm writes); the rollout "
+                                f"node of the next attempt makes a new one; this attempt fails and is requeued "
+                                f"(--max-failures)")
         return key
 
     # --- completion -----------------------------------------------------------------------
@@ -153,7 +193,9 @@ class RunDir:
         write_json_atomic(self.finished, {"finished_at": time.time(), **info})
 
     def finished_info(self) -> dict | None:
-        return read_json(self.finished)
+        """FINISHED's record; None when absent or damaged (then with a warning: the run is finished all
+        the same, `is_finished` goes by the name)."""
+        return read_hint(self.finished, set_aside_damaged=False)
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"

@@ -33,13 +33,15 @@ from typing import Any
 
 from rlslurm.buffer import codec, integrity
 from rlslurm.buffer.atomic import (
+    NotARecord,
     StorageError,
     ensure_dir,
     fsync_dir,
     is_tmp_name,
     listdir_fresh,
     publish_exclusive,
-    read_json,
+    read_hint,
+    read_regular,
     retry_transient,
     unlink_durable,
     write_json_atomic,
@@ -48,7 +50,7 @@ from rlslurm.buffer.atomic import (
 from rlslurm.buffer.manifest import Manifest, data_name, parse_data_name
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.buffer.sample import RolloutMeta, RolloutStats, Sample
-from rlslurm.buffer.store import BufferStore
+from rlslurm.buffer.store import MAX_MANIFEST_BYTES, BufferStore
 from rlslurm.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -167,7 +169,10 @@ class RolloutWriter(BufferStore):
         if last_trained is not None:
             top = max(top, last_trained)
         cursor = dict(newest.meta.data_cursor) if newest is not None else {}
-        handback = read_json(self.handback_file)
+        handback = read_hint(self.handback_file)  # damaged: set aside with a warning, the commit's cursor used
+        if handback is not None and not isinstance(handback.get("data_cursor"), dict):
+            log.warning("%s: no data cursor in it; ignored", self.handback_file)
+            handback = None
         from_handback = handback is not None and handback.get("base") == _identity(newest)
         if from_handback:
             cursor = dict(handback["data_cursor"])  # type: ignore[index]
@@ -262,8 +267,9 @@ def _identity(m: Manifest | None) -> dict[str, Any] | None:
 
 def _quarantined_manifest(qdir: Path, rollout_id: int) -> Manifest | None:
     try:
-        return Manifest.from_bytes((qdir / "manifest.json").read_bytes(), qdir / "manifest.json", rollout_id)
-    except (OSError, DataError):
+        got = read_regular(qdir / "manifest.json", MAX_MANIFEST_BYTES)  # a FIFO moved there: never waited on
+        return None if got is None else Manifest.from_bytes(got[0], qdir / "manifest.json", rollout_id)
+    except (OSError, DataError, NotARecord):
         return None  # torn manifest, or the quarantine never got to move it
 
 

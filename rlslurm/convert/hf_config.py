@@ -162,9 +162,15 @@ def load_hf_config(hf_dir: str | Path):
     if not path.exists():
         raise ConfigError(f"{hf_dir}: no config.json (not an HF checkpoint directory)")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_bytes())
     except json.JSONDecodeError as e:
         raise DataError(str(path), f"invalid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(str(path), f"not UTF-8 text ({e.reason} at byte {e.start}), so not a config.json") from None
+    except OSError as e:
+        raise DataError(str(path), f"cannot read it: {e.strerror or e}") from None
+    if not isinstance(raw, dict):
+        raise DataError(str(path), f"a JSON {type(raw).__name__}, not an object")
     if "model_type" not in raw:
         raise DataError(str(path), "no model_type")
     if AutoConfig is None:

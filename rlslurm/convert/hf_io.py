@@ -20,6 +20,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
+from rlslurm.buffer.atomic import retry_transient
 from rlslurm.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
@@ -122,12 +123,17 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Temp + fsync + rename; a transient error of a shared filesystem (EIO, ESTALE, EAGAIN) writes it
+    again whole (buffer/atomic.py `retry_transient`, its bounds): the bytes are in memory."""
+    def once() -> None:
+        tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    retry_transient(once, path, f"writing {path.name}")
 
 
 def save_hf_checkpoint(
@@ -193,7 +199,7 @@ def save_hf_checkpoint(
         for aux in AUX_FILES:
             src = Path(copy_aux_from) / aux
             if src.exists():
-                shutil.copyfile(src, out / aux)
+                retry_transient(lambda src=src, aux=aux: shutil.copyfile(src, out / aux), out / aux, "copying it")
     if config is not None:  # last: a directory with config.json is a complete model
         _atomic_write_bytes(out / "config.json", json.dumps(config, indent=2).encode())
     _fsync_dir(out)

@@ -20,10 +20,13 @@ engine over several nodes"). rlslurm runs the ranks as one unit:
   Ranks that cannot meet (a node gone) never make rank 0 healthy: its start times out and counts
   against the restart budget like any failed start.
 
-With DP attention (`--sglang-enable-dp-attention`) the nodes of one engine talk over ZMQ TCP ports on
+With attention data parallelism (`--sglang-attn-dp-size N`, the deprecated
+`--sglang-enable-dp-attention`, or the same keys in a `--sglang-config` file: judged on the values
+SGLang resolves, engines/sglang_args.py `attention_dp`) the nodes of one engine talk over ZMQ TCP ports on
 the dist-init host (dist-init port + 1 .. + 6, sglang/srt/server_args.py PortArgs.init_new, 0.5.23)
 that accept pickled objects without authentication: anyone who reaches them runs code as the user.
-Such an engine is refused at submit (`span_exposure_refusal`) unless the user names the interface
+Such an engine is refused at submit (`span_exposure_refusal`), and again on the rollout node with its
+own SGLang before any engine starts (`check_on_node`), unless the user names the interface
 those ports bind (`--engine-span-interface`: rank 0 then meets its ranks on that interface's address,
 `SpanLeader(bind_host=...)`) or states that they are closed otherwise (`--engine-span-ports-closed`);
 docs/security.md lists every port.
@@ -42,6 +45,8 @@ import threading
 
 from rlslurm.buffer.control import Control, SpanRankRecord, SpanRecord
 from rlslurm.engines.engine import EngineProcess, EngineSpec
+from rlslurm.engines.sglang_args import FALLBACK, Table, attention_dp, read_passthrough
+from rlslurm.errors import ConfigError
 from rlslurm.net import consecutive_ports
 
 log = logging.getLogger(__name__)
@@ -55,23 +60,41 @@ def dist_init_addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-DP_ATTENTION_FLAG = "--enable-dp-attention"
 SECURITY_DOC = 'docs/security.md, "Engines spanning nodes"'
 
 
 def span_exposure_refusal(sglang_args: list[str] | tuple[str, ...], nodes_per_engine: int, interface: str | None,
-                          ports_closed: bool) -> str | None:
-    """Why an engine spanning nodes may not start as configured, or None: with DP attention its ZMQ
-    ports run code for whoever connects (module docstring), so the user must say where they bind or
-    that they are closed."""
+                          ports_closed: bool, table: Table | None = None) -> str | None:
+    """Why an engine spanning nodes may not start as configured, or None: with attention data
+    parallelism its ZMQ ports run code for whoever connects (module docstring), so the user must say
+    where they bind or that they are closed. Judged on what SGLang resolves (engines/sglang_args.py
+    `attention_dp`: --attn-dp-size, --enable-dp-attention, a --config file's keys, ...); `table`: the
+    installed SGLang's parser, else the flags rlslurm knows."""
     if nodes_per_engine < 2 or interface or ports_closed:
         return None
-    if not any(a == DP_ATTENTION_FLAG or a.startswith(DP_ATTENTION_FLAG + "=") for a in sglang_args):
+    on = attention_dp(read_passthrough(sglang_args, table).resolve(table or FALLBACK))
+    if on is None:
         return None
-    return (f"--sglang-enable-dp-attention with an engine spanning {nodes_per_engine} nodes: SGLang's ZMQ ports "
-            f"between them accept pickled objects from anyone who can connect (code runs as you); name the "
-            f"private interface they bind with --engine-span-interface IFNAME, or pass --engine-span-ports-closed "
-            f"if a firewall or a private job network closes them ({SECURITY_DOC})")
+    return (f"{on.said} (SGLang's attention data parallelism) with an engine spanning {nodes_per_engine} nodes: "
+            f"SGLang's ZMQ ports between them accept pickled objects from anyone who can connect (code runs as "
+            f"you); name the private interface they bind with --engine-span-interface IFNAME, or pass "
+            f"--engine-span-ports-closed if a firewall or a private job network closes them ({SECURITY_DOC})")
+
+
+def check_on_node(sglang_args: list[str] | tuple[str, ...], nodes_per_engine: int, interface: str | None,
+                  ports_closed: bool) -> None:
+    """The rollout node, before it starts an engine: the passthrough judged again with this node's own
+    SGLang (submit may have had none, or another), its --config file read as it is now: owned flags
+    and the spanning engine's exposure."""
+    from rlslurm.engines.sglang_flags import check_owned, sglang_installed, sglang_parser_table
+
+    if not sglang_args or not sglang_installed():  # no engine can start here anyway (engine.py says so)
+        return
+    table = sglang_parser_table()
+    p = read_passthrough(sglang_args, table)
+    check_owned(p, table)
+    if (why := span_exposure_refusal(sglang_args, nodes_per_engine, interface, ports_closed, table)) is not None:
+        raise ConfigError(why)
 
 
 class SpanLeader:

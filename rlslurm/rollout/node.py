@@ -39,7 +39,7 @@ from rlslurm.engines.engine import EngineProcess, EngineSpec
 from rlslurm.engines.memory_share import TRAINER_BUILD_WAIT_S, MemoryPlan, serving_weights_bytes
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
-from rlslurm.engines.span import SpanFollower, SpanLeader
+from rlslurm.engines.span import SpanFollower, SpanLeader, check_on_node
 from rlslurm.engines.supervisor import EngineInfo, EngineSupervisor, RestartEvent, engine_records
 from rlslurm.engines.turn_watch import TurnHold
 from rlslurm.engines.update_watch import PAUSE_MARGIN_S, UpdateWatcher
@@ -163,6 +163,8 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
                   extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(plan),
                               *quantization_args(plan, cfg.sglang_args), *colocate_args(cfg)))
     span = nodes_per_engine(cfg)
+    # the passthrough judged by this node's own SGLang, its --config file as it is now (engines/span.py)
+    check_on_node(cfg.sglang_args, span, cfg.rollout.engine_span_interface, cfg.rollout.engine_span_ports_closed)
     if span > 1:
         first, rank = node - node % span, node % span
         name = f"engine-{first}-0"

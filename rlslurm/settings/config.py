@@ -159,7 +159,8 @@ class SlurmSection(Section):
     setup_script: Path | None = Field(None, description="bash file every step sources before Python (module "
                                                         "load, conda/venv activate)")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every step: NAME=VALUE ... "
-                                                                  "(secret-looking names move to --secret-env)")
+                                                                  "(repeatable; adds to a config file's env:; "
+                                                                  "secret-looking names move to --secret-env)")
     # Names passed by file, not by run.yaml (rlslurm/secret_env.py): secret-looking --env names
     # are moved here at validation.
     secret_env: list[str] = Field(default_factory=list, description="variables passed through a 0600 file, never "

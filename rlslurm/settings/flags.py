@@ -217,6 +217,9 @@ def parse_flags(argv: list[str]) -> Layer:
                 items.append(argv[i + 1])
                 i += 1
             value = _parse_dict(items, origin)
+            key = (FIELDS[field_name][0], field_name)
+            if key in layer.values:  # the flag given again: its keys add up
+                value = merge_dict(layer.values[key], origin, value, origin, flag_name(field_name))
         else:
             if eq:
                 value = inline
@@ -262,6 +265,18 @@ def _parse_dict(items: list[str], origin: str) -> dict[str, Any]:
             raise ConfigError(f"{origin}: expected KEY=VALUE or a JSON object, got {it!r}")
         out[k] = v
     return out
+
+
+def merge_dict(have: Any, have_origin: str, new: Any, new_origin: str, flag: str) -> Any:
+    """A dict setting given twice (a repeated flag, a YAML value and a flag): the keys of both, never one
+    dropped for the other; a key given with two different values is one line naming both."""
+    if not isinstance(have, dict) or not isinstance(new, dict):
+        return new  # not a mapping: the field's validation names it
+    for k, v in new.items():
+        if k in have and have[k] != v:
+            both = f"{have[k]!r} ({have_origin}) and {v!r} ({new_origin})"
+            raise ConfigError(f"{flag} {k}: given twice with different values, {both}; give it once")
+    return {**have, **new}
 
 
 def _yaml_lines(text: str, path: Path) -> tuple[Any, dict[tuple[str, ...], int]]:
@@ -338,6 +353,9 @@ def build_config(layers: list[Layer]) -> RunConfig:
     router: list[str] = []
     for layer in layers:
         for (section, name), v in layer.values.items():
+            if name in nested[section] and _kind(FIELDS[name][1]) == "dict":  # dicts add up across layers
+                v = merge_dict(nested[section][name], origin.get((section, name), "?"), v,
+                               layer.origin.get((section, name), "?"), flag_name(name))
             nested[section][name] = v
         origin.update(layer.origin)
         megatron.update(layer.megatron)

@@ -5,7 +5,7 @@ passed the submit-side checks would name another file (or none) in the job. Base
 * flags: the submitting process's working directory;
 * `--config run.yaml`: the YAML file's directory (a config kept beside its data stays valid
   wherever it is submitted from).
-`~` is expanded (a YAML value never passes through a shell). Symlinks are kept as written: on
+`--sglang-config FILE` (SGLang's own YAML of flags) likewise. `~` is expanded (a YAML value never passes through a shell). Symlinks are kept as written: on
 clusters `/home` is often a link into the parallel file system and users recognise their path.
 """
 
@@ -77,6 +77,7 @@ def absolutize(layer: Layer, base: Path) -> Layer:
     base = Path(os.path.abspath(base))
     for key, value in list(layer.values.items()):
         layer.values[key] = _one(key[1], value, base)
+    layer.sglang_args[:] = _sglang_config(layer.sglang_args, base)
     return layer
 
 
@@ -104,3 +105,14 @@ def model_download_hint(path: Path, flag: str) -> str:
     return (f"; if {hub_id!r} is a Hugging Face Hub model, download it first (the nodes read local files only): "
             f"hf download {hub_id} --local-dir {local}, then {flag} {local} (its safetensors are read as they are: "
             f"no conversion)")
+
+
+def _sglang_config(args: list[str], base: Path) -> list[str]:
+    """`--sglang-config FILE` (SGLang's YAML of flags, read on the rollout node): an absolute FILE."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--config" and i + 1 < len(out) and not out[i + 1].startswith("--"):
+            out[i + 1] = absolute(out[i + 1], base)
+        elif a.startswith("--config="):
+            out[i] = "--config=" + absolute(a.split("=", 1)[1], base)
+    return out

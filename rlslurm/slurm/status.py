@@ -81,15 +81,21 @@ def slurm_state(job_id: str) -> dict[str, Any]:
     return {"source": None, "state": "UNKNOWN", "components": []}
 
 
-# States in which a job may still run its batch script (again); a resubmit must wait for it to leave them.
+# States in which a job may still run its batch script (again), or its processes still write the run
+# directory (COMPLETING: SLURM is still ending them, an epilog runs); a resubmit must wait for it to
+# leave them.
 _ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "CONFIGURING", "RESIZING",
-          "SIGNALING", "STAGE_OUT"}
+          "SIGNALING", "STAGE_OUT", "COMPLETING"}
 
 
 def job_alive(job_id: str) -> str | None:
-    """The job's state if it is pending or running, else None (also when SLURM does not answer)."""
-    state = slurm_state(job_id)["state"]
-    return state if state in _ALIVE else None
+    """The job's state if it (or one of its het components) is pending, running or still ending, else None
+    (also when SLURM does not answer)."""
+    st = slurm_state(job_id)
+    for state in [st["state"], *(c.get("state") for c in st.get("components", []))]:
+        if state in _ALIVE:
+            return state
+    return None
 
 
 @dataclass
@@ -133,7 +139,7 @@ def run_status(run_dir: Path, *, query_slurm: bool = True) -> RunStatus:
     ledger = read_ledger(rd)
     attempts = [r for r in ledger if not is_event(r)]
     current = _current_attempt(rd, attempts)
-    control = Control(rd)
+    control = Control(rd, readonly=True)  # a look: a damaged record stays where it is
     wv = control.weight_version()
     try:
         from rlslurm.buffer.reader import RolloutReader

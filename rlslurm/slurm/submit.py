@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlslurm.buffer.atomic import read_json, write_bytes_atomic, write_json_atomic
+from rlslurm.buffer.atomic import read_hint, write_bytes_atomic, write_json_atomic
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.resolve import Resolved
@@ -17,6 +18,8 @@ from rlslurm.secret_env import render_env_file, secret_env_file, secret_values
 from rlslurm.settings.layout import makes_init_checkpoint
 from rlslurm.settings.runfile import dump_run_config
 from rlslurm.slurm.render import render
+
+log = logging.getLogger(__name__)
 
 SBATCH_TIMEOUT_S = 60
 
@@ -95,12 +98,24 @@ def submit(res: Resolved, *, resume: bool = False, reset_failures: bool = False)
     if resume:
         record_resubmit(rd, base, reset_failures)
     job_id = sbatch(rd.job_sbatch, rd.path)
-    jobs = (read_json(rd.path / "jobs.json") or {"jobs": []})["jobs"]
+    jobs = _jobs(rd.path)
     jobs.append({"job_id": job_id, "submitted_at": time.time()})
     write_json_atomic(rd.path / "jobs.json", {"jobs": jobs})
     return Submission(job_id=job_id, run_dir=rd.path, script=script)
 
 
+def _jobs(run_dir: Path, *, set_aside_damaged: bool = True) -> list[dict]:
+    """RUN/jobs.json's list of submitted jobs (newest last). Damaged on disk it is set aside with a
+    warning (buffer/atomic.py `read_hint`) and read as empty: it only names the current job, which a
+    resubmit rewrites, never something worth ending the run over."""
+    data = read_hint(Path(run_dir) / "jobs.json", set_aside_damaged=set_aside_damaged) or {}
+    jobs = data.get("jobs")
+    ok = isinstance(jobs, list) and all(isinstance(j, dict) and isinstance(j.get("job_id"), str) for j in jobs)
+    if data and not ok:
+        log.warning("%s: its job list is damaged; read as empty", Path(run_dir) / "jobs.json")
+    return list(jobs) if ok else []
+
+
 def current_job_id(run_dir: Path) -> str | None:
-    data = read_json(Path(run_dir) / "jobs.json")
-    return data["jobs"][-1]["job_id"] if data and data.get("jobs") else None
+    jobs = _jobs(run_dir, set_aside_damaged=False)
+    return jobs[-1]["job_id"] if jobs else None

@@ -35,7 +35,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlslurm.buffer.atomic import NO_SPACE_ERRNOS, StorageError, StorageFull, fsync_dir, human_size, storage_full, write_json_atomic
+from rlslurm.buffer.atomic import (
+    NO_SPACE_ERRNOS,
+    TRANSIENT_ERRNOS,
+    StorageError,
+    StorageFull,
+    TransientStorageError,
+    fsync_dir,
+    human_size,
+    listdir_fresh,
+    retry_transient,
+    storage_full,
+    write_json_atomic,
+)
 from rlslurm.buffer.progress import Retention, TrainerProgress
 from rlslurm.errors import DataError
 from rlslurm.trainer.collectives import collective_device
@@ -54,11 +66,16 @@ def ckpt_name(iteration: int) -> str:
 
 
 def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+    """The file's crc32; a transient error (EIO, ESTALE, EAGAIN) restarts the read (buffer/atomic.py
+    `retry_transient`), one that persists is a TransientStorageError."""
+    def once() -> int:
+        crc = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                crc = zlib.crc32(chunk, crc)
+        return crc
+
+    return retry_transient(once, path, "reading it for its checksum")
 
 
 def _files(d: Path) -> list[Path]:
@@ -66,31 +83,50 @@ def _files(d: Path) -> list[Path]:
 
 
 def write_meta(d: Path, iteration: int, world: int, extra: dict[str, Any]) -> None:
-    """Fsync every file, record sizes/checksums, then publish META (the completeness mark)."""
-    files = {}
-    for p in _files(d):
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-        size = p.stat().st_size
-        files[str(p.relative_to(d))] = {"size": size, "crc32": _crc32(p) if size <= CRC_MAX_BYTES else None}
-    for sub in {p.parent for p in _files(d)} | {d}:
-        fsync_dir(sub)
+    """Fsync every file, record sizes/checksums, then publish META (the completeness mark). Every step
+    only reads or rewrites whole, so a transient error repeats it (`retry_transient`)."""
+    def once() -> dict[str, Any]:
+        files = {}
+        for p in _files(d):
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+            size = p.stat().st_size
+            files[str(p.relative_to(d))] = {"size": size, "crc32": _crc32(p) if size <= CRC_MAX_BYTES else None}
+        for sub in {p.parent for p in _files(d)} | {d}:
+            fsync_dir(sub)
+        return files
+
+    files = retry_transient(once, d, "syncing and summing the checkpoint's files")
     write_json_atomic(d / META, {"format": FORMAT, "iteration": iteration, "world_size": world, "files": files, **extra})
 
 
 def verify(d: Path) -> str | None:
-    """None if checkpoint `d` is complete and intact, else what is wrong with it."""
+    """None if checkpoint `d` is complete and intact, else what is wrong with it. Its reads are
+    retried on a transient error; one that persists, or any other refusal, makes it unusable (its
+    caller falls back to an older checkpoint, or fails the save)."""
+    try:
+        return retry_transient(lambda: _verify(d), d, "verifying the checkpoint")
+    except (OSError, StorageError) as e:
+        return f"{d} cannot be read: {e.strerror if isinstance(e, OSError) and e.strerror else e}"
+
+
+def _verify(d: Path) -> str | None:
     meta_path = d / META
     if not meta_path.exists():
         return f"{meta_path} is missing (checkpoint incomplete)"
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
+        meta = json.loads(meta_path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
         return f"{meta_path} is unreadable: {e}"
-    if meta.get("format") != FORMAT:
-        return f"{meta_path}: format {meta.get('format')!r} is not {FORMAT}"
-    for rel, info in meta.get("files", {}).items():
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"{meta_path}: format {meta.get('format') if isinstance(meta, dict) else meta!r} is not {FORMAT}"
+    files = meta.get("files", {})
+    if not isinstance(files, dict):
+        return f"{meta_path}: its file list is damaged"
+    for rel, info in files.items():
         p = d / rel
+        if not isinstance(info, dict) or not isinstance(info.get("size"), int):
+            return f"{meta_path}: the entry of {rel} is damaged"
         if not p.is_file():
             return f"{p} is missing"
         if p.stat().st_size != info["size"]:
@@ -111,9 +147,8 @@ def _iteration_of(name: str) -> int | None:
 
 def candidates(root: Path) -> list[Path]:
     """Checkpoints to try, best first: the one `latest` points to, then the others, newest first."""
-    if not root.is_dir():
-        return []
-    found = sorted((p for p in root.iterdir() if p.is_dir() and _iteration_of(p.name) is not None),
+    names = listdir_fresh(root)  # a transient error retried; absent: []
+    found = sorted((root / n for n in names if _iteration_of(n) is not None and (root / n).is_dir()),
                    key=lambda p: _iteration_of(p.name), reverse=True)
     latest = read_latest(root)
     if latest is not None and (root / latest) in found:
@@ -138,10 +173,13 @@ def _warn(msg: str) -> None:
     print(f"rlslurm trainer: WARNING: {msg}", file=sys.stderr, flush=True)
 
 
-def find_resume(root: Path) -> Path | None:
-    """The newest intact checkpoint, warning loudly about every one passed over."""
+def find_resume(root: Path, skip: frozenset[Path] = frozenset()) -> Path | None:
+    """The newest intact checkpoint, warning loudly about every one passed over (`skip`: ones that
+    verified but failed to load)."""
     latest = read_latest(root)
     for i, d in enumerate(candidates(root)):
+        if d in skip:
+            continue
         problem = verify(d)
         if problem is None:
             if i > 0 or (latest is not None and d.name != latest):
@@ -347,16 +385,20 @@ class Checkpointer:
         self.in_flight: _InFlight | None = None
 
     @staticmethod
-    def prepare(st) -> None:
+    def prepare(st, *, pin: bool = True) -> None:
         """Reserve the staging area in the background on a GPU trainer (trainer/ckpt_staging.py), so
-        that the first save does not page-lock it inside its stall. Not collective."""
+        that the first save does not page-lock it inside its stall. `pin` False: the node has too little
+        host memory to page-lock it (trainer/host_memory.py): every save stages in pageable memory. Not
+        collective."""
         if not torch.cuda.is_available() or next(st.actor.inner.parameters()).device.type != "cuda":
             return
         from rlslurm.trainer import ckpt_writer
 
         nbytes = staging_estimate(st)
-        log.info("reserving %.1f GiB of host memory for checkpoint staging in the background", nbytes / 2**30)
-        ckpt_writer.area().reserve(nbytes, pin=True)
+        log.info("reserving %.1f GiB of %s host memory for checkpoint staging in the background", nbytes / 2**30,
+                 "page-locked" if pin else "pageable")
+        ckpt_writer.area().allow_pin = pin
+        ckpt_writer.area().reserve(nbytes, pin=pin)
 
     @property
     def pending_iteration(self) -> int | None:
@@ -417,10 +459,14 @@ class Checkpointer:
         """Rank 0, the finalizer's last step: the completeness mark, a check of every file against
         it, and only then `latest`."""
         write_meta(d, progress.trained_rollouts, world, {"progress": progress.state_dict(), "optimizers": optimizers})
-        if (problem := verify(d)) is not None:
-            raise DataError(str(d), f"the checkpoint just written does not verify: {problem}")
+        if (problem := verify(d)) is not None:  # the filesystem's doing: the attempt fails, nothing is final
+            raise StorageError(f"{d}: the checkpoint just written does not verify: {problem}; `latest` still "
+                               f"names the last complete one")
         write_json_atomic(self.root / LATEST, {"name": d.name, "iteration": progress.trained_rollouts})
-        prune(self.root, self.keep)
+        try:
+            retry_transient(lambda: prune(self.root, self.keep), self.root, "removing old checkpoints")
+        except (OSError, StorageError) as e:  # this checkpoint is complete and `latest`: the next save prunes
+            _warn(f"removing old checkpoints in {self.root} failed ({e}); the next save tries again")
 
     def poll(self) -> Saved | None:
         """The in-flight save if it has finished (then every rank knows), else None."""
@@ -473,8 +519,10 @@ class Checkpointer:
                 raise self._no_space(f.path, error)
             what = ("; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in sorted(error.items()))
                     if isinstance(error, dict) else f"{type(error).__name__}: {error}")
-            raise RuntimeError(f"checkpoint {f.path}: the save failed ({what}); `latest` still names the last "
-                               f"complete one")
+            # the filesystem failing (EIO that outlasted its retries, a file that does not verify): one
+            # line and a failed attempt (docs/shared-filesystem.md), not a traceback
+            kind = StorageError if _is_storage_failure(error) else RuntimeError
+            raise kind(f"checkpoint {f.path}: the save failed ({what}); `latest` still names the last complete one")
         log.info("checkpoint %s complete and latest %.2f s after its start (stall %.2f s)", f.path.name,
                  latest_after, f.stall_s)
         return Saved(f.path, f.progress, f.stall_s, latest_after, f.write.staging, f.write.stage_s)
@@ -502,27 +550,42 @@ def save(st, progress: TrainerProgress, root: Path, keep: int) -> Path:
     return saved.path
 
 
-def _is_no_space(error: BaseException | str | None) -> bool:
-    """Does a failure (megatron wraps the writers' OSErrors) come from a full disk or quota?"""
+def _causes(error: Any):
+    """`error` and everything it wraps (megatron wraps the writers' OSErrors; a dict maps ranks to
+    exceptions; megatron's WRAPPED_EXCEPTION is (exception, traceback)), bounded."""
     seen = 0
     todo: list[Any] = [error]
     while todo and seen < 50:
         e = todo.pop()
         seen += 1
+        if isinstance(e, dict):
+            todo += list(e.values())
+        elif isinstance(e, tuple):
+            todo += list(e)
+        elif isinstance(e, BaseException):
+            todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]
+            yield e
+        elif e is not None:
+            yield e
+
+
+def transient_os_error(error: Any) -> OSError | None:
+    """The EIO / ESTALE / EAGAIN a failure comes from, if it does (buffer/atomic.py TRANSIENT_ERRNOS)."""
+    return next((e for e in _causes(error) if isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS), None)
+
+
+def _is_storage_failure(error: Any) -> bool:
+    return any(isinstance(e, (StorageError, TransientStorageError)) or
+               (isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS) for e in _causes(error))
+
+
+def _is_no_space(error: BaseException | str | None) -> bool:
+    """Does a failure (megatron wraps the writers' OSErrors) come from a full disk or quota?"""
+    for e in _causes(error):
         if isinstance(e, StorageFull) or (isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS):
             return True
-        if isinstance(e, dict):  # rank -> exception
-            todo += list(e.values())
-            continue
-        if isinstance(e, BaseException):
-            todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]
-            text = str(e)
-        elif isinstance(e, tuple):  # megatron's WRAPPED_EXCEPTION: (exception, traceback)
-            todo += list(e)
-            continue
-        else:
-            text = str(e) if e is not None else ""
-        if "no space left on device" in text.lower() or "disk quota exceeded" in text.lower():
+        text = str(e).lower()
+        if "no space left on device" in text or "disk quota exceeded" in text:
             return True
     return False
 
@@ -652,17 +715,45 @@ def load(st, d: Path) -> TrainerProgress:
 
 
 def resume(st, root: Path) -> tuple[TrainerProgress, Path | None]:
-    """Find the newest intact checkpoint (rank 0 decides for all) and load it."""
-    choice = [None]
-    if dist.get_rank() == 0:
-        sweep_incomplete(root)
-        found = find_resume(root)
-        choice = [str(found) if found is not None else None]
-    dist.broadcast_object_list(choice, src=0)
-    if choice[0] is None:
-        return TrainerProgress(), None
-    d = Path(choice[0])
-    return load(st, d), d
+    """Find the newest intact checkpoint (rank 0 decides for all) and load it. One that verifies but
+    fails to load on any rank (a bit flip past the checksummed size, an I/O error while megatron reads
+    it) is passed over with one warning for the previous complete one; when none loads, the attempt
+    fails (never a silent start from scratch over trained progress)."""
+    from rlslurm.errors import UserError
+
+    failed: dict[Path, str] = {}
+    while True:
+        choice = [None]
+        if dist.get_rank() == 0:
+            if not failed:
+                sweep_incomplete(root)
+            found = find_resume(root, frozenset(failed))
+            choice = [str(found) if found is not None else None]
+        dist.broadcast_object_list(choice, src=0)
+        if choice[0] is None:
+            if failed:
+                raise RuntimeError(f"{root}: no checkpoint loads ("
+                                   + "; ".join(f"{d.name}: {why}" for d, why in failed.items())
+                                   + "); this attempt fails and is requeued (--max-failures)")
+            return TrainerProgress(), None
+        d = Path(choice[0])
+        error: str | None = None
+        progress = None
+        try:
+            progress = load(st, d)
+        except UserError:
+            raise  # the run's settings do not fit the checkpoint: an older one would not either
+        except Exception as e:  # noqa: BLE001 - any failure of this checkpoint's load
+            error = f"rank {dist.get_rank()}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        errors: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)  # every rank learns whether every rank loaded it
+        if not any(errors):
+            assert progress is not None
+            return progress, d
+        failed[d] = next(e for e in errors if e)
+        if dist.get_rank() == 0:
+            _warn(f"checkpoint {d} verifies but does not load ({failed[d]}); falling back to the previous "
+                  f"complete one")
 
 
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:

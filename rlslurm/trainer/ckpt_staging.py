@@ -70,6 +70,8 @@ class StagingArea:
     def __init__(self) -> None:
         self.fd: int | None = None
         self.size = 0
+        # False: the node has too little host memory to page-lock the area (trainer/host_memory.py)
+        self.allow_pin = True
         self.staging = "none"  # "pinned", "pageable", or "none" before the first save
         self._mm: mmap.mmap | None = None
         self._base: torch.Tensor | None = None
@@ -113,7 +115,7 @@ class StagingArea:
         self.fd, self.size = fd, size
         self._base = torch.frombuffer(self._mm, dtype=torch.uint8)
         self.staging = "pageable"
-        if pin:
+        if pin and self.allow_pin:
             err = torch.cuda.cudart().cudaHostRegister(self._base.data_ptr(), size, 0)
             if int(err) == 0:
                 self._registered, self.staging = True, "pinned"
@@ -127,7 +129,7 @@ class StagingArea:
     def stage(self, tensors: list[torch.Tensor]) -> list[Slot]:
         """Copy `tensors` into the area; returns where each landed. Blocks until every copy is done."""
         self.wait_reserved()
-        pin = any(t.device.type == "cuda" for t in tensors) and torch.cuda.is_available()
+        pin = self.allow_pin and any(t.device.type == "cuda" for t in tensors) and torch.cuda.is_available()
         offsets, total = [], 0
         for t in tensors:
             offsets.append(total)

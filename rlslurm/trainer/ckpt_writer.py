@@ -16,6 +16,8 @@ loses nothing it had written). So the pieces are run differently:
    freely.
 2. `RankWrite`: a forked process writes this rank's files with megatron's own writer (which forks
    its per-bucket workers) and then publishes the write results as `<dir>/.rlslurm-write-<rank>.pkl`.
+   A transient error of the shared filesystem (EIO, ESTALE, EAGAIN) repeats the whole write from the
+   staged copy, which stays until this process exits (buffer/atomic.py `retry_transient`, its bounds).
    Its outcome (ok, or the exception) comes back over a pipe, and `Checkpointer.poll`/`wait` pass
    every rank's to every rank: a failure cannot travel through a file the full disk refuses.
    A forked process inherits the trainer's TERM handling (trainer/main.py `_on_term`), so SLURM's
@@ -23,7 +25,8 @@ loses nothing it had written). So the pieces are run differently:
    area's descriptor (the next save waits for this writer before it rewrites the area).
 3. `Finalizer` (rank 0, a thread): once every rank's results file is there, writes `.metadata`
    (megatron's storage writer `finish`) and `metadata.json`, then calls back into checkpoint.py,
-   which writes `rlslurm.json`, verifies the directory and only then moves `latest`.
+   which writes `rlslurm.json`, verifies the directory and only then moves `latest`; each of these
+   steps is retried on a transient error like the ranks' writes.
 
 No collective runs outside the trainer's own calls (`Checkpointer.poll` / `wait`), so nothing here
 can interleave with the trainer's collectives. A SIGKILL at any point leaves a directory without
@@ -46,7 +49,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Callable
 
-from rlslurm.buffer.atomic import listdir_fresh, write_bytes_atomic
+from rlslurm.buffer.atomic import listdir_fresh, retry_transient, write_bytes_atomic
 from rlslurm.trainer.ckpt_staging import StagingArea, open_slots
 
 log = logging.getLogger(__name__)
@@ -163,17 +166,32 @@ def _die_with_rank(rank_pid: int, poll_s: float = ORPHAN_POLL_S) -> None:
     threading.Thread(target=watch, name="rlslurm-ckpt-writer-orphan-watch", daemon=True).start()
 
 
+def _write_once(fn, args, fd: int, size: int, n_buckets: int) -> Any:
+    """One try of this rank's write: megatron's writer over the staged copy. Its files are opened for
+    writing afresh (truncated), so a try after a failed one rewrites them whole from the same copy. A
+    transient error (EIO, ESTALE, EAGAIN: megatron hands its workers' OSErrors back as results) is
+    raised, for `retry_transient` to try again."""
+    from rlslurm.trainer.checkpoint import transient_os_error
+
+    q: queue.Queue = queue.Queue()  # megatron's writer reports here (in-process: no Manager)
+    fn(args[0], unstage(args[1], fd, size), q)
+    out = q.get_nowait()
+    if isinstance(out, BaseException):
+        if (transient := transient_os_error(out)) is not None:
+            raise transient
+        return out
+    return (list(chain.from_iterable(out.values())) if len(out) == n_buckets else
+            RuntimeError(f"incomplete write results: {len(out)} of {n_buckets} buckets"))
+
+
 def _child() -> None:
     gc.disable()  # collecting the trainer's CUDA tensors in a forked child would call into CUDA
     fn, args, results, n_buckets, report, (fd, size) = _JOB  # type: ignore[misc]
     _die_with_rank(_JOB_PARENT)
-    q: queue.Queue = queue.Queue()  # megatron's writer reports here (in-process: no Manager)
     try:
-        fn(args[0], unstage(args[1], fd, size), q)
-        out = q.get_nowait()
-        if not isinstance(out, BaseException):
-            out = (list(chain.from_iterable(out.values())) if len(out) == n_buckets else
-                   RuntimeError(f"incomplete write results: {len(out)} of {n_buckets} buckets"))
+        # the shared filesystem's hiccups, with the bounds of every other write (buffer/atomic.py)
+        out = retry_transient(lambda: _write_once(fn, args, fd, size, n_buckets), results.parent,
+                              f"writing the checkpoint files of rank {results.name[len(RESULTS_PREFIX):-4]}")
     except BaseException as e:
         out = e
     if (delay := _test_delay()) > 0:
@@ -283,10 +301,12 @@ class Finalizer(threading.Thread):
             if failures:
                 raise CheckpointWriteFailed(self.d, failures)
             writer, metadata = self.kept
-            writer.finish(metadata, results)  # .metadata: every rank's write results
             from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
 
-            save_config(CheckpointingConfig("torch_dist", 1), str(self.d))
+            # .metadata (every rank's write results) and metadata.json: each rewritten whole by a try
+            retry_transient(lambda: writer.finish(metadata, results), self.d, "writing .metadata")
+            retry_transient(lambda: save_config(CheckpointingConfig("torch_dist", 1), str(self.d)), self.d,
+                            "writing metadata.json")
             for r in range(self.world):
                 results_path(self.d, r).unlink(missing_ok=True)
             self.complete()
@@ -301,11 +321,12 @@ class Finalizer(threading.Thread):
         while not want <= set(listdir_fresh(self.d)):
             if self._halt.wait(POLL_S):
                 raise RuntimeError(f"{self.d}: finalizing stopped before every rank had written")
-        out = []
-        for r in range(self.world):
-            with open(results_path(self.d, r), "rb") as f:
-                out.append(pickle.load(f))
-        return out
+        def load(path: Path) -> Any:
+            with open(path, "rb") as f:
+                return pickle.load(f)
+
+        return [retry_transient(lambda p=results_path(self.d, r): load(p), results_path(self.d, r), "reading it")
+                for r in range(self.world)]
 
     def stop(self) -> None:
         self._halt.set()

@@ -128,7 +128,8 @@ class Colocation:
     `ending` (rank 0's): is the job being ended (TERM, preempt or stop request)?"""
 
     def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float,
-                 ending=lambda: False, offload: bool = True):
+                 ending=lambda: False, offload: bool = True, pin_host: bool = True):
+        """`pin_host` False: the host copies stay pageable (too little host memory, trainer/host_memory.py)."""
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
         self.offload = offload  # --offload-train: the trainer's tensors leave the GPU while the engines generate
         self.ending = ending
@@ -140,6 +141,7 @@ class Colocation:
             warm_process_groups(st.device, experts=any(not getattr(p, "allreduce", True)
                                                        for p in st.actor.model.parameters()))
         self.params, self.grads, self.rest = trainer_tensor_sets(st, st.device)
+        self.params.pin = self.rest.pin = pin_host
         self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
         self._keeper: _BracketKeeper | None = None
         self._turns = 0  # turns done: the hint below waits for the second

@@ -42,7 +42,7 @@ from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import load_run_config
 from rlslurm.settings.weight_plan import weight_sync_plan
 from rlslurm.stacks import check_run_role
-from rlslurm.trainer.collectives import collective_device
+from rlslurm.trainer.collectives import collective_device, from_rank0
 from rlslurm.trainer.colocate import EnginesGone, let_engines_start
 from rlslurm.trainer.commands import POLL_S, Command, Failed, Next
 from rlslurm.trainer.replay_subsample import subsample
@@ -140,6 +140,7 @@ class Trainer:
             "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
+        self.pin_host = True  # page-lock host memory for staging and offload (`_may_page_lock`)
         self.plan = weight_sync_plan(cfg)  # every weight-sync setting, resolved once (rlslurm/settings/weight_plan.py)
         self.delivery = WeightDelivery(self.control, self.plan, rank=rank, no_engines=self.no_engines,
                                        note=self._phase, ending=self.attempt_ending)
@@ -163,7 +164,8 @@ class Trainer:
             self.last_saved = progress.trained_rollouts
             log.info("resumed from %s: next rollout %d, weight version %d", ckpt, progress.next_rollout_id,
                      progress.weight_version)
-        self._checkpointer().prepare(st)  # while the engines come up and the first rollout is made
+        self.pin_host = self._may_page_lock()
+        self._checkpointer().prepare(st, pin=self.pin_host)  # while the engines come up and the first rollout is made
         self.reader = self._reader()
         self.delivery.start(publisher_for(self.plan, st, self.control, hf_dir=cfg.model.hf_checkpoint,
                                           replay=self.replay, no_engines=self.no_engines,
@@ -194,6 +196,21 @@ class Trainer:
             self.metrics.close()
             self.turn.close()
             self.delivery.close()
+
+    def _may_page_lock(self) -> bool:
+        """Whether this node's host memory holds what its ranks would page-lock for the run: the
+        checkpoint staging area and --colocate's offload copies (trainer/host_memory.py); else they stay
+        pageable, said in one line."""
+        from rlslurm.trainer import host_memory
+        from rlslurm.trainer.checkpoint import staging_estimate
+
+        if self.cfg.run.device != "cuda":
+            return True  # nothing is page-locked on CPU
+        ok, line = host_memory.may_page_lock(staging_estimate(self.st), host_memory.local_ranks(),
+                                             self.cfg.run.colocate and self.cfg.run.offload_train is not False)
+        if line is not None:
+            log.warning("%s", line)
+        return ok
 
     def _mark_finished(self, progress: TrainerProgress) -> None:
         ended_early = {} if self.ended_early is None else {"ended_early": self.ended_early}
@@ -317,16 +334,15 @@ class Trainer:
         gets it by a broadcast, not by opening its manifest and data file on the shared run directory
         itself: per rank that was 2 metadata operations per rollout on every GPU of the job
         (docs/shared-fs-load.md). Ranks > 0 hold copies (writable), rank 0 the read-only views."""
-        msg = [self.reader.read(rollout_id) if self.rank == 0 else None]
-        if self.world > 1:
-            dist.broadcast_object_list(msg, src=0)
-        return msg[0]
+        return self.from_rank0(lambda: self.reader.read(rollout_id))
+
+    def from_rank0(self, fn):
+        """Rank 0's `fn()` on every rank, its errors too (trainer/collectives.py `from_rank0`)."""
+        return from_rank0(self.rank, self.world, fn)
 
     def ending_collective(self) -> bool:
         """Rank 0's `attempt_ending`, learnt by every rank at the same call."""
-        flag = [self.attempt_ending() if self.rank == 0 else None]
-        dist.broadcast_object_list(flag, src=0)
-        return bool(flag[0])
+        return bool(self.from_rank0(self.attempt_ending))
 
     def attempt_ending(self) -> bool:
         return term_received() or self.control.preempt_requested() is not None or \
@@ -340,11 +356,7 @@ class Trainer:
         """Collective: rank 0 polls the control files and the buffer, every rank gets its verdict
         (trainer/commands.py); publishes due meanwhile (trainer/weights/delivery.py) are made here."""
         while True:
-            msg: list = [None]
-            if self.rank == 0:
-                msg = [self._poll(rollout_id)]
-            dist.broadcast_object_list(msg, src=0)
-            cmd: Command = msg[0]
+            cmd: Command = self.from_rank0(lambda: self._poll(rollout_id))
             if isinstance(cmd, Failed):
                 raise DataError(str(self.reader.dir), cmd.message)
             if isinstance(cmd, Publish):
@@ -411,9 +423,7 @@ class Trainer:
         return superseded(self.rd, self.attempt)
 
     def _superseded_collective(self) -> bool:
-        flag = [self._superseded() if self.rank == 0 else None]
-        dist.broadcast_object_list(flag, src=0)
-        return bool(flag[0])
+        return bool(self.from_rank0(self._superseded))
 
     def _superseded_exit(self) -> int:
         log.error("attempt %d was superseded by a later attempt of this run: exiting without a checkpoint, "

@@ -32,6 +32,7 @@ from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.settings.config import RunConfig
 from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
+from rlslurm.trainer.collectives import from_rank0
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")
 
@@ -60,9 +61,8 @@ def watch(cfg: RunConfig, rd: RunDir, rank: int, term_received: Callable[[], boo
     beat = Beat(lambda: control.heartbeat("trainer", rank), on=keeps_heartbeat(rank))  # the watchdog's (rlslurm/watchdog.py)
     while True:
         beat()
-        msg: list = [_verdict(cfg, rd, control, term_received, attempt) if rank == 0 else None]
-        dist.broadcast_object_list(msg, src=0)
-        verdict = msg[0]
+        verdict = from_rank0(rank, dist.get_world_size(),
+                             lambda: _verdict(cfg, rd, control, term_received, attempt))
         if verdict is None:
             time.sleep(POLL_S)
             continue

@@ -81,6 +81,7 @@ class TensorSet:
     device: torch.device
     stored: list[_Stored] = field(default_factory=list)
     scratch: bool = False
+    pin: bool = True  # page-lock the host copies on a GPU (False: too little host memory, trainer/host_memory.py)
 
     @classmethod
     def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: tuple["TensorSet", ...] = (),
@@ -112,7 +113,7 @@ class TensorSet:
         return any(s.on_host for s in self.stored)
 
     def offload(self) -> int:
-        pin = self.device.type == "cuda"
+        pin = self.pin and self.device.type == "cuda"
         for s in self.stored:
             if s.on_host:
                 continue

@@ -66,7 +66,7 @@ class ColocatedTurn:
         t = trainer
         key = t.rd.api_key() if t.rd.api_key_file.exists() else None
         colo = Colocation(t.st, t.control, key, rank=t.rank, timeout_s=t.plan.timeout_s, ending=t.attempt_ending,
-                          offload=t.cfg.run.offload_train is not False)
+                          offload=t.cfg.run.offload_train is not False, pin_host=t.pin_host)
         colo.offload_all()
         let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
                           trains_beside=False)

@@ -97,6 +97,30 @@ def test_ledger_skips_and_reports_torn_lines(run):
     assert [p.where for p in problems] == [f"{run.ledger}:2", f"{run.ledger}:3"]
 
 
+def test_a_ledger_line_with_a_wrongly_typed_field_is_skipped_with_one_line(run, tmp_path):
+    """`rlslurm status` sorted the attempts by their number and compared checkpoints: one hand-edited line
+    ({"attempt": "zero"}) was a TypeError traceback. Such a line is skipped, named by path:line."""
+    from rlslurm.slurm.status import run_status
+
+    run.ledger.write_text("\n".join([
+        json.dumps({"attempt": 0, "job_id": "1", "start": 1, "end": 2, "exit_code": 1, "reason": "failed: x",
+                    "checkpoint": 2}),
+        json.dumps({"attempt": "zero", "job_id": "1", "start": 1, "end": 2, "exit_code": 1, "reason": "failed: y"}),
+        json.dumps({"attempt": 2, "reason": ["x"], "end": 3}),
+        json.dumps({"attempt": 3, "checkpoint": True, "reason": "failed"}),
+        json.dumps({"event": "resubmitted", "next_attempt": "4", "reset_failures": 1}),
+    ]) + "\n")
+    problems: list[LedgerProblem] = []
+    assert [r["attempt"] for r in read_ledger(run, problems)] == [0]
+    assert [(p.where, p.message) for p in problems] == [
+        (f"{run.ledger}:2", "field 'attempt' is \"zero\", not int; skipped"),
+        (f"{run.ledger}:3", "field 'reason' is [\"x\"], not str; skipped"),
+        (f"{run.ledger}:4", "field 'checkpoint' is true, not int; skipped"),
+        (f"{run.ledger}:5", "field 'next_attempt' is \"4\", not int; skipped")]
+    st = run_status(run.path, query_slurm=False)
+    assert [a["attempt"] for a in st.attempts] == [0] and st.slurm["state"].startswith("ENDED")
+
+
 def test_stop_ack_and_clear(run):
     c = Control(run)
     assert c.clear_stop() is False and c.stop_ack() is None

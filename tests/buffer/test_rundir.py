@@ -85,6 +85,24 @@ def _race_key(path, q):
     q.put(RunDir(path).ensure_api_key())
 
 
+@pytest.mark.parametrize("damage", [b"", b"\x00" * 65, b"not-a-key\n"])
+def test_a_damaged_api_key_fails_the_attempt_and_is_made_anew(run, damage):
+    """control/api_key damaged on disk was a ConfigError (a user error: the job ended, on every resubmit).
+    Now a reader's CorruptRecord fails the attempt (requeued), and the next attempt's rollout node sets
+    the damaged file aside and makes a new key that every process of that attempt reads."""
+    from rlslurm.buffer.atomic import CorruptRecord
+    from rlslurm.errors import UserError
+
+    old = run.ensure_api_key()
+    run.api_key_file.write_bytes(damage)
+    with pytest.raises(CorruptRecord, match="api_key: damaged on disk") as e:
+        run.api_key()
+    assert not isinstance(e.value, UserError)
+    new = run.ensure_api_key()
+    assert new != old and new == run.api_key() and _mode(run.api_key_file) == 0o600
+    assert [n for n in os.listdir(run.control_dir) if n.startswith(".corrupt.api_key.")]
+
+
 def test_api_key_race_all_get_the_same_key(run):
     ctx = mp.get_context("fork")
     q = ctx.Queue()

@@ -77,3 +77,23 @@ def test_the_driver_sweeps_at_its_start(tmp_path: Path) -> None:
     result = asyncio.run(driver.run())
     assert result.committed == [0]
     assert not [n for n, p in debris.items() if p.exists()]
+
+
+def test_a_killed_disk_publish_leaves_no_model_copy_behind(tmp_path: Path) -> None:
+    """A disk publish builds the model in weights/.tmp-v<N>-<pid>/ and renames it into place
+    (trainer/weights/disk.py `export_hf`); killed before the rename, that copy (a whole model) stayed
+    forever. The sweep removes it once no file in it is recent; a live export and the versions stay."""
+    from rlslurm.buffer.sweep import EXPORT_TMP_PREFIX
+
+    rd = RunDir.create(tmp_path / "run")
+    killed = rd.weights_dir / f"{EXPORT_TMP_PREFIX}v3-4242"
+    live = rd.weights_dir / f"{EXPORT_TMP_PREFIX}v4-4343"
+    version = rd.weights_dir / "v2"
+    for d in (killed, live, version):
+        d.mkdir(parents=True)
+        (d / "model-00001.safetensors").write_bytes(b"w" * 1000)
+    for p in (killed, killed / "model-00001.safetensors", version, version / "model-00001.safetensors"):
+        os.utime(p, (OLD, OLD))
+    os.utime(live, (OLD, OLD))  # its directory is old, the shard it writes now is not
+    assert sweep(rd) == [killed]
+    assert not killed.exists() and live.exists() and version.exists()

@@ -69,17 +69,9 @@ def test_a_transient_error_that_persists_fails_the_attempt_not_the_run(run, monk
 def test_a_transient_read_error_is_retried(run, monkeypatch, err):
     c = Control(run)
     c.set_weight_version(3)
-    real_open = open
-    calls = {"n": 0}
-
-    def flaky_open(path, *a, **kw):
-        if "weight_version" in str(path) and calls["n"] < 2:
-            calls["n"] += 1
-            raise OSError(err, os.strerror(err))
-        return real_open(path, *a, **kw)
-
-    monkeypatch.setattr(atomic, "open", flaky_open, raising=False)
-    assert c.weight_version().version == 3 and calls["n"] == 2
+    flaky_open = Flaky(os.open, err, times=2, match="weight_version")
+    monkeypatch.setattr(os, "open", flaky_open)
+    assert c.weight_version().version == 3 and flaky_open.raised == 2
     listing = Flaky(os.listdir, err, times=2, match=str(run.control_dir))
     monkeypatch.setattr(os, "listdir", listing)
     assert "weight_version.json" in atomic.listdir_fresh(run.control_dir) and listing.raised == 2
@@ -217,3 +209,16 @@ def test_the_eio_test_hook_fails_every_try_while_its_file_exists(run, tmp_path, 
     trigger.touch()
     Control(run).write_router("http://n1:2")
     assert tries == [0.01] and Control(run).router().url == "http://n1:2"
+
+
+def test_the_eio_test_hook_can_be_narrowed_to_the_first_try_on_some_paths(run, tmp_path, monkeypatch):
+    """bench/bench_chaos.py's eio_ckpt: `first:/checkpoints/` in the file fails only the first try of each
+    operation under RUN/checkpoints (each then goes on), leaving the rest of the run alone."""
+    trigger = tmp_path / "eio"
+    monkeypatch.setattr(atomic, "_TEST_EIO_FILE", str(trigger))
+    trigger.write_text("first:/checkpoints/\n")
+    Control(run).write_router("http://n1:1")  # not under checkpoints/: untouched
+    tries = []
+    monkeypatch.setattr(atomic.time, "sleep", tries.append)
+    atomic.write_json_atomic(run.checkpoints_dir / "latest", {"name": "iter_0000004"})
+    assert tries == [0.01] and json.loads((run.checkpoints_dir / "latest").read_text())["name"] == "iter_0000004"

@@ -172,3 +172,51 @@ def test_status_says_why_a_finished_run_ended_early(tmp_path: Path) -> None:
                        timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert p.returncode == 0, p.stderr
     assert "yes, early: the prompt data ran out in rollout 3" in " ".join(p.stdout.split())
+
+
+@pytest.mark.parametrize("scontrol,alive", [
+    ("JobId=7 JobState=COMPLETING Restarts=0\n", "COMPLETING"),
+    ("JobId=7 HetJobOffset=0 JobState=COMPLETED Restarts=0\nJobId=8 HetJobOffset=1 JobState=COMPLETING Restarts=0\n",
+     "COMPLETING"),
+    ("JobId=7 JobState=COMPLETED Restarts=0\n", None)])
+def test_a_job_still_ending_is_alive(monkeypatch, scontrol: str, alive: str | None) -> None:
+    """COMPLETING: SLURM is still ending the job's processes, which may still write the run directory; a
+    het job's component counts too. job_alive said None there."""
+    from rlslurm.slurm import status
+
+    monkeypatch.setattr(status, "_run", lambda cmd: scontrol if cmd[0] == "scontrol" else None)
+    assert status.job_alive("7") == alive
+
+
+def test_rlslurm_run_on_a_live_jobs_run_dir_is_refused_and_keeps_its_stop(tmp_path: Path, monkeypatch) -> None:
+    """`rlslurm run RUN` on the run directory of a SLURM job that still runs (or ends) was accepted, and
+    cleared that job's stop request on its way: refused like `rlslurm resubmit`, the stop kept."""
+    from typer.testing import CliRunner
+
+    from rlslurm import cli
+    from rlslurm.buffer.control import Control
+    from rlslurm.settings.flags import build_config
+    from rlslurm.settings.runfile import dump_run_config
+    from rlslurm.slurm import status
+
+    rd = RunDir.create(tmp_path / "run")
+    rd.run_yaml.write_text(dump_run_config(build_config([])))
+    (rd.path / "jobs.json").write_text(json.dumps({"jobs": [{"job_id": "7", "submitted_at": 1}]}))
+    Control(rd).request_stop("user request")
+    monkeypatch.setattr(status, "_run", lambda cmd: "JobId=7 JobState=COMPLETING Restarts=0\n"
+                        if cmd[0] == "scontrol" else None)
+    r = CliRunner().invoke(cli.app, ["run", "--run-dir", str(rd.path)])
+    assert r.exit_code != 0 and "its job 7 is still COMPLETING" in str(r.exception), r.output
+    assert Control(rd).stop_requested() is not None
+
+
+@pytest.mark.parametrize("damage", [b'{"jobs": [{"job_id": "7"', b'{"jobs": [{"job_id": 7}]}', b"[]"])
+def test_a_damaged_jobs_record_is_never_final(tmp_path: Path, damage: bytes) -> None:
+    """RUN/jobs.json names the run's current job: damaged on disk, status and cancel read no job (with a
+    warning) and leave it where it is; it was a DataError (or a TypeError traceback) on every command."""
+    from rlslurm.slurm.submit import current_job_id
+
+    rd = RunDir.create(tmp_path / "run")
+    (rd.path / "jobs.json").write_bytes(damage)
+    assert current_job_id(rd.path) is None and run_status(rd.path).job_id is None
+    assert (rd.path / "jobs.json").read_bytes() == damage

@@ -86,3 +86,22 @@ def test_a_requeued_job_pending_without_reason_gets_the_command_that_starts_it()
     assert "scontrol update jobid=41 StartTime=now" in pending_hint(slurm)
     assert pending_hint({**slurm, "restarts": 0}) is None  # a fresh job waiting for nodes: nothing to say
     assert pending_hint({**slurm, "reason": "Resources"}) is None
+
+
+def test_status_changes_nothing_in_a_run_with_damaged_records(tmp_path: Path) -> None:
+    """`rlslurm status` is a look: damaged control records, trained.json and FINISHED (the filesystem's
+    doing) are read as absent and stay where they are; the run's own processes set them aside."""
+    import os
+
+    rd, control, _ = local_run(tmp_path)
+    control.heartbeat("trainer", 0, phase="training rollout 3")
+    damaged = {rd.control_dir / "engines.json": b'{"engines": [{"url"', rd.control_dir / "weight_version.json": b"\0\0",
+               rd.control_dir / "heartbeats" / "trainer-0.json": b"{", rd.buffer_dir / "trained.json": b"[3]",
+               rd.finished: b"\xff"}
+    for path, data in damaged.items():
+        path.write_bytes(data)
+    before = {d: sorted(os.listdir(d)) for d in (rd.control_dir, rd.control_dir / "heartbeats", rd.buffer_dir, rd.path)}
+    st = run_status(rd.path, query_slurm=False)
+    assert st.engines == [] and st.weights is None and st.last_trained_rollout is None and st.finished
+    assert {d: sorted(os.listdir(d)) for d in before} == before  # nothing renamed
+    assert all(path.read_bytes() == data for path, data in damaged.items())

@@ -80,6 +80,18 @@ def test_an_unmapped_family_is_refused_naming_model_type(tmp_path: Path) -> None
         resolve(["--hf-checkpoint", str(hf)], strict_inputs=False)
 
 
+@pytest.mark.parametrize("content,says", [(b'{"model_type": "qwen3", "name": "\xff\xfe"}', "not UTF-8 text"),
+                                         (b"[1, 2]", "a JSON list, not an object")])
+def test_a_config_json_that_is_not_a_json_object_is_one_line(tmp_path: Path, content: bytes, says: str) -> None:
+    """A non-UTF-8 config.json was a UnicodeDecodeError traceback at submit."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        resolve(["--hf-checkpoint", str(hf)], strict_inputs=False)
+    assert "\n" not in str(e.value) and f"{hf}/config.json: {says}" in str(e.value)
+
+
 def test_import_maps_an_unshipped_model_script_to_the_checkpoint(tmp_path: Path) -> None:
     s = tmp_path / "run.sh"
     s.write_text('source "scripts/models/qwen3-14B.sh"\npython3 train.py ${MODEL_ARGS[@]} --hf-checkpoint /m/Q\n')

@@ -78,3 +78,25 @@ def test_submit_warns_of_a_run_dir_no_other_node_sees(monkeypatch, run_dir: str)
     else:
         assert len(warned) == 1 and said in warned[0] and "docs/shared-filesystem.md" in warned[0], res.stderr
     assert not Path(run_dir).exists()  # a dry run creates nothing
+
+
+def test_an_unusable_run_dir_is_one_line(tmp_path: Path, argv: list[str]) -> None:
+    """A --run-dir below a file, or one that cannot be made (under /proc), was a NotADirectoryError or
+    FileNotFoundError traceback at submit and in status/stop/cancel/logs; now one line naming it, before
+    anything is submitted where it can be told."""
+    from rlslurm.errors import ConfigError
+    from rlslurm.resolve import resolve
+    from tests.config_errors import one_line_naming
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    one_line_naming(argv + ["--run-dir", str(afile / "run")], f"--run-dir {afile}/run: {afile} is not a directory")
+    one_line_naming(argv + ["--run-dir", str(afile)], f"--run-dir {afile}: exists and is not a directory")
+    assert resolve(argv + ["--run-dir", str(tmp_path / "new" / "run")]).cfg.run_dir == tmp_path / "new" / "run"
+    with pytest.raises(ConfigError, match=r"^run directory /proc/rlslurm-test-\d+: cannot make it: "):
+        RunDir.create(f"/proc/rlslurm-test-{__import__('os').getpid()}")
+    runner = CliRunner()
+    for cmd in ("status", "stop", "cancel", "logs", "resubmit"):
+        r = runner.invoke(cli.app, [cmd, str(afile / "run")])
+        assert r.exit_code != 0 and isinstance(r.exception, (ConfigError, SystemExit, cli.UserError)), (cmd, r.exception)
+        assert "not a run directory" in str(r.exception) or "not an rlslurm run directory" in str(r.exception), cmd

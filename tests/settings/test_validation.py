@@ -261,12 +261,13 @@ def test_rm_type_must_be_a_builtin(argv: list[str]) -> None:
 
 
 @pytest.mark.parametrize("flag,owned", [("--sglang-api-key", "--api-key"), ("--sglang-port", "--port"),
-                                        ("--sglang-model", "--model"), ("--sglang-tp", None)])
-def test_sglang_flags_rlslurm_owns_are_refused(argv: list[str], flag: str, owned: str | None) -> None:
-    if owned is None:  # an abbreviation SGLang's parser would expand: not one of its flags
+                                        ("--sglang-model", "--model"), ("--sglang-tp", "--tp-size"),
+                                        ("--sglang-nccl-init", "--nccl-init-addr")])
+def test_sglang_flags_rlslurm_owns_are_refused(argv: list[str], flag: str, owned: str) -> None:
+    if flag in ("--sglang-tp", "--sglang-nccl-init"):
+        # an abbreviation SGLang's argparse expands: judged by the flag it resolves to, which only the
+        # installed SGLang's parser knows
         pytest.importorskip("sglang")
-        one_line_naming(argv + [flag, "2"], flag, "not a flag of SGLang")
-        return
     one_line_naming(argv + [flag, "x"], flag, f"rlslurm sets {owned}")
 
 
@@ -279,7 +280,7 @@ def test_unknown_sglang_flag_is_refused_with_a_suggestion(argv: list[str]) -> No
 
 def test_sglang_flag_list_is_kept_per_installed_sglang(tmp_path: Path, monkeypatch) -> None:
     """The probe imports SGLang (~12 CPU-s a process: every `rlslurm submit`/`import-slime` with
-    --sglang-* flags paid it): its list is kept in the user's cache directory, under a name that changes
+    --sglang-* flags paid it): its parser table is kept in the user's cache directory, under a name that changes
     with the SGLang it came from; an unreadable cache file is probed again, never an error."""
     import importlib.machinery
     import os
@@ -296,18 +297,19 @@ def test_sglang_flag_list_is_kept_per_installed_sglang(tmp_path: Path, monkeypat
     monkeypatch.setattr("importlib.metadata.version", lambda name: "0.5.23")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     probes = []
-    monkeypatch.setattr(sglang_flags, "_probe", lambda: probes.append(1) or frozenset({"--port", "--tp-size"}))
+    table = {"--port": ["port", None, None, "one"], "--tp-size": ["tp_size", None, None, "one"]}
+    monkeypatch.setattr(sglang_flags, "_probe", lambda: probes.append(1) or dict(table))
 
     def flags() -> frozenset[str]:
-        sglang_flags.sglang_server_flags.cache_clear()  # a new process
+        sglang_flags.sglang_parser_table.cache_clear()  # a new process
         return sglang_flags.sglang_server_flags()
 
     try:
         assert flags() == {"--port", "--tp-size"} and len(probes) == 1
         [kept] = (tmp_path / "cache" / "rlslurm").iterdir()
-        assert kept.name.startswith("sglang-flags-0.5.23-") and kept.suffix == ".json"
+        assert kept.name.startswith("sglang-parser-0.5.23-") and kept.suffix == ".json"
         assert flags() == {"--port", "--tp-size"} and len(probes) == 1  # from the file, SGLang not imported
-        kept.write_text('["--port", ')  # cut short
+        kept.write_text('{"format": 1, "options": {"--port": ')  # cut short
         assert flags() == {"--port", "--tp-size"} and len(probes) == 2
         assert flags() == {"--port", "--tp-size"} and len(probes) == 2  # written whole again
         for f in (pkg / "srt" / "server_args.py", pkg / "srt" / "arg_groups" / "parallel_hook.py"):
@@ -319,7 +321,7 @@ def test_sglang_flag_list_is_kept_per_installed_sglang(tmp_path: Path, monkeypat
         assert flags() == {"--port", "--tp-size"} and len(probes) == 5
         assert flags() == {"--port", "--tp-size"} and len(probes) == 6
     finally:
-        sglang_flags.sglang_server_flags.cache_clear()
+        sglang_flags.sglang_parser_table.cache_clear()
 
 
 def test_router_flags_are_checked_before_submit(argv: list[str]) -> None:

@@ -131,7 +131,7 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
     # slime's expert layout (experts whole, ETP 1, under TP 8, issue 32 item 2) and its pipeline are
     # carried; what is still refused is a site setting for its engines spanning nodes: said, not hidden
     assert (cfg.train.expert_tensor_parallel_size, cfg.train.tensor_model_parallel_size) == (1, 8)
-    assert imp.refusal and imp.refusal.startswith("--sglang-enable-dp-attention with an engine spanning 8 nodes")
+    assert imp.refusal and imp.refusal.startswith("--sglang-enable-dp-attention (SGLang's attention data parallelism) with an engine spanning 8 nodes")
     assert report.endswith(imp.refusal)
 
 

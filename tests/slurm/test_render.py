@@ -131,3 +131,31 @@ def test_trainer_port_is_never_one_rlslurm_picks_for_itself() -> None:
     assert all(1024 < int(p) < net._LOW_PORT for p in ports), ports
     assert net._LOW_PORT <= min(net.ephemeral_range())
     assert all(net._LOW_PORT <= p < net.ephemeral_range()[0] for p in net.allocate_ports("127.0.0.1", 50))
+
+
+def test_dict_flags_add_up_across_repeats_and_the_config_file(tmp_path: Path) -> None:
+    """Every dict setting (--env, --apply-chat-template-kwargs): a repeated flag and a YAML value plus a
+    flag keep the keys of both (a dropped NCCL_SOCKET_IFNAME or SGLANG_ZMQ_ALLOWED_PEERS would go
+    unnoticed); one key with two values is one line naming both sources."""
+    from rlslurm.settings.flags import FIELDS, _kind, flag_name
+
+    dict_fields = sorted(n for n, (_, ann) in FIELDS.items() if _kind(ann) == "dict")
+    assert dict_fields == ["apply_chat_template_kwargs", "env"]  # a new one joins this test
+    conf = tmp_path / "run.yaml"
+    conf.write_text("env:\n  NCCL_SOCKET_IFNAME: ib0\napply_chat_template_kwargs:\n  enable_thinking: false\n")
+    res = resolve(["--model", "tiny-qwen3", "--env", "A=1", "--env", "SGLANG_ZMQ_ALLOWED_PEERS=10.0.0.1",
+                   "--apply-chat-template-kwargs", "tools=x", "--apply-chat-template-kwargs", '{"k": 2}',
+                   "--env", "A=1"], conf, strict_inputs=False)
+    assert res.cfg.slurm.env == {"NCCL_SOCKET_IFNAME": "ib0", "A": "1", "SGLANG_ZMQ_ALLOWED_PEERS": "10.0.0.1"}
+    assert res.cfg.data.apply_chat_template_kwargs == {"enable_thinking": False, "tools": "x", "k": 2}
+    script = render(res.cfg, res.cfg.run_dir.resolve())
+    for line in ("export NCCL_SOCKET_IFNAME=ib0", "export A=1", "export SGLANG_ZMQ_ALLOWED_PEERS=10.0.0.1"):
+        assert line in script.splitlines(), line
+    for name in dict_fields:
+        flag = flag_name(name)
+        with pytest.raises(ConfigError) as e:
+            resolve(["--model", "tiny-qwen3", flag, "K=1", flag, "K=2"], strict_inputs=False)
+        assert str(e.value) == f"{flag} K: given twice with different values, '1' ({flag}) and '2' ({flag}); give it once"
+    with pytest.raises(ConfigError, match=r"--env NCCL_SOCKET_IFNAME: given twice with different values, 'ib0' "
+                                          r"\(.*run.yaml:1\) and 'eth0' \(--env\)"):
+        resolve(["--model", "tiny-qwen3", "--env", "NCCL_SOCKET_IFNAME=eth0"], conf, strict_inputs=False)

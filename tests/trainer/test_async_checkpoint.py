@@ -199,3 +199,28 @@ def test_a_disk_full_before_the_first_save_is_one_line_too(full_checkpoints: Pat
     [failure] = list((run / "logs").rglob("failure.json"))
     assert "saving checkpoint iter_0000002" in json.loads(failure.read_text())["reason"]
     assert not (mnt / "iter_0000002" / META).exists() and not (mnt / "latest").exists()  # never resumed from
+
+
+def test_every_step_of_a_save_rides_out_an_eio(tmp_path: Path, tiny_hf: Path) -> None:
+    """The first try of every operation of a save under RUN/checkpoints fails with EIO (the test hook
+    RLSLURM_TEST_EIO_FILE with `first:/checkpoints/`, bench/bench_chaos.py's eio_ckpt): each rank's
+    forked write, its results, .metadata, rlslurm.json's checksums, the verify and `latest` are each
+    retried, and the save completes, verified, in the same attempt. Before, the first EIO failed it."""
+    run = make_run(tmp_path / "run", tiny_hf, nproc=2, train=TRAIN, rollout=dict(num_rollout=2))
+    commit_rollouts(run, range(2))
+    eio = tmp_path / "eio"
+    eio.write_text("first:/checkpoints/\n")
+    log = tmp_path / "trainer.log"
+    proc = start(run, log, {"RLSLURM_TEST_EIO_FILE": str(eio)})
+    try:
+        proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    text = log.read_text()
+    assert proc.returncode == 0 and (run / "FINISHED").exists(), text[-6000:]
+    assert _latest(run) == "iter_0000002" and verify(run / "checkpoints" / "iter_0000002") is None
+    for what in ("writing the checkpoint files of rank 0", "writing the checkpoint files of rank 1",
+                 "writing .metadata", "syncing and summing the checkpoint's files", "verifying the checkpoint",
+                 "writing latest"):
+        assert f"(injected: RLSLURM_TEST_EIO_FILE) while {what}; retrying" in text, what

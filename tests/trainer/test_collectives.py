@@ -54,3 +54,40 @@ def test_default_timeout_outlasts_a_lone_weight_sync(tmp_path: Path) -> None:
 def test_timeout_shorter_than_weight_sync_bound_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--distributed-timeout-minutes 10 .*--weight-sync-timeout-s 600"):
         resolve(_argv(tmp_path, "--distributed-timeout-minutes", "10", "--weight-sync-timeout-s", "600"))
+
+
+def _rank0_fails(rank: int, rdzv: str, out: str) -> None:
+    import json
+
+    from rlslurm.buffer.atomic import CorruptRecord
+    from rlslurm.trainer.collectives import from_rank0
+
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=2, timeout=group_timeout(1))
+    try:
+        assert from_rank0(rank, 2, lambda: {"verdict": rank}) == {"verdict": 0}
+
+        def poll():
+            raise CorruptRecord("RUN/control/stop.json: damaged on disk")
+
+        try:
+            from_rank0(rank, 2, poll)
+            got = None
+        except Exception as e:  # noqa: BLE001
+            got = [type(e).__name__, str(e)]
+        Path(f"{out}.{rank}").write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_error_rank0_meets_ends_every_rank_alike(tmp_path: Path) -> None:
+    """Rank 0 alone reads the run directory (trainer/main.py `_poll`): a damaged record it meets used to
+    end rank 0 only, the others waiting in the next broadcast until torchrun killed them. Now every
+    rank raises the same error (a CorruptRecord: a failed attempt, requeued; not a user error)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_rank0_fails, args=(str(tmp_path / "rdzv"), str(tmp_path / "out")), nprocs=2,
+                       start_method="fork", join=True)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"out.{rank}").read_text()) == ["CorruptRecord", "RUN/control/stop.json: damaged on disk"]

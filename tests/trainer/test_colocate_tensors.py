@@ -100,22 +100,30 @@ def test_gradients_are_dropped_not_copied_and_the_next_step_is_the_same() -> Non
 
 def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None:
     """`--no-offload-train` (run.offload_train False) keeps every tensor where it is from the start of a
-    colocated run; unset, the trainer's tensors leave for host memory before the first rollout."""
+    colocated run; unset, the trainer's tensors leave for host memory before the first rollout, and the
+    record that lets the engines start is written after that."""
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
+    import torch.distributed as dist
+
     from rlslurm.trainer.turns import ColocatedTurn
 
+    if not dist.is_initialized():  # the record is gathered from every rank (here one)
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     for setting, moved in ((None, True), (True, True), (False, False)):
         st = _state()
         _step(st)
         st.device = torch.device("cpu")
         rd = RunDir.create(tmp_path / f"run-{setting}")
-        trainer = SimpleNamespace(st=st, rd=rd, control=Control(rd), rank=0, plan=SimpleNamespace(timeout_s=5.0),
+        trainer = SimpleNamespace(st=st, rd=rd, control=Control(rd), rank=0, attempt=3, pin_host=True,
+                                  plan=SimpleNamespace(timeout_s=5.0, bucket_bytes=2**20),
                                   attempt_ending=lambda: False, delivery=SimpleNamespace(pending=None),
                                   cfg=SimpleNamespace(run=SimpleNamespace(offload_train=setting)))
         turn = ColocatedTurn.start(trainer)
         try:
             weight = st.actor.model[0].weight
             assert turn.colo.offload is moved and (weight.untyped_storage().nbytes() == 0) is moved, setting
+            # only then may the engines start (engines/memory_share.py): the record of this attempt
+            assert Control(rd).colocation_memory(3) is not None and Control(rd).colocation_memory(2) is None
         finally:
             turn.close()

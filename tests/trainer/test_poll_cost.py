@@ -2,7 +2,7 @@
 `_poll`, every POLL_S for as long as rollouts are slower than training): one listing of control/ for
 every record read from it, one listing of the buffer, a look for a later attempt every
 SUPERSEDED_POLL_S (docs/shared-fs-load.md). Counted on the calls that reach the filesystem: a listing
-(os.listdir, os.scandir) or an open of a path under the run directory."""
+(os.listdir, os.scandir) or an open (open, os.open) of a path under the run directory."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def test_a_waiting_poll_lists_control_and_the_buffer_once(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "listdir", counting(os.listdir, listed))
     monkeypatch.setattr(os, "scandir", counting(os.scandir, listed))
     monkeypatch.setattr(builtins, "open", counting(builtins.open, opened))
+    real_os_open = os.open
+    count_os_open = counting(real_os_open, opened)  # records are read through os.open (atomic.read_regular)
+    monkeypatch.setattr(os, "open", lambda path, flags, *a, **kw: (
+        count_os_open if not flags & (os.O_WRONLY | os.O_RDWR) else real_os_open)(path, flags, *a, **kw))
     t0 = time.monotonic()
     assert [t._poll(3) for _ in range(3)] == [Next.WAIT] * 3
     assert time.monotonic() - t0 >= 3 * POLL_S  # a WAIT comes after POLL_S: the ranks do not spin

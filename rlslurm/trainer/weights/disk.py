@@ -21,7 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlslurm.buffer.atomic import fsync_dir
+from rlslurm.buffer.atomic import fsync_dir, retry_transient
+from rlslurm.buffer.sweep import EXPORT_TMP_PREFIX as TMP_PREFIX
 from rlslurm.buffer.control import Control
 from rlslurm.settings.model_config import ModelConfig
 from rlslurm.trainer.weights.record import Delivered
@@ -54,14 +55,14 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
         stream = stages_to_first(stream, sender=roles.sender)
         if writer:
             target = Path(target)
-            tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
+            tmp = target.parent / f"{TMP_PREFIX}{target.name}-{os.getpid()}"  # buffer/sweep.py removes a killed one's
             shutil.rmtree(tmp, ignore_errors=True)
             target.parent.mkdir(parents=True, exist_ok=True)
             save_hf_checkpoint(stream, tmp, config=hf_config(mc, hf_dir, quantized=quantizer is not None),
                                copy_aux_from=hf_dir)
             if target.exists():  # the same version again after a resume
                 shutil.rmtree(target)
-            os.replace(tmp, target)
+            retry_transient(lambda: os.replace(tmp, target), target, "renaming the export into place")
             fsync_dir(target.parent)
         else:
             for _ in stream:
