@@ -108,7 +108,8 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
 
     from rlslurm.trainer.turns import ColocatedTurn
 
-    if not dist.is_initialized():  # the record is gathered from every rank (here one)
+    ours = not dist.is_initialized()
+    if ours:  # the record is gathered from every rank (here one)
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     for setting, moved in ((None, True), (True, True), (False, False)):
         st = _state()
@@ -127,3 +128,5 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
             assert Control(rd).colocation_memory(3) is not None and Control(rd).colocation_memory(2) is None
         finally:
             turn.close()
+    if ours:
+        dist.destroy_process_group()
