@@ -3,8 +3,9 @@
 - `transformer_config(mc, ...)` turns the architecture numbers of `rlslurm.settings.model_config.Arch`
   into a `TransformerConfig` (an `MLATransformerConfig` for MLA models) plus the user's
   `--megatron-<field>` overrides.
-- `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
-  transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
+- `build_gpt_model(mc, tcfg, ...)` builds the model with megatron's local layer spec, or
+  transformer-engine's with `--transformer-impl transformer_engine` (tcfg.transformer_impl; never
+  because transformer-engine imports: rlslurm/settings/transformer_impl.py), plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
   over all heads (trainer/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
   norms (trainer/gated_delta.py), GLM-5's sparse attention (megatron's DSA with rlslurm's indexer,
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import inspect
 from typing import Any
 
@@ -32,13 +32,19 @@ from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import ModelConfig
 from rlslurm.settings.parallel_grid import (check_gated_delta_net, check_pipeline_split, owned_field_refusal,
                                             stage_layers)
+from rlslurm.settings.transformer_impl import LOCAL, TE, te_refusal
 from rlslurm.trainer.attention_ops import repeat_kv_heads, varlen_attn, varlen_causal
 
-HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
+
+def uses_te(tcfg) -> bool:
+    """Whether `tcfg` asks for transformer-engine's layers (--transformer-impl, never TE's importability:
+    rlslurm/settings/transformer_impl.py)."""
+    return getattr(tcfg, "transformer_impl", LOCAL) == TE
+
 
 # Settings that the CPU/local path cannot do, or fusions that do not change the math
-# (docs/megatron-cpu.md, "What the CPU path cannot do"); the user may still override them when
-# TE is present.
+# (docs/megatron-cpu.md, "What the CPU path cannot do"); the user may still override them with
+# --transformer-impl transformer_engine.
 _SAFE_DEFAULTS: dict[str, Any] = {
     "hidden_dropout": 0.0,
     "attention_dropout": 0.0,
@@ -86,7 +92,7 @@ def _config_classes() -> tuple[type, type]:
     return TransformerConfig, MLATransformerConfig
 
 
-def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
+def _arch_kwargs(mc: ModelConfig, *, te: bool = False) -> dict[str, Any]:
     """TransformerConfig fields that follow from the architecture (the numbers that change the math)."""
     a = mc.arch
     kw: dict[str, Any] = dict(
@@ -140,7 +146,7 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_grouped_gemm=False,  # the legacy GroupedMLP needs the CUDA grouped_gemm package
-            moe_token_dispatcher_type="alltoall" if HAVE_TE else "allgather",
+            moe_token_dispatcher_type="alltoall" if te else "allgather",
             moe_router_dtype="fp32",
             moe_shared_expert_overlap=False,
             moe_shared_expert_gate=m.shared_expert_gate,
@@ -219,6 +225,7 @@ def transformer_config(
     first_stage_layers: int | None = None,
     last_stage_layers: int | None = None,
     overrides: dict[str, Any] | None = None,
+    transformer_impl: str = LOCAL,
 ):
     """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
 
@@ -228,8 +235,13 @@ def transformer_config(
     flag. `etp`: the routed experts' tensor parallel size (None: TP, megatron's default).
     `first_stage_layers`/`last_stage_layers`: the first/last pipeline stage's layers (None: an even
     split), checked by megatron-core's rule (rlslurm/settings/parallel_grid.py stage_layers) before megatron's
-    own asserts could fire mid-build.
+    own asserts could fire mid-build. `transformer_impl`: --transformer-impl (megatron-core's field of the
+    same name; refused in one line where transformer-engine cannot run, settings/transformer_impl.py).
     """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if (why := te_refusal(transformer_impl, device=device, import_it=True)) is not None:
+        raise ConfigError(why)
+    te = transformer_impl == TE
     TransformerConfig, MLATransformerConfig = _config_classes()
     cls = MLATransformerConfig if mc.arch.mla else TransformerConfig
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -248,8 +260,9 @@ def transformer_config(
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
     etp = tp if etp is None else etp
     kw: dict[str, Any] = dict(_SAFE_DEFAULTS)
-    kw.update(_arch_kwargs(mc))
+    kw.update(_arch_kwargs(mc, te=te))
     kw.update(
+        transformer_impl=transformer_impl,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         num_layers_in_first_pipeline_stage=first_stage_layers,
@@ -262,8 +275,8 @@ def transformer_config(
         fp16=params_dtype == torch.float16,
         pipeline_dtype=params_dtype,
     )
-    if not HAVE_TE:
-        kw["use_cpu_initialization"] = not torch.cuda.is_available()
+    if not te:
+        kw["use_cpu_initialization"] = device == "cpu"
     # megatron trains MoE with TP > 1 only under sequence parallelism (moe_layer.py:379); with
     # it, sequence lengths must be divisible by TP.
     # MLA's TP > 1 backward is only right under sequence parallelism (see _local_spec_fixes).
@@ -307,7 +320,7 @@ def transformer_config(
         raise ConfigError("--megatron-sequence-parallel: gated delta nets at TP > 1 need sequence parallelism (their "
                           "output norm's TP-partial gradient is summed as a sequence-parallel weight's, "
                           "trainer/gated_delta.py GatedOutputNorm)")
-    if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
+    if mc.arch.mla is not None and tp > 1 and not te and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
     check_dsa(mc, kw)
@@ -342,7 +355,8 @@ def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
 
     if (why := sparse_attention_refusal(mc, megatron=kw, pp=kw.get("pipeline_model_parallel_size", 1),
                                         first=kw.get("num_layers_in_first_pipeline_stage"),
-                                        last=kw.get("num_layers_in_last_pipeline_stage"))) is not None:
+                                        last=kw.get("num_layers_in_last_pipeline_stage"),
+                                        transformer_impl=kw.get("transformer_impl", LOCAL))) is not None:
         raise ConfigError(why)
 
 
@@ -386,7 +400,7 @@ class SPTorchNorm(TorchNorm):
 
 
 def _norm_module(config) -> torch.nn.Module:
-    if HAVE_TE:
+    if uses_te(config):
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TENorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
@@ -397,7 +411,7 @@ def _local_spec_fixes(block, tcfg) -> None:
     """Without TE: MLA's duplicated down projections; under sequence parallelism our torch norms."""
     from megatron.core.models.gpt.gpt_layer_specs import LNImpl
 
-    if HAVE_TE:
+    if uses_te(tcfg):
         return
     for spec in block.layer_specs:
         attn = getattr(spec.submodules.self_attention, "submodules", None)
@@ -599,7 +613,7 @@ def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | Non
     from rlslurm.trainer import gated_delta
 
     gated_delta.install()
-    if HAVE_TE:
+    if uses_te(tcfg):
         from megatron.core.extensions.transformer_engine import (TELayerNormColumnParallelLinear,
                                                                  TERowParallelLinear)
 
@@ -631,7 +645,8 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
 
     if packed:
         check_gated_delta_net(mc.arch, mc.name, tp=1, qkv_format="thd")
-    kw: dict[str, Any] = {"use_transformer_engine": HAVE_TE}
+    te = uses_te(tcfg)
+    kw: dict[str, Any] = {"use_transformer_engine": te}
     params = inspect.signature(get_gpt_decoder_block_spec).parameters
     if "normalization" in params:
         kw["normalization"] = tcfg.normalization
@@ -681,11 +696,11 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
                                   "a module of its own (megatron's local spec), not fused into linear_q_up_proj "
                                   "(transformer-engine's): the indexer reads the normalised latent")
             sub.self_attention.submodules.core_attention = core_attention_spec(holder)
-        elif (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
+        elif (packed or tcfg.context_parallel_size > 1) and not te:
             # packed input, or context parallelism (docs/context-parallel.md): megatron's local
             # DotProductAttention takes neither
             sub.self_attention.submodules.core_attention = SDPACoreAttention
-        elif a.mla and not HAVE_TE:
+        elif a.mla and not te:
             core = sub.self_attention.submodules.core_attention
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
             if not takes_k:
