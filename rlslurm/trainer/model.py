@@ -15,11 +15,13 @@
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
 
 Works with megatron-core 0.16.x (CPU, Python 3.11) and 0.19.x (GPU): keyword arguments that one
-version lacks are dropped by checking the dataclass fields / signatures rather than the version.
+version lacks are dropped by checking the dataclass fields / signatures rather than the version; the
+other differences it relies on are in docs/megatron-versions.md.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -413,7 +415,7 @@ def _local_spec_fixes(block, tcfg) -> None:
 
     if uses_te(tcfg):
         return
-    for spec in block.layer_specs:
+    for spec in {id(s.submodules): s for s in block.layer_specs}.values():  # layers share spec objects
         attn = getattr(spec.submodules.self_attention, "submodules", None)
         if getattr(attn, "linear_kv_down_proj", None) is not None:
             # MLA down projections as TP-duplicated linears (what the TE spec does), at every TP
@@ -428,6 +430,10 @@ def _local_spec_fixes(block, tcfg) -> None:
 
             for field in ("linear_q_down_proj", "linear_kv_down_proj"):
                 setattr(attn, field, Linear)
+            if tcfg.q_lora_rank is None and hasattr(spec.submodules.self_attention.module, "_resolve_qk_norm_config"):
+                spec.submodules.self_attention = dataclasses.replace(
+                    spec.submodules.self_attention,
+                    module=_mla_without_query_latent(spec.submodules.self_attention.module))
     # Qwen3-Next's zero-centred norms: megatron's local norm refuses them, TorchNorm builds them
     if not tcfg.sequence_parallel and not tcfg.layernorm_zero_centered_gamma:
         return
@@ -449,6 +455,25 @@ def _local_spec_fixes(block, tcfg) -> None:
             setattr(attn, "kv_layernorm", SPTorchNorm)
 
 
+def _mla_without_query_latent(base: type) -> type:
+    class MLAWithoutQueryLatent(base):  # type: ignore[misc,valid-type]
+        """Moonlight (DeepSeek-V2-Lite): MLA without a query latent (q_lora_rank None) but with the kv
+        latent's norm. megatron-core 0.19's norm resolver (transformer/mla_qk_norm_config.py) then asks for
+        a fused norm+linear query projection, which the local backend does not have, and refuses a
+        standalone query norm; HF applies none to the query (the layer's input norm comes first). The
+        modules are 0.16's: a plain linear_q_proj, no query norm, the kv norm of the spec
+        (docs/megatron-versions.md, "Layer specs")."""
+
+        def _resolve_qk_norm_config(self, submodules):
+            from megatron.core.transformer.identity_op import IdentityOp
+
+            return dict(linear_q_proj=submodules.linear_q_proj, linear_q_up_proj=IdentityOp,
+                        linear_kv_up_proj=submodules.linear_kv_up_proj, q_layernorm=IdentityOp,
+                        kv_layernorm=submodules.kv_layernorm)
+
+    return MLAWithoutQueryLatent
+
+
 def _self_attention_with_post_norm(base: type) -> type:
     class SelfAttentionWithPostNorm(base):  # type: ignore[misc,valid-type]
         """GLM-4: a norm on the attention output before the residual add.
@@ -468,6 +493,24 @@ def _self_attention_with_post_norm(base: type) -> type:
             return self.post_self_attn_layernorm(out), bias
 
     return SelfAttentionWithPostNorm
+
+
+def _self_attention_with_all_heads_qk_norm(base: type, q_heads: int, k_heads: int) -> type:
+    class SelfAttentionWithAllHeadsQKNorm(base):  # type: ignore[misc,valid-type]
+        """MiniMax-M2: rlslurm's all-heads q/k norms (trainer/qk_norm.py) as `q_layernorm`/`k_layernorm`,
+        which SelfAttention applies when set. Built here rather than named in the spec: the config keeps
+        megatron's `qk_layernorm` off for them, and megatron-core 0.19 refuses q/k norm submodules while
+        it is off (docs/megatron-versions.md, "Layer specs")."""
+
+        def __init__(self, config, *args: Any, **kwargs: Any):
+            from rlslurm.trainer.qk_norm import AllHeadsRMSNorm
+
+            super().__init__(config, *args, **kwargs)
+            head_dim = self.hidden_size_per_attention_head
+            self.q_layernorm = AllHeadsRMSNorm(config, head_dim, eps=config.layernorm_epsilon, heads=q_heads)
+            self.k_layernorm = AllHeadsRMSNorm(config, head_dim, eps=config.layernorm_epsilon, heads=k_heads)
+
+    return SelfAttentionWithAllHeadsQKNorm
 
 
 def _mlp_with_post_norm(base: type) -> type:
@@ -652,7 +695,12 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
         kw["normalization"] = tcfg.normalization
     if "vp_stage" in params:
         kw["vp_stage"] = vp_stage
-    block = get_gpt_decoder_block_spec(tcfg, **kw)
+    # The stock dense/MoE layer specs with the experimental attention variant (gated delta net, DSA)
+    # unset: rlslurm places those modules itself below. megatron-core 0.19 asserts the field unset
+    # here (docs/megatron-versions.md, "Layer specs"); the model is still built with tcfg as it is.
+    stock = copy.copy(tcfg)
+    stock.experimental_attention_variant = None
+    block = get_gpt_decoder_block_spec(stock, **kw)
     a = mc.arch
     if a.gated_delta_net is not None:
         _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
@@ -666,13 +714,8 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
         seen.add(id(spec))
         sub = spec.submodules
         if a.qk_layernorm_all_heads:
-            from megatron.core.transformer.spec_utils import ModuleSpec
-
-            from rlslurm.trainer.qk_norm import AllHeadsRMSNorm
-
-            attn = sub.self_attention.submodules
-            attn.q_layernorm = ModuleSpec(module=AllHeadsRMSNorm, params={"heads": a.num_attention_heads})
-            attn.k_layernorm = ModuleSpec(module=AllHeadsRMSNorm, params={"heads": a.num_query_groups})
+            sub.self_attention = dataclasses.replace(sub.self_attention, module=_self_attention_with_all_heads_qk_norm(
+                sub.self_attention.module, a.num_attention_heads, a.num_query_groups))
         if a.post_self_attn_layernorm:
             sub.self_attention = dataclasses.replace(
                 sub.self_attention, module=_self_attention_with_post_norm(sub.self_attention.module))
