@@ -341,6 +341,23 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
                               f"TransformerConfig or OptimizerConfig field{hint}")
 
 
+def check_transformer_impl(cfg: "RunConfig", warnings: list[str]) -> None:
+    """--transformer-impl transformer_engine where transformer-engine cannot run: one line. --device cpu
+    always; not installed or outside megatron-core's range where the job runs this environment, else a
+    warning (the trainer checks it where it runs: trainer/model.py). rlslurm/settings/transformer_impl.py."""
+    from rlslurm.settings.transformer_impl import FLAG, TE, te_refusal
+
+    impl, device = cfg.train.transformer_impl, cfg.run.device
+    if impl != TE:
+        return
+    if device == "cpu" or job_env_is_ours(cfg):
+        if (why := te_refusal(impl, device=device)) is not None:
+            raise ConfigError(why)
+    else:
+        warnings.append(f"{FLAG} {TE}: transformer-engine not checked here (the job runs another environment); "
+                        "the trainer refuses it there if it is missing or outside megatron-core's range")
+
+
 # ------------------------------------------------------------------------------------ checkpoints, CP
 
 

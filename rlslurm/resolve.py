@@ -200,6 +200,7 @@ def _check(res: Resolved, strict_inputs: bool) -> None:
         raise ConfigError(why)
     t = cfg.train
     if (why := sparse_attention_refusal(mc, qkv_format=t.qkv_format, megatron=cfg.megatron,
+                                        transformer_impl=t.transformer_impl,
                                         pp=t.pipeline_model_parallel_size, first=t.decoder_first_pipeline_num_layers,
                                         last=t.decoder_last_pipeline_num_layers)) is not None:
         raise ConfigError(why)  # GLM-5 (rlslurm/settings/sparse_attention.py)
@@ -377,7 +378,8 @@ def _check_timeouts(t: TrainSection) -> None:
 
 def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     """The packages the job runs, against what is set for them: the supported stacks, wandb, SGLang (its
-    flags, dtype and memory saver), sglang-router and megatron-core (its fields, its precision) (preflight.py)."""
+    flags, dtype and memory saver), sglang-router, megatron-core (its fields, its precision) and
+    transformer-engine (--transformer-impl) (preflight.py)."""
     cfg, mc = res.cfg, res.model
     preflight.check_stack(cfg, mc, res.warnings, res.notes)
     preflight.check_wandb(cfg, res.warnings)
@@ -392,6 +394,7 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_router_args(cfg, res.warnings)
     check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
+    preflight.check_transformer_impl(cfg, res.warnings)
     from rlslurm.trainer.host_memory import submit_line  # page-locked host memory against --mem
 
     if (line := submit_line(cfg, mc)) is not None:

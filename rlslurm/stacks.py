@@ -114,10 +114,13 @@ def installed() -> dict[str, str | None]:
     return {c: installed_version(c) for c in COMPONENTS}
 
 
-def trainer_uses_te() -> bool:
-    """Whether the trainer would build its layers with transformer-engine: today whenever it is importable
-    (rlslurm/trainer/model.py HAVE_TE), so an installed TE is a checked component."""
-    return importlib.util.find_spec("transformer_engine") is not None
+def trainer_uses_te(cfg=None) -> bool:
+    """Whether the trainer builds its layers with transformer-engine: only when the run asks for it
+    (--transformer-impl transformer_engine, rlslurm/settings/transformer_impl.py); an installed TE is
+    otherwise not used, and not a checked component."""
+    from rlslurm.settings.transformer_impl import TE
+
+    return cfg is not None and cfg.train.transformer_impl == TE
 
 
 # ------------------------------------------------------------------------------------ roles
@@ -254,7 +257,8 @@ def check_run_role(role: str, cfg, *, model=None, warnings: list[str] | None = N
 
         return check_role("rollout", engines=no_engines_reason(cfg, model) is None, warnings=warnings,
                           allow_untested=cfg.run.allow_untested_stack or cfg.rollout.allow_untested_sglang)
-    return check_role(role, allow_untested=cfg.run.allow_untested_stack, warnings=warnings)
+    return check_role(role, allow_untested=cfg.run.allow_untested_stack, warnings=warnings,
+                      te=trainer_uses_te(cfg))
 
 
 def check_convert_args(args: list[str]) -> list[str]:

@@ -2,7 +2,9 @@
 # Installs everything the demo and the test suite need on a fresh Debian 12 / Python 3.11
 # machine (root, no GPU): SLURM + munge from Debian, torch (local CPU build) first, then
 # the package with its test extras, then SGLang's CPU path (see rlslurm/engines/sglang_cpu).
-# Idempotent: a second run only checks.
+# With --mcore019 (tools/test.sh passes it): also .venv-mcore019, a Python 3.12 environment with
+# megatron-core 0.19.2 (the GPU stack's) where tools/test.sh runs the model-family tests a second time
+# (docs/megatron-versions.md). Idempotent: a second run only checks.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -10,10 +12,12 @@ log() { printf '[install] %s %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 want_slurm=1
 want_sglang=1
+want_mcore019=0
 for a in "$@"; do
   case "$a" in
     --no-slurm) want_slurm=0 ;;
     --no-sglang) want_sglang=0 ;;
+    --mcore019) want_mcore019=1 ;;
     *) echo "install.sh: unknown flag $a" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +47,32 @@ if [ "$want_sglang" = 1 ]; then
     pipi -c "$C" -r "$here/tools/sglang-cpu-requirements.txt"
     # A CUDA torchvision breaks `import sglang` on CPU torch; the shim provides an import-only stub.
     "$PY" -m pip uninstall -y -q torchvision 2>/dev/null || true
+  fi
+fi
+
+if [ "$want_mcore019" = 1 ]; then
+  # megatron-core 0.19.2 ships no wheel for Python 3.11 (pip there offers up to 0.16.1): the image's pyenv
+  # Python 3.12.1 holds it. torch and megatron-core of the GPU stack (torch 2.11.0 from PyPI, a CUDA build
+  # that runs on the CPU), transformers of the CPU stack: the HF reference of the parity tests, which
+  # the GPU stack's transformers is not for GLM-5 (docs/megatron-versions.md, "Tested"). No SGLang.
+  V="$here/.venv-mcore019"
+  VC="$V/constraints.txt"
+  mkdir -p "$V"
+  { grep -vE '^(transformers|tokenizers)==' "$here/constraints/gpu-torch211.txt"
+    grep -E '^transformers==' "$C"; } > "$VC"
+  if ! "$V/bin/python" - "$VC" 2>/dev/null <<'PYEOF'
+import sys
+from importlib.metadata import version
+import megatron.core, pytest, rlslurm, torch, transformers  # noqa: F401  (they import)
+pins = dict(line.split("==") for line in open(sys.argv[1]).read().split() if "==" in line)
+# package metadata: megatron.core.__version__ gains the hash of a git repository it sits in (this one)
+sys.exit(0 if all(version(p).split("+")[0] == pins[p] for p in ("torch", "megatron-core", "transformers")) else 1)
+PYEOF
+  then
+    P312="${PYTHON312:-$(PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)}"
+    [ -x "$V/bin/python" ] || "$P312" -m venv "$V"
+    log "venv: $V ($("$P312" -V)): $(grep -E '^(torch|megatron-core|transformers)==' "$VC" | tr '\n' ' ')"
+    "$V/bin/python" -m pip install -q --disable-pip-version-check -c "$VC" -e "$here[train]" pytest pytest-timeout
   fi
 fi
 log "done"

@@ -23,6 +23,7 @@ from rlslurm.secret_env import looks_secret
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
 from rlslurm.settings.rm_types import RM_REFUSED, RM_TYPES
+from rlslurm.settings.transformer_impl import TransformerImpl
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are
 # used with fullmatch: `$` also matches before a trailing newline, which would end the #SBATCH line.
@@ -443,6 +444,12 @@ class TrainSection(Section):
     # (trainer/batching.py, docs/sequence-packing.md)
     qkv_format: Literal["bshd", "thd"] = Field("bshd", description="thd packs each micro-batch's samples into one "
                                                                    "row (no padding); bshd right-pads them")
+    # slime's (Megatron-LM's) flag and megatron-core's TransformerConfig field; never chosen because
+    # transformer-engine imports (rlslurm/settings/transformer_impl.py, docs/transformer-engine.md)
+    transformer_impl: TransformerImpl = Field(
+        "local", description="the trainer's layer implementation: local (megatron-core's own modules, the one "
+                             "rlslurm has run on CPU and GPU) or transformer_engine (never run by rlslurm's tests; "
+                             "needs transformer-engine in megatron-core's supported range)")
     lr: float = Field(1e-6, gt=0, description="learning rate of the actor")
     min_lr: float = Field(0.0, ge=0, description="lowest learning rate of a decaying schedule")
     lr_decay_style: Literal["constant", "linear", "cosine"] = Field("constant", description="learning-rate "

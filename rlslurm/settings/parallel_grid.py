@@ -39,13 +39,20 @@ OTHER_PIPELINE_SPLITS = ("pipeline_model_parallel_layout", "account_for_embeddin
 FIRST_FLAG, LAST_FLAG = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
 
 
+# megatron-core TransformerConfig fields that rlslurm's own flags set for the layer spec and the config
+# alike (rlslurm/settings/transformer_impl.py)
+OWNED_SPEC_FIELDS = {"transformer_impl": "--transformer-impl"}
+
+
 def owned_field_refusal(key: str) -> str | None:
-    """Why `--megatron-<key>` is refused (a parallel size rlslurm's own flag sets), or None."""
-    flag = OWNED_MEGATRON_FIELDS.get(key)
-    if flag is None:
+    """Why `--megatron-<key>` is refused (a field rlslurm's own flag sets), or None."""
+    if key in OWNED_SPEC_FIELDS:
+        flag, why = OWNED_SPEC_FIELDS[key], "the layer spec and the config must agree"
+    elif key in OWNED_MEGATRON_FIELDS:
+        flag, why = OWNED_MEGATRON_FIELDS[key], "the process groups and the model must agree"
+    else:
         return None
-    return (f"--megatron-{key.replace('_', '-')}: rlslurm sets it from {flag} (the process groups and the "
-            f"model must agree): use {flag}")
+    return f"--megatron-{key.replace('_', '-')}: rlslurm sets it from {flag} ({why}): use {flag}"
 
 
 def check_expert_grid(world: int, *, tp: int, pp: int, ep: int, etp: int, where: str) -> None:

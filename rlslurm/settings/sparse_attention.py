@@ -13,10 +13,10 @@ if TYPE_CHECKING:
 
 def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
                              megatron: dict[str, Any] | None = None, pp: int = 1, first: int | None = None,
-                             last: int | None = None) -> str | None:
+                             last: int | None = None, transformer_impl: str = "local") -> str | None:
     """Why this layout or these megatron settings cannot run `mc`'s sparse attention, or None. `pp`,
     `first`, `last`: the pipeline stages (--pipeline-model-parallel-size, --decoder-first/last-pipeline-
-    num-layers)."""
+    num-layers); `transformer_impl`: --transformer-impl."""
     if mc is None or mc.arch.dsa is None:
         return None
     megatron = megatron or {}
@@ -44,6 +44,11 @@ def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
         return ("--megatron-recompute-granularity selective: megatron-core 0.16's MLA recomputes core_attn without "
                 f"the hidden states and query latent that {mc.name}'s sparse attention needs; use full recompute or "
                 "leave core_attn out of --megatron-recompute-modules")
+    if transformer_impl == "transformer_engine":
+        # the trainer's layer spec would refuse it at build (trainer/model.py layer_specs)
+        return (f"--transformer-impl transformer_engine: {mc.name}'s sparse attention reads MLA's normalised "
+                "query latent, which transformer-engine's spec fuses into linear_q_up_proj; use --transformer-impl "
+                "local")
     if qkv_format == "thd":
         return (f"--qkv-format thd: {mc.name}'s sparse attention (megatron-core's DSA) takes no packed sequences; "
                 "use bshd")

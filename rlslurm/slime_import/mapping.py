@@ -69,13 +69,12 @@ NOT_MAPPED = {
     "mtp_num_layers": _MTP_WHY,
     "mtp_loss_scaling_factor": _MTP_WHY,
     "use_opd": _OPD_WHY,
-    "transformer_impl": "rlslurm picks the layer spec itself: transformer-engine's when it is importable, "
-                        "megatron-core's local one otherwise (rlslurm/trainer/model.py)",
     "accumulate_allreduce_grads_in_fp32": "a Megatron-LM DistributedDataParallelConfig setting; the "
                                           "--megatron-* passthrough sets TransformerConfig/OptimizerConfig "
                                           "fields only (rlslurm reduces gradients in fp32 already)",
     "attention_backend": "megatron-core's field is an AttnBackend enum the --megatron-* passthrough cannot "
-                         "give; rlslurm's layer specs use transformer-engine when it is importable",
+                         "give; the core attention follows --transformer-impl (local: megatron-core's or "
+                         "rlslurm's SDPA attention)",
     "use_tensorboard": _METRICS,
     "sglang_server_concurrency": "slime's own per-server request cap; rlslurm's is --rollout-max-concurrency "
                                  "(in flight over all engines), not set by the import",

@@ -51,17 +51,18 @@ Patches (name: what it fixes, megatron/core call sites in 0.16.1):
 - `mla_have_te`: without transformer-engine, `megatron.core.extensions.transformer_engine` still
   imports (binding `TELinear` to a stand-in), so `multi_latent_attention.HAVE_TE` is wrongly
   True and `isinstance(self.linear_proj, TELinear)` raises TypeError
-  (transformer/multi_latent_attention.py:185). Set to False when transformer-engine is absent.
+  (transformer/multi_latent_attention.py:185). Set to the extension module's own HAVE_TE.
 
-The last three are megatron bugs that are not about CUDA: `apply_megatron_fixes()` fixes them
-whenever transformer-engine is missing, GPU or not (`apply()` includes it, and
-`build_gpt_model` calls it). `applied()` reports which patches are active.
+The last three are megatron bugs that are not about CUDA: `apply_megatron_fixes()` fixes each where
+megatron's modules show it (transformer-engine missing or not importing), GPU or not (`apply()`
+includes it, and `build_gpt_model` calls it); whether transformer-engine is installed decides
+nothing here, nor which layer spec is built (--transformer-impl does: trainer/model.py).
+`applied()` reports which patches are active.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from typing import Any
 
 import torch
@@ -69,10 +70,6 @@ from torch.overrides import TorchFunctionMode
 
 _APPLIED: list[str] = []
 _MODE: TorchFunctionMode | None = None
-
-
-def _have_te() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def _cpu_device(dev: Any) -> Any:
@@ -229,14 +226,16 @@ _MEGATRON_FIXED: list[str] = []
 
 
 def apply_megatron_fixes() -> list[str]:
-    """The transformer-engine-less megatron bugs only (GPU or not); idempotent. Returns their names.
+    """The transformer-engine-less megatron bugs only (GPU or not), each where megatron's modules show
+    it; idempotent. Returns their names.
 
     `rlslurm.trainer.model.build_gpt_model` calls this itself, so a GPU trainer that never calls
     `apply()` still gets them.
     """
-    if _MEGATRON_FIXED or _have_te():
+    if _MEGATRON_FIXED:
         return list(_MEGATRON_FIXED)
     _MEGATRON_FIXED.append("checked")
+    import megatron.core.extensions.transformer_engine as te_extension
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
@@ -246,7 +245,7 @@ def apply_megatron_fixes() -> list[str]:
         import megatron.core.transformer.multi_latent_attention as mla
     except ImportError:  # a layout without MLA: nothing to fix
         return list(_MEGATRON_FIXED)
-    if getattr(mla, "HAVE_TE", False):
+    if getattr(mla, "HAVE_TE", False) and not getattr(te_extension, "HAVE_TE", False):
         mla.HAVE_TE = False
         _MEGATRON_FIXED.append("mla_have_te")
     if hasattr(mla, "Linear") and mla.Linear is None:

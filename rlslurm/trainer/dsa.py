@@ -1,4 +1,4 @@
-"""GLM-5's DeepSeek sparse attention (DSA) on megatron-core 0.16's DSA modules.
+"""GLM-5's DeepSeek sparse attention (DSA) on megatron-core's DSA modules (0.16 and 0.19: docs/megatron-versions.md).
 
 megatron-core 0.16 has DSA in `transformer/experimental_attention_variant/dsa.py` (`DSAttention`, the
 MLA core attention that masks every query to the top-k keys its `DSAIndexer` picks) and a spec for it
@@ -45,6 +45,7 @@ GLM-5.2's "shared" layers (no indexer; the top-k of the last indexer layer befor
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import torch
@@ -86,6 +87,15 @@ class IndexerKNorm(torch.nn.LayerNorm):
         super().__init__(hidden_size, eps=HF_INDEXER_K_NORM_EPS, dtype=config.params_dtype)
 
 
+def _mla_rope_layout(apply_rotary_pos_emb) -> dict[str, Any]:
+    """How to ask megatron's `apply_rotary_pos_emb` for MLA's rope layout: 0.16 takes it from
+    `config.multi_latent_attention` (on for GLM-5), 0.19 from its `mla_rotary_interleaved` argument, off by
+    default (docs/megatron-versions.md, "GLM-5's sparse attention (DSA)")."""
+    if "mla_rotary_interleaved" in inspect.signature(apply_rotary_pos_emb).parameters:
+        return {"mla_rotary_interleaved": True}
+    return {}
+
+
 @functools.cache
 def _indexer_class():
     from megatron.core.models.common.embeddings import apply_rotary_pos_emb
@@ -95,10 +105,13 @@ def _indexer_class():
     class GLM5Indexer(DSAIndexer):
         """megatron's DSAIndexer with GLM-5's rotary layout and rlslurm's Hadamard transform."""
 
+        mla_layout = _mla_rope_layout(apply_rotary_pos_emb)
+
         def _apply_rope(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor, mscale: float) -> torch.Tensor:
-            # the whole head: megatron rotates its leading rot_dim dims and passes the rest
+            # the whole head: megatron rotates its leading rot_dim dims and passes the rest, in MLA's
+            # layout (even dims, then odd ones, then rotate-half), as transformers' GLM-5 does
             return apply_rotary_pos_emb(x, rotary_pos_emb, config=self.config, cu_seqlens=None, mscale=mscale,
-                                        cp_group=self.pg_collection.cp)
+                                        cp_group=self.pg_collection.cp, **self.mla_layout)
 
         def forward_with_scores(self, x, qr, mask=None, packed_seq_params=None):
             """megatron's DSAIndexer.forward_with_scores (same steps, same shapes) with the two

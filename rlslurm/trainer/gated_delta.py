@@ -2,10 +2,12 @@
 
 megatron-core 0.16's `ssm/gated_delta_net.py` takes its kernels from two CUDA packages, `fla`
 (`l2norm`, `chunk_gated_delta_rule`) and `causal_conv1d` (`causal_conv1d_fn`), and refuses to build
-the layer without `fla` (`GatedDeltaNet.__init__`: "FLA is not installed"). Neither is installed
-here, on the CPU or on the GPU machines. This module holds rlslurm's own torch versions of the three,
-with the signatures megatron calls them by, correct in fp32 on any device, and `install()` puts them
-into megatron's module namespace where `fla` is missing (docs/model-families.md, "Qwen3-Next").
+the layer without `fla` (`GatedDeltaNet.__init__`: "FLA is not installed"); 0.19 makes it a package of
+the same path and takes the convolution from fla too (`causal_conv1d`, another interface:
+docs/megatron-versions.md, "Gated delta net"). Neither package is installed here, on the CPU or on the
+GPU machines. This module holds rlslurm's own torch versions of the kernels, with the signatures megatron
+calls them by, correct in fp32 on any device, and `install()` puts them into megatron's module namespaces
+where `fla` is missing (docs/model-families.md, "Qwen3-Next").
 
 Why install rather than a layer of our own: megatron's `GatedDeltaNet` already is the layer the
 model needs (its in_proj/conv1d/A_log/dt_bias/out_norm/out_proj, the TP split of each, and the
@@ -141,19 +143,48 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     return o.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)
 
 
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  activation: str | None = None, initial_state: torch.Tensor | None = None,
+                  output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None, **_: Any):
+    """fla's `causal_conv1d`, which megatron-core 0.19 calls instead of causal_conv1d's `causal_conv1d_fn`:
+    x [batch, seq, channels] -> (the same convolution as causal_conv1d_fn, [batch, seq, channels], None).
+    No initial state and no packed sequences (rlslurm refuses those for gated delta nets)."""
+    if initial_state is not None or output_final_state or cu_seqlens is not None:
+        raise NotImplementedError("causal_conv1d: initial_state, output_final_state and cu_seqlens are not supported")
+    return causal_conv1d_fn(x.transpose(1, 2), weight, bias, activation).transpose(1, 2), None
+
+
+# Where megatron-core keeps the kernels its GatedDeltaNet calls, and what rlslurm puts there
+# (docs/megatron-versions.md, "Gated delta net"): 0.16 has one module, `ssm/gated_delta_net.py`
+# (causal_conv1d's `causal_conv1d_fn`); 0.19 a package whose `common` checks HAVE_FLA and calls
+# l2norm, and whose `gdn` imported fla's `causal_conv1d` and `chunk_gated_delta_rule` by name.
+_MODULES = ("megatron.core.ssm.gated_delta_net", "megatron.core.ssm.gated_delta_net.common",
+            "megatron.core.ssm.gated_delta_net.gdn")
+_KERNELS = {"l2norm": l2norm, "chunk_gated_delta_rule": chunk_gated_delta_rule,
+            "causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d": causal_conv1d}
+
+
 def install() -> bool:
-    """Give megatron-core's gated_delta_net module these kernels where `fla` / `causal_conv1d` are
+    """Give megatron-core's gated delta net modules these kernels where `fla` / `causal_conv1d` are
     missing (its GatedDeltaNet refuses to build without fla and calls the kernels through module
     globals). Idempotent. Returns True when rlslurm's kernels are in use, False when fla's are."""
+    import importlib
+
     from megatron.core.ssm import gated_delta_net as gdn
 
     if getattr(gdn, "HAVE_FLA", False) and getattr(gdn.chunk_gated_delta_rule, "__module__", "") != __name__:
         return False
-    gdn.l2norm = l2norm
-    gdn.chunk_gated_delta_rule = chunk_gated_delta_rule
-    gdn.HAVE_FLA = True
-    if getattr(gdn, "causal_conv1d_fn", None) is None or gdn.causal_conv1d_fn is causal_conv1d_fn:
-        gdn.causal_conv1d_fn = causal_conv1d_fn
+    for name in _MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:  # 0.16: no package, one module
+            continue
+        for attr, kernel in _KERNELS.items():
+            # the conv kernels only where the module imported none (0.16 binds no l2norm without fla)
+            if attr in ("l2norm", "chunk_gated_delta_rule") or getattr(mod, attr, kernel) in (None, kernel):
+                setattr(mod, attr, kernel)
+        if hasattr(mod, "HAVE_FLA"):
+            mod.HAVE_FLA = True
     return True
 
 
@@ -175,14 +206,12 @@ def context_parallel_gated_delta_net():
     from megatron.core.ssm.gated_delta_net import GatedDeltaNet
 
     class ContextParallelGatedDeltaNet(GatedDeltaNet):
-        def forward(self, hidden_states, attention_mask=None, key_value_states=None, inference_context=None,
-                    attention_bias=None, packed_seq_params=None, sequence_len_offset=None, *,
-                    inference_params=None, **kwargs):
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            # by keyword, as TransformerLayer calls it: megatron-core 0.19 dropped the positional
+            # key_value_states and attention_bias of 0.16's signature
             if self.config.context_parallel_size == 1:
-                return super().forward(hidden_states, attention_mask, key_value_states, inference_context,
-                                       attention_bias, packed_seq_params, sequence_len_offset,
-                                       inference_params=inference_params, **kwargs)
-            if packed_seq_params is not None or inference_context is not None or inference_params is not None:
+                return super().forward(hidden_states, attention_mask, **kwargs)
+            if any(kwargs.get(k) is not None for k in ("packed_seq_params", "inference_context", "inference_params")):
                 raise NotImplementedError("gated delta net with context parallelism: padded training input only")
             from rlslurm.trainer import context_parallel as cpx
 

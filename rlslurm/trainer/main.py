@@ -150,15 +150,19 @@ class Trainer:
 
     def run(self) -> int:
         from rlslurm.trainer import checkpoint
+        from rlslurm.trainer.build_errors import final_if_deterministic
         from rlslurm.trainer.metrics import MetricsLogger
         from rlslurm.trainer.setup import build_trainer
         from rlslurm.trainer.weights.factory import publisher_for
 
         cfg, rd = self.cfg, self.rd
         self._phase("building the model")
-        self.st = st = build_trainer(cfg, self.world)
+        # a deterministic failure here ends the job once, as a user error (trainer/build_errors.py)
+        with final_if_deterministic(f"building {cfg.model.model} and loading its weights"):
+            self.st = st = build_trainer(cfg, self.world)
         log.info("models built; resuming from the latest checkpoint if any")
-        progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
+        with final_if_deterministic(f"loading the checkpoint of {rd.checkpoints_dir}"):
+            progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
         self.progress = progress  # the same object the loop advances
         if ckpt is not None:
             self.last_saved = progress.trained_rollouts

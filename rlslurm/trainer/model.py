@@ -3,8 +3,9 @@
 - `transformer_config(mc, ...)` turns the architecture numbers of `rlslurm.settings.model_config.Arch`
   into a `TransformerConfig` (an `MLATransformerConfig` for MLA models) plus the user's
   `--megatron-<field>` overrides.
-- `build_gpt_model(mc, tcfg, ...)` builds the model with the transformer-engine layer spec when
-  transformer-engine imports and megatron's local spec otherwise, plus small spec extensions:
+- `build_gpt_model(mc, tcfg, ...)` builds the model with megatron's local layer spec, or
+  transformer-engine's with `--transformer-impl transformer_engine` (tcfg.transformer_impl; never
+  because transformer-engine imports: rlslurm/settings/transformer_impl.py), plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
   over all heads (trainer/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
   norms (trainer/gated_delta.py), GLM-5's sparse attention (megatron's DSA with rlslurm's indexer,
@@ -14,14 +15,15 @@
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
 
 Works with megatron-core 0.16.x (CPU, Python 3.11) and 0.19.x (GPU): keyword arguments that one
-version lacks are dropped by checking the dataclass fields / signatures rather than the version.
+version lacks are dropped by checking the dataclass fields / signatures rather than the version; the
+other differences it relies on are in docs/megatron-versions.md.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
-import importlib.util
 import inspect
 from typing import Any
 
@@ -32,13 +34,19 @@ from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import ModelConfig
 from rlslurm.settings.parallel_grid import (check_gated_delta_net, check_pipeline_split, owned_field_refusal,
                                             stage_layers)
+from rlslurm.settings.transformer_impl import LOCAL, TE, te_refusal
 from rlslurm.trainer.attention_ops import repeat_kv_heads, varlen_attn, varlen_causal
 
-HAVE_TE = importlib.util.find_spec("transformer_engine") is not None
+
+def uses_te(tcfg) -> bool:
+    """Whether `tcfg` asks for transformer-engine's layers (--transformer-impl, never TE's importability:
+    rlslurm/settings/transformer_impl.py)."""
+    return getattr(tcfg, "transformer_impl", LOCAL) == TE
+
 
 # Settings that the CPU/local path cannot do, or fusions that do not change the math
-# (docs/megatron-cpu.md, "What the CPU path cannot do"); the user may still override them when
-# TE is present.
+# (docs/megatron-cpu.md, "What the CPU path cannot do"); the user may still override them with
+# --transformer-impl transformer_engine.
 _SAFE_DEFAULTS: dict[str, Any] = {
     "hidden_dropout": 0.0,
     "attention_dropout": 0.0,
@@ -86,7 +94,7 @@ def _config_classes() -> tuple[type, type]:
     return TransformerConfig, MLATransformerConfig
 
 
-def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
+def _arch_kwargs(mc: ModelConfig, *, te: bool = False) -> dict[str, Any]:
     """TransformerConfig fields that follow from the architecture (the numbers that change the math)."""
     a = mc.arch
     kw: dict[str, Any] = dict(
@@ -140,7 +148,7 @@ def _arch_kwargs(mc: ModelConfig) -> dict[str, Any]:
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_grouped_gemm=False,  # the legacy GroupedMLP needs the CUDA grouped_gemm package
-            moe_token_dispatcher_type="alltoall" if HAVE_TE else "allgather",
+            moe_token_dispatcher_type="alltoall" if te else "allgather",
             moe_router_dtype="fp32",
             moe_shared_expert_overlap=False,
             moe_shared_expert_gate=m.shared_expert_gate,
@@ -219,6 +227,7 @@ def transformer_config(
     first_stage_layers: int | None = None,
     last_stage_layers: int | None = None,
     overrides: dict[str, Any] | None = None,
+    transformer_impl: str = LOCAL,
 ):
     """The TransformerConfig (MLATransformerConfig for MLA) of `mc` at the given parallel sizes.
 
@@ -228,8 +237,13 @@ def transformer_config(
     flag. `etp`: the routed experts' tensor parallel size (None: TP, megatron's default).
     `first_stage_layers`/`last_stage_layers`: the first/last pipeline stage's layers (None: an even
     split), checked by megatron-core's rule (rlslurm/settings/parallel_grid.py stage_layers) before megatron's
-    own asserts could fire mid-build.
+    own asserts could fire mid-build. `transformer_impl`: --transformer-impl (megatron-core's field of the
+    same name; refused in one line where transformer-engine cannot run, settings/transformer_impl.py).
     """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if (why := te_refusal(transformer_impl, device=device, import_it=True)) is not None:
+        raise ConfigError(why)
+    te = transformer_impl == TE
     TransformerConfig, MLATransformerConfig = _config_classes()
     cls = MLATransformerConfig if mc.arch.mla else TransformerConfig
     fields = {f.name for f in dataclasses.fields(cls)}
@@ -248,8 +262,9 @@ def transformer_config(
         raise ConfigError(f"params_dtype={params_dtype}: expected float32, bfloat16 or float16")
     etp = tp if etp is None else etp
     kw: dict[str, Any] = dict(_SAFE_DEFAULTS)
-    kw.update(_arch_kwargs(mc))
+    kw.update(_arch_kwargs(mc, te=te))
     kw.update(
+        transformer_impl=transformer_impl,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         num_layers_in_first_pipeline_stage=first_stage_layers,
@@ -262,8 +277,8 @@ def transformer_config(
         fp16=params_dtype == torch.float16,
         pipeline_dtype=params_dtype,
     )
-    if not HAVE_TE:
-        kw["use_cpu_initialization"] = not torch.cuda.is_available()
+    if not te:
+        kw["use_cpu_initialization"] = device == "cpu"
     # megatron trains MoE with TP > 1 only under sequence parallelism (moe_layer.py:379); with
     # it, sequence lengths must be divisible by TP.
     # MLA's TP > 1 backward is only right under sequence parallelism (see _local_spec_fixes).
@@ -307,7 +322,7 @@ def transformer_config(
         raise ConfigError("--megatron-sequence-parallel: gated delta nets at TP > 1 need sequence parallelism (their "
                           "output norm's TP-partial gradient is summed as a sequence-parallel weight's, "
                           "trainer/gated_delta.py GatedOutputNorm)")
-    if mc.arch.mla is not None and tp > 1 and not HAVE_TE and not kw.get("sequence_parallel"):
+    if mc.arch.mla is not None and tp > 1 and not te and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
     check_dsa(mc, kw)
@@ -342,7 +357,8 @@ def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
 
     if (why := sparse_attention_refusal(mc, megatron=kw, pp=kw.get("pipeline_model_parallel_size", 1),
                                         first=kw.get("num_layers_in_first_pipeline_stage"),
-                                        last=kw.get("num_layers_in_last_pipeline_stage"))) is not None:
+                                        last=kw.get("num_layers_in_last_pipeline_stage"),
+                                        transformer_impl=kw.get("transformer_impl", LOCAL))) is not None:
         raise ConfigError(why)
 
 
@@ -386,7 +402,7 @@ class SPTorchNorm(TorchNorm):
 
 
 def _norm_module(config) -> torch.nn.Module:
-    if HAVE_TE:
+    if uses_te(config):
         from megatron.core.extensions.transformer_engine import TENorm
 
         return TENorm(config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon)
@@ -397,9 +413,9 @@ def _local_spec_fixes(block, tcfg) -> None:
     """Without TE: MLA's duplicated down projections; under sequence parallelism our torch norms."""
     from megatron.core.models.gpt.gpt_layer_specs import LNImpl
 
-    if HAVE_TE:
+    if uses_te(tcfg):
         return
-    for spec in block.layer_specs:
+    for spec in {id(s.submodules): s for s in block.layer_specs}.values():  # layers share spec objects
         attn = getattr(spec.submodules.self_attention, "submodules", None)
         if getattr(attn, "linear_kv_down_proj", None) is not None:
             # MLA down projections as TP-duplicated linears (what the TE spec does), at every TP
@@ -414,6 +430,10 @@ def _local_spec_fixes(block, tcfg) -> None:
 
             for field in ("linear_q_down_proj", "linear_kv_down_proj"):
                 setattr(attn, field, Linear)
+            if tcfg.q_lora_rank is None and hasattr(spec.submodules.self_attention.module, "_resolve_qk_norm_config"):
+                spec.submodules.self_attention = dataclasses.replace(
+                    spec.submodules.self_attention,
+                    module=_mla_without_query_latent(spec.submodules.self_attention.module))
     # Qwen3-Next's zero-centred norms: megatron's local norm refuses them, TorchNorm builds them
     if not tcfg.sequence_parallel and not tcfg.layernorm_zero_centered_gamma:
         return
@@ -435,6 +455,25 @@ def _local_spec_fixes(block, tcfg) -> None:
             setattr(attn, "kv_layernorm", SPTorchNorm)
 
 
+def _mla_without_query_latent(base: type) -> type:
+    class MLAWithoutQueryLatent(base):  # type: ignore[misc,valid-type]
+        """Moonlight (DeepSeek-V2-Lite): MLA without a query latent (q_lora_rank None) but with the kv
+        latent's norm. megatron-core 0.19's norm resolver (transformer/mla_qk_norm_config.py) then asks for
+        a fused norm+linear query projection, which the local backend does not have, and refuses a
+        standalone query norm; HF applies none to the query (the layer's input norm comes first). The
+        modules are 0.16's: a plain linear_q_proj, no query norm, the kv norm of the spec
+        (docs/megatron-versions.md, "Layer specs")."""
+
+        def _resolve_qk_norm_config(self, submodules):
+            from megatron.core.transformer.identity_op import IdentityOp
+
+            return dict(linear_q_proj=submodules.linear_q_proj, linear_q_up_proj=IdentityOp,
+                        linear_kv_up_proj=submodules.linear_kv_up_proj, q_layernorm=IdentityOp,
+                        kv_layernorm=submodules.kv_layernorm)
+
+    return MLAWithoutQueryLatent
+
+
 def _self_attention_with_post_norm(base: type) -> type:
     class SelfAttentionWithPostNorm(base):  # type: ignore[misc,valid-type]
         """GLM-4: a norm on the attention output before the residual add.
@@ -454,6 +493,24 @@ def _self_attention_with_post_norm(base: type) -> type:
             return self.post_self_attn_layernorm(out), bias
 
     return SelfAttentionWithPostNorm
+
+
+def _self_attention_with_all_heads_qk_norm(base: type, q_heads: int, k_heads: int) -> type:
+    class SelfAttentionWithAllHeadsQKNorm(base):  # type: ignore[misc,valid-type]
+        """MiniMax-M2: rlslurm's all-heads q/k norms (trainer/qk_norm.py) as `q_layernorm`/`k_layernorm`,
+        which SelfAttention applies when set. Built here rather than named in the spec: the config keeps
+        megatron's `qk_layernorm` off for them, and megatron-core 0.19 refuses q/k norm submodules while
+        it is off (docs/megatron-versions.md, "Layer specs")."""
+
+        def __init__(self, config, *args: Any, **kwargs: Any):
+            from rlslurm.trainer.qk_norm import AllHeadsRMSNorm
+
+            super().__init__(config, *args, **kwargs)
+            head_dim = self.hidden_size_per_attention_head
+            self.q_layernorm = AllHeadsRMSNorm(config, head_dim, eps=config.layernorm_epsilon, heads=q_heads)
+            self.k_layernorm = AllHeadsRMSNorm(config, head_dim, eps=config.layernorm_epsilon, heads=k_heads)
+
+    return SelfAttentionWithAllHeadsQKNorm
 
 
 def _mlp_with_post_norm(base: type) -> type:
@@ -599,7 +656,7 @@ def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | Non
     from rlslurm.trainer import gated_delta
 
     gated_delta.install()
-    if HAVE_TE:
+    if uses_te(tcfg):
         from megatron.core.extensions.transformer_engine import (TELayerNormColumnParallelLinear,
                                                                  TERowParallelLinear)
 
@@ -631,13 +688,19 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
 
     if packed:
         check_gated_delta_net(mc.arch, mc.name, tp=1, qkv_format="thd")
-    kw: dict[str, Any] = {"use_transformer_engine": HAVE_TE}
+    te = uses_te(tcfg)
+    kw: dict[str, Any] = {"use_transformer_engine": te}
     params = inspect.signature(get_gpt_decoder_block_spec).parameters
     if "normalization" in params:
         kw["normalization"] = tcfg.normalization
     if "vp_stage" in params:
         kw["vp_stage"] = vp_stage
-    block = get_gpt_decoder_block_spec(tcfg, **kw)
+    # The stock dense/MoE layer specs with the experimental attention variant (gated delta net, DSA)
+    # unset: rlslurm places those modules itself below. megatron-core 0.19 asserts the field unset
+    # here (docs/megatron-versions.md, "Layer specs"); the model is still built with tcfg as it is.
+    stock = copy.copy(tcfg)
+    stock.experimental_attention_variant = None
+    block = get_gpt_decoder_block_spec(stock, **kw)
     a = mc.arch
     if a.gated_delta_net is not None:
         _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
@@ -651,13 +714,8 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
         seen.add(id(spec))
         sub = spec.submodules
         if a.qk_layernorm_all_heads:
-            from megatron.core.transformer.spec_utils import ModuleSpec
-
-            from rlslurm.trainer.qk_norm import AllHeadsRMSNorm
-
-            attn = sub.self_attention.submodules
-            attn.q_layernorm = ModuleSpec(module=AllHeadsRMSNorm, params={"heads": a.num_attention_heads})
-            attn.k_layernorm = ModuleSpec(module=AllHeadsRMSNorm, params={"heads": a.num_query_groups})
+            sub.self_attention = dataclasses.replace(sub.self_attention, module=_self_attention_with_all_heads_qk_norm(
+                sub.self_attention.module, a.num_attention_heads, a.num_query_groups))
         if a.post_self_attn_layernorm:
             sub.self_attention = dataclasses.replace(
                 sub.self_attention, module=_self_attention_with_post_norm(sub.self_attention.module))
@@ -681,11 +739,11 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
                                   "a module of its own (megatron's local spec), not fused into linear_q_up_proj "
                                   "(transformer-engine's): the indexer reads the normalised latent")
             sub.self_attention.submodules.core_attention = core_attention_spec(holder)
-        elif (packed or tcfg.context_parallel_size > 1) and not HAVE_TE:
+        elif (packed or tcfg.context_parallel_size > 1) and not te:
             # packed input, or context parallelism (docs/context-parallel.md): megatron's local
             # DotProductAttention takes neither
             sub.self_attention.submodules.core_attention = SDPACoreAttention
-        elif a.mla and not HAVE_TE:
+        elif a.mla and not te:
             core = sub.self_attention.submodules.core_attention
             takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
             if not takes_k:

@@ -329,7 +329,8 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
     tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp, cp=par.cp,
                               first_stage_layers=cfg.train.decoder_first_pipeline_num_layers,
-                              last_stage_layers=cfg.train.decoder_last_pipeline_num_layers, overrides=tf_over)
+                              last_stage_layers=cfg.train.decoder_last_pipeline_num_layers, overrides=tf_over,
+                              transformer_impl=cfg.train.transformer_impl)
     check_pipeline(mc, tcfg, par.pp)
     vpad = padded_vocab_size(mc.arch.vocab_size, par.tp)
     device = _device()

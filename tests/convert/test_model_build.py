@@ -155,7 +155,7 @@ def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
     from megatron.core.transformer.attention import SelfAttention
 
     from rlslurm.trainer import gated_delta
-    from rlslurm.trainer.model import HAVE_TE, TorchNorm, layer_specs, transformer_config
+    from rlslurm.trainer.model import TorchNorm, layer_specs, transformer_config
 
     from megatron.core import parallel_state as ps
 
@@ -172,10 +172,11 @@ def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
     assert issubclass(kinds[0], gdn.GatedDeltaNet) and kinds[1] is kinds[0] and kinds[2] is SelfAttention
     assert block.layer_specs[0].submodules.self_attention.submodules.out_norm is gated_delta.GatedOutputNorm
     assert gdn.HAVE_FLA and gdn.chunk_gated_delta_rule is gated_delta.chunk_gated_delta_rule
-    if not HAVE_TE:
-        assert block.layer_specs[2].submodules.self_attention.submodules.q_layernorm is TorchNorm
-        norm = TorchNorm(tcfg, 8, eps=1e-6)
-        assert isinstance(norm, gated_delta.ZeroCenteredRMSNorm) and not norm.weight.any()
+    # the local spec (--transformer-impl's default) whether transformer-engine imports or not
+    assert tcfg.transformer_impl == "local"
+    assert block.layer_specs[2].submodules.self_attention.submodules.q_layernorm is TorchNorm
+    norm = TorchNorm(tcfg, 8, eps=1e-6)
+    assert isinstance(norm, gated_delta.ZeroCenteredRMSNorm) and not norm.weight.any()
 
 
 def test_unsupported_rope_scaling_is_refused():
@@ -190,15 +191,14 @@ def test_unsupported_rope_scaling_is_refused():
 
 
 def test_sequence_parallel_where_megatron_needs_it():
-    from rlslurm.trainer.model import HAVE_TE, transformer_config
+    from rlslurm.trainer.model import transformer_config
 
     assert transformer_config(load_model_config("tiny-qwen3-moe"), tp=2, overrides={}).sequence_parallel
     assert transformer_config(load_model_config("tiny-deepseek-v3"), tp=2, overrides={}).sequence_parallel
     assert not transformer_config(load_model_config("tiny-qwen3"), tp=2, overrides={}).sequence_parallel
     assert not transformer_config(load_model_config("tiny-qwen3-moe"), tp=1, overrides={}).sequence_parallel
-    if not HAVE_TE:
-        with pytest.raises(ConfigError, match="--megatron-sequence-parallel"):
-            transformer_config(load_model_config("tiny-deepseek-v3"), tp=2, overrides={"sequence_parallel": False})
+    with pytest.raises(ConfigError, match="--megatron-sequence-parallel"):
+        transformer_config(load_model_config("tiny-deepseek-v3"), tp=2, overrides={"sequence_parallel": False})
 
 
 def test_mask_padded_vocab_masks_exactly_the_padding_rows():
@@ -271,3 +271,56 @@ def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():
     out, bias = lin(torch.ones(2, 16))
     assert out.shape == (2, 8) and bias is None
     assert not hasattr(lin.weight, "tensor_model_parallel") and not getattr(lin.weight, "sequence_parallel", False)
+
+
+TE_PROBE = r"""
+import json, sys
+from rlslurm.errors import ConfigError
+from rlslurm.settings.model_config import load_model_config
+from rlslurm.trainer.model import layer_specs, transformer_config, uses_te
+from megatron.core import parallel_state as ps
+ps.get_pipeline_model_parallel_rank = lambda *a, **k: 0  # one pipeline stage without process groups
+ps.get_pipeline_model_parallel_world_size = lambda *a, **k: 1
+mc = load_model_config("tiny-qwen3")
+tcfg = transformer_config(mc, overrides={})
+block = layer_specs(mc, tcfg)
+attn = block.layer_specs[0].submodules.self_attention.submodules
+r = {"impl": tcfg.transformer_impl, "uses_te": uses_te(tcfg),
+     "linear_qkv": attn.linear_qkv.__module__ + "." + attn.linear_qkv.__name__}
+try:
+    transformer_config(mc, overrides={}, transformer_impl="transformer_engine")
+    r["te"] = None
+except ConfigError as e:
+    r["te"] = str(e)
+from rlslurm.settings.transformer_impl import te_refusal
+r["te_on_gpu"] = te_refusal("transformer_engine", device="cuda", import_it=True)  # what the trainer asks on a GPU
+print("RESULT" + json.dumps(r))
+"""
+
+
+def test_transformer_engine_is_used_only_when_asked_for(tmp_path):
+    """An installed transformer-engine (here an invented stand-in of version 2.13.0 that does not import,
+    tests/settings/test_transformer_impl.py) no longer picks transformer-engine's layer spec: rlslurm took it
+    whenever `find_spec("transformer_engine")` found one. The default --transformer-impl local builds megatron's
+    local spec, and asking for transformer_engine where it does not import, or is outside megatron-core's range,
+    is one line naming the flag."""
+    import subprocess
+    import sys
+
+    from convert_helpers import REPO
+    from tests.settings.test_transformer_impl import fake_transformer_engine
+
+    fake = fake_transformer_engine(tmp_path / "te", "2.13.0")
+    p = subprocess.run([sys.executable, "-c", TE_PROBE], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{fake}:{REPO}", "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-4000:]
+    r = __import__("json").loads(p.stdout.split("RESULT", 1)[1])
+    assert r["impl"] == "local" and not r["uses_te"]
+    assert r["linear_qkv"] == "megatron.core.tensor_parallel.layers.ColumnParallelLinear", r
+    if not __import__("torch").cuda.is_available():
+        assert r["te"] == ("--transformer-impl transformer_engine with --device cpu: transformer-engine has no CPU "
+                           "kernels; use --transformer-impl local")
+    gpu = r["te_on_gpu"]
+    assert gpu.startswith("--transformer-impl transformer_engine: transformer-engine 2.13.0 ") and "\n" not in gpu
+    # megatron-core 0.16.1 declares transformer-engine <2.12.0; 0.19.2 declares no range, and the stand-in does not import
+    assert "is outside what megatron-core" in gpu or "does not import: ModuleNotFoundError: an invented" in gpu, gpu
