@@ -42,7 +42,8 @@ def version_lines() -> list[str]:
     lines = [f"rlslurm {rlslurm.__version__} ({Path(rlslurm.__file__).parent}; "
              f"Python {platform.python_version()} at {sys.executable})"]
     for name, version in facts["versions"].items():
-        used = " (the trainer would use it)" if name == "transformer-engine" and version and facts["te_used"] else ""
+        used = (" (used only with --transformer-impl transformer_engine)"
+                if name == "transformer-engine" and version else "")
         lines.append(f"{name} {version or 'not installed'}{used}")
     node: stacks.Verdict = facts["node"]
     if all(facts["versions"][c] is None for c in node.components):

@@ -381,6 +381,7 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     flags, dtype and memory saver), sglang-router, megatron-core (its fields, its precision) and
     transformer-engine (--transformer-impl) (preflight.py)."""
     cfg, mc = res.cfg, res.model
+    preflight.check_transformer_impl(cfg, res.warnings)  # before the stack: its reason is the precise one
     preflight.check_stack(cfg, mc, res.warnings, res.notes)
     preflight.check_wandb(cfg, res.warnings)
     preflight.check_sglang_args(cfg, res.warnings)
@@ -394,7 +395,6 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
     preflight.check_router_args(cfg, res.warnings)
     check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)
-    preflight.check_transformer_impl(cfg, res.warnings)
     from rlslurm.trainer.host_memory import submit_line  # page-locked host memory against --mem
 
     if (line := submit_line(cfg, mc)) is not None:

@@ -308,7 +308,7 @@ def test_transformer_engine_is_used_only_when_asked_for(tmp_path):
     import sys
 
     from convert_helpers import REPO
-    from tests.settings.test_transformer_impl import fake_transformer_engine
+    from tests.transformer_engine_stub import fake_transformer_engine
 
     fake = fake_transformer_engine(tmp_path / "te", "2.13.0")
     p = subprocess.run([sys.executable, "-c", TE_PROBE], cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -13,22 +13,10 @@ from rlslurm.settings.flags import build_config, parse_flags
 from rlslurm.settings.transformer_impl import megatron_te_requirement
 from rlslurm.slime_import import import_script
 from tests.config_errors import one_line_naming
+from tests.transformer_engine_stub import fake_transformer_engine
 
 TE_FLAG = ["--transformer-impl", "transformer_engine"]
 CUDA = ["--device", "cuda", "--gpus-per-node", "4"]
-
-
-def fake_transformer_engine(root: Path, version: str) -> Path:
-    """An invented stand-in, not transformer-engine: a `transformer_engine` package with the distribution
-    metadata of `version` (what rlslurm reads of it at submit) that is installed but does not import (as a
-    transformer-engine built for another CUDA or torch), under `root`."""
-    (root / "transformer_engine").mkdir(parents=True)
-    (root / "transformer_engine" / "__init__.py").write_text(
-        'raise ModuleNotFoundError("an invented stand-in of transformer-engine that does not import")\n')
-    dist = root / f"transformer_engine-{version}.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: transformer-engine\nVersion: {version}\n")
-    return root
 
 
 def test_the_default_is_local(argv: list[str]) -> None:
