@@ -111,8 +111,8 @@ def colocate_args(cfg: RunConfig) -> tuple[str, ...]:
 def remote_code_args(cfg: RunConfig) -> tuple[str, ...]:
     """A checkpoint whose config class is remote code (MiMo: its config.json's auto_map names
     configuration_mimo.MiMoConfig): SGLang reads that config.json only with --trust-remote-code, which
-    transformers needs for such a model_type (docs/model-families.md, "MiMo-7B"). Unless the
-    passthrough says it already."""
+    transformers needs for such a model_type, unless the passthrough says it already
+    (docs/model-families.md, "MiMo-7B (`mimo`, MiMoForCausalLM)")."""
     from rlslurm.convert.hf_config import REMOTE_BASE
 
     if cfg.model.hf_checkpoint is None or flag_value(cfg.sglang_args, "--trust-remote-code") is not None:

@@ -140,7 +140,8 @@ def test_the_constraints_catch_what_the_gpu_refused() -> None:
     assert rope_kv_store(qwen3_moe, hf_config_dict(qwen3_moe)) == ["head size 16 not in (64, 128, 256, 512)"]
     ds = variant("tiny-deepseek-v3", mla={"kv_lora_rank": 32})
     assert mla_triton_decode(ds, {}) == ["kv_lora_rank 32 + rope 8: a K tile of 64 against a V tile of 32"]
-    assert mla_triton_decode(variant("tiny-deepseek-v3", mla={"kv_lora_rank": 512, "qk_pos_emb_head_dim": 64}), {}) == []
+    deepseek_sizes = variant("tiny-deepseek-v3", mla={"kv_lora_rank": 512, "qk_pos_emb_head_dim": 64})
+    assert mla_triton_decode(deepseek_sizes, {}) == []
     nxt = variant("tiny-qwen3-next", gated_delta_net={"value_head_dim": 24})
     assert gdn_split_kernel(nxt, {}) == ["value dims per key head 48 is not a power of 2"]
     dense0 = variant("tiny-qwen3-next", moe={"first_k_dense": 1})

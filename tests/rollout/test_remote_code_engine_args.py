@@ -1,6 +1,6 @@
 """A MiMo checkpoint names its config class as remote code (config.json auto_map): SGLang reads it only
 with --trust-remote-code, so the engines get the flag for such a checkpoint (and only for one), unless
-the passthrough already says it (docs/model-families.md, "MiMo-7B")."""
+the passthrough already says it (docs/model-families.md, "MiMo-7B (`mimo`, MiMoForCausalLM)")."""
 
 from __future__ import annotations
 
