@@ -94,6 +94,11 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             qk_nope_head_dim=l.qk_head_dim, qk_rope_head_dim=l.qk_pos_emb_head_dim, v_head_dim=l.v_head_dim,
             num_nextn_predict_layers=0, rope_interleave=True,
         )
+    if mc.hf_model_type == "deepseek_v3" and a.moe:
+        # DeepSeek-V3's and Moonlight's config.json carry these; transformers' DeepseekV3Config has no
+        # such fields and SGLang 0.5.14's deepseek_v2.py reads them unguarded (docs/model-families.md,
+        # "What SGLang 0.5.14 serves on a GPU")
+        cfg.update(_deepseek_v3_router_fields(a.moe))
     if mc.hf_model_type == "glm4_moe_lite" and a.moe:
         # transformers builds the layers from mlp_layer_types, SGLang from first_k_dense_replace
         # (which _deepseek_style_moe wrote): both, as GLM-4.7-Flash's loaders read one or the other
@@ -111,6 +116,11 @@ def hf_config_dict(mc: ModelConfig) -> dict:
             mlp_layer_types=["dense"] * m.first_k_dense + ["sparse"] * (a.num_layers - m.first_k_dense),
             index_n_heads=d.index_n_heads, index_head_dim=d.index_head_dim, index_topk=d.index_topk,
             indexer_types=["shared" if i in d.shared_layers else "full" for i in range(a.num_layers)],
+            # SGLang builds GLM-5 as DeepSeek-V3 (deepseek_v2.py), which reads these unguarded; SGLang
+            # 0.5.14 knows the shared layers as index_topk_pattern only ("S": reuse the top-k), 0.5.23
+            # reads indexer_types first (docs/model-families.md, "What SGLang 0.5.14 serves on a GPU")
+            **_deepseek_v3_router_fields(m),
+            index_topk_pattern="".join("S" if i in d.shared_layers else "F" for i in range(a.num_layers)),
         )
     if mc.hf_model_type == "glm4_moe" and a.moe:
         m = a.moe
@@ -143,6 +153,7 @@ def hf_config_dict(mc: ModelConfig) -> dict:
                              "mrope_section": [half // 3, half // 3, half - 2 * (half // 3)]},
             layer_types=["linear_attention" if (i + 1) % d.full_attention_interval else "full_attention"
                          for i in range(a.num_layers)],
+            full_attention_interval=d.full_attention_interval,
             linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
             linear_value_head_dim=d.value_head_dim, linear_num_key_heads=d.num_key_heads,
             linear_num_value_heads=d.num_value_heads)
@@ -162,7 +173,7 @@ def hf_config_dict(mc: ModelConfig) -> dict:
         # Qwen3NextConfig: partial_rotary_factor defaults to 0.25, so always spelt out; the hybrid
         # layers as layer_types; dense layers as mlp_only_layers (rlslurm expresses leading ones)
         d, m = a.gated_delta_net, a.moe
-        cfg.update(partial_rotary_factor=a.rotary_percent,
+        cfg.update(partial_rotary_factor=a.rotary_percent, full_attention_interval=d.full_attention_interval,
                    layer_types=["linear_attention" if (i + 1) % d.full_attention_interval else "full_attention"
                                 for i in range(a.num_layers)],
                    linear_conv_kernel_dim=d.conv_kernel_dim, linear_key_head_dim=d.key_head_dim,
@@ -208,6 +219,39 @@ def _deepseek_style_moe(m: MoEArch) -> dict[str, Any]:
         first_k_dense_replace=m.first_k_dense, norm_topk_prob=m.router_topk_norm,
         routed_scaling_factor=m.router_scaling_factor, n_group=m.router_num_groups, topk_group=m.router_group_topk,
     )
+
+
+def _deepseek_v3_router_fields(m: MoEArch) -> dict[str, Any]:
+    """The router fields of DeepSeek-V3's config.json that transformers drops and SGLang reads: every
+    layer after the leading dense ones is MoE (moe_layer_freq 1), scored by the router's function,
+    with the correction bias (noaux_tc)."""
+    return dict(moe_layer_freq=1, scoring_func=m.router_score_function,
+                topk_method="noaux_tc" if m.router_expert_bias else "greedy")
+
+
+# Qwen3.5's image processor (Qwen3-VL's: patches of 16 over 2 frames, 2x2 merged), for the one-block
+# vision tower rlslurm.tiny writes; text-only prompts never reach it.
+QWEN3_5_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor", "patch_size": 16,
+    "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+}
+
+# MiMo's config class as the release's auto_map names it (configuration_mimo.MiMoConfig): Qwen2's
+# fields plus the MTP layer count. Written by rlslurm (the release's own file is not shipped here);
+# SGLang loads it with --trust-remote-code, which a mimo config.json needs (AutoConfig refuses
+# model_type mimo without it).
+MIMO_CONFIG_CODE = """\
+from transformers import Qwen2Config
+
+
+class MiMoConfig(Qwen2Config):
+    model_type = "mimo"
+
+    def __init__(self, num_nextn_predict_layers=0, **kwargs):
+        self.num_nextn_predict_layers = num_nextn_predict_layers
+        super().__init__(**kwargs)
+"""
 
 
 def _add_mimo_mtp_layer(out: Path, cfg: Any, dtype: Any, seed: int) -> None:
@@ -275,6 +319,12 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     if model_type == "mimo":
         _add_mimo_mtp_layer(out, model.config, getattr(torch, dtype), seed)
         (out / "config.json").write_text(json.dumps({**cfg_dict, "model_type": "mimo"}, indent=1))
+        # the config class its auto_map names: SGLang reads config.json through it (--trust-remote-code)
+        (out / "configuration_mimo.py").write_text(MIMO_CONFIG_CODE)
+    if model_type in ("qwen3_5", "qwen3_5_moe"):
+        # a vision-language model: SGLang loads its multimodal processor at start (AutoProcessor), which
+        # needs the image processor's config beside the weights, as the release ships it
+        (out / "preprocessor_config.json").write_text(json.dumps(QWEN3_5_PREPROCESSOR))
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -124,8 +124,10 @@ _INPLACE_DUNDERS = frozenset(f"__i{op}__" for op in ("add", "sub", "mul", "trued
 class _Recorder(TorchFunctionMode):
     """Watches SGLang's load_weights run on views of `buf` (one uint8 buffer): records each
     `param_view.copy_(buf_view)`, and notes anything a replay of those copies would not redo: a
-    buffer view materialised into new memory (`.to`, `.contiguous`, `cat`, arithmetic) or a
-    parameter written other than by a copy from the buffer."""
+    buffer view materialised into new memory (`.to`, `.contiguous`, `cat`, arithmetic), a
+    parameter written other than by a copy from the buffer, or a parameter read into new memory:
+    state derived from the weights, such as the MLA models' `w_kc`/`w_vc`, which SGLang's
+    `post_load_weights` recomputes from `kv_b_proj` inside load_weights (docs/sglang-behaviour.md)."""
 
     def __init__(self, buf: torch.Tensor, params: set[int]):
         super().__init__()
@@ -138,10 +140,23 @@ class _Recorder(TorchFunctionMode):
     def _is(self, t: Any, ptr: int) -> bool:
         return isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == ptr
 
-    def _reads_buf(self, args: Any, kwargs: dict) -> bool:
+    @staticmethod
+    def _tensors(args: Any, kwargs: dict) -> list[torch.Tensor]:
         flat = list(args) + list(kwargs.values())
         flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]
-        return any(self._is(a, self.base) for a in flat)
+        return [a for a in flat if isinstance(a, torch.Tensor)]
+
+    def _reads_buf(self, args: Any, kwargs: dict) -> bool:
+        return any(self._is(a, self.base) for a in self._tensors(args, kwargs))
+
+    def _reads_param(self, args: Any, kwargs: dict) -> bool:
+        return any(a.untyped_storage().data_ptr() in self.params for a in self._tensors(args, kwargs))
+
+    def _new_memory(self, out: Any) -> bool:
+        """Whether an op's result holds a tensor in memory other than the buffer's or a parameter's."""
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return any(isinstance(o, torch.Tensor) and not self._is(o, self.base)
+                   and o.untyped_storage().data_ptr() not in self.params for o in outs)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -176,6 +191,8 @@ class _Recorder(TorchFunctionMode):
             outs = out if isinstance(out, (list, tuple)) else [out]
             if any(isinstance(o, torch.Tensor) and not self._is(o, self.base) for o in outs):
                 self.unfaithful.append(f"the bucket read by {name}")
+        elif self._reads_param(args, kwargs) and self._new_memory(out):
+            self.unfaithful.append(f"a parameter read into new memory by {name} (state derived from the weights)")
         return out
 
 
@@ -238,10 +255,23 @@ def _views(buf: torch.Tensor, plan: BucketPlan) -> list[tuple[str, torch.Tensor]
 
 # --- the receiver ----------------------------------------------------------------------------
 
+# Buffers SGLang fills from a weight at a forward and never refreshes when the weights change: dropped
+# after every update so that the next forward rebuilds them from the new weights. SGLang 0.5.14's
+# glm4_moe.py and glm4_moe_lite.py Glm4MoeGate keep the router weight in fp32 as `_weight_fp32` (its
+# own FIXME; 0.5.23 casts at each forward): GLM-4.5 and GLM-4.7-Flash engines would route with the
+# weights they started with (docs/sglang-behaviour.md).
+STALE_CACHES = ("_weight_fp32",)
+
+
 class _Receiver:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.maps: dict[tuple, _CopyMap] = {}
+        self.cached = [(m, b) for m in model.modules() for b in STALE_CACHES if b in m._buffers]
+
+    def drop_caches(self) -> None:
+        for module, name in self.cached:
+            setattr(module, name, None)
 
     def run(self, group: Any, buckets: list[BucketPlan]) -> dict[str, float]:
         """Receive and load every bucket; returns timings (s): until the first bucket arrived, the
@@ -266,6 +296,7 @@ class _Receiver:
                 pending = dist.broadcast(bufs[(k + 1) % 2][:buckets[k + 1].nbytes], src=0, group=group,
                                          async_op=True)
             self._load(buf, plan)
+        self.drop_caches()
         end = _mark(cuda, t0)
         if cuda:
             torch.cuda.current_stream(dev).synchronize()  # the buffers are freed next
@@ -287,6 +318,7 @@ class _Receiver:
                 raise ValueError(f"{LOADER}: a {buf.numel()}-byte buffer for a {plan.nbytes}-byte bucket")
             self._load(buf, plan)
             opened.append(buf)
+        self.drop_caches()
         dev = next(self.model.parameters()).device
         if dev.type == "cuda":
             torch.cuda.current_stream(dev).synchronize()

@@ -24,6 +24,7 @@ published version (`weights_current`) — the trainer publishes again when it se
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -110,6 +111,22 @@ def colocate_args(cfg: RunConfig) -> tuple[str, ...]:
     return ("--enable-memory-saver",)
 
 
+def remote_code_args(cfg: RunConfig) -> tuple[str, ...]:
+    """A checkpoint whose config class is remote code (MiMo: its config.json's auto_map names
+    configuration_mimo.MiMoConfig): SGLang reads that config.json only with --trust-remote-code, which
+    transformers needs for such a model_type, unless the passthrough says it already
+    (docs/model-families.md, "MiMo-7B (`mimo`, MiMoForCausalLM)")."""
+    from rlslurm.convert.hf_config import REMOTE_BASE
+
+    if cfg.model.hf_checkpoint is None or flag_value(cfg.sglang_args, "--trust-remote-code") is not None:
+        return ()
+    try:
+        model_type = json.loads((Path(cfg.model.hf_checkpoint) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return ()  # SGLang reports an unreadable checkpoint itself
+    return ("--trust-remote-code",) if model_type in REMOTE_BASE else ()
+
+
 def nodes_per_engine(cfg: RunConfig) -> int:
     """How many rollout nodes one engine spans: 1 unless it has more ranks than a node holds (a
     node's rollout GPUs; on CPU one rank per node). resolve() checks that the ranks fill whole nodes."""
@@ -161,7 +178,8 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
                   # rlslurm/stacks.py: --allow-untested-stack covers the rollout's SGLang too
                   allow_untested_sglang=cfg.rollout.allow_untested_sglang or cfg.run.allow_untested_stack,
                   extra_args=(*cfg.sglang_args, *WEIGHT_VERSION_ARGS, *receiver_args(plan),
-                              *quantization_args(plan, cfg.sglang_args), *colocate_args(cfg)))
+                              *quantization_args(plan, cfg.sglang_args), *colocate_args(cfg),
+                              *remote_code_args(cfg)))
     span = nodes_per_engine(cfg)
     # the passthrough judged by this node's own SGLang, its --config file as it is now (engines/span.py)
     check_on_node(cfg.sglang_args, span, cfg.rollout.engine_span_interface, cfg.rollout.engine_span_ports_closed)

@@ -37,7 +37,7 @@ def test_moe_and_mla_fields():
 
     ds = transformer_config(load_model_config("tiny-deepseek-v3"), overrides={})
     assert type(ds).__name__ == "MLATransformerConfig"
-    assert (ds.q_lora_rank, ds.kv_lora_rank, ds.qk_head_dim, ds.qk_pos_emb_head_dim) == (32, 32, 16, 8)
+    assert (ds.q_lora_rank, ds.kv_lora_rank, ds.qk_head_dim, ds.qk_pos_emb_head_dim) == (32, 24, 16, 8)
     assert ds.moe_layer_freq == [0, 1] and ds.moe_router_score_function == "sigmoid"
     assert ds.moe_router_topk_scaling_factor == 2.5 and ds.moe_router_enable_expert_bias
     assert (ds.moe_router_num_groups, ds.moe_router_group_topk) == (2, 1)
@@ -131,10 +131,10 @@ def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
     cfg = transformer_config(mc, tp=2, overrides={})
     assert cfg.experimental_attention_variant == "gated_delta_net" and cfg.linear_attention_freq == 3
     assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-            cfg.linear_conv_kernel_dim) == (2, 4, 16, 24, 4)
+            cfg.linear_conv_kernel_dim) == (2, 4, 16, 32, 4)
     assert cfg.layernorm_zero_centered_gamma and cfg.attention_output_gate and cfg.qk_layernorm
     assert cfg.moe_shared_expert_gate and cfg.moe_shared_expert_intermediate_size == 48
-    assert cfg.moe_layer_freq == [0, 1, 1] and cfg.moe_router_score_function == "softmax"
+    assert cfg.moe_layer_freq == [1, 1, 1] and cfg.moe_router_score_function == "softmax"
     assert not cfg.moe_router_pre_softmax and cfg.sequence_parallel
     with pytest.raises(ConfigError) as e:
         transformer_config(mc, tp=4, overrides={})
@@ -225,7 +225,7 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     cfg = transformer_config(mc, tp=2, overrides={})
     assert type(cfg).__name__ == "MLATransformerConfig" and cfg.experimental_attention_variant == "dsa"
     assert (cfg.dsa_indexer_n_heads, cfg.dsa_indexer_head_dim, cfg.dsa_indexer_topk, cfg.dsa_indexer_loss_coeff) == (
-        4, 32, 4, 0.0)
+        4, 128, 4, 0.0)
     assert (cfg.q_lora_rank, cfg.qk_pos_emb_head_dim, cfg.moe_layer_freq, cfg.moe_router_topk_scaling_factor) == (
         32, 8, [0, 1, 1], 2.5)
     assert cfg.sequence_parallel and not cfg.rotary_interleaved and cfg.moe_router_bias_update_rate == 0.0

@@ -212,3 +212,86 @@ def test_each_tp_rank_replays_its_slice_of_every_expert(rank: int) -> None:
         assert torch.equal(got[k], want), k
     mine = slice(rank * (I // 2), (rank + 1) * (I // 2))
     assert torch.equal(got["w2"][1], _experts(2)[5][1][:, mine])  # expert 1's down_proj columns of this rank
+
+
+R, L = 3, 4  # MLA below: latent rank, heads x their key width
+
+
+class MLAish(torch.nn.Module):
+    """A loader written like SGLang's DeepSeek-V3 (deepseek_common/deepseek_weight_loader.py, 0.5.14 and
+    0.5.23): load_weights copies kv_b_proj, then its post_load_weights recomputes the absorbed MLA
+    weight w_kc from that parameter (`bind_or_assign`: a copy into the existing tensor, which is no
+    parameter). A replay of the bucket's copies alone would leave w_kc at the weights it learnt from."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv_b = torch.nn.Parameter(torch.zeros(L, R))
+        self.w_kc = self.kv_b.data.t().contiguous()
+
+    def load_weights(self, weights):
+        for name, w in weights:
+            if name == "kv_b_proj.weight":
+                self.kv_b.data.copy_(w)
+        self.w_kc.copy_(self.kv_b.data.t().contiguous())
+
+
+def _mla(seed: int) -> list[tuple[str, torch.Tensor]]:
+    return [("kv_b_proj.weight", torch.randn(L, R, generator=torch.Generator().manual_seed(seed)))]
+
+
+def test_state_derived_from_the_weights_keeps_load_weights() -> None:
+    """The MLA families' w_kc/w_vc: a parameter read into new memory during load_weights is state a
+    replay would not recompute, so the bucket keeps SGLang's load_weights, and the derived tensor
+    follows every update (before, the second update left it at the first one's weights)."""
+    plan = bucket_plan(_mla(1))
+    model = MLAish()
+    receiver = _Receiver(model)
+    receiver._load(_buffer(_mla(1)), plan)
+    receiver._load(_buffer(_mla(2)), plan)
+    assert torch.equal(model.w_kc, _mla(2)[0][1].t())
+    cmap = receiver.maps[plan.key()]
+    assert not cmap.complete and cmap.why.startswith("a parameter read into new memory by contiguous"), cmap.why
+
+
+class GLMGateish(torch.nn.Module):
+    """SGLang 0.5.14's Glm4MoeGate (glm4_moe.py, glm4_moe_lite.py): the router weight, and an fp32 copy
+    of it registered as the buffer `_weight_fp32`, made at the first forward and never refreshed."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(2, H, dtype=torch.bfloat16))
+        self.register_buffer("_weight_fp32", None, persistent=False)
+
+    def forward(self, x):
+        if self._weight_fp32 is None:
+            self._weight_fp32 = self.weight.data.to(torch.float32)
+        return x @ self._weight_fp32.t()
+
+    def load_weights(self, weights):
+        for _, w in weights:
+            self.weight.data.copy_(w)
+
+
+def test_an_update_drops_the_router_weight_cached_at_a_forward() -> None:
+    """After each update the engine routes with the new router weight: the receiver drops the cache
+    (receiver.STALE_CACHES) so the next forward rebuilds it (before, GLM engines on SGLang 0.5.14
+    routed with their starting weights for the whole run)."""
+    from rlslurm.engines.receiver import _parse, mapped_payload
+    from rlslurm.engines.shared_buffer import MemfdBuffer
+
+    model = GLMGateish()
+    receiver = _Receiver(model)
+    x = torch.ones(1, H)
+    buf = MemfdBuffer(1 << 12)
+    try:
+        for seed in (1, 2, 3):  # learn, then replay twice
+            named = [("mlp.gate.weight", torch.randn(2, H, generator=torch.Generator().manual_seed(seed))
+                      .to(torch.bfloat16))]
+            data = _buffer(named)
+            buf.tensor[:data.numel()].copy_(data)
+            obj, buckets = _parse(mapped_payload([bucket_plan(named)], [buf.source(data.numel())]))
+            receiver.run_mapped(buckets, obj["sources"])
+            assert torch.equal(model(x), x @ named[0][1].float().t()), seed
+        assert receiver.maps[bucket_plan(named).key()].complete
+    finally:
+        buf.close()
