@@ -151,8 +151,12 @@ def grad_tensors(st: Any) -> list[torch.Tensor]:
 
 
 def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet, TensorSet]:
-    """(the actor's params, the gradients (scratch), everything else on `device`)."""
-    params = TensorSet.of((p.data for p in st.actor.model.parameters()), device)
+    """(the actor's params and buffers, the gradients (scratch), everything else on `device`). The
+    buffers go with the params: the weight export reads them while the rest is off the GPU (an MoE
+    router's expert bias: left behind, the first publish of tiny-glm4-moe read a freed storage and the
+    trainer died of an illegal memory access, docs/colocate.md)."""
+    model = st.actor.model
+    params = TensorSet.of((*(p.data for p in model.parameters()), *model.buffers()), device)
     grads = TensorSet.of(grad_tensors(st), device, exclude=(params,), scratch=True)
     return params, grads, TensorSet.of(other_tensors(st), device, exclude=(params, grads))
 

@@ -130,3 +130,22 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
             turn.close()
     if ours:
         dist.destroy_process_group()
+
+
+def test_the_actors_buffers_stay_with_its_params_for_the_export() -> None:
+    """The export reads the actor's buffers (megatron's router `expert_bias`) after the rest has moved off
+    the GPU for the engines' weights (Colocation.to_engines_for_weights); before, a buffer moved with the
+    rest and the first publish of an MoE model with a router bias read a freed storage."""
+    st = _state()
+    st.actor.model[1].register_buffer("expert_bias", torch.arange(2.0))
+    params, grads, rest = trainer_tensor_sets(st, torch.device("cpu"))
+    rest.offload()
+    rest.add(other_tensors(st), exclude=(params, grads))
+    rest.offload()
+    kept = st.actor.model[1].expert_bias.untyped_storage().nbytes()  # a number: a freed tensor's repr would crash
+    assert kept > 0
+    assert torch.equal(st.actor.model[1].expert_bias, torch.arange(2.0))
+    params.offload()
+    assert st.actor.model[1].expert_bias.untyped_storage().nbytes() == 0  # it moves with the params
+    params.onload()
+    assert torch.equal(st.actor.model[1].expert_bias, torch.arange(2.0))
