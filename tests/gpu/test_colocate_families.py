@@ -31,8 +31,17 @@ def families() -> dict[str, str]:
     return out
 
 
+# What a family's engine needs beyond the trimmed GPU bundle (tools/gpu/build-bundle.sh): SGLang 0.5.14's
+# DSA indexer imports deep_gemm (sgl-deep-gemm, an SGLang requirement the bundle leaves out)
+NEEDS = {"tiny-glm-moe-dsa": "deep_gemm"}
+
+
 @pytest.mark.parametrize("model", sorted(families().values()))
 def test_family_trains_colocated_with_defaults(model: str, tmp_path: Path) -> None:
+    import importlib.util
+
+    if model in NEEDS and importlib.util.find_spec(NEEDS[model]) is None:
+        pytest.skip(f"{model}'s engine imports {NEEDS[model]}, which the trimmed GPU bundle leaves out")
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
     t0 = time.monotonic()
     proc = colocated(run_dir, log, "--demo", "--model", model, "--num-rollout", str(N))
