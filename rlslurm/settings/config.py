@@ -74,8 +74,8 @@ class RunSection(Section):
                                                   "of 0700 (docs/security.md)")
     # weight sync then goes over gloo: NCCL refuses two ranks on one GPU (docs/gpu.md)
     shared_gpu: bool = Field(False, description="`rlslurm run` only: the trainer and the engines share this "
-                                                "machine's GPU(s) as separate processes (a one-GPU box; needs "
-                                                "--sglang-mem-fraction-static)")
+                                                "machine's GPU(s) as separate processes (a one-GPU box; the "
+                                                "engines size their share beside the trainer, docs/gpu.md)")
     colocate: bool = Field(False, description="slime's --colocate: trainer and engines on the same GPUs of every "
                                               "node, taking turns (docs/colocate.md)")
     offload_train: bool | None = Field(
