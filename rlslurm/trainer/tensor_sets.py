@@ -156,7 +156,8 @@ def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, Tenso
     router's expert bias: left behind, the first publish of tiny-glm4-moe read a freed storage and the
     trainer died of an illegal memory access, docs/colocate.md)."""
     model = st.actor.model
-    params = TensorSet.of((*(p.data for p in model.parameters()), *model.buffers()), device)
+    # nn.Module's buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
+    params = TensorSet.of((*(p.data for p in model.parameters()), *torch.nn.Module.buffers(model)), device)
     grads = TensorSet.of(grad_tensors(st), device, exclude=(params,), scratch=True)
     return params, grads, TensorSet.of(other_tensors(st), device, exclude=(params, grads))
 
