@@ -50,9 +50,12 @@ def usable_refusal(path: Path) -> str | None:
 
 
 def _key_of(data: bytes) -> str | None:
-    """The api key in control/api_key's bytes, None if they are not one (rlslurm writes 64 hex digits)."""
+    """The api key in control/api_key's bytes, None if they are not one: at least 32 printable ASCII
+    characters, no space. rlslurm writes 64 hex digits; a site's key of another alphabet (a job's own,
+    or a test deployment's) is a key too. What damage leaves - nothing, NULs, a cut-off line - is not."""
     key = data.decode("ascii", errors="replace").strip()
-    return key if len(key) >= 32 and all(c in "0123456789abcdef" for c in key) else None
+    return key if len(key) >= 32 and key.isascii() and key.isprintable() and not any(c.isspace() for c in key) \
+        else None
 
 
 class RunDir:

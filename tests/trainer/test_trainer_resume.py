@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
+from conftest import REPO, _pythonpath, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -119,7 +119,6 @@ def test_a_runs_checkpoint_converts_to_the_published_weights(straight: Path, tmp
 
     import torch
 
-    from conftest import REPO, _pythonpath
 
     out = tmp_path / "hf"
     p = subprocess.run([sys.executable, "-m", "rlslurm", "convert", "mcore-to-hf", "--model", "tiny-qwen3", "--load",
