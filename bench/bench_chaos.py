@@ -242,7 +242,8 @@ class Procs:
         return out
 
     def ckpt_writers(self, ranks: dict[int, int]) -> list[int]:
-        """The ranks' forked checkpoint writers (ckpt_writer.py; a fork keeps its rank's command line)."""
+        """The ranks' forked checkpoint writers (trainer/checkpoint/writer.py; a fork keeps its rank's
+        command line)."""
         pids = pgrep(f"trainer[.]main --run-dir {self.rd}( |$)")
         return [p for p in pids if procfs.parent_of(p) in set(ranks.values())]
 

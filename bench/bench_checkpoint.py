@@ -1,5 +1,5 @@
 """Checkpoint cost: the training stall per save and the time from a preempt/TERM to its ack, with
-asynchronous saves (rlslurm/trainer/ckpt_writer.py) and without (--no-async-save).
+asynchronous saves (rlslurm/trainer/checkpoint/writer.py) and without (--no-async-save).
 
 One trainer process (rank 0 of 1; bench_trainer.py's set-up: random init, the qwen3-1.7B shape by
 default, bf16, distributed optimizer, one GPU), a real optimizer step before each save so that Adam
@@ -74,7 +74,7 @@ def run_mode(st, rollout, prep, *, asynchronous: bool, saves: int, root: Path) -
             step_during.append(_timed(train))  # the trainer trains on while it is written
         saved = ck.wait()
         latest.append(saved.total_s if saved is not None else time.perf_counter() - t0)
-        if saved is not None:  # how this rank's copy was staged (trainer/ckpt_staging.py) and its seconds
+        if saved is not None:  # how this rank's copy was staged (trainer/checkpoint/staging.py) and its seconds
             staged.append((saved.staging, round(saved.stage_s, 3)))
     # the preempt path with a save in flight: wait for it, save the newest state, wait
     train()
@@ -134,12 +134,12 @@ def main() -> None:
     # warm-up: Adam state exists from here on; timed, as it runs beside the reservation (GIL, memory bandwidth)
     reserve["warmup_step_s"] = round(_timed(lambda: steps.train_step(st, rollout, prep, 0)), 3)
     if a.reserve_ahead:
-        from rlslurm.trainer import ckpt_writer
+        from rlslurm.trainer.checkpoint import staging
 
         # a real trainer waits here for its engines and the first rollout (tens of seconds on a GPU):
         # what is left of the reservation after the warm-up step, and its whole time
         t = time.perf_counter()
-        ckpt_writer.area().wait_reserved()
+        staging.area().wait_reserved()
         reserve.update(reserve_wait_after_warmup_s=round(time.perf_counter() - t, 3),
                        reserve_total_s=round(time.perf_counter() - t_res, 3))
     base = a.dir or Path(tempfile.mkdtemp(prefix="rlslurm-bench-ckpt-"))

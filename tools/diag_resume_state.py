@@ -35,7 +35,7 @@ def _opt_parts(opt) -> list:
 
 def snapshot(st) -> dict[str, Any]:
     """Everything a resumed trainer must have equal to the saver, as plain tensors/values."""
-    from rlslurm.trainer.checkpoint import _rng_state
+    from rlslurm.trainer.checkpoint.state import rng_state
 
     snap: dict[str, Any] = {}
     ddp = st.actor.model
@@ -61,7 +61,7 @@ def snapshot(st) -> dict[str, Any]:
         if getattr(part, "grad_scaler", None) is not None:
             snap[f"opt{k}/grad_scaler"] = part.grad_scaler.state_dict()
     snap["scheduler"] = st.actor.scheduler.state_dict()
-    rng = _rng_state()
+    rng = rng_state()
     snap["rng/python"] = rng["random"]
     snap["rng/numpy"] = [x.tolist() if hasattr(x, "tolist") else x for x in rng["numpy"]]
     snap["rng/torch"] = rng["torch"]

@@ -74,7 +74,7 @@ class Retention:
     rollout there as JSONL first.
 
     `keep_from` is the first rollout the OLDEST checkpoint still on disk trains after a resume
-    (trainer/checkpoint.py `retention`). The trainer falls back to an older checkpoint when the
+    (trainer/checkpoint/directory.py `retention`). The trainer falls back to an older checkpoint when the
     newest is corrupt, and then trains again every rollout after it - from the buffer, since the
     driver never regenerates a committed rollout; retiring one of those would end the run with
     "already trained and retired". None: only the checkpoint just taken counts."""

@@ -146,7 +146,7 @@ class BufferStore:
 
 def checkpoint_last_trained(run: RunDir) -> int | None:
     """The last trained rollout of the newest complete trainer checkpoint, from its completeness mark
-    (RUN/checkpoints/latest -> iter_NNNNNNN/rlslurm.json `progress`, trainer/checkpoint.py), else from
+    (RUN/checkpoints/latest -> iter_NNNNNNN/rlslurm.json `progress`, trainer/checkpoint/directory.py), else from
     the newest directory that has one; None without any. No torch: the rollout side reads it too."""
     root = run.checkpoints_dir
     names = [n for n in listdir_fresh(root) if n.startswith("iter_") and n[5:].isdigit()]

@@ -237,7 +237,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
         sharded = net.sharded_state_dict()
         state = dist_checkpointing.load(sharded, str(load))
         # a run's checkpoint (RUN/checkpoints/iter_N) also holds the optimizer, the scheduler and the
-        # trainer's progress beside the model (trainer/checkpoint.py): the model's part is converted
+        # trainer's progress beside the model (trainer/checkpoint/state.py): the model's part is converted
         net.load_state_dict({k: v for k, v in state.items() if k in sharded})
         stage = ps.get_pipeline_model_parallel_rank()
         writer = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0

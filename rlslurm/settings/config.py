@@ -469,7 +469,7 @@ class TrainSection(Section):
                                                             "preemption, stop and the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept in RUN/checkpoints")
     # forked writers write it while the trainer trains on, and `latest` moves once it is complete and
-    # verified (trainer/ckpt_writer.py, docs/checkpoints.md)
+    # verified (trainer/checkpoint/writer.py, docs/checkpoints.md)
     async_save: bool = Field(True, description="megatron's --async-save: a save stalls training only while the "
                                                "state is copied off the model (--no-async-save: the trainer "
                                                "waits for the write)")

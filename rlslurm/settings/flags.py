@@ -147,90 +147,149 @@ def parse_flags(argv: list[str]) -> Layer:
         tok = argv[i]
         if not tok.startswith("--"):
             raise ConfigError(f"unexpected argument {tok!r} (flags look like --name value)")
-        name, eq, inline = tok[2:].partition("=")
-        has_next = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        passthrough = (layer.sglang_args if tok.startswith(SGLANG_PREFIX)
-                       else layer.router_args if tok.startswith(ROUTER_PREFIX) else None)
-        if passthrough is not None:
-            passthrough.append("--" + name.split("-", 1)[1])
-            if eq:
-                passthrough.append(inline)
-            elif has_next:
-                passthrough.append(argv[i + 1])
-                i += 1
-            i += 1
-            continue
-        if tok.startswith(MEGATRON_PREFIX):
-            key = name[len("megatron-"):].replace("-", "_")
-            if eq or has_next:
-                raw = inline if eq else argv[i + 1]
-                i += 0 if eq else 1
-                layer.megatron[key] = _yaml_value(raw, f"--megatron-{name[len('megatron-'):]}") if raw else raw
-            else:
-                layer.megatron[key] = True
-            i += 1
-            continue
-        field_name = name.replace("-", "_")
-        negated = False
-        switch: Any = None
-        if field_name in SLIME_ALIASES and field_name not in FIELDS:
-            field_name, switch = SLIME_ALIASES[field_name]  # slime's spelling of the same setting
-        if field_name in SLIME_ALWAYS and field_name not in FIELDS:  # slime's switch for what rlslurm always does
-            if not eq and has_next and argv[i + 1].lower() in ("true", "false", "1", "0", "yes", "no"):
-                i += 1
-            i += 1
-            continue
-        if field_name not in FIELDS and field_name.startswith("no_") and field_name[3:] in FIELDS:
-            field_name, negated = field_name[3:], True
-        if field_name not in FIELDS:
-            raise ConfigError(f"unknown flag --{name}{_suggest(field_name)}")
-        kind = _kind(FIELDS[field_name][1])
-        origin = f"--{name}" if switch is not None or name.replace("-", "_") in SLIME_ALIASES else flag_name(field_name)
-        if switch is not None:
-            value: Any = switch  # a switch: takes no value
-        elif kind == "bool":
-            if negated:
-                value = False
-            elif eq:
-                value = inline
-            elif has_next and argv[i + 1].lower() in ("true", "false", "1", "0", "yes", "no"):
-                value = argv[i + 1]
-                i += 1
-            else:
-                value = True
-        elif kind == "list":
-            value = [inline] if eq else []
-            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                value.append(argv[i + 1])
-                i += 1
-            if not value and i + 1 < len(argv) and field_name.endswith("sbatch_extra"):
-                # its values are options themselves: `--sbatch-extra --constraint=h100` would read
-                # --constraint as an rlslurm flag
-                raise ConfigError(f"{origin} takes one sbatch option after '=': {origin}={argv[i + 1]} (repeat "
-                                  f"{origin}=... for more)")
-            key = (FIELDS[field_name][0], field_name)
-            if key in layer.values:  # the flag given again: its values add up
-                value = [*layer.values[key], *value]
-        elif kind == "dict":
-            items = [inline] if eq else []
-            while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                items.append(argv[i + 1])
-                i += 1
-            value = _parse_dict(items, origin)
-            key = (FIELDS[field_name][0], field_name)
-            if key in layer.values:  # the flag given again: its keys add up
-                value = merge_dict(layer.values[key], origin, value, origin, flag_name(field_name))
+        if tok.startswith(SGLANG_PREFIX):
+            i = _passthrough_flag(layer.sglang_args, argv, i)
+        elif tok.startswith(ROUTER_PREFIX):
+            i = _passthrough_flag(layer.router_args, argv, i)
+        elif tok.startswith(MEGATRON_PREFIX):
+            i = _megatron_flag(layer, argv, i)
         else:
-            if eq:
-                value = inline
-            elif has_next or (i + 1 < len(argv) and _is_number(argv[i + 1])):
-                value = argv[i + 1]
-                i += 1
-            else:
-                raise ConfigError(f"{origin} needs a value")
-        layer.set(field_name, value, origin)
-        i += 1
+            i = _field_flag(layer, argv, i)
     return layer
+
+
+BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")  # what a bool flag takes as its value
+
+
+@dataclass(frozen=True)
+class _Flag:
+    """The flag at argv[at]: `--name`, or `--name=inline` (`eq`)."""
+
+    name: str
+    eq: bool
+    inline: str
+    at: int
+
+    @classmethod
+    def read(cls, argv: list[str], i: int) -> _Flag:
+        name, eq, inline = argv[i][2:].partition("=")
+        return cls(name, bool(eq), inline, i)
+
+    def next_is_value(self, argv: list[str]) -> bool:
+        """The token after the flag is no flag: it may be the flag's value."""
+        return self.at + 1 < len(argv) and not argv[self.at + 1].startswith("--")
+
+
+def _passthrough_flag(args: list[str], argv: list[str], i: int) -> int:
+    """--sglang-X / --router-X [value]: handed on as --X with its value, if any. Returns the index
+    after what it took."""
+    flag = _Flag.read(argv, i)
+    args.append("--" + flag.name.split("-", 1)[1])
+    if flag.eq:
+        args.append(flag.inline)
+    elif flag.next_is_value(argv):
+        args.append(argv[i + 1])
+        i += 1
+    return i + 1
+
+
+def _megatron_flag(layer: Layer, argv: list[str], i: int) -> int:
+    """--megatron-X [value]: a megatron setting, its value read as YAML; alone, True. Returns the
+    index after what it took."""
+    flag = _Flag.read(argv, i)
+    key = flag.name[len("megatron-"):].replace("-", "_")
+    if flag.eq or flag.next_is_value(argv):
+        raw = flag.inline if flag.eq else argv[i + 1]
+        i += 0 if flag.eq else 1
+        layer.megatron[key] = _yaml_value(raw, f"--megatron-{flag.name[len('megatron-'):]}") if raw else raw
+    else:
+        layer.megatron[key] = True
+    return i + 1
+
+
+def _field_flag(layer: Layer, argv: list[str], i: int) -> int:
+    """--<field> [value]: a RunConfig field, by its own flag, --no-<field> (a bool), or slime's spelling
+    of it (rlslurm/settings/slime_flags.py). Returns the index after what it took."""
+    flag = _Flag.read(argv, i)
+    field_name = flag.name.replace("-", "_")
+    negated = False
+    switch: Any = None
+    if field_name in SLIME_ALIASES and field_name not in FIELDS:
+        field_name, switch = SLIME_ALIASES[field_name]  # slime's spelling of the same setting
+    if field_name in SLIME_ALWAYS and field_name not in FIELDS:  # slime's switch for what rlslurm always does
+        if not flag.eq and flag.next_is_value(argv) and argv[i + 1].lower() in BOOL_WORDS:
+            i += 1
+        return i + 1
+    if field_name not in FIELDS and field_name.startswith("no_") and field_name[3:] in FIELDS:
+        field_name, negated = field_name[3:], True
+    if field_name not in FIELDS:
+        raise ConfigError(f"unknown flag --{flag.name}{_suggest(field_name)}")
+    kind = _kind(FIELDS[field_name][1])
+    origin = (f"--{flag.name}" if switch is not None or flag.name.replace("-", "_") in SLIME_ALIASES
+              else flag_name(field_name))
+    if switch is not None:
+        value: Any = switch  # a switch: takes no value
+    elif kind == "bool":
+        value, i = (False, i) if negated else _bool_value(flag, argv)
+    elif kind == "list":
+        value, i = _list_value(layer, flag, argv, field_name, origin)
+    elif kind == "dict":
+        value, i = _dict_value(layer, flag, argv, field_name, origin)
+    else:
+        value, i = _scalar_value(flag, argv, origin)
+    layer.set(field_name, value, origin)
+    return i + 1
+
+
+# Each `_*_value` returns a field flag's value and the index of the last token it took.
+
+
+def _bool_value(flag: _Flag, argv: list[str]) -> tuple[Any, int]:
+    if flag.eq:
+        return flag.inline, flag.at
+    if flag.next_is_value(argv) and argv[flag.at + 1].lower() in BOOL_WORDS:
+        return argv[flag.at + 1], flag.at + 1
+    return True, flag.at
+
+
+def _values_after(flag: _Flag, argv: list[str]) -> tuple[list[str], int]:
+    """The inline value, then every token up to the next flag."""
+    values = [flag.inline] if flag.eq else []
+    i = flag.at
+    while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+        values.append(argv[i + 1])
+        i += 1
+    return values, i
+
+
+def _list_value(layer: Layer, flag: _Flag, argv: list[str], field_name: str, origin: str) -> tuple[Any, int]:
+    value, i = _values_after(flag, argv)
+    if not value and i + 1 < len(argv) and field_name.endswith("sbatch_extra"):
+        # its values are options themselves: `--sbatch-extra --constraint=h100` would read
+        # --constraint as an rlslurm flag
+        raise ConfigError(f"{origin} takes one sbatch option after '=': {origin}={argv[i + 1]} (repeat "
+                          f"{origin}=... for more)")
+    key = (FIELDS[field_name][0], field_name)
+    if key in layer.values:  # the flag given again: its values add up
+        value = [*layer.values[key], *value]
+    return value, i
+
+
+def _dict_value(layer: Layer, flag: _Flag, argv: list[str], field_name: str, origin: str) -> tuple[Any, int]:
+    items, i = _values_after(flag, argv)
+    value = _parse_dict(items, origin)
+    key = (FIELDS[field_name][0], field_name)
+    if key in layer.values:  # the flag given again: its keys add up
+        value = merge_dict(layer.values[key], origin, value, origin, flag_name(field_name))
+    return value, i
+
+
+def _scalar_value(flag: _Flag, argv: list[str], origin: str) -> tuple[Any, int]:
+    if flag.eq:
+        return flag.inline, flag.at
+    if flag.next_is_value(argv) or (flag.at + 1 < len(argv) and _is_number(argv[flag.at + 1])):
+        return argv[flag.at + 1], flag.at + 1
+    raise ConfigError(f"{origin} needs a value")
 
 
 def _yaml_value(raw: str, origin: str) -> Any:

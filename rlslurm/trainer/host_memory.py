@@ -1,7 +1,7 @@
 """How much host memory a node's trainer may page-lock (docs/checkpoints.md, "The staging area"; docs/colocate.md).
 
 Two things page-lock host memory for the whole run, per trainer rank: the asynchronous checkpoint's
-staging area (trainer/ckpt_staging.py: this rank's share of a checkpoint, weights + fp32 main params
+staging area (trainer/checkpoint/staging.py: this rank's share of a checkpoint, weights + fp32 main params
 + Adam's moments) and, under --colocate with --offload-train, the host copies of the trainer's state
 between turns (trainer/tensor_sets.py: about as much again). Page-locked memory cannot be swapped or
 reclaimed: more of it than the node (or the job's cgroup) has left makes the kernel's OOM killer end a

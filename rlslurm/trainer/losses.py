@@ -407,44 +407,15 @@ def compute_rl_loss(
     def reduce(xs: list[Tensor]) -> Tensor:
         return reduce_masked(xs, loss_masks, cfg.loss_reduction, global_denominator)
 
-    kind = estimator(cfg.estimator).policy_gradient  # the kinds: rlslurm/settings/rl_settings.py
-    if kind == "sequence_clip":  # GSPO
-        pg, clipfrac, ppo_kl = gspo_policy_loss(
-            log_probs, old_log_probs, advantages, loss_masks, cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
-        )
-    else:
-        # One fused elementwise pass over the micro-batch instead of a few kernels per sample.
-        lengths = [lp.numel() for lp in log_probs]
-        if kind == "cispo":
-            flat = cispo_policy_loss(
-                _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high
-            )
-        else:
-            flat = policy_loss(
-                _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
-            )
-        pg, clipfrac, ppo_kl = (list(t.split(lengths)) for t in flat)
+    pg, clipfrac, ppo_kl = _policy_gradient(cfg, log_probs, old_log_probs, advantages, loss_masks)
 
     metrics: dict[str, Tensor] = {}
     if cfg.use_tis:
         if rollout_log_probs is None:
             raise ValueError("use_tis needs rollout_log_probs (the engine's token log-probs)")
         check_same_lengths(log_probs, rollout_log_probs=rollout_log_probs)
-        weighted, ratios, tis_clip = [], [], []
-        for loss_i, old, roll, mask in zip(pg, old_log_probs, rollout_log_probs, loss_masks):
-            if cfg.custom_tis_function_path:
-                w, r, c = custom_tis_weights(cfg.custom_tis_function_path, TISInputs(
-                    old.detach(), roll.detach(), mask.detach(), cfg.tis_clip_low, cfg.tis_clip_high))
-            else:
-                w, r, c = tis_weights(old, roll, cfg.tis_clip_low, cfg.tis_clip_high)
-            weighted.append(loss_i * w)
-            ratios.append(r)
-            tis_clip.append(c)
-        pg = weighted
-        metrics["tis"] = reduce(ratios)
-        metrics["tis_clipfrac"] = reduce(tis_clip)
-        metrics["tis_abs"] = reduce([(r - 1.0).abs() for r in ratios])
-        metrics["ois"] = reduce([torch.exp(-k) for k in ppo_kl])
+        pg, tis_metrics = _tis_weighted(cfg, pg, old_log_probs, rollout_log_probs, loss_masks, ppo_kl, reduce)
+        metrics.update(tis_metrics)
 
     pg_loss = reduce(pg)
     loss = pg_loss
@@ -465,12 +436,7 @@ def compute_rl_loss(
     if ref_log_probs is not None:
         # Reported whenever the reference is at hand: the drift from it is worth watching
         # even when it is penalised in the reward (--kl-coef) or not at all.
-        check_same_lengths(log_probs, ref_log_probs=ref_log_probs)
-        # --use-unbiased-kl: the ratio to the policy that sampled the tokens (1 on the first step)
-        weights = ([torch.exp(lp.float() - old.float()) for lp, old in zip(log_probs, old_log_probs)]
-                   if cfg.use_unbiased_kl else [None] * len(log_probs))
-        kl = reduce([kl_estimate(lp, ref, cfg.kl_loss_type, importance_ratio=w)
-                     for lp, ref, w in zip(log_probs, ref_log_probs, weights)])
+        kl = reduce(_kl_to_reference(cfg, log_probs, old_log_probs, ref_log_probs))
         metrics["kl"] = kl
         if cfg.kl_loss_coef > 0.0:
             loss = loss + cfg.kl_loss_coef * kl
@@ -483,6 +449,79 @@ def compute_rl_loss(
 
     metrics["loss"] = loss
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def _policy_gradient(
+    cfg: PolicyLossConfig,
+    log_probs: list[Tensor],
+    old_log_probs: list[Tensor],
+    advantages: list[Tensor],
+    loss_masks: list[Tensor],
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Per sample, by the estimator's kind of policy gradient: the per-token loss, the clip fractions
+    and the new/old log-ratios (ppo_kl)."""
+    kind = estimator(cfg.estimator).policy_gradient  # the kinds: rlslurm/settings/rl_settings.py
+    if kind == "sequence_clip":  # GSPO
+        return gspo_policy_loss(
+            log_probs, old_log_probs, advantages, loss_masks, cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
+        )
+    # One fused elementwise pass over the micro-batch instead of a few kernels per sample.
+    lengths = [lp.numel() for lp in log_probs]
+    if kind == "cispo":
+        flat = cispo_policy_loss(
+            _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high
+        )
+    else:
+        flat = policy_loss(
+            _cat(log_probs), _cat(old_log_probs), _cat(advantages), cfg.eps_clip, cfg.clip_high, cfg.eps_clip_c
+        )
+    pg, clipfrac, ppo_kl = (list(t.split(lengths)) for t in flat)
+    return pg, clipfrac, ppo_kl
+
+
+def _tis_weighted(
+    cfg: PolicyLossConfig,
+    pg: list[Tensor],
+    old_log_probs: list[Tensor],
+    rollout_log_probs: list[Tensor],
+    loss_masks: list[Tensor],
+    ppo_kl: list[Tensor],
+    reduce: Callable[[list[Tensor]], Tensor],
+) -> tuple[list[Tensor], dict[str, Tensor]]:
+    """TIS: each sample's policy-gradient loss weighted by its truncated trainer/engine importance
+    ratio (--custom-tis-function-path's, where given), and the metrics of TIS, reduced like the loss:
+    the ratios, their clip fraction and distance from 1, and the new/old ratio (ois)."""
+    weighted, ratios, tis_clip = [], [], []
+    for loss_i, old, roll, mask in zip(pg, old_log_probs, rollout_log_probs, loss_masks):
+        if cfg.custom_tis_function_path:
+            w, r, c = custom_tis_weights(cfg.custom_tis_function_path, TISInputs(
+                old.detach(), roll.detach(), mask.detach(), cfg.tis_clip_low, cfg.tis_clip_high))
+        else:
+            w, r, c = tis_weights(old, roll, cfg.tis_clip_low, cfg.tis_clip_high)
+        weighted.append(loss_i * w)
+        ratios.append(r)
+        tis_clip.append(c)
+    return weighted, {
+        "tis": reduce(ratios),
+        "tis_clipfrac": reduce(tis_clip),
+        "tis_abs": reduce([(r - 1.0).abs() for r in ratios]),
+        "ois": reduce([torch.exp(-k) for k in ppo_kl]),
+    }
+
+
+def _kl_to_reference(
+    cfg: PolicyLossConfig,
+    log_probs: list[Tensor],
+    old_log_probs: list[Tensor],
+    ref_log_probs: list[Tensor],
+) -> list[Tensor]:
+    """Per sample, the per-token KL estimate of the current policy to the reference (--kl-loss-type)."""
+    check_same_lengths(log_probs, ref_log_probs=ref_log_probs)
+    # --use-unbiased-kl: the ratio to the policy that sampled the tokens (1 on the first step)
+    weights = ([torch.exp(lp.float() - old.float()) for lp, old in zip(log_probs, old_log_probs)]
+               if cfg.use_unbiased_kl else [None] * len(log_probs))
+    return [kl_estimate(lp, ref, cfg.kl_loss_type, importance_ratio=w)
+            for lp, ref, w in zip(log_probs, ref_log_probs, weights)]
 
 
 def compute_value_loss(

@@ -283,7 +283,7 @@ class Trainer:
         self._saved(self._checkpointer().poll())  # the save in flight, if it has become `latest` meanwhile
         si = self.cfg.train.save_interval
         if si is not None and progress.trained_rollouts % si == 0:
-            self.save(progress, wait=False)  # trains on while it is written (trainer/ckpt_writer.py)
+            self.save(progress, wait=False)  # trains on while it is written (trainer/checkpoint/writer.py)
             self._save_hf(progress)
 
     def _train_rollout(self, rollout, wait_s: float) -> list[tuple[int, dict]]:

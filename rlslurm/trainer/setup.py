@@ -3,7 +3,7 @@ the actor (DDP + optimizer + LR schedule), the frozen reference and the PPO crit
 
 The order matters and is the same on every rank: process group -> CPU shim -> parallel state ->
 seeds -> models (identical random init on every DP rank because the seed is) -> HF weights ->
-DDP wrap -> optimizer -> scheduler. Resuming from a checkpoint happens after this (checkpoint.py).
+DDP wrap -> optimizer -> scheduler. Resuming from a checkpoint happens after this (trainer/checkpoint/).
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def test_manifest_data_name_is_a_buffer_file_or_the_rollout_is_corrupt(run, tmp_
 
 
 def _checkpoint_mark(run, iteration: int, last_trained: int | None) -> None:
-    """What trainer/checkpoint.py leaves for a complete checkpoint: `latest` and the completeness mark
+    """What trainer/checkpoint/ leaves for a complete checkpoint: `latest` and the completeness mark
     with its progress (only the fields the buffer reads; the tensors do not matter here)."""
     d = run.checkpoints_dir / f"iter_{iteration:07d}"
     d.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints (rlslurm/trainer/ckpt_writer.py, checkpoint.py `Checkpointer`): the trainer
+"""Asynchronous checkpoints (rlslurm/trainer/checkpoint/writer.py, checkpointer.py `Checkpointer`): the trainer
 trains on while forked writers write a save, `latest` moves only once it is complete and verified, a
 SIGKILL mid-save leaves the previous checkpoint the one resumed, and a full disk during a save is one
 line naming the filesystem, with the last checkpoint intact. Writes are held by the test hook
@@ -17,7 +17,7 @@ import pytest
 from conftest import commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_attempt_trainer as start
 from conftest import wait_trained
 from rlslurm.trainer.checkpoint import META, verify
-from rlslurm.trainer.ckpt_writer import TEST_SAVE_DELAY_ENV
+from rlslurm.trainer.checkpoint.writer import TEST_SAVE_DELAY_ENV
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -113,23 +113,23 @@ def test_a_full_disk_during_a_save_is_one_line_and_keeps_the_last_checkpoint(ful
 def test_the_save_delay_hook_reads_a_file_at_each_save(tmp_path: Path, monkeypatch) -> None:
     """RLSLURM_TEST_SAVE_DELAY_S=@PATH: the seconds come from PATH at each save (bench/bench_chaos.py
     opens the window mid-run); no file: no delay."""
-    from rlslurm.trainer import ckpt_writer
+    from rlslurm.trainer.checkpoint import writer
 
     f = tmp_path / "delay"
     monkeypatch.setenv(TEST_SAVE_DELAY_ENV, f"@{f}")
-    assert ckpt_writer._test_delay() == 0.0
+    assert writer._test_delay() == 0.0
     f.write_text("35\n")
-    assert ckpt_writer._test_delay() == 35.0
+    assert writer._test_delay() == 35.0
     f.write_text("")
-    assert ckpt_writer._test_delay() == 0.0
+    assert writer._test_delay() == 0.0
     monkeypatch.setenv(TEST_SAVE_DELAY_ENV, "7")
-    assert ckpt_writer._test_delay() == 7.0
+    assert writer._test_delay() == 7.0
 
 
 _RANK = r"""
 import mmap, multiprocessing as mp, os, queue, sys, time
 from pathlib import Path
-from rlslurm.trainer import ckpt_writer
+from rlslurm.trainer.checkpoint import writer
 
 def write(_, buckets, q):  # megatron's write of this rank's files, slow
     time.sleep(3)
@@ -139,9 +139,9 @@ fd = os.memfd_create("area")
 os.ftruncate(fd, 4096)
 ctx = mp.get_context("fork")
 recv, send = ctx.Pipe(duplex=False)
-ckpt_writer._JOB = (write, (None, []), Path(sys.argv[1]), 0, send, (fd, 4096))
-ckpt_writer._JOB_PARENT = os.getpid()
-p = ctx.Process(target=ckpt_writer._child, name="rlslurm-ckpt-writer-0")
+writer._JOB = (write, (None, []), Path(sys.argv[1]), 0, send, (fd, 4096))
+writer._JOB_PARENT = os.getpid()
+p = ctx.Process(target=writer._child, name="rlslurm-ckpt-writer-0")
 p.start()
 print(p.pid, flush=True)
 time.sleep(60)

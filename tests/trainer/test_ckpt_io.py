@@ -19,8 +19,9 @@ import torch.distributed as dist
 
 from conftest import commit_rollouts  # noqa: F401  (at import time, like the other trainer test files)
 from rlslurm.buffer import atomic
+from rlslurm.buffer.progress import TrainerProgress
 from rlslurm.trainer import checkpoint as ck
-from rlslurm.trainer import ckpt_writer
+from rlslurm.trainer.checkpoint import resuming, writer
 from rlslurm.trainer.collectives import group_timeout
 
 
@@ -51,13 +52,13 @@ def test_a_ranks_write_is_repeated_from_its_staged_copy(tmp_path: Path, failures
     os.ftruncate(fd, 4096)
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    ckpt_writer._JOB = (_flaky_write(failures, counter, shard), (None, []), results, 1, send, (fd, 4096))
-    ckpt_writer._JOB_PARENT = os.getpid()
+    writer._JOB = (_flaky_write(failures, counter, shard), (None, []), results, 1, send, (fd, 4096))
+    writer._JOB_PARENT = os.getpid()
     try:
-        p = ctx.Process(target=ckpt_writer._child)
+        p = ctx.Process(target=writer._child)
         p.start()
     finally:
-        ckpt_writer._JOB = None
+        writer._JOB = None
         send.close()
     status, error = recv.recv()
     p.join(30)
@@ -141,14 +142,14 @@ def test_a_checkpoint_that_verifies_but_does_not_load_is_passed_over(tmp_path: P
         loaded.append(d.name)
         if d == d4:
             raise RuntimeError("CheckpointingException: unexpected key in the state dict")
-        return ck.TrainerProgress(next_rollout_id=2, trained_rollouts=2, last_trained_rollout_id=1)
+        return TrainerProgress(next_rollout_id=2, trained_rollouts=2, last_trained_rollout_id=1)
 
-    monkeypatch.setattr(ck, "load", load)
+    monkeypatch.setattr(resuming, "load", load)
     progress, d = ck.resume(None, root)
     assert d == d2 and progress.next_rollout_id == 2 and loaded == [d4.name, d2.name]
     err = capsys.readouterr().err
     assert f"checkpoint {d4} verifies but does not load (rank 0: RuntimeError: CheckpointingException" in err
-    monkeypatch.setattr(ck, "load", lambda st, d: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
+    monkeypatch.setattr(resuming, "load", lambda st, d: (_ for _ in ()).throw(OSError(errno.EIO, "Input/output error")))
     with pytest.raises(RuntimeError, match=r"no checkpoint loads \(iter_0000004: .*iter_0000002: .*requeued"):
         ck.resume(None, root)
 

@@ -1,4 +1,4 @@
-"""The checkpoint staging area (rlslurm/trainer/ckpt_staging.py): what the trainer copies in, a forked
+"""The checkpoint staging area (rlslurm/trainer/checkpoint/staging.py): what the trainer copies in, a forked
 writer reads back byte for byte from the descriptor alone, each tensor saved as itself, and the area
 is reused by the next save rather than allocated again."""
 
@@ -10,8 +10,8 @@ import pickle
 
 import torch
 
-from rlslurm.trainer import ckpt_staging
-from rlslurm.trainer.ckpt_staging import StagingArea, open_slots
+from rlslurm.trainer.checkpoint import staging
+from rlslurm.trainer.checkpoint.staging import StagingArea, open_slots
 
 
 def _tensors(seed: int) -> list[torch.Tensor]:
@@ -28,7 +28,7 @@ def _tensors(seed: int) -> list[torch.Tensor]:
 
 
 def _writer(fd: int, size: int, slots_pickled: bytes, send) -> None:
-    """A forked writer: only the descriptor, the size and the slots cross (as in ckpt_writer._child)."""
+    """A forked writer: only the descriptor, the size and the slots cross (as in writer._child)."""
     out = []
     for t in open_slots(fd, size, pickle.loads(slots_pickled)):
         buf = io.BytesIO()
@@ -49,7 +49,7 @@ def _read_in_fork(area: StagingArea, slots) -> list[tuple[torch.Tensor, int]]:
 
 
 def test_a_forked_writer_reads_each_staged_tensor_exactly_and_the_area_is_reused(monkeypatch) -> None:
-    monkeypatch.setattr(ckpt_staging, "GROW", 1 << 16)  # a small area: the growth below stays cheap
+    monkeypatch.setattr(staging, "GROW", 1 << 16)  # a small area: the growth below stays cheap
     area = StagingArea()
     try:
         first = _tensors(0)

@@ -11,7 +11,7 @@ import pytest
 
 from rlslurm.resolve import resolve
 from rlslurm.trainer import host_memory
-from rlslurm.trainer.ckpt_staging import StagingArea
+from rlslurm.trainer.checkpoint.staging import StagingArea
 
 GIB = 2**30
 

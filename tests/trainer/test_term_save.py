@@ -1,7 +1,7 @@
 """The checkpoint on SIGTERM under the real trainer command (rlslurm.slurm.torchrun, as the batch
 script and `rlslurm run` start it), with a save slower than torchrun's default shutdown timeout
 (30 s): the save is held by the test hook RLSLURM_TEST_SAVE_DELAY_S,
-standing in for a real model's save (rlslurm/trainer/ckpt_writer.py)."""
+standing in for a real model's save (rlslurm/trainer/checkpoint/writer.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import GRACE_S, commit_rollouts, kill_tree, make_run, start_attempt_trainer as start, wait_trained
-from rlslurm.trainer.ckpt_writer import TEST_SAVE_DELAY_ENV
+from rlslurm.trainer.checkpoint.writer import TEST_SAVE_DELAY_ENV
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 

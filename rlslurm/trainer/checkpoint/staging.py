@@ -1,5 +1,5 @@
 """Where an asynchronous checkpoint's copy of the state lives between the trainer and its forked
-writer (trainer/ckpt_writer.py; docs/checkpoints.md, "The staging area").
+writer (writer.py; docs/checkpoints.md, "The staging area").
 
 The copy off the GPU is the whole training stall of an asynchronous save, so its speed is the
 host memory it lands in: into fresh pageable memory it ran at 1.4 GB/s on an H100 (16.5 s for the
@@ -15,12 +15,12 @@ the writer's `torch.save` writes that tensor's bytes and nothing around them).
 One area per trainer process, kept for the run and grown when a save needs more: the pages are
 touched and locked once, not at every save. Touching and locking them is slow (12-17 s for 22-27 GiB
 on an H100 host, bench/results/checkpoint-h100x4.md), so the trainer reserves the area in the
-background as soon as its model is built (`reserve`, sized by checkpoint.py `staging_estimate`),
+background as soon as its model is built (`reserve`, sized by state.py `staging_estimate`),
 while it waits for the engines and the first rollout; a save that comes first waits for it. Its size is this rank's share of a checkpoint, held in
 host memory from the first save on (the log says how much). A save starts only after the previous
-one's writer is gone (checkpoint.py `Checkpointer.start` waits), so the area is never rewritten
+one's writer is gone (checkpointer.py `Checkpointer.start` waits), so the area is never rewritten
 under a writer. Where registration fails the copy still lands in the area at pageable speed, and
-the save says so (`ckpt_writer.RankWrite.staging`, the trainer's log at every save).
+the save says so (`writer.RankWrite.staging`, the trainer's log at every save).
 """
 
 from __future__ import annotations
@@ -170,3 +170,14 @@ def open_slots(fd: int, size: int, slots: list[Slot]) -> list[torch.Tensor]:
     mm = mmap.mmap(fd, size)
     return [torch.frombuffer(mm, dtype=s.dtype, count=s.numel, offset=s.offset).view(s.shape) if s.numel
             else torch.empty(s.shape, dtype=s.dtype) for s in slots]
+
+
+_AREA: StagingArea | None = None
+
+
+def area() -> StagingArea:
+    """This trainer process's one staging area, made at first use (module docstring)."""
+    global _AREA
+    if _AREA is None:
+        _AREA = StagingArea()
+    return _AREA

@@ -1,4 +1,4 @@
-"""A checkpoint written in the background while the trainer trains on (trainer/checkpoint.py
+"""A checkpoint written in the background while the trainer trains on (checkpointer.py
 `Checkpointer` drives it; docs/checkpoints.md, "Asynchronous saves").
 
 megatron-core's `dist_checkpointing.save(..., async_sharded_save=True)` plans the save (collectives),
@@ -11,7 +11,7 @@ no collective point exists, and the checkpoint must become `latest` there too (a
 loses nothing it had written). So the pieces are run differently:
 
 1. `stage`: the tensors of the write buckets are copied off the live model into this process's
-   staging area (trainer/ckpt_staging.py: shared memory, page-locked for the GPU's copy),
+   staging area (staging.py: shared memory, page-locked for the GPU's copy),
    synchronously. This copy is the training stall; after it the trainer may change its weights
    freely.
 2. `RankWrite`: a forked process writes this rank's files with megatron's own writer (which forks
@@ -24,13 +24,13 @@ loses nothing it had written). So the pieces are run differently:
    TERM to every process of the step does not stop the save, and it reads the staged copy from the
    area's descriptor (the next save waits for this writer before it rewrites the area).
 3. `Finalizer` (rank 0, a thread): once every rank's results file is there, writes `.metadata`
-   (megatron's storage writer `finish`) and `metadata.json`, then calls back into checkpoint.py,
+   (megatron's storage writer `finish`) and `metadata.json`, then calls back into checkpointer.py,
    which writes `rlslurm.json`, verifies the directory and only then moves `latest`; each of these
    steps is retried on a transient error like the ranks' writes.
 
 No collective runs outside the trainer's own calls (`Checkpointer.poll` / `wait`), so nothing here
 can interleave with the trainer's collectives. A SIGKILL at any point leaves a directory without
-`rlslurm.json`, never pointed to (checkpoint.py `find_resume` skips it; `sweep_incomplete` removes
+`rlslurm.json`, never pointed to (directory.py `find_resume` skips it; `sweep_incomplete` removes
 it).
 """
 
@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlslurm.buffer.atomic import listdir_fresh, retry_transient, write_bytes_atomic
-from rlslurm.trainer.ckpt_staging import StagingArea, open_slots
+from rlslurm.trainer.checkpoint.failures import transient_os_error
+from rlslurm.trainer.checkpoint.staging import area, open_slots
 
 log = logging.getLogger(__name__)
 
@@ -86,19 +87,39 @@ def keeping_strategy():
     return KeepingStrategy("torch_dist", 1)
 
 
-_AREA: StagingArea | None = None
+def in_process_write_results() -> None:
+    """Have megatron's checkpoint writer hand its results back through a queue in this process
+    instead of a `multiprocessing.Manager` server.
+
+    megatron-core's torch_dist writer (`filesystem_async`) keeps one Manager process for the life of
+    the trainer, spawned at the first save, to carry write results from an async save's background
+    process. SLURM ends a job by TERMing every process of the step (proctrack/linuxproc, cgroup):
+    the Manager, a fresh interpreter with SIGTERM at its default, dies at once, and the TERM's own
+    checkpoint then fails with BrokenPipeError when the writer reports its results (measured on a
+    real `scontrol requeue`: docs/slurm-preemption.md). rlslurm's writer process (`RankWrite`) is
+    forked and reports through a queue of its own, so no Manager is needed."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
 
 
-def area() -> StagingArea:
-    global _AREA
-    if _AREA is None:
-        _AREA = StagingArea()
-    return _AREA
+def mcore_async_strategy() -> dict[str, str]:
+    """megatron-core's own asynchronous save machinery, where the installed version lets one choose:
+    0.19 defaults `dist_checkpointing.save(async_strategy=...)` to "nvrx", which needs
+    nvidia-resiliency-ext (not in the GPU image: its first async save raised ModuleNotFoundError,
+    docs/gpu.md); 0.16 has only megatron's own and no such parameter."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(dist_checkpointing.save).parameters \
+        else {}
 
 
 def stage(write_buckets: list) -> list:
     """Every tensor the buckets would write, copied into the staging area (module docstring, 1); the
-    buckets come back with a `ckpt_staging.Slot` where each tensor was."""
+    buckets come back with a `staging.Slot` where each tensor was."""
     tensors = [t for _, _, (_, tensor_data) in write_buckets for _, t in tensor_data]
     slots = iter(area().stage(tensors))
     return [(file_name, key, (bytes_data, [(item, next(slots)) for item, _ in tensor_data]))
@@ -171,8 +192,6 @@ def _write_once(fn, args, fd: int, size: int, n_buckets: int) -> Any:
     writing afresh (truncated), so a try after a failed one rewrites them whole from the same copy. A
     transient error (EIO, ESTALE, EAGAIN: megatron hands its workers' OSErrors back as results) is
     raised, for `retry_transient` to try again."""
-    from rlslurm.trainer.checkpoint import transient_os_error
-
     q: queue.Queue = queue.Queue()  # megatron's writer reports here (in-process: no Manager)
     fn(args[0], unstage(args[1], fd, size), q)
     out = q.get_nowait()
@@ -283,7 +302,7 @@ class CheckpointWriteFailed(Exception):
 
 class Finalizer(threading.Thread):
     """Rank 0: completes the checkpoint once every rank's files are written (module docstring, 3).
-    `complete()` (checkpoint.py) writes rlslurm.json, verifies and moves `latest`. `outcome` is None
+    `complete()` (checkpointer.py) writes rlslurm.json, verifies and moves `latest`. `outcome` is None
     while it runs, then ("ok", None) or ("error", exception). A rank whose writer failed never
     publishes its results: `Checkpointer` then stops this thread (`stop`)."""
 
