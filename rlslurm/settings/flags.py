@@ -155,9 +155,10 @@ def parse_flags(argv: list[str]) -> Layer:
             passthrough.append("--" + name.split("-", 1)[1])
             if eq:
                 passthrough.append(inline)
-            elif has_next:
-                passthrough.append(argv[i + 1])
-                i += 1
+            else:  # every value up to the next flag: SGLang has flags of several (--cuda-graph-bs-decode 1 2 4)
+                while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                    passthrough.append(argv[i + 1])
+                    i += 1
             i += 1
             continue
         if tok.startswith(MEGATRON_PREFIX):

@@ -249,7 +249,22 @@ def _sglang(f: Flag, out: Mapped, emit, drop) -> None:
     if sglang_flags.sglang_installed():
         if flag not in sglang_flags.sglang_server_flags():
             version = sglang_versions.installed_sglang_version()
-            drop(f, f"not a flag of SGLang {version} `launch_server` (slime's own, or another SGLang version's)")
+            renamed = sglang_versions.renamed_flag(flag, version)
+            if renamed is not None and renamed.new is not None:
+                argv = renamed.argv(f.values)
+                new = "--sglang-" + argv[0][2:]
+                out.notes.append((f.line, f"{f.shown}: SGLang {version} calls it {new} "
+                                          f"({' '.join([new, *argv[1:]])}: engines/sglang_versions.py)"))
+                emit(f, [new, *argv[1:]])
+            elif renamed is not None and renamed.noop:
+                drop(f, f"SGLang {version} dropped {flag}, which did nothing any more: {renamed.lost}")
+            elif renamed is not None:
+                drop(f, f"SGLang {version} dropped {flag} and has nothing in its place; the run does not have "
+                        f"{renamed.lost}")
+                out.not_carried.append((f.line, f"{f.shown}: {renamed.lost}"))
+            else:
+                drop(f, f"not a flag of SGLang {version} `launch_server` (slime's own, or another SGLang "
+                        "version's)")
             return
     emit(f, [f.shown, *f.values])
 
