@@ -26,6 +26,7 @@ from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_
 from rlslurm.settings.low_precision import (StoredPrecision, check_engine_quantization, check_int4_engine_args,
                                            check_megatron_precision, stored_precision)
 from rlslurm.settings.model_config import ModelConfig, model_config_path
+from rlslurm.settings.placeholder import check_filled
 from rlslurm.settings.parallel_grid import (check_expert_grid, check_gated_delta_net, check_pipeline_split,
                                             owned_field_refusal, stage_layers)
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin, model_download_hint
@@ -57,9 +58,13 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     """`strict_inputs=False` (dry runs) turns missing prompt data / checkpoint into warnings.
 
     Every path of the result is absolute (rlslurm/settings/paths.py says against what)."""
-    user_layers = [absolutize(parse_flags(argv), Path.cwd())]
+    cli = parse_flags(argv)
+    check_filled(cli)  # before any value is read: import-slime's `<unset NAME>` is named, never parsed
+    user_layers = [absolutize(cli, Path.cwd())]
     if config_file:
-        user_layers.insert(0, absolutize(load_yaml_layer(config_file), config_file.parent))
+        file_layer = load_yaml_layer(config_file)
+        check_filled(file_layer)
+        user_layers.insert(0, absolutize(file_layer, config_file.parent))
     # The model and node count pick the defaults layer, so read them from the user layers first.
     probe = build_config(user_layers)
     if not probe.run.colocate and not probe.single_node:
@@ -86,7 +91,8 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     if device == "cuda":
         defaults.megatron.update(_megatron_defaults(mc.megatron, user_layers))
     cfg = build_config([defaults, *user_layers])
-    _sft_batch(cfg, {name for layer in user_layers for _, name in layer.values})
+    user_set = {name for layer in user_layers for _, name in layer.values}
+    _sft_batch(cfg, user_set)
     res = Resolved(cfg, mc)
     try:
         _derive(res)

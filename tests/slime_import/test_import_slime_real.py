@@ -84,3 +84,141 @@ def test_a_dropped_flag_with_nothing_in_its_place_is_one_line_of_what_is_lost(tm
     assert len(lost) == 1 and "the run does not have the choice of compiler" in lost[0]
     assert any("warning: the imported run does not do what this script does: --sglang-piecewise" in ln
                for ln in report)
+
+
+# ------------------------------------------------------------------------------ variables and environment
+
+
+def test_base_dir_comes_from_the_environment_or_var_and_is_never_dropped() -> None:
+    kimi = SLIME / "scripts" / "run-kimi-k2-Thinking.sh"
+    imp = import_script(kimi, check=False, environ={"BASE_DIR": "/data"})
+    cfg = build_config([parse_flags(imp.argv)])
+    assert str(cfg.model.hf_checkpoint) == "/data/Kimi-K2-Thinking-fp8"
+    assert str(cfg.data.prompt_data) == "/data/dapo-math-17k/dapo-math-17k.jsonl"
+    assert cfg.data.eval_prompt_data == ["aime", "/data/aime-2024.jsonl"]
+    assert ": to fill: " not in _report(imp)
+    # --var wins over the environment
+    var = import_script(kimi, check=False, variables={"BASE_DIR": "/lus"}, environ={"BASE_DIR": "/data"})
+    assert _values(var.argv, "--hf-checkpoint") == ["/lus/Kimi-K2-Thinking-fp8/"]
+    # neither: the flags stay, with a placeholder submit refuses, each named on one line
+    unknown = import_script(kimi, check=False, environ={})
+    assert _values(unknown.argv, "--hf-checkpoint") == ["<unset:BASE_DIR>/Kimi-K2-Thinking-fp8/"]
+    assert _values(unknown.argv, "--prompt-data") == ["<unset:BASE_DIR>/dapo-math-17k/dapo-math-17k.jsonl"]
+    fill = [ln for ln in unknown.report_lines() if ": to fill: " in ln]
+    assert len(fill) == 1 and "<unset:BASE_DIR> in --hf-checkpoint, --prompt-data, --eval-prompt-data" in fill[0]
+    assert not any("not mapped: --hf-checkpoint" in ln or "not mapped: --prompt-data" in ln
+                   for ln in unknown.report_lines())
+
+
+def test_submit_refuses_a_placeholder_naming_flag_and_variable(tmp_path: Path) -> None:
+    from rlslurm.errors import ConfigError
+    from rlslurm.resolve import resolve
+    from rlslurm.slime_import import as_yaml
+
+    unknown = import_script(SLIME / "scripts" / "run-kimi-k2-Thinking.sh", check=False, environ={})
+    with pytest.raises(ConfigError, match=r"^--hf-checkpoint <unset:BASE_DIR>/Kimi-K2-Thinking-fp8/: a value rlslurm "
+                                          r"import-slime could not know \(BASE_DIR where the script was read\); import "
+                                          r"again with --var BASE_DIR=VALUE"):
+        resolve(unknown.argv, strict_inputs=False)
+    y = tmp_path / "run.yaml"
+    y.write_text(as_yaml(unknown))  # the YAML keeps them too, and `submit --config` refuses them the same way
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(y))}:\d+: (hf_checkpoint|prompt_data) <unset:BASE_DIR>/"):
+        resolve([], config_file=y, strict_inputs=False)
+
+
+def test_the_cli_takes_var_and_its_environment(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    kimi = SLIME / "scripts" / "run-kimi-k2-Thinking.sh"
+    env = {**os.environ, "BASE_DIR": "/data"}
+    p = subprocess.run([sys.executable, "-m", "rlslurm.cli", "import-slime", str(kimi), "--var", "HAS_NVLINK=1"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "--hf-checkpoint /data/Kimi-K2-Thinking-fp8/" in p.stdout
+    assert "--env NCCL_NVLS_ENABLE=1" in p.stdout  # known once given: carried
+    assert "$BASE_DIR is not set in the script: BASE_DIR '/data' from import-slime's environment" in p.stderr
+    bad = subprocess.run([sys.executable, "-m", "rlslurm.cli", "import-slime", str(kimi), "--var", "1X=2"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert bad.returncode == 2 and "--var '1X=2': expected NAME=VALUE" in bad.stderr
+
+
+def test_ray_runtime_env_is_carried_and_what_rlslurm_sets_is_listed() -> None:
+    """The reproducibility recipe's determinism settings reach every step."""
+    imp = import_script(SLIME / "scripts" / "run-qwen2.5-0.5B-reproducibility.sh", check=False)
+    cfg = build_config([parse_flags(imp.argv)])
+    assert cfg.slurm.env == {"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_ALGO": "Ring",
+                             "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    report = _report(imp)
+    assert re.search(r":\d+: not mapped: PYTHONPATH \(--runtime-env-json\): not carried: slime's Megatron-LM "
+                     r"checkout", report)
+    kimi = import_script(SLIME / "scripts" / "run-kimi-k2-Thinking.sh", check=False, environ={"BASE_DIR": "/d"})
+    env = build_config([parse_flags(kimi.argv)]).slurm.env
+    assert env == {"PYTHONUNBUFFERED": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NVSHMEM_DISABLE_NCCL": "1"}
+    report = _report(kimi)
+    for name in ("NCCL_NVLS_ENABLE", "MASTER_ADDR", "no_proxy", "PYTHONPATH"):
+        assert re.search(rf":\d+: not mapped: {name} \(--runtime-env-json\)\S*: not carried: ", report), name
+
+
+def test_a_secret_of_the_runtime_env_is_passed_by_name_never_printed(tmp_path: Path) -> None:
+    """An invented script: slime's own put no secret in their runtime env."""
+    s = tmp_path / "run.sh"
+    s.write_text("KEY=s3cr3t-value\n"
+                 "ray job submit --runtime-env-json='{\"env_vars\": {\"WANDB_API_KEY\": \"'$KEY'\", \"X\": \"1\"}}' "
+                 "-- python3 train.py --actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate\n")
+    imp = import_script(s, check=False)
+    from rlslurm.slime_import import as_command
+
+    assert imp.argv[-4:] == ["--secret-env", "WANDB_API_KEY", "--env", "X=1"]
+    assert "s3cr3t" not in as_command(imp) + _report(imp)
+
+
+# ------------------------------------------------------------------------------ layouts and SFT epochs
+
+
+@pytest.mark.parametrize("script, layout", [
+    # 1 trainer GPU + 3 engine GPUs of the script's `ray start --num-gpus 4` node
+    ("examples/fully_async/run-qwen2.5-0.5B-fully_async.sh", (1, 4, 1, 3)),
+    # 2 + 4 GPUs of an 8-GPU node
+    ("examples/on_policy_distillation/run-qwen3-8B-opd.sh", (1, 6, 2, 4)),
+    # train-only on one node: no spare rollout node, the trainer on every GPU
+    ("scripts/run-qwen3-4B-base-sft.sh", (1, 8, None, None)),
+])
+def test_a_layout_that_fits_one_node_imports_as_one_node(script: str, layout: tuple) -> None:
+    from rlslurm.settings.layout import place_groups
+
+    imp = import_script(SLIME / script, check=False)
+    cfg = build_config([parse_flags(imp.argv)])
+    s = cfg.slurm
+    assert (s.nodes, s.gpus_per_node, s.trainer_gpus, s.rollout_gpus) == layout
+    assert s.trainer_nodes is None and s.rollout_nodes is None
+    place_groups(cfg)  # rlslurm's placement of it: one group of the one node, its GPUs split as the script's
+    assert cfg.single_node and (s.trainer_nodes, s.rollout_nodes) == (1, 1)
+
+
+# ------------------------------------------------------------------------------ nothing dropped silently
+
+
+def test_every_flag_and_variable_is_accounted_for() -> None:
+    """The closing check names every launch flag's fate; the VLM and PD-disaggregation flags are listed
+    with the capability the run lacks, not as unknown flags."""
+    from rlslurm.slime_import.bash import read_script
+    from rlslurm.slime_import.mapping import group_flags
+
+    for script in sorted(SLIME.rglob("*.sh")):
+        imp = import_script(script, check=False, environ={"BASE_DIR": "/data"})
+        sc = read_script(script.read_text(), str(script), environ={"BASE_DIR": "/data"})
+        n = len(group_flags(sc.launch[1], []))
+        summary = next(ln for ln in imp.report_lines() if ": checked: " in ln)
+        counts = [int(x) for x in re.findall(r"(\d+) (?:carried|renamed|set by rlslurm|not carried)[,;( ]",
+                                             summary)[:4]]
+        assert summary.startswith(f"{script}: checked: {n} launch flags: ") and sum(counts) == n, summary
+        assert "no rule of the import took it" not in _report(imp)
+    geo = import_script(SLIME / "examples" / "geo3k_vlm" / "run_geo3k_qwen35.sh", check=False)
+    report = _report(geo)
+    assert re.search(r":\d+: not mapped: --multimodal-keys: slime feeds the records' images", report)
+    assert "VLM inputs (--multimodal-keys)" in next(ln for ln in geo.report_lines() if ": warning: the imported" in ln)
+    glm5 = import_script(SLIME / "scripts" / "run-glm5-744B-A40B.sh", check=False)
+    assert re.search(r":\d+: not mapped: --prefill-num-servers: slime runs this many SGLang prefill servers",
+                     _report(glm5))
