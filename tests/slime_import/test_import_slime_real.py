@@ -197,6 +197,40 @@ def test_a_layout_that_fits_one_node_imports_as_one_node(script: str, layout: tu
     assert cfg.single_node and (s.trainer_nodes, s.rollout_nodes) == (1, 1)
 
 
+def test_sft_epochs_give_the_steps_slime_trains(tmp_path: Path) -> None:
+    """slime's SFT script: --num-epoch 3, no --num-rollout, 128 conversations a rollout: with 20,000
+    conversations slime trains 20000 // 128 x 3 = 468 steps; the dry run says so."""
+    import json
+
+    from rlslurm.resolve import resolve
+    from rlslurm.settings.model_config import load_model_config
+    from rlslurm.tiny import hf_config_dict, tokenizer_json
+
+    imp = import_script(SLIME / "scripts" / "run-qwen3-4B-base-sft.sh", check=False)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(hf_config_dict(load_model_config("qwen3-4B"))))
+    (hf / "model.safetensors").write_bytes(b"")
+    (hf / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (hf / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "eos_token": "<eos>",
+        "chat_template": "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} <eos> {% endfor %}"
+                         "{% if add_generation_prompt %}assistant : {% endif %}"}))
+    data = tmp_path / "conversations.jsonl"
+    conv = {"messages": [{"role": "user", "content": "say digits"}, {"role": "assistant", "content": "1 2 3"}]}
+    data.write_text((json.dumps(conv) + "\n") * 20000)
+    argv = list(imp.argv)
+    argv[argv.index("--hf-checkpoint") + 1] = str(hf)
+    argv[argv.index("--prompt-data") + 1] = str(data)
+    res = resolve(argv + ["--run-dir", str(tmp_path / "run")], strict_inputs=False)
+    assert res.cfg.rollout.num_rollout == 468
+    assert ("--num-epoch 3: --prompt-data's 20000 records // --rollout-batch-size 128 = 156 rollouts per epoch, so "
+            "--num-rollout 468: 468 training steps (slime's rule)") in res.notes
+    # --num-rollout given: it wins and --num-epoch caps the passes, as slime ignores --num-epoch then
+    given = resolve(argv + ["--num-rollout", "10", "--run-dir", str(tmp_path / "run2")], strict_inputs=False)
+    assert given.cfg.rollout.num_rollout == 10
+
+
 # ------------------------------------------------------------------------------ nothing dropped silently
 
 
