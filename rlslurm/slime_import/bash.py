@@ -13,6 +13,7 @@ the placeholder `<unset:NAME>` (rlslurm/settings/placeholder.py) with the reason
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -344,6 +345,8 @@ class _Expander:
         """A list for `${A[@]}`, else the variable's text; raises _Stop when unknown."""
         if v.op not in (None, ":-", "-") or not v.name:
             raise _Stop(f"{v.source}: this parameter expansion is not supported")
+        if (v.name, v.index) in (("0", None), ("BASH_SOURCE", "0"), ("BASH_SOURCE", None)):
+            return os.path.abspath(self.sc.path)  # the script itself, where it is read
         if not _NAME.fullmatch(v.name):
             raise _Stop(f"{v.source}: a positional or special parameter has no value outside a run")
         if v.index is not None:
@@ -397,9 +400,10 @@ class _Expander:
                                      "environment", line)
 
     def sub(self, p: Sub, line: int) -> str:
-        """What `$((...))` or `$(seq ...)` prints (slime_import/shell_eval.py); any other command
-        substitution would need the command run, so it stays unknown."""
-        from rlslurm.slime_import.shell_eval import arithmetic, seq
+        """What `$((...))`, `$(seq ...)`, `$(dirname ...)`, `$(basename ...)` or `$(cd DIR && pwd)`
+        print (slime_import/shell_eval.py); any other command substitution would need the command run,
+        so it stays unknown."""
+        from rlslurm.slime_import.shell_eval import arithmetic, path_command, seq
 
         if p.text.startswith("$((") and p.text.endswith("))"):
             try:
@@ -412,12 +416,19 @@ class _Expander:
             inner = _Lexer(p.text[2:-1], self.sc.path)
             inner.line = line
             toks = inner.tokens()
-            if toks and all(t[0] == "word" for t in toks) and toks[0][1].literal() == "seq":
+            if toks and all(t[0] == "word" for t in toks) and toks[0][1].literal() in ("seq", "dirname", "basename"):
+                cmd = toks[0][1].literal()
                 args = [f for t in toks[1:] for f in self.fields(t[1])]
                 try:
-                    return "\n".join(seq(args))
+                    return "\n".join(seq(args)) if cmd == "seq" else path_command(cmd, args)
                 except ValueError as e:
                     raise _Stop(f"{_short(p.text)}: {e}") from None
+            where = _cd_pwd(toks)
+            if where is not None:  # `cd DIR && pwd`: the directory, when it is absolute
+                text = self.single(where, line)
+                if not text.startswith("/"):
+                    raise _Stop(f"{_short(p.text)}: `cd` to a relative directory depends on where the script runs")
+                return os.path.normpath(text)
         raise _Stop(f"{_short(p.text)}: a command substitution is not run")
 
     def _sub_or_placeholder(self, p: Sub, line: int) -> str:
@@ -498,6 +509,25 @@ class _Expander:
 class _Stop(Exception):
     def __init__(self, reason: str):
         self.reason = reason
+
+
+def _cd_pwd(toks: list) -> "Word | None":
+    """DIR of `cd [--] DIR [&>/dev/null] && pwd` (slime's SCRIPT_DIR idiom), else None."""
+    words = [t for t in toks if t[0] != "nl"]
+    if len(words) < 4 or words[0][0] != "word" or words[0][1].literal() != "cd":
+        return None
+    rest = words[1:]
+    if rest[0][0] == "word" and rest[0][1].literal() == "--":
+        rest = rest[1:]
+    if not rest or rest[0][0] != "word":
+        return None
+    target, rest = rest[0][1], rest[1:]
+    if len(rest) >= 2 and rest[0][0] == "op" and rest[0][1] in ("&>", ">") and rest[1][0] == "word" \
+            and rest[1][1].literal() == "/dev/null":
+        rest = rest[2:]
+    if [(t[0], t[1] if t[0] == "op" else t[1].literal()) for t in rest] == [("op", "&&"), ("word", "pwd")]:
+        return target
+    return None
 
 
 def _short(text: str) -> str:

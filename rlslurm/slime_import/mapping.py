@@ -91,6 +91,13 @@ FEATURE_FLAGS = {
     "prefill_num_servers": ("slime runs this many SGLang prefill servers apart from the decode ones (PD "
                             "disaggregation); rlslurm's engines each prefill and decode",
                             "prefill/decode disaggregation (--prefill-num-servers)"),
+    # slime's own flag (slime/backends/sglang_utils/arguments.py), not SGLang's --config behind the
+    # --sglang-* prefix: its YAML's server_groups are engine groups of their own (sglang_config.py)
+    "sglang_config": ("slime's YAML of engine groups (server_groups: prefill, decode, encoder or placeholder "
+                      "engines, each with its GPUs and ServerArgs overrides), not SGLang's --config; rlslurm "
+                      "runs one kind of engine with the --sglang-* flags of the command",
+                      "engine groups of slime's --sglang-config (prefill/decode disaggregation, per-group "
+                      "engine settings)"),
 }
 # --use-wandb and --wandb-* are rlslurm fields (docs/wandb.md) and pass as written; --wandb-key and
 # slime's other W&B switches are SLIME_INSTEAD hints

@@ -25,7 +25,8 @@ FAMILY = {
     "Qwen3-30B-A3B-FP8": "qwen3_moe", "Qwen3-235B-A22B": "qwen3_moe", "Qwen3.5-27B": "qwen3_5",
     "Qwen3.5-35B-A3B": "qwen3_5_moe", "DeepSeek-V3": "deepseek_v3", "DeepSeek-R1": "deepseek_v3",
     "Kimi-K2-Instruct": "deepseek_v3", "MiMo-7B-Base": "mimo", "MiniMax-M2.5": "minimax_m2",
-    "GLM-5": "glm_moe_dsa", "GLM-5.2": "glm_moe_dsa", "Meta-Llama-3.1-8B": "llama",
+    "GLM-5": "glm_moe_dsa", "GLM-5.2": "glm_moe_dsa", "GLM-5.2-FP8": "glm_moe_dsa", "Meta-Llama-3.1-8B": "llama",
+    "Qwen3-235B-A22B-FP8": "qwen3_moe",
 }
 # release directory -> the shipped model config of that very checkpoint
 SHIPPED = {"Qwen3-1.7B": "qwen3-1.7B", "Qwen3-8B": "qwen3-8B", "Qwen3-30B-A3B": "qwen3-30B-A3B",
