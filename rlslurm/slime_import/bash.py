@@ -319,11 +319,14 @@ class _Expander:
         self.sc = script
         self.given = given        # --var NAME=VALUE: wins over what the script cannot know
         self.environ = environ    # import-slime's environment: for variables the script does not set
+        self.used: set[str] = set()   # the --var names a value was taken from
 
     def _outside(self, name: str, line: int) -> str | None:
         """`name`'s value from --var, else from the environment, noted once; None when neither has it."""
         for where, values in (("--var", self.given), ("import-slime's environment", self.environ)):
             if name in values:
+                if values is self.given:
+                    self.used.add(name)
                 if name not in self.sc._noted:
                     self.sc._noted.add(name)
                     shown = "(its value not shown)" if looks_secret(name) else repr(values[name])
@@ -334,6 +337,7 @@ class _Expander:
     def _unknown(self, name: str, why: str, line: int) -> str:
         """The text standing for a value that is not known here: --var's, else the placeholder."""
         if name in self.given:
+            self.used.add(name)
             if name not in self.sc._noted:
                 self.sc._noted.add(name)
                 self.sc.notes.append((line, f"${name}: --var {name} stands for the script's own value ({why})"))
@@ -639,6 +643,10 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
                 sc.launch = (base, _launch_args(sc, ex, cmd[j + 1:]), w.line)
                 sc.runtime_env = _runtime_env(ex, cmd[:j]) or sc.runtime_env
                 break
+    for name in sorted(set(given or {}) - ex.used):
+        sets = name in sc.scalars or name in sc.arrays
+        sc.notes.append((0, f"--var {name}: not used: " + (
+            "the script sets it itself, and its own value wins, as in bash" if sets else "the script does not use it")))
     if len(launches) > 1:
         raise ScriptError(f"{path}:{launches[1]}: a second {sc.launch[0] if sc.launch else 'train.py'} launch "
                           f"(the first is at line {launches[0]}); import a script with one")

@@ -238,3 +238,13 @@ def test_slimes_own_sglang_config_is_not_sglangs(tmp_path: Path) -> None:
     assert any(ln.startswith(f"{s}:2: not mapped: --sglang-config: slime's YAML of engine groups") for ln in report)
     assert any("warning: the imported run does not do what this script does: engine groups of slime's "
                "--sglang-config" in ln for ln in report)
+
+
+def test_a_var_the_script_sets_itself_or_never_uses_is_said(tmp_path: Path) -> None:
+    s = _script(tmp_path, "BASE_DIR=/root\npython3 train.py --prompt-data $BASE_DIR/p.jsonl\n")
+    imp = import_script(s, check=False, variables={"BASE_DIR": "/data", "FOO": "1"})
+    assert imp.argv == ["--prompt-data", "/root/p.jsonl"]  # bash: the script's own assignment wins
+    report = imp.report_lines()
+    assert f"{s}: note: --var BASE_DIR: not used: the script sets it itself, and its own value wins, as in bash" \
+        in report
+    assert f"{s}: note: --var FOO: not used: the script does not use it" in report
