@@ -101,7 +101,8 @@ def test_checkpoints_layout_and_unknowns_of_the_qwen3_4b_script() -> None:
 # qwen3-4B's has --sglang-* flags: the dry run imports SGLang to check them (a minute on a loaded CPU)
 @pytest.mark.parametrize("name", ["run-glm4-9B", pytest.param("run-qwen3-4B", marks=pytest.mark.slow)])
 def test_imported_command_passes_submit_dry_run(name: str, tmp_path: Path) -> None:
-    p = _cli("import-slime", str(SCRIPTS / f"{name}.sh"), cwd=tmp_path)
+    # NUM_GPUS (run-qwen3-4B.sh's nvidia-smi probe) as a user gives it; a placeholder otherwise
+    p = _cli("import-slime", str(SCRIPTS / f"{name}.sh"), "--var", "NUM_GPUS=8", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert all(line.startswith(str(SCRIPTS)) for line in p.stderr.strip().splitlines()), p.stderr
     dry = _cli("submit", "--dry-run", *_argv(p.stdout), cwd=tmp_path)
