@@ -155,10 +155,15 @@ def parse_flags(argv: list[str]) -> Layer:
             passthrough.append("--" + name.split("-", 1)[1])
             if eq:
                 passthrough.append(inline)
-            else:  # every value up to the next flag: SGLang has flags of several (--cuda-graph-bs-decode 1 2 4)
+            elif passthrough is layer.sglang_args:
+                # every value up to the next flag: SGLang has flags of several (--cuda-graph-bs-decode 1 2 4);
+                # how many each takes is checked against SGLang's parser at submit (preflight.py)
                 while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                     passthrough.append(argv[i + 1])
                     i += 1
+            elif has_next:
+                passthrough.append(argv[i + 1])
+                i += 1
             i += 1
             continue
         if tok.startswith(MEGATRON_PREFIX):

@@ -69,6 +69,23 @@ def test_every_new_name_is_a_flag_of_that_sglang() -> None:
         assert r.new is None or r.new in have, (old, r.new)
 
 
+def test_sglang_flags_take_the_values_sglang_takes() -> None:
+    """rlslurm's parser takes every value up to the next flag after a --sglang-* flag (a multi-valued
+    one was refused as 'unexpected argument'); submit then holds each to SGLang's own count."""
+    from rlslurm.errors import ConfigError
+    from rlslurm.resolve import resolve
+
+    base = ["--model", "tiny-qwen3"]
+    ok = resolve(base + ["--sglang-cuda-graph-bs-decode", "1", "2", "4"], strict_inputs=False)
+    assert ok.cfg.sglang_args == ["--cuda-graph-bs-decode", "1", "2", "4"]
+    for argv, msg in ((["--sglang-enable-dp-lm-head", "stray"], "--sglang-enable-dp-lm-head takes no value in "
+                                                                "SGLang, got 'stray'"),
+                      (["--sglang-mem-fraction-static", "0.5", "0.6"], "--sglang-mem-fraction-static takes one "
+                                                                        "value in SGLang, got '0.5 0.6'")):
+        with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
+            resolve(base + argv, strict_inputs=False)
+
+
 def test_a_dropped_flag_with_nothing_in_its_place_is_one_line_of_what_is_lost(tmp_path: Path) -> None:
     """An invented script (slime's own write none of these) with one flag of each kind."""
     s = tmp_path / "run.sh"
