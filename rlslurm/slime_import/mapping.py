@@ -317,6 +317,7 @@ def _int(f: Flag | None, out: Mapped) -> int | str | None:
     if len(f.values) == 1 and placeholder_names(f.values[0]):
         return f.values[0]
     out.dropped.append((f.line, f"{f.shown}: expected one whole number, got {' '.join(f.values)!r}"))
+    out.outcome[id(f)] = "not carried"
     return None
 
 
@@ -378,6 +379,7 @@ def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False,
         else:
             out.dropped.append((f.line, f"{f.shown} {rollout_gpus}: not a whole number of nodes of "
                                         f"--actor-num-gpus-per-node's GPUs; set --rollout-nodes"))
+            out.outcome[id(f)] = "not carried"
     if trainer is not None and rollout is None and rollout_gpus is None and train_only:
         # slime's train-only run has no rollout GPUs; rlslurm's builds its (SFT) rollouts on a node of
         # the rollout group without engines (docs/slime-flags.md, --debug-train-only)
