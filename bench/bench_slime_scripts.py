@@ -1,25 +1,33 @@
-"""How many of slime's launch scripts rlslurm takes (issue 32 item 8).
+"""How many of slime's launch scripts rlslurm takes, on real inputs (issues 32 and 44).
 
-    python bench/bench_slime_scripts.py SLIME/scripts [--markdown OUT.md]
+    python bench/bench_slime_scripts.py SLIME [--markdown OUT.md] [--site-flag=FLAG ...]
 
-Fetches nothing: it reads the directory given (slime's scripts/, e.g. from a checkout of
-THUDM/slime), and for every run-*.sh under it (scripts/models/ aside) does what a slime user would:
-`rlslurm import-slime`, then `rlslurm submit --dry-run` of the printed command (in this process:
-resolve() and render(), as the CLI does) with placeholder inputs made to match the model:
+SLIME is a checkout (or `git archive`) of THUDM/slime. Fetches nothing. Every launch script under its
+scripts/, scripts/low_precision/ and examples/ (any file name ending .sh with a `python3 train.py`
+or `train_async.py` launch; scripts/models/ aside) goes through what a slime user would do:
+`rlslurm import-slime` with only `BASE_DIR=/data` in its environment (the variable slime's scripts
+build their paths from), then `rlslurm submit --dry-run` of the printed command (in this process:
+resolve() and render(), as the CLI does), with the script's data and checkpoint paths, which do not
+exist here, replaced by files made to match:
 
 - --prompt-data: a JSON Lines file of DAPO-math-17k's size (17398 records) with the script's
   --input-key / --label-key (SFT scripts: one conversation per record);
 - --eval-prompt-data paths: a small file of the same shape;
-- --hf-checkpoint: a directory with a config.json and an empty safetensors file. Its config.json is
-  rlslurm's own YAML's (hf_config_dict) when the sourced `models/X.sh` names a shipped model config,
-  else translated from that script's MODEL_ARGS for the families rlslurm maps; for any other family
-  it carries the family's model_type, so the refusal says what rlslurm lacks. When the checkpoint
-  path or the script's name says FP8 or INT4, the config.json has the matching quantization_config,
-  as the released checkpoint's has (INT4: W4A16 in the group size of the script's fake-QAT env). For SFT scripts it also has rlslurm's tiny tokenizer with a
-  chat template (submit masks the first conversations with it), and the records use its words.
+- --hf-checkpoint: a directory with a config.json and an empty safetensors file. The config.json is
+  the release's own, as released (tests/fixtures/release_configs/, its README names each source),
+  when the checkpoint the script names is one of them or of the same architecture (STAND_INS);
+  else rlslurm's shipped YAML's (hf_config_dict) when the sourced `models/X.sh` names one; else
+  translated from that script's MODEL_ARGS for the families rlslurm maps (the "derived" column).
+  When the checkpoint path or the script's name says INT4, the config.json gets the W4A16
+  quantization_config slime's tools/convert_hf_to_int4.py writes, in the group size of the
+  script's fake-QAT env; FP8 without a release file, the block-wise FP8 one Qwen's *-FP8 releases
+  have. SFT scripts also get rlslurm's tiny tokenizer with a chat template (submit masks the first
+  conversations with it), and the records use its words.
 
-Only those paths are substituted; every other flag is the script's as imported. Prints one JSON
-line: scripts, imported, dry_run_ok, and the refusal reasons counted (first clause of each).
+Only those paths are substituted; every other flag is the script's as imported. `--site-flag`
+appends a site's own setting to every command (the recorded figure uses one:
+--engine-span-ports-closed, docs/security.md). Prints one JSON line: scripts, imported, dry_run_ok,
+the refusal reasons counted (first clause of each), and the settings not carried.
 """
 
 from __future__ import annotations
@@ -53,6 +61,16 @@ FAMILIES = [
 ]
 # slime's model script stem -> rlslurm's shipped model config of the same checkpoint
 SHIPPED = {"moonlight": "moonlight-16B-A3B"}
+RELEASES = ROOT / "tests" / "fixtures" / "release_configs"
+# the checkpoint a script names (its --hf-checkpoint's last component) -> the release config of the
+# same architecture that stands for it, where its own release file is not among the fixtures
+STAND_INS = {
+    "Kimi-K2-Thinking-fp8": "Kimi-K2-Instruct",   # K2-Thinking converted to block FP8: K2's architecture
+    "Kimi-K2-Thinking": "Kimi-K2-Instruct",       # the INT4 release: its quantization_config below
+    "MiMo-7B-RL": "MiMo-7B-Base",
+    "Qwen3-235B-A22B-INT4": "Qwen3-235B-A22B", "Qwen3-30B-A3B-INT4": "Qwen3-30B-A3B",
+}
+ENVIRON = {"BASE_DIR": "/data"}
 
 
 def _flags(elements) -> dict[str, list[str]]:
@@ -79,6 +97,12 @@ def _hf_config(model_script: Path) -> dict:
         return hf_config_dict(load_model_config(shipped))
     sc = read_script(model_script.read_text(), str(model_script))
     arr = sc.arrays.get("MODEL_ARGS")
+    m = re.search(r"^((?:[A-Za-z_]\w*=\S+\s+)*)source\s+.*?/([\w.-]+\.sh)", model_script.read_text(), re.M)
+    if arr is None and m:  # a variant of another model script (qwen3-4B-Instruct-2507.sh: qwen3-4B.sh, its rope base)
+        given = dict(a.split("=", 1) for a in m.group(1).split())
+        base = model_script.parent / m.group(2)
+        sc = read_script(base.read_text(), str(base), given)
+        arr = sc.arrays.get("MODEL_ARGS")
     f = _flags(arr if isinstance(arr, list) else [])
     mt, archs = next(((t, a) for p, t, a in FAMILIES if stem.lower().startswith(p)), ("unknown", "Unknown"))
     mla = "multi-latent-attention" in f
@@ -199,6 +223,11 @@ def _hf_config(model_script: Path) -> dict:
             cfg["rope_scaling"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096,
                                    "beta_fast": 32, "beta_slow": 1, "mscale": float(one("mscale", 1.0)),
                                    "mscale_all_dim": float(one("mscale-all-dim", 1.0))}
+    if stem.lower().startswith("kimi-k2"):
+        # as Kimi-K2's release writes it (tests/fixtures/release_configs/Kimi-K2-Instruct): its own
+        # model_type, the DeepSeek-V3 architecture, the config class as remote code
+        cfg.update(model_type="kimi_k2", auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                                                   "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"})
     return cfg
 
 
@@ -227,12 +256,20 @@ def _model_script(script: Path, root: Path) -> Path | None:
     m = re.search(r"models/([A-Za-z0-9._-]+\.sh)", script.read_text())
     if not m:
         return None
-    hits = sorted(root.rglob(m.group(1)))
+    hits = sorted((root / "scripts" / "models").glob(m.group(1))) or sorted(root.rglob(m.group(1)))
     return hits[0] if hits else None
 
 
-def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[str]:
-    """The imported command with its data and checkpoint paths replaced by placeholders."""
+def _release(ckpt: str) -> str | None:
+    """The release directory whose config.json stands for checkpoint path `ckpt`, or None."""
+    name = ckpt.rstrip("/").rsplit("/", 1)[-1]
+    name = STAND_INS.get(name, name)
+    return name if (RELEASES / name / "config.json").is_file() else None
+
+
+def _substitute(argv: list[str], work: Path, script: Path, root: Path, source: list[str]) -> list[str]:
+    """The imported command with its data and checkpoint paths replaced by files made to match;
+    `source[0]` is set to where the config.json came from."""
     from rlslurm.settings.flags import parse_flags
 
     cfg_layer = parse_flags(argv).values
@@ -261,16 +298,25 @@ def _substitute(argv: list[str], work: Path, script: Path, root: Path) -> list[s
     ms = _model_script(script, root)
     hf = work / "hf"
     hf.mkdir()
-    config = _hf_config(ms) if ms else {"model_type": "unknown"}
+    ckpt_arg = next((argv[k + 1] for k, a in enumerate(argv[:-1]) if a == "--hf-checkpoint"), "")
+    release = _release(ckpt_arg)
+    if release:
+        config = json.loads((RELEASES / release / "config.json").read_text())
+        source[0] = f"release {release}"
+    else:
+        config = _hf_config(ms) if ms else {"model_type": "unknown"}
+        source[0] = f"derived from models/{ms.name}" if ms else "none"
     # the script's checkpoint (or the script, scripts/low_precision/*-int4.sh) names a quantized release
     # (Qwen3-4B-FP8, *-INT4): so is its placeholder, as
     # the real config.json carries quantization_config (Qwen/Qwen3-4B-FP8: fp8 e4m3, dynamic activation
     # scales, 128x128 blocks; SGLang's Fp8Config requires activation_scheme)
     ckpt = next((argv[k + 1] for k, a in enumerate(argv[:-1]) if a == "--hf-checkpoint"), "") + " " + script.name
-    if re.search(r"fp8", ckpt, re.I):
+    int4 = re.search(r"int4", ckpt, re.I) or (release == "Kimi-K2-Instruct" and ckpt_arg.rstrip("/").endswith(
+        "Kimi-K2-Thinking"))  # the Thinking release is INT4 W4A16 (group 32)
+    if re.search(r"fp8", ckpt, re.I) and "quantization_config" not in config:
         config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                          "weight_block_size": [128, 128]}
-    elif re.search(r"int4", ckpt, re.I):
+    elif int4:
         # llm-compressor's W4A16 preset, as slime's tools/convert_hf_to_int4.py writes it (routed experts
         # only), in the group size the script trains with (Kimi-K2-Thinking's release: 32)
         m = re.search(r'OPEN_TRAINING_INT4_GROUP_SIZE\\?"?\s*[:=]\s*\\?"?(\d+)', script.read_text())
@@ -303,6 +349,16 @@ def _reason(msg: str) -> str:
     return msg.split(": ")[0][:100] if msg.startswith("--") else msg[:100]
 
 
+def launch_scripts(root: Path) -> list[Path]:
+    """slime's launch scripts: every .sh of scripts/ (its models/ aside), scripts/low_precision/ and
+    examples/ with a train.py or train_async.py launch."""
+    from rlslurm.slime_import.bash import LAUNCHERS
+
+    found = [*sorted((root / "scripts").glob("*.sh")), *sorted((root / "scripts" / "low_precision").glob("*.sh")),
+             *sorted((root / "examples").rglob("*.sh"))]
+    return [p for p in found if any(re.search(rf"\b{re.escape(b)}\b", p.read_text()) for b in LAUNCHERS)]
+
+
 def run(root: Path, site: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
     """`site`: flags appended to every command, as a site's own settings (--site-flag)."""
     from rlslurm.errors import UserError
@@ -310,19 +366,24 @@ def run(root: Path, site: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
     from rlslurm.slime_import import import_script
     from rlslurm.slurm.render import render
 
-    scripts = sorted(p for p in root.rglob("run-*.sh") if "models" not in p.relative_to(root).parts)
+    scripts = launch_scripts(root)
     rows, reasons = [], collections.Counter()
-    imported = ok = 0
+    imported = ok = unsaid = 0
     for s in scripts:
-        row = {"script": str(s.relative_to(root)), "imported": False, "dry_run": "", "reason": "", "warnings": 0}
+        row = {"script": str(s.relative_to(root)), "imported": False, "dry_run": "", "reason": "", "warnings": 0,
+               "not_carried": [], "to_fill": [], "config": ""}
         try:
-            imp = import_script(s, check=False)
+            imp = import_script(s, check=False, environ=ENVIRON)
             row["imported"] = True
             imported += 1
-            row["not_mapped"] = len(imp.dropped)
+            row["not_carried"] = [msg.split(": ", 1)[0] for _, msg in sorted(imp.dropped)]
+            row["to_fill"] = [msg.split(" in ", 1)[0] for _, msg in imp.placeholders]
             row["warnings"] = len(imp.warnings)  # a missing `\`, plugins or FP8 the run lacks
+            unsaid += sum("no rule of the import took it" in msg for _, msg in imp.dropped)
+            source = [""]
             with tempfile.TemporaryDirectory() as tmp:
-                argv = _substitute(imp.argv, Path(tmp), s, root) + list(site)
+                argv = _substitute(imp.argv, Path(tmp), s, root, source) + list(site)
+                row["config"] = source[0]
                 res = resolve(argv, strict_inputs=False)
                 render(res.cfg, res.cfg.run_dir.resolve())
             row["dry_run"] = "ok"
@@ -338,22 +399,27 @@ def run(root: Path, site: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
             reasons[f"crash {type(e).__name__}"] += 1
         rows.append(row)
     summary = {"scripts": len(scripts), "imported": imported, "dry_run_ok": ok,
-               "refusals": dict(reasons.most_common()), **({"site_flags": list(site)} if site else {})}
+               "refusals": dict(reasons.most_common()), "settings_not_carried": sum(len(r["not_carried"]) for r in rows),
+               "settings_lost_without_a_line": unsaid, "environ": ENVIRON,
+               **({"site_flags": list(site)} if site else {})}
     return summary, rows
 
 
 def markdown(summary: dict, rows: list[dict], root: Path) -> str:
-    lines = ["| script | import (flags not mapped, warnings) | dry run | reason |", "|---|---|---|---|"]
+    lines = ["| script | config.json | dry run | reason | not carried (each on its own line of the import) |",
+             "|---|---|---|---|---|"]
     for r in rows:
-        reason = re.sub(r"/tmp/\S+?/hf", "HF", r["reason"])[:300].replace("|", "\\|")
-        imp = f"yes ({r.get('not_mapped', 0)}, {r['warnings']})" if r["imported"] else "no"
-        lines.append(f"| {r['script']} | {imp} | {r['dry_run']} | {reason} |")
+        reason = re.sub(r"/tmp/\S+?/hf", "HF", r["reason"])[:240].replace("|", "\\|")
+        nc = ", ".join(r["not_carried"]).replace("|", "\\|")
+        if r["to_fill"]:
+            nc = f"to fill: {', '.join(r['to_fill'])}; " + nc
+        lines.append(f"| {r['script']} | {r['config']} | {r['dry_run']} | {reason} | {nc} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scripts", type=Path, help="slime's scripts/ directory")
+    ap.add_argument("slime", type=Path, help="a checkout of THUDM/slime (its scripts/ and examples/ are read)")
     ap.add_argument("--markdown", type=Path, help="also write the per-script table here")
     ap.add_argument("--site-flag", action="append", default=[], metavar="FLAG",
                     help="append FLAG to every command, as a site setting a script cannot carry (e.g. "
@@ -362,10 +428,10 @@ def main() -> None:
     import logging
 
     logging.disable(logging.WARNING)
-    summary, rows = run(a.scripts, tuple(a.site_flag))
+    summary, rows = run(a.slime, tuple(a.site_flag))
     print(json.dumps(summary))
     if a.markdown:
-        a.markdown.write_text(markdown(summary, rows, a.scripts))
+        a.markdown.write_text(markdown(summary, rows, a.slime))
 
 
 if __name__ == "__main__":

@@ -591,15 +591,22 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="the same facts as
 def import_slime(
     script: Path = typer.Argument(..., help="a slime launch script (run-*.sh); it is read, never run"),
     as_yaml: bool = typer.Option(False, "--yaml", help="print a run YAML for `rlslurm submit --config` instead"),
+    var: list[str] = typer.Option([], "--var", metavar="NAME=VALUE",
+                                  help="a variable's value where the script uses it and cannot know it (one it does "
+                                       "not set, or sets from a command or inside an if); repeatable. Variables the "
+                                       "script does not set also come from this command's environment"),
 ) -> None:
     """Print the `rlslurm submit` command of a slime launch script (its *_ARGS arrays and train.py line).
 
     Every slime flag it does not map is listed on stderr with the script's line and the reason
-    (docs/slime-flags.md). Example: rlslurm import-slime scripts/run-qwen3-4B.sh > submit.sh
+    (docs/slime-flags.md); a value it cannot know stays in the command as <unset:NAME>, which submit
+    refuses until it is filled. Example: BASE_DIR=/data rlslurm import-slime scripts/run-qwen3-4B.sh > submit.sh
     """
-    from rlslurm.slime_import import as_command, as_yaml as to_yaml, import_script
+    import os
 
-    imp = import_script(script)
+    from rlslurm.slime_import import as_command, as_yaml as to_yaml, import_script, parse_vars
+
+    imp = import_script(script, variables=parse_vars(var), environ=os.environ)
     sys.stdout.write(to_yaml(imp) if as_yaml else as_command(imp))
     for line in imp.report_lines():
         err.print(line, markup=False, highlight=False, soft_wrap=True)

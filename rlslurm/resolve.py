@@ -26,6 +26,7 @@ from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_
 from rlslurm.settings.low_precision import (StoredPrecision, check_engine_quantization, check_int4_engine_args,
                                            check_megatron_precision, stored_precision)
 from rlslurm.settings.model_config import ModelConfig, model_config_path
+from rlslurm.settings.placeholder import check_filled
 from rlslurm.settings.parallel_grid import (check_expert_grid, check_gated_delta_net, check_pipeline_split,
                                             owned_field_refusal, stage_layers)
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin, model_download_hint
@@ -57,9 +58,13 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     """`strict_inputs=False` (dry runs) turns missing prompt data / checkpoint into warnings.
 
     Every path of the result is absolute (rlslurm/settings/paths.py says against what)."""
-    user_layers = [absolutize(parse_flags(argv), Path.cwd())]
+    cli = parse_flags(argv)
+    check_filled(cli)  # before any value is read: import-slime's `<unset NAME>` is named, never parsed
+    user_layers = [absolutize(cli, Path.cwd())]
     if config_file:
-        user_layers.insert(0, absolutize(load_yaml_layer(config_file), config_file.parent))
+        file_layer = load_yaml_layer(config_file)
+        check_filled(file_layer)
+        user_layers.insert(0, absolutize(file_layer, config_file.parent))
     # The model and node count pick the defaults layer, so read them from the user layers first.
     probe = build_config(user_layers)
     if not probe.run.colocate and not probe.single_node:
@@ -86,8 +91,10 @@ def resolve(argv: list[str], config_file: Path | None = None, *, strict_inputs: 
     if device == "cuda":
         defaults.megatron.update(_megatron_defaults(mc.megatron, user_layers))
     cfg = build_config([defaults, *user_layers])
-    _sft_batch(cfg, {name for layer in user_layers for _, name in layer.values})
+    user_set = {name for layer in user_layers for _, name in layer.values}
+    _sft_batch(cfg, user_set)
     res = Resolved(cfg, mc)
+    _rollouts_from_epochs(res, user_set)
     try:
         _derive(res)
         _check(res, strict_inputs)
@@ -147,6 +154,36 @@ def _sft_batch(cfg: RunConfig, user_set: set[str]) -> None:
     cfg.rollout.n_samples_per_prompt = 1
     if "global_batch_size" not in user_set:
         cfg.train.global_batch_size = None
+
+
+def _rollouts_from_epochs(res: Resolved, user_set: set[str]) -> None:
+    """slime's --num-epoch without --num-rollout: as many rollouts as the epochs take, records //
+    --rollout-batch-size per epoch (slime/ray/rollout.py `get_num_rollout_per_epoch`, times num_epoch in
+    slime/ray/placement_group.py); the dry run says how many steps that is. With --num-rollout given,
+    --num-epoch caps the prompts' passes instead (_check_prompt_supply), as slime ignores it then."""
+    from rlslurm.rollout.prompt_records import count_records
+
+    cfg = res.cfg
+    d, r = cfg.data, cfg.rollout
+    if d.num_epoch is None or "num_rollout" in user_set or cfg.train.load_debug_rollout_data is not None:
+        return
+    how = f"--num-epoch {d.num_epoch} without --num-rollout: as many rollouts as the epochs take"
+    if d.prompt_data is None or not parse_prompt_spec(d.prompt_data).path.exists():
+        res.notes.append(f"{how}, which follows from --prompt-data's records (not here: --num-rollout "
+                         f"{r.num_rollout} stands in this dry run)")
+        return
+    n = count_records(d.prompt_data)
+    if n is None:
+        raise ConfigError(f"{how}, but --prompt-data {d.prompt_data} is too large to count at submit: pass "
+                          f"--num-rollout (its records // --rollout-batch-size {r.rollout_batch_size} x {d.num_epoch})")
+    per_epoch = n // r.rollout_batch_size
+    if per_epoch < 1:
+        raise ConfigError(f"{how}: --prompt-data {d.prompt_data} has {n} records, fewer than one --rollout-batch-size "
+                          f"{r.rollout_batch_size}, so not one rollout per epoch")
+    r.num_rollout = per_epoch * d.num_epoch
+    res.notes.append(f"--num-epoch {d.num_epoch}: --prompt-data's {n} records // --rollout-batch-size "
+                     f"{r.rollout_batch_size} = {per_epoch} rollouts per epoch, so --num-rollout {r.num_rollout}: "
+                     f"{r.num_rollout * cfg.train.num_steps_per_rollout} training steps (slime's rule)")
 
 
 def _derive(res: Resolved) -> None:

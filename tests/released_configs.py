@@ -1,6 +1,9 @@
-"""Released config.json files of the families slime's scripts name, as public sources pin them (each
+"""config.json dicts of the families slime's scripts name, written from fields public sources pin (each
 dict says which): the fixtures of tests/convert/test_hf_config_slime_families.py and of the file-only
-comparison a login node without transformers makes (tests/launcher/test_core_install.py)."""
+comparison a login node without transformers makes (tests/launcher/test_core_install.py). These are not
+release files: the releases' own config.json files, copied as released, are in
+tests/fixtures/release_configs/ (its README names each source), and tests/convert/test_release_configs.py
+checks that the dicts here give the same model config as the release files of the same architecture."""
 
 # GLM-4.7-Flash's config.json as vLLM's test of its glm4_moe_lite config pins it (the model card's file
 # was not reachable from here); the sizes agree with slime's scripts/models/glm4.7-30B-A3B.sh.

@@ -100,6 +100,17 @@ NOT_EXPRESSIBLE: dict[str, str] = {}
 # MiMo's configuration_mimo.MiMoConfig is Qwen2Config plus num_nextn_predict_layers.
 REMOTE_BASE = {"mimo": "qwen2"}
 
+# model_type -> the family rlslurm builds it as, where a release names a type of its own for an
+# architecture SGLang and slime serve as another: the checkpoint is read with that family's config
+# class and mapped as that family, its auto_map (custom code) never run. One table until the family
+# records (rlslurm/models/) hold each family's model types; docs/model-families.md, "Kimi-K2".
+MODEL_TYPE_ALIASES = {
+    # Kimi-K2's config.json: DeepseekV3ForCausalLM with its own model_type, so that engines pick its
+    # tool parser; SGLang registers kimi_k2 as DeepseekV3Config (sglang/srt/utils/hf_transformers/
+    # common.py, 0.5.14 and 0.5.23) and slime converts it as deepseek_v3 (its docs: edit the type)
+    "kimi_k2": "deepseek_v3",
+}
+
 
 def _rope(cfg: Any) -> dict[str, Any]:
     """transformers 5 keeps rope settings in `rope_parameters`; 4.x in rope_theta/rope_scaling."""
@@ -173,17 +184,22 @@ def load_hf_config(hf_dir: str | Path):
         raise DataError(str(path), f"a JSON {type(raw).__name__}, not an object")
     if "model_type" not in raw:
         raise DataError(str(path), "no model_type")
+    family = MODEL_TYPE_ALIASES.get(raw["model_type"])
+    if family is not None:
+        raw = {**raw, "model_type": family}
     if AutoConfig is None:
         return FileConfig(raw)
     try:
-        if raw["model_type"] in REMOTE_BASE:
+        if family is not None or raw["model_type"] in REMOTE_BASE:
             # without the remote code transformers does not know the type: read the fields with the
-            # base class the remote one subclasses, and keep the checkpoint's model_type
-            fields = {k: v for k, v in raw.items() if k != "model_type"}
-            cfg = AutoConfig.for_model(REMOTE_BASE[raw["model_type"]], **fields)
+            # class the remote one subclasses (an alias: its family's), keeping the family's model_type
+            fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+            cfg = AutoConfig.for_model(family or REMOTE_BASE[raw["model_type"]], **fields)
             cfg.model_type = raw["model_type"]
             return cfg
-        return AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+        # trust_remote_code=False: a type transformers does not know is one line, never a prompt
+        # on stdin asking to run the checkpoint's code
+        return AutoConfig.from_pretrained(str(hf_dir), local_files_only=True, trust_remote_code=False)
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(str(path), f"transformers cannot read it: {e}") from None
 

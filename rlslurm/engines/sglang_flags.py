@@ -153,6 +153,34 @@ def unknown_flags(args: list[str] | tuple[str, ...] | Passthrough, known: frozen
     return [written for flag, written in p.flags() if flag not in known]
 
 
+def value_count_error(p: Passthrough, table: Table) -> str | None:
+    """The first command-line flag given more or fewer values than SGLang's parser takes (a switch
+    with a value, a one-value flag with two), in one line; None when every flag takes what it is given."""
+    from rlslurm.engines.sglang_args import match_option
+
+    i, cli = 0, p.cli
+    while i < len(cli):
+        tok = cli[i]
+        j = i + 1
+        while j < len(cli) and not cli[j].startswith("--"):
+            j += 1
+        if tok.startswith("--"):
+            name, eq, _ = tok.partition("=")
+            opt = match_option(name, table)
+            values = cli[i + 1:j]
+            n = len(values) + (1 if eq else 0)
+            nargs = table[opt][1] if opt is not None else None
+            if opt is not None:
+                ok = {0: n == 0, None: n == 1, "?": n <= 1, "+": n >= 1, "*": True}.get(nargs, n == nargs)
+                if not ok:
+                    want = {0: "no value", None: "one value", "?": "at most one value", "+": "one value or more"
+                            }.get(nargs, f"{nargs} values")
+                    got = " ".join(values) if values else "none"
+                    return f"--sglang-{name[2:]} takes {want} in SGLang, got {got!r}"
+        i = j
+    return None
+
+
 def unknown_flags_message(unknown: list[str], known: frozenset[str] | Table, version: str | None) -> str:
     import difflib
 

@@ -44,6 +44,68 @@ SUPPORTED: dict[str, SGLangAPI] = {
 DEFAULT = SUPPORTED[CPU_PATH]
 
 
+@dataclass(frozen=True)
+class Renamed:
+    """What a release that dropped a launch flag has instead: `new` (None: nothing does the same, and
+    `lost` says what a run without it does not have), given `value` where a switch became a flag with
+    a value, with `values` translating the old flag's values where they changed. `noop`: the old
+    flag did nothing any more, so dropping it loses nothing (`lost` says why)."""
+    new: str | None
+    value: str | None = None
+    values: tuple[tuple[str, str], ...] = ()
+    lost: str = ""
+    noop: bool = False
+
+    def argv(self, values: list[str]) -> list[str]:
+        """The new flag and its values in place of the old flag's `values`."""
+        assert self.new is not None
+        if self.value is not None:
+            return [self.new, self.value]
+        table = dict(self.values)
+        return [self.new, *(table.get(v, v) for v in values)]
+
+
+# Launch flags of an older supported SGLang that a newer supported one dropped, keyed by the release
+# without them. 0.5.14 registers each old name as a deprecated alias of the new one (its
+# srt/server_args.py, "Deprecated argument registrations": `new_flag=`), and already has every new
+# name, so the new name is right for both stacks; 0.5.23 knows only the new ones. A table per
+# release: a later supported SGLang adds its own.
+_CP_MODE = (("in-seq-split", "zigzag"), ("round-robin-split", "interleave"))
+RENAMED_FLAGS: dict[str, dict[str, Renamed]] = {
+    "0.5.23": {
+        "--cuda-graph-bs": Renamed("--cuda-graph-bs-decode"),
+        "--cuda-graph-max-bs": Renamed("--cuda-graph-max-bs-decode"),
+        "--nsa-prefill-backend": Renamed("--dsa-prefill-backend"),
+        "--nsa-decode-backend": Renamed("--dsa-decode-backend"),
+        "--mamba-scheduler-strategy": Renamed("--mamba-radix-cache-strategy"),
+        "--stream-output": Renamed("--incremental-streaming-output"),
+        "--speculative-dflash-draft-window-size": Renamed("--speculative-draft-window-size"),
+        "--piecewise-cuda-graph-tokens": Renamed("--cuda-graph-bs-prefill"),
+        "--piecewise-cuda-graph-max-tokens": Renamed("--cuda-graph-max-bs-prefill"),
+        "--enable-breakable-cuda-graph": Renamed("--cuda-graph-backend-prefill", value="breakable"),
+        "--disable-piecewise-cuda-graph": Renamed("--cuda-graph-backend-prefill", value="disabled"),
+        "--enforce-piecewise-cuda-graph": Renamed("--cuda-graph-backend-prefill", value="tc_piecewise"),
+        "--enable-dsa-prefill-context-parallel": Renamed("--enable-prefill-cp"),
+        "--enable-nsa-prefill-context-parallel": Renamed("--enable-prefill-cp"),
+        "--enable-prefill-context-parallel": Renamed("--enable-prefill-cp"),
+        "--dsa-prefill-cp-mode": Renamed("--cp-strategy", values=_CP_MODE),
+        "--nsa-prefill-cp-mode": Renamed("--cp-strategy", values=_CP_MODE),
+        "--prefill-cp-mode": Renamed("--cp-strategy", values=_CP_MODE),
+        "--piecewise-cuda-graph-compiler": Renamed(None, lost="the choice of compiler (eager or inductor) for "
+                                                              "piecewise CUDA graphs: SGLang 0.5.23 has no such flag"),
+        "--prefill-round-robin-balance": Renamed(None, lost="0.5.14 already took it as a no-op", noop=True),
+        "--collect-tokens-histogram": Renamed(None, lost="SGLang collects token histograms with --enable-metrics",
+                                              noop=True),
+    },
+}
+
+
+def renamed_flag(flag: str, version: str | None) -> Renamed | None:
+    """What SGLang `version` (the installed one) has for `flag`, a launch flag it dropped; None when
+    the table does not list it."""
+    return RENAMED_FLAGS.get(version or "", {}).get(flag)
+
+
 def installed_sglang_version() -> str | None:
     try:
         return importlib.metadata.version("sglang")

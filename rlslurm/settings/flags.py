@@ -148,7 +148,7 @@ def parse_flags(argv: list[str]) -> Layer:
         if not tok.startswith("--"):
             raise ConfigError(f"unexpected argument {tok!r} (flags look like --name value)")
         if tok.startswith(SGLANG_PREFIX):
-            i = _passthrough_flag(layer.sglang_args, argv, i)
+            i = _passthrough_flag(layer.sglang_args, argv, i, several=True)
         elif tok.startswith(ROUTER_PREFIX):
             i = _passthrough_flag(layer.router_args, argv, i)
         elif tok.startswith(MEGATRON_PREFIX):
@@ -180,13 +180,19 @@ class _Flag:
         return self.at + 1 < len(argv) and not argv[self.at + 1].startswith("--")
 
 
-def _passthrough_flag(args: list[str], argv: list[str], i: int) -> int:
-    """--sglang-X / --router-X [value]: handed on as --X with its value, if any. Returns the index
-    after what it took."""
+def _passthrough_flag(args: list[str], argv: list[str], i: int, *, several: bool = False) -> int:
+    """--sglang-X / --router-X [value]: handed on as --X with its value, if any; `several` (SGLang's):
+    every value up to the next flag, as SGLang has flags of several (--cuda-graph-bs-decode 1 2 4) - how
+    many each takes is checked against SGLang's parser at submit (preflight.py). Returns the index after
+    what it took."""
     flag = _Flag.read(argv, i)
     args.append("--" + flag.name.split("-", 1)[1])
     if flag.eq:
         args.append(flag.inline)
+    elif several:
+        while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            args.append(argv[i + 1])
+            i += 1
     elif flag.next_is_value(argv):
         args.append(argv[i + 1])
         i += 1

@@ -93,7 +93,8 @@ def fp8_block(hf_dir: Path | None, flag: str = "--hf-checkpoint", cfg: dict | No
     lead = f"{flag} {hf_dir}: config.json quantization_config (quant_method {method!r}{', ' + what if what else ''})"
     if method != "fp8":
         raise ConfigError(f"{lead} is neither block-wise FP8 nor INT4 W4A16; {WHY_QUANTIZED}")
-    if q.get("fmt", "e4m3") != "e4m3":  # SGLang and slime read fp8 weights as float8_e4m3fn
+    # SGLang and slime read fp8 weights as float8_e4m3fn; MiniMax-M2's releases spell the format so
+    if q.get("fmt", "e4m3") not in ("e4m3", "float8_e4m3fn"):
         raise ConfigError(f"{lead}: FP8 format {q['fmt']!r}; {WHY_QUANTIZED}")
     if q.get("activation_scheme") != "dynamic":  # SGLang's block-wise FP8 needs dynamic activation scales
         raise ConfigError(f"{lead}: activation_scheme {q.get('activation_scheme')!r}, not 'dynamic'; {WHY_QUANTIZED}")

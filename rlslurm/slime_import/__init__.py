@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,35 @@ class Imported:
     dropped: list[tuple[int, str]] = field(default_factory=list)   # (line, "--flag: why")
     notes: list[tuple[int, str]] = field(default_factory=list)
     warnings: list[tuple[int, str]] = field(default_factory=list)   # the script, or the run, differs from slime's
+    # values not known here, kept in the command as `<unset:NAME>` (rlslurm/settings/placeholder.py)
+    placeholders: list[tuple[int, str]] = field(default_factory=list)
+    summary: str = ""             # the closing check: every flag and variable accounted for
     refusal: str | None = None    # what `rlslurm submit` would still refuse in the result
 
     def report_lines(self) -> list[str]:
-        """The warnings, one line per flag left out, then the notes, each naming the script's line."""
+        """The warnings, the values still to fill, one line per flag left out, then the notes, each
+        naming the script's line, and the closing check."""
         at = lambda line: f"{self.path}:{line}" if line else self.path  # noqa: E731
         lines = [f"{at(ln)}: warning: {msg}" for ln, msg in sorted(self.warnings, key=lambda d: d[0])]
+        lines += [f"{at(ln)}: to fill: {msg}" for ln, msg in sorted(self.placeholders, key=lambda d: d[0])]
         lines += [f"{at(ln)}: not mapped: {msg}" for ln, msg in sorted(self.dropped, key=lambda d: d[0])]
         lines += [f"{at(ln)}: note: {msg}" for ln, msg in sorted(self.notes, key=lambda d: d[0])]
+        if self.summary:
+            lines.append(f"{self.path}: {self.summary}")
         if self.refusal:
             lines.append(f"{self.path}: rlslurm submit would refuse the result as it stands: {self.refusal}")
         return lines
+
+
+def parse_vars(items: list[str]) -> dict[str, str]:
+    """`--var NAME=VALUE` items; one line naming a malformed one."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UserError(f"--var {item!r}: expected NAME=VALUE (NAME a shell variable name)")
+        out[name] = value
+    return out
 
 
 def _read(path: Path) -> str:
@@ -80,9 +99,14 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
     return found, dropped, notes
 
 
-def import_script(path: Path, *, check: bool = True) -> Imported:
+def import_script(path: Path, *, check: bool = True, variables: Mapping[str, str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> Imported:
+    """`variables`: --var NAME=VALUE; `environ`: where the variables the script does not set come
+    from (the CLI passes its own environment; None: nowhere)."""
+    from rlslurm.slime_import.runtime_env import carry_env
+
     text = _read(path)
-    sc = read_script(text, str(path))
+    sc = read_script(text, str(path), variables, environ)
     if sc.launch is None:
         raise ScriptError(f"{path}: no `python3 train.py ...` (or train_async.py) command found; "
                           "nothing to import")
@@ -94,22 +118,76 @@ def import_script(path: Path, *, check: bool = True) -> Imported:
 
         mla = bool(load_model_config(model).arch.mla)
     flags = group_flags(args, dropped)
-    mapped = map_flags(flags, model, mla)
+    mapped = map_flags(flags, model, mla, _node_gpus(sc))
     res = Imported(str(path), mapped.argv, model, dropped + mapped.dropped, notes + sc.notes + mapped.notes,
                    list(sc.warnings))
+    fake_qat = _int4_fake_qat(text)
+    if fake_qat is not None:
+        res.dropped.append(fake_qat)
+    env = carry_env(sc, fake_qat is not None, text)
+    res.argv += env.argv
+    res.notes += env.notes
+    res.dropped += env.dropped
+    res.warnings += env.warnings
     if mapped.not_carried:
         features = list(dict.fromkeys(feature for _, feature in mapped.not_carried))
         res.warnings.append((mapped.not_carried[0][0], "the imported run does not do what this script does: "
                              f"{'; '.join(features)} (each not mapped below)"))
-    fake_qat = _int4_fake_qat(text)
-    if fake_qat is not None:
-        res.dropped.append(fake_qat)
     if launcher == "train_async.py":
         res.notes.append((line, "train_async.py: slime's asynchronous trainer; rlslurm trains asynchronously with "
                                 "--async-buffer-size N (not set by the import)"))
+    res.placeholders = _placeholders(res.argv, sc)
+    res.summary = _accounted(flags, mapped, env, res)
     if check:
         res.refusal = _refusal(res.argv)
     return res
+
+
+def _node_gpus(sc) -> tuple[int, str]:
+    """The GPUs of the node the script is written for: its `ray start --head --num-gpus N` (a
+    script's Ray cluster of that one node), else 8, the nodes slime's scripts start Ray with."""
+    if sc.ray_gpus is not None and sc.ray_gpus[1].isdigit():
+        return int(sc.ray_gpus[1]), f"the script's `ray start --head --num-gpus {sc.ray_gpus[1]}`, line {sc.ray_gpus[0]}"
+    return 8, "slime's scripts start Ray with --num-gpus 8 per node"
+
+
+def _placeholders(argv: list[str], sc) -> list[tuple[int, str]]:
+    """One line per variable (or command) whose value the command still needs, naming its flags."""
+    from rlslurm.settings.placeholder import names
+
+    flags: dict[str, list[str]] = {}
+    flag = ""
+    for tok in argv:
+        if tok.startswith("--"):
+            flag = tok
+        for name in names(tok):
+            shown = tok.split("=", 1)[0] if flag == "--env" else flag
+            if shown not in flags.setdefault(name, []):
+                flags[name].append(shown)
+    out = []
+    for name, used in flags.items():
+        line, why = sc.unknown.get(name, (0, f"{name} is not known here"))
+        how = (f"import again with --var {name}=VALUE (or edit the command)" if re.fullmatch(r"\w+", name)
+               else "put its value in the command (or give the variables it uses with --var and import again)")
+        out.append((line, f"<unset:{name}> in {', '.join(used)}: {why}; {how}: rlslurm submit refuses it until then"))
+    return out
+
+
+def _accounted(flags, mapped, env, res: Imported) -> str:
+    """The closing check: every launch flag of the script is carried (as given or renamed), set by
+    rlslurm, or on a `not mapped` line of its own; a flag no rule took would be a bug of the import
+    and is named as not carried rather than lost. Every variable of its environment is carried or on
+    a line of its own (slime_import/runtime_env.py)."""
+    for f in flags:
+        if id(f) not in mapped.outcome:
+            res.dropped.append((f.line, f"{f.shown}: no rule of the import took it (a bug of rlslurm "
+                                        "import-slime: please report it); not carried"))
+            mapped.outcome[id(f)] = "not carried"
+    n_env = sum(1 for a in env.argv if a in ("--env", "--secret-env"))
+    parts = [f"{mapped.count(k)} {k}" for k in ("carried", "renamed", "set by rlslurm", "not carried")]
+    return (f"checked: {len(flags)} launch flags: {', '.join(parts)} (each not carried on its line above); "
+            f"{n_env} environment variables carried, {len(env.dropped)} not (on their lines); "
+            f"{len(res.placeholders)} values to fill")
 
 
 # slime's INT4 fake quantization-aware training: switched on by environment variables its INT4 scripts
@@ -160,12 +238,20 @@ def as_yaml(imp: Imported) -> str:
     """The run YAML (`rlslurm submit --config`) of the same settings, the report as comments after it."""
     from rlslurm.settings.flags import build_config, parse_flags
 
+    from rlslurm.settings.placeholder import names
+
     layer = parse_flags(imp.argv)
+    # values still to fill are written as they are (submit --config refuses them, naming the key)
+    held = {k: v for k, v in layer.values.items() if names(yaml.safe_dump(v))}
+    for k in held:
+        del layer.values[k]
     cfg = build_config([layer])
     data: dict[str, Any] = {}
     for section, name in layer.values:
         value = getattr(getattr(cfg, section), name)
         data.setdefault(section, {})[name] = _plain(value)
+    for (section, name), value in held.items():
+        data.setdefault(section, {})[name] = value
     if layer.megatron:
         data["megatron"] = dict(layer.megatron)
     if layer.sglang_args:

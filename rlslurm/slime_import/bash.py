@@ -2,17 +2,25 @@
 
 It knows what those scripts use: `NAME=value` and `NAME=( ... )` assignments (comments and line
 continuations inside), `$NAME` / `${NAME}` / `${NAME:-default}` / `${NAME[@]}` references to what
-the script set earlier, `source FILE`, and the `... python3 train.py ARGS` command. A value it
-cannot know without running something (a command substitution, a variable the script does not
-set, one set inside an if/for block) stays `Unresolved` with the reason; nothing is guessed.
+the script set earlier, `source FILE`, and the `... python3 train.py ARGS` command. A variable the
+script does not set takes the value the caller gives (`--var NAME=VALUE`, then import-slime's own
+environment), as bash would take it from its environment. A value it cannot know without running
+something (a command substitution, a variable set nowhere, one set inside an if/for block) becomes
+the placeholder `<unset:NAME>` (rlslurm/settings/placeholder.py) with the reason recorded, which
+`rlslurm submit` refuses until it is filled; nothing is guessed. The `ray job submit
+--runtime-env-json` of the launch and the script's `export`s are kept for the environment.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rlslurm.errors import UserError
+from rlslurm.secret_env import looks_secret
+from rlslurm.settings.placeholder import placeholder
 
 _OPS = ("&&", "||", ";;", ">>", "<<", "&>", ";", "&", "|", "(", ")", "<", ">")
 _SEPARATORS = {"&&", "||", ";", ";;", "&", "|"}
@@ -297,23 +305,66 @@ class Script:
     launch: tuple[str, list[Element], int] | None = None   # (launcher, args, line)
     notes: list[tuple[int, str]] = field(default_factory=list)
     warnings: list[tuple[int, str]] = field(default_factory=list)   # what the script likely got wrong
+    # placeholders: the variable (or command) -> (line of its first use, why its value is not known)
+    unknown: dict[str, tuple[int, str]] = field(default_factory=dict)
+    exports: dict[str, int] = field(default_factory=dict)   # `export NAME[=...]` -> its line
+    # the launch's `--runtime-env-json` (line, its text with placeholders), or (line, why it is not known)
+    runtime_env: tuple[int, str | None, str | None] | None = None
+    ray_gpus: tuple[int, str] | None = None   # `ray start --head ... --num-gpus N`: (line, N as expanded)
     _noted: set[str] = field(default_factory=set)
 
 
 class _Expander:
-    def __init__(self, script: Script):
+    def __init__(self, script: Script, given: Mapping[str, str], environ: Mapping[str, str]):
         self.sc = script
+        self.given = given        # --var NAME=VALUE: wins over what the script cannot know
+        self.environ = environ    # import-slime's environment: for variables the script does not set
+        self.used: set[str] = set()   # the --var names a value was taken from
+
+    def _outside(self, name: str, line: int) -> str | None:
+        """`name`'s value from --var, else from the environment, noted once; None when neither has it."""
+        for where, values in (("--var", self.given), ("import-slime's environment", self.environ)):
+            if name in values:
+                if values is self.given:
+                    self.used.add(name)
+                if name not in self.sc._noted:
+                    self.sc._noted.add(name)
+                    shown = "(its value not shown)" if looks_secret(name) else repr(values[name])
+                    self.sc.notes.append((line, f"${name} is not set in the script: {name} {shown} from {where}"))
+                return values[name]
+        return None
+
+    def _unknown(self, name: str, why: str, line: int) -> str:
+        """The text standing for a value that is not known here: --var's, else the placeholder."""
+        if name in self.given:
+            self.used.add(name)
+            if name not in self.sc._noted:
+                self.sc._noted.add(name)
+                self.sc.notes.append((line, f"${name}: --var {name} stands for the script's own value ({why})"))
+            return self.given[name]
+        self.sc.unknown.setdefault(name, (line, why))
+        return placeholder(name)
 
     def var(self, v: Var, line: int) -> list[str] | str:
         """A list for `${A[@]}`, else the variable's text; raises _Stop when unknown."""
         if v.op not in (None, ":-", "-") or not v.name:
             raise _Stop(f"{v.source}: this parameter expansion is not supported")
+        if (v.name, v.index) in (("0", None), ("BASH_SOURCE", "0"), ("BASH_SOURCE", None)):
+            return os.path.abspath(self.sc.path)  # the script itself, where it is read
         if not _NAME.fullmatch(v.name):
             raise _Stop(f"{v.source}: a positional or special parameter has no value outside a run")
         if v.index is not None:
             arr = self.sc.arrays.get(v.name)
             if isinstance(arr, Unresolved):
                 raise _Stop(f"{v.source}: {arr.reason}")
+            if arr is None and v.index in ("@", "*") and v.name not in self.sc.scalars:
+                if v.name not in self.sc._noted:  # bash: an array never set expands to no word at all
+                    self.sc._noted.add(v.name)
+                    self.sc.notes.append((line, f"{v.source}: " + (
+                        "the sourced model script's architecture flags: rlslurm reads the architecture from "
+                        "--model's config or --hf-checkpoint's config.json" if v.name == "MODEL_ARGS" else
+                        f"{v.name} is not set in the script, so it expands to nothing, as in bash")))
+                return []
             if arr is None:
                 raise _Stop(f"{v.source}: the array {v.name} is not set in the script")
             for e in arr:
@@ -334,23 +385,29 @@ class _Expander:
                     raise _Stop(f"{v.source}: {arr.reason}")
                 val = arr[0].text if arr and arr[0].text is not None else ""
             if isinstance(val, Unresolved):
-                raise _Stop(f"{v.source}: {val.reason}")
+                return self._unknown(v.name, val.reason, line)
             if v.op == ":-" and val == "":
                 return self.single(v.arg, line) if v.arg else ""
             return val
+        outside = self._outside(v.name, line)
+        if outside is not None and not (v.op == ":-" and outside == ""):
+            return outside
         if v.op in (":-", "-"):
             default = self.single(v.arg, line) if v.arg else ""
             if v.name not in self.sc._noted:
                 self.sc._noted.add(v.name)
-                self.sc.notes.append((line, f"{v.source}: {v.name} is not set in the script; took its default "
-                                            f"{default!r} (an environment {v.name} would win when the script runs)"))
+                self.sc.notes.append((line, f"{v.source}: {v.name} is not set in the script nor given; took its "
+                                            f"default {default!r} (--var {v.name}=VALUE, or an environment "
+                                            f"{v.name}, would win)"))
             return default
-        raise _Stop(f"{v.source}: {v.name} is not set in the script (an environment variable?)")
+        return self._unknown(v.name, f"{v.name} is not set in the script, nor given with --var or in the "
+                                     "environment", line)
 
     def sub(self, p: Sub, line: int) -> str:
-        """What `$((...))` or `$(seq ...)` prints (slime_import/shell_eval.py); any other command
-        substitution would need the command run, so it stays unknown."""
-        from rlslurm.slime_import.shell_eval import arithmetic, seq
+        """What `$((...))`, `$(seq ...)`, `$(dirname ...)`, `$(basename ...)` or `$(cd DIR && pwd)`
+        print (slime_import/shell_eval.py); any other command substitution would need the command run,
+        so it stays unknown."""
+        from rlslurm.slime_import.shell_eval import arithmetic, path_command, seq
 
         if p.text.startswith("$((") and p.text.endswith("))"):
             try:
@@ -363,17 +420,39 @@ class _Expander:
             inner = _Lexer(p.text[2:-1], self.sc.path)
             inner.line = line
             toks = inner.tokens()
-            if toks and all(t[0] == "word" for t in toks) and toks[0][1].literal() == "seq":
+            if toks and all(t[0] == "word" for t in toks) and toks[0][1].literal() in ("seq", "dirname", "basename"):
+                cmd = toks[0][1].literal()
                 args = [f for t in toks[1:] for f in self.fields(t[1])]
                 try:
-                    return "\n".join(seq(args))
+                    return "\n".join(seq(args)) if cmd == "seq" else path_command(cmd, args)
                 except ValueError as e:
                     raise _Stop(f"{_short(p.text)}: {e}") from None
+            where = _cd_pwd(toks)
+            if where is not None:  # `cd DIR && pwd`: the directory, when it is absolute
+                text = self.single(where, line)
+                if not text.startswith("/"):
+                    raise _Stop(f"{_short(p.text)}: `cd` to a relative directory depends on where the script runs")
+                return os.path.normpath(text)
         raise _Stop(f"{_short(p.text)}: a command substitution is not run")
+
+    def _sub_or_placeholder(self, p: Sub, line: int) -> str:
+        """A word's command substitution: its output where it is known (sub), else a placeholder
+        named by the command (no blank in it, so that it stays one word)."""
+        try:
+            return self.sub(p, line)
+        except _Stop as e:
+            key = "".join(p.text.split())
+            self.sc.unknown.setdefault(key, (line, e.reason))
+            return placeholder(key)
 
     def _number(self, name: str, line: int) -> str:
         """A variable's text inside `$((...))` (bash evaluates it as an expression there too)."""
-        return self.single(Word([Var(name, None, None, None, True, "$" + name)], line), line)
+        from rlslurm.settings.placeholder import names
+
+        text = self.single(Word([Var(name, None, None, None, True, "$" + name)], line), line)
+        if names(text):
+            raise _Stop(f"${name} has no known value ({self.sc.unknown[names(text)[0]][1]})")
+        return text
 
     def fields(self, w: Word) -> list[str]:
         """The words `w` becomes (unquoted expansions split on blanks, an empty unquoted one dropped)."""
@@ -385,7 +464,7 @@ class _Expander:
                 cur.append(p.text)
                 started = True
                 continue
-            val = self.sub(p, w.line) if isinstance(p, Sub) else self.var(p, w.line)
+            val = self._sub_or_placeholder(p, w.line) if isinstance(p, Sub) else self.var(p, w.line)
             if isinstance(val, list):
                 if p.quoted:
                     val = [" ".join(val)] if p.index == "*" else val
@@ -436,6 +515,25 @@ class _Stop(Exception):
         self.reason = reason
 
 
+def _cd_pwd(toks: list) -> "Word | None":
+    """DIR of `cd [--] DIR [&>/dev/null] && pwd` (slime's SCRIPT_DIR idiom), else None."""
+    words = [t for t in toks if t[0] != "nl"]
+    if len(words) < 4 or words[0][0] != "word" or words[0][1].literal() != "cd":
+        return None
+    rest = words[1:]
+    if rest[0][0] == "word" and rest[0][1].literal() == "--":
+        rest = rest[1:]
+    if not rest or rest[0][0] != "word":
+        return None
+    target, rest = rest[0][1], rest[1:]
+    if len(rest) >= 2 and rest[0][0] == "op" and rest[0][1] in ("&>", ">") and rest[1][0] == "word" \
+            and rest[1][1].literal() == "/dev/null":
+        rest = rest[2:]
+    if [(t[0], t[1] if t[0] == "op" else t[1].literal()) for t in rest] == [("op", "&&"), ("word", "pwd")]:
+        return target
+    return None
+
+
 def _short(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= 60 else text[:57] + "..."
@@ -444,11 +542,13 @@ def _short(text: str) -> str:
 # ------------------------------------------------------------------------------------ statements
 
 
-def read_script(text: str, path: str) -> Script:
-    """Walk the script's top level in order, recording what a run of it would have set."""
+def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
+                environ: Mapping[str, str] | None = None) -> Script:
+    """Walk the script's top level in order, recording what a run of it would have set. `given`:
+    --var NAME=VALUE; `environ`: the environment variables the script does not set come from."""
     toks = _Lexer(text, path).tokens()
     sc = Script(path)
-    ex = _Expander(sc)
+    ex = _Expander(sc, given or {}, environ or {})
     depth = 0
     block_line: list[int] = []
     i = 0
@@ -510,8 +610,11 @@ def read_script(text: str, path: str) -> Script:
             continue
         if head in ("export", "declare", "local", "readonly", "typeset"):
             for w in words[1:]:
-                if _ASSIGN.match(_first_lit(w)):
+                m = _ASSIGN.match(_first_lit(w))
+                if m:
                     _assign_scalar(sc, ex, w, depth, block_line)
+                if head == "export" and (m or _NAME.fullmatch(w.literal() or "")):
+                    sc.exports.setdefault(m.group(1) if m else w.literal(), w.line)  # type: ignore[arg-type]
             continue
         k = 0
         while k < len(words) and _ASSIGN.match(_first_lit(words[k])):
@@ -521,6 +624,14 @@ def read_script(text: str, path: str) -> Script:
                 _assign_scalar(sc, ex, w, depth, block_line)
             continue
         cmd = words[k:]
+        if [w.literal() for w in cmd[:2]] == ["ray", "start"] and any(w.literal() == "--head" for w in cmd):
+            at = next((i for i, w in enumerate(cmd) if w.literal() == "--num-gpus"), None)
+            if at is not None and at + 1 < len(cmd) and depth == 0:
+                try:
+                    sc.ray_gpus = (cmd[at].line, ex.single(cmd[at + 1], cmd[at].line))
+                except _Stop:
+                    pass
+            continue
         if cmd[0].literal() in ("source", "."):
             if len(cmd) > 1:
                 sc.sources.append(cmd[1])
@@ -530,11 +641,34 @@ def read_script(text: str, path: str) -> Script:
             if base in LAUNCHERS and (j == 0 or w.literal_tail().endswith("/" + base) or w.literal() == base):
                 launches.append(w.line)
                 sc.launch = (base, _launch_args(sc, ex, cmd[j + 1:]), w.line)
+                sc.runtime_env = _runtime_env(ex, cmd[:j]) or sc.runtime_env
                 break
+    for name in sorted(set(given or {}) - ex.used):
+        sets = name in sc.scalars or name in sc.arrays
+        sc.notes.append((0, f"--var {name}: not used: " + (
+            "the script sets it itself, and its own value wins, as in bash" if sets else "the script does not use it")))
     if len(launches) > 1:
         raise ScriptError(f"{path}:{launches[1]}: a second {sc.launch[0] if sc.launch else 'train.py'} launch "
                           f"(the first is at line {launches[0]}); import a script with one")
     return sc
+
+
+def _runtime_env(ex: _Expander, words: list[Word]) -> tuple[int, str | None, str | None] | None:
+    """`ray job submit --runtime-env-json=JSON` (or `... --runtime-env-json JSON`) before the launcher:
+    (line, the JSON's text, None), or (line, None, why it is not known)."""
+    for k, w in enumerate(words):
+        lead = _first_lit(w) or (w.literal() or "")
+        if not lead.startswith("--runtime-env-json"):
+            continue
+        value = w if "=" in lead else (words[k + 1] if k + 1 < len(words) else None)
+        if value is None:
+            return (w.line, None, "--runtime-env-json has no value")
+        try:
+            text = ex.single(value, value.line)
+        except _Stop as e:
+            return (w.line, None, e.reason)
+        return (w.line, text.split("=", 1)[1] if value is w else text, None)
+    return None
 
 
 def _flag_like(w: Word) -> bool:
@@ -650,6 +784,9 @@ def _launch_args(sc: Script, ex: _Expander, words: list[Word]) -> list[Element]:
             arr = sc.arrays.get(only.name)
             if isinstance(arr, list):
                 out += arr
+                continue
+            if arr is None and only.name not in sc.scalars:
+                ex.var(only, w.line)  # bash: no word at all; noted once
                 continue
             reason = arr.reason if isinstance(arr, Unresolved) else f"the array {only.name} is not set in the script"
             out.append(Element(None, f"{only.source}: {reason}", w.line, only.name))

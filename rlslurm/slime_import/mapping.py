@@ -16,6 +16,7 @@ from rlslurm.errors import ConfigError
 from rlslurm.preflight import megatron_fields
 from rlslurm.settings import low_precision
 from rlslurm.settings.flags import FIELDS, build_config, parse_flags
+from rlslurm.settings.placeholder import names as placeholder_names
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_ALWAYS, SLIME_INSTEAD
 from rlslurm.slime_import.bash import Element
 
@@ -81,6 +82,23 @@ NOT_MAPPED = {
     "sglang_router_ip": "rlslurm starts its own sglang-router on the rollout nodes",
     "sglang_router_port": "rlslurm starts its own sglang-router on the rollout nodes",
 }
+# slime flags of capabilities rlslurm has not: the flag's why, and the capability the run lacks (named
+# once more in the import's warning)
+FEATURE_FLAGS = {
+    "multimodal_keys": ("slime feeds the records' images and videos (its JSON of media type -> record key) to a "
+                        "vision-language model; rlslurm trains a VLM's language model on text only and sends no "
+                        "media to the engines (docs/model-families.md, \"Qwen3.5\")", "VLM inputs (--multimodal-keys)"),
+    "prefill_num_servers": ("slime runs this many SGLang prefill servers apart from the decode ones (PD "
+                            "disaggregation); rlslurm's engines each prefill and decode",
+                            "prefill/decode disaggregation (--prefill-num-servers)"),
+    # slime's own flag (slime/backends/sglang_utils/arguments.py), not SGLang's --config behind the
+    # --sglang-* prefix: its YAML's server_groups are engine groups of their own (sglang_config.py)
+    "sglang_config": ("slime's YAML of engine groups (server_groups: prefill, decode, encoder or placeholder "
+                      "engines, each with its GPUs and ServerArgs overrides), not SGLang's --config; rlslurm "
+                      "runs one kind of engine with the --sglang-* flags of the command",
+                      "engine groups of slime's --sglang-config (prefill/decode disaggregation, per-group "
+                      "engine settings)"),
+}
 # --use-wandb and --wandb-* are rlslurm fields (docs/wandb.md) and pass as written; --wandb-key and
 # slime's other W&B switches are SLIME_INSTEAD hints
 _PREFIX_NOT_MAPPED = {"tb_": _METRICS, "opd_": _OPD_WHY}
@@ -112,6 +130,11 @@ class Mapped:
     dropped: list[tuple[int, str]] = field(default_factory=list)   # (line, "--flag: why")
     notes: list[tuple[int, str]] = field(default_factory=list)
     not_carried: list[tuple[int, str]] = field(default_factory=list)   # (line, feature) the run lacks
+    # what became of each flag (by id): carried, renamed, set by rlslurm, not carried
+    outcome: dict[int, str] = field(default_factory=dict)
+
+    def count(self, what: str) -> int:
+        return sum(1 for v in self.outcome.values() if v == what)
 
 
 def group_flags(args: list[Element], dropped: list[tuple[int, str]]) -> list[Flag]:
@@ -135,7 +158,8 @@ def group_flags(args: list[Element], dropped: list[tuple[int, str]]) -> list[Fla
     return flags
 
 
-def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
+def map_flags(flags: list[Flag], model: str | None, mla: bool, node_gpus: tuple[int, str] = (8, "")) -> Mapped:
+    """`node_gpus`: the GPUs of a node the script is written for, and where that comes from."""
     out = Mapped()
     known_megatron = megatron_fields(mla)
     if known_megatron is None:
@@ -147,14 +171,20 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
 
     def drop(f: Flag, why: str) -> None:
         out.dropped.append((f.line, f"{f.shown}: {why}"))
+        out.outcome[id(f)] = "not carried"
 
     def emit(f: Flag, argv: list[str]) -> None:
+        if any(placeholder_names(a) for a in argv):
+            out.argv += argv  # a value not known here: kept, visibly; submit refuses it until filled
+            out.outcome[id(f)] = "carried"
+            return
         try:  # alone through rlslurm's parser and field validation
             build_config([parse_flags(argv)])
         except ConfigError as e:
             drop(f, f"refused by rlslurm: {e}")
             return
         out.argv += argv
+        out.outcome[id(f)] = "carried"
 
     for f in flags:
         n = f.field
@@ -163,10 +193,16 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             continue
         if n in SLIME_ALWAYS:
             out.notes.append((f.line, f"{f.shown}: nothing to pass: {SLIME_ALWAYS[n]}"))
+            out.outcome[id(f)] = "set by rlslurm"
             continue
         if n == "ref_load":
             drop(f, "a Megatron torch_dist checkpoint in slime; rlslurm's --ref-load is a Hugging Face "
                     "directory and defaults to --hf-checkpoint")
+            continue
+        if n in FEATURE_FLAGS:
+            why, feature = FEATURE_FLAGS[n]
+            drop(f, why)
+            out.not_carried.append((f.line, feature))
             continue
         fixed = NOT_MAPPED.get(n) or next((r for p, r in _PREFIX_NOT_MAPPED.items() if n.startswith(p)), None)
         if n in SLIME_INSTEAD and n not in _LAYOUT:
@@ -185,6 +221,7 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
             continue
         if n in _LAYOUT:
             layout[n] = f
+            out.outcome[id(f)] = "carried"  # as the layout below, or dropped there naming it
             continue
         if n == "load":
             if save is not None and not save.unresolved and save.values == f.values:
@@ -233,7 +270,7 @@ def map_flags(flags: list[Flag], model: str | None, mla: bool) -> Mapped:
         out.argv.append("--use-distributed-optimizer")
         out.notes.append((offload.line, f"{offload.shown}: with --use-distributed-optimizer, which slime always "
                                         "sets and the offload needs (rlslurm's default is on only at DP > 1)"))
-    _layout(layout, out, train_only="debug_train_only" in by_field)
+    _layout(layout, out, train_only="debug_train_only" in by_field, node_gpus=node_gpus)
     if model is not None:
         out.argv = ["--model", model] + out.argv
     return out
@@ -249,23 +286,47 @@ def _sglang(f: Flag, out: Mapped, emit, drop) -> None:
     if sglang_flags.sglang_installed():
         if flag not in sglang_flags.sglang_server_flags():
             version = sglang_versions.installed_sglang_version()
-            drop(f, f"not a flag of SGLang {version} `launch_server` (slime's own, or another SGLang version's)")
+            renamed = sglang_versions.renamed_flag(flag, version)
+            if renamed is not None and renamed.new is not None:
+                argv = renamed.argv(f.values)
+                new = "--sglang-" + argv[0][2:]
+                out.notes.append((f.line, f"{f.shown}: SGLang {version} calls it {new} "
+                                          f"({' '.join([new, *argv[1:]])}: engines/sglang_versions.py)"))
+                emit(f, [new, *argv[1:]])
+                if out.outcome.get(id(f)) == "carried":
+                    out.outcome[id(f)] = "renamed"
+            elif renamed is not None and renamed.noop:
+                drop(f, f"SGLang {version} dropped {flag}, which did nothing any more: {renamed.lost}")
+            elif renamed is not None:
+                drop(f, f"SGLang {version} dropped {flag} and has nothing in its place; the run does not have "
+                        f"{renamed.lost}")
+                out.not_carried.append((f.line, f"{f.shown}: {renamed.lost}"))
+            else:
+                drop(f, f"not a flag of SGLang {version} `launch_server` (slime's own, or another SGLang "
+                        "version's)")
             return
     emit(f, [f.shown, *f.values])
 
 
-def _int(f: Flag | None, out: Mapped) -> int | None:
+def _int(f: Flag | None, out: Mapped) -> int | str | None:
+    """The flag's whole number; its placeholder text when the value is not known here."""
     if f is None:
         return None
     if len(f.values) == 1 and f.values[0].isdigit():
         return int(f.values[0])
+    if len(f.values) == 1 and placeholder_names(f.values[0]):
+        return f.values[0]
     out.dropped.append((f.line, f"{f.shown}: expected one whole number, got {' '.join(f.values)!r}"))
+    out.outcome[id(f)] = "not carried"
     return None
 
 
-def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False) -> None:
-    """slime's Ray placement -> the two het groups: the trainer's nodes, then the engines' own; or,
-    with slime's --colocate, ours: the engines on the trainer's own nodes and GPUs."""
+def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False,
+            node_gpus: tuple[int, str] = (8, "")) -> None:
+    """slime's Ray placement -> rlslurm's: with slime's --colocate, ours (the engines on the trainer's
+    own nodes and GPUs); a trainer of one node whose GPUs and the engines' fit one node, that node
+    split between the two (docs/single-node.md), as Ray placed them on the script's one node;
+    otherwise the two het groups, the trainer's nodes and then the engines' own."""
     trainer = _int(layout.get("actor_num_nodes"), out)
     gpus = _int(layout.get("actor_num_gpus_per_node"), out)
     argv: list[str] = []
@@ -283,16 +344,42 @@ def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False) -
         out.argv = argv + out.argv
         return
     rollout_gpus = _int(layout.get("rollout_num_gpus"), out)
-    rollout = None
+    known = all(v is None or isinstance(v, int) for v in (trainer, gpus, rollout_gpus))
+    per_node, where = node_gpus
+    if known and trainer == 1 and isinstance(gpus, int) and train_only and rollout_gpus is None:
+        # slime's train-only run on one node; rlslurm's builds its (SFT) rollouts there too, without
+        # engines, the trainer on every GPU (docs/slime-flags.md, --debug-train-only)
+        f = layout["actor_num_nodes"]
+        out.notes.append((f.line, f"{f.shown} 1 with --debug-train-only: --nodes 1, the trainer on its {gpus} GPUs "
+                                  "and the rollouts built on the same node without engines"))
+        out.argv = ["--nodes", "1", "--gpus-per-node", str(gpus)] + out.argv
+        return
+    if (known and trainer == 1 and isinstance(gpus, int) and isinstance(rollout_gpus, int)
+            and gpus + rollout_gpus <= per_node):
+        f = layout["rollout_num_gpus"]
+        out.notes.append((f.line, f"--actor-num-nodes 1 x --actor-num-gpus-per-node {gpus} and {f.shown} "
+                                  f"{rollout_gpus} fit one node of {per_node} GPUs ({where}): --nodes 1 "
+                                  f"--gpus-per-node {gpus + rollout_gpus} --trainer-gpus {gpus} --rollout-gpus "
+                                  f"{rollout_gpus} (docs/single-node.md)"))
+        out.argv = ["--nodes", "1", "--gpus-per-node", str(gpus + rollout_gpus), "--trainer-gpus", str(gpus),
+                    "--rollout-gpus", str(rollout_gpus)] + out.argv
+        return
+    rollout: int | str | None = None
     if rollout_gpus is not None:
         f = layout["rollout_num_gpus"]
-        if gpus and rollout_gpus % gpus == 0:
+        if isinstance(rollout_gpus, str) or isinstance(gpus, str):
+            rollout = next(v for v in (rollout_gpus, gpus) if isinstance(v, str))
+            out.notes.append((f.line, f"{f.shown} {rollout_gpus}: its nodes follow once "
+                                      f"{' and '.join(placeholder_names(str(rollout)))} is known (import again with "
+                                      "--var)"))
+        elif gpus and rollout_gpus % gpus == 0:
             rollout = rollout_gpus // gpus
             out.notes.append((f.line, f"{f.shown} {rollout_gpus}: --rollout-nodes {rollout} of "
                                       f"--gpus-per-node {gpus}"))
         else:
             out.dropped.append((f.line, f"{f.shown} {rollout_gpus}: not a whole number of nodes of "
                                         f"--actor-num-gpus-per-node's GPUs; set --rollout-nodes"))
+            out.outcome[id(f)] = "not carried"
     if trainer is not None and rollout is None and rollout_gpus is None and train_only:
         # slime's train-only run has no rollout GPUs; rlslurm's builds its (SFT) rollouts on a node of
         # the rollout group without engines (docs/slime-flags.md, --debug-train-only)
@@ -300,8 +387,10 @@ def _layout(layout: dict[str, Flag], out: Mapped, *, train_only: bool = False) -
         f = layout["actor_num_nodes"]
         out.notes.append((f.line, f"{f.shown} {trainer} with --debug-train-only and no --rollout-num-gpus: "
                                   "--rollout-nodes 1, the node that builds the rollouts without engines"))
-    if trainer is not None and rollout is not None:
+    if isinstance(trainer, int) and isinstance(rollout, int):
         argv += ["--nodes", str(trainer + rollout)]
+    elif trainer is not None and rollout is not None:
+        argv += ["--nodes", next(v for v in (trainer, rollout) if isinstance(v, str))]
     if trainer is not None:
         argv += ["--trainer-nodes", str(trainer)]
     if rollout is not None:

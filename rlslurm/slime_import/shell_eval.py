@@ -1,6 +1,8 @@
-"""The two command substitutions slime's launch scripts use that can be known without running
-anything: `$(( arithmetic ))` (`--update-weight-buffer-size $(( 4 * 512 * 1024 * 1024 ))`) and
-`$(seq ...)` (`--sglang-cuda-graph-bs 1 2 4 8 $(seq 16 8 256)`).
+"""The command substitutions slime's launch scripts use that can be known without running
+anything: `$(( arithmetic ))` (`--update-weight-buffer-size $(( 4 * 512 * 1024 * 1024 ))`),
+`$(seq ...)` (`--sglang-cuda-graph-bs 1 2 4 8 $(seq 16 8 256)`), and `$(dirname ...)` /
+`$(basename ...)` of a known path (`SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)`,
+whose `cd DIR && pwd` the reader takes as DIR normalized: slime_import/bash.py).
 
 Bash arithmetic is on integers with C's rules: `/` truncates toward zero and `%` takes the sign of
 the dividend (bash(1), ARITHMETIC EVALUATION), which Python's `//` and `%` do not. Anything else
@@ -81,3 +83,23 @@ def seq(args: list[str]) -> list[str]:
     if step == 0:
         raise ValueError("seq with an increment of 0 never ends")
     return [str(v) for v in range(first, last + (1 if step > 0 else -1), step)]
+
+
+def path_command(cmd: str, args: list[str]) -> str:
+    """What `dirname NAME` or `basename NAME [SUFFIX]` prints (coreutils dirname(1), basename(1)),
+    `--` first allowed; refused by name for anything else."""
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if cmd == "dirname" and len(args) == 1:
+        name = args[0].rstrip("/") or "/"
+        if "/" not in name:
+            return "."
+        head = name.rsplit("/", 1)[0].rstrip("/")
+        return head or "/"
+    if cmd == "basename" and len(args) in (1, 2):
+        name = args[0].rstrip("/") or "/"
+        base = name.rsplit("/", 1)[-1] if name != "/" else "/"
+        if len(args) == 2 and base != args[1] and base.endswith(args[1]):
+            base = base[: -len(args[1])]
+        return base
+    raise ValueError(f"only `{cmd} NAME`{' [SUFFIX]' if cmd == 'basename' else ''} is supported")

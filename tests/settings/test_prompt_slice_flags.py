@@ -18,7 +18,7 @@ def prompts(tmp_path: Path) -> Path:
 
 
 def test_a_slice_resolves_and_is_kept_in_the_config(prompts: Path) -> None:
-    cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", f"{prompts}@[2:-2]", "--num-epoch", "200",
+    cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", f"{prompts}@[2:-2]",
                    "--eval-prompt-data", "aime", f"{prompts}@[-3:]"]).cfg
     assert str(cfg.data.prompt_data) == f"{prompts}@[2:-2]"
     assert cfg.data.eval_prompt_data == ["aime", f"{prompts}@[-3:]"]
@@ -26,7 +26,7 @@ def test_a_slice_resolves_and_is_kept_in_the_config(prompts: Path) -> None:
 
 def test_a_relative_sliced_path_is_made_absolute(prompts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(prompts.parent)
-    cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", "p.jsonl@[0:5]", "--num-epoch", "200"]).cfg
+    cfg = resolve(["--model", "tiny-qwen3", "--prompt-data", "p.jsonl@[0:5]"]).cfg
     assert str(cfg.data.prompt_data) == f"{prompts}@[0:5]"
 
 
@@ -34,7 +34,7 @@ def test_a_relative_sliced_path_is_made_absolute(prompts: Path, monkeypatch: pyt
 @pytest.mark.parametrize("tail,why", [("@[1:2:3]", "a slice is PATH@[START:END]"), ("@[x:]", "a slice is"),
                                       ("@[20:]", "the slice selects no records (the file has 10")])
 def test_a_bad_slice_is_one_line_naming_the_flag(prompts: Path, flag: str, tail: str, why: str) -> None:
-    argv = ["--model", "tiny-qwen3", "--prompt-data", str(prompts), "--num-epoch", "200"]
+    argv = ["--model", "tiny-qwen3", "--prompt-data", str(prompts)]
     argv += [flag, f"{prompts}{tail}"] if flag == "--prompt-data" else [flag, "e", f"{prompts}{tail}"]
     one_line_naming(argv, flag, why)
 

@@ -78,11 +78,16 @@ def test_seq_forms() -> None:
 
 def test_unknown_values_stay_reported_not_guessed(tmp_path: Path) -> None:
     s = _script(tmp_path, "python3 train.py --lr $(( LR * 2 )) --rollout-batch-size $(nproc)\n")
-    report = "\n".join(import_script(s, check=False).report_lines())
-    assert f"{s}:1: not mapped: --lr: value not known without running the script: $(( LR * 2 )): $LR: LR is " \
-           "not set in the script" in report
-    assert f"{s}:1: not mapped: --rollout-batch-size: value not known without running the script: $(nproc): a " \
-           "command substitution is not run" in report
+    imp = import_script(s, check=False)
+    report = "\n".join(imp.report_lines())
+    # kept in the command, visibly, and named on a line each; submit refuses them until filled
+    assert imp.argv == ["--lr", "<unset:$((LR*2))>", "--rollout-batch-size", "<unset:$(nproc)>"]
+    assert f"{s}:1: to fill: <unset:$((LR*2))> in --lr: $(( LR * 2 )): $LR has no known value (LR is not set in " \
+           "the script" in report
+    assert f"{s}:1: to fill: <unset:$(nproc)> in --rollout-batch-size: $(nproc): a command substitution is not " \
+           "run" in report
+    given = import_script(s, check=False, variables={"LR": "3"})
+    assert given.argv[:2] == ["--lr", "6"]
 
 
 def test_missing_backslash_is_a_warning_naming_file_and_lines(tmp_path: Path) -> None:
@@ -197,3 +202,49 @@ def test_a_train_only_script_gets_its_rollout_node(tmp_path: Path) -> None:
     s = _script(tmp_path, "python3 train.py --actor-num-nodes 4 --actor-num-gpus-per-node 8 --debug-train-only\n")
     cfg = build_config([parse_flags(import_script(s, check=False).argv)])
     assert (cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (5, 4, 1)
+
+
+def test_the_script_dir_idiom_and_path_commands_are_known(tmp_path: Path) -> None:
+    """slime's `SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)`, a repository
+    root two levels up, and `$(basename ...)`: values the script's own path gives, as bash prints them
+    (the shape of examples/eval_multi_task/multi_task.sh and examples/geo3k_vlm at slime 624b824)."""
+    d = tmp_path / "slime" / "examples" / "eval"
+    d.mkdir(parents=True)
+    s = d / "run.sh"
+    s.write_text('SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
+                 'REPO_ROOT="$(cd -- "${SCRIPT_DIR}/../.." &>/dev/null && pwd)"\n'
+                 'NAME=$(basename "org/geo3k_imgurl")\n'
+                 'python3 "${REPO_ROOT}/train.py" --eval-config "${REPO_ROOT}/examples/eval/e.yaml" \\\n'
+                 '   --prompt-data "/data/${NAME}/train.parquet" --save "$(dirname $0)/ckpt"\n')
+    imp = import_script(s, check=False)
+    cfg = build_config([parse_flags(imp.argv)])
+    assert str(cfg.data.eval_config) == f"{tmp_path}/slime/examples/eval/e.yaml"
+    assert str(cfg.data.prompt_data) == "/data/geo3k_imgurl/train.parquet"
+    assert ": to fill: " not in "\n".join(imp.report_lines())
+    # a `cd` to a relative directory depends on where the script runs: a placeholder, named
+    r = _script(tmp_path, 'X="$(cd rel && pwd)"\npython3 train.py --prompt-data "$X/p.jsonl"\n')
+    fill = [ln for ln in import_script(r, check=False).report_lines() if ": to fill: " in ln]
+    assert fill and "`cd` to a relative directory depends on where the script runs" in fill[0]
+
+
+def test_slimes_own_sglang_config_is_not_sglangs(tmp_path: Path) -> None:
+    """slime's --sglang-config (engine groups for PD disaggregation, run-glm5.2-744B-A40B.sh at 624b824)
+    is slime's flag, not SGLang's --config behind the prefix: listed with what the run lacks."""
+    s = _script(tmp_path, "python3 train.py --actor-num-nodes 1 --actor-num-gpus-per-node 8 --colocate \\\n"
+                          "   --sglang-config /tmp/groups.yaml\n")
+    imp = import_script(s, check=False)
+    assert "--sglang-config" not in imp.argv
+    report = imp.report_lines()
+    assert any(ln.startswith(f"{s}:2: not mapped: --sglang-config: slime's YAML of engine groups") for ln in report)
+    assert any("warning: the imported run does not do what this script does: engine groups of slime's "
+               "--sglang-config" in ln for ln in report)
+
+
+def test_a_var_the_script_sets_itself_or_never_uses_is_said(tmp_path: Path) -> None:
+    s = _script(tmp_path, "BASE_DIR=/root\npython3 train.py --prompt-data $BASE_DIR/p.jsonl\n")
+    imp = import_script(s, check=False, variables={"BASE_DIR": "/data", "FOO": "1"})
+    assert imp.argv == ["--prompt-data", "/root/p.jsonl"]  # bash: the script's own assignment wins
+    report = imp.report_lines()
+    assert f"{s}: note: --var BASE_DIR: not used: the script sets it itself, and its own value wins, as in bash" \
+        in report
+    assert f"{s}: note: --var FOO: not used: the script does not use it" in report
