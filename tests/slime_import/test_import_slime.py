@@ -4,6 +4,7 @@ accepts, the model is recognised, and every flag left out is named on its line w
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -22,9 +23,9 @@ MODELS = {"run-qwen3-4B": "qwen3-4B", "run-qwen3-30B-A3B": "qwen3-30B-A3B", "run
           "run-deepseek-r1": "deepseek-v3"}
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlslurm.cli", *args], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+                          timeout=300, cwd=cwd, env=env)
 
 
 def _argv(command: str) -> list[str]:
@@ -165,12 +166,15 @@ def test_seq_substitution_is_evaluated() -> None:
 
 def test_yaml_output_is_the_same_run_config(tmp_path: Path) -> None:
     path = SCRIPTS / "run-glm4-9B.sh"
-    imp = import_script(path)
+    # the CLI reads the variables a script leaves unset from its environment; both sides get the same
+    # one, without the rendezvous variables other tests of this process may have exported
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
+    imp = import_script(path, environ=env)
     y = tmp_path / "run.yaml"
     y.write_text(as_yaml(imp))
     assert "\n# not imported:\n" in y.read_text()
     assert build_config([load_yaml_layer(y)]) == build_config([parse_flags(imp.argv)])
-    p = _cli("import-slime", str(path), "--yaml", cwd=tmp_path)
+    p = _cli("import-slime", str(path), "--yaml", cwd=tmp_path, env=env)
     assert p.returncode == 0 and p.stdout == as_yaml(imp), p.stderr
 
 
