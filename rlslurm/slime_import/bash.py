@@ -559,25 +559,7 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
         if t[0] != "word":
             i += 1
             continue
-        # one simple command: words up to a separator
-        words: list[Word] = []
-        while i < len(toks):
-            t = toks[i]
-            if t[0] == "nl" or (t[0] == "op" and t[1] in _SEPARATORS | {")"}):
-                i += 1
-                break
-            if t[0] == "op" and t[1] == "(" and words and _ASSIGN.fullmatch(words[-1].literal() or ""):
-                name_word = words.pop()
-                elems, i = _array_body(toks, i + 1, path, name_word.line)
-                _assign_array(sc, ex, name_word, elems, depth, block_line)
-                continue
-            if t[0] == "op" and t[1] == "(":
-                # a subshell, `for ((...))` or `name() {`: the body that follows is read as a block
-                i += 1
-                continue
-            if t[0] == "word":
-                words.append(t[1])
-            i += 1
+        words, i = _words(toks, i, ex, depth, block_line)
         if not words:
             continue
         if prev is not None and _flag_like(words[0]):
@@ -609,12 +591,7 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
                 block_line.pop()
             continue
         if head in ("export", "declare", "local", "readonly", "typeset"):
-            for w in words[1:]:
-                m = _ASSIGN.match(_first_lit(w))
-                if m:
-                    _assign_scalar(sc, ex, w, depth, block_line)
-                if head == "export" and (m or _NAME.fullmatch(w.literal() or "")):
-                    sc.exports.setdefault(m.group(1) if m else w.literal(), w.line)  # type: ignore[arg-type]
+            _declare(ex, head, words[1:], depth, block_line)
             continue
         k = 0
         while k < len(words) and _ASSIGN.match(_first_lit(words[k])):
@@ -623,26 +600,7 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
             for w in words:
                 _assign_scalar(sc, ex, w, depth, block_line)
             continue
-        cmd = words[k:]
-        if [w.literal() for w in cmd[:2]] == ["ray", "start"] and any(w.literal() == "--head" for w in cmd):
-            at = next((i for i, w in enumerate(cmd) if w.literal() == "--num-gpus"), None)
-            if at is not None and at + 1 < len(cmd) and depth == 0:
-                try:
-                    sc.ray_gpus = (cmd[at].line, ex.single(cmd[at + 1], cmd[at].line))
-                except _Stop:
-                    pass
-            continue
-        if cmd[0].literal() in ("source", "."):
-            if len(cmd) > 1:
-                sc.sources.append(cmd[1])
-            continue
-        for j, w in enumerate(cmd):
-            base = w.literal_tail().rsplit("/", 1)[-1]
-            if base in LAUNCHERS and (j == 0 or w.literal_tail().endswith("/" + base) or w.literal() == base):
-                launches.append(w.line)
-                sc.launch = (base, _launch_args(sc, ex, cmd[j + 1:]), w.line)
-                sc.runtime_env = _runtime_env(ex, cmd[:j]) or sc.runtime_env
-                break
+        _command(ex, words[k:], depth, launches)
     for name in sorted(set(given or {}) - ex.used):
         sets = name in sc.scalars or name in sc.arrays
         sc.notes.append((0, f"--var {name}: not used: " + (
@@ -651,6 +609,59 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
         raise ScriptError(f"{path}:{launches[1]}: a second {sc.launch[0] if sc.launch else 'train.py'} launch "
                           f"(the first is at line {launches[0]}); import a script with one")
     return sc
+
+
+def _words(toks: list, i: int, ex: "_Expander", depth: int, block_line: list[int]) -> tuple[list[Word], int]:
+    """One simple command from token `i`: its words up to a separator, and the token after it. An
+    array assignment `A=(...)` inside it is recorded on the way."""
+    words: list[Word] = []
+    while i < len(toks):
+        t = toks[i]
+        if t[0] == "nl" or (t[0] == "op" and t[1] in _SEPARATORS | {")"}):
+            return words, i + 1
+        if t[0] == "op" and t[1] == "(" and words and _ASSIGN.fullmatch(words[-1].literal() or ""):
+            name_word = words.pop()
+            elems, i = _array_body(toks, i + 1, ex.sc.path, name_word.line)
+            _assign_array(ex.sc, ex, name_word, elems, depth, block_line)
+            continue
+        if t[0] == "word":  # else a `(` of a subshell, `for ((...))` or `name() {`: its body is read as a block
+            words.append(t[1])
+        i += 1
+    return words, i
+
+
+def _declare(ex: "_Expander", head: str, args: list[Word], depth: int, block_line: list[int]) -> None:
+    """`export`/`declare`/`local`/... NAME[=VALUE]...: the assignments, and the names exported."""
+    for w in args:
+        m = _ASSIGN.match(_first_lit(w))
+        if m:
+            _assign_scalar(ex.sc, ex, w, depth, block_line)
+        if head == "export" and (m or _NAME.fullmatch(w.literal() or "")):
+            ex.sc.exports.setdefault(m.group(1) if m else w.literal(), w.line)  # type: ignore[arg-type]
+
+
+def _command(ex: "_Expander", cmd: list[Word], depth: int, launches: list[int]) -> None:
+    """A command that is not an assignment: `ray start --head` (its GPUs), `source`, or the launch."""
+    sc = ex.sc
+    if [w.literal() for w in cmd[:2]] == ["ray", "start"] and any(w.literal() == "--head" for w in cmd):
+        at = next((i for i, w in enumerate(cmd) if w.literal() == "--num-gpus"), None)
+        if at is not None and at + 1 < len(cmd) and depth == 0:
+            try:
+                sc.ray_gpus = (cmd[at].line, ex.single(cmd[at + 1], cmd[at].line))
+            except _Stop:
+                pass
+        return
+    if cmd[0].literal() in ("source", "."):
+        if len(cmd) > 1:
+            sc.sources.append(cmd[1])
+        return
+    for j, w in enumerate(cmd):
+        base = w.literal_tail().rsplit("/", 1)[-1]
+        if base in LAUNCHERS and (j == 0 or w.literal_tail().endswith("/" + base) or w.literal() == base):
+            launches.append(w.line)
+            sc.launch = (base, _launch_args(sc, ex, cmd[j + 1:]), w.line)
+            sc.runtime_env = _runtime_env(ex, cmd[:j]) or sc.runtime_env
+            return
 
 
 def _runtime_env(ex: _Expander, words: list[Word]) -> tuple[int, str | None, str | None] | None:

@@ -160,120 +160,135 @@ def group_flags(args: list[Element], dropped: list[tuple[int, str]]) -> list[Fla
 
 def map_flags(flags: list[Flag], model: str | None, mla: bool, node_gpus: tuple[int, str] = (8, "")) -> Mapped:
     """`node_gpus`: the GPUs of a node the script is written for, and where that comes from."""
-    out = Mapped()
-    known_megatron = megatron_fields(mla)
-    if known_megatron is None:
-        out.notes.append((0, "megatron-core is not installed here: Megatron flags were passed as --megatron-* "
-                             "unchecked (the trainer checks them)"))
-    by_field = {f.field: f for f in flags}
-    save = by_field.get("save")
-    layout: dict[str, Flag] = {}
-
-    def drop(f: Flag, why: str) -> None:
-        out.dropped.append((f.line, f"{f.shown}: {why}"))
-        out.outcome[id(f)] = "not carried"
-
-    def emit(f: Flag, argv: list[str]) -> None:
-        if any(placeholder_names(a) for a in argv):
-            out.argv += argv  # a value not known here: kept, visibly; submit refuses it until filled
-            out.outcome[id(f)] = "carried"
-            return
-        try:  # alone through rlslurm's parser and field validation
-            build_config([parse_flags(argv)])
-        except ConfigError as e:
-            drop(f, f"refused by rlslurm: {e}")
-            return
-        out.argv += argv
-        out.outcome[id(f)] = "carried"
-
+    m = _Mapper(flags, mla)
     for f in flags:
-        n = f.field
-        if f.array == "MODEL_ARGS":
-            drop(f, _ARCH)
-            continue
-        if n in SLIME_ALWAYS:
-            out.notes.append((f.line, f"{f.shown}: nothing to pass: {SLIME_ALWAYS[n]}"))
-            out.outcome[id(f)] = "set by rlslurm"
-            continue
-        if n == "ref_load":
-            drop(f, "a Megatron torch_dist checkpoint in slime; rlslurm's --ref-load is a Hugging Face "
-                    "directory and defaults to --hf-checkpoint")
-            continue
-        if n in FEATURE_FLAGS:
-            why, feature = FEATURE_FLAGS[n]
-            drop(f, why)
-            out.not_carried.append((f.line, feature))
-            continue
-        fixed = NOT_MAPPED.get(n) or next((r for p, r in _PREFIX_NOT_MAPPED.items() if n.startswith(p)), None)
-        if n in SLIME_INSTEAD and n not in _LAYOUT:
-            fixed = SLIME_INSTEAD[n]
-        if fixed:  # the same whatever the value
-            drop(f, fixed)
-            if fixed is _OPD_WHY:
-                out.not_carried.append((f.line, f"{_OPD} ({PORTING_GUIDE})"))
-            elif fixed is _MTP_WHY and n == "enable_mtp_training":
-                out.not_carried.append((f.line, f"{_MTP} (docs/model-families.md)"))
-            elif n in low_precision.SLIME_FLAGS:
-                out.not_carried.append((f.line, f"FP8/FP4 training: it trains in bf16 ({low_precision.DOC})"))
-            continue
-        if f.unresolved:
-            drop(f, f"value not known without running the script: {f.unresolved}")
-            continue
-        if n in _LAYOUT:
-            layout[n] = f
-            out.outcome[id(f)] = "carried"  # as the layout below, or dropped there naming it
-            continue
-        if n == "load":
-            if save is not None and not save.unresolved and save.values == f.values:
-                drop(f, "the same directory as --save: slime's way to resume; rlslurm resumes from "
-                        "RUN/checkpoints (rlslurm resubmit RUN)")
-            else:
-                drop(f, "a Megatron-LM checkpoint (iter_*/) in slime; rlslurm's --load takes an rlslurm "
-                        "run's checkpoint or `rlslurm convert hf-to-mcore` output")
-            continue
-        if n in PLUGIN_FLAGS and f.values:
-            spec = f.values[0]
-            if spec in PLUGIN_EQUIVALENTS:
-                emit(f, [f.shown, PLUGIN_EQUIVALENTS[spec]])
-            elif spec in PLUGIN_DEFAULTS:
-                drop(f, PLUGIN_DEFAULTS[spec])
-            else:
-                feature = next((v for k, v in FEATURE_PLUGINS.items() if spec.startswith(k)), None)
-                what = f"{spec} is slime's {feature}" if feature else f"{spec} is a slime plugin"
-                drop(f, f"{what} (slime calls it with its own arguments); port it to rlslurm's plugin "
-                        f"interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr "
-                        f"({PORTING_GUIDE})")
-                out.not_carried.append((f.line, f"{feature or f.shown + ' ' + spec} ({PORTING_GUIDE})"))
-            continue
-        if n in FIELDS or n in SLIME_ALIASES:
-            emit(f, [f.shown, *f.values])
-            continue
-        if n.startswith("sglang_"):
-            _sglang(f, out, emit, drop)
-            continue
-        # Megatron-LM's flags whose TransformerConfig field is spelled otherwise
-        # (--decoder-first/last-pipeline-num-layers) are rlslurm flags of slime's name (FIELDS above)
-        if known_megatron is None or n in known_megatron:
-            flag = "--megatron-" + n.replace("_", "-")
-            if len(f.values) > 1:
-                emit(f, [flag, "[" + ", ".join(f.values) + "]"])
-            else:
-                emit(f, [flag, *f.values])
-            continue
-        drop(f, "not an rlslurm flag (rlslurm flags), a slime flag rlslurm maps, nor a megatron-core "
-                "TransformerConfig/OptimizerConfig field (--megatron-*)")
-    offload = by_field.get("optimizer_cpu_offload")
-    if offload is not None and "use_distributed_optimizer" not in by_field and not offload.unresolved:
+        m.one(f)
+    out = m.out
+    offload = m.by_field.get("optimizer_cpu_offload")
+    if offload is not None and "use_distributed_optimizer" not in m.by_field and not offload.unresolved:
         # slime always runs megatron's distributed optimizer (slime/backends/megatron_utils/arguments.py
         # _set_default_megatron_args: "always use zero optimizer"); rlslurm only with DP > 1, and
         # megatron-core offloads only the distributed optimizer's state, so the offload needs it here
         out.argv.append("--use-distributed-optimizer")
         out.notes.append((offload.line, f"{offload.shown}: with --use-distributed-optimizer, which slime always "
                                         "sets and the offload needs (rlslurm's default is on only at DP > 1)"))
-    _layout(layout, out, train_only="debug_train_only" in by_field, node_gpus=node_gpus)
+    _layout(m.layout, out, train_only="debug_train_only" in m.by_field, node_gpus=node_gpus)
     if model is not None:
         out.argv = ["--model", model] + out.argv
     return out
+
+
+class _Mapper:
+    """Each launch flag of the script to rlslurm's flags, or to a note saying why it is not carried."""
+
+    def __init__(self, flags: list[Flag], mla: bool):
+        self.out = Mapped()
+        self.known_megatron = megatron_fields(mla)
+        if self.known_megatron is None:
+            self.out.notes.append((0, "megatron-core is not installed here: Megatron flags were passed as "
+                                      "--megatron-* unchecked (the trainer checks them)"))
+        self.by_field = {f.field: f for f in flags}
+        self.layout: dict[str, Flag] = {}  # the layout flags, mapped together at the end (_layout)
+
+    def drop(self, f: Flag, why: str) -> None:
+        self.out.dropped.append((f.line, f"{f.shown}: {why}"))
+        self.out.outcome[id(f)] = "not carried"
+
+    def emit(self, f: Flag, argv: list[str]) -> None:
+        if any(placeholder_names(a) for a in argv):
+            self.out.argv += argv  # a value not known here: kept, visibly; submit refuses it until filled
+            self.out.outcome[id(f)] = "carried"
+            return
+        try:  # alone through rlslurm's parser and field validation
+            build_config([parse_flags(argv)])
+        except ConfigError as e:
+            self.drop(f, f"refused by rlslurm: {e}")
+            return
+        self.out.argv += argv
+        self.out.outcome[id(f)] = "carried"
+
+    def one(self, f: Flag) -> None:
+        n = f.field
+        if f.array == "MODEL_ARGS":
+            self.drop(f, _ARCH)
+        elif n in SLIME_ALWAYS:
+            self.out.notes.append((f.line, f"{f.shown}: nothing to pass: {SLIME_ALWAYS[n]}"))
+            self.out.outcome[id(f)] = "set by rlslurm"
+        elif n == "ref_load":
+            self.drop(f, "a Megatron torch_dist checkpoint in slime; rlslurm's --ref-load is a Hugging Face "
+                         "directory and defaults to --hf-checkpoint")
+        elif n in FEATURE_FLAGS:
+            why, feature = FEATURE_FLAGS[n]
+            self.drop(f, why)
+            self.out.not_carried.append((f.line, feature))
+        elif self._fixed(f):
+            pass
+        elif f.unresolved:
+            self.drop(f, f"value not known without running the script: {f.unresolved}")
+        elif n in _LAYOUT:
+            self.layout[n] = f
+            self.out.outcome[id(f)] = "carried"  # as the layout, or dropped there naming it
+        elif n == "load":
+            self._load(f)
+        elif n in PLUGIN_FLAGS and f.values:
+            self._plugin(f)
+        elif n in FIELDS or n in SLIME_ALIASES:
+            self.emit(f, [f.shown, *f.values])
+        elif n.startswith("sglang_"):
+            _sglang(f, self.out, self.emit, self.drop)
+        else:
+            self._megatron(f)
+
+    def _fixed(self, f: Flag) -> bool:
+        """A flag not carried whatever its value: dropped with the reason; False if `f` is not one."""
+        n = f.field
+        fixed = NOT_MAPPED.get(n) or next((r for p, r in _PREFIX_NOT_MAPPED.items() if n.startswith(p)), None)
+        if n in SLIME_INSTEAD and n not in _LAYOUT:
+            fixed = SLIME_INSTEAD[n]
+        if not fixed:
+            return False
+        self.drop(f, fixed)
+        if fixed is _OPD_WHY:
+            self.out.not_carried.append((f.line, f"{_OPD} ({PORTING_GUIDE})"))
+        elif fixed is _MTP_WHY and n == "enable_mtp_training":
+            self.out.not_carried.append((f.line, f"{_MTP} (docs/model-families.md)"))
+        elif n in low_precision.SLIME_FLAGS:
+            self.out.not_carried.append((f.line, f"FP8/FP4 training: it trains in bf16 ({low_precision.DOC})"))
+        return True
+
+    def _load(self, f: Flag) -> None:
+        save = self.by_field.get("save")
+        if save is not None and not save.unresolved and save.values == f.values:
+            self.drop(f, "the same directory as --save: slime's way to resume; rlslurm resumes from "
+                         "RUN/checkpoints (rlslurm resubmit RUN)")
+        else:
+            self.drop(f, "a Megatron-LM checkpoint (iter_*/) in slime; rlslurm's --load takes an rlslurm "
+                         "run's checkpoint or `rlslurm convert hf-to-mcore` output")
+
+    def _plugin(self, f: Flag) -> None:
+        n, spec = f.field, f.values[0]
+        if spec in PLUGIN_EQUIVALENTS:
+            self.emit(f, [f.shown, PLUGIN_EQUIVALENTS[spec]])
+        elif spec in PLUGIN_DEFAULTS:
+            self.drop(f, PLUGIN_DEFAULTS[spec])
+        else:
+            feature = next((v for k, v in FEATURE_PLUGINS.items() if spec.startswith(k)), None)
+            what = f"{spec} is slime's {feature}" if feature else f"{spec} is a slime plugin"
+            self.drop(f, f"{what} (slime calls it with its own arguments); port it to rlslurm's plugin "
+                         f"interface{PLUGIN_INTERFACES.get(n, '')} and name it module.path:attr "
+                         f"({PORTING_GUIDE})")
+            self.out.not_carried.append((f.line, f"{feature or f.shown + ' ' + spec} ({PORTING_GUIDE})"))
+
+    def _megatron(self, f: Flag) -> None:
+        # Megatron-LM's flags whose TransformerConfig field is spelled otherwise
+        # (--decoder-first/last-pipeline-num-layers) are rlslurm flags of slime's name (FIELDS)
+        n = f.field
+        if self.known_megatron is None or n in self.known_megatron:
+            flag = "--megatron-" + n.replace("_", "-")
+            self.emit(f, [flag, "[" + ", ".join(f.values) + "]"] if len(f.values) > 1 else [flag, *f.values])
+            return
+        self.drop(f, "not an rlslurm flag (rlslurm flags), a slime flag rlslurm maps, nor a megatron-core "
+                     "TransformerConfig/OptimizerConfig field (--megatron-*)")
 
 
 def _sglang(f: Flag, out: Mapped, emit, drop) -> None:
