@@ -89,7 +89,10 @@ def receiver_args(plan: WeightSyncPlan) -> tuple[str, ...]:
 def quantization_args(plan: WeightSyncPlan, sglang_args: list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """An FP8 --hf-checkpoint (`plan.fp8_block`): SGLang's --quantization fp8, said on the command line
     (SGLang would also read it off config.json), unless the passthrough says it (checked at submit:
-    settings/low_precision.py `check_engine_quantization`)."""
+    settings/low_precision.py `check_engine_quantization`); a key of --sglang-config counts as said."""
+    from rlslurm.engines.sglang_args import read_passthrough
+
+    sglang_args = read_passthrough(sglang_args).argv
     if plan.int4_group is not None:
         # an INT4 W4A16 --hf-checkpoint: SGLang's Marlin MoE, pinned, because it is the INT4 MoE form
         # SGLang can take a weight update into (its Triton form, Blackwell's auto default, keeps no way

@@ -79,6 +79,9 @@ def test_a_block_fp8_checkpoint_is_taken_with_a_note_and_an_fp8_plan(tmp_path: P
     args = engine_specs(res.cfg, node=0, host="127.0.0.1", api_key="k", log_dir=tmp_path)[0].server_args()
     assert args[args.index("--quantization") + 1] == "fp8"
     assert quantization_args(plan, ["--quantization=fp8"]) == ()
+    # said in the --sglang-config YAML: not said again on the command line, which would win over it
+    (tmp_path / "sgl.yaml").write_text("quantization: fp8\n")
+    assert quantization_args(plan, ["--config", str(tmp_path / "sgl.yaml")]) == ()
     assert auto_receiver("cuda", "qwen3", False) == "rlslurm"
     assert auto_receiver("cuda", "qwen3", False, quantized=True) == "sglang"
     # the same directory without quantization_config: no note, a plain plan, no flag
