@@ -346,7 +346,7 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 def check_transformer_impl(cfg: "RunConfig", warnings: list[str]) -> None:
     """--transformer-impl transformer_engine where transformer-engine cannot run: one line. --device cpu
     always; not installed or outside megatron-core's range where the job runs this environment, else a
-    warning (the trainer checks it where it runs: trainer/model.py). rlslurm/settings/transformer_impl.py."""
+    warning (the trainer checks it where it runs: models/build.py). rlslurm/settings/transformer_impl.py."""
     from rlslurm.settings.transformer_impl import FLAG, TE, te_refusal
 
     impl, device = cfg.train.transformer_impl, cfg.run.device

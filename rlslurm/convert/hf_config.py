@@ -75,7 +75,7 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
                     "post_mlp_layernorm": False, "normalization": "RMSNorm", "norm_zero_centered": True,
                     "attention_output_gate": True},
     # GLM-5: GLM-4.7-Flash's MLA and MoE plus DeepSeek sparse attention's indexer in every layer
-    # (transformers' GlmMoeDsaAttention/GlmMoeDsaIndexer; trainer/dsa.py). docs/model-families.md, "GLM-5".
+    # (transformers' GlmMoeDsaAttention/GlmMoeDsaIndexer; models/dsa.py). docs/model-families.md, "GLM-5".
     "glm_moe_dsa": {"qk_layernorm": True, "add_qkv_bias": False, "rotary_interleaved": False,
                     "post_self_attn_layernorm": False, "post_mlp_layernorm": False, "normalization": "RMSNorm"},
 }
@@ -92,7 +92,7 @@ MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite", "glm_moe_dsa")
 
 # Families looked at and found inexpressible in megatron-core 0.16, -> why, for the refusal
 # (docs/model-families.md, "Families megatron-core cannot express"). None at present: MiniMax-M2,
-# the one listed before, is built with rlslurm's own q/k norm (trainer/qk_norm.py).
+# the one listed before, is built with rlslurm's own q/k norm (models/qk_norm.py).
 NOT_EXPRESSIBLE: dict[str, str] = {}
 
 # model_type whose config class exists only as the checkpoint's remote code (auto_map), -> the

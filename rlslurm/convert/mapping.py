@@ -215,7 +215,7 @@ def _glm4_moe_lite(mc: ModelConfig, layer: int) -> list[Rule]:
 
 def _minimax_m2(mc: ModelConfig, layer: int) -> list[Rule]:
     """MiniMax-M2: GQA without biases whose q_norm/k_norm span all heads ([heads x head_dim] and
-    [kv heads x head_dim], split over TP by heads like linear_qkv: trainer/qk_norm.py), then routed
+    [kv heads x head_dim], split over TP by heads like linear_qkv: models/qk_norm.py), then routed
     experts only, Mixtral's checkpoint names (`block_sparse_moe.experts.E.w1/w3/w2` = gate/up/down,
     as transformers' conversion_mapping.py gives minimax_m2 the mixtral rule), a sigmoid router
     `block_sparse_moe.gate` and its correction bias `block_sparse_moe.e_score_correction_bias`
@@ -235,7 +235,7 @@ def _glm_moe_dsa(mc: ModelConfig, layer: int) -> list[Rule]:
     """GLM-5: GLM-4.7-Flash's tensors (DeepSeek-V3's MLA and MoE names) plus, in every layer, the
     sparse-attention indexer (`self_attn.indexer.*`: wq_b from the query latent, wk, the k LayerNorm's
     weight and bias, weights_proj), replicated over TP and laid out as transformers' (rotary part
-    first: trainer/dsa.py rotates it there, so no permutation); GLM-5.2's shared layers have none. The
+    first: models/dsa.py rotates it there, so no permutation); GLM-5.2's shared layers have none. The
     MTP layer of the release (`model.layers.{num_layers}.*`) has no rule, as for glm4_moe
     (docs/model-families.md, "GLM-5")."""
     i, hf = "self_attention.core_attention.indexer.", P + "self_attn.indexer."

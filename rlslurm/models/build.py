@@ -7,9 +7,9 @@
   transformer-engine's with `--transformer-impl transformer_engine` (tcfg.transformer_impl; never
   because transformer-engine imports: rlslurm/settings/transformer_impl.py), plus small spec extensions:
   GLM-4's sandwich norms (`post_self_attn_layernorm`, `post_mlp_layernorm`), MiniMax-M2's q/k norm
-  over all heads (trainer/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
-  norms (trainer/gated_delta.py), GLM-5's sparse attention (megatron's DSA with rlslurm's indexer,
-  trainer/dsa.py) and, for MLA without transformer-engine, an SDPA core attention (megatron's local
+  over all heads (models/qk_norm.py), Qwen3-Next/Qwen3.5's gated delta net layers and zero-centred
+  norms (models/gated_delta.py), GLM-5's sparse attention (megatron's DSA with rlslurm's indexer,
+  models/dsa.py) and, for MLA without transformer-engine, an SDPA core attention (megatron's local
   one does not take MLA's `k_channels`/`v_channels`).
 - `padded_vocab_size(vocab, tp)`: Megatron shards the vocabulary over TP, so the embedding is
   padded to a multiple of `divisible_by * tp`; `rlslurm.convert` pads on import and trims on export.
@@ -31,11 +31,15 @@ import torch
 import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
+from rlslurm.models.attention_ops import repeat_kv_heads, varlen_attn, varlen_causal
 from rlslurm.settings.model_config import ModelConfig
-from rlslurm.settings.parallel_grid import (check_gated_delta_net, check_pipeline_split, owned_field_refusal,
-                                            stage_layers)
+from rlslurm.settings.parallel_grid import (
+    check_gated_delta_net,
+    check_pipeline_split,
+    owned_field_refusal,
+    stage_layers,
+)
 from rlslurm.settings.transformer_impl import LOCAL, TE, te_refusal
-from rlslurm.trainer.attention_ops import repeat_kv_heads, varlen_attn, varlen_causal
 
 
 def uses_te(tcfg) -> bool:
@@ -110,7 +114,7 @@ def _arch_kwargs(mc: ModelConfig, *, te: bool = False) -> dict[str, Any]:
         add_qkv_bias=a.add_qkv_bias,
         # MiniMax-M2's all-heads q/k norm is rlslurm's module (layer_specs), not megatron's per-head
         # one; with qk_layernorm off finalize_model_grads does not sum its TP-sharded weight's
-        # gradient over TP as it does a replicated per-head norm's (trainer/qk_norm.py)
+        # gradient over TP as it does a replicated per-head norm's (models/qk_norm.py)
         qk_layernorm=a.qk_layernorm and not a.qk_layernorm_all_heads,
         rotary_interleaved=a.rotary_interleaved,
         # Qwen3-Next: norms stored as offsets from 1 (the local spec's TorchNorm builds them, megatron's
@@ -196,7 +200,7 @@ def _arch_kwargs(mc: ModelConfig, *, te: bool = False) -> dict[str, Any]:
         else:
             raise ConfigError(f"model config {mc.name}: arch.rope_scaling.type={rs.type!r} is not supported with MLA")
         if a.dsa is not None:
-            # GLM-5: megatron-core's DSA core attention with rlslurm's indexer (trainer/dsa.py); the
+            # GLM-5: megatron-core's DSA core attention with rlslurm's indexer (models/dsa.py); the
             # indexer's KL loss off (refused in transformer_config: the indexer is not trained)
             kw.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=a.dsa.index_n_heads,
                       dsa_indexer_head_dim=a.dsa.index_head_dim, dsa_indexer_topk=a.dsa.index_topk,
@@ -284,7 +288,7 @@ def transformer_config(
     # MLA's TP > 1 backward is only right under sequence parallelism (see _local_spec_fixes).
     # Gated delta nets: their output norm sees only this rank's value heads, so its weight gradient is
     # partial per rank; as a sequence-parallel parameter finalize_model_grads sums it over TP
-    # (trainer/gated_delta.py GatedOutputNorm).
+    # (models/gated_delta.py GatedOutputNorm).
     kw["sequence_parallel"] = tp > 1 and (mc.arch.moe is not None or mc.arch.mla is not None
                                           or mc.arch.gated_delta_net is not None)
     # RL micro-batches are right-padded to their own longest sample and dynamic batching varies
@@ -309,7 +313,7 @@ def transformer_config(
             kw["max_position_embeddings"] = kw.pop("original_max_position_embeddings")
     if cp > 1 and kw.get("experimental_attention_variant") == "gated_delta_net":
         # megatron-core 0.16 asserts context_parallel_size 1 for its GatedDeltaNet forward; rlslurm's
-        # subclass does CP itself (trainer/gated_delta.py context_parallel_gated_delta_net), and nothing
+        # subclass does CP itself (models/gated_delta.py context_parallel_gated_delta_net), and nothing
         # else reads the field (the layer spec is rlslurm's): left unset, the layer sizes stay
         kw["experimental_attention_variant"] = None
     kw.update(overrides or {})
@@ -321,13 +325,13 @@ def transformer_config(
     if mc.arch.gated_delta_net is not None and tp > 1 and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: gated delta nets at TP > 1 need sequence parallelism (their "
                           "output norm's TP-partial gradient is summed as a sequence-parallel weight's, "
-                          "trainer/gated_delta.py GatedOutputNorm)")
+                          "models/gated_delta.py GatedOutputNorm)")
     if mc.arch.mla is not None and tp > 1 and not te and not kw.get("sequence_parallel"):
         raise ConfigError("--megatron-sequence-parallel: MLA at TP > 1 without transformer-engine needs "
                           "sequence parallelism (megatron-core's other MLA path has wrong TP gradients)")
     check_dsa(mc, kw)
     kw = {k: v for k, v in kw.items() if k in fields}
-    # megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention does CP itself (trainer/dsa.py)
+    # megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention does CP itself (models/dsa.py)
     variant = kw.pop("experimental_attention_variant") if kw.get("context_parallel_size", 1) > 1 and mc.arch.dsa \
         else None
     try:
@@ -340,7 +344,7 @@ def transformer_config(
 
 
 def check_all_heads_qk_norm(mc: ModelConfig, tp: int) -> None:
-    """MiniMax-M2's all-heads q/k norm is split over TP by whole heads (trainer/qk_norm.py). megatron-core
+    """MiniMax-M2's all-heads q/k norm is split over TP by whole heads (models/qk_norm.py). megatron-core
     0.16 runs TP above the KV heads by giving several ranks the same KV head (attention.py:1464-1475),
     where the k norm's sum of squares over TP would count that head more than once: refused."""
     a = mc.arch
@@ -351,7 +355,7 @@ def check_all_heads_qk_norm(mc: ModelConfig, tp: int) -> None:
 
 
 def check_dsa(mc: ModelConfig, kw: dict[str, Any]) -> None:
-    """GLM-5's sparse attention (trainer/dsa.py) with the settings it cannot take, one line each (the
+    """GLM-5's sparse attention (models/dsa.py) with the settings it cannot take, one line each (the
     same check as at submit: rlslurm/settings/sparse_attention.py)."""
     from rlslurm.settings.sparse_attention import sparse_attention_refusal
 
@@ -380,7 +384,7 @@ class TorchNorm:
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
         if config.normalization == "RMSNorm" and config.layernorm_zero_centered_gamma:
-            from rlslurm.trainer.gated_delta import ZeroCenteredRMSNorm
+            from rlslurm.models.gated_delta import ZeroCenteredRMSNorm
 
             norm: torch.nn.Module = ZeroCenteredRMSNorm(hidden_size, eps=eps)
         elif config.layernorm_zero_centered_gamma:
@@ -497,13 +501,13 @@ def _self_attention_with_post_norm(base: type) -> type:
 
 def _self_attention_with_all_heads_qk_norm(base: type, q_heads: int, k_heads: int) -> type:
     class SelfAttentionWithAllHeadsQKNorm(base):  # type: ignore[misc,valid-type]
-        """MiniMax-M2: rlslurm's all-heads q/k norms (trainer/qk_norm.py) as `q_layernorm`/`k_layernorm`,
+        """MiniMax-M2: rlslurm's all-heads q/k norms (models/qk_norm.py) as `q_layernorm`/`k_layernorm`,
         which SelfAttention applies when set. Built here rather than named in the spec: the config keeps
         megatron's `qk_layernorm` off for them, and megatron-core 0.19 refuses q/k norm submodules while
         it is off (docs/megatron-versions.md, "Layer specs")."""
 
         def __init__(self, config, *args: Any, **kwargs: Any):
-            from rlslurm.trainer.qk_norm import AllHeadsRMSNorm
+            from rlslurm.models.qk_norm import AllHeadsRMSNorm
 
             super().__init__(config, *args, **kwargs)
             head_dim = self.hidden_size_per_attention_head
@@ -605,8 +609,8 @@ class SDPACoreAttention(torch.nn.Module):
 
 
     def _context_parallel(self, query, key, value, packed_seq_params):
-        """CP > 1: this rank's queries against every CP rank's keys (trainer/context_parallel.py)."""
-        from rlslurm.trainer import context_parallel as cpx
+        """CP > 1: this rank's queries against every CP rank's keys (models/context_parallel.py)."""
+        from rlslurm.models import context_parallel as cpx
 
         fp32 = bool(self.config.attention_softmax_in_fp32)
         if packed_seq_params is None:
@@ -644,7 +648,7 @@ def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | Non
 
     megatron's own hybrid spec (`experimental_attention_variant_module_specs`) would place it, but
     accepts transformer-engine only, and GatedDeltaNet refuses to build without fla: rlslurm installs
-    its own kernels into that module (trainer/gated_delta.py `install`) and builds this spec itself,
+    its own kernels into that module (models/gated_delta.py `install`) and builds this spec itself,
     as megatron's `get_gated_delta_net_module_spec` does: in_proj column-parallel (with TE the
     input norm fused into it, as megatron's spec does), the output norm rlslurm's GatedOutputNorm
     (HF's plain-weight gated norm, not the zero-centred norm of the rest), out_proj row-parallel.
@@ -653,12 +657,11 @@ def _gated_delta_net_layers(mc: ModelConfig, block, tcfg, *, vp_stage: int | Non
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from rlslurm.trainer import gated_delta
+    from rlslurm.models import gated_delta
 
     gated_delta.install()
     if uses_te(tcfg):
-        from megatron.core.extensions.transformer_engine import (TELayerNormColumnParallelLinear,
-                                                                 TERowParallelLinear)
+        from megatron.core.extensions.transformer_engine import TELayerNormColumnParallelLinear, TERowParallelLinear
 
         in_proj, out_proj = TELayerNormColumnParallelLinear, TERowParallelLinear
     else:
@@ -705,7 +708,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
     if a.gated_delta_net is not None:
         _gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
     _local_spec_fixes(block, tcfg)
-    holder: dict = {}  # GLM-5.2: each indexer layer's top-k, for the shared layers after it (trainer/dsa.py)
+    holder: dict = {}  # GLM-5.2: each indexer layer's top-k, for the shared layers after it (models/dsa.py)
     seen: set[int] = set()
     for spec in block.layer_specs:
         # Several layers share one spec object: extend each object once.
@@ -730,7 +733,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
                 raise ConfigError(sparse_attention_refusal(mc, qkv_format="thd"))
             from megatron.core.transformer.identity_op import IdentityOp
 
-            from rlslurm.trainer.dsa import core_attention_spec
+            from rlslurm.models.dsa import core_attention_spec
 
             if getattr(sub.self_attention.submodules, "q_layernorm", None) in (None, IdentityOp):
                 # transformer-engine's MLA spec fuses the query-latent norm into linear_q_up_proj; MLA
@@ -755,12 +758,12 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
 
 def _share_top_k(mc: ModelConfig, tcfg, block, holder: dict, vp_stage: int | None) -> None:
     """GLM-5.2: the shared layers of this stage get a core attention of their own (no indexer: the
-    top-k of the last indexer layer before them, trainer/dsa.py SharedTopKAttention)."""
+    top-k of the last indexer layer before them, models/dsa.py SharedTopKAttention)."""
     import copy
 
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    from rlslurm.trainer.dsa import shared_attention_spec, source_layer
+    from rlslurm.models.dsa import shared_attention_spec, source_layer
 
     offset = get_transformer_layer_offset(tcfg, vp_stage=vp_stage)
     shared = set(mc.arch.dsa.shared_layers)
@@ -796,7 +799,7 @@ def build_gpt_model(
     """
     from megatron.core.models.gpt import GPTModel
 
-    from rlslurm.trainer import cpu_shim
+    from rlslurm.models import cpu_shim
 
     cpu_shim.apply_megatron_fixes()
     a = mc.arch
@@ -823,9 +826,9 @@ def build_gpt_model(
     kw = {k: v for k, v in kw.items() if k in params}
     model = GPTModel(**kw)
     if a.dsa is not None:
-        from rlslurm.trainer.dsa import freeze_indexer
+        from rlslurm.models.dsa import freeze_indexer
 
-        freeze_indexer(model)  # GLM-5's indexer is not trained (trainer/dsa.py)
+        freeze_indexer(model)  # GLM-5's indexer is not trained (models/dsa.py)
     if torch.cuda.is_available():
         # What Megatron-LM's get_model does: megatron's parallel layers allocate on the GPU, plain
         # torch modules (norms) on the CPU.
