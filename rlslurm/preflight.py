@@ -366,9 +366,9 @@ def check_transformer_impl(cfg: "RunConfig", warnings: list[str]) -> None:
 def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) -> str | None:
     """An HF model directory the trainer and the engines can load: config.json matching the model
     config, and safetensors weights. Returns a one-line note for a block-wise FP8 one. Needs no torch:
-    on a host without transformers config.json is compared as written (convert/hf_config.py FileConfig),
+    on a host without transformers config.json is compared as written (models/hf_config.py FileConfig),
     and what it leaves out is left to the trainer, with a warning."""
-    from rlslurm.convert.hf_config import check_hf_config
+    from rlslurm.models.hf_config import check_hf_config
     from rlslurm.convert.hf_io import INDEX_NAME
 
     if not path.is_dir():

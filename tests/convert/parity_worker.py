@@ -195,15 +195,16 @@ def main() -> None:
             if rank == 0:
                 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-                from rlslurm.convert.hf_config import REMOTE_BASE, TEXT_CONFIG, load_hf_config
+                from rlslurm.models.family import family_of, remote_base
+                from rlslurm.models.hf_config import load_hf_config
 
                 # MiMo's own classes are remote code: its main model is transformers' Qwen2 (as
                 # SGLang's mimo.py builds it on Qwen2Model), loaded from the same files with the
                 # config read as rlslurm reads it; the MTP tensors stay unread, as SGLang's
                 # MiMoForCausalLM skips them too
-                kw = {"config": load_hf_config(hf_dir)} if mc.hf_model_type in REMOTE_BASE else {}
+                kw = {"config": load_hf_config(hf_dir)} if remote_base(mc.hf_model_type) else {}
                 # Qwen3.5: the whole vision-language model (its language model's tensor names), text input
-                auto = AutoModelForImageTextToText if mc.hf_model_type in TEXT_CONFIG else AutoModelForCausalLM
+                auto = AutoModelForImageTextToText if family_of(mc.hf_model_type).text_config else AutoModelForCausalLM
                 hf = auto.from_pretrained(hf_dir, dtype=torch.float32, **kw).eval()
                 with torch.no_grad():
                     ref = hf(ids_cpu).logits
