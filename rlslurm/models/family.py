@@ -101,7 +101,7 @@ ABSENT = {"moe": "is dense", "gated_delta_net": "has no linear attention", "mla"
           "dsa": "has no sparse attention indexer"}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # one record per family: equal is identical
 class Family:
     """One model family. `name` is the HF model_type rlslurm builds it as; `aliases` the model
     types of releases that are this architecture under another name (read with this family's config
