@@ -3,8 +3,8 @@ import each other, and rlslurm.engines, which both use, imports neither; and not
 the job's nodes (the roles, the engines, the buffer, rlslurm.job, rlslurm.models) depends on the
 login side (the CLI, `rlslurm run`, rlslurm/slurm/, the submit-time checks). Followed through every
 module in between (a module can reach the rollout through one in between, as trainer/setup.py once
-did through preflight.py, which a check of direct imports does not see). Checked on the source with `ast` (nothing is imported), so a lazy
-import inside a function counts as well.
+did through preflight.py, which a check of direct imports does not see). Checked on the source with
+`ast` (nothing is imported), so a lazy import inside a function counts as well.
 
 """
 
