@@ -1,4 +1,4 @@
-"""The local attention kernels that the trainer's core attention (models/build.py's
+"""The local attention kernels that the trainer's core attention (models/specs.py
 `SDPACoreAttention`) and its context-parallel form (models/context_parallel.py) share: grouped
 query heads expanded, and torch's flash varlen attention for packed sequences."""
 

@@ -278,7 +278,7 @@ class ZeroCenteredRMSNorm(torch.nn.Module):
     """RMSNorm whose weight is stored as its offset from 1 (megatron's `layernorm_zero_centered_gamma`,
     transformers' Qwen3NextRMSNorm): fp32 x * rsqrt(mean(x^2) + eps) * (1 + weight), cast back.
     megatron's local norm (WrappedTorchNorm) refuses that setting, hence this module for the
-    local spec (models/build.py TorchNorm); the weight starts at 0."""
+    local spec (models/specs.py TorchNorm); the weight starts at 0."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()

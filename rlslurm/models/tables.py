@@ -114,7 +114,8 @@ def sigmoid_router_moe(family: str, scoring: Field, *, layer_types: bool = False
     mlp_layer_types says, layer_types_first_dense)."""
     first_dense = (Field("moe.first_k_dense", "mlp_layer_types", read=layer_types_first_dense,
                          write=_mlp_layer_types) if layer_types else
-                   Field("moe.first_k_dense", "first_k_dense_replace", read=lambda hf: hf("first_k_dense_replace") or 0))
+                   Field("moe.first_k_dense", "first_k_dense_replace",
+                         read=lambda hf: hf("first_k_dense_replace") or 0))
     return Block("moe", "n_routed_experts", (
         Field("moe.num_experts", "n_routed_experts"),
         Field("moe.router_topk", "num_experts_per_tok"),

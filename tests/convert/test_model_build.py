@@ -156,7 +156,8 @@ def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
     from megatron.core.transformer.attention import SelfAttention
 
     from rlslurm.models import gated_delta
-    from rlslurm.models.build import TorchNorm, layer_specs, transformer_config
+    from rlslurm.models.build import layer_specs, transformer_config
+    from rlslurm.models.specs import TorchNorm
 
     mc = load_model_config("tiny-qwen3-next")
     tcfg = transformer_config(mc, overrides={})

@@ -33,7 +33,7 @@ def check(packed: bool, dtype: torch.dtype, lens: list[int]) -> float:
     from megatron.core import parallel_state as ps
 
     from rlslurm.models import context_parallel as cpx
-    from rlslurm.models.build import SDPACoreAttention
+    from rlslurm.models.specs import SDPACoreAttention
     from rlslurm.trainer.logprobs import packed_seq_params
 
     cp = ps.get_context_parallel_world_size()

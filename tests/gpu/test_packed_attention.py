@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 def test_varlen_packed_attention_equals_per_sequence_fp32() -> None:
     from rlslurm.models.attention_ops import varlen_attn
-    from rlslurm.models.build import SDPACoreAttention
+    from rlslurm.models.specs import SDPACoreAttention
     from rlslurm.trainer.logprobs import packed_seq_params
 
     if varlen_attn() is None:

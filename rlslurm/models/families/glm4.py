@@ -15,10 +15,17 @@ def layer_rules(mc, layer: int) -> list:
                Rule("mlp.post_mlp_layernorm.weight", (P + "post_mlp_layernorm.weight",))])
 
 
+def layer_spec(mc, block, tcfg, *, vp_stage: int | None, packed: bool) -> None:
+    from rlslurm.models.specs import post_norms
+
+    post_norms(mc, block)
+
+
 FAMILY = Family(
     name="glm4",
     fixed={"qk_layernorm": False, "rotary_interleaved": True, "post_self_attn_layernorm": True,
            "post_mlp_layernorm": True, "normalization": "RMSNorm"},
     fields=BIAS,
     layer_rules=layer_rules,
+    layer_spec=layer_spec,
 )

@@ -60,6 +60,12 @@ def to_hf(mc: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def layer_spec(mc, block, tcfg, *, vp_stage: int | None, packed: bool) -> None:
+    from rlslurm.models.specs import sparse_attention
+
+    sparse_attention(mc, block, tcfg, vp_stage=vp_stage, packed=packed)
+
+
 FAMILY = Family(
     name="glm_moe_dsa",
     fixed=deepseek_v3.MLA_FIXED,
@@ -69,4 +75,5 @@ FAMILY = Family(
     refuse=refuse,
     to_hf=to_hf,
     layer_rules=layer_rules,
+    layer_spec=layer_spec,
 )

@@ -77,6 +77,12 @@ def to_hf(mc: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def layer_spec(mc, block, tcfg, *, vp_stage: int | None, packed: bool) -> None:
+    from rlslurm.models.specs import all_heads_qk_norm
+
+    all_heads_qk_norm(mc, block)
+
+
 FAMILY = Family(
     name="minimax_m2",
     fixed={"qk_layernorm": True, "qk_layernorm_all_heads": True, "add_qkv_bias": False, "add_bias_linear": False,
@@ -86,4 +92,5 @@ FAMILY = Family(
     refuse=refuse,
     to_hf=to_hf,
     layer_rules=layer_rules,
+    layer_spec=layer_spec,
 )

@@ -19,4 +19,5 @@ FAMILY = Family(
     text_config=True,
     hf_prefix=qwen3_5.LANGUAGE_MODEL,
     layer_rules=qwen3_next.layer_rules_for(split_in_proj=True),
+    layer_spec=qwen3_next.layer_spec,
 )

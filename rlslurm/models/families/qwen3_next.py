@@ -157,6 +157,14 @@ def moe_block(topk_norm: Field, first_dense_write: Callable[[Any], dict[str, Any
     ))
 
 
+def layer_spec(mc, block, tcfg, *, vp_stage: int | None, packed: bool) -> None:
+    """The linear-attention layers get megatron-core's GatedDeltaNet (models/specs.py)."""
+    if mc.arch.gated_delta_net is not None:
+        from rlslurm.models.specs import gated_delta_net_layers
+
+        gated_delta_net_layers(mc, block, tcfg, vp_stage=vp_stage)
+
+
 def _no_moe(mc: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     if mc.arch.moe is None:
         cfg.update(num_experts=0)
@@ -175,4 +183,5 @@ FAMILY = Family(
     refuse=refuse,
     to_hf=_no_moe,
     layer_rules=layer_rules_for(split_in_proj=False),
+    layer_spec=layer_spec,
 )
