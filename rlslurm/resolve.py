@@ -13,11 +13,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from rlslurm import preflight
-from rlslurm.convert.model_from_hf import run_model
 from rlslurm.engines.memory_share import check_given_share
 from rlslurm.engines.sglang_args import FALLBACK
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
+from rlslurm.models.model_from_hf import run_model
 from rlslurm.settings import layout
 from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets

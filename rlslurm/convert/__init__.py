@@ -11,9 +11,8 @@ Public API:
   recorded padded vocabulary (build the model with it to read the checkpoint at another TP).
 """
 
-# The names are loaded on first use (PEP 562): `rlslurm submit`/`status` reach this package for
-# `model_from_hf`, which needs no torch, and an eager import of `export` cost every CLI call ~4 s of
-# torch import on 2 cores.
+# The names are loaded on first use (PEP 562): a caller that needs one torch-free name (the login
+# side's check_hf_config) must not pay for the torch import that `export` brings (seconds per CLI call).
 _WHERE = {"mcore_to_hf": "export", "check_hf_config": "rlslurm.models.hf_config", "HFCheckpoint": "hf_io",
           "save_hf_checkpoint": "hf_io", "load_hf_checkpoint": "load", "hf_to_mcore": "mapping"}
 

@@ -331,7 +331,7 @@ def _parallel_kwargs(mc: ModelConfig, *, tp: int, pp: int, ep: int, cp: int, etp
     if pp > 1 or _mixes_dp(tp, ep, etp):
         # The allgather token dispatcher gathers equal-sized chunks from the ETP x EP ranks, but at
         # EP > 1 those ranks belong to different DP ranks, whose micro-batches have different
-        # shapes (measured on gloo: "Received data size doesn't match expected size", abort);
+        # shapes (gloo aborts: "Received data size doesn't match expected size");
         # megatron also refuses it under variable_seq_lengths (its default even for dense models,
         # where it is never used). The alltoall one exchanges token counts first, and gives the
         # same outputs (docs/megatron-cpu.md, "MoE token dispatcher and its side stream"; the CPU

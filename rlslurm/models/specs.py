@@ -90,8 +90,8 @@ def local_spec_fixes(block, tcfg) -> None:
             # so that checkpoints re-shard between TP sizes. As column-parallel linears (the local
             # spec), MLA gathers their outputs with gather_from_tensor_model_parallel_region, whose
             # backward only splits: the shared rope key k_pos_emb then gets each rank's partial
-            # (own heads') gradient, and kv_down_proj/embedding grads are wrong at TP > 1
-            # (measured, megatron-core 0.16). The duplicated path gathers k_pos_emb from the
+            # (own heads') gradient, and kv_down_proj/embedding grads are wrong at TP > 1 under
+            # megatron-core 0.16. The duplicated path gathers k_pos_emb from the
             # sequence-parallel region, whose backward reduce-scatters, and marks the weights
             # `sequence_parallel` for the TP grad sum.
             from megatron.core.post_training.modelopt.layers import Linear
@@ -240,7 +240,7 @@ class SDPACoreAttention(torch.nn.Module):
         """[b, h, s, d] causal attention; grouped query heads repeated as megatron's local path does."""
         k, v = repeat_kv_heads(q, k, v)
         # On CUDA the flash / memory-efficient kernels accumulate the softmax in fp32 themselves and
-        # take no fp32 inputs (an fp32 upcast falls back to the math kernel, measured slower on H200:
+        # take no fp32 inputs (an fp32 upcast falls back to the slower math kernel:
         # bench/results/packing-h200.md); elsewhere upcast as megatron does.
         if self.config.attention_softmax_in_fp32 and q.dtype != torch.float32 and not q.is_cuda:
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
@@ -254,8 +254,8 @@ class SDPACoreAttention(torch.nn.Module):
         if packed_seq_params is not None:
             if packed_seq_params.qkv_format != "thd":
                 raise NotImplementedError(f"SDPACoreAttention: qkv_format {packed_seq_params.qkv_format!r}")
-            # flash varlen takes fp16/bf16 only ("FlashAttention only support fp16 and bf16": the fp32
-            # demo with --qkv-format thd on an H100); fp32 keeps the per-sequence loop below
+            # flash varlen takes fp16/bf16 only ("FlashAttention only support fp16 and bf16",
+            # docs/sequence-packing.md); fp32 keeps the per-sequence loop below
             if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and varlen_attn() is not None:
                 return varlen_causal(query, key, value, packed_seq_params, self.softmax_scale)
             # [t, h, d] -> per sequence [1, h, s, d] -> [t, h * dv]

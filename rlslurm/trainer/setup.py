@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlslurm.convert.model_from_hf import run_model
 from rlslurm.errors import ConfigError
+from rlslurm.models.model_from_hf import run_model
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.layout import context_parallel_refusal
 from rlslurm.settings.model_config import ModelConfig

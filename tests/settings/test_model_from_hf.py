@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.convert.model_from_hf import model_config_from_hf
 from rlslurm.errors import ConfigError
+from rlslurm.models.model_from_hf import model_config_from_hf
 from rlslurm.resolve import resolve
 from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slime_import import import_script
