@@ -1,7 +1,7 @@
 """Xiaomi MiMo-7B: a Qwen2 model plus MTP layers (`model.mtp_layers.*`) that the mapping leaves out:
 never loaded, trained or exported; the engine's MTP drafter keeps the checkpoint's. Its config class
 is remote code (configuration_mimo.MiMoConfig: Qwen2Config plus num_nextn_predict_layers), read here
-as Qwen2's (docs/model-families.md, "MiMo-7B")."""
+as Qwen2's (docs/model-families.md, "MiMo-7B (`mimo`, MiMoForCausalLM)")."""
 
 from __future__ import annotations
 
