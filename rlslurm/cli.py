@@ -211,9 +211,9 @@ def run(
       rlslurm run --model tiny-qwen3 --prompt-data prompts.jsonl --device cpu --num-rollout 10
     """
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.convert.model_from_hf import run_model
     from rlslurm.gpus import role_gpus
     from rlslurm.local import run_local
+    from rlslurm.models.model_from_hf import run_model
     from rlslurm.resolve import Resolved
     from rlslurm.settings.config import run_dir_of
     from rlslurm.settings.runfile import load_run_config
@@ -239,12 +239,11 @@ def run(
         res = Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint))
         prepare_run_dir(res, resume=True)
     else:
+        from rlslurm.gpus import machine_gpu_flags
         from rlslurm.resolve import resolve
 
         # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
-
-        from rlslurm.gpus import machine_gpu_flags
 
         layers = [*([load_yaml_layer(opts.config)] if opts.config else []), parse_flags(argv)]
         probe = build_config([parse_flags(["--device", "cpu"]), *layers])  # `rlslurm run` runs on the CPU unless told
@@ -299,7 +298,7 @@ def resubmit(
     from rlslurm.buffer.attempts import failures_counted
     from rlslurm.buffer.ledger import read_ledger
     from rlslurm.buffer.rundir import RunDir
-    from rlslurm.convert.model_from_hf import run_model
+    from rlslurm.models.model_from_hf import run_model
     from rlslurm.resolve import Resolved
     from rlslurm.settings.runfile import load_run_config
     from rlslurm.slurm.submit import submit as do_submit
@@ -604,7 +603,8 @@ def import_slime(
     """
     import os
 
-    from rlslurm.slime_import import as_command, as_yaml as to_yaml, import_script, parse_vars
+    from rlslurm.slime_import import as_command, import_script, parse_vars
+    from rlslurm.slime_import import as_yaml as to_yaml
 
     imp = import_script(script, variables=parse_vars(var), environ=os.environ)
     sys.stdout.write(to_yaml(imp) if as_yaml else as_command(imp))
@@ -633,7 +633,8 @@ def convert(ctx: typer.Context) -> None:
     # the job runs this interpreter (submitit), so its stack is checked here too (rlslurm/stacks.py)
     conversion = check_convert_args(args)
     if "--submit" in args and "--help" not in args:
-        from rlslurm.slurm.convert_job import split_submit_args, submit as submit_conversion
+        from rlslurm.slurm.convert_job import split_submit_args
+        from rlslurm.slurm.convert_job import submit as submit_conversion
 
         job = submit_conversion(split_submit_args([a for a in args if a != "--wait"]))
         out.print(f"submitted conversion job [bold]{job.job_id}[/]; logs in {job.paths.stdout.parent}")

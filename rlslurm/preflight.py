@@ -346,7 +346,7 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 def check_transformer_impl(cfg: "RunConfig", warnings: list[str]) -> None:
     """--transformer-impl transformer_engine where transformer-engine cannot run: one line. --device cpu
     always; not installed or outside megatron-core's range where the job runs this environment, else a
-    warning (the trainer checks it where it runs: trainer/model.py). rlslurm/settings/transformer_impl.py."""
+    warning (the trainer checks it where it runs: models/build.py). rlslurm/settings/transformer_impl.py."""
     from rlslurm.settings.transformer_impl import FLAG, TE, te_refusal
 
     impl, device = cfg.train.transformer_impl, cfg.run.device
@@ -366,9 +366,9 @@ def check_transformer_impl(cfg: "RunConfig", warnings: list[str]) -> None:
 def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) -> str | None:
     """An HF model directory the trainer and the engines can load: config.json matching the model
     config, and safetensors weights. Returns a one-line note for a block-wise FP8 one. Needs no torch:
-    on a host without transformers config.json is compared as written (convert/hf_config.py FileConfig),
+    on a host without transformers config.json is compared as written (models/hf_config.py FileConfig),
     and what it leaves out is left to the trainer, with a warning."""
-    from rlslurm.convert.hf_config import check_hf_config
+    from rlslurm.models.hf_config import check_hf_config
     from rlslurm.convert.hf_io import INDEX_NAME
 
     if not path.is_dir():

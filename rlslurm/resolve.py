@@ -13,27 +13,37 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from rlslurm import preflight
-from rlslurm.convert.model_from_hf import run_model
 from rlslurm.engines.memory_share import check_given_share
 from rlslurm.engines.sglang_args import FALLBACK
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
-from rlslurm.job.timespec import time_limit_s
+from rlslurm.models.model_from_hf import run_model
 from rlslurm.settings import layout
 from rlslurm.settings.config import RunConfig, TrainSection
 from rlslurm.settings.eval_config import eval_datasets
 from rlslurm.settings.flags import FIELDS, Layer, build_config, flag_name, load_yaml_layer, parse_flags
-from rlslurm.settings.low_precision import (StoredPrecision, check_engine_quantization, check_int4_engine_args,
-                                           check_megatron_precision, stored_precision)
+from rlslurm.settings.low_precision import (
+    StoredPrecision,
+    check_engine_quantization,
+    check_int4_engine_args,
+    check_megatron_precision,
+    stored_precision,
+)
 from rlslurm.settings.model_config import ModelConfig, model_config_path
-from rlslurm.settings.placeholder import check_filled
-from rlslurm.settings.parallel_grid import (check_expert_grid, check_gated_delta_net, check_pipeline_split,
-                                            owned_field_refusal, stage_layers)
+from rlslurm.settings.parallel_grid import (
+    check_expert_grid,
+    check_gated_delta_net,
+    check_pipeline_split,
+    owned_field_refusal,
+    stage_layers,
+)
 from rlslurm.settings.paths import PLUGIN_FIELDS, absolute, absolutize, is_file_plugin, model_download_hint
+from rlslurm.settings.placeholder import check_filled
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import check_rl_settings
 from rlslurm.settings.rm_types import RM_REGISTRY
 from rlslurm.settings.sparse_attention import sparse_attention_refusal
+from rlslurm.settings.timespec import time_limit_s
 from rlslurm.settings.weight_plan import auto_receiver
 from rlslurm.trainer.replay_subsample import check_subsample
 

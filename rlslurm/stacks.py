@@ -164,7 +164,7 @@ def _listed(stack: Stack, component: str) -> tuple[str, ...]:
 
 # Needed by every role at any version: the trainer reads config.json and the rollout driver its tokenizer
 # with it (the checkpoint checks at submit read config.json without it only where the job runs another
-# environment: convert/hf_config.py load_hf_config).
+# environment: models/hf_config.py load_hf_config).
 PRESENT = ("transformers",)
 
 

@@ -11,10 +11,9 @@ Public API:
   recorded padded vocabulary (build the model with it to read the checkpoint at another TP).
 """
 
-# The names are loaded on first use (PEP 562): `rlslurm submit`/`status` reach this package for
-# `model_from_hf`, which needs no torch, and an eager import of `export` cost every CLI call ~4 s of
-# torch import on 2 cores.
-_WHERE = {"mcore_to_hf": "export", "check_hf_config": "hf_config", "HFCheckpoint": "hf_io",
+# The names are loaded on first use (PEP 562): a caller that needs one torch-free name (the login
+# side's check_hf_config) must not pay for the torch import that `export` brings (seconds per CLI call).
+_WHERE = {"mcore_to_hf": "export", "check_hf_config": "rlslurm.models.hf_config", "HFCheckpoint": "hf_io",
           "save_hf_checkpoint": "hf_io", "load_hf_checkpoint": "load", "hf_to_mcore": "mapping"}
 
 __all__ = ["HFCheckpoint", "check_hf_config", "hf_to_mcore", "load_hf_checkpoint", "mcore_to_hf",
@@ -25,7 +24,8 @@ def __getattr__(name: str):
     if name in _WHERE:
         import importlib
 
-        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        where = _WHERE[name]
+        value = getattr(importlib.import_module(where if "." in where else f"{__name__}.{where}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

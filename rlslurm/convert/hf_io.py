@@ -16,17 +16,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from rlslurm.buffer.atomic import retry_transient
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.safetensors_names import INDEX_NAME, safetensors_header
 
 if TYPE_CHECKING:
     import torch
 
-INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 # Files besides the weights that make a directory a usable HF model (tokenizer, generation config).
 AUX_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -82,36 +81,6 @@ class HFCheckpoint:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self._where:
             yield name, self.get(name)
-
-
-def safetensors_header(path: Path) -> dict[str, dict]:
-    """{tensor name: {dtype, shape, data_offsets}} of one safetensors file, from its header (no tensor
-    read, no torch); DataError naming the file when it is not one."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise DataError(str(path), "not a safetensors file (shorter than its 8-byte header length)")
-            (n,) = struct.unpack("<Q", head)
-            if n > max(os.fstat(f.fileno()).st_size - 8, 0):
-                raise DataError(str(path), f"not a safetensors file (header length {n} past the end of the file)")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise DataError(str(path), f"not a readable safetensors header ({e})") from None
-    if not isinstance(header, dict):
-        raise DataError(str(path), "not a safetensors header (not a JSON object)")
-    return {k: v for k, v in header.items() if k != "__metadata__"}
-
-
-def checkpoint_names(hf_dir: str | Path) -> list[str]:
-    """The tensor names of a safetensors checkpoint directory, off its index or its files' headers."""
-    index = Path(hf_dir) / INDEX_NAME
-    if index.is_file():
-        try:
-            return list(json.loads(index.read_text())["weight_map"])
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DataError(str(index), f"not a safetensors index ({e})") from None
-    return [name for shard in sorted(Path(hf_dir).glob("*.safetensors")) for name in safetensors_header(shard)]
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The one HF <-> Megatron mapping: a small explicit table per family, and the re-layouts.
+"""The one HF <-> Megatron mapping: each family's rules (rlslurm/models/families/), applied; the re-layouts.
 
 Three users share it: the trainer's HF load (`hf_to_mcore`, sharded for this rank), the weight
 sync's export (`rlslurm.convert.export.mcore_to_hf`, gathered to full HF tensors), and the
@@ -24,7 +24,7 @@ expert index) to the HF tensor(s) it is made of, and says how they are laid out:
   `in_proj_b`, `in_proj_a` -> the same `in_proj`); `Rule.pieces` gives their sizes for the way back.
 
 A vision-language model's language model (Qwen3.5) has its HF tensors under `model.language_model.`
-instead of `model.` (LANGUAGE_MODEL_PREFIX); the rules are the same.
+instead of `model.` (its Family's hf_prefix); the rules are the same.
 
 A rule with `sections` is split over TP section by section (every rank holds `[s1_r; s2_r; ...]`,
 as megatron's GatedDeltaNet splits its fused in_proj and conv1d), not in one contiguous chunk. With
@@ -40,43 +40,31 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Callable, Iterable, Iterator
 
 import torch
 
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.models.family import Family, family_names, family_of
+from rlslurm.models.rules import Kind, Rule
 from rlslurm.settings.model_config import ModelConfig
-
-Kind = Literal["plain", "vocab", "qkv", "gate_up", "gdn_in", "concat"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    mcore: str               # suffix after `decoder.layers.{L}.`, or a full name for global tensors
-    hf: tuple[str, ...]      # full HF names, `{L}` = layer, `{E}` = global expert index
-    kind: Kind = "plain"
-    expert: bool = False     # a routed expert's tensor (`{E}` in both names)
-    # TP split dim under megatron's local spec (None: replicated). The loader/exporter read the
-    # real one off the model's parameter; this is for model-free use (`default_targets`).
-    tp_dim: int | None = None
-    # split over TP section by section (sizes along the TP dim of the full tensor); () = one piece
-    sections: tuple[int, ...] = ()
-    # `concat`: the HF tensors' sizes along dim 0
-    pieces: tuple[int, ...] = ()
-
-
-P = "model.layers.{L}."
-# model_type -> where its language model's tensors are (default "model.")
-LANGUAGE_MODEL_PREFIX = {"qwen3_5": "model.language_model.", "qwen3_5_moe": "model.language_model."}
 
 
 def _under(mc: ModelConfig, rules: list[Rule]) -> list[Rule]:
     """`rules` with their HF names moved under the family's language-model prefix."""
-    prefix = LANGUAGE_MODEL_PREFIX.get(mc.hf_model_type)
-    if prefix is None:
+    prefix = _family(mc).hf_prefix
+    if prefix == "model.":
         return rules
     return [dataclasses.replace(r, hf=tuple(prefix + h.removeprefix("model.") if h.startswith("model.") else h
                                              for h in r.hf)) for r in rules]
+
+
+def _family(mc: ModelConfig) -> Family:
+    family = family_of(mc.hf_model_type)
+    if family is None:
+        raise ConfigError(f"model config {mc.name}: hf_model_type={mc.hf_model_type!r} has no HF<->Megatron "
+                          f"mapping; supported: {', '.join(family_names())}")
+    return family
 
 
 def _global_rules(mc: ModelConfig) -> list[Rule]:
@@ -91,248 +79,9 @@ def _global_rules(mc: ModelConfig) -> list[Rule]:
     return _under(mc, rules)
 
 
-def _gqa_attention(mc: ModelConfig, *, qk_norm: bool, qk_norm_tp_dim: int | None = None) -> list[Rule]:
-    rules = [
-        Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
-        Rule("self_attention.linear_qkv.weight",
-             tuple(P + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv", tp_dim=0),
-        Rule("self_attention.linear_proj.weight", (P + "self_attn.o_proj.weight",), tp_dim=1),
-    ]
-    if mc.arch.add_qkv_bias:  # checked against HF attention_bias
-        rules.append(Rule("self_attention.linear_qkv.bias", tuple(P + f"self_attn.{x}_proj.bias" for x in "qkv"), "qkv",
-                          tp_dim=0))
-    if qk_norm:
-        rules += [Rule("self_attention.q_layernorm.weight", (P + "self_attn.q_norm.weight",), tp_dim=qk_norm_tp_dim),
-                  Rule("self_attention.k_layernorm.weight", (P + "self_attn.k_norm.weight",), tp_dim=qk_norm_tp_dim)]
-    return rules
-
-
-def _mla_attention(mc: ModelConfig) -> list[Rule]:
-    s = "self_attention."
-    rules = [
-        Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
-        Rule(s + "linear_kv_down_proj.weight", (P + "self_attn.kv_a_proj_with_mqa.weight",), tp_dim=0),
-        Rule(s + "kv_layernorm.weight", (P + "self_attn.kv_a_layernorm.weight",)),
-        Rule(s + "linear_kv_up_proj.weight", (P + "self_attn.kv_b_proj.weight",), tp_dim=0),
-        Rule(s + "linear_proj.weight", (P + "self_attn.o_proj.weight",), tp_dim=1),
-    ]
-    if mc.arch.mla.q_lora_rank:
-        rules += [Rule(s + "linear_q_down_proj.weight", (P + "self_attn.q_a_proj.weight",), tp_dim=0),
-                  Rule(s + "q_layernorm.weight", (P + "self_attn.q_a_layernorm.weight",)),
-                  Rule(s + "linear_q_up_proj.weight", (P + "self_attn.q_b_proj.weight",), tp_dim=0)]
-    else:
-        rules.append(Rule(s + "linear_q_proj.weight", (P + "self_attn.q_proj.weight",), tp_dim=0))
-    return rules
-
-
-def _dense_mlp(hf_prefix: str, mc_prefix: str = "mlp.", fused_gate_up: bool = False) -> list[Rule]:
-    gate_up = (hf_prefix + "gate_up_proj.weight",) if fused_gate_up else (
-        hf_prefix + "gate_proj.weight", hf_prefix + "up_proj.weight")
-    return [Rule(mc_prefix + "linear_fc1.weight", gate_up, "gate_up", tp_dim=0),
-            Rule(mc_prefix + "linear_fc2.weight", (hf_prefix + "down_proj.weight",), tp_dim=1)]
-
-
-def _moe_mlp(mc: ModelConfig) -> list[Rule]:
-    m = mc.arch.moe
-    rules = [Rule("mlp.router.weight", (P + "mlp.gate.weight",))]
-    if m.router_expert_bias:
-        rules.append(Rule("mlp.router.expert_bias", (P + "mlp.gate.e_score_correction_bias",)))
-    rules += [dataclasses.replace(r, expert=True)
-              for r in _dense_mlp(P + "mlp.experts.{E}.", "mlp.experts.local_experts.{E}.")]
-    if m.shared_expert_ffn_hidden_size:
-        rules += _dense_mlp(P + "mlp.shared_experts.", "mlp.shared_experts.")
-    return rules
-
-
-_PRE_MLP_NORM = Rule("pre_mlp_layernorm.weight", (P + "post_attention_layernorm.weight",))
-
-
-def _is_moe_layer(mc: ModelConfig, layer: int) -> bool:
-    return mc.arch.moe is not None and layer >= mc.arch.moe.first_k_dense
-
-
-# ------------------------------------------------------------------ one table per family
-
-
-def _llama(mc: ModelConfig, layer: int) -> list[Rule]:
-    """Llama 3: GQA, separate gate/up projections."""
-    return _gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
-
-
-def _qwen2(mc: ModelConfig, layer: int) -> list[Rule]:
-    """Qwen2 / Qwen2.5: Llama plus q/k/v biases (HF hard-codes them, so hf_config.FAMILY_FIXED
-    holds arch.add_qkv_bias true and `_gqa_attention` adds the fused linear_qkv bias); o_proj and
-    the MLP have none, and there is no q/k norm. The small sizes tie embeddings (`_global_rules`)."""
-    return _gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
-
-
-def _qwen3(mc: ModelConfig, layer: int) -> list[Rule]:
-    """Qwen3 dense: Llama plus per-head q/k RMSNorm."""
-    return _gqa_attention(mc, qk_norm=True) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
-
-
-def _glm4(mc: ModelConfig, layer: int) -> list[Rule]:
-    """GLM-4-0414: qkv bias, gate_up already fused in HF, sandwich norms after attention and MLP.
-    (Its partial interleaved rotary needs no re-layout: megatron's rotary_interleaved with
-    rotary_percent computes what HF's rotate_half over x[0::2]/x[1::2] does.)"""
-    return (_gqa_attention(mc, qk_norm=False) + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.", fused_gate_up=True)
-            + [Rule("self_attention.post_self_attn_layernorm.weight", (P + "post_self_attn_layernorm.weight",)),
-               Rule("mlp.post_mlp_layernorm.weight", (P + "post_mlp_layernorm.weight",))])
-
-
-def _qwen3_moe(mc: ModelConfig, layer: int) -> list[Rule]:
-    """Qwen3-MoE: Qwen3 attention, routed experts (softmax router), no shared expert."""
-    mlp = _moe_mlp(mc) if _is_moe_layer(mc, layer) else _dense_mlp(P + "mlp.")
-    return _gqa_attention(mc, qk_norm=True) + [_PRE_MLP_NORM] + mlp
-
-
-def _deepseek_v3(mc: ModelConfig, layer: int) -> list[Rule]:
-    """DeepSeek-V3: MLA (q/kv LoRA with their norms), first_k_dense dense layers, then routed
-    experts with a sigmoid router and its correction bias, plus shared experts."""
-    mlp = _moe_mlp(mc) if _is_moe_layer(mc, layer) else _dense_mlp(P + "mlp.")
-    return _mla_attention(mc) + [_PRE_MLP_NORM] + mlp
-
-
-def _glm4_moe(mc: ModelConfig, layer: int) -> list[Rule]:
-    """GLM-4.5 (MoE): GQA with q/k/v biases, per-head q/k norm only where config.json says
-    use_qk_norm (the 355B model; Air has none), partial non-interleaved rotary (no re-layout:
-    megatron rotates the first rotary_percent of each head as HF does); first_k_dense dense layers
-    with separate gate/up, then routed experts with a sigmoid router and its correction bias plus
-    shared experts, named as DeepSeek-V3's. The MTP layer that released checkpoints append
-    (`model.layers.{num_layers}.*`) has no rule: never loaded, trained or exported
-    (docs/model-families.md)."""
-    mlp = _moe_mlp(mc) if _is_moe_layer(mc, layer) else _dense_mlp(P + "mlp.")
-    return _gqa_attention(mc, qk_norm=mc.arch.qk_layernorm) + [_PRE_MLP_NORM] + mlp
-
-
-def _glm4_moe_lite(mc: ModelConfig, layer: int) -> list[Rule]:
-    """GLM-4.7-Flash: DeepSeek-V3's tensors under DeepSeek-V3's names (transformers'
-    Glm4MoeLiteAttention is DeepseekV3Attention, its MoE GLM-4.5's, named as DeepSeek-V3's); the
-    dense layers are those mlp_layer_types says (arch.moe.first_k_dense). The MTP layer released
-    checkpoints append (`model.layers.{num_layers}.*`) has no rule, as for glm4_moe."""
-    return _deepseek_v3(mc, layer)
-
-
-def _minimax_m2(mc: ModelConfig, layer: int) -> list[Rule]:
-    """MiniMax-M2: GQA without biases whose q_norm/k_norm span all heads ([heads x head_dim] and
-    [kv heads x head_dim], split over TP by heads like linear_qkv: trainer/qk_norm.py), then routed
-    experts only, Mixtral's checkpoint names (`block_sparse_moe.experts.E.w1/w3/w2` = gate/up/down,
-    as transformers' conversion_mapping.py gives minimax_m2 the mixtral rule), a sigmoid router
-    `block_sparse_moe.gate` and its correction bias `block_sparse_moe.e_score_correction_bias`
-    beside it, not in the gate (docs/model-families.md)."""
-    moe = P + "block_sparse_moe."
-    mlp = [Rule("mlp.router.weight", (moe + "gate.weight",)),
-           Rule("mlp.router.expert_bias", (moe + "e_score_correction_bias",)),
-           Rule("mlp.experts.local_experts.{E}.linear_fc1.weight", (moe + "experts.{E}.w1.weight",
-                                                                   moe + "experts.{E}.w3.weight"),
-                "gate_up", expert=True, tp_dim=0),
-           Rule("mlp.experts.local_experts.{E}.linear_fc2.weight", (moe + "experts.{E}.w2.weight",),
-                expert=True, tp_dim=1)]
-    return _gqa_attention(mc, qk_norm=True, qk_norm_tp_dim=0) + [_PRE_MLP_NORM] + mlp
-
-
-def _glm_moe_dsa(mc: ModelConfig, layer: int) -> list[Rule]:
-    """GLM-5: GLM-4.7-Flash's tensors (DeepSeek-V3's MLA and MoE names) plus, in every layer, the
-    sparse-attention indexer (`self_attn.indexer.*`: wq_b from the query latent, wk, the k LayerNorm's
-    weight and bias, weights_proj), replicated over TP and laid out as transformers' (rotary part
-    first: trainer/dsa.py rotates it there, so no permutation); GLM-5.2's shared layers have none. The
-    MTP layer of the release (`model.layers.{num_layers}.*`) has no rule, as for glm4_moe
-    (docs/model-families.md, "GLM-5")."""
-    i, hf = "self_attention.core_attention.indexer.", P + "self_attn.indexer."
-    indexer = [Rule(i + "linear_wq_b.weight", (hf + "wq_b.weight",)), Rule(i + "linear_wk.weight", (hf + "wk.weight",)),
-               Rule(i + "k_norm.weight", (hf + "k_norm.weight",)), Rule(i + "k_norm.bias", (hf + "k_norm.bias",)),
-               Rule(i + "linear_weights_proj.weight", (hf + "weights_proj.weight",))]
-    if layer in mc.arch.dsa.shared_layers:  # GLM-5.2: no indexer, the top-k of an earlier layer
-        return _deepseek_v3(mc, layer)
-    return _deepseek_v3(mc, layer) + indexer
-
-
-def _mimo(mc: ModelConfig, layer: int) -> list[Rule]:
-    """Xiaomi MiMo-7B: the main model is Qwen2's, tensor for tensor (SGLang's MiMoModel is its
-    Qwen2Model). `model.mtp_layers.*` has no rule: never loaded, trained or exported; the engine's
-    MTP drafter keeps the checkpoint's (docs/model-families.md)."""
-    return _qwen2(mc, layer)
-
-
-def is_linear_attention_layer(mc: ModelConfig, layer: int) -> bool:
-    """Qwen3-Next: layer (0-based) is a gated delta net, not full attention (HF layer_types)."""
-    d = mc.arch.gated_delta_net
-    return d is not None and (layer + 1) % d.full_attention_interval != 0
-
-
-def _qwen3_next(mc: ModelConfig, layer: int) -> list[Rule]:
-    """Qwen3-Next (docs/model-families.md, "Qwen3-Next"): per layer either a gated delta net
-    (`linear_attn.*` -> megatron GatedDeltaNet's in_proj [q;k;v;z;b;a] split over TP part by part,
-    conv1d [q;k;v] likewise, A_log/dt_bias per value head, the plain-weight output norm, out_proj) or
-    gated full attention (q_proj holds [q_h; gate_h] per head, fused into linear_qkv by `qkv` with
-    the Layout's output gate; per-head q/k norms). Every other norm's weight is HF's offset from 1,
-    which megatron's zero-centred norms store the same way: no conversion. The MoE layers have a
-    softmax router, routed experts under qwen2_moe's names, and one shared expert
-    (`mlp.shared_expert.*`, singular) behind its own sigmoid gate (`mlp.shared_expert_gate`, megatron's
-    `shared_experts.gate_weight`). The MTP tensors (`mtp.*`) have no rule: never loaded, trained or
-    exported."""
-    a = mc.arch
-    if is_linear_attention_layer(mc, layer):
-        d, la, s = a.gated_delta_net, P + "linear_attn.", "self_attention."
-        qk, v, nv = d.num_key_heads * d.key_head_dim, d.num_value_heads * d.value_head_dim, d.num_value_heads
-        if mc.hf_model_type in ("qwen3_5", "qwen3_5_moe"):
-            # Qwen3_5GatedDeltaNet: in_proj_qkv ([q; k; v] over all heads, as the conv reads them),
-            # in_proj_z, in_proj_b, in_proj_a: megatron's in_proj is their concatenation
-            in_proj = Rule(s + "in_proj.weight", tuple(la + f"in_proj_{x}.weight" for x in ("qkv", "z", "b", "a")),
-                           "concat", tp_dim=0, sections=(qk, qk, v, v, nv, nv), pieces=(2 * qk + v, v, nv, nv))
-        else:
-            in_proj = Rule(s + "in_proj.weight", (la + "in_proj_qkvz.weight", la + "in_proj_ba.weight"), "gdn_in",
-                           tp_dim=0, sections=(qk, qk, v, v, nv, nv))
-        attn = [Rule("input_layernorm.weight", (P + "input_layernorm.weight",)),
-                in_proj,
-                Rule(s + "conv1d.weight", (la + "conv1d.weight",), tp_dim=0, sections=(qk, qk, v)),
-                Rule(s + "A_log", (la + "A_log",), tp_dim=0),
-                Rule(s + "dt_bias", (la + "dt_bias",), tp_dim=0),
-                Rule(s + "out_norm.weight", (la + "norm.weight",)),
-                Rule(s + "out_proj.weight", (la + "out_proj.weight",), tp_dim=1)]
-    else:
-        attn = _gqa_attention(mc, qk_norm=True)
-    if not _is_moe_layer(mc, layer):
-        return attn + [_PRE_MLP_NORM] + _dense_mlp(P + "mlp.")
-    mlp = [Rule("mlp.router.weight", (P + "mlp.gate.weight",))]
-    mlp += [dataclasses.replace(r, expert=True)
-            for r in _dense_mlp(P + "mlp.experts.{E}.", "mlp.experts.local_experts.{E}.")]
-    if a.moe.shared_expert_ffn_hidden_size:
-        mlp += _dense_mlp(P + "mlp.shared_expert.", "mlp.shared_experts.")
-    if a.moe.shared_expert_gate:
-        mlp.append(Rule("mlp.shared_experts.gate_weight", (P + "mlp.shared_expert_gate.weight",)))
-    return attn + [_PRE_MLP_NORM] + mlp
-
-
-FAMILIES: dict[str, Callable[[ModelConfig, int], list[Rule]]] = {
-    "llama": _llama,
-    "qwen2": _qwen2,
-    "qwen3": _qwen3,
-    "glm4": _glm4,
-    "qwen3_moe": _qwen3_moe,
-    "deepseek_v3": _deepseek_v3,
-    "glm4_moe": _glm4_moe,
-    "glm4_moe_lite": _glm4_moe_lite,
-    "mimo": _mimo,
-    "minimax_m2": _minimax_m2,
-    "qwen3_next": _qwen3_next,
-    # Qwen3.5's language model: Qwen3-Next's layers with the split in_proj and a dense MLP (arch.moe
-    # None), under model.language_model. (LANGUAGE_MODEL_PREFIX); model.visual.* has no rule
-    "qwen3_5": _qwen3_next,
-    # Qwen3.5 MoE: the same with Qwen3-Next's MoE block in every layer (experts per expert, as
-    # transformers 5.19 writes them)
-    "qwen3_5_moe": _qwen3_next,
-    "glm_moe_dsa": _glm_moe_dsa,
-}
-
-
 def layer_rules(mc: ModelConfig, layer: int) -> list[Rule]:
-    """The rules of decoder layer `layer` (0-based, global) for mc's family."""
-    family = FAMILIES.get(mc.hf_model_type)
-    if family is None:
-        raise ConfigError(f"model config {mc.name}: hf_model_type={mc.hf_model_type!r} has no HF<->Megatron "
-                          f"mapping; supported: {', '.join(FAMILIES)}")
-    return _under(mc, family(mc, layer))
+    """The rules of decoder layer `layer` (0-based, global) for mc's family (its `layer_rules`)."""
+    return _under(mc, _family(mc).layer_rules(mc, layer))
 
 
 # Megatron's transformer-engine spec fuses the pre-attention/pre-MLP norms into the following

@@ -1,6 +1,6 @@
 """`rlslurm_model.json`: what a Megatron checkpoint written by `rlslurm convert` was built for.
 
-Megatron pads the vocabulary to a multiple of `divisible_by x TP` (rlslurm.trainer.model.
+Megatron pads the vocabulary to a multiple of `divisible_by x TP` (rlslurm.models.build.
 padded_vocab_size), so the padded size is part of the checkpoint's tensor shapes: a reader at
 another TP must build its model with the *recorded* `vocab_size_padded` (any TP that divides it
 works), not recompute it. The file also records the architecture, so a checkpoint is never read

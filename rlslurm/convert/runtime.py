@@ -69,7 +69,7 @@ def init(tp: int, pp: int, ep: int, etp: int | None = None, stages: tuple[int | 
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(rendezvous_port("127.0.0.1")))
     world = int(os.environ["WORLD_SIZE"])
-    from rlslurm.trainer import cpu_shim
+    from rlslurm.models import cpu_shim
 
     cpu_shim.apply()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -99,7 +99,7 @@ def build(mc: ModelConfig, rt: Runtime, dtype: torch.dtype, vocab_size_padded: i
     """This rank's GPTModel chunk (first/last pipeline stages carry embedding/output)."""
     from megatron.core import parallel_state as ps
 
-    from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
+    from rlslurm.models.build import build_gpt_model, padded_vocab_size, transformer_config
 
     tcfg = transformer_config(mc, params_dtype=dtype, tp=rt.tp, pp=rt.pp, ep=rt.ep, etp=rt.etp, cp=1,
                               first_stage_layers=rt.first_stage_layers, last_stage_layers=rt.last_stage_layers,

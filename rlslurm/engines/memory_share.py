@@ -291,7 +291,7 @@ def serving_weights_bytes(cfg) -> int:
     """The model's weights as the engines serve them, over all of an engine's GPUs: its parameter count
     (settings/model_config.py's estimate) x the serving dtype's bytes (`auto`: 16-bit, as GPU engines
     serve an fp32 checkpoint: docs/sglang-behaviour.md)."""
-    from rlslurm.convert.model_from_hf import run_model
+    from rlslurm.models.model_from_hf import run_model
 
     dtype = cfg.rollout.rollout_dtype or "auto"
     per_param = 4 if dtype in ("float32", "float") else 2

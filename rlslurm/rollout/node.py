@@ -119,7 +119,7 @@ def remote_code_args(cfg: RunConfig) -> tuple[str, ...]:
     configuration_mimo.MiMoConfig): SGLang reads that config.json only with --trust-remote-code, which
     transformers needs for such a model_type, unless the passthrough says it already
     (docs/model-families.md, "MiMo-7B (`mimo`, MiMoForCausalLM)")."""
-    from rlslurm.convert.hf_config import REMOTE_BASE
+    from rlslurm.models.family import needs_remote_code
 
     if cfg.model.hf_checkpoint is None or flag_value(cfg.sglang_args, "--trust-remote-code") is not None:
         return ()
@@ -127,7 +127,7 @@ def remote_code_args(cfg: RunConfig) -> tuple[str, ...]:
         model_type = json.loads((Path(cfg.model.hf_checkpoint) / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         return ()  # SGLang reports an unreadable checkpoint itself
-    return ("--trust-remote-code",) if model_type in REMOTE_BASE else ()
+    return ("--trust-remote-code",) if needs_remote_code(model_type) else ()
 
 
 def nodes_per_engine(cfg: RunConfig) -> int:

@@ -2,7 +2,7 @@
 
 - `config`: the one typed `RunConfig`; `flags`, `paths`, `slime_flags`: flags and YAML into it.
 - `model_config` and `model_configs/` (package data): a model's architecture and defaults (one built
-  from a checkpoint's config.json: rlslurm/convert/model_from_hf.py).
+  from a checkpoint's config.json: rlslurm/models/model_from_hf.py).
 - `eval_config`, `prompt_slice`, `rm_types`, `rl_settings`, `low_precision`: what some settings mean
   and the rules across them.
 - `layout`, `parallel_grid`: where each group runs and how the trainer's GPUs are split;

@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from rlslurm.job.timespec import time_limit_s
 from rlslurm.secret_env import looks_secret
 from rlslurm.settings.prompt_slice import parse_prompt_spec
 from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, LOSS_TYPE_NAMES
 from rlslurm.settings.rm_types import RM_REFUSED, RM_TYPES
+from rlslurm.settings.timespec import time_limit_s
 from rlslurm.settings.transformer_impl import TransformerImpl
 
 # SLURM names (partition, account, qos, ...): what sbatch accepts without quoting. Patterns are

@@ -237,9 +237,10 @@ def stored_precision(hf_dir: Path | None, flag: str = "--hf-checkpoint") -> Stor
 
 def checkpoint_names(hf_dir: Path) -> list[str] | None:
     """The tensor names of a safetensors checkpoint, off its index or its files' headers, without
-    reading a tensor (convert/hf_io.py); None when there are none to read (an empty placeholder file)."""
-    from rlslurm.convert.hf_io import checkpoint_names as names_of
+    reading a tensor (rlslurm/safetensors_names.py); None when there are none to read (an empty
+    placeholder file)."""
     from rlslurm.errors import DataError
+    from rlslurm.safetensors_names import checkpoint_names as names_of
 
     try:
         return names_of(hf_dir) or None

@@ -68,7 +68,7 @@ class MLAArch(_Strict):
 
 class GatedDeltaNetArch(_Strict):
     """Qwen3-Next's linear-attention layers (transformers' Qwen3NextGatedDeltaNet, megatron-core's
-    GatedDeltaNet with rlslurm's kernels, trainer/gated_delta.py; docs/model-families.md "Qwen3-Next").
+    GatedDeltaNet with rlslurm's kernels, models/gated_delta.py; docs/model-families.md "Qwen3-Next").
     Layer i (0-based) is full attention when (i + 1) % full_attention_interval == 0, else a gated
     delta net (transformers' default layer_types, megatron's int linear_attention_freq)."""
 
@@ -90,7 +90,7 @@ class GatedDeltaNetArch(_Strict):
 class DSAArch(_Strict):
     """DeepSeek sparse attention's lightning indexer (GLM-5, `glm_moe_dsa`): per query it scores every
     earlier key with `index_n_heads` small heads of `index_head_dim` and keeps the `index_topk` best;
-    MLA then attends to those keys only (trainer/dsa.py, docs/model-families.md "GLM-5")."""
+    MLA then attends to those keys only (models/dsa.py, docs/model-families.md "GLM-5")."""
 
     index_n_heads: int = Field(gt=0)
     index_head_dim: int = Field(gt=0)
@@ -132,7 +132,7 @@ class Arch(_Strict):
     rope_scaling: RopeScaling | None = None
     qk_layernorm: bool = False
     # MiniMax-M2: the q (k) norm is one RMSNorm over all heads' q (k) at once, before the head split,
-    # not one per head; its weights are split over TP by heads (trainer/qk_norm.py,
+    # not one per head; its weights are split over TP by heads (models/qk_norm.py,
     # docs/model-families.md "MiniMax-M2")
     qk_layernorm_all_heads: bool = False
     add_qkv_bias: bool = False
@@ -163,7 +163,7 @@ class Arch(_Strict):
             d = self.dsa.index_head_dim
             if d & (d - 1) or d < self.mla.qk_pos_emb_head_dim:
                 raise ValueError(f"dsa.index_head_dim={d} must be a power of 2 (its Hadamard rotation, "
-                                 f"trainer/hadamard.py) and at least mla.qk_pos_emb_head_dim="
+                                 f"models/hadamard.py) and at least mla.qk_pos_emb_head_dim="
                                  f"{self.mla.qk_pos_emb_head_dim} (the rotary part)")
         if self.qk_layernorm_all_heads and not self.qk_layernorm:
             raise ValueError("qk_layernorm_all_heads needs qk_layernorm (it says how the q/k norm spans the heads)")

@@ -144,9 +144,9 @@ def check_pipeline_split(overrides, pp: int) -> None:
 def check_gated_delta_net(arch, name: str, *, tp: int, qkv_format: str = "bshd") -> None:
     """What megatron-core 0.16's GatedDeltaNet (Qwen3-Next's linear-attention layers) cannot do,
     refused in one line at submit (rlslurm/resolve.py) and when the trainer builds the model
-    (trainer/model.py): packed sequences (GatedDeltaNet.forward raises NotImplementedError for
+    (models/build.py): packed sequences (GatedDeltaNet.forward raises NotImplementedError for
     packed_seq_params), and TP that does not split the key and value heads (transformer_config.py
-    asserts it). Context parallelism is rlslurm's (trainer/gated_delta.py) and not limited here."""
+    asserts it). Context parallelism is rlslurm's (models/gated_delta.py) and not limited here."""
     d = getattr(arch, "gated_delta_net", None)
     if d is None:
         return

@@ -1,6 +1,6 @@
-"""What GLM-5's sparse attention (megatron-core 0.16's DSA with rlslurm's indexer, rlslurm/trainer/dsa.py)
+"""What GLM-5's sparse attention (megatron-core 0.16's DSA with rlslurm's indexer, rlslurm/models/dsa.py)
 cannot be combined with, in one line each: checked at submit (rlslurm/resolve.py) and again where the
-trainer builds its TransformerConfig (rlslurm/trainer/model.py). No torch here (the CLI imports it).
+trainer builds its TransformerConfig (rlslurm/models/build.py). No torch here (the CLI imports it).
 docs/model-families.md, "GLM-5"."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
     megatron = megatron or {}
     shared = set(mc.arch.dsa.shared_layers)
     if shared and pp > 1:
-        # GLM-5.2: a shared layer reuses the top-k of an earlier layer of its own stage (trainer/dsa.py)
+        # GLM-5.2: a shared layer reuses the top-k of an earlier layer of its own stage (models/dsa.py)
         from rlslurm.settings.parallel_grid import stage_layers
 
         starts, at = [], 0
@@ -45,7 +45,7 @@ def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
                 f"the hidden states and query latent that {mc.name}'s sparse attention needs; use full recompute or "
                 "leave core_attn out of --megatron-recompute-modules")
     if transformer_impl == "transformer_engine":
-        # the trainer's layer spec would refuse it at build (trainer/model.py layer_specs)
+        # the trainer's layer spec would refuse it at build (models/build.py layer_specs)
         return (f"--transformer-impl transformer_engine: {mc.name}'s sparse attention reads MLA's normalised "
                 "query latent, which transformer-engine's spec fuses into linear_q_up_proj; use --transformer-impl "
                 "local")

@@ -1,6 +1,6 @@
 """--transformer-impl: which layer implementation the trainer builds the model with (docs/transformer-engine.md).
 
-`local` (the default) is megatron-core's own modules with rlslurm's extensions (trainer/model.py): the
+`local` (the default) is megatron-core's own modules with rlslurm's extensions (models/build.py): the
 implementation every test and every GPU run of rlslurm has used. `transformer_engine` is
 transformer-engine's layer spec, taken only when asked for: it has not run in rlslurm's tests or on its
 GPUs, and an importable transformer-engine does not choose it.
@@ -8,7 +8,7 @@ GPUs, and an importable transformer-engine does not choose it.
 `te_refusal` says in one line why `transformer_engine` cannot run here: --device cpu (transformer-engine
 has no CPU kernels), transformer-engine not installed, or a version outside the range the installed
 megatron-core declares for it (its package metadata). resolve() asks it where the job runs this Python
-environment (rlslurm/preflight.py job_env_is_ours), the trainer always (trainer/model.py). No torch here:
+environment (rlslurm/preflight.py job_env_is_ours), the trainer always (models/build.py). No torch here:
 the version comes from package metadata, and only `import_it` (the trainer) imports transformer-engine.
 """
 

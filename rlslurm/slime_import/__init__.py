@@ -92,7 +92,7 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
                                   f"{match}.yaml)"))
         elif "/models/" in w.literal_tail() or w.literal_tail().startswith("models/"):
             notes.append((w.line, f"source {tail}: rlslurm ships no model config {stem!r}, so the model config is "
-                                  "built from --hf-checkpoint's config.json at submit (rlslurm/convert/model_from_hf.py)"))
+                                  "built from --hf-checkpoint's config.json at submit (rlslurm/models/model_from_hf.py)"))
     if found is None and not notes:
         notes.append((0, "no `source scripts/models/<model>.sh` line: the model config is built from "
                          "--hf-checkpoint's config.json at submit (or pass --model)"))
@@ -237,7 +237,6 @@ def as_command(imp: Imported) -> str:
 def as_yaml(imp: Imported) -> str:
     """The run YAML (`rlslurm submit --config`) of the same settings, the report as comments after it."""
     from rlslurm.settings.flags import build_config, parse_flags
-
     from rlslurm.settings.placeholder import names
 
     layer = parse_flags(imp.argv)

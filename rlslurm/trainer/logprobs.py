@@ -17,7 +17,7 @@ from torch import Tensor
 from rlslurm.trainer.batching import MicroBatch
 
 if TYPE_CHECKING:
-    from rlslurm.trainer.context_parallel import CPSlice
+    from rlslurm.models.context_parallel import CPSlice
 
 _NEG = -1.0e9  # exp() underflows to exactly 0 in fp32/bf16 while 0 * _NEG stays 0 (no NaN in entropy)
 
@@ -45,7 +45,7 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
 
 def cp_slice(mb) -> "CPSlice | None":
     """This context-parallel rank's columns of the micro-batch's rows (None at CP 1)."""
-    from rlslurm.trainer.context_parallel import mb_slice
+    from rlslurm.models.context_parallel import mb_slice
 
     return mb_slice(mb.tokens, getattr(mb, "cu_seqlens", None))
 

@@ -72,7 +72,7 @@ def run_microbatches(model: torch.nn.Module, mbs: Sequence[Any], loss_fn: LossFn
     n = len(mbs)
     # megatron's schedule (forward_step_calc_loss, a (loss, payload) loss_func) also multiplies the
     # loss by the CP size, for losses that are a CP rank's local-token mean; ours is already the
-    # whole loss on every CP rank (trainer/context_parallel.py), so that factor is taken out again
+    # whole loss on every CP rank (models/context_parallel.py), so that factor is taken out again
     cp = _ps().get_context_parallel_world_size()
 
     def forward_step(data_iterator: Iterator[Any], m: torch.nn.Module):
@@ -126,7 +126,7 @@ class _Tokens:
 def seq_multiple(model: torch.nn.Module) -> int:
     """What padded sequence lengths must be a multiple of: the TP size under sequence parallelism
     (megatron splits the sequence over the TP ranks), else 1; times 2 x CP with context parallelism
-    (every sequence is cut into 2 x CP chunks: trainer/context_parallel.py)."""
+    (every sequence is cut into 2 x CP chunks: models/context_parallel.py)."""
     from megatron.core.utils import get_model_config
 
     config = get_model_config(model)

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlslurm.convert.model_from_hf import run_model
 from rlslurm.errors import ConfigError
+from rlslurm.models.model_from_hf import run_model
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.layout import context_parallel_refusal
 from rlslurm.settings.model_config import ModelConfig
@@ -107,7 +107,7 @@ def init_parallel(cfg: RunConfig, world: int) -> Parallel:
     check_expert_grid(world, tp=t.tensor_model_parallel_size, pp=t.pipeline_model_parallel_size,
                       ep=t.expert_model_parallel_size, etp=t.expert_tp, where=f"the trainer world size {world}")
     if not torch.cuda.is_available():
-        from rlslurm.trainer import cpu_shim
+        from rlslurm.models import cpu_shim
 
         cpu_shim.apply()
     from megatron.core import parallel_state as ps
@@ -245,7 +245,7 @@ def _device() -> torch.device:
 def _build(mc: ModelConfig, tcfg, vocab_padded: int, device: torch.device, par: Parallel,
            share_embeddings: bool | None = None, packed: bool = False) -> torch.nn.Module:
     """This pipeline stage's part of the model (megatron picks the stage's layers and offsets)."""
-    from rlslurm.trainer.model import build_gpt_model
+    from rlslurm.models.build import build_gpt_model
 
     model = build_gpt_model(mc, tcfg, vocab_size_padded=vocab_padded, pre_process=par.first_stage,
                             post_process=par.last_stage, share_embeddings=share_embeddings, packed=packed)
@@ -324,7 +324,7 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     set_seeds(cfg.run.seed)
     mc = run_model(cfg.model.model, cfg.model.hf_checkpoint)  # --model, or --hf-checkpoint's config.json
     check_context_parallel(cfg, mc)
-    from rlslurm.trainer.model import padded_vocab_size, transformer_config
+    from rlslurm.models.build import padded_vocab_size, transformer_config
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
     tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp, cp=par.cp,

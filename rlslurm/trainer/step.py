@@ -29,11 +29,15 @@ from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
 from rlslurm.settings.rl_settings import loss_type
 from rlslurm.step_line import GEN_TOK_S
-from rlslurm.trainer import actor_loss
+from rlslurm.trainer import actor_loss, pipeline
 from rlslurm.trainer import logprobs as lp
-from rlslurm.trainer import pipeline
-from rlslurm.trainer.advantages import (actor_trains, compute_advantages_and_returns, group_baseline,
-                                        post_processed_rewards, reward_from)
+from rlslurm.trainer.advantages import (
+    actor_trains,
+    compute_advantages_and_returns,
+    group_baseline,
+    post_processed_rewards,
+    reward_from,
+)
 from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, collate_packed, plan_batches
 from rlslurm.trainer.losses import compute_value_loss, local_denominator
 from rlslurm.trainer.setup import Trained, TrainerSetup
@@ -259,7 +263,7 @@ def _train_microbatches(st: TrainerSetup, tr: Trained, mbs: list[MicroBatch], lo
     _zero(tr)
     sums: dict[str, Tensor] = {}
     # DDP averages over DP x CP (get_data_parallel_group(with_context_parallel=True)); every CP rank
-    # computes the whole loss, its backward reaches its own tokens only (trainer/context_parallel.py)
+    # computes the whole loss, its backward reaches its own tokens only (models/context_parallel.py)
     for m in pipeline.run_microbatches(tr.model, mbs, loss_fn, forward_only=False, grad_scale=st.par.dp * st.par.cp):
         for key, v in m.items():
             sums[key] = sums[key] + v if key in sums else v

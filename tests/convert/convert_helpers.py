@@ -55,5 +55,5 @@ def dtype_runs(run_dir: Path, sync: dict) -> list[str]:
     return [d for i, d in enumerate(dtypes) if i == 0 or d != dtypes[i - 1]]
 
 
-# GLM-5 (glm_moe_dsa): MLA + MoE + DeepSeek sparse attention (rlslurm/trainer/dsa.py)
+# GLM-5 (glm_moe_dsa): MLA + MoE + DeepSeek sparse attention (rlslurm/models/dsa.py)
 FAMILIES.append("tiny-glm-moe-dsa")

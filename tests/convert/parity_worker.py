@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-
 # Per-expert checkpoint names of transformers 5's fused expert parameters: (MoE block, gate, up, down).
 # conversion_mapping.py reads qwen2_moe-style names for most families and mixtral's for minimax_m2
 # (`block_sparse_moe.experts.E.w1/w3/w2`, the router `block_sparse_moe.gate`).
@@ -99,18 +98,16 @@ def main() -> None:
     dev = torch.device("cuda") if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    from rlslurm.trainer import cpu_shim
+    from rlslurm.models import cpu_shim
 
     cpu_shim.apply()
     from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed, vocab_parallel_cross_entropy
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
     from rlslurm.convert import HFCheckpoint, load_hf_checkpoint, mcore_to_hf
+    from rlslurm.models.build import build_gpt_model, mask_padded_vocab, padded_vocab_size, transformer_config
     from rlslurm.settings.model_config import load_model_config
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    from rlslurm.trainer.model import build_gpt_model, mask_padded_vocab, padded_vocab_size, transformer_config
 
     out = Path(args.out)
     runs = [(int(ep), name) for ep in args.ep.split(",") for name in args.models]
@@ -131,7 +128,7 @@ def main() -> None:
             summary = load_hf_checkpoint(model, mc, hf_dir)
             result["loaded_tensors"] = summary["tensors"]
             if mc.arch.dsa is not None:
-                # GLM-5: what the trainer built for the sparse attention (trainer/dsa.py)
+                # GLM-5: what the trainer built for the sparse attention (models/dsa.py)
                 cores = {type(m).__name__ for n, m in model.named_modules() if n.endswith("self_attention.core_attention")}
                 idx = [m for n, m in model.named_modules() if n.endswith("core_attention.indexer")]
                 result["dsa"] = {"core_attention": sorted(cores), "indexers": sorted({type(m).__name__ for m in idx}),
@@ -167,7 +164,7 @@ def main() -> None:
             # the same mapping as the weights (gathered over TP/EP).
             # Summed over TP, by megatron's rule (finalize_model_grads.py:354-356): sequence-parallel
             # norms, and per-head q/k norms by name when the config has qk_layernorm (MiniMax-M2's
-            # all-heads q/k norm is TP-sharded and its config has it off: trainer/qk_norm.py).
+            # all-heads q/k norm is TP-sharded and its config has it off: models/qk_norm.py).
             tp_group = ps.get_tensor_model_parallel_group()
             weights, finalised = {}, {}
             with torch.no_grad():
@@ -198,15 +195,16 @@ def main() -> None:
             if rank == 0:
                 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-                from rlslurm.convert.hf_config import REMOTE_BASE, TEXT_CONFIG, load_hf_config
+                from rlslurm.models.family import family_of, remote_base
+                from rlslurm.models.hf_config import load_hf_config
 
                 # MiMo's own classes are remote code: its main model is transformers' Qwen2 (as
                 # SGLang's mimo.py builds it on Qwen2Model), loaded from the same files with the
                 # config read as rlslurm reads it; the MTP tensors stay unread, as SGLang's
                 # MiMoForCausalLM skips them too
-                kw = {"config": load_hf_config(hf_dir)} if mc.hf_model_type in REMOTE_BASE else {}
+                kw = {"config": load_hf_config(hf_dir)} if remote_base(mc.hf_model_type) else {}
                 # Qwen3.5: the whole vision-language model (its language model's tensor names), text input
-                auto = AutoModelForImageTextToText if mc.hf_model_type in TEXT_CONFIG else AutoModelForCausalLM
+                auto = AutoModelForImageTextToText if family_of(mc.hf_model_type).text_config else AutoModelForCausalLM
                 hf = auto.from_pretrained(hf_dir, dtype=torch.float32, **kw).eval()
                 with torch.no_grad():
                     ref = hf(ids_cpu).logits

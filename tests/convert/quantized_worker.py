@@ -35,7 +35,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    from rlslurm.trainer import cpu_shim
+    from rlslurm.models import cpu_shim
 
     cpu_shim.apply()
     from megatron.core import parallel_state as ps
@@ -43,9 +43,9 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from rlslurm.convert import load_hf_checkpoint, mcore_to_hf
+    from rlslurm.models.build import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.settings.model_config import load_model_config
     from rlslurm.settings.weight_plan import WeightSyncPlan
-    from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.trainer.weights.base import SyncOptions
     from rlslurm.trainer.weights.disk import export_hf
     from rlslurm.trainer.weights.factory import quantized_export

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from convert_helpers import REPO
 from typer.testing import CliRunner
 
 from rlslurm.convert import HFCheckpoint
-
-from convert_helpers import REPO
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -105,7 +104,7 @@ def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
 def _glm5_plan(tiny_ckpts: Path, r: Path) -> list[list[str]]:
     """GLM-5 (tiny-glm-moe-dsa: sparse-attention indexers in layers 0 and 1, none in the shared layer 2):
     TP 2 read back on 2 stages ([0], [1, 2]), and EP 2 x ETP 1 read back at TP 2. dist_checkpointing must
-    take the indexer's replicated tensors (rlslurm/trainer/dsa.py) in both."""
+    take the indexer's replicated tensors (rlslurm/models/dsa.py) in both."""
     hf = str(tiny_ckpts / "tiny-glm-moe-dsa")
     m = ["--model", "tiny-glm-moe-dsa"]
     return [["hf-to-mcore", *m, "--hf", hf, "--out", str(r / "tp2"), "--tp", "2", "--dtype", "fp32"],
@@ -172,9 +171,9 @@ def test_qwen3_next_tp2_to_ep2(tiny_ckpts, converted):
     """The gated delta nets' fused in_proj and conv1d, written as TP=2 shards ([q_r; k_r; v_r; ...] on
     each rank), come back whole at TP=1, bit for bit, with every other tensor; the MTP tensors of the
     file are not in the export (never read)."""
-    from rlslurm.convert.meta import read_meta
-
     from convert_helpers import mapped
+
+    from rlslurm.convert.meta import read_meta
 
     assert read_meta(converted / "qwen3-next" / "mc")["tp"] == 2
     a, b = HFCheckpoint(tiny_ckpts / "tiny-qwen3-next"), HFCheckpoint(converted / "qwen3-next" / "hf")
@@ -221,7 +220,6 @@ def test_checkpoint_written_before_the_all_heads_qk_norm_field_reads_as_its_defa
 
 def test_checkpoint_of_another_architecture_is_refused(tmp_path):
     from rlslurm.convert.cli import app
-
     from rlslurm.convert.meta import write_meta
     from rlslurm.settings.model_config import load_model_config
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from convert_helpers import FAMILIES, UNMAPPED, mapped
 
 from rlslurm.convert import HFCheckpoint, hf_to_mcore
 from rlslurm.convert import mapping as M
+from rlslurm.models.build import padded_vocab_size
 from rlslurm.settings.model_config import load_model_config
-from rlslurm.trainer.model import padded_vocab_size
-
-from convert_helpers import FAMILIES, UNMAPPED, mapped
 
 
 def test_fuse_qkv_groups_heads_by_query_group():

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from convert_helpers import FAMILIES, UNMAPPED, check, run_procs
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -130,7 +129,7 @@ def test_parallel_layouts_take_the_same_clipped_step(parity, model):
 
 def test_glm5_trains_megatrons_sparse_attention_with_its_indexer_frozen(parity):
     """tiny-glm-moe-dsa is built with megatron-core's DSA core attention and rlslurm's GLM-5 indexer
-    (trainer/dsa.py) in its layers 0 and 1 and, in layer 2, GLM-5.2's shared top-k attention, at every
+    (models/dsa.py) in its layers 0 and 1 and, in layer 2, GLM-5.2's shared top-k attention, at every
     layout; the indexer's k norm at transformers' 1e-6, and its 5 tensors per indexer frozen
     (transformers computes it under no_grad: its gradient there is 0)."""
     for layout in LAYOUTS:

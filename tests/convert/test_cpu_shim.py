@@ -1,4 +1,4 @@
-"""rlslurm.trainer.cpu_shim on this CPU-only machine. Runs in a subprocess: the shim changes
+"""rlslurm.models.cpu_shim on this CPU-only machine. Runs in a subprocess: the shim changes
 process-wide torch state (a TorchFunctionMode), which must not leak into other tests."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from convert_helpers import REPO
 
 pytestmark = pytest.mark.megatron
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.megatron
 PROBE = r"""
 import json, torch
 import torch.distributed as dist
-from rlslurm.trainer import cpu_shim
+from rlslurm.models import cpu_shim
 r = {}
 cpu_shim.apply(); first = cpu_shim.applied(); cpu_shim.apply()
 r["applied"] = first; r["idempotent"] = cpu_shim.applied() == first
@@ -65,7 +64,7 @@ def test_cpu_shim_patches_what_megatron_needs():
 
 
 def test_without_apply_nothing_is_patched():
-    p = subprocess.run([sys.executable, "-c", "import torch; from rlslurm.trainer import cpu_shim; "
+    p = subprocess.run([sys.executable, "-c", "import torch; from rlslurm.models import cpu_shim; "
                         "print(cpu_shim.applied(), torch.cuda.current_device.__module__)"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.convert.model_from_hf import model_config_from_hf
 from rlslurm.errors import ConfigError
-from tests.released_configs import (GLM5, GLM47_FLASH, MIMO_7B, MINIMAX_M2, QWEN3_5_27B, QWEN3_5_35B_A3B,
-                                    QWEN3_NEXT)
+from rlslurm.models.model_from_hf import model_config_from_hf
+from tests.released_configs import GLM5, GLM47_FLASH, MIMO_7B, MINIMAX_M2, QWEN3_5_27B, QWEN3_5_35B_A3B, QWEN3_NEXT
 
 
 def _dir(tmp_path: Path, cfg: dict) -> Path:
@@ -71,7 +70,7 @@ def test_minimax_m2_is_slimes_minimax_m2(tmp_path):
     """The release's config.json gives the model slime's models/minimax-m2.sh describes: rotary_dim 64
     of head_dim 128 (--rotary-percent 0.5), every layer MoE over intermediate_size 1536
     (--moe-ffn-hidden-size), and its q/k norm over all heads (slime's own layer spec; rlslurm's
-    trainer/qk_norm.py). Its MTP fields (use_mtp, num_mtp_modules) change nothing the trainer builds."""
+    models/qk_norm.py). Its MTP fields (use_mtp, num_mtp_modules) change nothing the trainer builds."""
     mc = model_config_from_hf(_dir(tmp_path / "MiniMax-M2.5", MINIMAX_M2))
     a, m = mc.arch, mc.arch.moe
     assert (mc.hf_model_type, mc.hf_architecture) == ("minimax_m2", "MiniMaxM2ForCausalLM")

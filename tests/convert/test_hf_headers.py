@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.convert.hf_io import HFCheckpoint, checkpoint_names, safetensors_header
+from rlslurm.convert.hf_io import HFCheckpoint
 from rlslurm.errors import DataError
+from rlslurm.safetensors_names import checkpoint_names, safetensors_header
 
 ROOT = Path(__file__).resolve().parents[2]
 

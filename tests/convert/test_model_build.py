@@ -1,4 +1,4 @@
-"""rlslurm.trainer.model: TransformerConfig from a model config and --megatron-* overrides."""
+"""rlslurm.models.build: TransformerConfig from a model config and --megatron-* overrides."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.megatron
 
 
 def test_arch_numbers_reach_the_transformer_config():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-glm4")
     cfg = transformer_config(mc, params_dtype=torch.bfloat16, tp=2, pp=1, ep=1, cp=1, overrides={})
@@ -23,7 +23,7 @@ def test_arch_numbers_reach_the_transformer_config():
 
 
 def test_qwen2_has_qkv_bias_only_and_ties_embeddings():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-qwen2")
     cfg = transformer_config(mc, tp=2, overrides={})
@@ -33,7 +33,7 @@ def test_qwen2_has_qkv_bias_only_and_ties_embeddings():
 
 
 def test_moe_and_mla_fields():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     ds = transformer_config(load_model_config("tiny-deepseek-v3"), overrides={})
     assert type(ds).__name__ == "MLATransformerConfig"
@@ -50,7 +50,7 @@ def test_moe_and_mla_fields():
 
 
 def test_glm4_moe_fields():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     cfg = transformer_config(load_model_config("tiny-glm4-moe"), tp=2, overrides={})
     assert type(cfg).__name__ == "TransformerConfig" and not cfg.multi_latent_attention
@@ -90,7 +90,7 @@ def test_routing_megatron_computes_differently_is_refused_at_load(tmp_path, chan
 
 
 def test_overrides_apply_and_unknown_fields_name_the_flag():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-qwen3")
     assert transformer_config(mc, overrides={"hidden_dropout": 0.1}).hidden_dropout == 0.1
@@ -103,7 +103,7 @@ def test_minimax_m2_fields_and_the_tp_its_qk_norm_refuses():
     non-interleaved rotary, and megatron's own per-head qk_layernorm off (rlslurm's all-heads norm
     takes its place in the layer spec, and finalize_model_grads must not sum its TP-sharded weight's
     gradient by name). TP above the 2 KV heads cannot split the k norm by whole heads: one line."""
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-minimax-m2")
     cfg = transformer_config(mc, tp=2, overrides={})
@@ -125,7 +125,7 @@ def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
     sequence-parallel weight). TP that does not split the linear heads: one line. At CP 2 the variant
     field stays unset (megatron asserts CP 1 for its own forward; rlslurm's subclass does CP) and the
     layer sizes are kept."""
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-qwen3-next")
     cfg = transformer_config(mc, tp=2, overrides={})
@@ -151,13 +151,13 @@ def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
     """Layers 0 and 1 (0-based) of tiny-qwen3-next are linear attention: megatron's GatedDeltaNet (rlslurm's
     subclass of it, which adds context parallelism) with rlslurm's kernels and output norm; layer 2 is megatron's SelfAttention with zero-centred q/k norms.
     Packed sequences (--qkv-format thd) are refused in one line."""
+    from megatron.core import parallel_state as ps
     from megatron.core.ssm import gated_delta_net as gdn
     from megatron.core.transformer.attention import SelfAttention
 
-    from rlslurm.trainer import gated_delta
-    from rlslurm.trainer.model import TorchNorm, layer_specs, transformer_config
-
-    from megatron.core import parallel_state as ps
+    from rlslurm.models import gated_delta
+    from rlslurm.models.build import layer_specs, transformer_config
+    from rlslurm.models.specs import TorchNorm
 
     mc = load_model_config("tiny-qwen3-next")
     tcfg = transformer_config(mc, overrides={})
@@ -180,7 +180,7 @@ def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
 
 
 def test_unsupported_rope_scaling_is_refused():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-llama")
     raw = mc.model_dump()
@@ -191,7 +191,7 @@ def test_unsupported_rope_scaling_is_refused():
 
 
 def test_sequence_parallel_where_megatron_needs_it():
-    from rlslurm.trainer.model import transformer_config
+    from rlslurm.models.build import transformer_config
 
     assert transformer_config(load_model_config("tiny-qwen3-moe"), tp=2, overrides={}).sequence_parallel
     assert transformer_config(load_model_config("tiny-deepseek-v3"), tp=2, overrides={}).sequence_parallel
@@ -202,7 +202,7 @@ def test_sequence_parallel_where_megatron_needs_it():
 
 
 def test_mask_padded_vocab_masks_exactly_the_padding_rows():
-    from rlslurm.trainer.model import mask_padded_vocab, padded_vocab_size
+    from rlslurm.models.build import mask_padded_vocab, padded_vocab_size
 
     vpad = padded_vocab_size(64, 2)  # 256: 128 rows per TP rank
     logits = torch.zeros(1, 3, vpad // 2, requires_grad=True)
@@ -218,8 +218,8 @@ def test_mask_padded_vocab_masks_exactly_the_padding_rows():
 def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     """GLM-5: MLA + MoE as GLM-4.7-Flash, plus megatron-core's DSA (experimental_attention_variant) with
     the indexer's sizes and its KL loss off, at CP 2 too; what it cannot take is refused in one line
-    naming the flag (trainer/dsa.py, docs/model-families.md "GLM-5")."""
-    from rlslurm.trainer.model import transformer_config
+    naming the flag (models/dsa.py, docs/model-families.md "GLM-5")."""
+    from rlslurm.models.build import transformer_config
 
     mc = load_model_config("tiny-glm-moe-dsa")
     cfg = transformer_config(mc, tp=2, overrides={})
@@ -241,7 +241,7 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
         assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
     # selective recompute of other modules leaves the sparse attention alone
     transformer_config(mc, overrides={"recompute_granularity": "selective", "recompute_modules": ["mlp"]})
-    # CP: megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention takes it (trainer/dsa.py)
+    # CP: megatron-core 0.16 asserts CP 1 for DSA; rlslurm's GLM-5 attention takes it (models/dsa.py)
     cp2 = transformer_config(mc, cp=2, overrides={})
     assert cp2.context_parallel_size == 2 and cp2.experimental_attention_variant == "dsa"
     # GLM-5.2's shared layer 2 reuses layer 1's top-k: no pipeline stage may start with it
@@ -252,7 +252,7 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
         with pytest.raises(ConfigError) as e:
             transformer_config(mc, overrides={}, **pp_kw)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
-    # stages [0], [1, 2], with full recompute (the shared layer queues its top-k for the recompute, trainer/dsa.py)
+    # stages [0], [1, 2], with full recompute (the shared layer queues its top-k for the recompute, models/dsa.py)
     transformer_config(mc, pp=2, first_stage_layers=1, overrides={"recompute_granularity": "full",
                                                                   "recompute_method": "uniform", "recompute_num_layers": 1})
 
@@ -262,7 +262,7 @@ def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():
     rms_norm_eps (GLM-5: 1e-5) says; megatron's DSAIndexer passes layernorm_epsilon."""
     from types import SimpleNamespace
 
-    from rlslurm.trainer.dsa import IndexerKNorm, IndexerLinear
+    from rlslurm.models.dsa import IndexerKNorm, IndexerLinear
 
     norm = IndexerKNorm(SimpleNamespace(params_dtype=torch.float32), hidden_size=128, eps=1e-5)
     assert isinstance(norm, torch.nn.LayerNorm) and norm.eps == 1e-6 and norm.bias.shape == (128,)
@@ -277,7 +277,7 @@ TE_PROBE = r"""
 import json, sys
 from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import load_model_config
-from rlslurm.trainer.model import layer_specs, transformer_config, uses_te
+from rlslurm.models.build import layer_specs, transformer_config, uses_te
 from megatron.core import parallel_state as ps
 ps.get_pipeline_model_parallel_rank = lambda *a, **k: 0  # one pipeline stage without process groups
 ps.get_pipeline_model_parallel_world_size = lambda *a, **k: 1
@@ -308,6 +308,7 @@ def test_transformer_engine_is_used_only_when_asked_for(tmp_path):
     import sys
 
     from convert_helpers import REPO
+
     from tests.transformer_engine_stub import fake_transformer_engine
 
     fake = fake_transformer_engine(tmp_path / "te", "2.13.0")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.convert.hf_config import check_hf_config
-from rlslurm.convert.model_from_hf import model_config_from_hf, shipped_match
 from rlslurm.errors import ConfigError
+from rlslurm.models.hf_config import check_hf_config
+from rlslurm.models.model_from_hf import model_config_from_hf, shipped_match
 from rlslurm.settings.model_config import load_model_config
 
 RELEASES = Path(__file__).resolve().parents[1] / "fixtures" / "release_configs"

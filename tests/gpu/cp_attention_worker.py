@@ -1,5 +1,5 @@
 """Run by tests/gpu/test_context_parallel.py under torchrun (2 ranks, one GPU each, NCCL): rlslurm's
-context-parallel core attention (trainer/context_parallel.py) against whole-sequence causal attention
+context-parallel core attention (models/context_parallel.py) against whole-sequence causal attention
 in fp32 on one GPU — outputs and the q, k, v gradients of this rank's tokens — padded (SDPA with a
 lower-right causal mask) and packed (bf16: torch's flash varlen kernel with bottom-right aligned
 causal masks; fp32: one SDPA call per chunk). Prints one JSON line per rank: worst relative errors.
@@ -32,9 +32,9 @@ def reference(q, k, v, bounds):
 def check(packed: bool, dtype: torch.dtype, lens: list[int]) -> float:
     from megatron.core import parallel_state as ps
 
-    from rlslurm.trainer import context_parallel as cpx
+    from rlslurm.models import context_parallel as cpx
+    from rlslurm.models.specs import SDPACoreAttention
     from rlslurm.trainer.logprobs import packed_seq_params
-    from rlslurm.trainer.model import SDPACoreAttention
 
     cp = ps.get_context_parallel_world_size()
     bounds = [0, *torch.tensor(lens).cumsum(0).tolist()]

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 
 def test_varlen_packed_attention_equals_per_sequence_fp32() -> None:
-    from rlslurm.trainer.attention_ops import varlen_attn
+    from rlslurm.models.attention_ops import varlen_attn
+    from rlslurm.models.specs import SDPACoreAttention
     from rlslurm.trainer.logprobs import packed_seq_params
-    from rlslurm.trainer.model import SDPACoreAttention
 
     if varlen_attn() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen")

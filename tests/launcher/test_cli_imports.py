@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_cli_and_what_its_commands_import_leave_torch_out() -> None:
     mods = ["rlslurm.cli", "rlslurm.resolve", "rlslurm.slurm.submit", "rlslurm.slurm.status", "rlslurm.slurm.render",
-            "rlslurm.local", "rlslurm.convert.model_from_hf"]
+            "rlslurm.local", "rlslurm.models.model_from_hf"]
     code = ("import importlib, sys\n"
             f"for m in {mods!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")

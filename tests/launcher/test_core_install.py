@@ -133,7 +133,7 @@ def test_config_json_read_without_transformers_agrees_with_transformers(core_ven
     """Every released config.json the tests carry (tests/released_configs.py) and every
     shipped model's: the model transformers builds from it (here) passes the comparison the login node
     makes without transformers (there), and a model of another size is refused by a field the file has."""
-    from rlslurm.convert.model_from_hf import model_config_from_hf
+    from rlslurm.models.model_from_hf import model_config_from_hf
     from rlslurm.settings.model_config import available_models, load_model_config
     from rlslurm.tiny import hf_config_dict
     from tests import released_configs as released
@@ -147,7 +147,7 @@ def test_config_json_read_without_transformers_agrees_with_transformers(core_ven
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
         models[name] = model_config_from_hf(tmp_path / name).model_dump(mode="json")
     (tmp_path / "models.json").write_text(json.dumps(models))
-    check = ("import json, sys\nfrom pathlib import Path\nfrom rlslurm.convert.hf_config import check_hf_config\n"
+    check = ("import json, sys\nfrom pathlib import Path\nfrom rlslurm.models.hf_config import check_hf_config\n"
              "from rlslurm.errors import UserError\nfrom rlslurm.settings.model_config import ModelConfig\n"
              "models = json.loads(Path('models.json').read_text())\nout = {}\n"
              "for name, m in models.items():\n"

@@ -1,10 +1,10 @@
 """The two roles are peers: rlslurm.trainer (het-group 0) and rlslurm.rollout (het-group 1) never
 import each other, and rlslurm.engines, which both use, imports neither; and nothing that runs on
-the job's nodes (the roles, the engines, the buffer, rlslurm.job) depends on the login side (the
-CLI, `rlslurm run`, rlslurm/slurm/, the submit-time checks). Followed through every module in
-between (issue 35: trainer/setup.py reached the rollout through preflight.py, which a check of
-direct imports did not see). Checked on the source with `ast` (nothing is imported), so a lazy
-import inside a function counts as well.
+the job's nodes (the roles, the engines, the buffer, rlslurm.job, rlslurm.models) depends on the
+login side (the CLI, `rlslurm run`, rlslurm/slurm/, the submit-time checks). Followed through every
+module in between (a module can reach the rollout through one in between, as trainer/setup.py once
+did through preflight.py, which a check of direct imports does not see). Checked on the source with
+`ast` (nothing is imported), so a lazy import inside a function counts as well.
 
 """
 
@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "rlslurm"
-FORBIDDEN = {"trainer": ("rollout",), "rollout": ("trainer",), "engines": ("trainer", "rollout")}
-NODE_SIDE = ("trainer", "rollout", "engines", "buffer", "job")
+# rlslurm.models (the model families, the config.json relation, the megatron-core build) is below the
+# trainer and rlslurm.convert, which both use it: it imports neither, nor the rollout, nor rlslurm.tiny
+# (the tiny checkpoint writer reads the families, never the other way round)
+FORBIDDEN = {"trainer": ("rollout",), "rollout": ("trainer",), "engines": ("trainer", "rollout"),
+             "models": ("trainer", "rollout", "convert", "tiny")}
+NODE_SIDE = ("trainer", "rollout", "engines", "buffer", "job", "models")
 # the login side: what assembles and checks a config and submits it (rlslurm.settings is below both sides)
 LOGIN_SIDE = ("slurm", "cli", "local", "preflight", "resolve", "slime_import")
 # a module named in a string (importlib.import_module, `python -m ...`) is a dependency too
@@ -126,12 +130,18 @@ def test_roles_are_peers_and_engines_stand_alone():
     ("trainer", "from rlslurm.job.env import job_env\n", False),
     ("rollout", "from rlslurm.resolve import resolve\n", True),          # the login side's checks
     ("trainer", "from rlslurm.settings.layout import check\n", False),  # settings: shared by both sides
+    ("models", "from rlslurm.trainer.step import train_step\n", True),   # models/ is below the trainer
+    ("models", "def f():\n    from rlslurm.convert import mapping\n", True),  # and below convert/
+    ("models", "from rlslurm.tiny import hf_config_dict\n", True),       # tiny.py reads models/, not back
+    ("models", "from rlslurm.settings.layout import check\n", False),
+    ("trainer", "from rlslurm.models.build import build_gpt_model\n", False),
 ])
 def test_the_check_sees_each_form(tmp_path, role, source, banned):
     for mod, text in ((f"{role}/mod.py", source), ("checks.py", "from rlslurm.rollout.rollout_fn import x\n"),
                       ("rollout/rollout_fn.py", ""), ("slurm/submit.py", ""), ("job/env.py", ""),
                       ("engines/fanout.py", ""), ("engines/engine.py", ""), ("resolve.py", ""),
-                      ("settings/layout.py", "")):
+                      ("settings/layout.py", ""), ("trainer/step.py", ""), ("convert/mapping.py", ""),
+                      ("tiny.py", ""), ("models/build.py", "")):
         (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / mod).write_text(text)
     found = [v for v in violations(tmp_path) if v.startswith(f"rlslurm/{role}/mod.py")]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import logging
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from rlslurm import stacks
@@ -103,7 +103,7 @@ def test_supported_installs_pass_each_role(role: str, found: dict, engines: bool
     # what pip installs with SGLang 0.5.23 on a GPU node: its pinned torch, which no stack has
     ("rollout", {**CPU, "torch": "2.14.1+cu130"}, False, r"torch 2\.14\.1\+cu130 is not a supported version"),
     ("rollout", SECOND, False, r"^rollout stack: sglang is not installed; install a supported stack"),
-    # the trainer builds with transformer-engine whenever it is importable (trainer/model.py HAVE_TE)
+    # the trainer builds with transformer-engine whenever it is importable (models/build.py HAVE_TE)
     ("trainer", {**GPU, "transformer-engine": "2.9.0"}, True,
      r"transformer-engine 2\.9\.0 is installed and the trainer would use it, but no supported stack has run with "
      r"transformer-engine\); supported: stack cpu: torch 2\.13\.0, megatron-core 0\.16\.1, no transformer-engine"),

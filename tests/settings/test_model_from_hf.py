@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.convert.model_from_hf import model_config_from_hf
 from rlslurm.errors import ConfigError
+from rlslurm.models.model_from_hf import model_config_from_hf
 from rlslurm.resolve import resolve
 from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slime_import import import_script
@@ -105,7 +105,7 @@ def test_import_maps_an_unshipped_model_script_to_the_checkpoint(tmp_path: Path)
 
 def test_what_qwen3_next_gated_delta_nets_cannot_do_is_refused_at_submit(prompts: Path) -> None:
     """Packed sequences are refused before anything is submitted, in one line, as the trainer would refuse
-    them on its node; context parallelism is accepted (rlslurm's, trainer/gated_delta.py)."""
+    them on its node; context parallelism is accepted (rlslurm's, models/gated_delta.py)."""
     argv = ["--model", "tiny-qwen3-next", "--prompt-data", str(prompts)]
     resolve(argv, strict_inputs=False)  # the layout of its defaults is fine
     resolve(argv + ["--context-parallel-size", "2", "--trainer-procs-per-node", "2"], strict_inputs=False)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlslurm.errors import ConfigError
-from rlslurm.job.timespec import time_limit_s
 from rlslurm.resolve import resolve
+from rlslurm.settings.timespec import time_limit_s
 from tests.config_errors import one_line_naming
 
 

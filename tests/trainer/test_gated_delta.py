@@ -1,4 +1,4 @@
-"""rlslurm's gated delta net kernels (rlslurm/trainer/gated_delta.py) against a plain per-timestep
+"""rlslurm's gated delta net kernels (rlslurm/models/gated_delta.py) against a plain per-timestep
 recurrence written here, in fp32: outputs, final states and gradients, over several chunks, with an
 initial state, unequal key/value widths, and a sequence that is not a multiple of the chunk."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlslurm.trainer import gated_delta as gd
+from rlslurm.models import gated_delta as gd
 
 
 def _loop(q, k, v, g, beta, state=None):

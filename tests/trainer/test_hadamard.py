@@ -1,4 +1,4 @@
-"""rlslurm/trainer/hadamard.py: the Walsh-Hadamard transform GLM-5's sparse-attention indexer rotates
+"""rlslurm/models/hadamard.py: the Walsh-Hadamard transform GLM-5's sparse-attention indexer rotates
 its queries and keys with (megatron-core's DSA imports fast_hadamard_transform, a CUDA extension
 absent here), against the dense Sylvester Hadamard matrix."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlslurm.trainer.hadamard import hadamard_transform, rotate_activation
+from rlslurm.models.hadamard import hadamard_transform, rotate_activation
 
 
 def _sylvester(d: int) -> torch.Tensor:
@@ -55,7 +55,7 @@ def test_a_width_that_is_not_a_power_of_two_is_refused(d):
 def test_megatrons_dsa_indexer_uses_it_in_rlslurms_build():
     """rlslurm's GLM-5 indexer rotates with this transform (megatron's own rotate_activation asserts
     bf16 and needs fast_hadamard_transform)."""
-    from rlslurm.trainer import dsa
+    from rlslurm.models import dsa
 
     assert dsa.rotate_activation is rotate_activation
     cls = dsa._indexer_class()

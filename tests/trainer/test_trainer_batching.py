@@ -103,7 +103,7 @@ def test_context_parallel_segments_and_each_ranks_chunks() -> None:
     import torch
 
     from rlslurm.buffer import Sample
-    from rlslurm.trainer.context_parallel import columns
+    from rlslurm.models.context_parallel import columns
     from rlslurm.trainer.logprobs import response_slices
 
     s = [Sample(prompt_tokens=[5, 6], response_tokens=[7]), Sample(prompt_tokens=[8], response_tokens=[9, 10, 11, 12])]

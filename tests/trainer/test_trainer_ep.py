@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import make_run
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -151,8 +150,8 @@ def test_expert_parallel_uses_the_alltoall_dispatcher() -> None:
     """allgather gathers equal-sized chunks from ranks of different DP index, whose micro-batches
     differ in shape (it aborted on gloo): EP > 1 takes alltoall, and an allgather override is refused."""
     from rlslurm.errors import ConfigError
+    from rlslurm.models import build as model_mod
     from rlslurm.settings.model_config import load_model_config
-    from rlslurm.trainer import model as model_mod
 
     mc = load_model_config(MODEL)
     assert model_mod.transformer_config(mc, ep=2).moe_token_dispatcher_type == "alltoall"

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from rlslurm.errors import ConfigError
+from rlslurm.models import build as model_mod
 from rlslurm.settings.model_config import load_model_config
-from rlslurm.trainer import model as model_mod
 from rlslurm.trainer.setup import check_context_parallel, check_pipeline
 
 

@@ -26,6 +26,7 @@ import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
 from conftest import MODEL, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
+
 from rlslurm.settings.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
@@ -129,7 +130,7 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
     # attention at CP 2, each rank's queries against every rank's indexer keys and top-k keys; and, with a
     # 4th layer (indexer), at PP 2 (stages [0, 1, 2], [3]) with full recompute, where the first stage's
     # 1F1B warm-up runs other micro-batches' forwards before a micro-batch's backward recomputes the shared
-    # layer (rlslurm/trainer/dsa.py SharedTopKAttention); each against the same model on one rank
+    # layer (rlslurm/models/dsa.py SharedTopKAttention); each against the same model on one rank
     import yaml
 
     g_tmp = tmp / "glm5"
@@ -206,7 +207,7 @@ def test_context_parallel_mla_moe_equals_one_rank(layouts) -> None:
 def test_context_parallel_gated_delta_nets_equal_one_rank(layouts) -> None:
     """tiny-qwen3-next at CP=2 x PP=2 (stage 1 = layers 1-2: a gated delta net, then gated attention)
     equals PP=1: megatron-core 0.16's GatedDeltaNet has no CP; rlslurm's subclass all-gathers the
-    in_proj output over CP and mixes the whole sequence (trainer/gated_delta.py)."""
+    in_proj output over CP and mixes the whole sequence (models/gated_delta.py)."""
     ref, got = layouts["next/pp1"], layouts["next/cp2pp2"]
     assert (got[0]["cp"], got[0]["pp"]) == (2, 2) and got[0]["logprob_max_abs_diff"] < 1e-5, got[0]
     assert ref[0]["logprob_max_abs_diff"] < 1e-5, ref[0]

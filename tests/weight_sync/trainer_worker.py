@@ -64,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    from rlslurm.trainer import cpu_shim
+    from rlslurm.models import cpu_shim
 
     cpu_shim.apply()
     from megatron.core import parallel_state as ps
@@ -73,8 +73,8 @@ def main() -> None:
     from rlslurm.buffer.control import Control
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.convert import load_hf_checkpoint
+    from rlslurm.models.build import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.settings.model_config import load_model_config
-    from rlslurm.trainer.model import build_gpt_model, padded_vocab_size, transformer_config
     from rlslurm.trainer.weights.base import SyncOptions, WeightSyncError
     from rlslurm.trainer.weights.broadcast import broadcast_publisher
     from rlslurm.trainer.weights.disk import DiskPublisher

@@ -16,13 +16,13 @@ as megatron's ColumnParallelLinear weight), which megatron's gradient-norm clipp
 (`param_is_not_tensor_parallel_duplicate`), rlslurm's HF load/export (convert/parallel.py
 `partition_dim`) and dist-checkpointing (`sharded_state_dict`) all read. Its gradient is complete on
 each rank (only this rank's heads use this chunk), so it must not be summed over TP: the model's
-TransformerConfig keeps `qk_layernorm` off for it (trainer/model.py), which is what makes
+TransformerConfig keeps `qk_layernorm` off for it (models/build.py), which is what makes
 finalize_model_grads' name rule (distributed/finalize_model_grads.py:354-356) leave it alone.
 
 The mean of squares is over the whole width, so each rank sums the squares of its own heads and the
 partial sums are all-reduced over TP, in the forward and again in the backward (`_SumOverTP`).
 TP larger than the head count of the norm (k: the KV heads) would leave a rank without a whole head
-of its own: refused where the layout is chosen (trainer/model.py `check_all_heads_qk_norm`).
+of its own: refused where the layout is chosen (models/build.py `check_all_heads_qk_norm`).
 """
 
 from __future__ import annotations

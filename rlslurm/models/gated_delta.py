@@ -190,7 +190,7 @@ def install() -> bool:
 
 def context_parallel_gated_delta_net():
     """megatron-core's GatedDeltaNet with context parallelism (CP > 1), as rlslurm lays tokens out for it
-    (trainer/context_parallel.py: CP rank r holds chunks r and 2 CP - 1 - r of each sequence).
+    (models/context_parallel.py: CP rank r holds chunks r and 2 CP - 1 - r of each sequence).
 
     megatron-core 0.16's GatedDeltaNet has no CP (its TransformerConfig asserts context_parallel_size 1).
     The recurrence runs over the whole sequence, so this subclass does what rlslurm's CP attention does
@@ -213,7 +213,7 @@ def context_parallel_gated_delta_net():
                 return super().forward(hidden_states, attention_mask, **kwargs)
             if any(kwargs.get(k) is not None for k in ("packed_seq_params", "inference_context", "inference_params")):
                 raise NotImplementedError("gated delta net with context parallelism: padded training input only")
-            from rlslurm.trainer import context_parallel as cpx
+            from rlslurm.models import context_parallel as cpx
 
             group = cpx.cp_group()
             cp = torch.distributed.get_world_size(group)
@@ -259,7 +259,7 @@ class GatedOutputNorm(torch.nn.Module):
 
     Its input is this TP rank's value heads only, so its weight's gradient is partial on each rank:
     marked `sequence_parallel`, which megatron's finalize_model_grads sums over TP (the trainer turns
-    sequence parallelism on for gated-delta models at TP > 1, trainer/model.py)."""
+    sequence parallelism on for gated-delta models at TP > 1, models/build.py)."""
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-6, **_: Any):
         super().__init__()
@@ -278,7 +278,7 @@ class ZeroCenteredRMSNorm(torch.nn.Module):
     """RMSNorm whose weight is stored as its offset from 1 (megatron's `layernorm_zero_centered_gamma`,
     transformers' Qwen3NextRMSNorm): fp32 x * rsqrt(mean(x^2) + eps) * (1 + weight), cast back.
     megatron's local norm (WrappedTorchNorm) refuses that setting, hence this module for the
-    local spec (trainer/model.py TorchNorm); the weight starts at 0."""
+    local spec (models/specs.py TorchNorm); the weight starts at 0."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()

@@ -39,7 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlslurm.trainer.attention_ops import repeat_kv_heads
+from rlslurm.models.attention_ops import repeat_kv_heads
 
 
 def _ps():
@@ -231,7 +231,7 @@ def attend_padded(query: Tensor, key: Tensor, value: Tensor, *, scale: float | N
 def attend_packed(query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, *, scale: float | None, fp32: bool,
                   group, varlen=None) -> Tensor:
     """[t, h, d] local (this rank's two chunks of every segment of the global `cu_seqlens`) ->
-    [t, h * dv]. `varlen`: rlslurm.trainer.attention_ops.varlen_causal's kernel (CUDA, fp16/bf16), which
+    [t, h * dv]. `varlen`: rlslurm.models.attention_ops.varlen_causal's kernel (CUDA, fp16/bf16), which
     takes every chunk against its key prefix in one call; else one SDPA call per chunk."""
     cp, r = dist.get_world_size(group), dist.get_rank(group)
     bounds = [int(x) for x in cu_seqlens.tolist()]

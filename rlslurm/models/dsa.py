@@ -16,7 +16,7 @@ the classes here take care of (docs/model-families.md, "GLM-5"):
   map name for name, unpermuted (slime permutes them instead: its megatron_to_hf/deepseekv3.py).
 - Hadamard: megatron rotates q and k with `fast_hadamard_transform` (a CUDA extension, absent here and
   on the GPU machines) and asserts bf16; `GLM5Indexer` uses rlslurm's torch transform
-  (trainer/hadamard.py) in any dtype. transformers applies none: orthonormal, it changes the scores
+  (models/hadamard.py) in any dtype. transformers applies none: orthonormal, it changes the scores
   by rounding only.
 - k norm epsilon: transformers builds `indexer.k_norm` as `nn.LayerNorm(index_head_dim, eps=1e-6)`,
   megatron with `layernorm_epsilon` (GLM-5: 1e-5): `IndexerKNorm` is a torch LayerNorm at 1e-6.
@@ -24,10 +24,10 @@ the classes here take care of (docs/model-families.md, "GLM-5"):
   transformer-engine's linear takes; `IndexerLinear` is a plain linear, replicated on every TP rank.
 
 Context parallelism: megatron-core 0.16 asserts CP 1 for DSA (`TransformerConfig`). `GLM5DSAttention`
-does it in rlslurm's CP layout (trainer/context_parallel.py: two load-balanced chunks of every row per
+does it in rlslurm's CP layout (models/context_parallel.py: two load-balanced chunks of every row per
 rank): the indexer keys and MLA's keys/values of every CP rank are all-gathered, and this rank's
 queries, at their own positions of the row, pick and attend to their top-k among all keys
-(`sparse_attention`, megatron's `unfused_dsa_fn` with that causal mask). trainer/model.py builds the
+(`sparse_attention`, megatron's `unfused_dsa_fn` with that causal mask). models/build.py builds the
 TransformerConfig without the DSA switch at CP > 1 and sets it afterwards.
 
 The indexer is not trained. transformers runs it under `torch.no_grad()`, megatron's `DSAttention`
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from rlslurm.trainer.hadamard import rotate_activation
+from rlslurm.models.hadamard import rotate_activation
 
 # transformers' GlmMoeDsaIndexer: `nn.LayerNorm(self.head_dim, eps=1e-6)`, whatever rms_norm_eps says
 HF_INDEXER_K_NORM_EPS = 1e-6
@@ -189,10 +189,10 @@ def _check_kw(kw: dict) -> None:
 def _keys_and_mask(config, query, key, value):
     """(keys, values, causal mask [sq, skv] fp32) for this rank's queries: at CP > 1 the keys and values of
     every CP rank, all-gathered differentiably, and the queries at their own positions of the row
-    (rlslurm's CP layout, trainer/context_parallel.py: two load-balanced chunks of every row per rank)."""
+    (rlslurm's CP layout, models/context_parallel.py: two load-balanced chunks of every row per rank)."""
     sq, cp = query.size(0), config.context_parallel_size
     if cp > 1:
-        from rlslurm.trainer import context_parallel as cpx
+        from rlslurm.models import context_parallel as cpx
 
         full = sq * cp
         qpos = torch.tensor(cpx.columns([0, full], cp, cpx.cp_rank()), device=query.device)
@@ -209,7 +209,7 @@ class SharedTopKAttention(torch.nn.Module):
     """GLM-5.2's "shared" layer (transformers' GlmMoeDsaAttention with `skip_topk`): no indexer; MLA
     attends to the keys the last indexer layer before it kept (`source`, 1-based as megatron's
     layer_number), read from `holder`, which that layer's GLM5DSAttention filled in this forward (the
-    source runs in the same pipeline stage: trainer/model.py refuses a stage that starts with a shared
+    source runs in the same pipeline stage: models/build.py refuses a stage that starts with a shared
     layer).
 
     Full activation recompute: megatron runs a checkpointed layer's forward under no_grad (in training
@@ -251,7 +251,7 @@ class SharedTopKAttention(torch.nn.Module):
 
 def _cp_full_keys(k: torch.Tensor) -> torch.Tensor:
     """The indexer keys [s_local, b, d] of every CP rank, in sequence order [s_local * cp, b, d]."""
-    from rlslurm.trainer import context_parallel as cpx
+    from rlslurm.models import context_parallel as cpx
 
     cp = cpx.cp_size()
     inv = cpx._inverse((0, k.size(0) * cp), cp).to(k.device)
@@ -278,8 +278,7 @@ def sparse_attention(query, key, value, topk, causal, softmax_scale: float):
 def core_attention_spec(holder: dict | None = None):
     """The MLA core attention spec of a GLM-5 layer with an indexer: DSAttention with GLM-5's indexer,
     its top-k left in `holder` for the shared layers after it."""
-    from megatron.core.transformer.experimental_attention_variant.dsa import (DSAIndexerSubmodules,
-                                                                              DSAttentionSubmodules)
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerSubmodules, DSAttentionSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     indexer = ModuleSpec(module=_indexer_class(), submodules=DSAIndexerSubmodules(

@@ -1,5 +1,5 @@
-"""The local attention kernels that the trainer's core attention (trainer/model.py's
-`SDPACoreAttention`) and its context-parallel form (trainer/context_parallel.py) share: grouped
+"""The local attention kernels that the trainer's core attention (models/specs.py
+`SDPACoreAttention`) and its context-parallel form (models/context_parallel.py) share: grouped
 query heads expanded, and torch's flash varlen attention for packed sequences."""
 
 from __future__ import annotations

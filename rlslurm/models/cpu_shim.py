@@ -46,7 +46,7 @@ Patches (name: what it fixes, megatron/core call sites in 0.16.1):
   transformer-engine raises NameError (transformer/moe/moe_utils.py:1192). Defined as None.
   Also applied when CUDA is present but transformer-engine is not.
 - `mla_linear` (0.19): MLA binds the duplicated `Linear` only when transformer-engine imports, so
-  the duplicated down projections `rlslurm.trainer.model` uses without TE are refused; bound to
+  the duplicated down projections `rlslurm.models.build` uses without TE are refused; bound to
   megatron's own `post_training.modelopt.layers.Linear`.
 - `mla_have_te`: without transformer-engine, `megatron.core.extensions.transformer_engine` still
   imports (binding `TELinear` to a stand-in), so `multi_latent_attention.HAVE_TE` is wrongly
@@ -56,7 +56,7 @@ Patches (name: what it fixes, megatron/core call sites in 0.16.1):
 The last three are megatron bugs that are not about CUDA: `apply_megatron_fixes()` fixes each where
 megatron's modules show it (transformer-engine missing or not importing), GPU or not (`apply()`
 includes it, and `build_gpt_model` calls it); whether transformer-engine is installed decides
-nothing here, nor which layer spec is built (--transformer-impl does: trainer/model.py).
+nothing here, nor which layer spec is built (--transformer-impl does: models/build.py).
 `applied()` reports which patches are active.
 """
 
@@ -229,7 +229,7 @@ def apply_megatron_fixes() -> list[str]:
     """The transformer-engine-less megatron bugs only (GPU or not), each where megatron's modules show
     it; idempotent. Returns their names.
 
-    `rlslurm.trainer.model.build_gpt_model` calls this itself, so a GPU trainer that never calls
+    `rlslurm.models.build.build_gpt_model` calls this itself, so a GPU trainer that never calls
     `apply()` still gets them.
     """
     if _MEGATRON_FIXED:
@@ -250,7 +250,7 @@ def apply_megatron_fixes() -> list[str]:
         _MEGATRON_FIXED.append("mla_have_te")
     if hasattr(mla, "Linear") and mla.Linear is None:
         # megatron-core 0.19 binds MLA's duplicated `Linear` only when TE imports, so the
-        # duplicated down projections (rlslurm.trainer.model) are refused as "Unsupported".
+        # duplicated down projections (rlslurm.models.build) are refused as "Unsupported".
         from megatron.core.post_training.modelopt.layers import Linear
 
         mla.Linear = Linear

@@ -1,4 +1,4 @@
-"""A Walsh-Hadamard transform in plain torch, for the sparse-attention indexer (trainer/dsa.py).
+"""A Walsh-Hadamard transform in plain torch, for the sparse-attention indexer (models/dsa.py).
 
 megatron-core 0.16's DSA indexer (`transformer/experimental_attention_variant/dsa.py`
 `rotate_activation`) rotates its queries and keys with `fast_hadamard_transform.hadamard_transform(x,
