@@ -400,7 +400,7 @@ class Soak:
             return {"save_in_flight": it, "latest_at_kill": latest_ckpt(self.run_dir)}
         if kind == "sigterm_slow_save":
             self.set_delay(SLOW_SAVE_S)
-        if kind == "kill_engine_in_turn":  # a turn lasts seconds here: a tight poll (tests/colocate_faults.py)
+        if kind == "kill_engine_in_turn":  # a turn lasts seconds here: a tight poll (tests/helpers/colocate_faults.py)
             deadline = time.monotonic() + RECOVERY_TIMEOUT_S
             while not trainer_phase(self.run_dir).startswith("training rollout"):
                 if time.monotonic() > deadline:
@@ -445,7 +445,7 @@ class Soak:
         if kind == "kill_engine_in_turn":
             # A CPU turn lasts a few seconds and the node may notice the death a second or more later on
             # two loaded cores: the trainer ranks are stopped from the kill until the node has logged it,
-            # so the death is seen inside the turn (as tests/colocate_faults.py does)
+            # so the death is seen inside the turn (as tests/helpers/colocate_faults.py does)
             rec = self.control.engines()[0]
             phase = trainer_phase(self.run_dir)
             ranks = sorted(who["ranks"].values())

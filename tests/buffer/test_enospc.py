@@ -1,5 +1,5 @@
 """ENOSPC while committing gives a clear error and leaves the committed state intact.
-Uses a 1 MiB tmpfs (tests/small_fs.py, root); skipped only outside CI."""
+Uses a 1 MiB tmpfs (tests/helpers/small_fs.py, root); skipped only outside CI."""
 
 from __future__ import annotations
 

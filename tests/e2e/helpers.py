@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.slurm_runs import rlslurm
+from tests.helpers.slurm_runs import rlslurm
 
 GRPO_NUM_ROLLOUT = 24  # submit_grpo's --num-rollout; a later --num-rollout in `extra` wins
 

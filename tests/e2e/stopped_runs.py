@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.helpers import batch_log, probes
-from tests.slurm_runs import ledger, rlslurm
+from tests.helpers.slurm_runs import ledger, rlslurm
 
 NUM_ROLLOUT = 500      # a ceiling, never reached: the test stops the run
 

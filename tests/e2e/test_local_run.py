@@ -25,8 +25,8 @@ import pytest
 from rlslurm.buffer.control import Control
 from rlslurm.curve import reward_curve
 
-from tests.deliveries import assert_delivered_by
-from tests.process_groups import rollout_pids
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.process_groups import rollout_pids
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 

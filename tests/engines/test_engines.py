@@ -28,7 +28,7 @@ from rlslurm.engines.router import RouterProcess
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError
 from rlslurm.net import allocate_ports, consecutive_ports, engine_port_block, free_port, node_ip
-from tests.process_groups import pid_alive
+from tests.helpers.process_groups import pid_alive
 
 
 def _spec(tmp_path, **kw) -> EngineSpec:

@@ -177,8 +177,8 @@ def test_other_deaths_are_still_restarted(tmp_path) -> None:
 
 @pytest.mark.parametrize("value", ["1.5", "0", "-0.2", "most"])
 def test_a_share_no_gpu_could_take_is_refused_at_submit(value: str, tmp_path) -> None:
-    from tests.config_errors import one_line_naming
-    from tests.prompt_files import prompt_lines
+    from tests.helpers.config_errors import one_line_naming
+    from tests.helpers.prompt_files import prompt_lines
 
     (tmp_path / "p.jsonl").write_text(prompt_lines())
     one_line_naming(["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--nodes", "1",

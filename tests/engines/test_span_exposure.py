@@ -15,17 +15,15 @@ from rlslurm.engines.span import SpanLeader
 from rlslurm.errors import ConfigError
 from rlslurm.net import interface_ipv4
 from rlslurm.resolve import resolve
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.fixture
-def argv(tmp_path: Path) -> list[str]:
+def argv(tmp_path: Path, prompts: Path) -> list[str]:
     """qwen3-4B on 2 trainer + 2 rollout nodes of 8 GPUs, one engine over both rollout nodes."""
-    p = tmp_path / "train.jsonl"
-    p.write_text(prompt_lines(*({"prompt": f"say {c}", "label": c} for c in "abcd")))
-    return ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(p), "--hf-checkpoint",
+    return ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(prompts), "--hf-checkpoint",
             str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), "--rollout-num-gpus-per-engine", "16"]
 
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
 
-from tests.deliveries import assert_delivered_by
+from tests.helpers.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import SAVE_INTERVAL, check_placement, rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
-from tests.process_groups import trainer_pids
+from tests.helpers.process_groups import trainer_pids
 
 MARGIN = 0.15
 

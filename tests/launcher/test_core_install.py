@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
 
 pytestmark = pytest.mark.slow  # the venv: a wheel build and a pip install, ~30 s once per session
 
@@ -130,13 +130,13 @@ def test_a_node_without_torch_fails_its_role_in_one_line(core_venv: Path, tiny_m
 
 
 def test_config_json_read_without_transformers_agrees_with_transformers(core_venv: Path, tmp_path: Path) -> None:
-    """Every released config.json the tests carry (tests/released_configs.py) and every
+    """Every released config.json the tests carry (tests/helpers/released_configs.py) and every
     shipped model's: the model transformers builds from it (here) passes the comparison the login node
     makes without transformers (there), and a model of another size is refused by a field the file has."""
     from rlslurm.convert.model_from_hf import model_config_from_hf
     from rlslurm.settings.model_config import available_models, load_model_config
     from rlslurm.tiny import hf_config_dict
-    from tests import released_configs as released
+    from tests.helpers import released_configs as released
 
     configs = {n: getattr(released, n) for n in ("GLM47_FLASH", "MIMO_7B", "MINIMAX_M2", "QWEN3_NEXT", "QWEN3_5_27B",
                                                    "QWEN3_5_35B_A3B", "GLM5")}

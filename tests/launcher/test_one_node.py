@@ -12,9 +12,9 @@ import pytest
 from rlslurm.gpus import step_gpus
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.fixture

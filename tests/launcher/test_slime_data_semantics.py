@@ -13,8 +13,8 @@ from rlslurm.resolve import resolve
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.driver import sampling_params
 from rlslurm.settings.eval_config import eval_datasets
-from tests.config_errors import one_line_naming
-from tests.prompt_files import numbered_prompts
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.prompt_files import numbered_prompts
 
 
 @pytest.fixture

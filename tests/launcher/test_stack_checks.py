@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_shape import hf_shaped_dir
-from tests.cli_proc import run
-from tests.prompt_files import prompt_lines
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.cli_proc import run
+from tests.helpers.prompt_files import prompt_lines
 
 
 def fake_dists(where: Path, **versions: str) -> Path:

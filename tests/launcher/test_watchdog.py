@@ -16,16 +16,9 @@ from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s, silent_roles
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
 
 BOUND = 600
-
-
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "p.jsonl"
-    p.write_text(prompt_lines())
-    return p
 
 
 def beat(hb: Path, name: str, age_s: float, now: float) -> None:

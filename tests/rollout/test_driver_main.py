@@ -16,7 +16,7 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.settings.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
 from rlslurm.settings.runfile import dump_run_config
-from tests.process_groups import argvs, pid_alive
+from tests.helpers.process_groups import argvs, pid_alive
 from tests.rollout.helpers import start_rollout_main
 
 

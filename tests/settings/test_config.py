@@ -6,17 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.resolve import resolve
-from tests.prompt_files import prompt_lines
-
-
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "train.jsonl"
-    p.write_text(prompt_lines(*({"prompt": f"say {c}", "label": c} for c in "abcd")))
-    return p
+from tests.helpers.prompt_files import prompt_lines
 
 
 def _argv(prompts: Path, *extra: str) -> list[str]:

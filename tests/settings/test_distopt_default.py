@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.hf_shape import hf_shaped_dir
 from rlslurm.resolve import resolve
 
 

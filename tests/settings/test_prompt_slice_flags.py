@@ -8,8 +8,8 @@ import pytest
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.resolve import resolve
-from tests.config_errors import one_line_naming
-from tests.prompt_files import numbered_prompts
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.prompt_files import numbered_prompts
 
 
 @pytest.fixture

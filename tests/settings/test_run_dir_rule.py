@@ -86,7 +86,7 @@ def test_an_unusable_run_dir_is_one_line(tmp_path: Path, argv: list[str]) -> Non
     anything is submitted where it can be told."""
     from rlslurm.errors import ConfigError
     from rlslurm.resolve import resolve
-    from tests.config_errors import one_line_naming
+    from tests.helpers.config_errors import one_line_naming
 
     afile = tmp_path / "afile"
     afile.write_text("x")

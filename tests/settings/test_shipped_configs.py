@@ -12,8 +12,8 @@ from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slurm.render import render
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
 
 SHIPPED = [(model, nodes) for model in available_models() for nodes in sorted(load_model_config(model).defaults)]
 

@@ -13,8 +13,8 @@ import pytest
 
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 RUN_DIR = Path("/gpfs/runs/golden")

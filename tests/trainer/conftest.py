@@ -18,8 +18,9 @@ import pytest
 
 from rlslurm.buffer import RolloutMeta, RolloutWriter, RunDir, Sample, SampleStatus
 from rlslurm.settings.config import RunConfig
+from rlslurm.net import free_port
 from rlslurm.settings.runfile import dump_run_config
-from tests.small_fs import small_fs  # noqa: F401  (registers the fixture here)
+from tests.helpers.small_fs import small_fs  # noqa: F401  (registers the fixture here)
 
 MODEL = "tiny-qwen3"
 VOCAB = 64
@@ -84,12 +85,6 @@ def make_run(path: Path, hf: Path | None, *, nproc: int = 1, train: dict | None 
     })
     (path / "run.yaml").write_text(dump_run_config(cfg))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) -> subprocess.CompletedProcess:

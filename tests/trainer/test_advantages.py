@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.net import free_port
 from rlslurm.trainer.advantages import (
     AdvantageConfig,
     actor_trains,
@@ -287,9 +288,7 @@ def _whiten_worker(rank: int, port: int, q) -> None:
 
 
 def test_whitening_statistics_are_global_across_data_parallel_ranks() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_whiten_worker, args=(r, port, q)) for r in range(2)]

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.process_groups import teardown_deployment
+from tests.helpers.process_groups import teardown_deployment
 
 
 @dataclass
