@@ -85,17 +85,16 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
+from rlslurm.buffer import read_ledger  # noqa: E402
 from rlslurm.buffer.control import Control  # noqa: E402
 from rlslurm.buffer.store import BufferStore  # noqa: E402
 from rlslurm.curve import reward_curve  # noqa: E402
-from rlslurm.buffer import read_ledger  # noqa: E402
 from rlslurm.demo_task import make_prompts  # noqa: E402
 from rlslurm.engines import procfs  # noqa: E402
 from rlslurm.errors import DataError  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmError  # noqa: E402
-
-from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
 
 KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine",
          "ckpt_kill", "sigterm_slow_save", "fs_full", "eio", "kill_engine_in_turn", "eio_ckpt", "damage_trained"]

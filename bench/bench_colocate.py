@@ -107,7 +107,6 @@ def main() -> None:
         a.model, a.response_len, a.rollout_batch_size, a.n_samples = "tiny-qwen3", 16, 4, 4
 
     import torch
-
     from demo_run import checkpoint_and_prompts, run_command, run_logged
 
     ckpt, prompts = checkpoint_and_prompts(a.model, a.work, cpu=a.cpu_smoke)

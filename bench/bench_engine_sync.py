@@ -139,8 +139,7 @@ def raw_receiver(port: int, group_name: str, device: str, backend: str, rank: in
     """Joins the way an engine rank does (tcp rendezvous, PrefixStore(group_name), torch's helper) and
     receives each request's bytes as broadcasts of `chunk` bytes into one buffer: the reference's other
     end (one buffer of a 61 GB model would not fit beside the engine)."""
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    rendezvous)
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
@@ -201,8 +200,7 @@ def main() -> None:
     from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
     from rlslurm.net import engine_port_block, free_port
     from rlslurm.trainer.weights import group as sync_group
-    from rlslurm.trainer.weights.base import Roles
-    from rlslurm.trainer.weights.base import SyncOptions
+    from rlslurm.trainer.weights.base import Roles, SyncOptions
     from rlslurm.trainer.weights.broadcast import broadcast_publisher
 
     cuda = a.device == "cuda"

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from flops import peak_bf16, qwen3_forward_flops_per_token  # noqa: E402
+
 from tests.gpu.bundle_flags import run_flags  # noqa: E402
 
 # the trimmed GPU bundle's engine flags; the engine has its GPUs to itself, so a larger KV pool
@@ -87,8 +88,8 @@ def main() -> None:
         a.model, a.response_len, a.rollout_batch_size, a.n_samples, a.no_reference = "tiny-qwen3", 16, 4, 4, True
 
     import torch
-
     from demo_run import checkpoint_and_prompts, run_command, run_logged
+
     from rlslurm.settings.model_config import load_model_config
 
     mc = load_model_config(a.model)

@@ -50,6 +50,7 @@ def make_rollout(n: int, prompt: int, responses: list[int], vocab: int, seed: in
 def one(a: argparse.Namespace) -> dict:
     """In this process: build the trainer for `a.format`, time `train_step` on the rollout."""
     from bench_trainer import bench_trainer
+
     from rlslurm.trainer import step as steps
 
     device = "cpu" if a.cpu else "cuda"

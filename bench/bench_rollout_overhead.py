@@ -112,9 +112,8 @@ def hf_anchor(size: str, batch: list[list[int]], new_tokens: int, reps: int) -> 
     """tokens/s of transformers' `generate` for `batch` on GPU 0 (left-padded, sampled at temperature
     1, exactly `new_tokens` each), median of `reps` after a warm-up."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from bench_engine_sync import SHAPES, fill
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     with torch.device("meta"):
         m = Qwen3ForCausalLM(Qwen3Config(**SHAPES[size], max_position_embeddings=4096, pad_token_id=0))
@@ -161,7 +160,6 @@ def main() -> None:
     gpu = None
     if a.device == "cuda":
         import torch
-
         from bench_engine_sync import SHAPES, write_model_dir
 
         from tests.gpu.bundle_flags import mem_flags, server_flags

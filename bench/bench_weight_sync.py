@@ -99,8 +99,7 @@ def double_buffered_receive(metas: list, params: dict, pg, dev: int) -> None:
 
 def receiver(size: str, port: int, dev: int, conn, group_name: str) -> None:
     torch.cuda.set_device(dev)
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    rendezvous)
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     model = hf_model(size, f"cuda:{dev}")
     params = dict(model.named_parameters())
@@ -172,8 +171,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from rlslurm.net import free_port
-    from rlslurm.trainer.weights.group import GroupSpec, SyncGroup
-    from rlslurm.trainer.weights.group import iter_buckets
+    from rlslurm.trainer.weights.group import GroupSpec, SyncGroup, iter_buckets
 
     ngpu = torch.cuda.device_count()
     recv_dev = 1 if ngpu > 1 else 0

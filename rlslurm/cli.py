@@ -239,16 +239,14 @@ def run(
         res = Resolved(cfg, run_model(cfg.model.model, cfg.model.hf_checkpoint))
         prepare_run_dir(res, resume=True)
     else:
-        from rlslurm.resolve import resolve
-
-        # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
-        from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
-
         from rlslurm.gpus import machine_gpu_flags
+        from rlslurm.resolve import resolve
+        from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
 
         layers = [*([load_yaml_layer(opts.config)] if opts.config else []), parse_flags(argv)]
         probe = build_config([parse_flags(["--device", "cpu"]), *layers])  # `rlslurm run` runs on the CPU unless told
         colocate = probe.run.colocate
+        # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
         machine += machine_gpu_flags(probe, layers)  # --device cuda: the GPUs this machine has
         if demo and not any(("rollout", "rollout_dtype") in layer.values for layer in layers):

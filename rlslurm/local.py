@@ -20,8 +20,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
-from rich.text import Text
 from rich.table import Table
+from rich.text import Text
 
 from rlslurm import owned_role
 from rlslurm.attempt import FINISHED, LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
@@ -39,7 +39,6 @@ from rlslurm.slurm.status import phase_line, role_phases, weights_line
 from rlslurm.step_line import MetricsTail, step_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
-
 
 FINISH_GRACE_S = 60
 STOP_GRACE_S = 300.0  # the batch script gives the trainer --signal-grace-s (default 300) the same way

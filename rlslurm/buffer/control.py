@@ -40,15 +40,14 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlslurm.buffer.atomic import (
+    REREAD_S,
     Cancel,
     CorruptRecord,
     dumps_json,
     ensure_dir,
     listdir_fresh,
     publish_exclusive,
-    REREAD_S,
     read_bytes_ino,
-    read_json,
     set_aside,
     sleep_or_cancel,
     unlink_durable,

@@ -55,10 +55,9 @@ from rlslurm.buffer.sweep import sweep
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.job.env import job_env
 from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
-from rlslurm.settings.config import RunConfig
-from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.rollout.filters import (
     Collected,
     GroupCollector,
@@ -88,9 +87,10 @@ from rlslurm.rollout.rollout_fn import (
     load_rollout_fn,
     refuse_combinations,
 )
-from rlslurm.job.env import job_env
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.rollout.sft import SFT_ROLLOUT_FN
+from rlslurm.settings.config import RunConfig
+from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.settings.weight_plan import weight_sync_plan
 
 log = logging.getLogger(__name__)

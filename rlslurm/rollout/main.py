@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _on_term)
 
-    from rlslurm.rollout.node import RolloutNode
     from rlslurm.buffer.attempts import AttemptSuperseded
     from rlslurm.engines.supervisor import EngineFailure
+    from rlslurm.rollout.node import RolloutNode
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
     node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.attempt)

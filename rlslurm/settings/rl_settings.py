@@ -15,7 +15,6 @@ from typing import Literal, Protocol
 
 from rlslurm.errors import ConfigError
 
-
 # How an estimator turns the (group-normalised) scalar rewards into per-token advantages
 # (trainer/advantages.compute_advantages_and_returns):
 #   sequence          - the sample's reward on every token

@@ -237,7 +237,6 @@ def as_command(imp: Imported) -> str:
 def as_yaml(imp: Imported) -> str:
     """The run YAML (`rlslurm submit --config`) of the same settings, the report as comments after it."""
     from rlslurm.settings.flags import build_config, parse_flags
-
     from rlslurm.settings.placeholder import names
 
     layer = parse_flags(imp.argv)

@@ -60,8 +60,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from rlslurm.trainer.tensor_sets import (TensorSet, grad_tensors, other_tensors, trainer_tensor_sets,
-                                         warm_process_groups)
+from rlslurm.trainer.tensor_sets import TensorSet, grad_tensors, other_tensors, trainer_tensor_sets, warm_process_groups
 
 log = logging.getLogger(__name__)
 

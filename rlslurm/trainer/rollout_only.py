@@ -31,8 +31,8 @@ from rlslurm.buffer.store import BufferStore
 from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.settings.config import RunConfig
-from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
 from rlslurm.trainer.collectives import from_rank0
+from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")
 

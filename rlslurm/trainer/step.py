@@ -29,11 +29,14 @@ from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
 from rlslurm.settings.rl_settings import loss_type
 from rlslurm.step_line import GEN_TOK_S
-from rlslurm.trainer import actor_loss
-from rlslurm.trainer import logprobs as lp
-from rlslurm.trainer import pipeline
-from rlslurm.trainer.advantages import (actor_trains, compute_advantages_and_returns, group_baseline,
-                                        post_processed_rewards, reward_from)
+from rlslurm.trainer import actor_loss, logprobs as lp, pipeline
+from rlslurm.trainer.advantages import (
+    actor_trains,
+    compute_advantages_and_returns,
+    group_baseline,
+    post_processed_rewards,
+    reward_from,
+)
 from rlslurm.trainer.batching import BatchPlan, MicroBatch, collate, collate_packed, plan_batches
 from rlslurm.trainer.losses import compute_value_loss, local_denominator
 from rlslurm.trainer.setup import Trained, TrainerSetup

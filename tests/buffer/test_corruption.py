@@ -17,8 +17,15 @@ from rlslurm.buffer.cli import app
 from rlslurm.buffer.manifest import _self_checksum
 from rlslurm.errors import ConfigError
 
-from .damage import (append_garbage, delete_data, flip_data_header, flip_data_middle, flip_manifest, tear_manifest,
-                     truncate)
+from .damage import (
+    append_garbage,
+    delete_data,
+    flip_data_header,
+    flip_data_middle,
+    flip_manifest,
+    tear_manifest,
+    truncate,
+)
 from .helpers import assert_same, make_meta, make_samples
 
 

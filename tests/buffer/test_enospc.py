@@ -7,7 +7,15 @@ import os
 
 import pytest
 
-from rlslurm.buffer import Retention, RolloutReader, RolloutWriter, RunDir, StorageError, TrainerProgress, after_checkpoint
+from rlslurm.buffer import (
+    Retention,
+    RolloutReader,
+    RolloutWriter,
+    RunDir,
+    StorageError,
+    TrainerProgress,
+    after_checkpoint,
+)
 
 from .helpers import assert_same, make_meta, make_samples
 

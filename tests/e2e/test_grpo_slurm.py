@@ -26,9 +26,8 @@ import pytest
 from rlslurm.buffer.store import BufferStore
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
-
-from tests.helpers.deliveries import assert_delivered_by
 from tests.e2e.helpers import GRPO_NUM_ROLLOUT, batch_log, probes, submit_grpo, trained_per_attempt
+from tests.helpers.deliveries import assert_delivered_by
 from tests.helpers.process_groups import trainer_pids
 from tests.helpers.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 

@@ -24,7 +24,6 @@ import pytest
 
 from rlslurm.buffer.control import Control
 from rlslurm.curve import reward_curve
-
 from tests.helpers.deliveries import assert_delivered_by
 from tests.helpers.process_groups import rollout_pids
 

@@ -45,11 +45,9 @@ from rlslurm.demo_task import make_prompts
 from rlslurm.engines.fanout import CLEANUP_TIMEOUT_S
 from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.rollout.node import RemoteRouter
-
-from tests.helpers.deliveries import assert_delivered_by
 from tests.e2e.helpers import probes
-from tests.e2e.stopped_runs import (at_next_commit, check_no_stale_samples, last_probe, stop_and_check,
-                                     submit, wait_for)
+from tests.e2e.stopped_runs import at_next_commit, check_no_stale_samples, last_probe, stop_and_check, submit, wait_for
+from tests.helpers.deliveries import assert_delivered_by
 from tests.helpers.process_groups import pid_alive
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]

@@ -294,8 +294,8 @@ def test_a_restarted_engine_awaiting_weights_counts_as_recovering(tmp_path):
 def test_an_engine_that_never_comes_back_ends_the_attempt_after_its_restart_budget(tmp_path):
     """A restart that keeps failing (here: a start that exits at once - taskset refuses a core this
     host does not have) used to be retried every backoff for as long as the job ran."""
-    from rlslurm.rollout.node import RemoteRouter
     from rlslurm.engines.supervisor import EngineFailure, EngineSupervisor
+    from rlslurm.rollout.node import RemoteRouter
 
     port = free_port("127.0.0.1")
     spec = _spec(tmp_path, host="127.0.0.1", port=port, nccl_port=free_port("127.0.0.1"),

@@ -17,7 +17,6 @@ from rlslurm.net import interface_ipv4
 from rlslurm.resolve import resolve
 from tests.helpers.config_errors import one_line_naming
 from tests.helpers.hf_shape import hf_shaped_dir
-from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.fixture

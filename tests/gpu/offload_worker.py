@@ -125,8 +125,7 @@ def train(a: argparse.Namespace) -> None:
     from rlslurm.buffer.progress import TrainerProgress
     from rlslurm.convert import mcore_to_hf
     from rlslurm.settings.config import RunConfig
-    from rlslurm.trainer import checkpoint
-    from rlslurm.trainer import step as steps
+    from rlslurm.trainer import checkpoint, step as steps
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     init_distributed(a.device, timeout_minutes=5)

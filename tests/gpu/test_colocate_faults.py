@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.helpers.colocate_faults import kill_then_term_inside_turns
 from tests.gpu.bundle_flags import run_flags
+from tests.helpers.colocate_faults import kill_then_term_inside_turns
 
 
 def test_colocated_engine_kill9_and_term_inside_the_turn_on_a_gpu(tmp_path: Path) -> None:

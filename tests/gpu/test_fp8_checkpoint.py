@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers.deliveries import assert_delivered_by
-from tests.helpers.fp8_ckpt import make_fp8_checkpoint
 from tests.gpu.demo_runs import rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.fp8_ckpt import make_fp8_checkpoint
 
 
 def test_fp8_checkpoint_serves_and_syncs_fp8(tmp_path: Path) -> None:

@@ -22,10 +22,9 @@ from pathlib import Path
 
 from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
-
-from tests.helpers.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import SAVE_INTERVAL, check_placement, rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
+from tests.helpers.deliveries import assert_delivered_by
 from tests.helpers.process_groups import trainer_pids
 
 MARGIN = 0.15

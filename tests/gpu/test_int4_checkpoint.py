@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlslurm.engines.sglang_versions import api_for, installed_sglang_version
-from tests.helpers.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
+from tests.helpers.deliveries import assert_delivered_by
 from tests.helpers.int4_ckpt import make_int4_checkpoint, model_yaml
 
 

@@ -26,12 +26,11 @@ import pytest
 
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
-
-from tests.helpers.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.bundle_flags import run_flags
 from tests.gpu.run_checks import who_is_on_which_gpu
-from tests.slurm_cluster import SlurmCluster
+from tests.helpers.deliveries import assert_delivered_by, final_lineage
 from tests.helpers.slurm_runs import env_reports, ledger, rlslurm
+from tests.slurm_cluster import SlurmCluster
 
 REPO = Path(__file__).resolve().parents[2]
 KIT = Path(os.environ.get("RLSLURM_GPU_SLURM_KIT", REPO / ".gpu-bundle" / "slurm"))

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from tests.helpers.prompt_files import prompt_lines
 
 ROOT = Path(__file__).resolve().parents[2]

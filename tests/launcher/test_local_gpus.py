@@ -112,9 +112,9 @@ def test_shared_gpu_and_colocate_put_both_groups_on_the_same_gpus(tmp_path: Path
 
 def test_a_resumed_run_splits_as_its_first_attempt(tmp_path: Path, monkeypatch) -> None:
     """The second `rlslurm run` reads run.yaml (its checkpoint is RUN/hf_init by then): the same split."""
+    import rlslurm.cli
     from rlslurm.resolve import resolve
     from rlslurm.slurm.submit import prepare_run_dir
-    import rlslurm.cli
 
     (tmp_path / "run").mkdir(parents=True)
     (tmp_path / "p.jsonl").write_text(prompt_lines())

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.hf_shape import hf_shaped_dir
 from tests.helpers.cli_proc import run
+from tests.helpers.hf_shape import hf_shaped_dir
 from tests.helpers.prompt_files import prompt_lines
 
 

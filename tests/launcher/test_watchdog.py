@@ -16,7 +16,6 @@ from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s, silent_roles
-from tests.helpers.prompt_files import prompt_lines
 
 BOUND = 600
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_wei
 from rlslurm.settings.config import RolloutSection, RunConfig
 from tests.helpers.process_groups import pid_alive
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, set_version, write_prompts
-
 
 # --- no servers ------------------------------------------------------------------------------
 

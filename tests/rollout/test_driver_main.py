@@ -183,8 +183,8 @@ def test_engine_specs_spanning_nodes(tmp_path):
 
 
 def test_node_zero_merges_every_nodes_engines(tmp_path):
-    from rlslurm.rollout.node import RolloutNode
     from rlslurm.engines.supervisor import EngineInfo
+    from rlslurm.rollout.node import RolloutNode
 
     rd = _run_dir(tmp_path)
     cfg = RunConfig()

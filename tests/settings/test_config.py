@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.resolve import resolve
-from tests.helpers.prompt_files import prompt_lines
+from tests.helpers.hf_shape import hf_shaped_dir
 
 
 def _argv(prompts: Path, *extra: str) -> list[str]:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slurm.render import render

@@ -12,7 +12,6 @@ import pytest
 from rlslurm.resolve import resolve
 from rlslurm.settings.runfile import dump_run_config
 from tests.helpers.config_errors import one_line_naming
-from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 
 from rlslurm.settings.model_config import available_models
 from rlslurm.user_error import USER_ERROR_EXIT_CODE
-from tests.helpers.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 from tests.helpers.prompt_files import prompt_lines
+from tests.helpers.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 
 pytestmark = pytest.mark.slurm
 

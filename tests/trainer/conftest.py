@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,8 +16,8 @@ import numpy as np
 import pytest
 
 from rlslurm.buffer import RolloutMeta, RolloutWriter, RunDir, Sample, SampleStatus
-from rlslurm.settings.config import RunConfig
 from rlslurm.net import free_port
+from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import dump_run_config
 from tests.helpers.small_fs import small_fs  # noqa: F401  (registers the fixture here)
 

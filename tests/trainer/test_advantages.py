@@ -7,7 +7,6 @@ import dataclasses
 import math
 import os
 import re
-import socket
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import torch.multiprocessing as mp
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.net import free_port
+from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, estimator
 from rlslurm.trainer.advantages import (
     AdvantageConfig,
     actor_trains,
@@ -28,7 +28,6 @@ from rlslurm.trainer.advantages import (
     reward_from,
     rl_configs_from_train,
 )
-from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, estimator
 from rlslurm.trainer.losses import PolicyLossConfig
 
 # Six samples in three prompt groups of unequal size, ids not contiguous and interleaved.

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import min_distributed_timeout_s, resolve
 from rlslurm.trainer.collectives import collective_device, group_timeout
+from tests.helpers.hf_shape import hf_shaped_dir
 from tests.helpers.prompt_files import prompt_lines
 
 

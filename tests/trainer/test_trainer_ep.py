@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import make_run
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

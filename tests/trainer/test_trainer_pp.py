@@ -26,6 +26,7 @@ import torch
 
 # at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
 from conftest import MODEL, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
+
 from rlslurm.settings.model_config import MODEL_CONFIG_DIR
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import HERE, torchrun
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]

@@ -11,8 +11,8 @@ import pytest
 from rlslurm.buffer.control import EngineRecord
 from rlslurm.trainer.commands import Next
 from rlslurm.trainer.weights.delivery import Publish
-
 from tests.trainer.poll_trainer import A, B, engines, trainer
+
 
 def test_restarted_engine_gets_the_published_version_again_once_per_restart(tmp_path):
     t = trainer(tmp_path)

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from conftest import REPO, _pythonpath, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
+from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 

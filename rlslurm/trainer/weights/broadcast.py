@@ -50,8 +50,7 @@ from rlslurm.engines.fanout import (
     engine_targets,
     refusing,
 )
-from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
-from rlslurm.engines.receiver import BucketPlan, plan_payload
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER, BucketPlan, plan_payload
 from rlslurm.gpus import torch_device_uuid
 from rlslurm.net import free_port, node_ip
 from rlslurm.settings.weight_plan import broadcast_backend, delivered_by

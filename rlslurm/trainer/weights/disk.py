@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.buffer.atomic import fsync_dir, retry_transient
-from rlslurm.buffer.sweep import EXPORT_TMP_PREFIX as TMP_PREFIX
 from rlslurm.buffer.control import Control
+from rlslurm.buffer.sweep import EXPORT_TMP_PREFIX as TMP_PREFIX
 from rlslurm.settings.model_config import ModelConfig
 from rlslurm.trainer.weights.record import Delivered
 
@@ -42,6 +42,7 @@ def export_hf(mc: ModelConfig, model: torch.nn.Module, target: Path, *, hf_dir: 
     quantization_config (--save-hf of a quantized run).
     Collective over the trainer (the export gathers over TP/ETP/EP and PP); returns whether this rank wrote."""
     from megatron.core import parallel_state as ps
+
     from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
     from rlslurm.convert.parallel import export_roles
     from rlslurm.trainer.pipeline import stages_to_first

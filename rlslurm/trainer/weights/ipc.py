@@ -41,8 +41,7 @@ import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
 from rlslurm.engines.fanout import REFUSED_TIMEOUT_S, Engines, EngineTarget, HttpLoop, engine_targets, refusing
-from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
-from rlslurm.engines.receiver import mapped_payload
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER, mapped_payload
 from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
 from rlslurm.errors import ConfigError
 from rlslurm.settings.weight_plan import delivered_by
