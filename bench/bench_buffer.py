@@ -138,7 +138,8 @@ def codec_table(samples: list[Sample], reps: int) -> dict[str, dict[str, float]]
             t2 = time.perf_counter()
             enc_t.append(t1 - t0)
             dec_t.append(t2 - t1)
-        out[name] = {"encode_s": round(min(enc_t), 5), "decode_s": round(min(dec_t), 5), "mbytes": round(len(blob) / 1e6, 2)}
+        out[name] = {"encode_s": round(min(enc_t), 5), "decode_s": round(min(dec_t), 5),
+                     "mbytes": round(len(blob) / 1e6, 2)}
     return out
 
 

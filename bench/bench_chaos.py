@@ -128,7 +128,8 @@ FINISH_TIMEOUT_S = 900.0
 BATCH_SAMPLES = 8 * 4        # tiny-qwen3's defaults at --nodes 2: 8 prompts x 4 samples per rollout
 NOTES = "## Notes (hand-written"
 _ROLLOUT_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_SUPERVISOR = ("restarting", "restart failed", "restart waits", "health check failed", "routed again", "not at the published",
+_SUPERVISOR = ("restarting", "restart failed", "restart waits", "health check failed", "routed again",
+               "not at the published",
                "budget", "EngineFailure", "engine(s) up in")
 
 
@@ -467,7 +468,8 @@ class Soak:
             return {"target": f"trainer rank {rank}", "pid": who["ranks"][rank]}
         if kind in ("kill_engine", "hang_engine"):
             pid = rng.choice(who["engines"])
-            if kind == "kill_engine":  # a crash of the server's main process; its children are the supervisor's to clean
+            # a crash of the server's main process; its children are the supervisor's to clean
+            if kind == "kill_engine":
                 os.kill(pid, signal.SIGKILL)
             else:  # a hang: the server's whole process group (its own session), as tests/e2e does
                 os.killpg(pid, signal.SIGSTOP)
@@ -581,7 +583,8 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
         rec["space_freed_after_s"] = round(time.time() - t_inject, 1)
     if kind == "eio":
         rec["eio_end"] = round(time.time(), 3)
-    r = soak.wait(lambda: soak.recovered(t_inject, old, kind in ENDS_ATTEMPT), RECOVERY_TIMEOUT_S, f"fault {rec['fault']} ({kind}) recovery")
+    r = soak.wait(lambda: soak.recovered(t_inject, old, kind in ENDS_ATTEMPT), RECOVERY_TIMEOUT_S,
+                  f"fault {rec['fault']} ({kind}) recovery")
     rec.update(survived=True, recovery_s=round(r["time"] - t_inject, 2), t_recovered=round(r["time"], 3),
                recovered_by={"attempt": r["attempt"], "rollout_id": r["rollout_id"]},
                new_attempt=r["attempt"] != old)
@@ -884,7 +887,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=15, help="seed of the fault sequence, targets and timing")
     p.add_argument("--max-failures", type=int, default=None,
                    help="the run's --max-failures (default: not passed, the product's default)")
-    p.add_argument("--colocate", action="store_true", help="a --colocate run (one node, trainer and engines taking turns)")
+    p.add_argument("--colocate", action="store_true",
+                   help="a --colocate run (one node, trainer and engines taking turns)")
     p.add_argument("--kinds", default=None,
                    help="comma-separated fault sequence, in this order (default: the main or --colocate sequence; "
                         "'random': every old kind once, the rest random, shuffled)")

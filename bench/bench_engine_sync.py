@@ -118,7 +118,8 @@ def moe_tensors(c: dict, device: torch.device, dtype: torch.dtype) -> list[tuple
                    (p + "mlp.gate.weight", (e, h))]
         for x in range(e):
             q = f"{p}mlp.experts.{x}."
-            shapes += [(q + "gate_proj.weight", (i, h)), (q + "up_proj.weight", (i, h)), (q + "down_proj.weight", (h, i))]
+            shapes += [(q + "gate_proj.weight", (i, h)), (q + "up_proj.weight", (i, h)),
+                       (q + "down_proj.weight", (h, i))]
     shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (c["vocab_size"], h))]
     return [(n, torch.empty(shape, device=device, dtype=dtype)) for n, shape in shapes]
 
@@ -364,9 +365,12 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         "raw_s_all": [round(x, 4) for x in raws],
         "greedy_A_vs_A_again_max_logprob_diff": a_again, "greedy_A_vs_B_max_logprob_diff": a_b,
         "model": f"qwen3-{size}-shaped", "engine_tp": a.engine_tp,
-        "receiver_lines": receiver_lines(engine_log) if mode == "rlslurm" else None, "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
-        "bucket_mib": bucket_mib, "mode": mode, "flattened_bucket": flattened, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
-        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpus": list(range(recv_gpu, recv_gpu + a.engine_tp)), "sglang": sglang_version,
+        "receiver_lines": receiver_lines(engine_log) if mode == "rlslurm" else None, "bytes": total,
+        "tensors": len(named), "dtype": str(named[0][1].dtype),
+        "bucket_mib": bucket_mib, "mode": mode, "flattened_bucket": flattened, "poll_max_s": poll_max,
+        "backend": backend, "gpu": gpu,
+        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpus": list(range(recv_gpu, recv_gpu + a.engine_tp)),
+        "sglang": sglang_version,
         "engine_startup_s": round(startup_s, 1), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -112,7 +112,8 @@ def main() -> None:
                *(["--megatron-recompute-granularity", "full", "--megatron-recompute-method", "uniform",
                   "--megatron-recompute-num-layers", "1"] if a.recompute else []),
                *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []), *a.run_flag,
-               *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
+               *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda",
+                                                                                        *ENGINE_FLAGS])]
         wall = run_logged(cmd, a.work / "run.log")
 
     train = jsonl(run_dir / "metrics.jsonl")
@@ -148,8 +149,10 @@ def main() -> None:
         "micro_batches": "one sample each" if a.one_sample_micro_batches else "dynamic, max_tokens_per_gpu of the config", "mean_seq": round(seq, 1),
         "mfu_actor_step": round(3 * fwd * tokens / step_s / peak / tp, 4) if peak else None,
         "mfu_old_logprob": round(fwd * tokens / recompute_s / peak / tp, 4) if peak else None,
-        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": gpus, "run_dir": str(run_dir), "torch": None if a.from_run else torch.__version__,
-        "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1), "num_rollout": a.num_rollout,
+        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": gpus, "run_dir": str(run_dir),
+        "torch": None if a.from_run else torch.__version__,
+        "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1),
+        "num_rollout": a.num_rollout,
         "response_len_max": a.response_len,
     }
     if a.reference_json is not None:

@@ -148,7 +148,8 @@ def _print_notes(res) -> None:
 def submit(
     ctx: typer.Context,
     opts: RunOptions,
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the rendered sbatch script; create and submit nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="print the rendered sbatch script; create and submit nothing"),
 ) -> None:
     """Validate, create the run directory and submit the heterogeneous job.
 

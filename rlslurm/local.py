@@ -79,7 +79,8 @@ def last_error_line(log: Path, limit: int = 300) -> str | None:
     return None if line is None else (line if len(line) <= limit else line[:limit] + " ...")
 
 
-def role_commands(rd: RunDir, trainer_procs: int, port: int, stop_grace_s: float = STOP_GRACE_S) -> dict[str, list[str]]:
+def role_commands(rd: RunDir, trainer_procs: int, port: int,
+                  stop_grace_s: float = STOP_GRACE_S) -> dict[str, list[str]]:
     """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node.
     torchrun gives the trainer's checkpoint on a TERM the same grace this process gives it."""
     return {"trainer": trainer_argv(rd.path, nnodes=1, node_rank=0, procs_per_node=trainer_procs,
@@ -284,9 +285,9 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
               timeout_s: float | None = None, console: Console | None = None,
               gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
               hang_timeout_s: float = 0.0) -> LocalResult:
-    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `role_gpus`: none on --device cpu); None: as inherited. `stop_grace_s`: how long
-    a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled.
-    `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
+    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `role_gpus`: none on --device cpu); None: as
+    inherited. `stop_grace_s`: how long a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the
+    processes are signalled. `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own
     # sessions so that a Ctrl-C reaches only this process, which then stops them in order.
     for sig in (signal.SIGTERM, signal.SIGHUP):

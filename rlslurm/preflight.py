@@ -249,7 +249,8 @@ def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
         return
     unknown = sglang_flags.unknown_flags(p, table)
     if unknown:
-        raise ConfigError(sglang_flags.unknown_flags_message(unknown, table, sglang_versions.installed_sglang_version()))
+        raise ConfigError(sglang_flags.unknown_flags_message(unknown, table,
+                                                             sglang_versions.installed_sglang_version()))
     if (wrong := sglang_flags.value_count_error(p, table)) is not None:
         raise ConfigError(wrong)
 

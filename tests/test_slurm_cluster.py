@@ -236,7 +236,8 @@ def test_test_only_rejects_impossible_gpu_request(slurm_cluster, tmp_path: Path)
 def test_boot_rejects_a_bad_knob_naming_the_env_var() -> None:
     env = {**os.environ, "RLSLURM_CI_NODES": "three"}
     proc = subprocess.run(
-        ["bash", str(SCRIPTS / "boot.sh")], env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        ["bash", str(SCRIPTS / "boot.sh")], env=env, capture_output=True, text=True, timeout=30,
+        stdin=subprocess.DEVNULL
     )
     assert proc.returncode == 1
     assert "RLSLURM_CI_NODES='three'" in proc.stderr
@@ -247,7 +248,8 @@ def test_stop_by_another_process_leaves_the_sessions_cluster_running(slurm_clust
     # Another developer's stop.sh (or pytest session) must not pull the cluster from under us.
     env = {k: v for k, v in os.environ.items() if k not in ("RLSLURM_CI_OWNER_PID", "RLSLURM_CI_FORCE")}
     proc = subprocess.run(
-        ["bash", str(SCRIPTS / "stop.sh")], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        ["bash", str(SCRIPTS / "stop.sh")], env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL
     )
     assert proc.returncode == 1
     assert f"in use by live pid {os.getpid()}" in proc.stderr

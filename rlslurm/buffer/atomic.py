@@ -177,7 +177,8 @@ def fsync_dir(path: str | Path) -> None:
 
 def _storage_error(path: Path, e: OSError, needs: int | None = None) -> StorageError:
     if e.errno in NO_SPACE_ERRNOS:
-        return storage_full(path, e.errno, f"writing {path.name}", None if needs is None else f"it needs {human_size(needs)}")
+        return storage_full(path, e.errno, f"writing {path.name}",
+                            None if needs is None else f"it needs {human_size(needs)}")
     return StorageError(f"{path}: cannot write: {e.strerror or e}")
 
 

@@ -238,7 +238,8 @@ def _parse(data: bytes, path: Path, model: type[R]) -> R:
     try:
         return model.model_validate(obj)
     except ValidationError as e:
-        raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
+        raise DataError(str(path),
+                        f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
 
 
 def read_record(path: Path, model: type[R], *, relist: bool = True, readonly: bool = False) -> R | None:
@@ -338,7 +339,8 @@ class Control:
     def rendezvous(self, attempt: int) -> RendezvousRecord | None:
         return self._read(self.rendezvous_path(attempt), RendezvousRecord)
 
-    def wait_for_rendezvous(self, attempt: int, timeout: float, poll_interval: float = 0.2, cancel: Cancel = None) -> RendezvousRecord:
+    def wait_for_rendezvous(self, attempt: int, timeout: float, poll_interval: float = 0.2,
+                            cancel: Cancel = None) -> RendezvousRecord:
         deadline = time.monotonic() + timeout
         while True:
             rec = self.rendezvous(attempt)

@@ -97,7 +97,8 @@ class RolloutWriter(BufferStore):
         meta = meta or RolloutMeta(kind=self.kind)  # type: ignore[arg-type]
         meta.validate(f"rollout {rollout_id} meta")
         if meta.kind != self.kind:
-            raise DataError(f"rollout {rollout_id}", f"meta.kind is {meta.kind!r} but this writer commits {self.kind!r}")
+            raise DataError(f"rollout {rollout_id}",
+                            f"meta.kind is {meta.kind!r} but this writer commits {self.kind!r}")
         if rollout_id < 0:
             raise DataError(f"rollout {rollout_id}", "rollout id must be >= 0")
         if not samples:

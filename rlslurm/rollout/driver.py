@@ -564,7 +564,8 @@ class RolloutDriver:
             d, name, path, k = self.cfg.data, ds.name, ds.path, ds.n_samples_per_eval_prompt
             sp = eval_sampling_params(self.cfg, ds)
             src = PromptSource(path, input_key=ds.input_key, label_key=ds.label_key, metadata_key=ds.metadata_key,
-                               tool_key=ds.tool_key, tokenizer=self.tokenizer, apply_chat_template=ds.apply_chat_template,
+                               tool_key=ds.tool_key, tokenizer=self.tokenizer,
+                               apply_chat_template=ds.apply_chat_template,
                                chat_template_kwargs=d.apply_chat_template_kwargs, shuffle=False, num_epochs=1,
                                strict=d.data_strict, flag="--eval-config" if d.eval_config else "--eval-prompt-data")
             prompts = src.take(src.num_records)
@@ -612,7 +613,8 @@ class RolloutDriver:
         in RUN/tb at its optimizer step) and to the rollout's W&B run with --use-wandb
         (rlslurm/metrics_sink.py)."""
         if self._sinks is None:
-            jsonl = JsonlSink(self.metrics_path, lambda rec: f"the metrics of {rec['kind']} rollout {rec['rollout_id']}",
+            jsonl = JsonlSink(self.metrics_path,
+                              lambda rec: f"the metrics of {rec['kind']} rollout {rec['rollout_id']}",
                               sort_keys=True)
             self._sinks = open_sinks("rollout", jsonl, tb_dir=self.rd.tb_dir / "rollout", cfg=self.cfg,
                                      attempt=job_env().attempt)

@@ -59,7 +59,8 @@ def run_dir_of(run_dir: Path | None, run_name: str | None = None) -> Path:
 
 
 class RunSection(Section):
-    run_name: str = Field(DEFAULT_RUN_NAME, description="name of the run: the SLURM job name and the default run directory "
+    run_name: str = Field(DEFAULT_RUN_NAME,
+                          description="name of the run: the SLURM job name and the default run directory "
                                                  "runs/<run-name>")
     run_dir: Path | None = Field(None, description="run directory on shared storage, seen by every node "
                                                    "(default: ./runs/<run-name>)")

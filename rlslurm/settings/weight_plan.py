@@ -112,7 +112,8 @@ def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", 
 RECEIVER_PROVEN = ("qwen3", "qwen3_moe")
 
 
-def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool, quantized: bool = False) -> Literal["sglang", "rlslurm"]:
+def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool,
+                  quantized: bool = False) -> Literal["sglang", "rlslurm"]:
     """What `--update-weight-receiver auto` becomes (settled at submit, resolve.py, and kept in run.yaml):
     rlslurm's receiver on GPUs for the families proven there, over NCCL (the runs above; engines sharing
     the trainer's GPUs broadcast over gloo, not proven with it), SGLang's per-bucket loader elsewhere (CPU

@@ -583,7 +583,8 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
         if prev is not None and _flag_like(words[0]):
             sc.warnings.append((words[0].line, _broken_continuation(words[0], prev)))
         launcher = next((b for w in words if (b := w.literal_tail().rsplit("/", 1)[-1]) in LAUNCHERS), None)
-        prev = (words[-1].line, f"the {launcher} launch" if launcher else f"`{_short(words[0].literal() or '...')} ...`")
+        prev = (words[-1].line,
+                f"the {launcher} launch" if launcher else f"`{_short(words[0].literal() or '...')} ...`")
         head = words[0].literal()
         while head in _LEADS and words:
             words = words[1:]

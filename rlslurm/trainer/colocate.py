@@ -357,7 +357,8 @@ class Colocation:
                 self._keeper = _BracketKeeper(self.control, -1, self.timeout_s)
             timeout_s, self.timeout_s = self.timeout_s, min(self.timeout_s, SAVE_RELEASE_S)
             try:
-                for method, kw in (("pause_generation", {"mode": "abort"}), ("release_memory_occupation", {"tags": None})):
+                for method, kw in (("pause_generation", {"mode": "abort"}),
+                                   ("release_memory_occupation", {"tags": None})):
                     try:
                         self._engines(method, **kw)
                     except Exception as e:  # going down with the job: nothing to give back

@@ -58,7 +58,8 @@ def watch(cfg: RunConfig, rd: RunDir, rank: int, term_received: Callable[[], boo
     attempt = job_env().attempt
     log.info("--debug-rollout-only: no model is built; waiting for rollouts 0..%d to be committed",
              cfg.rollout.num_rollout - 1)
-    beat = Beat(lambda: control.heartbeat("trainer", rank), on=keeps_heartbeat(rank))  # the watchdog's (rlslurm/watchdog.py)
+    # the watchdog's (rlslurm/watchdog.py)
+    beat = Beat(lambda: control.heartbeat("trainer", rank), on=keeps_heartbeat(rank))
     while True:
         beat()
         verdict = from_rank0(rank, dist.get_world_size(),

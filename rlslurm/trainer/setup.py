@@ -204,7 +204,8 @@ class ValueHead(torch.nn.Module):
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {}, sharded_offsets)
+        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {},
+                                                   sharded_offsets)
 
 
 @dataclass
@@ -327,8 +328,8 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     from rlslurm.trainer.model import padded_vocab_size, transformer_config
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
-    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp, cp=par.cp,
-                              first_stage_layers=cfg.train.decoder_first_pipeline_num_layers,
+    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp,
+                              cp=par.cp, first_stage_layers=cfg.train.decoder_first_pipeline_num_layers,
                               last_stage_layers=cfg.train.decoder_last_pipeline_num_layers, overrides=tf_over,
                               transformer_impl=cfg.train.transformer_impl)
     check_pipeline(mc, tcfg, par.pp)

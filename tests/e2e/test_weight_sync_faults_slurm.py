@@ -115,7 +115,8 @@ def test_kill9_then_hung_engine_between_syncs_restart_rejoin_and_bounded_retry(s
     """One run, two faults in turn: a) kill -9 of engine B, then, once B is back and two syncs
     reached both engines, b) engine A hung (SIGSTOP of its process tree)."""
     run_dir = tmp_path / "run"
-    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
+    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--weight-sync-timeout-s",
+                 str(SYNC_TIMEOUT_S))
     control = Control(RunDir(run_dir))
     router = None
     first = wait_for(lambda: synced_both(run_dir, 1), 600, "a first sync reaching both engines", run_dir, job)

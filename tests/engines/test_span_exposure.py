@@ -81,10 +81,12 @@ def test_a_config_file_is_read_as_sglang_merges_it(argv: list[str], tmp_path: Pa
     pytest.importorskip("sglang")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dp.yaml").write_text("attn-dp-size: 2\nmem-fraction-static: 0.7\n")
-    msg = one_line_naming(argv + ["--sglang-config", "dp.yaml"], f"attn-dp-size: 2 in --sglang-config {tmp_path}/dp.yaml",
+    msg = one_line_naming(argv + ["--sglang-config", "dp.yaml"],
+                          f"attn-dp-size: 2 in --sglang-config {tmp_path}/dp.yaml",
                           "spanning 2 nodes")
     cfg = resolve(argv + ["--sglang-config", "dp.yaml", "--sglang-attn-dp-size", "1"]).cfg  # the command line wins
-    assert cfg.sglang_args == ["--config", str(tmp_path / "dp.yaml"), "--attn-dp-size", "1"], msg  # absolute: read on the node
+    # absolute: read on the node
+    assert cfg.sglang_args == ["--config", str(tmp_path / "dp.yaml"), "--attn-dp-size", "1"], msg
     (tmp_path / "host.yaml").write_text("host: 0.0.0.0\n")
     one_line_naming(argv + ["--sglang-config", "host.yaml"], f"key host of --sglang-config {tmp_path}/host.yaml",
                     "rlslurm sets --host")

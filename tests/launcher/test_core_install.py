@@ -30,7 +30,8 @@ def core_venv(tmp_path_factory) -> Path:
     src = base / "src"
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            check=True, capture_output=True, timeout=60).stdout.decode().split("\0")
-    for name in filter(None, files):  # a copy: the checkout's own build/ would be reused (tests/launcher/test_install.py)
+    # a copy: the checkout's own build/ would be reused (tests/launcher/test_install.py)
+    for name in filter(None, files):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)

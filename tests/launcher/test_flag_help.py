@@ -36,7 +36,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_config_field_has_a_description() -> None:
     missing = [f"{section}.{name}" for section in SECTIONS
-               for name, f in type(getattr(RunConfig(), section)).model_fields.items() if not (f.description or "").strip()]
+               for name, f in type(getattr(RunConfig(), section)).model_fields.items()
+               if not (f.description or "").strip()]
     missing += [name for name, f in RunConfig.model_fields.items() if name not in SECTIONS and not f.description]
     assert not missing, f"config fields without a description (rlslurm/settings/config.py Field(description=...)): {missing}"
 

@@ -89,7 +89,8 @@ def test_sft_defaults_to_one_sample_per_prompt(tmp_path: Path) -> None:
                                              {"role": "assistant", "content": "a"}]}) + "\n")
     base = ["--model", "tiny-qwen3", "--prompt-data", str(data), "--input-key", "messages", "--debug-train-only",
             "--hf-checkpoint", str(tmp_path / "hf"),
-            "--loss-type", "sft_loss", "--rollout-batch-size", "4", "--num-rollout", "2", "--num-steps-per-rollout", "1",
+            "--loss-type", "sft_loss", "--rollout-batch-size", "4", "--num-rollout", "2",
+            "--num-steps-per-rollout", "1",
             "--micro-batch-size", "1"]
     cfg = resolve(base, strict_inputs=False).cfg
     assert cfg.rollout.n_samples_per_prompt == 1 and cfg.train.global_batch_size == 4

@@ -58,7 +58,8 @@ def test_the_batch_script_finds_the_same_silent_roles(tmp_path: Path, prompts: P
         now = time.time()
         for name, age in beats.items():
             beat(control / "heartbeats", name, age, now)
-        out = subprocess.run(["bash", "-c", clock.group(0) + fn.group(0) + "silent_role"], capture_output=True, text=True, check=True,
+        out = subprocess.run(["bash", "-c", clock.group(0) + fn.group(0) + "silent_role"], capture_output=True,
+                             text=True, check=True,
                              env={"PATH": os.environ["PATH"], "CONTROL": str(control), "HANG_S": str(BOUND),
                                   "START_TS": str(int(now - since_s))}).stdout.strip()
         assert (out in silent) if silent else out == "", (beats, since_s, out)

@@ -214,7 +214,8 @@ def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("extra,names", [
-    (["--n-samples-per-prompt", "2", "--global-batch-size", "8"], ["--debug-train-only", "--n-samples-per-prompt must be 1"]),
+    (["--n-samples-per-prompt", "2", "--global-batch-size", "8"],
+     ["--debug-train-only", "--n-samples-per-prompt must be 1"]),
     (["--loss-type", "policy_loss"], ["--debug-train-only", "--loss-type sft_loss"]),
     (["--eval-interval", "1", "--eval-prompt-data", "x", "DATA"], ["--debug-train-only", "eval"]),
     (["--verify-weight-sync"], ["--verify-weight-sync", "--debug-train-only"]),

@@ -41,7 +41,8 @@ def test_passthrough_families(prompts: Path) -> None:
     assert res.cfg.sglang_args == ["--mem-fraction-static", "0.7", "--enable-metrics"]
     # the model config's recompute_method joins the user's full recompute (megatron-core needs one with
     # full; resolve.py `_megatron_defaults`)
-    assert res.cfg.megatron == {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 2}
+    assert res.cfg.megatron == {"recompute_granularity": "full", "recompute_method": "uniform",
+                                "recompute_num_layers": 2}
     assert res.cfg.router_args == ["--policy", "cache_aware", "--cache-threshold", "0.3"]
 
 

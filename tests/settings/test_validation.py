@@ -89,7 +89,8 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
 # Each used to pass submit and stop the trainer at start-up, after the queue wait.
 
 @pytest.mark.parametrize("extra,flags", [
-    (["--advantage-estimator", "reinforce_plus_plus"], ["--advantage-estimator reinforce_plus_plus", "--normalize-advantages"]),
+    (["--advantage-estimator", "reinforce_plus_plus"],
+     ["--advantage-estimator reinforce_plus_plus", "--normalize-advantages"]),
     (["--advantage-estimator", "reinforce_plus_plus_baseline"], ["--advantage-estimator", "--normalize-advantages"]),
     (["--num-critic-only-steps", "2"], ["--num-critic-only-steps 2", "--advantage-estimator ppo", "grpo"]),
     (["--use-tis", "--use-rollout-logprobs"], ["--use-tis", "--use-rollout-logprobs", "exclusive"]),

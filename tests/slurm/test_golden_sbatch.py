@@ -22,7 +22,8 @@ RUN_DIR = Path("/gpfs/runs/golden")
 
 # the het job, and the one-node job (one group, both steps --overlap, docs/single-node.md)
 @pytest.mark.parametrize("golden,layout", [("hetjob-qwen3-4B-4nodes.sbatch", ["--nodes", "4"]),
-                                           ("onenode-qwen3-4B.sbatch", ["--nodes", "1", "--gpus-per-node", "4", "--trainer-gpus", "2"])])
+                                           ("onenode-qwen3-4B.sbatch",
+                                            ["--nodes", "1", "--gpus-per-node", "4", "--trainer-gpus", "2"])])
 def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypatch, golden: str,
                                                        layout: list[str]) -> None:
     GOLDEN = GOLDEN_DIR / golden

@@ -90,4 +90,5 @@ def test_an_error_rank0_meets_ends_every_rank_alike(tmp_path: Path) -> None:
     mp.start_processes(_rank0_fails, args=(str(tmp_path / "rdzv"), str(tmp_path / "out")), nprocs=2,
                        start_method="fork", join=True)
     for rank in (0, 1):
-        assert json.loads((tmp_path / f"out.{rank}").read_text()) == ["CorruptRecord", "RUN/control/stop.json: damaged on disk"]
+        assert json.loads((tmp_path / f"out.{rank}").read_text()) == ["CorruptRecord",
+                                                                      "RUN/control/stop.json: damaged on disk"]

@@ -1,5 +1,5 @@
-"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/weights/delivery.py): the rollout node keeps
-such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
+"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/weights/delivery.py): the rollout
+node keeps such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
 published version; the trainer, while it waits for a rollout, publishes that version again, once
 per restart, and only when its weights are that version. Real run directory and control files;
 no model is built (`_poll` is rank 0's decision, made before any collective)."""

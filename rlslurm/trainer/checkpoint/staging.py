@@ -16,9 +16,9 @@ One area per trainer process, kept for the run and grown when a save needs more:
 touched and locked once, not at every save. Touching and locking them is slow (12-17 s for 22-27 GiB
 on an H100 host, bench/results/checkpoint-h100x4.md), so the trainer reserves the area in the
 background as soon as its model is built (`reserve`, sized by state.py `staging_estimate`),
-while it waits for the engines and the first rollout; a save that comes first waits for it. Its size is this rank's share of a checkpoint, held in
-host memory from the first save on (the log says how much). A save starts only after the previous
-one's writer is gone (checkpointer.py `Checkpointer.start` waits), so the area is never rewritten
+while it waits for the engines and the first rollout; a save that comes first waits for it. Its size is this rank's
+share of a checkpoint, held in host memory from the first save on (the log says how much). A save starts only after the
+previous one's writer is gone (checkpointer.py `Checkpointer.start` waits), so the area is never rewritten
 under a writer. Where registration fails the copy still lands in the area at pageable speed, and
 the save says so (`writer.RankWrite.staging`, the trainer's log at every save).
 """

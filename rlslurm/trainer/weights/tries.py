@@ -162,7 +162,8 @@ class SyncPublisher:
                     self.control.set_weight_version(version, transport=transport, fallbacks=self.fallbacks)
                     self.control.clear_weight_update()
                     log.info("weights v%d %s to %d engine(s) over %s in %.2f s (%d bytes, %d buckets)", version,
-                             self.via.sent, len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
+                             self.via.sent,
+                             len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
                              transport, time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
                              self.sender.last.buckets if self.sender else 0)
                 return self._delivered(Delivered(version, transport, tries=i, seconds=time.monotonic() - t0))
