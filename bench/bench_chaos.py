@@ -8,23 +8,30 @@ trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the
 + the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
 sequence of faults (every kind once, the rest drawn at random, shuffled):
 
-| kind | how | expected recovery |
-|---|---|---|
-| kill_trainer | kill -9 of one trainer rank (torchrun's child) | failed attempt, requeue, resume from checkpoint |
-| kill_engine | kill -9 of one SGLang server | the supervisor restarts it; the other engine serves meanwhile |
-| kill_router | kill -9 of the sglang-router | the supervisor restarts it and registers the engines again |
-| kill_driver | kill -9 of rollout node 0 (the driver's process; it owns engines + router) | failed attempt, requeue |
-| usr1 | `scancel --signal=USR1 --batch` | checkpoint, self-requeue |
-| sigterm | `scancel --signal=TERM` (the steps) | checkpoint, requeue ("steps terminated") |
-| requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
-| hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within `hang_bound_s` (the sync timeout + 2 min) the bench sends SIGCONT and reports it |
-| ckpt_kill | save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save | failed attempt; resume from the previous checkpoint |
-| sigterm_slow_save | each rank's save held 40 s, then `scancel --signal=TERM` | the save completes past torchrun's 30 s, acknowledged, requeue |
-| fs_full | RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in | one line naming the filesystem, failed attempt, requeue |
-| eio | RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO | retried with backoff; never a user error |
-| eio_ckpt | RLSLURM_TEST_EIO_FILE says `first:/checkpoints/` until the next save is `latest`: the first try of every operation of that save fails with EIO (each rank's write, its results, .metadata, rlslurm.json with its checksums, verify, latest) | each retried; the save completes in the same attempt |
-| damage_trained | RUN/buffer/trained.json cut short | set aside with a warning, rebuilt from the checkpoint's record; never a user error |
-| kill_engine_in_turn | (--colocate) kill -9 of an engine while the trainer holds the GPUs | restarted after the turn |
+Each kind: how it is injected -> the expected recovery.
+- kill_trainer: kill -9 of one trainer rank (torchrun's child) -> failed attempt, requeue, resume from checkpoint
+- kill_engine: kill -9 of one SGLang server -> the supervisor restarts it; the other engine serves meanwhile
+- kill_router: kill -9 of the sglang-router -> the supervisor restarts it and registers the engines again
+- kill_driver: kill -9 of rollout node 0 (the driver's process; it owns engines + router) -> failed attempt, requeue
+- usr1: `scancel --signal=USR1 --batch` -> checkpoint, self-requeue
+- sigterm: `scancel --signal=TERM` (the steps) -> checkpoint, requeue ("steps terminated")
+- requeue: `scontrol requeue` -> hard: SLURM kills the attempt, resume from checkpoint
+- hang_engine: SIGSTOP of one SGLang server's process group -> the supervisor finds it unresponsive and restarts it; if
+  it has not within `hang_bound_s` (the sync timeout + 2 min) the bench sends SIGCONT and reports it
+- ckpt_kill: save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save -> failed
+  attempt; resume from the previous checkpoint
+- sigterm_slow_save: each rank's save held 40 s, then `scancel --signal=TERM` -> the save completes past torchrun's
+  30 s, acknowledged, requeue
+- fs_full: RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in -> one
+  line naming the filesystem, failed attempt, requeue
+- eio: RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO -> retried with backoff; never a
+  user error
+- eio_ckpt: RLSLURM_TEST_EIO_FILE says `first:/checkpoints/` until the next save is `latest`: the first try of every
+  operation of that save fails with EIO (each rank's write, its results, .metadata, rlslurm.json with its checksums,
+  verify, latest) -> each retried; the save completes in the same attempt
+- damage_trained: RUN/buffer/trained.json cut short -> set aside with a warning, rebuilt from the checkpoint's record;
+  never a user error
+- kill_engine_in_turn: (--colocate) kill -9 of an engine while the trainer holds the GPUs -> restarted after the turn
 
 Default sequences: MAIN_SEQUENCE, or COLOCATE_SEQUENCE with --colocate (one node, trainer and engines
 taking turns); --kinds gives another ('random': the old seeded mix of the first 8 kinds).
@@ -435,9 +442,9 @@ class Soak:
                                   "a save completed under the EIO window")
             finally:
                 self.eio_file.unlink(missing_ok=True)
-            return {"target": f"the first try of every operation of a save under RUN/checkpoints (RLSLURM_TEST_EIO_FILE "
-                              f"first:/checkpoints/): latest {before} -> {after}", "latest_before": before,
-                    "latest_after": after}
+            return {"target": f"the first try of every operation of a save under RUN/checkpoints "
+                              f"(RLSLURM_TEST_EIO_FILE first:/checkpoints/): latest {before} -> {after}",
+                    "latest_before": before, "latest_after": after}
         if kind == "damage_trained":
             p = self.run_dir / "buffer/trained.json"
             p.write_bytes(p.read_bytes()[:12] if p.exists() else b'{"last_tra')
@@ -797,7 +804,8 @@ def detail(f: dict) -> str:
 
 
 def write_md(path: Path, faults: list[dict], summary: dict, out_name: str) -> None:
-    rows = ["| # | fault | target | attempt | recovery s | recovered by | old attempt ended | counts | supervisor / notes |",
+    rows = ["| # | fault | target | attempt | recovery s | recovered by | old attempt ended | counts "
+            "| supervisor / notes |",
             "|---|---|---|---|---|---|---|---|---|"]
     for f in faults:
         by = f.get("recovered_by") or {}
@@ -809,12 +817,15 @@ def write_md(path: Path, faults: list[dict], summary: dict, out_name: str) -> No
         if not f.get("survived"):
             note = f"NOT SURVIVED: {f.get('error')}"
         rows.append(f"| {f['fault']} | {f['kind']} | {f['target']} | {f['attempt']} | "
-                    f"{f.get('recovery_s', '-')} | {'attempt %s rollout %s' % (by.get('attempt'), by.get('rollout_id')) if by else '-'} "
-                    f"| {(f.get('old_attempt_end') or '-').replace('|', '/')} | {'yes' if f.get('counted_failure') else 'no'} "
+                    f"{f.get('recovery_s', '-')} "
+                    f"| {'attempt %s rollout %s' % (by.get('attempt'), by.get('rollout_id')) if by else '-'} "
+                    f"| {(f.get('old_attempt_end') or '-').replace('|', '/')} "
+                    f"| {'yes' if f.get('counted_failure') else 'no'} "
                     f"| {note.replace('|', '/')} |")
     run = summary.get("run") or {}
     checks = "\n".join(f"- {k}: **{'ok' if v else 'FAILED'}**" for k, v in (run.get("checks") or {}).items())
     rs = summary.get("recovery_s") or {}
+    stalls = summary.get("stalls") and [x["error"] for x in summary["stalls"]] or "none"
     text = f"""# Chaos soak (issue #15)
 
 `python3 bench/bench_chaos.py {summary['argv']}` on {summary['machine']} ({summary['cpus']} cores,
@@ -838,7 +849,7 @@ trained by a later attempt or generated after the fault): median {rs.get('median
 
 {checks or '- (the run did not get that far)'}
 
-Stalls (the attempt was not up again before a fault): {summary.get('stalls') and [x['error'] for x in summary['stalls']] or 'none'}.
+Stalls (the attempt was not up again before a fault): {stalls}.
 Attempts (first..last trained id): {run.get('attempts')}; lineage problems: {run.get('lineage_problems')};
 reward first 5 -> last 5: {run.get('reward_first5')} -> {run.get('reward_last5')}; weight probes: {run.get('probes')}.
 """

@@ -214,7 +214,8 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(0)
         if recv_gpu == 0 or recv_gpu + a.engine_tp > torch.cuda.device_count():
-            sys.exit(f"bench_engine_sync: the sender needs GPU 0 and the engine GPUs {recv_gpu}..{recv_gpu + a.engine_tp - 1} "
+            sys.exit(f"bench_engine_sync: the sender needs GPU 0 and the engine GPUs "
+                     f"{recv_gpu}..{recv_gpu + a.engine_tp - 1} "
                      f"of the {torch.cuda.device_count()} here (NCCL refuses two ranks of one group on one GPU)")
     dtype = torch.bfloat16 if cuda else torch.float32
     host, key = "127.0.0.1", secrets.token_urlsafe(24)

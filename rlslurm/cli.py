@@ -523,7 +523,9 @@ def models(as_json: bool = typer.Option(False, "--json", help="one JSON array of
 
         def layout(n: int) -> str:
             d = m.defaults_for(n)
-            return f"TP{d.get('tensor_model_parallel_size', 1)} eng{d.get('rollout_num_gpus_per_engine', 1)}" if d else "-"
+            if not d:
+                return "-"
+            return f"TP{d.get('tensor_model_parallel_size', 1)} eng{d.get('rollout_num_gpus_per_engine', 1)}"
 
         cells.append((m.name, m.hf_architecture, size, str(a.num_layers), str(a.hidden_size),
                       f"{a.num_attention_heads}/{a.num_query_groups}", moe, f"{layout(2)} / {layout(4)}"))

@@ -162,7 +162,8 @@ class Notices:
         elif now - self.progress_at > self.STALL_S and now - self.said_at > self.STALL_S:
             self.said_at = now
             doing = "; ".join(f"{p['role']} {p['rank']}: {phase_line(p, live=True)}" for p in _main_phases(self.rd))
-            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: {escape(doing) or 'no heartbeat yet'}")
+            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: "
+                               f"{escape(doing) or 'no heartbeat yet'}")
 
 
 class _Terminated(Exception):

@@ -243,8 +243,8 @@ def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
         return
     if table is None:
         version = sglang_versions.installed_sglang_version()
-        warnings.append(f"--sglang-* flags ({' '.join(w for _, w in p.flags())}) not checked here: "
-                        f"{'SGLang is not installed on this host' if version is None else 'the job runs another environment'}"
+        why = "SGLang is not installed on this host" if version is None else "the job runs another environment"
+        warnings.append(f"--sglang-* flags ({' '.join(w for _, w in p.flags())}) not checked here: {why}"
                         f"; the rollout nodes check them")
         return
     unknown = sglang_flags.unknown_flags(p, table)
@@ -266,8 +266,8 @@ def check_router_args(cfg: "RunConfig", warnings: list[str]) -> None:
         return
     installed = importlib.util.find_spec("sglang_router") is not None
     if not installed or not job_env_is_ours(cfg):
-        warnings.append(f"--router-* flags ({' '.join(flags)}) not checked here: "
-                        f"{'the job runs another environment' if installed else 'sglang-router is not installed on this host'}"
+        why = "the job runs another environment" if installed else "sglang-router is not installed on this host"
+        warnings.append(f"--router-* flags ({' '.join(flags)}) not checked here: {why}"
                         "; the rollout node's router checks them")
         return
     known = router.router_cli_flags()
@@ -322,7 +322,8 @@ def _dataclass_fields(path: Path) -> dict[str, tuple[list[str], list[str]]]:
 
 def _is_classvar(annotation: ast.expr) -> bool:
     node = annotation.value if isinstance(annotation, ast.Subscript) else annotation
-    return (isinstance(node, ast.Name) and node.id == "ClassVar") or (isinstance(node, ast.Attribute) and node.attr == "ClassVar")
+    return ((isinstance(node, ast.Name) and node.id == "ClassVar")
+            or (isinstance(node, ast.Attribute) and node.attr == "ClassVar"))
 
 
 def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[str]) -> None:
@@ -332,8 +333,8 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 
     known = megatron_fields(mla=bool(mc.arch.mla))
     if known is None or not job_env_is_ours(cfg):
-        warnings.append("--megatron-* fields not checked here: "
-                        f"{'megatron-core is not installed on this host' if known is None else 'the job runs another environment'}"
+        why = "megatron-core is not installed on this host" if known is None else "the job runs another environment"
+        warnings.append(f"--megatron-* fields not checked here: {why}"
                         "; the trainer checks them")
         return
     for key in cfg.megatron:
@@ -388,8 +389,8 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) 
         raise ConfigError(f"{flag} {path}: {e}") from None
     if unchecked:
         warnings.append(f"{flag} {path}: transformers is not installed here, so config.json was read as written; "
-                        f"what it leaves out ({', '.join(dict.fromkeys(unchecked))}) takes transformers' defaults, which the "
-                        "trainer checks on the node")
+                        f"what it leaves out ({', '.join(dict.fromkeys(unchecked))}) takes transformers' defaults, "
+                        "which the trainer checks on the node")
     return note
 
 

@@ -102,7 +102,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     first = next((k for k, i in enumerate(items) if i.module.__name__ in users), None)
     if first is not None and fresh:  # the modules of `deployment` first, whole and in file order
         tail = items[first:]
-        items[first:] = [i for i in tail if i.module.__name__ in fresh] + [i for i in tail if i.module.__name__ not in fresh]
+        items[first:] = ([i for i in tail if i.module.__name__ in fresh]
+                         + [i for i in tail if i.module.__name__ not in fresh])
 
 
 @pytest.hookimpl(trylast=True)

@@ -42,7 +42,8 @@ def kv_lines(text: str, prefix: str) -> dict[str, str]:
 
 def test_parse_kv_line_keeps_values_with_spaces_and_odd_keys() -> None:
     rec = parse_kv_line(
-        "JobId=7 JobName=a b Socks/Node=* NtasksPerN:B:S:C=0:0:*:* TRES=cpu=1,node=1 Command=/x/my job.sh StdIn=/dev/null"
+        "JobId=7 JobName=a b Socks/Node=* NtasksPerN:B:S:C=0:0:*:* TRES=cpu=1,node=1 "
+        "Command=/x/my job.sh StdIn=/dev/null"
     )
     assert rec["JobId"] == "7"
     assert rec["JobName"] == "a b"
@@ -100,7 +101,8 @@ for g in 0 1; do
     other="'$d'/g$(( 1 - '$g' ))"
     for i in $(seq 200); do [ -e "$other" ] && break; sleep 0.1; done
     [ -e "$other" ] || { echo "g'$g' never saw the other group"; exit 3; }
-    echo "g'$g' NODELIST=$SLURM_NODELIST CVD=$CUDA_VISIBLE_DEVICES NLG0=$SLURM_JOB_NODELIST_HET_GROUP_0 NLG1=$SLURM_JOB_NODELIST_HET_GROUP_1 RESTART=${SLURM_RESTART_COUNT:-unset}"
+    echo "g'$g' NODELIST=$SLURM_NODELIST CVD=$CUDA_VISIBLE_DEVICES NLG0=$SLURM_JOB_NODELIST_HET_GROUP_0 \
+NLG1=$SLURM_JOB_NODELIST_HET_GROUP_1 RESTART=${SLURM_RESTART_COUNT:-unset}"
   ' &
   pids+=($!)
 done

@@ -334,7 +334,8 @@ class Control:
         pointing engines at another port."""
         ensure_dir(self.dir)
         if not publish_exclusive(self.rendezvous_path(rec.attempt), dumps_json(rec.model_dump(mode="json"))):
-            raise RendezvousTaken(f"{self.rendezvous_path(rec.attempt)}: rendezvous of attempt {rec.attempt} already published")
+            raise RendezvousTaken(f"{self.rendezvous_path(rec.attempt)}: "
+                                  f"rendezvous of attempt {rec.attempt} already published")
 
     def rendezvous(self, attempt: int) -> RendezvousRecord | None:
         return self._read(self.rendezvous_path(attempt), RendezvousRecord)

@@ -228,7 +228,8 @@ class RolloutWriter(BufferStore):
         committed = set(self.committed_ids() if committed_ids is None else committed_ids)
         last_trained = self.last_trained()
         done = -1 if last_trained is None else last_trained  # regenerated, trained and retired since
-        return sorted({q["rollout_id"] for q in self.quarantined() if q["rollout_id"] not in committed and q["rollout_id"] > done})
+        return sorted({q["rollout_id"] for q in self.quarantined()
+                       if q["rollout_id"] not in committed and q["rollout_id"] > done})
 
     def cleanup(self, *, min_age_s: float = 600.0) -> list[Path]:
         """Remove temp files and data files no manifest references, older than

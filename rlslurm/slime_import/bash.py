@@ -713,7 +713,8 @@ def _array_body(toks: list, i: int, path: str, line: int) -> tuple[list[Word], i
 def _block_reason(depth: int, block_line: list[int]) -> str | None:
     if depth <= 0:
         return None
-    return f"set inside an if/loop block or function (line {block_line[-1] if block_line else '?'}), so its value depends on the run"
+    return (f"set inside an if/loop block or function (line {block_line[-1] if block_line else '?'}), "
+            "so its value depends on the run")
 
 
 def _assign_scalar(sc: Script, ex: _Expander, w: Word, depth: int, block_line: list[int]) -> None:

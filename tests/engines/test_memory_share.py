@@ -114,7 +114,8 @@ OOM_LOG = """\
 [2026-12-05 10:01:02] Scheduler hit an exception: Traceback (most recent call last):
   File "sglang/srt/managers/scheduler.py", line 2794, in run_scheduler_process
 RuntimeError: torch_memory_saver resume: out of memory (cudaErrorMemoryAllocation)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.86 GiB. GPU 0 has a total capacity of 139.81 GiB of which 956.00 MiB is free.
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.86 GiB. \
+GPU 0 has a total capacity of 139.81 GiB of which 956.00 MiB is free.
 """
 
 

@@ -120,11 +120,11 @@ def test_a_node_without_torch_fails_its_role_in_one_line(core_venv: Path, tiny_m
         p = run(core_venv, "-m", "rlslurm.slurm.launch", role, "--run-dir", str(run_dir), "--master-addr",
                 "127.0.0.1", "--master-port", "1", cwd=tmp_path)
         assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
+        cpu, gpu = ("megatron-core 0.16.1", "megatron-core 0.19.2") if role == "trainer" else \
+            ("sglang 0.5.23", "sglang 0.5.14")
         assert p.stderr.splitlines()[0] == (f"rlslurm {role}: error: {role} stack: {needs}; install a supported stack "
                                             "with its constraints file (docs/supported-stacks.md): stack cpu: torch "
-                                            f"2.13.0, {'megatron-core 0.16.1' if role == 'trainer' else 'sglang 0.5.23'}"
-                                            f"; stack gpu-torch211: torch 2.11.0, "
-                                            f"{'megatron-core 0.19.2' if role == 'trainer' else 'sglang 0.5.14'}")
+                                            f"2.13.0, {cpu}; stack gpu-torch211: torch 2.11.0, {gpu}")
         rec = run_dir / "logs" / "attempt-0" / "user_error.json"
         assert json.loads(rec.read_text())["reason"] == f"user error: {p.stderr.splitlines()[0].split(': error: ')[1]}"
         rec.unlink()

@@ -70,7 +70,8 @@ def dry_run(cmd: str, cwd: Path) -> tuple[int, str, str]:
     args = dict(zip(argv, argv[1:]))
     for flag in ("--prompt-data", "--hf-checkpoint"):
         if flag in args and Path(args[flag]).is_absolute():  # a user's path: the example cannot run as printed
-            return 2, "", f"{flag} {args[flag]} is an absolute path; an example names one under the directory it runs in"
+            return 2, "", (f"{flag} {args[flag]} is an absolute path; "
+                           "an example names one under the directory it runs in")
     if "--prompt-data" in args:
         (cwd / args["--prompt-data"]).parent.mkdir(parents=True, exist_ok=True)
         make_prompts(cwd / args["--prompt-data"])

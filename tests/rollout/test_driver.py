@@ -463,7 +463,8 @@ def test_sliced_prompts_and_eval_config_through_the_driver(private_deployment, t
     cfg = make_cfg(Path(f"{prompts}@[4:10]"), num_rollout=2, rollout_batch_size=3, n_samples_per_prompt=2,
                    eval_interval=1, skip_eval_before_train=True, async_buffer_size=4)
     cfg.data.eval_config = tmp_path / "eval.yaml"
-    (tmp_path / "sample_filter.py").write_text("def first_of_group(samples):\n    return [s.index % 2 == 0 for s in samples]\n")
+    (tmp_path / "sample_filter.py").write_text("def first_of_group(samples):\n"
+                                               "    return [s.index % 2 == 0 for s in samples]\n")
     cfg.rollout.rollout_sample_filter_path = f"{tmp_path / 'sample_filter.py'}:first_of_group"
     r = asyncio.run(make_driver(dep, cfg, run).run())
     assert r.reason == "done" and r.committed == [0, 1] and r.evaluated == [1]

@@ -85,7 +85,7 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
             resolve(argv + ["--rollout-top-k", value])
 
 
-# ------------------------------------------------------------------ rules across RL settings (rlslurm/settings/rl_settings.py)
+# ------------------------------------------------------- rules across RL settings (rlslurm/settings/rl_settings.py)
 # Each used to pass submit and stop the trainer at start-up, after the queue wait.
 
 @pytest.mark.parametrize("extra,flags", [
@@ -150,7 +150,7 @@ def test_estimator_names_come_from_one_registry() -> None:
     assert rl_settings.names_where(critic=True) == ("ppo",)
 
 
-# ------------------------------------------------------------------ --loss-type (rlslurm/settings/rl_settings.LOSS_TYPES)
+# ------------------------------------------------------- --loss-type (rlslurm/settings/rl_settings.LOSS_TYPES)
 
 @pytest.mark.parametrize("extra,names", [
     (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),

@@ -64,7 +64,8 @@ def test_script_imports_to_flags_rlslurm_accepts(name: str) -> None:
     for flag in slime_flags:
         passed = flag in argv or "--megatron-" + flag[2:] in argv or flag in {
             "--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus"} \
-            or any(f"{path}:{_line_of(path, flag)}: note: {flag}: nothing to pass: " in ln for ln in imp.report_lines()) \
+            or any(f"{path}:{_line_of(path, flag)}: note: {flag}: nothing to pass: " in ln
+                   for ln in imp.report_lines()) \
             or any(f"{path}:{_line_of(path, flag)}: note: {flag}: SGLang " in ln for ln in imp.report_lines())
         assert passed or flag in reported, flag
         if flag in reported:
@@ -141,7 +142,8 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
     report = "\n".join(imp.report_lines())
     assert f"{path}:{_line_of(path, '--hf-checkpoint')}: to fill: <unset:BASE_DIR> in --hf-checkpoint, --load, " \
            "--prompt-data, --eval-prompt-data: BASE_DIR is not set in the script" in report or \
-           f"{path}:{_line_of(path, '--hf-checkpoint')}: to fill: <unset:BASE_DIR> in --hf-checkpoint, --prompt-data, " \
+           f"{path}:{_line_of(path, '--hf-checkpoint')}: to fill: <unset:BASE_DIR> in --hf-checkpoint, " \
+           "--prompt-data, " \
            "--eval-prompt-data: BASE_DIR is not set in the script" in report
     assert "not mapped: --sglang-server-concurrency: slime's own" in report
     assert imp.argv[imp.argv.index("--hf-checkpoint") + 1].startswith("<unset:BASE_DIR>/")

@@ -43,4 +43,5 @@ def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypa
         GOLDEN.write_text(script)
     recorded = GOLDEN.read_text()
     diff = "".join(difflib.unified_diff(recorded.splitlines(True), script.splitlines(True), str(GOLDEN), "rendered"))
-    assert script == recorded, f"the batch script changed (regenerate only if deliberate, see this file's docstring):\n{diff}"
+    assert script == recorded, \
+        f"the batch script changed (regenerate only if deliberate, see this file's docstring):\n{diff}"

@@ -157,7 +157,8 @@ def test_dict_flags_add_up_across_repeats_and_the_config_file(tmp_path: Path) ->
         flag = flag_name(name)
         with pytest.raises(ConfigError) as e:
             resolve(["--model", "tiny-qwen3", flag, "K=1", flag, "K=2"], strict_inputs=False)
-        assert str(e.value) == f"{flag} K: given twice with different values, '1' ({flag}) and '2' ({flag}); give it once"
+        assert str(e.value) == \
+            f"{flag} K: given twice with different values, '1' ({flag}) and '2' ({flag}); give it once"
     with pytest.raises(ConfigError, match=r"--env NCCL_SOCKET_IFNAME: given twice with different values, 'ib0' "
                                           r"\(.*run.yaml:1\) and 'eth0' \(--env\)"):
         resolve(["--model", "tiny-qwen3", "--env", "NCCL_SOCKET_IFNAME=eth0"], conf, strict_inputs=False)

@@ -218,7 +218,8 @@ def test_user_error_found_on_a_node_ends_the_job_without_requeue(slurm_cluster, 
     assert info["ExitCode"] == f"{USER_ERROR_EXIT_CODE}:0", (info["ExitCode"], batch_log, ledger(run_dir))
     [line] = ledger(run_dir)
     assert line["exit_code"] == USER_ERROR_EXIT_CODE, line
-    assert line["reason"].startswith("user error: --megatron-no-such-field: 'no_such_field' is not a megatron-core"), line
+    assert line["reason"].startswith(
+        "user error: --megatron-no-such-field: 'no_such_field' is not a megatron-core"), line
     human = rlslurm("status", str(run_dir)).stdout
     assert f"{line['reason']} (attempt 0, role trainer, host " in human, human
     assert "the job was not requeued" in human

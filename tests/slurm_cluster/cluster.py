@@ -115,7 +115,8 @@ class SlurmCluster:
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as e:
-            raise ClusterBootError(f"{HERE / name} did not finish within {timeout:.0f}s: {e.stdout!r} {e.stderr!r}") from e
+            raise ClusterBootError(f"{HERE / name} did not finish within {timeout:.0f}s: "
+                                   f"{e.stdout!r} {e.stderr!r}") from e
 
     # ---- raw commands -------------------------------------------------------------------
     def run(self, *argv: str, cwd: str | os.PathLike[str] | None = None,
@@ -133,7 +134,8 @@ class SlurmCluster:
         except subprocess.TimeoutExpired as e:
             raise SlurmError(f"`{' '.join(argv)}` timed out after {self.cmd_timeout:.0f}s") from e
         if check and proc.returncode != 0:
-            raise SlurmError(f"`{' '.join(argv)}` failed (rc={proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+            raise SlurmError(f"`{' '.join(argv)}` failed (rc={proc.returncode}): "
+                             f"{proc.stderr.strip() or proc.stdout.strip()}")
         return proc
 
     # ---- jobs ---------------------------------------------------------------------------

@@ -161,7 +161,8 @@ def step_results(request: pytest.FixtureRequest, tmp_path_factory) -> dict[str, 
 def run_trainer(run_dir: Path, nproc: int = 1, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
     p = torchrun(["-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)], nproc, timeout)
     if check and p.returncode != 0:
-        raise AssertionError(f"trainer rc={p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-8000:]}")
+        raise AssertionError(f"trainer rc={p.returncode}\n--- stdout\n{p.stdout[-4000:]}"
+                             f"\n--- stderr\n{p.stderr[-8000:]}")
     return p
 
 

@@ -91,8 +91,8 @@ def assign(engines: list[Found], servers: list[Server]) -> list[list[int]]:
             if gpu is not None:
                 s = next((s for s in here if s.gpu == gpu), None)
                 if s is None:
-                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} is on GPU {gpu} of {node}, "
-                                      f"where no trainer rank runs (trainer GPUs there: "
+                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} "
+                                      f"is on GPU {gpu} of {node}, where no trainer rank runs (trainer GPUs there: "
                                       f"{sorted(s.gpu for s in here if s.gpu is not None)})")
                 ranks.append(s.rank)
             else:
