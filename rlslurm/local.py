@@ -134,7 +134,7 @@ class Notices:
     """What `rlslurm run` prints as lines of their own, with or without the live table: each step this
     attempt trains (the trainer's line, rlslurm/step_line.py), a version the disk fallback delivered
     (yellow: the transport failed), and every STALL_S without a trained rollout, what each role is doing
-    (issue 30: a run stuck in a failing sync printed nothing for 5 minutes)."""
+    (a run stuck in a failing sync is never silent)."""
 
     STALL_S = 120.0
 
@@ -208,7 +208,7 @@ def _outcome(rd: RunDir, control: Control, logs: Path, reason: str, first: str |
                   f"rollout rc={codes['rollout']})")
     elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
         # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
-        # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")
+        # left a preempt checkpoint, which is not the cause (the reason would read "preempted")
         cause = last_error_line(logs / "rollout-0.log")
         reason = f"failed: the rollout ended first (rc={codes['rollout']})" + (f": {cause}" if cause else "")
     elif not reason and (ack := control.preempt_ack()) is not None:

@@ -294,8 +294,8 @@ class Colocation:
         if self.cuda:
             self.times["mem/trainer_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.params.device) / 2**30
         # Adam's moments are made at the optimizer's first step, after the sets were taken: left
-        # behind, they held 12.8 GiB of the GPU through every generation (qwen3-1.7B, H100). With
-        # --no-offload-train nothing moves, so there is nothing to add.
+        # behind, they would hold GPU memory through every generation (bench/results/colocate-h100.md).
+        # With --no-offload-train nothing moves, so there is nothing to add.
         new = 0 if not self.offload else (
             self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads))
             + self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest)))

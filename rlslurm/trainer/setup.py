@@ -49,7 +49,7 @@ def init_distributed(device: str, timeout_minutes: float) -> tuple[int, int]:
         # Every rank of the weight-sync group must agree on NCCL's cuMem buffers, and SGLang sets
         # NCCL_CUMEM_ENABLE=0 in its engines unless the variable is set: a trainer left at NCCL's default
         # (1) made the engine fail with "Cuda failure 'invalid argument'" (transport/p2p.cc) and the
-        # trainer hang, on 2xH200 (docs/gpu.md, tools/gpu/nccl_pair_check.py). Set before NCCL's first use.
+        # trainer hang (docs/gpu.md, tools/gpu/nccl_pair_check.py). Set before NCCL's first use.
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():

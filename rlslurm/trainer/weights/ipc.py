@@ -7,7 +7,7 @@ from there (a CUDA IPC handle; a memfd on CPU: engines/shared_buffer.py) with rl
 (engines/receiver.py) and copies it into its parameters. One /update_weights_from_tensor request per
 bucket and engine, sent by the trainer rank on the engine's first GPU, with one entry per TP rank of the
 engine (SGLang hands entry i to TP rank i). Nothing goes through host memory or a process group: NCCL
-refuses two ranks on one GPU, which is why the broadcast needed gloo here (3 GB/s on an H100).
+refuses two ranks on one GPU, which is why the broadcast needed gloo here (bench/results/colocate-h100.md).
 
 For bucket k, one request per engine in flight while the next bucket is exported and copied:
 

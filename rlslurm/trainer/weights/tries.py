@@ -84,7 +84,7 @@ class SyncPublisher:
         self._no_engines = False                 # this rank found no engine to send to
         # --colocate's turn (trainer/colocate.py): the engines' KV cache is still released during the
         # publish, so they must stay paused after it; the colocation continues them once it is back
-        # (a scheduler continued without it crashed at its next prefill, SGLang 0.5.14 on an H100)
+        # (a scheduler continued without it crashes at its next prefill: docs/colocate.md)
         self.leave_paused = False
 
     def transport(self, r: Roles) -> str:
