@@ -76,8 +76,7 @@ def _poller(run_path: str, ids: list[int], poll: float, q) -> None:
 def codec_table(samples: list[Sample], reps: int) -> dict[str, dict[str, float]]:
     """Encode+decode seconds and size of one rollout for candidate serialisations."""
     try:
-        from safetensors.numpy import load as st_load
-        from safetensors.numpy import save as st_save
+        from safetensors.numpy import load as st_load, save as st_save
     except ImportError:  # the comparison row is skipped, the rest still runs
         st_load = st_save = None
 
@@ -139,7 +138,8 @@ def codec_table(samples: list[Sample], reps: int) -> dict[str, dict[str, float]]
             t2 = time.perf_counter()
             enc_t.append(t1 - t0)
             dec_t.append(t2 - t1)
-        out[name] = {"encode_s": round(min(enc_t), 5), "decode_s": round(min(dec_t), 5), "mbytes": round(len(blob) / 1e6, 2)}
+        out[name] = {"encode_s": round(min(enc_t), 5), "decode_s": round(min(dec_t), 5),
+                     "mbytes": round(len(blob) / 1e6, 2)}
     return out
 
 

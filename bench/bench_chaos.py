@@ -8,23 +8,30 @@ trainer = 2 gloo ranks under torchrun, rollout = 2 real SGLang CPU servers + the
 + the rollout driver, distributed weight sync) with --num-rollout 100, and injects a seeded random
 sequence of faults (every kind once, the rest drawn at random, shuffled):
 
-| kind | how | expected recovery |
-|---|---|---|
-| kill_trainer | kill -9 of one trainer rank (torchrun's child) | failed attempt, requeue, resume from checkpoint |
-| kill_engine | kill -9 of one SGLang server | the supervisor restarts it; the other engine serves meanwhile |
-| kill_router | kill -9 of the sglang-router | the supervisor restarts it and registers the engines again |
-| kill_driver | kill -9 of rollout node 0 (the driver's process; it owns engines + router) | failed attempt, requeue |
-| usr1 | `scancel --signal=USR1 --batch` | checkpoint, self-requeue |
-| sigterm | `scancel --signal=TERM` (the steps) | checkpoint, requeue ("steps terminated") |
-| requeue | `scontrol requeue` | hard: SLURM kills the attempt, resume from checkpoint |
-| hang_engine | SIGSTOP of one SGLang server's process group | the supervisor finds it unresponsive and restarts it; if it has not within `hang_bound_s` (the sync timeout + 2 min) the bench sends SIGCONT and reports it |
-| ckpt_kill | save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save | failed attempt; resume from the previous checkpoint |
-| sigterm_slow_save | each rank's save held 40 s, then `scancel --signal=TERM` | the save completes past torchrun's 30 s, acknowledged, requeue |
-| fs_full | RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in | one line naming the filesystem, failed attempt, requeue |
-| eio | RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO | retried with backoff; never a user error |
-| eio_ckpt | RLSLURM_TEST_EIO_FILE says `first:/checkpoints/` until the next save is `latest`: the first try of every operation of that save fails with EIO (each rank's write, its results, .metadata, rlslurm.json with its checksums, verify, latest) | each retried; the save completes in the same attempt |
-| damage_trained | RUN/buffer/trained.json cut short | set aside with a warning, rebuilt from the checkpoint's record; never a user error |
-| kill_engine_in_turn | (--colocate) kill -9 of an engine while the trainer holds the GPUs | restarted after the turn |
+Each kind: how it is injected -> the expected recovery.
+- kill_trainer: kill -9 of one trainer rank (torchrun's child) -> failed attempt, requeue, resume from checkpoint
+- kill_engine: kill -9 of one SGLang server -> the supervisor restarts it; the other engine serves meanwhile
+- kill_router: kill -9 of the sglang-router -> the supervisor restarts it and registers the engines again
+- kill_driver: kill -9 of rollout node 0 (the driver's process; it owns engines + router) -> failed attempt, requeue
+- usr1: `scancel --signal=USR1 --batch` -> checkpoint, self-requeue
+- sigterm: `scancel --signal=TERM` (the steps) -> checkpoint, requeue ("steps terminated")
+- requeue: `scontrol requeue` -> hard: SLURM kills the attempt, resume from checkpoint
+- hang_engine: SIGSTOP of one SGLang server's process group -> the supervisor finds it unresponsive and restarts it; if
+  it has not within `hang_bound_s` (the sync timeout + 2 min) the bench sends SIGCONT and reports it
+- ckpt_kill: save held open (RLSLURM_TEST_SAVE_DELAY_S=@file, 30 s), kill -9 of every trainer rank mid-save -> failed
+  attempt; resume from the previous checkpoint
+- sigterm_slow_save: each rank's save held 40 s, then `scancel --signal=TERM` -> the save completes past torchrun's
+  30 s, acknowledged, requeue
+- fs_full: RUN/checkpoints is a 24 MiB tmpfs; filled to the last byte, freed once the attempt's ledger line is in -> one
+  line naming the filesystem, failed attempt, requeue
+- eio: RLSLURM_TEST_EIO_FILE exists for 5 s: every run-dir write/read fails with EIO -> retried with backoff; never a
+  user error
+- eio_ckpt: RLSLURM_TEST_EIO_FILE says `first:/checkpoints/` until the next save is `latest`: the first try of every
+  operation of that save fails with EIO (each rank's write, its results, .metadata, rlslurm.json with its checksums,
+  verify, latest) -> each retried; the save completes in the same attempt
+- damage_trained: RUN/buffer/trained.json cut short -> set aside with a warning, rebuilt from the checkpoint's record;
+  never a user error
+- kill_engine_in_turn: (--colocate) kill -9 of an engine while the trainer holds the GPUs -> restarted after the turn
 
 Default sequences: MAIN_SEQUENCE, or COLOCATE_SEQUENCE with --colocate (one node, trainer and engines
 taking turns); --kinds gives another ('random': the old seeded mix of the first 8 kinds).
@@ -85,17 +92,16 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
+from rlslurm.buffer import read_ledger  # noqa: E402
 from rlslurm.buffer.control import Control  # noqa: E402
 from rlslurm.buffer.store import BufferStore  # noqa: E402
 from rlslurm.curve import reward_curve  # noqa: E402
-from rlslurm.buffer import read_ledger  # noqa: E402
 from rlslurm.demo_task import make_prompts  # noqa: E402
 from rlslurm.engines import procfs  # noqa: E402
 from rlslurm.errors import DataError  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import TERMINAL_STATES, SlurmCluster, SlurmError  # noqa: E402
-
-from bench.slurm_run import batch_log_tail, submit_tiny_grpo  # noqa: E402
 
 KINDS = ["kill_trainer", "kill_engine", "kill_router", "kill_driver", "usr1", "sigterm", "requeue", "hang_engine",
          "ckpt_kill", "sigterm_slow_save", "fs_full", "eio", "kill_engine_in_turn", "eio_ckpt", "damage_trained"]
@@ -129,7 +135,8 @@ FINISH_TIMEOUT_S = 900.0
 BATCH_SAMPLES = 8 * 4        # tiny-qwen3's defaults at --nodes 2: 8 prompts x 4 samples per rollout
 NOTES = "## Notes (hand-written"
 _ROLLOUT_TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_SUPERVISOR = ("restarting", "restart failed", "restart waits", "health check failed", "routed again", "not at the published",
+_SUPERVISOR = ("restarting", "restart failed", "restart waits", "health check failed", "routed again",
+               "not at the published",
                "budget", "EngineFailure", "engine(s) up in")
 
 
@@ -400,7 +407,7 @@ class Soak:
             return {"save_in_flight": it, "latest_at_kill": latest_ckpt(self.run_dir)}
         if kind == "sigterm_slow_save":
             self.set_delay(SLOW_SAVE_S)
-        if kind == "kill_engine_in_turn":  # a turn lasts seconds here: a tight poll (tests/colocate_faults.py)
+        if kind == "kill_engine_in_turn":  # a turn lasts seconds here: a tight poll (tests/helpers/colocate_faults.py)
             deadline = time.monotonic() + RECOVERY_TIMEOUT_S
             while not trainer_phase(self.run_dir).startswith("training rollout"):
                 if time.monotonic() > deadline:
@@ -435,9 +442,9 @@ class Soak:
                                   "a save completed under the EIO window")
             finally:
                 self.eio_file.unlink(missing_ok=True)
-            return {"target": f"the first try of every operation of a save under RUN/checkpoints (RLSLURM_TEST_EIO_FILE "
-                              f"first:/checkpoints/): latest {before} -> {after}", "latest_before": before,
-                    "latest_after": after}
+            return {"target": f"the first try of every operation of a save under RUN/checkpoints "
+                              f"(RLSLURM_TEST_EIO_FILE first:/checkpoints/): latest {before} -> {after}",
+                    "latest_before": before, "latest_after": after}
         if kind == "damage_trained":
             p = self.run_dir / "buffer/trained.json"
             p.write_bytes(p.read_bytes()[:12] if p.exists() else b'{"last_tra')
@@ -445,7 +452,7 @@ class Soak:
         if kind == "kill_engine_in_turn":
             # A CPU turn lasts a few seconds and the node may notice the death a second or more later on
             # two loaded cores: the trainer ranks are stopped from the kill until the node has logged it,
-            # so the death is seen inside the turn (as tests/colocate_faults.py does)
+            # so the death is seen inside the turn (as tests/helpers/colocate_faults.py does)
             rec = self.control.engines()[0]
             phase = trainer_phase(self.run_dir)
             ranks = sorted(who["ranks"].values())
@@ -468,7 +475,8 @@ class Soak:
             return {"target": f"trainer rank {rank}", "pid": who["ranks"][rank]}
         if kind in ("kill_engine", "hang_engine"):
             pid = rng.choice(who["engines"])
-            if kind == "kill_engine":  # a crash of the server's main process; its children are the supervisor's to clean
+            # a crash of the server's main process; its children are the supervisor's to clean
+            if kind == "kill_engine":
                 os.kill(pid, signal.SIGKILL)
             else:  # a hang: the server's whole process group (its own session), as tests/e2e does
                 os.killpg(pid, signal.SIGSTOP)
@@ -582,7 +590,8 @@ def _recover(soak: Soak, kind: str, rec: dict, hit: dict, t_inject: float, old: 
         rec["space_freed_after_s"] = round(time.time() - t_inject, 1)
     if kind == "eio":
         rec["eio_end"] = round(time.time(), 3)
-    r = soak.wait(lambda: soak.recovered(t_inject, old, kind in ENDS_ATTEMPT), RECOVERY_TIMEOUT_S, f"fault {rec['fault']} ({kind}) recovery")
+    r = soak.wait(lambda: soak.recovered(t_inject, old, kind in ENDS_ATTEMPT), RECOVERY_TIMEOUT_S,
+                  f"fault {rec['fault']} ({kind}) recovery")
     rec.update(survived=True, recovery_s=round(r["time"] - t_inject, 2), t_recovered=round(r["time"], 3),
                recovered_by={"attempt": r["attempt"], "rollout_id": r["rollout_id"]},
                new_attempt=r["attempt"] != old)
@@ -795,7 +804,8 @@ def detail(f: dict) -> str:
 
 
 def write_md(path: Path, faults: list[dict], summary: dict, out_name: str) -> None:
-    rows = ["| # | fault | target | attempt | recovery s | recovered by | old attempt ended | counts | supervisor / notes |",
+    rows = ["| # | fault | target | attempt | recovery s | recovered by | old attempt ended | counts "
+            "| supervisor / notes |",
             "|---|---|---|---|---|---|---|---|---|"]
     for f in faults:
         by = f.get("recovered_by") or {}
@@ -807,12 +817,15 @@ def write_md(path: Path, faults: list[dict], summary: dict, out_name: str) -> No
         if not f.get("survived"):
             note = f"NOT SURVIVED: {f.get('error')}"
         rows.append(f"| {f['fault']} | {f['kind']} | {f['target']} | {f['attempt']} | "
-                    f"{f.get('recovery_s', '-')} | {'attempt %s rollout %s' % (by.get('attempt'), by.get('rollout_id')) if by else '-'} "
-                    f"| {(f.get('old_attempt_end') or '-').replace('|', '/')} | {'yes' if f.get('counted_failure') else 'no'} "
+                    f"{f.get('recovery_s', '-')} "
+                    f"| {'attempt %s rollout %s' % (by.get('attempt'), by.get('rollout_id')) if by else '-'} "
+                    f"| {(f.get('old_attempt_end') or '-').replace('|', '/')} "
+                    f"| {'yes' if f.get('counted_failure') else 'no'} "
                     f"| {note.replace('|', '/')} |")
     run = summary.get("run") or {}
     checks = "\n".join(f"- {k}: **{'ok' if v else 'FAILED'}**" for k, v in (run.get("checks") or {}).items())
     rs = summary.get("recovery_s") or {}
+    stalls = summary.get("stalls") and [x["error"] for x in summary["stalls"]] or "none"
     text = f"""# Chaos soak (issue #15)
 
 `python3 bench/bench_chaos.py {summary['argv']}` on {summary['machine']} ({summary['cpus']} cores,
@@ -836,7 +849,7 @@ trained by a later attempt or generated after the fault): median {rs.get('median
 
 {checks or '- (the run did not get that far)'}
 
-Stalls (the attempt was not up again before a fault): {summary.get('stalls') and [x['error'] for x in summary['stalls']] or 'none'}.
+Stalls (the attempt was not up again before a fault): {stalls}.
 Attempts (first..last trained id): {run.get('attempts')}; lineage problems: {run.get('lineage_problems')};
 reward first 5 -> last 5: {run.get('reward_first5')} -> {run.get('reward_last5')}; weight probes: {run.get('probes')}.
 """
@@ -885,7 +898,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=15, help="seed of the fault sequence, targets and timing")
     p.add_argument("--max-failures", type=int, default=None,
                    help="the run's --max-failures (default: not passed, the product's default)")
-    p.add_argument("--colocate", action="store_true", help="a --colocate run (one node, trainer and engines taking turns)")
+    p.add_argument("--colocate", action="store_true",
+                   help="a --colocate run (one node, trainer and engines taking turns)")
     p.add_argument("--kinds", default=None,
                    help="comma-separated fault sequence, in this order (default: the main or --colocate sequence; "
                         "'random': every old kind once, the rest random, shuffled)")

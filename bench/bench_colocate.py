@@ -1,9 +1,9 @@
 """What --colocate costs per rollout, through the product (`rlslurm run --colocate`).
 
 The trainer (megatron-core, bf16, one rank per GPU, --tp) and real SGLang engines (torch_memory_saver;
---engine-tp GPUs each) on the first --gpus GPUs, taking turns (docs/colocate.md); a random-init model of a shipped config (qwen3-1.7B by default),
-the demo prompts and reward (token ids only, as in bench_grpo_iteration.py). Per rollout the
-colocation adds
+--engine-tp GPUs each) on the first --gpus GPUs, taking turns (docs/colocate.md); a random-init model of a shipped
+config (qwen3-1.7B by default), the demo prompts and reward (token ids only, as in bench_grpo_iteration.py). Per rollout
+the colocation adds
 
     engines release -> trainer onload -> [train] -> offload -> engines resume -> publish -> resume
 
@@ -107,7 +107,6 @@ def main() -> None:
         a.model, a.response_len, a.rollout_batch_size, a.n_samples = "tiny-qwen3", 16, 4, 4
 
     import torch
-
     from demo_run import checkpoint_and_prompts, run_command, run_logged
 
     ckpt, prompts = checkpoint_and_prompts(a.model, a.work, cpu=a.cpu_smoke)
@@ -119,7 +118,8 @@ def main() -> None:
            "--colocate", "--max-tokens-per-gpu", str(a.max_tokens_per_gpu), "--weight-sync-transport", a.transport,
            *(["--update-weight-buffer-size", str(a.bucket_bytes)] if a.bucket_bytes else []),
            *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else
-             ["--device", "cuda", "--gpus-per-node", str(a.gpus), *run_flags(), *mem_flags(a.mem_fraction, "--sglang-")]),
+             ["--device", "cuda", "--gpus-per-node", str(a.gpus), *run_flags(),
+              *mem_flags(a.mem_fraction, "--sglang-")]),
            "--tensor-model-parallel-size", str(a.tp), "--rollout-num-gpus-per-engine", str(a.engine_tp),
            *([] if a.offload_train is None else ["--offload-train" if a.offload_train else "--no-offload-train"])]
     wall = run_logged(cmd, a.work / "run.log")
@@ -139,7 +139,8 @@ def main() -> None:
     overhead = round(sum(phases[k.split("/")[1]] for k in PHASES), 4)
     res: dict = {
         "bench": "colocate_rlslurm_run",
-        "model": f"{a.model} config, random init, {'fp32' if a.cpu_smoke else 'bf16'}", "gpu": gpu, "torch": torch.__version__,
+        "model": f"{a.model} config, random init, {'fp32' if a.cpu_smoke else 'bf16'}", "gpu": gpu,
+        "torch": torch.__version__,
         "samples": batch, "response_len_max": a.response_len, "num_rollout": a.num_rollout,
         "iteration_s": iteration, "phases_s": phases,
         "colocation_overhead_s": overhead, "overhead_share": round(overhead / iteration, 4) if iteration else None,

@@ -118,7 +118,8 @@ def moe_tensors(c: dict, device: torch.device, dtype: torch.dtype) -> list[tuple
                    (p + "mlp.gate.weight", (e, h))]
         for x in range(e):
             q = f"{p}mlp.experts.{x}."
-            shapes += [(q + "gate_proj.weight", (i, h)), (q + "up_proj.weight", (i, h)), (q + "down_proj.weight", (h, i))]
+            shapes += [(q + "gate_proj.weight", (i, h)), (q + "up_proj.weight", (i, h)),
+                       (q + "down_proj.weight", (h, i))]
     shapes += [("model.norm.weight", (h,)), ("lm_head.weight", (c["vocab_size"], h))]
     return [(n, torch.empty(shape, device=device, dtype=dtype)) for n, shape in shapes]
 
@@ -139,8 +140,7 @@ def raw_receiver(port: int, group_name: str, device: str, backend: str, rank: in
     """Joins the way an engine rank does (tcp rendezvous, PrefixStore(group_name), torch's helper) and
     receives each request's bytes as broadcasts of `chunk` bytes into one buffer: the reference's other
     end (one buffer of a 61 GB model would not fit beside the engine)."""
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    rendezvous)
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
@@ -201,8 +201,7 @@ def main() -> None:
     from rlslurm.engines.supervisor import EngineSupervisor, control_publisher
     from rlslurm.net import engine_port_block, free_port
     from rlslurm.trainer.weights import group as sync_group
-    from rlslurm.trainer.weights.base import Roles
-    from rlslurm.trainer.weights.base import SyncOptions
+    from rlslurm.trainer.weights.base import Roles, SyncOptions
     from rlslurm.trainer.weights.broadcast import broadcast_publisher
 
     cuda = a.device == "cuda"
@@ -215,7 +214,8 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(0)
         if recv_gpu == 0 or recv_gpu + a.engine_tp > torch.cuda.device_count():
-            sys.exit(f"bench_engine_sync: the sender needs GPU 0 and the engine GPUs {recv_gpu}..{recv_gpu + a.engine_tp - 1} "
+            sys.exit(f"bench_engine_sync: the sender needs GPU 0 and the engine GPUs "
+                     f"{recv_gpu}..{recv_gpu + a.engine_tp - 1} "
                      f"of the {torch.cuda.device_count()} here (NCCL refuses two ranks of one group on one GPU)")
     dtype = torch.bfloat16 if cuda else torch.float32
     host, key = "127.0.0.1", secrets.token_urlsafe(24)
@@ -366,9 +366,12 @@ def one_setting(a, size, bucket_mib, poll_max, named, total, control, key, host,
         "raw_s_all": [round(x, 4) for x in raws],
         "greedy_A_vs_A_again_max_logprob_diff": a_again, "greedy_A_vs_B_max_logprob_diff": a_b,
         "model": f"qwen3-{size}-shaped", "engine_tp": a.engine_tp,
-        "receiver_lines": receiver_lines(engine_log) if mode == "rlslurm" else None, "bytes": total, "tensors": len(named), "dtype": str(named[0][1].dtype),
-        "bucket_mib": bucket_mib, "mode": mode, "flattened_bucket": flattened, "poll_max_s": poll_max, "backend": backend, "gpu": gpu,
-        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpus": list(range(recv_gpu, recv_gpu + a.engine_tp)), "sglang": sglang_version,
+        "receiver_lines": receiver_lines(engine_log) if mode == "rlslurm" else None, "bytes": total,
+        "tensors": len(named), "dtype": str(named[0][1].dtype),
+        "bucket_mib": bucket_mib, "mode": mode, "flattened_bucket": flattened, "poll_max_s": poll_max,
+        "backend": backend, "gpu": gpu,
+        "gpus": torch.cuda.device_count() if cuda else 0, "engine_gpus": list(range(recv_gpu, recv_gpu + a.engine_tp)),
+        "sglang": sglang_version,
         "engine_startup_s": round(startup_s, 1), "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

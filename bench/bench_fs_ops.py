@@ -208,7 +208,8 @@ def measure(run_dir: Path, job: int | None, window_s: float, work: Path, root: i
         agg["counts"].paths.update(c.paths)
     hb_files = [n for n in os.listdir(run_dir / "control" / "heartbeats") if n.endswith(".json")]
     return {"window_s": round(t1 - t0, 2), "rollouts_in_window": n1 - n0, "trained_before": len(before),
-            "heartbeat_files": sorted(hb_files), "processes": {str(p): [*roles[p], procs[p]["cmd"][:120]] for p in procs},
+            "heartbeat_files": sorted(hb_files),
+            "processes": {str(p): [*roles[p], procs[p]["cmd"][:120]] for p in procs},
             "per_class": per_class}
 
 
@@ -272,7 +273,8 @@ def resummarize(path: Path, *, scale_nodes: int, scale_gpus: int, rollout_period
                   rollout_period_s=rollout_period_s, meas_rollout_nodes=d["rollout_nodes"])
     d.update(rows=s["rows"], figure=s["total_ops_s_at_scale"], ratio=round(s["total_ops_s_at_scale"] / REFERENCE, 2))
     path.write_text(json.dumps(d, indent=1) + "\n")
-    print(json.dumps({k: d[k] for k in ("bench", "nodes", "label", "figure", "reference", "ratio", "measured_total_ops_s")}))
+    print(json.dumps({k: d[k] for k in ("bench", "nodes", "label", "figure", "reference", "ratio",
+                                        "measured_total_ops_s")}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="", help="appended to the result file names (e.g. 'before')")
     p.add_argument("--local", action="store_true", help="`rlslurm run` on this machine instead of a SLURM job "
                    "(1 trainer node of 2 ranks + 1 rollout node)")
-    p.add_argument("--no-boot", action="store_true", help="use the running SLURM test cluster; neither boot nor stop it")
+    p.add_argument("--no-boot", action="store_true",
+                   help="use the running SLURM test cluster; neither boot nor stop it")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--resummarize", type=Path, nargs="*", help="recompute these result files' extrapolation")
     a = p.parse_args(argv)
@@ -319,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench] job {job}, run dir {run_dir}", flush=True)
             wait_trained(lambda: cluster.in_queue(job), run_dir, a.warm, 15 * 60, lambda: batch_log_tail(run_dir, job))
         m = measure(run_dir, job, a.window_s, work, root=local.pid if local else None)
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
         s = summarize(m, nodes=a.nodes, scale_nodes=a.scale_nodes, scale_gpus=a.scale_gpus,
                       rollout_period_s=a.rollout_period_s, meas_rollout_nodes=rn)
         try:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from flops import peak_bf16, qwen3_forward_flops_per_token  # noqa: E402
+
 from tests.gpu.bundle_flags import run_flags  # noqa: E402
 
 # the trimmed GPU bundle's engine flags; the engine has its GPUs to itself, so a larger KV pool
@@ -60,7 +61,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3-1.7B")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="tp1",
-                    help="tp1: trainer on GPU 0, one engine on GPU 1; tp2: trainer TP2 on GPUs 0-1, one TP2 engine on 2-3")
+                    help="tp1: trainer on GPU 0, one engine on GPU 1; "
+                         "tp2: trainer TP2 on GPUs 0-1, one TP2 engine on 2-3")
     ap.add_argument("--recompute", action="store_true", help="full activation recompute in the run and the "
                     "reference (slime's recipe for 4B+ on 80 GB: without it qwen3-4B at TP2 ran out of memory)")
     ap.add_argument("--num-rollout", type=int, default=5)
@@ -87,8 +89,8 @@ def main() -> None:
         a.model, a.response_len, a.rollout_batch_size, a.n_samples, a.no_reference = "tiny-qwen3", 16, 4, 4, True
 
     import torch
-
     from demo_run import checkpoint_and_prompts, run_command, run_logged
+
     from rlslurm.settings.model_config import load_model_config
 
     mc = load_model_config(a.model)
@@ -111,7 +113,8 @@ def main() -> None:
                *(["--megatron-recompute-granularity", "full", "--megatron-recompute-method", "uniform",
                   "--megatron-recompute-num-layers", "1"] if a.recompute else []),
                *(["--no-use-dynamic-batch-size"] if a.one_sample_micro_batches else []), *a.run_flag,
-               *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda", *ENGINE_FLAGS])]
+               *(["--device", "cpu", "--rollout-dtype", "float32"] if a.cpu_smoke else ["--device", "cuda",
+                                                                                        *ENGINE_FLAGS])]
         wall = run_logged(cmd, a.work / "run.log")
 
     train = jsonl(run_dir / "metrics.jsonl")
@@ -134,7 +137,8 @@ def main() -> None:
         "weight_sync_fallbacks": max([r.get("weight_sync/fallbacks", 0) for r in train] or [0]),
         "phases_s": {
             "iteration": med(iters),
-            "generate": med([roll[r["rollout_id"]]["rollout/time/generate_s"] for r in steady if r["rollout_id"] in roll]),
+            "generate": med([roll[r["rollout_id"]]["rollout/time/generate_s"]
+                             for r in steady if r["rollout_id"] in roll]),
             "commit": med([roll[r["rollout_id"]]["rollout/time/commit_s"] for r in steady if r["rollout_id"] in roll]),
             "trainer_wait_rollout": med([r["time/wait_rollout"] for r in steady]),
             "old_logprob": recompute_s,
@@ -144,11 +148,15 @@ def main() -> None:
         },
         "generate_tokens_per_s": med([roll[i]["rollout/tokens_per_s"] for i in roll if i >= 1]),
         "samples": batch, "train_tokens": tokens,
-        "micro_batches": "one sample each" if a.one_sample_micro_batches else "dynamic, max_tokens_per_gpu of the config", "mean_seq": round(seq, 1),
+        "micro_batches": ("one sample each" if a.one_sample_micro_batches
+                          else "dynamic, max_tokens_per_gpu of the config"),
+        "mean_seq": round(seq, 1),
         "mfu_actor_step": round(3 * fwd * tokens / step_s / peak / tp, 4) if peak else None,
         "mfu_old_logprob": round(fwd * tokens / recompute_s / peak / tp, 4) if peak else None,
-        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": gpus, "run_dir": str(run_dir), "torch": None if a.from_run else torch.__version__,
-        "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1), "num_rollout": a.num_rollout,
+        "model": f"{a.model} config, random init, bf16", "gpu": gpu, "gpus": gpus, "run_dir": str(run_dir),
+        "torch": None if a.from_run else torch.__version__,
+        "checkpoint_write_s": ckpt_s and round(ckpt_s, 1), "run_wall_s": wall and round(wall, 1),
+        "num_rollout": a.num_rollout,
         "response_len_max": a.response_len,
     }
     if a.reference_json is not None:
@@ -167,8 +175,9 @@ def main() -> None:
     if a.reference_json is not None or not a.no_reference:
         where = "given" if a.reference_json is not None else "same call"
         res.update({
-            "reference": ref["reference"], "reference_name": "plain megatron forward+backward+step tokens/s "
-                                                             f"(bench_trainer.py, same shape, TP{tp} on GPUs 0-{tp - 1}, {where})",
+            "reference": ref["reference"],
+            "reference_name": "plain megatron forward+backward+step tokens/s "
+                              f"(bench_trainer.py, same shape, TP{tp} on GPUs 0-{tp - 1}, {where})",
             "reference_torch": ref.get("torch"), "reference_gpu": ref.get("gpu"),
             "ratio": round(res["figure"] / ref["reference"], 4),
             "bench_trainer_rl_vs_plain": ref["ratio"],

@@ -50,6 +50,7 @@ def make_rollout(n: int, prompt: int, responses: list[int], vocab: int, seed: in
 def one(a: argparse.Namespace) -> dict:
     """In this process: build the trainer for `a.format`, time `train_step` on the rollout."""
     from bench_trainer import bench_trainer
+
     from rlslurm.trainer import step as steps
 
     device = "cpu" if a.cpu else "cuda"
@@ -130,7 +131,8 @@ def main() -> None:
     sides = {}
     tmp = Path(tempfile.mkdtemp())
     for fmt in ("bshd", "thd"):
-        argv = [sys.executable, __file__, "--format", fmt, "--dump", str(tmp / f"{fmt}.pt")] + _without_out(sys.argv[1:])
+        argv = [sys.executable, __file__, "--format", fmt, "--dump",
+                str(tmp / f"{fmt}.pt")] + _without_out(sys.argv[1:])
         if a.tiny:
             argv += ["--prompt", str(a.prompt), "--max-response", str(a.max_response),
                      "--max-tokens-per-gpu", str(a.max_tokens_per_gpu)]
@@ -159,7 +161,8 @@ def main() -> None:
         "reference_name": "the same step, --qkv-format bshd (right-padded), same batch and budget",
         "ratio": round(pad["median_s"] / pk["median_s"], 4),
         "old_logprob_max_abs_diff": diff,  # same weights; bf16 kernels differ by format
-        "padded_over_real_tokens": round(pad["tokens_computed"] / pad["real_tokens"], 3) if pad["tokens_computed"] else None,
+        "padded_over_real_tokens": round(pad["tokens_computed"] / pad["real_tokens"],
+                                         3) if pad["tokens_computed"] else None,
         "micro_batches": {"bshd": pad["micro_batches"], "thd": pk["micro_batches"]},
         "step_s": {"bshd": pad["step_s"], "thd": pk["step_s"]},
         "peak_mem_gib": {"bshd": pad["peak_mem_gib"], "thd": pk["peak_mem_gib"]},

@@ -146,8 +146,10 @@ def run(a: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         import megatron.core
 
-        out = {"pp": a.pp, "tp": a.tp, "ep": a.ep, "model": kind, "world": world, "batch_p2p_comm": st.tcfg.batch_p2p_comm, "steps": results,
-               "digest": digest, "build_s": round(build_s, 1), "prepare_s": round(prep_s, 3), "step_s": [round(x, 3) for x in step_s],
+        out = {"pp": a.pp, "tp": a.tp, "ep": a.ep, "model": kind, "world": world,
+               "batch_p2p_comm": st.tcfg.batch_p2p_comm, "steps": results,
+               "digest": digest, "build_s": round(build_s, 1), "prepare_s": round(prep_s, 3),
+               "step_s": [round(x, 3) for x in step_s],
                "microbatches": [len(s) for s in prep.plan.steps],
                "tokens": sum(len(s.tokens) for s in rollout.samples),
                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() and not a.cpu else "cpu",
@@ -171,7 +173,8 @@ def compare(a_path: Path, b_path: Path) -> int:
     ok = set(a["digest"]) == set(b["digest"]) and metric_excess <= 0 and worst_weight < 1e-5
     print(json.dumps({
         "check": "rl_step_pp_equals_pp1" if b.get("model", "mid") != "moe" else "rl_step_moe_layout_equals_ep1",
-        "ok": ok, "pp": [a["pp"], b["pp"]], "tp": [a.get("tp", 1), b.get("tp", 1)], "ep": [a.get("ep", 1), b.get("ep", 1)],
+        "ok": ok, "pp": [a["pp"], b["pp"]], "tp": [a.get("tp", 1), b.get("tp", 1)],
+        "ep": [a.get("ep", 1), b.get("ep", 1)],
         "gpu": b["gpu"],
         "megatron_core": b["megatron_core"], "torch": b["torch"],
         "losses": {k: [[s[k] for s in a["steps"]], [s[k] for s in b["steps"]]] for k in COMPARED},

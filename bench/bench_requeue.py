@@ -55,12 +55,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.slurm_run import batch_log_tail, rlslurm, submit_tiny_grpo  # noqa: E402
 from rlslurm.buffer import read_ledger  # noqa: E402
 from rlslurm.demo_task import make_prompts  # noqa: E402
 from rlslurm.trainer.metrics import read_metrics  # noqa: E402
 from tests.slurm_cluster.cluster import SlurmCluster, SlurmError  # noqa: E402
-
-from bench.slurm_run import batch_log_tail, rlslurm, submit_tiny_grpo  # noqa: E402
 
 TARGET_S = 30.0
 NUM_ROLLOUT = 400  # far more than the bench needs; it ends the run with `rlslurm stop`

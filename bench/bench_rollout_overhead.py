@@ -112,9 +112,8 @@ def hf_anchor(size: str, batch: list[list[int]], new_tokens: int, reps: int) -> 
     """tokens/s of transformers' `generate` for `batch` on GPU 0 (left-padded, sampled at temperature
     1, exactly `new_tokens` each), median of `reps` after a warm-up."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from bench_engine_sync import SHAPES, fill
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     with torch.device("meta"):
         m = Qwen3ForCausalLM(Qwen3Config(**SHAPES[size], max_position_embeddings=4096, pad_token_id=0))
@@ -161,7 +160,6 @@ def main() -> None:
     gpu = None
     if a.device == "cuda":
         import torch
-
         from bench_engine_sync import SHAPES, write_model_dir
 
         from tests.gpu.bundle_flags import mem_flags, server_flags
@@ -193,7 +191,8 @@ def main() -> None:
         startup_s = time.perf_counter() - t0
         batch = prompts(a.prompts, vocab)
         sp = {"max_new_tokens": a.new_tokens, "temperature": 1.0, "ignore_eos": True}
-        paths = {"direct": (direct, sup.urls), "driver": (via_driver, router.url), "router_raw": (router_raw, router.url)}
+        paths = {"direct": (direct, sup.urls), "driver": (via_driver, router.url),
+                 "router_raw": (router_raw, router.url)}
         # warm-up every path with the whole batch: a 16-prompt warm-up does not run the batch's shapes, and
         # the first timed rep was the slowest (4B TP2 on 4 x H100: direct /generate 1,656 tokens/s in rep 1,
         # 2,198-2,287 after; production-shapes-h100x4.md), as if kernels were still built on first use
@@ -226,7 +225,8 @@ def main() -> None:
         "router_cpu_s_per_1k_tokens": round(1000 * router_cpu / (a.reps * a.prompts * a.new_tokens), 4),
         "reps_figure": [round(x, 1) for x in fig], "reps_reference": [round(x, 1) for x in ref],
         "reps_router_raw": [round(x, 1) for x in raw],
-        "prompts": a.prompts, "new_tokens": a.new_tokens, "engines": len(specs), "engine_tp": a.engine_tp, "model": a.model, "size": a.size,
+        "prompts": a.prompts, "new_tokens": a.new_tokens, "engines": len(specs), "engine_tp": a.engine_tp,
+        "model": a.model, "size": a.size,
         "device": a.device, "gpu": gpu, "engine_startup_s": round(startup_s, 1), "cpus": ncpu, "host": platform.node(),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -121,7 +121,8 @@ def _hf_config(model_script: Path) -> dict:
         "num_key_value_heads": int(one("num-query-groups", heads)) if "group-query-attention" in f else heads,
         "head_dim": int(one("kv-channels", int(one("hidden-size", 1)) // heads)),
         "vocab_size": int(one("vocab-size", 1)), "rms_norm_eps": float(one("norm-epsilon", 1e-5)),
-        "rope_theta": float(one("rotary-base", 10000)), "tie_word_embeddings": "untie-embeddings-and-output-weights" not in f,
+        "rope_theta": float(one("rotary-base", 10000)),
+        "tie_word_embeddings": "untie-embeddings-and-output-weights" not in f,
         "max_position_embeddings": int(one("max-position-embeddings", 131072)), "hidden_act": "silu",
         "attention_bias": "add-qkv-bias" in f, "torch_dtype": "bfloat16",
     }
@@ -245,7 +246,8 @@ def _data(path: Path, n: int, input_key: str, label_key: str, sft: bool) -> Path
     with path.open("w") as fh:
         for i in range(n):
             if sft:  # words the tiny tokenizer knows (rlslurm/tiny.py)
-                rec = {input_key: [{"role": "user", "content": "say digits"}, {"role": "assistant", "content": "1 2 3"}]}
+                rec = {input_key: [{"role": "user", "content": "say digits"},
+                                   {"role": "assistant", "content": "1 2 3"}]}
             else:
                 rec = {input_key: f"What is {i} + 1?", label_key: str(i + 1)}
             fh.write(json.dumps(rec) + "\n")
@@ -399,7 +401,8 @@ def run(root: Path, site: tuple[str, ...] = ()) -> tuple[dict, list[dict]]:
             reasons[f"crash {type(e).__name__}"] += 1
         rows.append(row)
     summary = {"scripts": len(scripts), "imported": imported, "dry_run_ok": ok,
-               "refusals": dict(reasons.most_common()), "settings_not_carried": sum(len(r["not_carried"]) for r in rows),
+               "refusals": dict(reasons.most_common()),
+               "settings_not_carried": sum(len(r["not_carried"]) for r in rows),
                "settings_lost_without_a_line": unsaid, "environ": ENVIRON,
                **({"site_flags": list(site)} if site else {})}
     return summary, rows

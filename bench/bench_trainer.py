@@ -61,7 +61,8 @@ def make_rollout(n: int, seq: int, prompt: int, vocab: int, seed: int = 0):
     from rlslurm.buffer import Rollout, RolloutMeta, RolloutStats, Sample
 
     rng = np.random.default_rng(seed)
-    samples = [Sample(prompt_tokens=rng.integers(0, vocab, prompt), response_tokens=rng.integers(0, vocab, seq - prompt),
+    samples = [Sample(prompt_tokens=rng.integers(0, vocab, prompt),
+                      response_tokens=rng.integers(0, vocab, seq - prompt),
                       reward=float(rng.integers(0, 2)), rollout_logprobs=-rng.random(seq - prompt).astype(np.float32),
                       group_index=i // 4, index=i) for i in range(n)]
     return Rollout(rollout_id=0, samples=samples, meta=RolloutMeta(), stats=RolloutStats.of(samples))

@@ -99,8 +99,7 @@ def double_buffered_receive(metas: list, params: dict, pg, dev: int) -> None:
 
 def receiver(size: str, port: int, dev: int, conn, group_name: str) -> None:
     torch.cuda.set_device(dev)
-    from torch.distributed.distributed_c10d import (Backend, PrefixStore, _new_process_group_helper, _world,
-                                                    rendezvous)
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     model = hf_model(size, f"cuda:{dev}")
     params = dict(model.named_parameters())
@@ -172,8 +171,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from rlslurm.net import free_port
-    from rlslurm.trainer.weights.group import GroupSpec, SyncGroup
-    from rlslurm.trainer.weights.group import iter_buckets
+    from rlslurm.trainer.weights.group import GroupSpec, SyncGroup, iter_buckets
 
     ngpu = torch.cuda.device_count()
     recv_dev = 1 if ngpu > 1 else 0
@@ -203,7 +201,8 @@ def main() -> None:
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for bucket in iter_buckets(named, bucket_mib * 1024**2, torch.device("cuda:0")):
-                    parent.send(("bucket", [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    parent.send(("bucket", [n for n, _ in bucket],
+                                 [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                                  [list(t.shape) for _, t in bucket]))
                     g.broadcast([t for _, t in bucket])
                     assert parent.recv() == "ok"
@@ -217,7 +216,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 pending = 0
                 for bucket in iter_buckets(named, bucket_mib * 1024**2, torch.device("cuda:0")):
-                    parent.send(("bucket", [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    parent.send(("bucket", [n for n, _ in bucket],
+                                 [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                                  [list(t.shape) for _, t in bucket]))
                     g.broadcast([t for _, t in bucket])
                     torch.cuda.current_stream().synchronize()
@@ -237,7 +237,8 @@ def main() -> None:
                 t0 = time.perf_counter()
                 for bucket in iter_buckets(named, bucket_mib * 1024**2, torch.device("cuda:0")):
                     buf = torch.cat([t.reshape(-1).view(torch.uint8) for _, t in bucket])
-                    parent.send(("bucket", [n for n, _ in bucket], [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    parent.send(("bucket", [n for n, _ in bucket],
+                                 [str(t.dtype).removeprefix("torch.") for _, t in bucket],
                                  [list(t.shape) for _, t in bucket], buf.numel()))
                     g.broadcast([buf])
                     assert parent.recv() == "ok"
@@ -320,9 +321,11 @@ def main() -> None:
                     "flattened_s": round(tf, 4),
                     "double_buffered_GBps": round(total / td / 1e9, 2), "double_buffered_ratio": round(tr / td, 3),
                     "double_buffered_s": round(td, 4), "double_buffered_s_all": [round(x, 4) for x in dbs],
-                    "double_buffered_verified": True, "model": f"qwen3-{size}-shaped", "params": nparams, "bytes": total, "dtype": "bfloat16",
+                    "double_buffered_verified": True, "model": f"qwen3-{size}-shaped", "params": nparams,
+                    "bytes": total, "dtype": "bfloat16",
                     "tensors": len(named), "bucket_mib": bucket_mib, "gpu": gpu, "gpus": ngpu,
-                    "receiver_gpu": recv_dev, "backend": "nccl", "nccl_high_priority": HIGH_PRIORITY, "torch": torch.__version__}
+                    "receiver_gpu": recv_dev, "backend": "nccl", "nccl_high_priority": HIGH_PRIORITY,
+                    "torch": torch.__version__}
             print(json.dumps(line), flush=True)
             lines.append(line)
         del sender_model, named

@@ -38,7 +38,8 @@ def table(files: list[Path]) -> str:
             for i, v in enumerate(vals):
                 other[k[0]][i][0] += v[0]
                 other[k[0]][i][1] += v[1]
-    head = "| process | source (under the run dir) | " + " | ".join(f"{r['name']}: measured / at 128x8" for r in runs) + " |"
+    head = ("| process | source (under the run dir) | "
+            + " | ".join(f"{r['name']}: measured / at 128x8" for r in runs) + " |")
     out = [head, "|" + "---|" * (2 + len(runs))]
     big.sort(key=lambda kv: -max(v[1] for v in kv[1]))
     for (cls, src), vals in big:
@@ -46,7 +47,8 @@ def table(files: list[Path]) -> str:
     for cls, vals in sorted(other.items()):
         out.append(f"| {cls} | (the rest) | " + " | ".join(f"{m:.2f} / {s:.1f}" for m, s in vals) + " |")
     out.append("| **all** | | " + " | ".join(f"**{r['measured']:.1f} / {r['total']:.1f}**" for r in runs) + " |")
-    out.append("| rollouts trained in the window | | " + " | ".join(f"{r['rollouts']} in {r['window']:.0f} s" for r in runs) + " |")
+    out.append("| rollouts trained in the window | | "
+               + " | ".join(f"{r['rollouts']} in {r['window']:.0f} s" for r in runs) + " |")
     return "\n".join(out)
 
 

@@ -148,7 +148,8 @@ def _print_notes(res) -> None:
 def submit(
     ctx: typer.Context,
     opts: RunOptions,
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the rendered sbatch script; create and submit nothing"),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="print the rendered sbatch script; create and submit nothing"),
 ) -> None:
     """Validate, create the run directory and submit the heterogeneous job.
 
@@ -241,13 +242,12 @@ def run(
     else:
         from rlslurm.gpus import machine_gpu_flags
         from rlslurm.resolve import resolve
-
-        # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         from rlslurm.settings.flags import build_config, load_yaml_layer, parse_flags
 
         layers = [*([load_yaml_layer(opts.config)] if opts.config else []), parse_flags(argv)]
         probe = build_config([parse_flags(["--device", "cpu"]), *layers])  # `rlslurm run` runs on the CPU unless told
         colocate = probe.run.colocate
+        # one machine: two "nodes" of one each (each group its own GPUs), or colocated on one
         machine = ["--nodes", "1"] if colocate else ["--nodes", "2", "--trainer-nodes", "1", "--rollout-nodes", "1"]
         machine += machine_gpu_flags(probe, layers)  # --device cuda: the GPUs this machine has
         if demo and not any(("rollout", "rollout_dtype") in layer.values for layer in layers):
@@ -523,7 +523,9 @@ def models(as_json: bool = typer.Option(False, "--json", help="one JSON array of
 
         def layout(n: int) -> str:
             d = m.defaults_for(n)
-            return f"TP{d.get('tensor_model_parallel_size', 1)} eng{d.get('rollout_num_gpus_per_engine', 1)}" if d else "-"
+            if not d:
+                return "-"
+            return f"TP{d.get('tensor_model_parallel_size', 1)} eng{d.get('rollout_num_gpus_per_engine', 1)}"
 
         cells.append((m.name, m.hf_architecture, size, str(a.num_layers), str(a.hidden_size),
                       f"{a.num_attention_heads}/{a.num_query_groups}", moe, f"{layout(2)} / {layout(4)}"))
@@ -603,8 +605,7 @@ def import_slime(
     """
     import os
 
-    from rlslurm.slime_import import as_command, import_script, parse_vars
-    from rlslurm.slime_import import as_yaml as to_yaml
+    from rlslurm.slime_import import as_command, as_yaml as to_yaml, import_script, parse_vars
 
     imp = import_script(script, variables=parse_vars(var), environ=os.environ)
     sys.stdout.write(to_yaml(imp) if as_yaml else as_command(imp))
@@ -633,8 +634,7 @@ def convert(ctx: typer.Context) -> None:
     # the job runs this interpreter (submitit), so its stack is checked here too (rlslurm/stacks.py)
     conversion = check_convert_args(args)
     if "--submit" in args and "--help" not in args:
-        from rlslurm.slurm.convert_job import split_submit_args
-        from rlslurm.slurm.convert_job import submit as submit_conversion
+        from rlslurm.slurm.convert_job import split_submit_args, submit as submit_conversion
 
         job = submit_conversion(split_submit_args([a for a in args if a != "--wait"]))
         out.print(f"submitted conversion job [bold]{job.job_id}[/]; logs in {job.paths.stdout.parent}")

@@ -5,7 +5,7 @@ log`, a test capturing output) it would wrap at 80 columns and leave a trailing 
 so a message with a long run path no longer reads as one line to grep. There it does not wrap at all.
 
 Emoji codes are off: Rich turns `:name:` into an emoji even with markup=False, and a message
-naming a file and line ("run.sh:100: ...") has `:100:`, which printed as 💯 (issue 32 item 7).
+naming a file and line ("run.sh:100: ...") has `:100:`, which would print as 💯.
 
 Tables follow the same rule: on a terminal a Rich table whose cells wrap, never cut ("…"); into a
 pipe plain tab-separated rows under one header line, whole, so `rlslurm models | grep qwen3-4B` and

@@ -7,7 +7,7 @@ A het job's groups have nodes of their own; SLURM's CUDA_VISIBLE_DEVICES is righ
 
 Whether the engines need GPUs is `layout.no_engines_reason`, asked with the model config before the
 run directory exists: a tiny model is served from RUN/hf_init, which `prepare_run_dir` writes only
-later (deciding by the missing --hf-checkpoint put the engines on the trainer's GPUs: issue 30).
+later (deciding by the missing --hf-checkpoint would put the engines on the trainer's GPUs).
 
 A process's physical GPU is its UUID (docs/gpu.md, "Which GPU"): the trainer reads it from torch, the
 rollout node maps its engines' device numbers through nvidia-smi. The weight-sync group checks them
@@ -84,7 +84,7 @@ def role_gpus(cfg: "RunConfig", model: "ModelConfig | None" = None,
     --device cpu. Too few GPUs is a ConfigError naming the flags."""
     if cfg.run.device != "cuda":
         # a CPU trainer that can see a GPU gets megatron's gradient buffers there beside its gloo group:
-        # "ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda" at its first step (4 x H100)
+        # "ProcessGroupGloo::allreduce_coalesced: unsupported device type cuda" at its first step
         return [], []
     return assign(gpu_split(cfg, model), visible_gpus() if visible is None else visible)
 

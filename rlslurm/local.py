@@ -20,8 +20,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
-from rich.text import Text
 from rich.table import Table
+from rich.text import Text
 
 from rlslurm import owned_role
 from rlslurm.attempt import FINISHED, LOCAL, Attempt, begin, end as end_attempt, rollout_argv, trainer_argv
@@ -39,7 +39,6 @@ from rlslurm.slurm.status import phase_line, role_phases, weights_line
 from rlslurm.step_line import MetricsTail, step_line
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_error
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
-
 
 FINISH_GRACE_S = 60
 STOP_GRACE_S = 300.0  # the batch script gives the trainer --signal-grace-s (default 300) the same way
@@ -80,7 +79,8 @@ def last_error_line(log: Path, limit: int = 300) -> str | None:
     return None if line is None else (line if len(line) <= limit else line[:limit] + " ...")
 
 
-def role_commands(rd: RunDir, trainer_procs: int, port: int, stop_grace_s: float = STOP_GRACE_S) -> dict[str, list[str]]:
+def role_commands(rd: RunDir, trainer_procs: int, port: int,
+                  stop_grace_s: float = STOP_GRACE_S) -> dict[str, list[str]]:
     """Both roles on this machine: what each node of the het job runs (rlslurm/attempt.py), as one node.
     torchrun gives the trainer's checkpoint on a TERM the same grace this process gives it."""
     return {"trainer": trainer_argv(rd.path, nnodes=1, node_rank=0, procs_per_node=trainer_procs,
@@ -134,7 +134,7 @@ class Notices:
     """What `rlslurm run` prints as lines of their own, with or without the live table: each step this
     attempt trains (the trainer's line, rlslurm/step_line.py), a version the disk fallback delivered
     (yellow: the transport failed), and every STALL_S without a trained rollout, what each role is doing
-    (issue 30: a run stuck in a failing sync printed nothing for 5 minutes)."""
+    (a run stuck in a failing sync is never silent)."""
 
     STALL_S = 120.0
 
@@ -162,7 +162,8 @@ class Notices:
         elif now - self.progress_at > self.STALL_S and now - self.said_at > self.STALL_S:
             self.said_at = now
             doing = "; ".join(f"{p['role']} {p['rank']}: {phase_line(p, live=True)}" for p in _main_phases(self.rd))
-            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: {escape(doing) or 'no heartbeat yet'}")
+            self.console.print(f"no rollout trained for {now - self.progress_at:.0f} s: "
+                               f"{escape(doing) or 'no heartbeat yet'}")
 
 
 class _Terminated(Exception):
@@ -207,7 +208,7 @@ def _outcome(rd: RunDir, control: Control, logs: Path, reason: str, first: str |
                   f"rollout rc={codes['rollout']})")
     elif not reason and first == "rollout" and codes["rollout"] not in _SIGNALLED:
         # the rollout failed on its own (an engine that never came up); stopping the trainer afterwards
-        # left a preempt checkpoint, which is not the cause (an fp32 engine on an H100 read "preempted")
+        # left a preempt checkpoint, which is not the cause (the reason would read "preempted")
         cause = last_error_line(logs / "rollout-0.log")
         reason = f"failed: the rollout ended first (rc={codes['rollout']})" + (f": {cause}" if cause else "")
     elif not reason and (ack := control.preempt_ack()) is not None:
@@ -285,9 +286,9 @@ def run_local(run_dir: Path, *, trainer_procs: int, num_rollout: int, progress: 
               timeout_s: float | None = None, console: Console | None = None,
               gpus: tuple[list[str], list[str]] | None = None, stop_grace_s: float = STOP_GRACE_S,
               hang_timeout_s: float = 0.0) -> LocalResult:
-    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `role_gpus`: none on --device cpu); None: as inherited. `stop_grace_s`: how long
-    a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the processes are signalled.
-    `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
+    """`gpus`: (trainer's, rollout's) CUDA_VISIBLE_DEVICES (rlslurm/gpus.py `role_gpus`: none on --device cpu); None: as
+    inherited. `stop_grace_s`: how long a stop (Ctrl-C, TERM, --timeout) waits for the trainer's checkpoint before the
+    processes are signalled. `hang_timeout_s`: the watchdog's bound (rlslurm/watchdog.py); 0: off."""
     # SIGTERM/SIGHUP (a closed terminal, `kill`) must stop the children too: they run in their own
     # sessions so that a Ctrl-C reaches only this process, which then stops them in order.
     for sig in (signal.SIGTERM, signal.SIGHUP):

@@ -243,13 +243,14 @@ def check_sglang_args(cfg: "RunConfig", warnings: list[str]) -> None:
         return
     if table is None:
         version = sglang_versions.installed_sglang_version()
-        warnings.append(f"--sglang-* flags ({' '.join(w for _, w in p.flags())}) not checked here: "
-                        f"{'SGLang is not installed on this host' if version is None else 'the job runs another environment'}"
+        why = "SGLang is not installed on this host" if version is None else "the job runs another environment"
+        warnings.append(f"--sglang-* flags ({' '.join(w for _, w in p.flags())}) not checked here: {why}"
                         f"; the rollout nodes check them")
         return
     unknown = sglang_flags.unknown_flags(p, table)
     if unknown:
-        raise ConfigError(sglang_flags.unknown_flags_message(unknown, table, sglang_versions.installed_sglang_version()))
+        raise ConfigError(sglang_flags.unknown_flags_message(unknown, table,
+                                                             sglang_versions.installed_sglang_version()))
     if (wrong := sglang_flags.value_count_error(p, table)) is not None:
         raise ConfigError(wrong)
 
@@ -265,8 +266,8 @@ def check_router_args(cfg: "RunConfig", warnings: list[str]) -> None:
         return
     installed = importlib.util.find_spec("sglang_router") is not None
     if not installed or not job_env_is_ours(cfg):
-        warnings.append(f"--router-* flags ({' '.join(flags)}) not checked here: "
-                        f"{'the job runs another environment' if installed else 'sglang-router is not installed on this host'}"
+        why = "the job runs another environment" if installed else "sglang-router is not installed on this host"
+        warnings.append(f"--router-* flags ({' '.join(flags)}) not checked here: {why}"
                         "; the rollout node's router checks them")
         return
     known = router.router_cli_flags()
@@ -321,7 +322,8 @@ def _dataclass_fields(path: Path) -> dict[str, tuple[list[str], list[str]]]:
 
 def _is_classvar(annotation: ast.expr) -> bool:
     node = annotation.value if isinstance(annotation, ast.Subscript) else annotation
-    return (isinstance(node, ast.Name) and node.id == "ClassVar") or (isinstance(node, ast.Attribute) and node.attr == "ClassVar")
+    return ((isinstance(node, ast.Name) and node.id == "ClassVar")
+            or (isinstance(node, ast.Attribute) and node.attr == "ClassVar"))
 
 
 def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[str]) -> None:
@@ -331,8 +333,8 @@ def check_megatron_fields(cfg: "RunConfig", mc: "ModelConfig", warnings: list[st
 
     known = megatron_fields(mla=bool(mc.arch.mla))
     if known is None or not job_env_is_ours(cfg):
-        warnings.append("--megatron-* fields not checked here: "
-                        f"{'megatron-core is not installed on this host' if known is None else 'the job runs another environment'}"
+        why = "megatron-core is not installed on this host" if known is None else "the job runs another environment"
+        warnings.append(f"--megatron-* fields not checked here: {why}"
                         "; the trainer checks them")
         return
     for key in cfg.megatron:
@@ -368,8 +370,8 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) 
     config, and safetensors weights. Returns a one-line note for a block-wise FP8 one. Needs no torch:
     on a host without transformers config.json is compared as written (models/hf_config.py FileConfig),
     and what it leaves out is left to the trainer, with a warning."""
-    from rlslurm.models.hf_config import check_hf_config
     from rlslurm.convert.hf_io import INDEX_NAME
+    from rlslurm.models.hf_config import check_hf_config
 
     if not path.is_dir():
         raise ConfigError(f"{flag} {path}: not a directory (a Hugging Face model directory is expected)")
@@ -387,8 +389,8 @@ def check_hf_dir(flag: str, path: Path, mc: "ModelConfig", warnings: list[str]) 
         raise ConfigError(f"{flag} {path}: {e}") from None
     if unchecked:
         warnings.append(f"{flag} {path}: transformers is not installed here, so config.json was read as written; "
-                        f"what it leaves out ({', '.join(dict.fromkeys(unchecked))}) takes transformers' defaults, which the "
-                        "trainer checks on the node")
+                        f"what it leaves out ({', '.join(dict.fromkeys(unchecked))}) takes transformers' defaults, "
+                        "which the trainer checks on the node")
     return note
 
 

@@ -14,7 +14,6 @@ from pydantic import ValidationError
 
 from rlslurm import preflight
 from rlslurm.engines.memory_share import check_given_share
-from rlslurm.engines.sglang_args import FALLBACK
 from rlslurm.engines.sglang_flags import check_parallel
 from rlslurm.errors import ConfigError
 from rlslurm.models.model_from_hf import run_model
@@ -135,7 +134,7 @@ def _megatron_defaults(model: dict, user_layers: list[Layer]) -> dict:
 def _split_rest(s) -> int | None:
     """The nodes left for the side of the trainer/rollout split the user did not give (None when both
     or neither are given). Checked before the assignment, whose pydantic bound (>= 1) would otherwise
-    surface as a traceback (issue 32 item 7)."""
+    surface as a traceback."""
     if (s.trainer_nodes is None) == (s.rollout_nodes is None):
         return None
     given, n = ("--trainer-nodes", s.trainer_nodes) if s.rollout_nodes is None else ("--rollout-nodes", s.rollout_nodes)
@@ -212,7 +211,8 @@ def _derive(res: Resolved) -> None:
         samples = r.rollout_batch_size * r.n_samples_per_prompt
         if samples % t.num_steps_per_rollout:
             raise ConfigError(
-                f"--rollout-batch-size {r.rollout_batch_size} x --n-samples-per-prompt {r.n_samples_per_prompt} = {samples} "
+                f"--rollout-batch-size {r.rollout_batch_size} x --n-samples-per-prompt {r.n_samples_per_prompt} = "
+                f"{samples} "
                 f"samples cannot be split into --num-steps-per-rollout {t.num_steps_per_rollout} equal steps"
             )
         t.global_batch_size = samples // t.num_steps_per_rollout
@@ -315,7 +315,8 @@ def _check_trainer_grid(cfg: RunConfig, mc: ModelConfig) -> int:
         raise ConfigError(
             f"--tensor-model-parallel-size {t.tensor_model_parallel_size} x --pipeline-model-parallel-size "
             f"{t.pipeline_model_parallel_size} x --context-parallel-size {t.context_parallel_size} = {mp} does not "
-            f"divide the {world} trainer GPUs (--trainer-nodes {s.trainer_nodes} x {cfg.trainer_procs_per_node} per node)"
+            f"divide the {world} trainer GPUs (--trainer-nodes {s.trainer_nodes} x {cfg.trainer_procs_per_node} "
+            "per node)"
         )
     if t.expert_model_parallel_size > 1:
         if mc.arch.moe is None:
@@ -334,7 +335,8 @@ def _check_trainer_grid(cfg: RunConfig, mc: ModelConfig) -> int:
         raise ConfigError(f"--expert-tensor-parallel-size {t.expert_tp} does not divide {mc.name}'s expert FFN "
                           f"width {mc.arch.moe.moe_ffn_hidden_size} (arch.moe.moe_ffn_hidden_size): each expert's "
                           "FFN is split over ETP ranks")
-    if mc.arch.num_attention_heads % t.tensor_model_parallel_size or mc.arch.num_query_groups % t.tensor_model_parallel_size:
+    tp = t.tensor_model_parallel_size
+    if mc.arch.num_attention_heads % tp or mc.arch.num_query_groups % tp:
         if not (mc.arch.mla and mc.arch.num_attention_heads % t.tensor_model_parallel_size == 0):
             raise ConfigError(
                 f"--tensor-model-parallel-size {t.tensor_model_parallel_size} must divide {mc.name}'s "
@@ -405,7 +407,8 @@ def _check_rollout(cfg: RunConfig) -> None:
     refuse_combinations(r)  # the driver's group-loop flags with --rollout-function-path
     if r.over_sampling_batch_size is not None and r.over_sampling_batch_size < r.rollout_batch_size:
         raise ConfigError(
-            f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size {r.rollout_batch_size}"
+            f"--over-sampling-batch-size {r.over_sampling_batch_size} must be >= --rollout-batch-size "
+            f"{r.rollout_batch_size}"
         )
 
 

@@ -6,8 +6,8 @@ fields of RUN/metrics.jsonl, so the three never disagree and the file is the rec
     step 0.44 s, iteration 2.1 s | weights v4 gloo
 
 (one line; wrapped here): `step` is the optimizer step's time, `iteration` the rollout's whole turn in
-the trainer (waiting for it, training, publishing, checkpointing). A field the record lacks is left out (a replay generates nothing, a
-version not published yet has no transport), never printed as 0.
+the trainer (waiting for it, training, publishing, checkpointing). A field the record lacks is left out (a replay
+generates nothing, a version not published yet has no transport), never printed as 0.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Suite-wide fixtures: the SLURM cluster, the tiny model, and the one CPU SGLang deployment that
 tests/engines and tests/rollout share: two fp32 servers (one pinned core each) behind the real
-sglang-router, under the real EngineSupervisor, started by `tests/sglang_deploy.deploy` (~60 s on
+sglang-router, under the real EngineSupervisor, started by `tests/helpers/sglang_deploy.deploy` (~60 s on
 2 cores, so one serves every module; the guide's one SGLang pair):
 
 - `private_deployment`: for the modules that restart engines or change their weight version
@@ -71,6 +71,18 @@ def _no_job_outlives_its_test(request) -> Iterator[None]:
         print(f"\n{request.node.nodeid}: cancelled the jobs it left in the queue: {left}")
 
 
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    """The prompt file of a test that only needs one to resolve a run: enough prompts for the default
+    --num-rollout and --rollout-batch-size (tests/helpers/prompt_files.py). A module whose tests need other
+    prompts defines its own `prompts`."""
+    from tests.helpers.prompt_files import prompt_lines
+
+    p = tmp_path / "train.jsonl"
+    p.write_text(prompt_lines())
+    return p
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from rlslurm.settings.model_config import load_model_config
@@ -90,7 +102,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     first = next((k for k, i in enumerate(items) if i.module.__name__ in users), None)
     if first is not None and fresh:  # the modules of `deployment` first, whole and in file order
         tail = items[first:]
-        items[first:] = [i for i in tail if i.module.__name__ in fresh] + [i for i in tail if i.module.__name__ not in fresh]
+        items[first:] = ([i for i in tail if i.module.__name__ in fresh]
+                         + [i for i in tail if i.module.__name__ not in fresh])
 
 
 @pytest.hookimpl(trylast=True)
@@ -135,7 +148,7 @@ def _reset(dep, timeout: float = 300.0) -> None:
 @pytest.fixture(scope="module")
 def private_deployment(request, _private_stack, tmp_path_factory, tiny_model):
     """For tests that restart engines or change their weight version (see the module docstring)."""
-    from tests.sglang_deploy import deploy, new_api_key
+    from tests.helpers.sglang_deploy import deploy, new_api_key
 
     stack, held = _private_stack
     if "dep" not in held:

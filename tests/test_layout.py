@@ -1,5 +1,6 @@
 """No test module imports another test module: shared helpers and fixtures live in helper
-modules (tests/<area>/helpers.py, tests/*.py without the test_ prefix) or in a conftest.py.
+modules (tests/helpers/ for several areas, tests/<area>/helpers.py for one) or in a conftest.py.
+tests/ itself holds only conftest.py and test modules.
 
 Importing a test module runs it a second time under another name (pytest's rootdir-relative
 name and the `tests.` package name), so its tests can be collected twice and its module-level
@@ -42,7 +43,13 @@ def test_no_test_module_imports_another_test_module() -> None:
 def test_the_scan_sees_every_import_form() -> None:
     src = ("import tests.rollout.test_driver\nfrom tests.buffer.test_enospc import small_fs\n"
            "from test_trainer_resume import _start\nfrom .test_corruption import truncate\n"
-           "from tests.e2e import test_grpo_slurm\nfrom . import test_driver\nfrom tests.rollout.helpers import make_cfg\n")
+           "from tests.e2e import test_grpo_slurm\nfrom . import test_driver\n"
+           "from tests.rollout.helpers import make_cfg\n")
     assert imported_test_modules(ast.parse(src)) == [
         "tests.rollout.test_driver", "tests.buffer.test_enospc", "test_trainer_resume", ".test_corruption",
         "tests.e2e.test_grpo_slurm", ".test_driver"]
+
+
+def test_shared_helpers_live_in_tests_helpers() -> None:
+    top = sorted(p.name for p in TESTS.glob("*.py") if p.name != "conftest.py" and not p.name.startswith("test_"))
+    assert not top, f"move these into tests/helpers/: {top}"

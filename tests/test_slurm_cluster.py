@@ -42,7 +42,8 @@ def kv_lines(text: str, prefix: str) -> dict[str, str]:
 
 def test_parse_kv_line_keeps_values_with_spaces_and_odd_keys() -> None:
     rec = parse_kv_line(
-        "JobId=7 JobName=a b Socks/Node=* NtasksPerN:B:S:C=0:0:*:* TRES=cpu=1,node=1 Command=/x/my job.sh StdIn=/dev/null"
+        "JobId=7 JobName=a b Socks/Node=* NtasksPerN:B:S:C=0:0:*:* TRES=cpu=1,node=1 "
+        "Command=/x/my job.sh StdIn=/dev/null"
     )
     assert rec["JobId"] == "7"
     assert rec["JobName"] == "a b"
@@ -100,7 +101,8 @@ for g in 0 1; do
     other="'$d'/g$(( 1 - '$g' ))"
     for i in $(seq 200); do [ -e "$other" ] && break; sleep 0.1; done
     [ -e "$other" ] || { echo "g'$g' never saw the other group"; exit 3; }
-    echo "g'$g' NODELIST=$SLURM_NODELIST CVD=$CUDA_VISIBLE_DEVICES NLG0=$SLURM_JOB_NODELIST_HET_GROUP_0 NLG1=$SLURM_JOB_NODELIST_HET_GROUP_1 RESTART=${SLURM_RESTART_COUNT:-unset}"
+    echo "g'$g' NODELIST=$SLURM_NODELIST CVD=$CUDA_VISIBLE_DEVICES NLG0=$SLURM_JOB_NODELIST_HET_GROUP_0 \
+NLG1=$SLURM_JOB_NODELIST_HET_GROUP_1 RESTART=${SLURM_RESTART_COUNT:-unset}"
   ' &
   pids+=($!)
 done
@@ -236,7 +238,8 @@ def test_test_only_rejects_impossible_gpu_request(slurm_cluster, tmp_path: Path)
 def test_boot_rejects_a_bad_knob_naming_the_env_var() -> None:
     env = {**os.environ, "RLSLURM_CI_NODES": "three"}
     proc = subprocess.run(
-        ["bash", str(SCRIPTS / "boot.sh")], env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        ["bash", str(SCRIPTS / "boot.sh")], env=env, capture_output=True, text=True, timeout=30,
+        stdin=subprocess.DEVNULL
     )
     assert proc.returncode == 1
     assert "RLSLURM_CI_NODES='three'" in proc.stderr
@@ -247,7 +250,8 @@ def test_stop_by_another_process_leaves_the_sessions_cluster_running(slurm_clust
     # Another developer's stop.sh (or pytest session) must not pull the cluster from under us.
     env = {k: v for k, v in os.environ.items() if k not in ("RLSLURM_CI_OWNER_PID", "RLSLURM_CI_FORCE")}
     proc = subprocess.run(
-        ["bash", str(SCRIPTS / "stop.sh")], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        ["bash", str(SCRIPTS / "stop.sh")], env=env, capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL
     )
     assert proc.returncode == 1
     assert f"in use by live pid {os.getpid()}" in proc.stderr

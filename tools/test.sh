@@ -8,10 +8,13 @@
 #       sparse-attention families in 3,086 s, install included.
 #       Then the model-family tests (FAMILY_TESTS) a second time on megatron-core 0.19.2, in
 #       .venv-mcore019 (tools/install.sh --mcore019; docs/megatron-versions.md), without PYTEST ARGS;
-#       the exit status is the first run's when it failed, else the second's.
+#       the exit status is the first run's when it failed, else the second's, else the lint's.
 #   bash tools/test.sh --quick [PYTEST ARGS]  the quick lane: every test that needs no SLURM cluster and
 #       starts no SGLang engine, no megatron-core run and nothing marked slow (QUICK below). No install
 #       step: run the full command or tools/install.sh once first. Under 5 min on 2 cores (README).
+#       The exit status is pytest's when it failed, else the lint's.
+# Both start with the lint (lint below: ruff, configured in pyproject.toml, pinned in its test extras). A lint
+# finding fails the run but does not stop the tests: their results are reported either way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,17 +36,29 @@ FAMILY_TESTS=(
   tests/trainer/test_trainer_step.py
 )
 
+# ruff over the whole tree (pyproject.toml [tool.ruff]; .pre-commit-config.yaml runs the same). Sets rc_lint.
+lint() {
+  set +e
+  python3 -m ruff check .
+  rc_lint=$?
+  set -e
+  echo "[test] lint (ruff check .): exit $rc_lint"
+}
+
 if [ "${1:-}" = "--quick" ]; then
   shift
+  lint
   set +e
   python3 -m pytest tests -m "$QUICK" --durations=15 "$@"
   rc=$?
   set -e
-  exit "$rc"
+  [ "$rc" -ne 0 ] && exit "$rc"
+  exit "$rc_lint"
 fi
 
 bash tools/install.sh --mcore019
 export RLSLURM_REQUIRE_SLURM=1
+lint
 set +e
 python3 -m pytest tests --durations=30 "$@"  # the slowest tests, to bring the suite under 55 min
 rc=$?
@@ -54,4 +69,5 @@ echo "[test] the model-family tests on megatron-core 0.19.2 (.venv-mcore019): ex
 set -e
 # pytest exit 5 = no tests collected: that is a failure here, never a silent pass.
 [ "$rc" -ne 0 ] && exit "$rc"
-exit "$rc019"
+[ "$rc019" -ne 0 ] && exit "$rc019"
+exit "$rc_lint"

@@ -19,7 +19,7 @@ from typing import Any
 
 from rlslurm.buffer.sample import SampleStatus
 from rlslurm.rollout.data import PartialSample, Prompt
-from rlslurm.rollout.generate_api import Generation, GenerateContext, prompt_token_ids, remaining_budget
+from rlslurm.rollout.generate_api import GenerateContext, Generation, prompt_token_ids, remaining_budget
 
 MAX_TURNS = 4
 TOOLS = {

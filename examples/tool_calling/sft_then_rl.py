@@ -94,7 +94,8 @@ def main() -> None:
                 "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout", "--debug-train-only",
                 "--loss-type", "sft_loss", "--calculate-per-token-loss", "--run-dir", str(work / "sft"),
                 "--num-rollout", str(a.sft_rollouts), "--rollout-batch-size", "16", "--n-samples-per-prompt", "1",
-                "--global-batch-size", "16", "--num-steps-per-rollout", "1", "--micro-batch-size", "4", "--num-epoch", "100", "--lr", "1e-2",
+                "--global-batch-size", "16", "--num-steps-per-rollout", "1", "--micro-batch-size", "4", "--num-epoch",
+                "100", "--lr", "1e-2",
                 "--save-interval", str(a.sft_rollouts), "--save-hf", str(work / "sft-hf"), cwd=work)
     rl(a, work)
 

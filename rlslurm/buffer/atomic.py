@@ -177,7 +177,8 @@ def fsync_dir(path: str | Path) -> None:
 
 def _storage_error(path: Path, e: OSError, needs: int | None = None) -> StorageError:
     if e.errno in NO_SPACE_ERRNOS:
-        return storage_full(path, e.errno, f"writing {path.name}", None if needs is None else f"it needs {human_size(needs)}")
+        return storage_full(path, e.errno, f"writing {path.name}",
+                            None if needs is None else f"it needs {human_size(needs)}")
     return StorageError(f"{path}: cannot write: {e.strerror or e}")
 
 
@@ -227,7 +228,8 @@ def append_line(path: Path, line: bytes, what: str) -> None:
     except OSError as e:
         if e.errno in NO_SPACE_ERRNOS:
             raise storage_full(path, e.errno, f"appending {what}", f"it needs {human_size(len(line))}") from None
-        raise StorageError(f"{path}: {e.strerror or e} while appending {what}; the lines before it are intact") from None
+        raise StorageError(f"{path}: {e.strerror or e} while appending {what}; "
+                           "the lines before it are intact") from None
 
 
 _IOV_MAX = 1024  # Linux UIO_MAXIOV; writev refuses more buffers per call

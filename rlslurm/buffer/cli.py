@@ -15,9 +15,9 @@ from rlslurm.buffer.atomic import StorageError, write_bytes_atomic
 from rlslurm.buffer.export import export_jsonl, sample_to_json
 from rlslurm.buffer.manifest import CorruptRollout
 from rlslurm.buffer.reader import RolloutReader
-from rlslurm.console import make_console, print_table
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.cli_typer import App, Group
+from rlslurm.console import make_console, print_table
 from rlslurm.errors import ConfigError, UserError
 
 app = App(cls=Group, help="Inspect the rollout buffer of a run directory.", no_args_is_help=True)

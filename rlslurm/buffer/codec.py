@@ -66,7 +66,8 @@ def encode(samples: list[Sample]) -> Encoded:
         tensors["rollout_logprobs"] = (
             np.dtype(LOGPROB_DTYPE),
             [
-                s.rollout_logprobs if s.rollout_logprobs is not None else np.full(s.response_length, np.nan, LOGPROB_DTYPE)
+                s.rollout_logprobs if s.rollout_logprobs is not None
+                else np.full(s.response_length, np.nan, LOGPROB_DTYPE)
                 for s in samples
             ],
         )

@@ -40,15 +40,14 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rlslurm.buffer.atomic import (
+    REREAD_S,
     Cancel,
     CorruptRecord,
     dumps_json,
     ensure_dir,
     listdir_fresh,
     publish_exclusive,
-    REREAD_S,
     read_bytes_ino,
-    read_json,
     set_aside,
     sleep_or_cancel,
     unlink_durable,
@@ -239,7 +238,8 @@ def _parse(data: bytes, path: Path, model: type[R]) -> R:
     try:
         return model.model_validate(obj)
     except ValidationError as e:
-        raise DataError(str(path), f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
+        raise DataError(str(path),
+                        f"not a valid {model.__name__}: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from None
 
 
 def read_record(path: Path, model: type[R], *, relist: bool = True, readonly: bool = False) -> R | None:
@@ -334,12 +334,14 @@ class Control:
         pointing engines at another port."""
         ensure_dir(self.dir)
         if not publish_exclusive(self.rendezvous_path(rec.attempt), dumps_json(rec.model_dump(mode="json"))):
-            raise RendezvousTaken(f"{self.rendezvous_path(rec.attempt)}: rendezvous of attempt {rec.attempt} already published")
+            raise RendezvousTaken(f"{self.rendezvous_path(rec.attempt)}: "
+                                  f"rendezvous of attempt {rec.attempt} already published")
 
     def rendezvous(self, attempt: int) -> RendezvousRecord | None:
         return self._read(self.rendezvous_path(attempt), RendezvousRecord)
 
-    def wait_for_rendezvous(self, attempt: int, timeout: float, poll_interval: float = 0.2, cancel: Cancel = None) -> RendezvousRecord:
+    def wait_for_rendezvous(self, attempt: int, timeout: float, poll_interval: float = 0.2,
+                            cancel: Cancel = None) -> RendezvousRecord:
         deadline = time.monotonic() + timeout
         while True:
             rec = self.rendezvous(attempt)

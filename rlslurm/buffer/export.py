@@ -36,5 +36,6 @@ def sample_to_json(sample: Sample, *, rollout_id: int | None = None) -> dict[str
 
 
 def export_jsonl(rollout: Rollout) -> bytes:
-    lines = [json.dumps(sample_to_json(s, rollout_id=rollout.rollout_id), separators=(",", ":")) for s in rollout.samples]
+    lines = [json.dumps(sample_to_json(s, rollout_id=rollout.rollout_id),
+                        separators=(",", ":")) for s in rollout.samples]
     return ("\n".join(lines) + "\n").encode()

@@ -33,7 +33,8 @@ def pool() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(max_workers=min(_MAX_WORKERS, os.cpu_count() or 1), thread_name_prefix="rlslurm-crc")
+            _pool = ThreadPoolExecutor(max_workers=min(_MAX_WORKERS, os.cpu_count() or 1),
+                                       thread_name_prefix="rlslurm-crc")
             _pool_pid = os.getpid()
         return _pool
 

@@ -49,7 +49,8 @@ class TrainerProgress:
         rid = rollout if isinstance(rollout, int) else rollout.rollout_id
         if rid != self.next_rollout_id:
             raise DataError(
-                f"rollout {rid}", f"trainer progress expected rollout {self.next_rollout_id} next; refusing to train out of order"
+                f"rollout {rid}",
+                f"trainer progress expected rollout {self.next_rollout_id} next; refusing to train out of order"
             )
         self.last_trained_rollout_id = rid
         self.next_rollout_id = rid + 1
@@ -97,7 +98,8 @@ def after_checkpoint(reader: RolloutReader, progress: TrainerProgress, retention
         raise ReadOnlyBuffer(f"{reader.dir}: a replay buffer is not modified by training")
     if progress.last_trained_rollout_id is None:
         return []
-    write_json_atomic(reader.trained_file, {"last_trained_rollout_id": progress.last_trained_rollout_id, **progress.state_dict()})
+    write_json_atomic(reader.trained_file,
+                      {"last_trained_rollout_id": progress.last_trained_rollout_id, **progress.state_dict()})
     return retire(reader, progress.last_trained_rollout_id, retention or Retention())
 
 

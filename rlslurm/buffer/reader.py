@@ -166,7 +166,8 @@ class RolloutReader(BufferStore):
             # the record first: if we die below, the driver still learns it must regenerate
             write_json_atomic(
                 qdir / "reason.json",
-                {"rollout_id": rollout_id, "kind": self.kind, "reason": reason, "quarantined_at": time.time(), "pid": os.getpid()},
+                {"rollout_id": rollout_id, "kind": self.kind, "reason": reason, "quarantined_at": time.time(),
+                 "pid": os.getpid()},
             )
             try:
                 os.rename(self.manifest_path(rollout_id), qdir / "manifest.json")

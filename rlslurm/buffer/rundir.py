@@ -87,8 +87,9 @@ class RunDir:
                 d.mkdir(exist_ok=True)
                 os.chmod(d, mode)
         except OSError as e:  # a file on its path, a read-only or foreign place: one line
+            named = e.filename and str(e.filename) != str(rd.path)
             raise ConfigError(f"run directory {rd.path}: cannot make it: {e.strerror or e}"
-                              f"{f' ({e.filename})' if e.filename and str(e.filename) != str(rd.path) else ''}") from None
+                              f"{f' ({e.filename})' if named else ''}") from None
         if MARKER not in entries:
             write_json_atomic(
                 rd.path / MARKER,
@@ -180,7 +181,8 @@ class RunDir:
     def api_key(self) -> str:
         data = read_bytes(self.api_key_file)
         if data is None:
-            raise ConfigError(f"{self.api_key_file}: api key file is missing (was the run directory created by rlslurm?)")
+            raise ConfigError(f"{self.api_key_file}: api key file is missing "
+                              "(was the run directory created by rlslurm?)")
         key = _key_of(data)
         if key is None:  # the run wrote it itself: the filesystem's doing, rebuilt by the next attempt
             raise CorruptRecord(f"{self.api_key_file}: damaged on disk (not the key rlslurm writes); the rollout "

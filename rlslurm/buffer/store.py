@@ -101,7 +101,8 @@ class BufferStore:
             os.close(fd)
         if bad is not None:
             raise CorruptRollout(
-                rollout_id, str(path), f"checksum mismatch in block {bad} (bytes {bad * integrity.BLOCK}+): truncated or bit-flipped"
+                rollout_id, str(path),
+                f"checksum mismatch in block {bad} (bytes {bad * integrity.BLOCK}+): truncated or bit-flipped"
             )
         view = memoryview(buf)
         samples = codec.decode(view, str(path))

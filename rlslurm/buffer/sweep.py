@@ -4,8 +4,8 @@ Every write is temp + rename (buffer/atomic.py), so a writer killed mid-write (S
 KillWait, a node failure, a full disk) never leaves a torn file under a real name, only debris
 that nothing reads: `.tmp.*` files, in the buffer a data file whose commit never published its
 manifest (buffer/writer.py), and in weights/ a whole model copy a disk publish was building
-(`.tmp-v<N>-<pid>/`, trainer/weights/disk.py `export_hf`). On a full disk that debris may be what fills it. The rollout driver
-sweeps at its start (rollout/driver.py); the trainer sweeps the checkpoints it never completed
+(`.tmp-v<N>-<pid>/`, trainer/weights/disk.py `export_hf`). On a full disk that debris may be what fills it. The rollout
+driver sweeps at its start (rollout/driver.py); the trainer sweeps the checkpoints it never completed
 (trainer/checkpoint/directory.py `sweep_incomplete`).
 
 Only files older than `min_age_s` go: a writer of another attempt that still runs (a zombie the

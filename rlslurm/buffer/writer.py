@@ -97,7 +97,8 @@ class RolloutWriter(BufferStore):
         meta = meta or RolloutMeta(kind=self.kind)  # type: ignore[arg-type]
         meta.validate(f"rollout {rollout_id} meta")
         if meta.kind != self.kind:
-            raise DataError(f"rollout {rollout_id}", f"meta.kind is {meta.kind!r} but this writer commits {self.kind!r}")
+            raise DataError(f"rollout {rollout_id}",
+                            f"meta.kind is {meta.kind!r} but this writer commits {self.kind!r}")
         if rollout_id < 0:
             raise DataError(f"rollout {rollout_id}", "rollout id must be >= 0")
         if not samples:
@@ -227,7 +228,8 @@ class RolloutWriter(BufferStore):
         committed = set(self.committed_ids() if committed_ids is None else committed_ids)
         last_trained = self.last_trained()
         done = -1 if last_trained is None else last_trained  # regenerated, trained and retired since
-        return sorted({q["rollout_id"] for q in self.quarantined() if q["rollout_id"] not in committed and q["rollout_id"] > done})
+        return sorted({q["rollout_id"] for q in self.quarantined()
+                       if q["rollout_id"] not in committed and q["rollout_id"] > done})
 
     def cleanup(self, *, min_age_s: float = 600.0) -> list[Path]:
         """Remove temp files and data files no manifest references, older than

@@ -118,8 +118,7 @@ def hf_to_mcore_cmd(
 def _hf_to_mcore(model_name: str, hf: Path, out: Path, tp: int, pp: int, ep: int, dtype: torch.dtype,
                  vocab_divisible_by: int = 128, etp: int | None = None,
                  stages: tuple[int | None, int | None] = (None, None)) -> None:
-    from rlslurm.convert import check_hf_config, load_hf_checkpoint
-    from rlslurm.convert import runtime
+    from rlslurm.convert import check_hf_config, load_hf_checkpoint, runtime
     from rlslurm.convert.meta import write_meta
     from rlslurm.settings.model_config import load_model_config
 
@@ -211,8 +210,7 @@ def _hf_config(mc, hf_config_from: Path | None, dtype: torch.dtype) -> dict:
 def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | None, tp: int, pp: int, ep: int,
                  dtype: torch.dtype | None, etp: int | None = None,
                  stages: tuple[int | None, int | None] = (None, None)) -> None:
-    from rlslurm.convert import mcore_to_hf, save_hf_checkpoint
-    from rlslurm.convert import runtime
+    from rlslurm.convert import mcore_to_hf, runtime, save_hf_checkpoint
     from rlslurm.convert.meta import check_meta, read_meta
     from rlslurm.settings.model_config import load_model_config
 
@@ -229,8 +227,7 @@ def _mcore_to_hf(model_name: str, load: Path, out: Path, hf_config_from: Path | 
     config = _hf_config(mc, hf_config_from, out_dtype)
     rt = runtime.init(tp, pp, ep, etp, stages)
     try:
-        from megatron.core import dist_checkpointing
-        from megatron.core import parallel_state as ps
+        from megatron.core import dist_checkpointing, parallel_state as ps
 
         t0 = time.time()
         net, _ = runtime.build(mc, rt, ckpt_dtype, vocab_size_padded=vpad)

@@ -14,8 +14,8 @@ from typing import Any, Callable
 import torch
 
 from rlslurm.convert import fp8, hf_io, int4, mapping, parallel
-from rlslurm.models.hf_config import check_hf_config
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.models.hf_config import check_hf_config
 from rlslurm.settings.low_precision import stored_precision
 from rlslurm.settings.model_config import ModelConfig
 

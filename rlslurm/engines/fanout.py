@@ -6,8 +6,8 @@ daemon thread, so the calling thread can block in a broadcast meanwhile: waiting
 before calling the next deadlocks the group); `refusing` finds the engines where nothing listens;
 `release` ends a failed update on every engine that answers. Every call is bounded by the
 timeout it is given, cleanup calls by CLEANUP_TIMEOUT_S, and a wait ends early when the `cancel`
-the trainer gives says the job is ending (a stop, a preempt, a TERM: issue 30, a sync that ran on
-for minutes after Ctrl-C). The broadcast itself (torch.distributed) is trainer/weights/broadcast.py's
+the trainer gives says the job is ending (a stop, a preempt, a TERM: no sync runs on for minutes
+after Ctrl-C). The broadcast itself (torch.distributed) is trainer/weights/broadcast.py's
 and trainer/weights/group.py's.
 """
 

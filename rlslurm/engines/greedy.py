@@ -5,9 +5,7 @@ The probe shares the engines with the rollout driver, which aborts *every* in-fl
 engine when it has collected enough groups (rollout/filters.py `_return_in_flight`, the router has
 no per-request abort). A probe caught by that abort comes back with the tokens generated so far
 (finish_reason abort): it is asked again, up to ABORTED_TRIES times, and reported as an error, not
-as different tokens, if it never completes. A full-suite run of 2026-11-26 failed the async requeue
-test on such a cut-short answer (7 of 8 tokens, the engine's version right); stop 24's CI failure
-of the same test, whose details pytest cut, fits the same pattern.
+as different tokens, if it never completes (docs/sglang-behaviour.md: a probe cut short by the abort).
 """
 
 from __future__ import annotations

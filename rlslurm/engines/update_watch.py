@@ -30,8 +30,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from rlslurm.buffer.control import Control, WeightUpdateRecord
 from rlslurm.buffer.atomic import CorruptRecord
+from rlslurm.buffer.control import Control, WeightUpdateRecord
 from rlslurm.errors import DataError
 
 if TYPE_CHECKING:

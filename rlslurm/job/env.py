@@ -10,7 +10,6 @@ import os
 import socket
 from dataclasses import asdict, dataclass
 
-
 ATTEMPT_ENV = "RLSLURM_ATTEMPT"
 
 

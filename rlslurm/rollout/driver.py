@@ -55,10 +55,9 @@ from rlslurm.buffer.sweep import sweep
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.job.env import job_env
 from rlslurm.metrics_sink import JsonlSink, MetricSinks, open_sinks
 from rlslurm.rollout.data import DataSource, Prompt, PromptSource, load_custom_source
-from rlslurm.settings.config import RunConfig
-from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.rollout.filters import (
     Collected,
     GroupCollector,
@@ -88,9 +87,10 @@ from rlslurm.rollout.rollout_fn import (
     load_rollout_fn,
     refuse_combinations,
 )
-from rlslurm.job.env import job_env
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.rollout.sft import SFT_ROLLOUT_FN
+from rlslurm.settings.config import RunConfig
+from rlslurm.settings.eval_config import EvalDataset, eval_datasets
 from rlslurm.settings.weight_plan import weight_sync_plan
 
 log = logging.getLogger(__name__)
@@ -564,7 +564,8 @@ class RolloutDriver:
             d, name, path, k = self.cfg.data, ds.name, ds.path, ds.n_samples_per_eval_prompt
             sp = eval_sampling_params(self.cfg, ds)
             src = PromptSource(path, input_key=ds.input_key, label_key=ds.label_key, metadata_key=ds.metadata_key,
-                               tool_key=ds.tool_key, tokenizer=self.tokenizer, apply_chat_template=ds.apply_chat_template,
+                               tool_key=ds.tool_key, tokenizer=self.tokenizer,
+                               apply_chat_template=ds.apply_chat_template,
                                chat_template_kwargs=d.apply_chat_template_kwargs, shuffle=False, num_epochs=1,
                                strict=d.data_strict, flag="--eval-config" if d.eval_config else "--eval-prompt-data")
             prompts = src.take(src.num_records)
@@ -612,7 +613,8 @@ class RolloutDriver:
         in RUN/tb at its optimizer step) and to the rollout's W&B run with --use-wandb
         (rlslurm/metrics_sink.py)."""
         if self._sinks is None:
-            jsonl = JsonlSink(self.metrics_path, lambda rec: f"the metrics of {rec['kind']} rollout {rec['rollout_id']}",
+            jsonl = JsonlSink(self.metrics_path,
+                              lambda rec: f"the metrics of {rec['kind']} rollout {rec['rollout_id']}",
                               sort_keys=True)
             self._sinks = open_sinks("rollout", jsonl, tb_dir=self.rd.tb_dir / "rollout", cfg=self.cfg,
                                      attempt=job_env().attempt)

@@ -418,7 +418,8 @@ async def generate_group(ctx: GenerateContext, prompt: Prompt, *, n: int, sampli
     where = prompt.where or f"prompt {prompt.index}"
     if prompt.partial is not None and calls != n:
         raise ConfigError(f"{where}: handed back with partial samples, but --custom-generate-function-path "
-                          f"{_fn_name(generate_fn)} fans out (@fan_out): fan-out does not combine with --partial-rollout")
+                          f"{_fn_name(generate_fn)} fans out (@fan_out): "
+                          "fan-out does not combine with --partial-rollout")
     partials: Sequence[PartialSample | None] = prompt.partial or [None] * n
     if len(partials) != n:
         raise DataError(where, f"handed back with {len(partials)} partial samples but n_samples_per_prompt is {n}")

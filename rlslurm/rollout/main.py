@@ -4,8 +4,8 @@
 Start-up: read RUN/run.yaml and record this node's placement (node list, GPUs, trainer head).
 Then run this node's SGLang servers (rollout/node.py); node 0 also runs the router and the
 rollout driver (rollout/driver.py). With --debug-train-only no engine or router starts: node 0 runs
-the driver alone, which builds the rollouts itself (SFT: rollout/sft.py). The process ends with 0 when the run is FINISHED, a stop is
-requested, or a preempt request has been acknowledged by the trainer's checkpoint (the requeued
+the driver alone, which builds the rollouts itself (SFT: rollout/sft.py). The process ends with 0 when the run is
+FINISHED, a stop is requested, or a preempt request has been acknowledged by the trainer's checkpoint (the requeued
 job starts it again); the engines and the router
 are killed on every way out, SIGTERM from srun included.
 
@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _on_term)
 
-    from rlslurm.rollout.node import RolloutNode
     from rlslurm.buffer.attempts import AttemptSuperseded
     from rlslurm.engines.supervisor import EngineFailure
+    from rlslurm.rollout.node import RolloutNode
 
     host = os.environ.get("RLSLURM_ROLLOUT_HOST") or node_ip()
     node = RolloutNode(cfg, rd, node=env.procid, node_name=env.node, host=host, attempt=env.attempt)

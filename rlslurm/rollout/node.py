@@ -155,7 +155,8 @@ def engines_per_node(cfg: RunConfig) -> int:
     if cfg.run.device == "cuda":
         gpus = cfg.rollout_gpus_per_node
         if gpus < tp or gpus % tp:
-            raise ConfigError(f"{cfg.gpu_split_flags[1]} {gpus} is not a multiple of --rollout-num-gpus-per-engine {tp}")
+            raise ConfigError(f"{cfg.gpu_split_flags[1]} {gpus} is not a multiple of "
+                              f"--rollout-num-gpus-per-engine {tp}")
         return gpus // tp
     return cfg.rollout.engines_per_node or 1
 
@@ -245,7 +246,8 @@ class RolloutNode:
     def __init__(self, cfg: RunConfig, run: RunDir, *, node: int, node_name: str, host: str, attempt: int):
         self.cfg, self.run, self.node, self.node_name, self.host = cfg, run, node, node_name, host
         self.attempt = attempt
-        self.plan = weight_sync_plan(cfg)  # the weight-sync settings, as the trainer reads them (rlslurm/settings/weight_plan.py)
+        # the weight-sync settings, as the trainer reads them (rlslurm/settings/weight_plan.py)
+        self.plan = weight_sync_plan(cfg)
         self.control = Control(run)
         self.api_key = run.ensure_api_key()
         self.log_dir = run.attempt_log_dir(attempt)
@@ -468,7 +470,8 @@ class RolloutNode:
             if len(up) >= want:
                 return True
             if time.monotonic() > deadline:
-                log.warning("%d of %d engines healthy after %.0f s: starting without the others", len(up), want, timeout)
+                log.warning("%d of %d engines healthy after %.0f s: starting without the others",
+                            len(up), want, timeout)
                 return False
             time.sleep(1.0)
         return False

@@ -27,10 +27,11 @@ import httpx
 
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.plugins import load_callable
-from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES, rm_type_error
+
 # the sample, the answer checks and the rules built on them; re-exported: the reward API's names
 from rlslurm.rollout.answers import Reward, RewardInput, exact_reward, last_boxed, math_reward  # noqa: F401
 from rlslurm.rollout.rule_rewards import RULES
+from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES, rm_type_error
 
 log = logging.getLogger(__name__)
 

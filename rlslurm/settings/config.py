@@ -59,7 +59,8 @@ def run_dir_of(run_dir: Path | None, run_name: str | None = None) -> Path:
 
 
 class RunSection(Section):
-    run_name: str = Field(DEFAULT_RUN_NAME, description="name of the run: the SLURM job name and the default run directory "
+    run_name: str = Field(DEFAULT_RUN_NAME,
+                          description="name of the run: the SLURM job name and the default run directory "
                                                  "runs/<run-name>")
     run_dir: Path | None = Field(None, description="run directory on shared storage, seen by every node "
                                                    "(default: ./runs/<run-name>)")
@@ -551,7 +552,7 @@ class TrainSection(Section):
         "auto", description="broadcast group, or in place on the same GPU (CUDA IPC, --colocate only); auto: "
                             "ipc with --colocate and PP 1")
     update_weight_buffer_size: int = Field(512 * 1024**2, ge=1024, description="bytes per weight-sync bucket")
-    # as fast as one broadcast per tensor for dense models on 2xH200
+    # no faster than one broadcast per tensor for dense models
     # (bench/results/engine-sync-h200x2-flattened.md) and a bucket's extra copy on the trainer's GPU,
     # so off by default (docs/sglang-behaviour.md)
     update_weight_flattened_bucket: bool = Field(False, description="one broadcast per bucket, received as "

@@ -1,4 +1,4 @@
-"""Low precision, never silently dropped (issue 32 item 6; the facts: docs/low-precision.md).
+"""Low precision, never silently dropped (the facts: docs/low-precision.md).
 
 Training: megatron-core's FP8/FP4 paths run inside transformer-engine's layers, and rlslurm's
 stacks have no transformer-engine (it does not build on CPU, docs/megatron-cpu.md, and the GPU

@@ -8,7 +8,6 @@ checkpoint's `config.json` at start-up) and sensible defaults per node count, so
 from __future__ import annotations
 
 import difflib
-
 from pathlib import Path
 from typing import Any, Literal
 
@@ -231,8 +230,9 @@ def estimate_params(a: Arch) -> int:
     if a.mla:
         m = a.mla
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-        q = (h * m.q_lora_rank + m.q_lora_rank * a.num_attention_heads * qk) if m.q_lora_rank else h * a.num_attention_heads * qk
-        kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * a.num_attention_heads * (m.qk_head_dim + m.v_head_dim)
+        heads = a.num_attention_heads
+        q = (h * m.q_lora_rank + m.q_lora_rank * heads * qk) if m.q_lora_rank else h * heads * qk
+        kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank * heads * (m.qk_head_dim + m.v_head_dim)
         attn = q + kv + a.num_attention_heads * m.v_head_dim * h
     else:
         q_width = a.num_attention_heads * (2 if a.attention_output_gate else 1)
@@ -241,7 +241,8 @@ def estimate_params(a: Arch) -> int:
     dense_mlp = 3 * h * a.ffn_hidden_size if a.activation == "swiglu" else 2 * h * a.ffn_hidden_size
     if a.moe:
         moe = a.moe
-        moe_mlp = moe.num_experts * 3 * h * moe.moe_ffn_hidden_size + 3 * h * moe.shared_expert_ffn_hidden_size + h * moe.num_experts
+        experts = moe.num_experts * 3 * h * moe.moe_ffn_hidden_size
+        moe_mlp = experts + 3 * h * moe.shared_expert_ffn_hidden_size + h * moe.num_experts
         mlp_total = moe.first_k_dense * dense_mlp + (a.num_layers - moe.first_k_dense) * moe_mlp
     else:
         mlp_total = a.num_layers * dense_mlp

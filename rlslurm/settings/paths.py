@@ -5,8 +5,9 @@ passed the submit-side checks would name another file (or none) in the job. Base
 * flags: the submitting process's working directory;
 * `--config run.yaml`: the YAML file's directory (a config kept beside its data stays valid
   wherever it is submitted from).
-`--sglang-config FILE` (SGLang's own YAML of flags) likewise. `~` is expanded (a YAML value never passes through a shell). Symlinks are kept as written: on
-clusters `/home` is often a link into the parallel file system and users recognise their path.
+`--sglang-config FILE` (SGLang's own YAML of flags) likewise. `~` is expanded (a YAML value never passes through a
+shell). Symlinks are kept as written: on clusters `/home` is often a link into the parallel file system and users
+recognise their path.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from typing import Literal, Protocol
 
 from rlslurm.errors import ConfigError
 
-
 # How an estimator turns the (group-normalised) scalar rewards into per-token advantages
 # (trainer/advantages.compute_advantages_and_returns):
 #   sequence          - the sample's reward on every token
@@ -192,7 +191,8 @@ def check_rl_settings(t: RLKnobs, model: ModelSources | None = None) -> None:
     if t.kl_coef > 0 and not est.per_token_rewards and not custom_adv:
         raise ConfigError(
             f"--kl-coef shapes per-token rewards, which --advantage-estimator {est.name} does not have; use "
-            f"--use-kl-loss --kl-loss-coef instead (or an estimator of {', '.join(names_where(per_token_rewards=True))})")
+            f"--use-kl-loss --kl-loss-coef instead "
+            f"(or an estimator of {', '.join(names_where(per_token_rewards=True))})")
     if not t.rewards_normalization and not est.group_baseline:
         # slime ignores it there; a setting that does nothing is a misunderstanding to point out
         raise ConfigError(

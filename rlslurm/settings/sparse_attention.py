@@ -33,7 +33,8 @@ def sparse_attention_refusal(mc: "ModelConfig", *, qkv_format: str = "bshd",
         if bad:
             return (f"--pipeline-model-parallel-size {pp}: the stage starting at layer {bad[0]} of {mc.name} starts "
                     "with a shared sparse-attention layer (GLM-5.2's cross-layer top-k), whose top-k comes from an "
-                    "earlier stage; move the split (--decoder-first/last-pipeline-num-layers) to a layer with an indexer")
+                    "earlier stage; move the split (--decoder-first/last-pipeline-num-layers) to a layer with an "
+                    "indexer")
     coeff = megatron.get("dsa_indexer_loss_coeff") or 0.0
     if coeff > 0:
         return (f"--megatron-dsa-indexer-loss-coeff {coeff}: rlslurm does not train {mc.name}'s sparse-attention "

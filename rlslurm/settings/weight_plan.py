@@ -5,7 +5,7 @@ reader gets from a setting to its use in one hop; nothing else reads these confi
 
 It is one of the settings, not under either role: the trainer (het-group 0) and the rollout
 (het-group 1) must pick the two ends of the same transport, so they take it from one rule instead of
-each deciding its side (issue 35: four knobs were read in five places). No torch, no role import.
+each deciding its side. No torch, no role import.
 """
 
 from __future__ import annotations
@@ -105,14 +105,15 @@ def broadcast_backend(backend: str | None, device_type: str) -> Literal["gloo", 
 
 # Model families (config.json model_type) whose engines rlslurm's receiver has loaded on GPUs, every
 # bucket by learnt copies: dense qwen3 through `rlslurm run` at engine TP 1 and 2, two engines and a PP 2
-# trainer (bench/results/gpu-layouts-h100x4.md, 2026-11-28) and spanning two nodes
-# (engine-span-h100x4.md); a Qwen3-30B-A3B shape at engine TP 2 (production-shapes-h100x4.md, 0.39 s a
-# publish against SGLang's own 2.9 s). Other families keep SGLang's loader until a GPU run proves them
-# (the receiver itself hands a bucket it cannot learn to load_weights: slower, not wrong).
+# trainer (bench/results/gpu-layouts-h100x4.md) and spanning two nodes (engine-span-h100x4.md); a
+# Qwen3-30B-A3B shape at engine TP 2, faster than SGLang's own loader (production-shapes-h100x4.md).
+# Other families keep SGLang's loader until a GPU run proves them (the receiver itself hands a bucket
+# it cannot learn to load_weights: slower, not wrong).
 RECEIVER_PROVEN = ("qwen3", "qwen3_moe")
 
 
-def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool, quantized: bool = False) -> Literal["sglang", "rlslurm"]:
+def auto_receiver(device: str, hf_model_type: str, shares_gpus: bool,
+                  quantized: bool = False) -> Literal["sglang", "rlslurm"]:
     """What `--update-weight-receiver auto` becomes (settled at submit, resolve.py, and kept in run.yaml):
     rlslurm's receiver on GPUs for the families proven there, over NCCL (the runs above; engines sharing
     the trainer's GPUs broadcast over gloo, not proven with it), SGLang's per-bucket loader elsewhere (CPU

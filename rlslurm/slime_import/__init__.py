@@ -92,7 +92,8 @@ def _model(sources: list, path: str) -> tuple[str | None, list[tuple[int, str]],
                                   f"{match}.yaml)"))
         elif "/models/" in w.literal_tail() or w.literal_tail().startswith("models/"):
             notes.append((w.line, f"source {tail}: rlslurm ships no model config {stem!r}, so the model config is "
-                                  "built from --hf-checkpoint's config.json at submit (rlslurm/models/model_from_hf.py)"))
+                                  "built from --hf-checkpoint's config.json at submit "
+                                  "(rlslurm/models/model_from_hf.py)"))
     if found is None and not notes:
         notes.append((0, "no `source scripts/models/<model>.sh` line: the model config is built from "
                          "--hf-checkpoint's config.json at submit (or pass --model)"))
@@ -147,7 +148,8 @@ def _node_gpus(sc) -> tuple[int, str]:
     """The GPUs of the node the script is written for: its `ray start --head --num-gpus N` (a
     script's Ray cluster of that one node), else 8, the nodes slime's scripts start Ray with."""
     if sc.ray_gpus is not None and sc.ray_gpus[1].isdigit():
-        return int(sc.ray_gpus[1]), f"the script's `ray start --head --num-gpus {sc.ray_gpus[1]}`, line {sc.ray_gpus[0]}"
+        line, gpus = sc.ray_gpus
+        return int(gpus), f"the script's `ray start --head --num-gpus {gpus}`, line {line}"
     return 8, "slime's scripts start Ray with --num-gpus 8 per node"
 
 

@@ -565,7 +565,8 @@ def read_script(text: str, path: str, given: Mapping[str, str] | None = None,
         if prev is not None and _flag_like(words[0]):
             sc.warnings.append((words[0].line, _broken_continuation(words[0], prev)))
         launcher = next((b for w in words if (b := w.literal_tail().rsplit("/", 1)[-1]) in LAUNCHERS), None)
-        prev = (words[-1].line, f"the {launcher} launch" if launcher else f"`{_short(words[0].literal() or '...')} ...`")
+        prev = (words[-1].line,
+                f"the {launcher} launch" if launcher else f"`{_short(words[0].literal() or '...')} ...`")
         head = words[0].literal()
         while head in _LEADS and words:
             words = words[1:]
@@ -723,7 +724,8 @@ def _array_body(toks: list, i: int, path: str, line: int) -> tuple[list[Word], i
 def _block_reason(depth: int, block_line: list[int]) -> str | None:
     if depth <= 0:
         return None
-    return f"set inside an if/loop block or function (line {block_line[-1] if block_line else '?'}), so its value depends on the run"
+    return (f"set inside an if/loop block or function (line {block_line[-1] if block_line else '?'}), "
+            "so its value depends on the run")
 
 
 def _assign_scalar(sc: Script, ex: _Expander, w: Word, depth: int, block_line: list[int]) -> None:

@@ -1,7 +1,7 @@
 """`rlslurm convert ... --submit`: run a checkpoint conversion as a single-group SLURM job.
 
-A conversion is one node of `tp x pp x ep` processes (`pp x lcm(tp, etp x ep)` with `--etp`), exactly what submitit is made for: it
-writes the batch script, pickles the call, and gives back a job handle whose `result()` is the
+A conversion is one node of `tp x pp x ep` processes (`pp x lcm(tp, etp x ep)` with `--etp`), exactly what submitit is
+made for: it writes the batch script, pickles the call, and gives back a job handle whose `result()` is the
 torchrun exit code. (The RL run itself is a heterogeneous job, which submitit cannot express; it
 comes from rlslurm/templates/.) The processes run the interpreter that submitted, on the node.
 """

@@ -5,7 +5,7 @@ own record: FINISHED, RUNNING while a role's heartbeat is fresh, else how the la
 Engines are healthy only while their node's heartbeat is fresh: engines.json keeps the last word
 of a node that is gone. What each role does now (its heartbeat's phase) and how weights reached
 the engines (control/weight_version.json: the transport, the fallbacks) say why a run is slow or
-stalled (issue 30: a disk fallback was one log line).
+stalled: a disk fallback shows here, not only as a line in a log.
 """
 
 from __future__ import annotations

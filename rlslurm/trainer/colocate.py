@@ -60,8 +60,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from rlslurm.trainer.tensor_sets import (TensorSet, grad_tensors, other_tensors, trainer_tensor_sets,
-                                         warm_process_groups)
+from rlslurm.trainer.tensor_sets import TensorSet, grad_tensors, other_tensors, trainer_tensor_sets, warm_process_groups
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +294,8 @@ class Colocation:
         if self.cuda:
             self.times["mem/trainer_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.params.device) / 2**30
         # Adam's moments are made at the optimizer's first step, after the sets were taken: left
-        # behind, they held 12.8 GiB of the GPU through every generation (qwen3-1.7B, H100). With
-        # --no-offload-train nothing moves, so there is nothing to add.
+        # behind, they would hold GPU memory through every generation (bench/results/colocate-h100.md).
+        # With --no-offload-train nothing moves, so there is nothing to add.
         new = 0 if not self.offload else (
             self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads))
             + self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest)))
@@ -358,7 +357,8 @@ class Colocation:
                 self._keeper = _BracketKeeper(self.control, -1, self.timeout_s)
             timeout_s, self.timeout_s = self.timeout_s, min(self.timeout_s, SAVE_RELEASE_S)
             try:
-                for method, kw in (("pause_generation", {"mode": "abort"}), ("release_memory_occupation", {"tags": None})):
+                for method, kw in (("pause_generation", {"mode": "abort"}),
+                                   ("release_memory_occupation", {"tags": None})):
                     try:
                         self._engines(method, **kw)
                     except Exception as e:  # going down with the job: nothing to give back

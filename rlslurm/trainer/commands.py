@@ -19,7 +19,8 @@ class Next(Enum):
     PREEMPT = "preempt"  # USR1/TERM or a preempt request: checkpoint, acknowledge, exit for requeue
     STOP = "stop"        # a user stop: checkpoint, acknowledge, exit
     END = "end"          # the prompt data ran out before this rollout (control/data_exhausted.json): finish
-    SUPERSEDED = "superseded"  # a later attempt started (this one was lost, its processes were not): leave the run alone
+    # a later attempt started (this one was lost, its processes were not): leave the run alone
+    SUPERSEDED = "superseded"
 
 
 @dataclass(frozen=True)

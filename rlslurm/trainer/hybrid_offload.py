@@ -6,7 +6,7 @@ keeps an fp32 copy of every parameter that is not fp32, and after each `load_sta
 loaded `master_param` into those copies (`_update_fp32_params_by_new_state`). Under the distributed
 optimizer its parameters are megatron's fp32 main-parameter shards, which have no copy, and that
 method looks every one of them up: KeyError, at rlslurm's first load (the dummy state a resume
-loads into, trainer/checkpoint/state.py `_materialize_state`), megatron-core 0.19.2 on an H100
+loads into, trainer/checkpoint/state.py `_materialize_state`), megatron-core 0.19.2
 (tests/gpu/test_cpu_offload.py). Here a parameter without a copy is skipped: there is nothing to
 copy into, and its own value is what the checkpoint restores."""
 

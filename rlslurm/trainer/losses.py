@@ -269,7 +269,8 @@ def custom_tis_weights(spec: str, inputs: TISInputs) -> tuple[Tensor, Tensor, Te
     w = fn(inputs)
     if not isinstance(w, Tensor) or w.shape != ratio.shape:
         raise ConfigError(f"--custom-tis-function-path {spec}: must return a tensor of shape {tuple(ratio.shape)} "
-                          f"(one weight per token), got {tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}")
+                          f"(one weight per token), "
+                          f"got {tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}")
     w = w.detach().float().to(ratio.device)
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
         raise ConfigError(f"--custom-tis-function-path {spec}: weights must be finite and >= 0")

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     role_log.configure(f"[trainer {rank}] %(asctime)s %(levelname)s %(message)s")
     write_env_report(rd.path, "trainer", rank, {
         "world_size": world,
-        # the GPU this rank really uses, from the driver (the check of issue 30: which GPU each process used)
+        # the GPU this rank really uses, from the driver: which GPU each process used (docs/gpu.md, "Which GPU")
         "gpu_uuid": torch_device_uuid(torch.cuda.current_device()) if cfg.run.device == "cuda" else None,
         "master_addr": os.environ.get("MASTER_ADDR"),
         "master_port": os.environ.get("MASTER_PORT"),
@@ -255,7 +255,7 @@ class Trainer:
             try:
                 times = self.turn.after_training(progress)  # publish and checkpoint, if due
             except (EnginesGone, SyncInterrupted) as e:
-                self._log_lines(lines)  # trained: its metrics stay with it (found on an H200)
+                self._log_lines(lines)  # trained: its metrics stay with it, also when the engines are gone
                 return self._ending(progress, e)
             self._log_lines(lines, {**times, "time/iteration": time.perf_counter() - t0})
         if self.delivery.pending is not None:  # the engines never came up while we trained

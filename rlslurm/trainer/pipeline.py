@@ -155,7 +155,8 @@ def logits_on_every_stage(model: torch.nn.Module, tokens: Tensor) -> Tensor:
         out1 = lp.forward_logits(model, _Tokens(tokens)).float()
         return (out1 if cp is None else cp.gather(out1.contiguous()))[:, :length]
     out = run_microbatches(model, [_Tokens(tokens)],
-                           lambda o, mb: (o.new_zeros(()), (o if cp is None else cp.gather(o.contiguous())).detach().float()),
+                           lambda o, mb: (o.new_zeros(()),
+                                          (o if cp is None else cp.gather(o.contiguous())).detach().float()),
                            forward_only=True)
     if is_last_stage():
         logits = out[0][:, :length].contiguous()

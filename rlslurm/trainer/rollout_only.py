@@ -31,8 +31,8 @@ from rlslurm.buffer.store import BufferStore
 from rlslurm.heartbeat import Beat, keeps_heartbeat
 from rlslurm.job.env import job_env
 from rlslurm.settings.config import RunConfig
-from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
 from rlslurm.trainer.collectives import from_rank0
+from rlslurm.trainer.commands import POLL_S  # the trainer loop's cadence
 
 log = logging.getLogger("rlslurm.trainer.rollout_only")
 
@@ -58,7 +58,8 @@ def watch(cfg: RunConfig, rd: RunDir, rank: int, term_received: Callable[[], boo
     attempt = job_env().attempt
     log.info("--debug-rollout-only: no model is built; waiting for rollouts 0..%d to be committed",
              cfg.rollout.num_rollout - 1)
-    beat = Beat(lambda: control.heartbeat("trainer", rank), on=keeps_heartbeat(rank))  # the watchdog's (rlslurm/watchdog.py)
+    # the watchdog's (rlslurm/watchdog.py)
+    beat = Beat(lambda: control.heartbeat("trainer", rank), on=keeps_heartbeat(rank))
     while True:
         beat()
         verdict = from_rank0(rank, dist.get_world_size(),

@@ -49,7 +49,7 @@ def init_distributed(device: str, timeout_minutes: float) -> tuple[int, int]:
         # Every rank of the weight-sync group must agree on NCCL's cuMem buffers, and SGLang sets
         # NCCL_CUMEM_ENABLE=0 in its engines unless the variable is set: a trainer left at NCCL's default
         # (1) made the engine fail with "Cuda failure 'invalid argument'" (transport/p2p.cc) and the
-        # trainer hang, on 2xH200 (docs/gpu.md, tools/gpu/nccl_pair_check.py). Set before NCCL's first use.
+        # trainer hang (docs/gpu.md, tools/gpu/nccl_pair_check.py). Set before NCCL's first use.
         os.environ.setdefault("NCCL_CUMEM_ENABLE", "0")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
@@ -204,7 +204,8 @@ class ValueHead(torch.nn.Module):
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {}, sharded_offsets)
+        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {},
+                                                   sharded_offsets)
 
 
 @dataclass
@@ -327,8 +328,8 @@ def build_trainer(cfg: RunConfig, world: int) -> TrainerSetup:
     from rlslurm.models.build import padded_vocab_size, transformer_config
 
     tf_over, opt_over = split_megatron_overrides(cfg.megatron)
-    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp, cp=par.cp,
-                              first_stage_layers=cfg.train.decoder_first_pipeline_num_layers,
+    tcfg = transformer_config(mc, params_dtype=params_dtype(cfg), tp=par.tp, pp=par.pp, ep=par.ep, etp=par.etp,
+                              cp=par.cp, first_stage_layers=cfg.train.decoder_first_pipeline_num_layers,
                               last_stage_layers=cfg.train.decoder_last_pipeline_num_layers, overrides=tf_over,
                               transformer_impl=cfg.train.transformer_impl)
     check_pipeline(mc, tcfg, par.pp)

@@ -6,8 +6,9 @@ megatron's 1F1B schedule with PP > 1 (the loss closures below run on the last st
 semantics follow `losses.py`: every micro-batch's loss is its share of the global-batch mean,
 gradients are summed over micro-batches and over DP ranks (the loss is multiplied by the DP size
 because megatron's DDP averages; by DP x CP with context parallelism, where every CP rank computes
-the same loss on whole sequences and DDP also sums over the CP ranks: docs/context-parallel.md). What only the last stage computes (log-probs, values, loss
-metrics) is broadcast to the other stages, so every rank holds the same `Prepared` and metrics.
+the same loss on whole sequences and DDP also sums over the CP ranks: docs/context-parallel.md). What only the last
+stage computes (log-probs, values, loss metrics) is broadcast to the other stages, so every rank holds the same
+`Prepared` and metrics.
 
 Filler micro-batches of the plan (batching.py: they keep every DP rank's micro-batch count equal,
 which expert parallelism's collectives need) run like the others, with an all-zero loss mask:
@@ -29,8 +30,7 @@ from rlslurm.buffer.sample import Rollout, SampleStatus
 from rlslurm.errors import DataError
 from rlslurm.settings.rl_settings import loss_type
 from rlslurm.step_line import GEN_TOK_S
-from rlslurm.trainer import actor_loss, pipeline
-from rlslurm.trainer import logprobs as lp
+from rlslurm.trainer import actor_loss, logprobs as lp, pipeline
 from rlslurm.trainer.advantages import (
     actor_trains,
     compute_advantages_and_returns,

@@ -167,9 +167,9 @@ def warm_process_groups(device: torch.device, *, experts: bool) -> None:
     makes a group's communicator at its first collective and allocates its buffers with plain
     cudaMalloc, which torch's caching allocator cannot give back to; megatron's first gradient
     all-reduce comes at the end of the first backward, when that cache holds the memory the released
-    engines left, and NCCL's allocation failed there ("Failed to CUDA calloc 536870912 bytes",
-    qwen3-1.7B at 9216 tokens per micro-batch, colocated on one H100). Only those groups: each
-    communicator keeps its buffers (warming every megatron group kept 3.4 GiB more on the GPU)."""
+    engines left, and NCCL's allocation failed there ("Failed to CUDA calloc 536870912 bytes";
+    bench/results/colocate-h100.md). Only those groups: each communicator keeps its buffers (warming
+    every megatron group kept GiBs more on the GPU, the same file)."""
     from megatron.core import parallel_state as ps
 
     groups = [ps.get_data_parallel_group(with_context_parallel=True)]  # DDP's gradient buckets

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from rlslurm.buffer import RunDir
-from tests.small_fs import small_fs  # noqa: F401  (registers the fixture here)
+from tests.helpers.small_fs import small_fs  # noqa: F401  (registers the fixture here)
 
 
 @pytest.fixture

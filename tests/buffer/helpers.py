@@ -10,7 +10,8 @@ from rlslurm.buffer import Rollout, RolloutMeta, Sample, SampleStatus
 STATUSES = list(SampleStatus)
 
 
-def make_samples(rollout_id: int, n: int = 8, response_len: int = 64, prompt_len: int = 16, seed: int = 0) -> list[Sample]:
+def make_samples(rollout_id: int, n: int = 8, response_len: int = 64, prompt_len: int = 16,
+                 seed: int = 0) -> list[Sample]:
     rng = np.random.default_rng([rollout_id, seed])
     out = []
     for i in range(n):

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from rlslurm.buffer import Control, EngineRecord, RendezvousRecord, RendezvousTaken, read_ledger
 from rlslurm.attempt import clear_stale
-from rlslurm.buffer.ledger import LedgerProblem
+from rlslurm.buffer import Control, EngineRecord, RendezvousRecord, RendezvousTaken, read_ledger
 from rlslurm.buffer.atomic import CorruptRecord
+from rlslurm.buffer.ledger import LedgerProblem
 
 
 def test_engines_router_weight_version(run):

@@ -17,8 +17,15 @@ from rlslurm.buffer.cli import app
 from rlslurm.buffer.manifest import _self_checksum
 from rlslurm.errors import ConfigError
 
-from .damage import (append_garbage, delete_data, flip_data_header, flip_data_middle, flip_manifest, tear_manifest,
-                     truncate)
+from .damage import (
+    append_garbage,
+    delete_data,
+    flip_data_header,
+    flip_data_middle,
+    flip_manifest,
+    tear_manifest,
+    truncate,
+)
 from .helpers import assert_same, make_meta, make_samples
 
 
@@ -236,7 +243,8 @@ def test_a_manifest_name_holding_a_fifo_or_dev_zero_is_corrupt_not_a_hang(run):
     os.mkfifo(w.dir / "00000001.manifest.json")
     os.symlink("/dev/zero", w.dir / "00000002.manifest.json")
     r = RolloutReader(run)
-    with pytest.raises(CorruptRollout, match=r"00000001.manifest.json: rollout 1 is corrupt: not a regular file \(a FIFO\)"):
+    with pytest.raises(CorruptRollout,
+                       match=r"00000001.manifest.json: rollout 1 is corrupt: not a regular file \(a FIFO\)"):
         r.read(1)
     with pytest.raises(CorruptRollout, match=r"rollout 2 is corrupt: not a regular file \(a character device\)"):
         r.read(2)

@@ -1,5 +1,5 @@
 """ENOSPC while committing gives a clear error and leaves the committed state intact.
-Uses a 1 MiB tmpfs (tests/small_fs.py, root); skipped only outside CI."""
+Uses a 1 MiB tmpfs (tests/helpers/small_fs.py, root); skipped only outside CI."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import os
 
 import pytest
 
-from rlslurm.buffer import Retention, RolloutReader, RolloutWriter, RunDir, StorageError, TrainerProgress, after_checkpoint
+from rlslurm.buffer import (
+    Retention,
+    RolloutReader,
+    RolloutWriter,
+    RunDir,
+    StorageError,
+    TrainerProgress,
+    after_checkpoint,
+)
 
 from .helpers import assert_same, make_meta, make_samples
 

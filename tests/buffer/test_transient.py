@@ -9,13 +9,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from rlslurm.buffer import Control, RolloutReader, RolloutWriter, RunDir, atomic
-from rlslurm.buffer.atomic import CorruptRecord, StorageError, StorageFull, TransientStorageError
-from rlslurm.buffer.control import Heartbeat
+from rlslurm.buffer.atomic import CorruptRecord, StorageFull, TransientStorageError
 from rlslurm.errors import UserError
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE, read_failure, run_role
 

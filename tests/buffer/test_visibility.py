@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from rlslurm.buffer import RolloutReader, RolloutWriter
-from rlslurm.buffer import reader as reader_mod
+from rlslurm.buffer import RolloutReader, RolloutWriter, reader as reader_mod
 from rlslurm.buffer.manifest import manifest_name
 
 from .helpers import assert_same, make_samples

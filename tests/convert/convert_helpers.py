@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from rlslurm.net import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-moonlight",
-            "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2", "tiny-qwen3-next",
+FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-glm4", "tiny-qwen3-moe", "tiny-deepseek-v3",
+            "tiny-moonlight", "tiny-glm4-moe", "tiny-glm4-moe-lite", "tiny-mimo", "tiny-minimax-m2", "tiny-qwen3-next",
             "tiny-qwen3.5", "tiny-qwen3.5-moe"]
 # Checkpoint tensors a family's mapping leaves alone by design: MiMo's MTP layer (rlslurm.tiny writes
 # one, 16 tensors), Qwen3-Next's (5 `mtp.*` tensors) and Qwen3.5's vision tower (21 `model.visual.*`
@@ -25,13 +26,8 @@ def mapped(model: str, names) -> set[str]:
     return {n for n in names if prefix is None or not n.startswith(prefix)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_procs(nproc: int, args: list[str], *, timeout: float = 240, module: bool = False) -> subprocess.CompletedProcess:
+def run_procs(nproc: int, args: list[str], *, timeout: float = 240,
+              module: bool = False) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node nproc` on a free port; returns the finished process (not checked)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
@@ -43,7 +39,8 @@ def run_procs(nproc: int, args: list[str], *, timeout: float = 240, module: bool
 
 def check(proc: subprocess.CompletedProcess) -> None:
     if proc.returncode != 0:
-        raise AssertionError(f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+        raise AssertionError(f"rc={proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-8000:]}")
 
 
 def dtype_runs(run_dir: Path, sync: dict) -> list[str]:

@@ -70,7 +70,8 @@ def _sgd_step_loss(model, grads: dict, ids, pos, vocab: int, lr: float = 1.0, ma
     expert = [grads[n] for n, p in named if ".local_experts." in n and param_is_not_tensor_parallel_duplicate(p)]
     sq = get_grad_norm_fp32(dense, grad_stats_parallel_group=ps.get_model_parallel_group()) ** 2
     if any(".local_experts." in n for n, _ in named):
-        sq += get_grad_norm_fp32(expert, grad_stats_parallel_group=ps.get_expert_tensor_model_pipeline_parallel_group()) ** 2
+        expert_group = ps.get_expert_tensor_model_pipeline_parallel_group()
+        sq += get_grad_norm_fp32(expert, grad_stats_parallel_group=expert_group) ** 2
     norm = math.sqrt(sq)
     scale = lr * min(1.0, max_norm / (norm + 1e-6))
     with torch.no_grad():
@@ -129,7 +130,8 @@ def main() -> None:
             result["loaded_tensors"] = summary["tensors"]
             if mc.arch.dsa is not None:
                 # GLM-5: what the trainer built for the sparse attention (models/dsa.py)
-                cores = {type(m).__name__ for n, m in model.named_modules() if n.endswith("self_attention.core_attention")}
+                cores = {type(m).__name__ for n, m in model.named_modules()
+                         if n.endswith("self_attention.core_attention")}
                 idx = [m for n, m in model.named_modules() if n.endswith("core_attention.indexer")]
                 result["dsa"] = {"core_attention": sorted(cores), "indexers": sorted({type(m).__name__ for m in idx}),
                                  "k_norm_eps": sorted({m.k_norm.eps for m in idx}),

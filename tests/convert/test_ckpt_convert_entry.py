@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from convert_helpers import REPO
 
 pytestmark = pytest.mark.megatron

@@ -1,5 +1,6 @@
 """`rlslurm convert` end to end: HF -> Megatron dist checkpoint -> HF under torchrun at
-different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export loads and generates in HF.
+different TP/PP/EP/ETP and pipeline splits on each side, bit-identical tensors, and the export
+loads and generates in HF.
 The conversions run in one set of processes (tests/convert/cli_worker.py); a command in torchrun
 processes of its own is tests/slurm/test_convert_submit.py's (TP=2 under SLURM), one from another
 directory tests/convert/test_ckpt_convert_entry.py's."""
@@ -73,8 +74,8 @@ def two_rank_run(request: pytest.FixtureRequest, root: Path) -> list[str]:
          "--decoder-first-pipeline-num-layers", "2", "--dtype", "bf16"],
         ["mcore-to-hf", "--model", qwen3, "--load", str(q / "mc"), "--out", str(q / "hf"), "--tp", "2",
          "--hf-config-from", str(bf16_qwen3)],
-        ["hf-to-mcore", "--model", "tiny-glm4", "--hf", str(glm4), "--out", str(g / "mc"), "--tp", "2", "--dtype", "fp32",
-         "--vocab-divisible-by", "64"],
+        ["hf-to-mcore", "--model", "tiny-glm4", "--hf", str(glm4), "--out", str(g / "mc"), "--tp", "2",
+         "--dtype", "fp32", "--vocab-divisible-by", "64"],
         ["mcore-to-hf", "--model", "tiny-glm4", "--load", str(g / "mc"), "--out", str(g / "hf"), "--pp", "2",
          "--hf-config-from", str(glm4)],
         # experts sharded over EP=2, each whole (ETP=1) while attention is split over TP=2 (slime's MoE
@@ -111,7 +112,8 @@ def _glm5_plan(tiny_ckpts: Path, r: Path) -> list[list[str]]:
             ["mcore-to-hf", *m, "--load", str(r / "tp2"), "--out", str(r / "hf-pp2"), "--pp", "2",
              "--decoder-first-pipeline-num-layers", "1", "--hf-config-from", hf],
             ["hf-to-mcore", *m, "--hf", hf, "--out", str(r / "ep2"), "--ep", "2", "--etp", "1", "--dtype", "fp32"],
-            ["mcore-to-hf", *m, "--load", str(r / "ep2"), "--out", str(r / "hf-tp2"), "--tp", "2", "--hf-config-from", hf]]
+            ["mcore-to-hf", *m, "--load", str(r / "ep2"), "--out", str(r / "hf-tp2"), "--tp", "2",
+             "--hf-config-from", hf]]
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +229,8 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
     ck.mkdir()
     arch = load_model_config("tiny-qwen3").arch.model_dump(mode="json")
     write_meta(ck, {"arch": {**arch, "num_layers": 3}, "vocab_size_padded": 128, "dtype": "float32"})
-    r = CliRunner().invoke(app, ["mcore-to-hf", "--model", "tiny-qwen3", "--load", str(ck), "--out", str(tmp_path / "o")])
+    r = CliRunner().invoke(app, ["mcore-to-hf", "--model", "tiny-qwen3", "--load", str(ck),
+                                 "--out", str(tmp_path / "o")])
     assert r.exit_code == 2
     assert "arch.num_layers=2" in r.output and "has 3" in r.output
 

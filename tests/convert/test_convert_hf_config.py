@@ -7,12 +7,11 @@ import json
 import shutil
 
 import pytest
+from convert_helpers import FAMILIES
 
 from rlslurm.convert import check_hf_config
 from rlslurm.errors import ConfigError
 from rlslurm.settings.model_config import load_model_config
-
-from convert_helpers import FAMILIES
 
 
 def _with_arch(name: str, **changes):
@@ -161,7 +160,8 @@ def test_shipped_glm45_air_matches_the_released_config(tmp_path):
 def test_shipped_moonlight_matches_the_released_config(tmp_path):
     check_hf_config(load_model_config("moonlight-16B-A3B"), _write(tmp_path / "m", MOONLIGHT))
     with pytest.raises(ConfigError, match=r"arch\.mla\.q_lora_rank=None .*q_lora_rank=1536"):
-        check_hf_config(load_model_config("moonlight-16B-A3B"), _write(tmp_path / "q", {**MOONLIGHT, "q_lora_rank": 1536}))
+        check_hf_config(load_model_config("moonlight-16B-A3B"),
+                        _write(tmp_path / "q", {**MOONLIGHT, "q_lora_rank": 1536}))
 
 
 @pytest.mark.parametrize("changes,field,ours,theirs", [

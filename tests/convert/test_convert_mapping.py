@@ -7,8 +7,7 @@ import pytest
 import torch
 from convert_helpers import FAMILIES, UNMAPPED, mapped
 
-from rlslurm.convert import HFCheckpoint, hf_to_mcore
-from rlslurm.convert import mapping as M
+from rlslurm.convert import HFCheckpoint, hf_to_mcore, mapping as M
 from rlslurm.models.build import padded_vocab_size
 from rlslurm.settings.model_config import load_model_config
 
@@ -131,7 +130,8 @@ def test_glm4_moe_table():
     # Air has no q/k norm; its 46 decoder layers end at 45 (46 is the MTP layer, unmapped)
     air = load_model_config("glm4.5-air")
     names = set(M.expected_hf_names(air))
-    assert "model.layers.45.self_attn.q_proj.bias" in names and "model.layers.45.mlp.experts.127.up_proj.weight" in names
+    assert "model.layers.45.self_attn.q_proj.bias" in names
+    assert "model.layers.45.mlp.experts.127.up_proj.weight" in names
     assert not any(".q_norm." in n or ".k_norm." in n or n.startswith("model.layers.46.") for n in names)
     assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.0.mlp.gate.weight" not in names
 
@@ -190,7 +190,8 @@ def test_minimax_m2_table_shards_its_qk_norms_by_heads_and_names_experts_as_mixt
         "model.layers.0.block_sparse_moe.experts.2.w1.weight", "model.layers.0.block_sparse_moe.experts.2.w3.weight")
     assert M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.2.linear_fc2.weight").hf_names == (
         "model.layers.0.block_sparse_moe.experts.2.w2.weight",)
-    assert M.resolve(mc, "decoder.layers.0.mlp.router.weight").hf_names == ("model.layers.0.block_sparse_moe.gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.router.weight").hf_names == (
+        "model.layers.0.block_sparse_moe.gate.weight",)
     assert M.resolve(mc, "decoder.layers.0.mlp.router.expert_bias").hf_names == (
         "model.layers.0.block_sparse_moe.e_score_correction_bias",)
     assert not any("shared_experts" in n or n.endswith(".bias") or "mlp.linear_fc" in n for n in targets)
@@ -215,7 +216,8 @@ def test_qwen3_next_gated_delta_net_tensors_split_over_tp_part_by_part():
     ba = torch.tensor([code[r] for r in ba_rows]).unsqueeze(1).expand(-1, h).contiguous()
     name = "decoder.layers.0.self_attention.in_proj.weight"
     res = M.resolve(mc, name)
-    assert res.hf_names == ("model.layers.0.linear_attn.in_proj_qkvz.weight", "model.layers.0.linear_attn.in_proj_ba.weight")
+    assert res.hf_names == ("model.layers.0.linear_attn.in_proj_qkvz.weight",
+                            "model.layers.0.linear_attn.in_proj_ba.weight")
     src = {res.hf_names[0]: qkvz, res.hf_names[1]: ba}
     parts = [dict(M.hf_to_mcore(mc, src.__getitem__, r, 2, targets={name: 0}))[name] for r in (0, 1)]
 
@@ -318,7 +320,8 @@ def test_qwen3_5_moe_is_qwen3_next_moe_under_the_language_model():
     assert M.resolve(mc, "decoder.layers.0.mlp.router.weight").hf_names == (p + "gate.weight",)
     assert M.resolve(mc, "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight").hf_names == (
         p + "experts.3.gate_proj.weight", p + "experts.3.up_proj.weight")
-    assert M.resolve(mc, "decoder.layers.0.mlp.shared_experts.gate_weight").hf_names == (p + "shared_expert_gate.weight",)
+    assert M.resolve(mc, "decoder.layers.0.mlp.shared_experts.gate_weight").hf_names == (
+        p + "shared_expert_gate.weight",)
     assert M.resolve(mc, "decoder.layers.0.self_attention.in_proj.weight").rule.kind == "concat"
     assert not any(".mlp.linear_fc" in n for n in M.default_targets(mc))  # no dense layer
 
@@ -330,7 +333,8 @@ def test_mimo_reads_and_exports_no_mtp_tensor(tiny_ckpts):
     ckpt = HFCheckpoint(tiny_ckpts / "tiny-mimo")
     mtp = [n for n in ckpt.names() if n.startswith("model.mtp_layers.")]
     assert len(mtp) == 16 and not any(n.startswith("model.mtp_layers.") for n in M.expected_hf_names(mc))
-    assert {r.mcore for r in M.layer_rules(mc, 0)} == {r.mcore for r in M.layer_rules(load_model_config("tiny-qwen2"), 0)}
+    qwen2 = load_model_config("tiny-qwen2")
+    assert {r.mcore for r in M.layer_rules(mc, 0)} == {r.mcore for r in M.layer_rules(qwen2, 0)}
     with_mtp = dict(hf_to_mcore(mc, iter(ckpt)))
     without = dict(hf_to_mcore(mc, ((n, t) for n, t in ckpt if n not in mtp)))
     assert with_mtp.keys() == without.keys() and all(torch.equal(with_mtp[k], without[k]) for k in without)
@@ -346,7 +350,8 @@ def test_moonlight_table_projects_queries_without_lora():
     assert not any("q_down_proj" in n or "q_up_proj" in n or "q_layernorm" in n for n in targets)
     assert "decoder.layers.1.self_attention.kv_layernorm.weight" in targets
     names = set(M.expected_hf_names(load_model_config("moonlight-16B-A3B")))
-    assert "model.layers.26.self_attn.q_proj.weight" in names and "model.layers.26.mlp.experts.63.gate_proj.weight" in names
+    assert "model.layers.26.self_attn.q_proj.weight" in names
+    assert "model.layers.26.mlp.experts.63.gate_proj.weight" in names
     assert not any("q_a_proj" in n for n in names)
 
 
@@ -392,7 +397,8 @@ def test_glm_moe_dsa_table_adds_the_indexer_to_deepseek_v3s_names(tiny_ckpts):
     assert M.resolve(mc, "decoder.layers.1.mlp.router.expert_bias").hf_names == (
         "model.layers.1.mlp.gate.e_score_correction_bias",)
     lite = {r.mcore for r in M.layer_rules(load_model_config("tiny-glm4-moe-lite"), 1)}
-    assert {r.mcore for r in M.layer_rules(mc, 1)} - lite == {"self_attention.core_attention.indexer." + n for n in pairs}
+    indexer = {"self_attention.core_attention.indexer." + n for n in pairs}
+    assert {r.mcore for r in M.layer_rules(mc, 1)} - lite == indexer
     assert mc.arch.dsa.shared_layers == (2,) and {r.mcore for r in M.layer_rules(mc, 2)} == lite
     assert not any(".indexer." in n for n in M.expected_hf_names(mc) if n.startswith("model.layers.2."))
     ckpt = HFCheckpoint(tiny_ckpts / "tiny-glm-moe-dsa")

@@ -48,7 +48,7 @@ print("RESULT" + json.dumps(r))
 def test_cpu_shim_patches_what_megatron_needs():
     if torch.cuda.is_available():
         pytest.skip("the shim is a no-op with CUDA")
-    from convert_helpers import free_port
+    from rlslurm.net import free_port
 
     code = PROBE.replace("__PORT__", str(free_port()))
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)

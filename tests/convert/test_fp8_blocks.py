@@ -11,7 +11,7 @@ import torch
 
 from rlslurm.convert import fp8
 from rlslurm.errors import DataError
-from tests.fp8_ckpt import block_quantize
+from tests.helpers.fp8_ckpt import block_quantize
 
 
 def _bound_ok(w: torch.Tensor, deq: torch.Tensor, scale: torch.Tensor, block=(128, 128)) -> bool:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from convert_helpers import check, dtype_runs, run_procs  # noqa: F401 (check, run_procs: conftest's two_rank_runs)
-from tests.fp8_ckpt import QUANT, make_fp8_checkpoint
+
+from tests.helpers.fp8_ckpt import QUANT, make_fp8_checkpoint
 
 pytestmark = [pytest.mark.megatron]
 

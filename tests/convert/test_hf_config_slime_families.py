@@ -13,7 +13,15 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.models.model_from_hf import model_config_from_hf
-from tests.released_configs import GLM5, GLM47_FLASH, MIMO_7B, MINIMAX_M2, QWEN3_5_27B, QWEN3_5_35B_A3B, QWEN3_NEXT
+from tests.helpers.released_configs import (
+    GLM5,
+    GLM47_FLASH,
+    MIMO_7B,
+    MINIMAX_M2,
+    QWEN3_5_27B,
+    QWEN3_5_35B_A3B,
+    QWEN3_NEXT,
+)
 
 
 def _dir(tmp_path: Path, cfg: dict) -> Path:

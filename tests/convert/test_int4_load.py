@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from convert_helpers import check, dtype_runs, run_procs  # noqa: F401 (check, run_procs: conftest's two_rank_runs)
 
 pytest.importorskip("compressed_tensors")  # the format's reference, never imported by rlslurm
-from tests.int4_ckpt import EXPERT, GROUP, QUANT, ct_dequantize, ct_quantize, make_int4_checkpoint  # noqa: E402
+from tests.helpers.int4_ckpt import EXPERT, GROUP, QUANT, ct_dequantize, ct_quantize, make_int4_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.megatron]
 

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("compressed_tensors")
 from rlslurm.convert import int4  # noqa: E402
 from rlslurm.errors import DataError  # noqa: E402
-from tests.int4_ckpt import ct_dequantize, ct_quantize  # noqa: E402
+from tests.helpers.int4_ckpt import ct_dequantize, ct_quantize  # noqa: E402
 
 
 @pytest.mark.parametrize("shape, group", [((64, 256), 128), ((48, 384), 128), ((16, 64), 32), ((8, 7168), 32)])

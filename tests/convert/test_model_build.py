@@ -149,7 +149,8 @@ def test_qwen3_next_fields_and_what_its_gated_delta_net_refuses():
 
 def test_qwen3_next_layer_spec_puts_gated_delta_nets_where_hf_does(monkeypatch):
     """Layers 0 and 1 (0-based) of tiny-qwen3-next are linear attention: megatron's GatedDeltaNet (rlslurm's
-    subclass of it, which adds context parallelism) with rlslurm's kernels and output norm; layer 2 is megatron's SelfAttention with zero-centred q/k norms.
+    subclass of it, which adds context parallelism) with rlslurm's kernels and output norm; layer 2 is
+    megatron's SelfAttention with zero-centred q/k norms.
     Packed sequences (--qkv-format thd) are refused in one line."""
     from megatron.core import parallel_state as ps
     from megatron.core.ssm import gated_delta_net as gdn
@@ -245,16 +246,16 @@ def test_glm_moe_dsa_fields_and_the_settings_its_sparse_attention_refuses():
     cp2 = transformer_config(mc, cp=2, overrides={})
     assert cp2.context_parallel_size == 2 and cp2.experimental_attention_variant == "dsa"
     # GLM-5.2's shared layer 2 reuses layer 1's top-k: no pipeline stage may start with it
-    for pp_kw, msg in (({"pp": 3}, "--pipeline-model-parallel-size 3: the stage starting at layer 2 of tiny-glm-moe-dsa "
-                                   "starts with a shared sparse-attention layer"),
+    for pp_kw, msg in (({"pp": 3}, "--pipeline-model-parallel-size 3: the stage starting at layer 2 of "
+                                   "tiny-glm-moe-dsa starts with a shared sparse-attention layer"),
                        ({"pp": 2, "first_stage_layers": 2}, "--pipeline-model-parallel-size 2: the stage starting at "
                                                             "layer 2")):
         with pytest.raises(ConfigError) as e:
             transformer_config(mc, overrides={}, **pp_kw)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
     # stages [0], [1, 2], with full recompute (the shared layer queues its top-k for the recompute, models/dsa.py)
-    transformer_config(mc, pp=2, first_stage_layers=1, overrides={"recompute_granularity": "full",
-                                                                  "recompute_method": "uniform", "recompute_num_layers": 1})
+    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    transformer_config(mc, pp=2, first_stage_layers=1, overrides=recompute)
 
 
 def test_glm5_indexer_k_norm_is_transformers_layernorm_at_1e_6():
@@ -309,7 +310,7 @@ def test_transformer_engine_is_used_only_when_asked_for(tmp_path):
 
     from convert_helpers import REPO
 
-    from tests.transformer_engine_stub import fake_transformer_engine
+    from tests.helpers.transformer_engine_stub import fake_transformer_engine
 
     fake = fake_transformer_engine(tmp_path / "te", "2.13.0")
     p = subprocess.run([sys.executable, "-c", TE_PROBE], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -323,5 +324,6 @@ def test_transformer_engine_is_used_only_when_asked_for(tmp_path):
                            "kernels; use --transformer-impl local")
     gpu = r["te_on_gpu"]
     assert gpu.startswith("--transformer-impl transformer_engine: transformer-engine 2.13.0 ") and "\n" not in gpu
-    # megatron-core 0.16.1 declares transformer-engine <2.12.0; 0.19.2 declares no range, and the stand-in does not import
+    # megatron-core 0.16.1 declares transformer-engine <2.12.0; 0.19.2 declares no range, and the
+    # stand-in does not import
     assert "is outside what megatron-core" in gpu or "does not import: ModuleNotFoundError: an invented" in gpu, gpu

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.slurm_runs import rlslurm
+from tests.helpers.slurm_runs import rlslurm
 
 GRPO_NUM_ROLLOUT = 24  # submit_grpo's --num-rollout; a later --num-rollout in `extra` wins
 
@@ -14,7 +14,8 @@ GRPO_NUM_ROLLOUT = 24  # submit_grpo's --num-rollout; a later --num-rollout in `
 def submit_grpo(run_dir: Path, prompts: Path, *extra: str) -> int:
     rlslurm("submit", "--model", "tiny-qwen3", "--nodes", "2", "--prompt-data", str(prompts), "--run-dir", str(run_dir),
             "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "30", "--signal-grace-s", "120",
-            "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(GRPO_NUM_ROLLOUT), "--num-epoch", "100",
+            "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(GRPO_NUM_ROLLOUT),
+            "--num-epoch", "100",
             "--rollout-dtype", "float32", "--weight-sync", "distributed", "--verify-weight-sync",
             "--no-use-distributed-optimizer", "--save-interval", "4", "--engine-health-interval-s", "2", *extra)
     return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])

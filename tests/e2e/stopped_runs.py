@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.e2e.helpers import batch_log, probes
-from tests.slurm_runs import ledger, rlslurm
+from tests.helpers.slurm_runs import ledger, rlslurm
 
 NUM_ROLLOUT = 500      # a ceiling, never reached: the test stops the run
 
@@ -20,7 +20,8 @@ def submit(run_dir: Path, prompts: Path, *extra: str) -> int:
             "--gpus-per-node", "2", "--no-exclusive", "--cpus-per-node", "2", "--time", "30", "--signal-grace-s", "120",
             "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(NUM_ROLLOUT), "--num-epoch", "100",
             "--rollout-dtype", "float32", "--weight-sync", "distributed", "--verify-weight-sync",
-            "--no-use-distributed-optimizer", "--save-interval", str(NUM_ROLLOUT), "--engine-health-interval-s", "2", *extra)
+            "--no-use-distributed-optimizer", "--save-interval", str(NUM_ROLLOUT),
+            "--engine-health-interval-s", "2", *extra)
     return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
 
 

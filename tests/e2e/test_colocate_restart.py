@@ -1,6 +1,6 @@
 """--colocate under faults on the CPU stack (issue 31 item 5): an engine killed inside the trainer's turn
 restarts after it; a TERM inside a later turn saves there, engines released, and acknowledges. The
-scenario and what it asserts: tests/colocate_faults.py (the GPU tier runs the same one)."""
+scenario and what it asserts: tests/helpers/colocate_faults.py (the GPU tier runs the same one)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.colocate_faults import kill_then_term_inside_turns
+from tests.helpers.colocate_faults import kill_then_term_inside_turns
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 

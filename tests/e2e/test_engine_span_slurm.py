@@ -33,12 +33,10 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.demo_task import make_prompts
 from rlslurm.rollout.node import RemoteRouter
-
-from tests.deliveries import assert_delivered_by
 from tests.e2e.helpers import probes
-from tests.e2e.stopped_runs import (at_next_commit, check_no_stale_samples, last_probe, stop_and_check,
-                                     submit, wait_for)
-from tests.process_groups import pid_alive
+from tests.e2e.stopped_runs import at_next_commit, check_no_stale_samples, last_probe, stop_and_check, submit, wait_for
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.process_groups import pid_alive
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 

@@ -26,11 +26,10 @@ import pytest
 from rlslurm.buffer.store import BufferStore
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
-
-from tests.deliveries import assert_delivered_by
 from tests.e2e.helpers import GRPO_NUM_ROLLOUT, batch_log, probes, submit_grpo, trained_per_attempt
-from tests.process_groups import trainer_pids
-from tests.slurm_runs import env_reports, ledger, rlslurm, wait_reports
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.process_groups import trainer_pids
+from tests.helpers.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -287,7 +286,8 @@ def test_async_run_interrupted_three_ways_loses_nothing_trains_nothing_twice_and
     for a, ids in steps.items():
         assert ids == list(range(ids[0], ids[-1] + 1)), (a, ids)
     assert steps[1][0] == steps[0][-1] + 1, "after USR1 the trainer resumes right after its last trained rollout"
-    assert steps[2][0] == steps[1][-1] + 1, "after a preemption the trainer resumes right after its last trained rollout"
+    assert steps[2][0] == steps[1][-1] + 1, \
+        "after a preemption the trainer resumes right after its last trained rollout"
     assert steps[3][0] <= steps[2][-1] + 1, "a hard requeue resumes from the last checkpoint (at or before)"
     # lineage of the final weights: each attempt up to where the next one resumed, then the last
     lineage = [i for a in (0, 1, 2) for i in steps[a] if i < steps[a + 1][0]] + steps[3]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deliveries import assert_delivered_by
+from tests.helpers.deliveries import assert_delivered_by
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 

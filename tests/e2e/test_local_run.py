@@ -24,9 +24,8 @@ import pytest
 
 from rlslurm.buffer.control import Control
 from rlslurm.curve import reward_curve
-
-from tests.deliveries import assert_delivered_by
-from tests.process_groups import rollout_pids
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.process_groups import rollout_pids
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -113,9 +112,11 @@ def test_demo_stops_cleanly_and_continues(tmp_path: Path) -> None:
     # the finished local run as `rlslurm status` tells it: from the run's own record, engines gone
     st = json.loads(subprocess.run([sys.executable, "-m", "rlslurm.cli", "status", str(run_dir), "--json"], cwd=ROOT,
                                    capture_output=True, text=True, check=True, timeout=120).stdout)
-    assert (st["slurm"]["state"], st["slurm"]["source"], st["live"]) == ("FINISHED", "run directory", False), st["slurm"]
+    assert (st["slurm"]["state"], st["slurm"]["source"], st["live"]) == ("FINISHED", "run directory", False), \
+        st["slurm"]
     assert st["engines"] and all(e["gone"] and not e["healthy"] for e in st["engines"]), st["engines"]
-    assert (st["weights"]["version"], st["weights"]["transport"], st["weights"]["fallbacks"]) == (NUM_ROLLOUT, "gloo", 0)
+    assert (st["weights"]["version"], st["weights"]["transport"],
+            st["weights"]["fallbacks"]) == (NUM_ROLLOUT, "gloo", 0)
     # ... its end, not what its processes last did; trained rollouts counted, not those the buffer keeps
     assert st["phases"] == [] and (st["ended"]["attempt"], st["ended"]["reason"]) == (1, "finished"), st
     assert (st["rollouts_trained"], st["num_rollout"]) == (NUM_ROLLOUT, NUM_ROLLOUT), st
@@ -130,7 +131,8 @@ def test_demo_stops_cleanly_and_continues(tmp_path: Path) -> None:
         assert lines and all(f" INFO {l}\n" in (run_dir / f"logs/attempt-{n}/trainer-0.log").read_text() for l in lines)
         assert all(f"{l}\n" in out for l in lines), out[-3000:]
     first = [step_line(r) for r in recs if r["attempt"] == 0]
-    assert all(" | tok/s gen " in l and l.endswith(f" | weights v{r + 1} gloo") for r, l in enumerate(first[::2])), first
+    assert all(" | tok/s gen " in l and l.endswith(f" | weights v{r + 1} gloo")
+               for r, l in enumerate(first[::2])), first
     # logs are the owner's only, as under SLURM's umask 077, and no file but control/api_key holds the key
     key = (control / "api_key").read_bytes().strip()
     files = [p for p in run_dir.rglob("*") if p.is_file()]

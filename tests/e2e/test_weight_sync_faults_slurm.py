@@ -45,12 +45,10 @@ from rlslurm.demo_task import make_prompts
 from rlslurm.engines.fanout import CLEANUP_TIMEOUT_S
 from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.rollout.node import RemoteRouter
-
-from tests.deliveries import assert_delivered_by
 from tests.e2e.helpers import probes
-from tests.e2e.stopped_runs import (at_next_commit, check_no_stale_samples, last_probe, stop_and_check,
-                                     submit, wait_for)
-from tests.process_groups import pid_alive
+from tests.e2e.stopped_runs import at_next_commit, check_no_stale_samples, last_probe, stop_and_check, submit, wait_for
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.process_groups import pid_alive
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -117,7 +115,8 @@ def test_kill9_then_hung_engine_between_syncs_restart_rejoin_and_bounded_retry(s
     """One run, two faults in turn: a) kill -9 of engine B, then, once B is back and two syncs
     reached both engines, b) engine A hung (SIGSTOP of its process tree)."""
     run_dir = tmp_path / "run"
-    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--weight-sync-timeout-s", str(SYNC_TIMEOUT_S))
+    job = submit(run_dir, make_prompts(tmp_path / "prompts.jsonl", n=64), "--weight-sync-timeout-s",
+                 str(SYNC_TIMEOUT_S))
     control = Control(RunDir(run_dir))
     router = None
     first = wait_for(lambda: synced_both(run_dir, 1), 600, "a first sync reaching both engines", run_dir, job)

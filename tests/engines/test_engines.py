@@ -28,7 +28,7 @@ from rlslurm.engines.router import RouterProcess
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import ConfigError
 from rlslurm.net import allocate_ports, consecutive_ports, engine_port_block, free_port, node_ip
-from tests.process_groups import pid_alive
+from tests.helpers.process_groups import pid_alive
 
 
 def _spec(tmp_path, **kw) -> EngineSpec:
@@ -294,8 +294,8 @@ def test_a_restarted_engine_awaiting_weights_counts_as_recovering(tmp_path):
 def test_an_engine_that_never_comes_back_ends_the_attempt_after_its_restart_budget(tmp_path):
     """A restart that keeps failing (here: a start that exits at once - taskset refuses a core this
     host does not have) used to be retried every backoff for as long as the job ran."""
-    from rlslurm.rollout.node import RemoteRouter
     from rlslurm.engines.supervisor import EngineFailure, EngineSupervisor
+    from rlslurm.rollout.node import RemoteRouter
 
     port = free_port("127.0.0.1")
     spec = _spec(tmp_path, host="127.0.0.1", port=port, nccl_port=free_port("127.0.0.1"),

@@ -114,7 +114,8 @@ OOM_LOG = """\
 [2026-12-05 10:01:02] Scheduler hit an exception: Traceback (most recent call last):
   File "sglang/srt/managers/scheduler.py", line 2794, in run_scheduler_process
 RuntimeError: torch_memory_saver resume: out of memory (cudaErrorMemoryAllocation)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.86 GiB. GPU 0 has a total capacity of 139.81 GiB of which 956.00 MiB is free.
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.86 GiB. \
+GPU 0 has a total capacity of 139.81 GiB of which 956.00 MiB is free.
 """
 
 
@@ -177,8 +178,8 @@ def test_other_deaths_are_still_restarted(tmp_path) -> None:
 
 @pytest.mark.parametrize("value", ["1.5", "0", "-0.2", "most"])
 def test_a_share_no_gpu_could_take_is_refused_at_submit(value: str, tmp_path) -> None:
-    from tests.config_errors import one_line_naming
-    from tests.prompt_files import prompt_lines
+    from tests.helpers.config_errors import one_line_naming
+    from tests.helpers.prompt_files import prompt_lines
 
     (tmp_path / "p.jsonl").write_text(prompt_lines())
     one_line_naming(["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--nodes", "1",

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.process_groups import group_members
+from tests.helpers.process_groups import group_members
 
 # stands in for SGLang: a server process with a child of its own, both in the launcher's group
 SERVER = """

@@ -15,17 +15,14 @@ from rlslurm.engines.span import SpanLeader
 from rlslurm.errors import ConfigError
 from rlslurm.net import interface_ipv4
 from rlslurm.resolve import resolve
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
 
 
 @pytest.fixture
-def argv(tmp_path: Path) -> list[str]:
+def argv(tmp_path: Path, prompts: Path) -> list[str]:
     """qwen3-4B on 2 trainer + 2 rollout nodes of 8 GPUs, one engine over both rollout nodes."""
-    p = tmp_path / "train.jsonl"
-    p.write_text(prompt_lines(*({"prompt": f"say {c}", "label": c} for c in "abcd")))
-    return ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(p), "--hf-checkpoint",
+    return ["--model", "qwen3-4B", "--nodes", "4", "--prompt-data", str(prompts), "--hf-checkpoint",
             str(hf_shaped_dir(tmp_path / "hf", "qwen3-4B")), "--rollout-num-gpus-per-engine", "16"]
 
 
@@ -84,10 +81,12 @@ def test_a_config_file_is_read_as_sglang_merges_it(argv: list[str], tmp_path: Pa
     pytest.importorskip("sglang")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dp.yaml").write_text("attn-dp-size: 2\nmem-fraction-static: 0.7\n")
-    msg = one_line_naming(argv + ["--sglang-config", "dp.yaml"], f"attn-dp-size: 2 in --sglang-config {tmp_path}/dp.yaml",
+    msg = one_line_naming(argv + ["--sglang-config", "dp.yaml"],
+                          f"attn-dp-size: 2 in --sglang-config {tmp_path}/dp.yaml",
                           "spanning 2 nodes")
     cfg = resolve(argv + ["--sglang-config", "dp.yaml", "--sglang-attn-dp-size", "1"]).cfg  # the command line wins
-    assert cfg.sglang_args == ["--config", str(tmp_path / "dp.yaml"), "--attn-dp-size", "1"], msg  # absolute: read on the node
+    # absolute: read on the node
+    assert cfg.sglang_args == ["--config", str(tmp_path / "dp.yaml"), "--attn-dp-size", "1"], msg
     (tmp_path / "host.yaml").write_text("host: 0.0.0.0\n")
     one_line_naming(argv + ["--sglang-config", "host.yaml"], f"key host of --sglang-config {tmp_path}/host.yaml",
                     "rlslurm sets --host")

@@ -68,12 +68,14 @@ def main() -> None:
 
     ps.initialize_model_parallel(context_parallel_size=dist.get_world_size())
     cp = dist.get_world_size()
-    lens = [c * 2 * cp for c in ((350, 17, 1, 1024, 64, 3) if DEV == "cuda" else (35, 7, 1, 3))]  # packed: each a multiple of 2 x CP
+    # packed: each a multiple of 2 x CP
+    lens = [c * 2 * cp for c in ((350, 17, 1, 1024, 64, 3) if DEV == "cuda" else (35, 7, 1, 3))]
     res = {"rank": dist.get_rank(), "cp": cp,
            "padded_fp32": check(False, torch.float32, [4096 if DEV == "cuda" else 256]),
            "packed_fp32": check(True, torch.float32, lens)}
     if DEV == "cuda":
-        res.update(padded_bf16=check(False, torch.bfloat16, [4096]), packed_bf16_varlen=check(True, torch.bfloat16, lens))
+        res.update(padded_bf16=check(False, torch.bfloat16, [4096]),
+                   packed_bf16_varlen=check(True, torch.bfloat16, lens))
     print(json.dumps(res), flush=True)
     ps.destroy_model_parallel()
     dist.destroy_process_group()

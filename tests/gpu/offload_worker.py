@@ -125,8 +125,7 @@ def train(a: argparse.Namespace) -> None:
     from rlslurm.buffer.progress import TrainerProgress
     from rlslurm.convert import mcore_to_hf
     from rlslurm.settings.config import RunConfig
-    from rlslurm.trainer import checkpoint
-    from rlslurm.trainer import step as steps
+    from rlslurm.trainer import checkpoint, step as steps
     from rlslurm.trainer.setup import build_trainer, init_distributed
 
     init_distributed(a.device, timeout_minutes=5)
@@ -186,7 +185,8 @@ def compare(ta: list, tb: list) -> list[dict]:
         if k:
             row.update(grads_equal=all(torch.equal(x["grad"][n], y["grad"][n]) for n in x["grad"]),
                        grad_rel=rel(x["grad"], y["grad"]), grad_norm=[x["grad_norm"], y["grad_norm"]],
-                       norm_pre=[norm(x["grad"]), norm(y["grad"])], norm_clipped=[norm(x["clipped"]), norm(y["clipped"])],
+                       norm_pre=[norm(x["grad"]), norm(y["grad"])],
+                       norm_clipped=[norm(x["clipped"]), norm(y["clipped"])],
                        update=max(float((x["main"][n] - ta[k - 1]["main"][n]).abs().max()) for n in x["main"]))
         rows.append(row)
     return rows
@@ -219,7 +219,8 @@ def measure(outdir: Path, seeds: list[int], par: int, device: str = "cuda") -> N
     for i in range(0, len(names), par):
         procs = {}
         for j, n in enumerate(names[i:i + par]):
-            cmd = [sys.executable, __file__, "--out", str(work / f"{n}.pt"), "--ckpt", str(work / f"ck-{n}"), "--device", device,
+            cmd = [sys.executable, __file__, "--out", str(work / f"{n}.pt"), "--ckpt", str(work / f"ck-{n}"),
+                   "--device", device,
                    *runs[n]]
             procs[n] = subprocess.Popen(cmd, env={**env, "MASTER_PORT": str(29600 + i + j)},
                                         stdout=subprocess.DEVNULL, stderr=open(work / f"{n}.err", "w"))

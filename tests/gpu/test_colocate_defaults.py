@@ -14,10 +14,9 @@ from pathlib import Path
 
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
-
-from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.colocated_runs import OOM, colocated, engine_text, gpu_name, restart_causes, shares
 from tests.gpu.run_checks import finish, logs, metrics
+from tests.helpers.deliveries import assert_delivered_by, final_lineage
 
 N = 20
 

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from rlslurm.settings.model_config import available_models, load_model_config
-
-from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.colocated_runs import OOM, colocated, engine_text, gpu_name, restart_causes, shares
 from tests.gpu.run_checks import finish, logs
+from tests.helpers.deliveries import assert_delivered_by, final_lineage
 
 N = 4
 

@@ -1,15 +1,15 @@
 """--colocate under faults on a GPU (issue 31 item 5): the trainer and one real SGLang engine take turns
 on GPU 0; a kill -9 of the engine inside the trainer's turn restarts it only after the turn (inside it
 the new engine would take the trainer's memory), and a TERM inside a later turn saves there with the
-engine released. The scenario: tests/colocate_faults.py (the CPU suite runs the same one)."""
+engine released. The scenario: tests/helpers/colocate_faults.py (the CPU suite runs the same one)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from tests.colocate_faults import kill_then_term_inside_turns
 from tests.gpu.bundle_flags import run_flags
+from tests.helpers.colocate_faults import kill_then_term_inside_turns
 
 
 def test_colocated_engine_kill9_and_term_inside_the_turn_on_a_gpu(tmp_path: Path) -> None:

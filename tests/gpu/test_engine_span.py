@@ -65,7 +65,8 @@ def test_engine_over_two_nodes_follows_every_sync_and_restarts_as_one() -> None:
         p = engine_port_block(host, 1)[0]
         return EngineSpec(name="engine-0-0", model_path=str(model), host=host, port=p.port, nccl_port=p.nccl_port,
                           log_path=work / f"rank{rank}.log", api_key=key, dtype="bfloat16", device="cuda",
-                          base_gpu_id=first_gpu + rank * per_node, tp_size=tp, nnodes=2, node_rank=rank, extra_args=extra)
+                          base_gpu_id=first_gpu + rank * per_node, tp_size=tp, nnodes=2, node_rank=rank,
+                          extra_args=extra)
 
     router = RouterProcess(host=host, port=free_port(host), log_path=work / "router.log", api_key=key)
     router.start()

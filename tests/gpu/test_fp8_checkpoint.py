@@ -1,7 +1,7 @@
-"""A block-wise FP8 --hf-checkpoint end to end on GPUs (docs/low-precision.md, "Block-wise FP8 checkpoints": the engine side needs a GPU run): the
-engine serves tests/fp8_ckpt.py's tiny FP8 Qwen3 (SGLang's Fp8LinearMethod, --quantization fp8), the
-trainer trains it in bf16, and every weight sync sends FP8 weights with their 128x128 scale blocks.
-Asserted: the run finishes, every version reaches the engine by the transport (no disk fallback),
+"""A block-wise FP8 --hf-checkpoint end to end on GPUs (docs/low-precision.md, "Block-wise FP8 checkpoints": the engine
+side needs a GPU run): the engine serves tests/helpers/fp8_ckpt.py's tiny FP8 Qwen3 (SGLang's Fp8LinearMethod,
+--quantization fp8), the trainer trains it in bf16, and every weight sync sends FP8 weights with their 128x128 scale
+blocks. Asserted: the run finishes, every version reaches the engine by the transport (no disk fallback),
 the engine reports each version, and rollout vs train log-probs stay within a bound (one e4m3
 rounding apart, plus bf16). Not run on CPU: SGLang's FP8 GEMMs need a GPU."""
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.deliveries import assert_delivered_by
-from tests.fp8_ckpt import make_fp8_checkpoint
 from tests.gpu.demo_runs import rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.fp8_ckpt import make_fp8_checkpoint
 
 
 def test_fp8_checkpoint_serves_and_syncs_fp8(tmp_path: Path) -> None:

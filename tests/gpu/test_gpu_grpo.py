@@ -22,11 +22,10 @@ from pathlib import Path
 
 from rlslurm.curve import reward_curve
 from rlslurm.rollout.driver import required_version
-
-from tests.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import SAVE_INTERVAL, check_placement, rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
-from tests.process_groups import trainer_pids
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.process_groups import trainer_pids
 
 MARGIN = 0.15
 
@@ -84,8 +83,8 @@ def test_sync_engine_follows_every_sync_and_kill9_trainer_resumes(tmp_path: Path
     first, last = reward_rose(run_dir)
     assert last - first > MARGIN, f"reward did not rise: {first:.3f} -> {last:.3f}"
     recs = probes(run_dir)
-    assert recs and all(str(e.get("weight_version")) == str(r["version"]) for r in recs for e in r["engines"].values()), \
-        recs[:2]
+    assert recs and all(str(e.get("weight_version")) == str(r["version"])
+                        for r in recs for e in r["engines"].values()), recs[:2]
     assert n in {r["version"] for r in recs}  # the final weights reached the engine too
     diffs = logprob_diffs(metrics(run_dir))
     assert diffs and max(diffs) < 0.1, diffs  # same weights on both sides, bf16 kernels apart
@@ -145,8 +144,8 @@ def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_pat
     resumed = ids[max(ids)]
     assert before[:resumed[0]] + resumed == list(range(n)), ids
     recs = probes(run_dir)
-    assert recs and all(str(e.get("weight_version")) == str(r["version"]) for r in recs for e in r["engines"].values()), \
-        recs[:2]
+    assert recs and all(str(e.get("weight_version")) == str(r["version"])
+                        for r in recs for e in r["engines"].values()), recs[:2]
     assert n in {r["version"] for r in recs}
     ms = [m for m in metrics(run_dir) if "time/engines_release" in m]
     assert len({m["rollout_id"] for m in ms}) >= n - 2, "phases missing from the metrics"
@@ -167,8 +166,10 @@ def test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes(tmp_pat
     print(f"GPU colocate bf16 ({gpus} GPU(s), trainer DP={gpus}, {gpus // tp} engine(s) of TP={tp}, weights by "
           f"CUDA IPC): trained {before} then {resumed}; "
           f"{len(recs)} probes at the trainer's version, greedy equal in {sum(r['match'] for r in recs)}; reward "
-          f"{first:.3f} -> {last:.3f}; median s: release {med('time/engines_release'):.2f} onload {med('time/onload'):.2f} "
-          f"offload {med('time/offload'):.2f} resume {med('time/engines_resume'):.2f} publish {med('time/publish'):.2f}; "
+          f"{first:.3f} -> {last:.3f}; median s: release {med('time/engines_release'):.2f} "
+          f"onload {med('time/onload'):.2f} offload {med('time/offload'):.2f} "
+          f"resume {med('time/engines_resume'):.2f} publish {med('time/publish'):.2f}; "
           f"GPU used GiB (rank 0): released {med('mem/gpu_used_gib/released'):.2f} onloaded "
-          f"{med('mem/gpu_used_gib/onloaded'):.2f} trainer peak {med('mem/trainer_peak_reserved_gib'):.2f} engine weights "
+          f"{med('mem/gpu_used_gib/onloaded'):.2f} trainer peak {med('mem/trainer_peak_reserved_gib'):.2f} "
+          f"engine weights "
           f"{med('mem/gpu_used_gib/engine_weights'):.2f} resumed {med('mem/gpu_used_gib/engines_resumed'):.2f}")

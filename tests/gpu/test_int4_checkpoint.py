@@ -1,6 +1,6 @@
 """An INT4 W4A16 compressed-tensors --hf-checkpoint end to end on GPUs (docs/low-precision.md, "INT4
 W4A16 checkpoints": the engine side needs a GPU run), the INT4 twin of test_fp8_checkpoint.py: the
-engine serves tests/int4_ckpt.py's tiny INT4 Qwen3-MoE (SGLang's CompressedTensorsWNA16MoE, Marlin,
+engine serves tests/helpers/int4_ckpt.py's tiny INT4 Qwen3-MoE (SGLang's CompressedTensorsWNA16MoE, Marlin,
 --moe-runner-backend marlin), the trainer trains it in bf16, and every weight sync sends the experts
 as weight_packed/weight_scale/weight_shape in groups of 128.
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlslurm.engines.sglang_versions import api_for, installed_sglang_version
-from tests.deliveries import assert_delivered_by
 from tests.gpu.demo_runs import rlslurm_run, transport, where
 from tests.gpu.run_checks import finish, logprob_diffs, logs, metrics, probes
-from tests.int4_ckpt import make_int4_checkpoint, model_yaml
+from tests.helpers.deliveries import assert_delivered_by
+from tests.helpers.int4_ckpt import make_int4_checkpoint, model_yaml
 
 
 def test_int4_checkpoint_serves_and_syncs_int4(tmp_path: Path) -> None:

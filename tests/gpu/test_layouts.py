@@ -36,10 +36,9 @@ import pytest
 from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.settings.runfile import load_run_config
-
-from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.bundle_flags import run_flags
 from tests.gpu.run_checks import finish, logs, probes, who_is_on_which_gpu
+from tests.helpers.deliveries import assert_delivered_by, final_lineage
 
 NUM_ROLLOUT = 10
 RECEIVER = os.environ.get("RLSLURM_GPU_RECEIVER", "auto")

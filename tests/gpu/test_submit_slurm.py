@@ -26,12 +26,11 @@ import pytest
 
 from rlslurm.curve import reward_curve
 from rlslurm.demo_task import make_prompts
-
-from tests.deliveries import assert_delivered_by, final_lineage
 from tests.gpu.bundle_flags import run_flags
 from tests.gpu.run_checks import who_is_on_which_gpu
+from tests.helpers.deliveries import assert_delivered_by, final_lineage
+from tests.helpers.slurm_runs import env_reports, ledger, rlslurm
 from tests.slurm_cluster import SlurmCluster
-from tests.slurm_runs import env_reports, ledger, rlslurm
 
 REPO = Path(__file__).resolve().parents[2]
 KIT = Path(os.environ.get("RLSLURM_GPU_SLURM_KIT", REPO / ".gpu-bundle" / "slurm"))
@@ -80,7 +79,8 @@ def submit(run_dir: Path, prompts: Path, *extra: str) -> int:
     rlslurm("submit", "--model", "tiny-qwen3", "--device", "cuda", "--prompt-data", str(prompts), "--run-dir",
             str(run_dir), "--no-exclusive", "--cpus-per-node", "8", "--time", "30", "--signal-grace-s", "120",
             "--custom-rm-path", "rlslurm.demo_task:reward", "--num-rollout", str(NUM_ROLLOUT), "--num-epoch", "100",
-            "--rollout-dtype", "bfloat16", "--rollout-temperature", "1.0", "--verify-weight-sync", "--save-interval", "4",
+            "--rollout-dtype", "bfloat16", "--rollout-temperature", "1.0", "--verify-weight-sync",
+            "--save-interval", "4",
             "--weight-sync-fallback", "off", "--weight-sync-timeout-s", "60", "--engine-health-interval-s", "5",
             *run_flags(), *extra)
     return int(json.loads((run_dir / "jobs.json").read_text())["jobs"][-1]["job_id"])
@@ -122,7 +122,8 @@ def step_gpus(run_dir: Path) -> dict[int, dict[str, tuple[str | None, set[str]]]
         trainer = {r["gpu_uuid"] for k, r in reps.items() if k.startswith("trainer")}
         rollout = [r for k, r in reps.items() if k.startswith("rollout")]
         out[a] = {"trainer": ({r["cuda_visible_devices"] for k, r in reps.items() if k.startswith("trainer")}, trainer),
-                  "rollout": ({r["cuda_visible_devices"] for r in rollout}, {u for r in rollout for u in r["gpu_uuids"]})}
+                  "rollout": ({r["cuda_visible_devices"] for r in rollout},
+                              {u for r in rollout for u in r["gpu_uuids"]})}
     return out
 
 

@@ -118,7 +118,8 @@ def test_rlslurm_run_begins_with_the_same_start(tmp_path: Path) -> None:
     assert _control_files(rd) == sorted(KEPT)
     lines = [json.loads(l) for l in rd.ledger.read_text().splitlines()]
     assert [(r["attempt"], r["job_id"], r["reason"]) for r in lines] == [
-        (0, "70", "failed: trainer step ended first"), (1, attempt.LOCAL, attempt.LOST), (2, attempt.LOCAL, attempt.FINISHED)]
+        (0, "70", "failed: trainer step ended first"), (1, attempt.LOCAL, attempt.LOST),
+        (2, attempt.LOCAL, attempt.FINISHED)]
 
 
 def _step_argv(script: str, role: str, port: int) -> list[str]:

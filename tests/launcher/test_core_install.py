@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
 
 pytestmark = pytest.mark.slow  # the venv: a wheel build and a pip install, ~30 s once per session
 
@@ -30,7 +30,8 @@ def core_venv(tmp_path_factory) -> Path:
     src = base / "src"
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            check=True, capture_output=True, timeout=60).stdout.decode().split("\0")
-    for name in filter(None, files):  # a copy: the checkout's own build/ would be reused (tests/launcher/test_install.py)
+    # a copy: the checkout's own build/ would be reused (tests/launcher/test_install.py)
+    for name in filter(None, files):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
@@ -119,24 +120,24 @@ def test_a_node_without_torch_fails_its_role_in_one_line(core_venv: Path, tiny_m
         p = run(core_venv, "-m", "rlslurm.slurm.launch", role, "--run-dir", str(run_dir), "--master-addr",
                 "127.0.0.1", "--master-port", "1", cwd=tmp_path)
         assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
+        cpu, gpu = ("megatron-core 0.16.1", "megatron-core 0.19.2") if role == "trainer" else \
+            ("sglang 0.5.23", "sglang 0.5.14")
         assert p.stderr.splitlines()[0] == (f"rlslurm {role}: error: {role} stack: {needs}; install a supported stack "
                                             "with its constraints file (docs/supported-stacks.md): stack cpu: torch "
-                                            f"2.13.0, {'megatron-core 0.16.1' if role == 'trainer' else 'sglang 0.5.23'}"
-                                            f"; stack gpu-torch211: torch 2.11.0, "
-                                            f"{'megatron-core 0.19.2' if role == 'trainer' else 'sglang 0.5.14'}")
+                                            f"2.13.0, {cpu}; stack gpu-torch211: torch 2.11.0, {gpu}")
         rec = run_dir / "logs" / "attempt-0" / "user_error.json"
         assert json.loads(rec.read_text())["reason"] == f"user error: {p.stderr.splitlines()[0].split(': error: ')[1]}"
         rec.unlink()
 
 
 def test_config_json_read_without_transformers_agrees_with_transformers(core_venv: Path, tmp_path: Path) -> None:
-    """Every released config.json the tests carry (tests/released_configs.py) and every
+    """Every released config.json the tests carry (tests/helpers/released_configs.py) and every
     shipped model's: the model transformers builds from it (here) passes the comparison the login node
     makes without transformers (there), and a model of another size is refused by a field the file has."""
     from rlslurm.models.model_from_hf import model_config_from_hf
     from rlslurm.settings.model_config import available_models, load_model_config
     from rlslurm.tiny import hf_config_dict
-    from tests import released_configs as released
+    from tests.helpers import released_configs as released
 
     configs = {n: getattr(released, n) for n in ("GLM47_FLASH", "MIMO_7B", "MINIMAX_M2", "QWEN3_NEXT", "QWEN3_5_27B",
                                                    "QWEN3_5_35B_A3B", "GLM5")}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.cli_proc import run
+from tests.helpers.cli_proc import run
 
 
 def test_version_and_doctor_name_this_environments_stack() -> None:

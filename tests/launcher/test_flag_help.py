@@ -36,9 +36,11 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_config_field_has_a_description() -> None:
     missing = [f"{section}.{name}" for section in SECTIONS
-               for name, f in type(getattr(RunConfig(), section)).model_fields.items() if not (f.description or "").strip()]
+               for name, f in type(getattr(RunConfig(), section)).model_fields.items()
+               if not (f.description or "").strip()]
     missing += [name for name, f in RunConfig.model_fields.items() if name not in SECTIONS and not f.description]
-    assert not missing, f"config fields without a description (rlslurm/settings/config.py Field(description=...)): {missing}"
+    assert not missing, \
+        f"config fields without a description (rlslurm/settings/config.py Field(description=...)): {missing}"
 
 
 def test_flags_lists_every_field_with_type_default_and_description() -> None:
@@ -119,4 +121,5 @@ def test_buffer_ls_and_status_into_a_pipe_are_whole_rows(tmp_path: Path) -> None
     assert attempts.splitlines()[1].split("\t")[-1] == reason
     p = cli("buffer", "ls", str(rd.path))
     assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines() == ["id\tsamples\treward mean\treward std\ttruncated\ttokens\tweight versions\ttrained"]
+    assert p.stdout.splitlines() == ["id\tsamples\treward mean\treward std\ttruncated\ttokens\t"
+                                     "weight versions\ttrained"]

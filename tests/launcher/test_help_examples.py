@@ -6,7 +6,7 @@ flags left out and is not a command. Shell completion knows the run flags, a cho
 the model names.
 
 The files: the demo's prompts (rlslurm/demo_task.py) for --prompt-data, and for --hf-checkpoint an HF
-directory's shape made from the model config (tests/hf_shape.py), which is what submit reads of it."""
+directory's shape made from the model config (tests/helpers/hf_shape.py), which is what submit reads of it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from rlslurm.cli import app
 from rlslurm.demo_task import make_prompts
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.hf_shape import hf_shaped_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ("rlslurm submit ", "rlslurm render ")
@@ -70,7 +70,8 @@ def dry_run(cmd: str, cwd: Path) -> tuple[int, str, str]:
     args = dict(zip(argv, argv[1:]))
     for flag in ("--prompt-data", "--hf-checkpoint"):
         if flag in args and Path(args[flag]).is_absolute():  # a user's path: the example cannot run as printed
-            return 2, "", f"{flag} {args[flag]} is an absolute path; an example names one under the directory it runs in"
+            return 2, "", (f"{flag} {args[flag]} is an absolute path; "
+                           "an example names one under the directory it runs in")
     if "--prompt-data" in args:
         (cwd / args["--prompt-data"]).parent.mkdir(parents=True, exist_ok=True)
         make_prompts(cwd / args["--prompt-data"])

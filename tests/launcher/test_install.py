@@ -16,7 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from tests.prompt_files import prompt_lines
+
+from tests.helpers.prompt_files import prompt_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -78,7 +78,8 @@ def test_a_refused_requeue_leaves_one_line_saying_so(tmp_path: Path) -> None:
     assert p.returncode == 1 and calls == ["requeue 77", "requeue 77"], p.stdout + p.stderr
     [line] = [json.loads(l) for l in ledger.read_text().splitlines()]
     assert line["attempt"] == 4 and line["exit_code"] == 1
-    assert line["reason"].startswith("requeue failed after 2 tries (scontrol: Requested operation is presently disabled")
+    assert line["reason"].startswith("requeue failed after 2 tries "
+                                     "(scontrol: Requested operation is presently disabled")
     assert "was: failed: trainer step ended first" in line["reason"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rlslurm.net import free_port
 from rlslurm.trainer.weights.group import GroupSpec, SyncGroup
-from tests.listening import listening_addresses
+from tests.helpers.listening import listening_addresses
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_weight_sync_store_listens_on_its_address_only() -> None:
 def test_torchrun_rendezvous_listens_on_the_master_address_only() -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "rlslurm.slurm.torchrun", "--nnodes=1", "--node-rank=0", "--nproc-per-node=2",
-           "--master-addr=127.0.0.1", f"--master-port={port}", str(ROOT / "tests" / "listening.py")]
+           "--master-addr=127.0.0.1", f"--master-port={port}", str(ROOT / "tests" / "helpers" / "listening.py")]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = sorted(l for l in p.stdout.splitlines() if l.startswith("rank "))

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rlslurm.errors import ConfigError
 from rlslurm.gpus import GpuSplit, assign, device_uuids, normal_uuid, visible_gpus
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
 
 FOUR = ["0", "1", "2", "3"]
 
@@ -112,9 +112,9 @@ def test_shared_gpu_and_colocate_put_both_groups_on_the_same_gpus(tmp_path: Path
 
 def test_a_resumed_run_splits_as_its_first_attempt(tmp_path: Path, monkeypatch) -> None:
     """The second `rlslurm run` reads run.yaml (its checkpoint is RUN/hf_init by then): the same split."""
+    import rlslurm.cli
     from rlslurm.resolve import resolve
     from rlslurm.slurm.submit import prepare_run_dir
-    import rlslurm.cli
 
     (tmp_path / "run").mkdir(parents=True)
     (tmp_path / "p.jsonl").write_text(prompt_lines())
@@ -134,7 +134,7 @@ def test_a_replay_run_needs_gpus_for_the_trainer_only(tmp_path, monkeypatch) -> 
     from rlslurm.gpus import role_gpus
     from rlslurm.resolve import resolve
     from tests.buffer.helpers import make_meta, make_samples
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     (tmp_path / "p.jsonl").write_text(prompt_lines())
     RolloutWriter(RunDir.create(tmp_path / "replay")).commit(0, make_samples(0), make_meta(0))
@@ -171,8 +171,8 @@ def test_shared_gpu_syncs_over_gloo_and_is_refused_by_submit(tmp_path, monkeypat
     from rlslurm.resolve import resolve
     from rlslurm.settings.weight_plan import weight_sync_plan
     from rlslurm.slurm.render import render
-    from tests.config_errors import one_line_naming
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.config_errors import one_line_naming
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     (tmp_path / "p.jsonl").write_text(prompt_lines())
     base = ["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--device", "cuda",

@@ -12,9 +12,9 @@ import pytest
 from rlslurm.gpus import step_gpus
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.fixture
@@ -130,7 +130,8 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     from rlslurm.engines.receiver import LOADER
     from rlslurm.rollout.node import receiver_args
 
-    assert weight_sync_plan(cfg).transport == "ipc" and receiver_args(weight_sync_plan(cfg)) == ("--custom-weight-loader", LOADER)
+    assert weight_sync_plan(cfg).transport == "ipc"
+    assert receiver_args(weight_sync_plan(cfg)) == ("--custom-weight-loader", LOADER)
     bc = resolve(two + ["--weight-sync-transport", "broadcast"]).cfg
     assert weight_sync_plan(bc).transport == "broadcast" and receiver_args(weight_sync_plan(bc)) == ()
     pp = resolve(two + ["--pipeline-model-parallel-size", "2"]).cfg  # a stage holds part of the model
@@ -149,7 +150,8 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     one_line_naming(two + ["--trainer-procs-per-node", "4"], "--trainer-procs-per-node 4", "--gpus-per-node 8")
     one_line_naming(two + ["--shared-gpu"], "--colocate", "--shared-gpu")
     # slime's --offload-train: the trainer's state leaves the GPU in the engines' turn unless told not to
-    assert resolve(two).cfg.run.offload_train is None and resolve(two + ["--no-offload-train"]).cfg.run.offload_train is False
+    assert resolve(two).cfg.run.offload_train is None
+    assert resolve(two + ["--no-offload-train"]).cfg.run.offload_train is False
     one_line_naming(split + ["--no-offload-train"], "--no-offload-train", "--colocate")
     one_line_naming(split + ["--offload-train"], "--offload-train", "--colocate")
     one_line_naming(two + ["--debug-rollout-only"], "--colocate", "--debug-rollout-only")

@@ -12,7 +12,7 @@ import textwrap
 import time
 
 from rlslurm import owned_role
-from tests.process_groups import pid_alive
+from tests.helpers.process_groups import pid_alive
 
 
 def _owner_of(cmd: list[str], grace_s: float) -> tuple[subprocess.Popen, int]:

@@ -27,6 +27,7 @@ def test_the_quick_lane_leaves_out_slurm_engines_and_slow_tests() -> None:
     assert "tests/engines/test_engines.py::test_spec_argv_has_every_flag_and_never_the_key" in ids
     assert "tests/engines/test_engines.py::test_bad_passthrough_flag_fails_start_with_the_flag_in_the_error" not in ids
     assert "deselected" in p.stdout
+    assert "[test] lint (ruff check .): exit 0" in p.stdout  # the lint runs first, and the tree passes it
 
 
 def test_ci_runs_the_whole_suite() -> None:

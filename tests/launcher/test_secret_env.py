@@ -59,7 +59,7 @@ def load_yaml(text: str) -> dict:
 
 def test_submit_writes_secrets_0600_and_never_into_run_yaml(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MY_CREDS", "from-the-environment")
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     hf_shaped_dir(tmp_path / "hf", "tiny-qwen3")  # a checkpoint given: no random-init one is made (seconds on 2 cores)
     rd = prepare_run_dir(_resolve(tmp_path / "run", "--env", f"WANDB_API_KEY={SECRET}", "--secret-env", "MY_CREDS",

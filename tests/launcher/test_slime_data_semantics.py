@@ -13,8 +13,8 @@ from rlslurm.resolve import resolve
 from rlslurm.rollout.data import PromptSource
 from rlslurm.rollout.driver import sampling_params
 from rlslurm.settings.eval_config import eval_datasets
-from tests.config_errors import one_line_naming
-from tests.prompt_files import numbered_prompts
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.prompt_files import numbered_prompts
 
 
 @pytest.fixture
@@ -89,7 +89,8 @@ def test_sft_defaults_to_one_sample_per_prompt(tmp_path: Path) -> None:
                                              {"role": "assistant", "content": "a"}]}) + "\n")
     base = ["--model", "tiny-qwen3", "--prompt-data", str(data), "--input-key", "messages", "--debug-train-only",
             "--hf-checkpoint", str(tmp_path / "hf"),
-            "--loss-type", "sft_loss", "--rollout-batch-size", "4", "--num-rollout", "2", "--num-steps-per-rollout", "1",
+            "--loss-type", "sft_loss", "--rollout-batch-size", "4", "--num-rollout", "2",
+            "--num-steps-per-rollout", "1",
             "--micro-batch-size", "1"]
     cfg = resolve(base, strict_inputs=False).cfg
     assert cfg.rollout.n_samples_per_prompt == 1 and cfg.train.global_batch_size == 4

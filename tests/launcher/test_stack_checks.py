@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_shape import hf_shaped_dir
-from tests.cli_proc import run
-from tests.prompt_files import prompt_lines
+from tests.helpers.cli_proc import run
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 
 def fake_dists(where: Path, **versions: str) -> Path:
@@ -40,7 +40,8 @@ def tiny_run_dir(tmp_path_factory) -> Path:
     return prepare_run_dir(res).path
 
 
-def test_an_untested_megatron_is_refused_at_submit_and_at_the_trainers_start(tmp_path: Path, tiny_run_dir: Path) -> None:
+def test_an_untested_megatron_is_refused_at_submit_and_at_the_trainers_start(tmp_path: Path,
+                                                                             tiny_run_dir: Path) -> None:
     env = {"PYTHONPATH": str(fake_dists(tmp_path / "dists", **{"megatron-core": "0.17.0"})), "RLSLURM_ATTEMPT": "0"}
     v = run("-m", "rlslurm", "--version", env_extra=env)
     assert v.returncode == 0 and "megatron-core 0.17.0" in v.stdout.splitlines(), v.stdout

@@ -32,7 +32,8 @@ def test_a_running_local_run_is_running_with_its_phases(tmp_path: Path) -> None:
     rd, control, _ = local_run(tmp_path)
     control.heartbeat("trainer", 0, phase="weight sync v3 (nccl): try 2/2", phase_since=time.time() - 250)
     control.heartbeat("rollout", 0, phase="rollout 3: waiting for its weights", phase_since=time.time() - 240)
-    control.set_weight_version(2, transport="nccl", fallbacks=1, last_fallback="v1: sending stage 0: [/w/gloo/pair.cc:553] Connection closed")
+    control.set_weight_version(2, transport="nccl", fallbacks=1,
+                               last_fallback="v1: sending stage 0: [/w/gloo/pair.cc:553] Connection closed")
     st = run_status(rd.path, query_slurm=False)
     assert (st.slurm["state"], st.slurm["source"], st.live) == ("RUNNING", "run directory", True)
     assert st.engines[0]["healthy"] and not st.engines[0].get("gone")

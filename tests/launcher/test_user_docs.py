@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DEVELOPERS_ONLY = re.compile(r"workplace|device tool|device call|(?<![\w-])lease[ds]?\b|\bthe lead\b|\bhelper session", re.I)
+DEVELOPERS_ONLY = re.compile(r"workplace|device tool|device call|(?<![\w-])lease[ds]?\b|\bthe lead\b|\bhelper session",
+                             re.I)
 
 
 def user_docs() -> list[Path]:

@@ -71,7 +71,8 @@ def test_status_reports_the_user_error_of_the_last_attempt(tmp_path: Path, attem
 
     rd = RunDir(tmp_path)
     record_user_error(tmp_path, "trainer", ConfigError("--megatron-x: not a field"))
-    line = {"attempt": 2, "job_id": "7", "exit_code": USER_ERROR_EXIT_CODE, "reason": "user error: --megatron-x: not a field"}
+    line = {"attempt": 2, "job_id": "7", "exit_code": USER_ERROR_EXIT_CODE,
+            "reason": "user error: --megatron-x: not a field"}
     rd.ledger.write_text(json.dumps({"attempt": 1, "reason": "failed: trainer"}) + "\n" + json.dumps(line) + "\n")
     st = run_status(tmp_path, query_slurm=False)
     assert st.user_error["reason"] == line["reason"] and st.user_error["role"] == "trainer"

@@ -28,8 +28,8 @@ from rlslurm.rollout.filters import GroupCollector, zero_std_filter  # noqa: E40
 from rlslurm.settings.runfile import load_run_config  # noqa: E402
 from rlslurm.slurm.submit import prepare_run_dir  # noqa: E402
 from rlslurm.trainer.metrics import MetricsLogger, read_metrics  # noqa: E402
-from tests.hf_shape import hf_shaped_dir  # noqa: E402
-from tests.wandb_records import offline_runs  # noqa: E402
+from tests.helpers.hf_shape import hf_shaped_dir  # noqa: E402
+from tests.helpers.wandb_records import offline_runs  # noqa: E402
 
 SECRET = "wandb-k3y-0123456789abcdef0123456789abcdef01234567"
 

@@ -75,7 +75,8 @@ def test_a_finished_run_tells_its_end_not_its_last_phases(tmp_path: Path) -> Non
     assert "trainer 0" not in rows and "rollout 0" not in rows and "waiting for the checkpoint" not in text
     st = json.loads(cli("status", str(rd.path), "--json").stdout)
     assert st["phases"] == [] and not st["attempt_lives"]
-    assert (st["rollouts_trained"], st["rollouts_generated"], st["rollouts_committed"], st["num_rollout"]) == (6, 6, 2, 10)
+    assert (st["rollouts_trained"], st["rollouts_generated"], st["rollouts_committed"],
+            st["num_rollout"]) == (6, 6, 2, 10)
     assert (st["ended"]["attempt"], st["ended"]["reason"], st["ended"]["exit_code"]) == (0, "finished", 0)
 
 

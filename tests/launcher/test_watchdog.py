@@ -16,16 +16,8 @@ from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
 from rlslurm.watchdog import CHECK_EVERY_S, hang_timeout_s, silent_roles
-from tests.prompt_files import prompt_lines
 
 BOUND = 600
-
-
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "p.jsonl"
-    p.write_text(prompt_lines())
-    return p
 
 
 def beat(hb: Path, name: str, age_s: float, now: float) -> None:
@@ -66,7 +58,8 @@ def test_the_batch_script_finds_the_same_silent_roles(tmp_path: Path, prompts: P
         now = time.time()
         for name, age in beats.items():
             beat(control / "heartbeats", name, age, now)
-        out = subprocess.run(["bash", "-c", clock.group(0) + fn.group(0) + "silent_role"], capture_output=True, text=True, check=True,
+        out = subprocess.run(["bash", "-c", clock.group(0) + fn.group(0) + "silent_role"], capture_output=True,
+                             text=True, check=True,
                              env={"PATH": os.environ["PATH"], "CONTROL": str(control), "HANG_S": str(BOUND),
                                   "START_TS": str(int(now - since_s))}).stdout.strip()
         assert (out in silent) if silent else out == "", (beats, since_s, out)

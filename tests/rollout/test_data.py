@@ -32,8 +32,8 @@ def qa(n: int) -> list[dict]:
 
 
 def tiny_tokenizer(tmp_path: Path, template: str | None = None):
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from rlslurm.tiny import tokenizer_json
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -26,12 +25,12 @@ from rlslurm.buffer.sample import SampleStatus
 from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.engines.sglang_client import SGLangClient, SGLangError
 from rlslurm.errors import DataError
+from rlslurm.net import free_port
 from rlslurm.rollout.driver import eval_metrics, gate_open, required_version, sampling_params
 from rlslurm.rollout.router_context import RetryPolicy, RouterContext, parse_weight_version
 from rlslurm.settings.config import RolloutSection, RunConfig
-from tests.process_groups import pid_alive
+from tests.helpers.process_groups import pid_alive
 from tests.rollout.helpers import make_cfg, make_driver, metrics_lines, set_version, write_prompts
-
 
 # --- no servers ------------------------------------------------------------------------------
 
@@ -81,9 +80,7 @@ def test_eval_metrics_pass_at_k():
 
 
 def test_unreachable_router_is_retried_then_fails_naming_the_url():
-    with socket.socket() as sk:  # a port nobody listens on
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = free_port()  # a port nobody listens on
 
     async def go():
         async with SGLangClient(f"http://127.0.0.1:{port}", "k") as c:
@@ -100,9 +97,7 @@ def test_failures_while_the_supervisor_restarts_wait_for_it_within_a_bound():
     """A router restarted on a loaded node answered only after the tries ran out, and the rollout's
     failure cost the attempt (bench/results/chaos.md): while the supervisor is recovering, failures
     do not use up the tries, up to `recovery_wait_s`."""
-    with socket.socket() as sk:  # a port nobody listens on: the router is down
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
+    port = free_port()  # a port nobody listens on: the router is down
     asked = []
 
     def recovering() -> bool:  # a restart under way for the first three looks, then over
@@ -360,9 +355,7 @@ def test_other_nodes_find_the_router_in_control_and_never_start_one(private_depl
     rd.api_key_file.write_text(dep.api_key + "\n")  # the job's key, as node 0 created it
     control = Control(rd)
     node = RolloutNode(RunConfig(), rd, node=1, node_name="n1", host="127.0.0.1", attempt=0)
-    with socket.socket() as sk:  # a record left by a previous attempt: nobody listens there
-        sk.bind(("127.0.0.1", 0))
-        control.write_router(f"http://127.0.0.1:{sk.getsockname()[1]}")
+    control.write_router(f"http://127.0.0.1:{free_port()}")  # a record left by a previous attempt: nobody listens there
     with pytest.raises(RouterError, match="no live router"):
         node._remote_router(cancel=lambda: True)
     control.write_router(dep.router.url)
@@ -470,7 +463,8 @@ def test_sliced_prompts_and_eval_config_through_the_driver(private_deployment, t
     cfg = make_cfg(Path(f"{prompts}@[4:10]"), num_rollout=2, rollout_batch_size=3, n_samples_per_prompt=2,
                    eval_interval=1, skip_eval_before_train=True, async_buffer_size=4)
     cfg.data.eval_config = tmp_path / "eval.yaml"
-    (tmp_path / "sample_filter.py").write_text("def first_of_group(samples):\n    return [s.index % 2 == 0 for s in samples]\n")
+    (tmp_path / "sample_filter.py").write_text("def first_of_group(samples):\n"
+                                               "    return [s.index % 2 == 0 for s in samples]\n")
     cfg.rollout.rollout_sample_filter_path = f"{tmp_path / 'sample_filter.py'}:first_of_group"
     r = asyncio.run(make_driver(dep, cfg, run).run())
     assert r.reason == "done" and r.committed == [0, 1] and r.evaluated == [1]

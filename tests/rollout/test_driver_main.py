@@ -16,7 +16,7 @@ from rlslurm.buffer.reader import RolloutReader
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.settings.config import DataSection, ModelSection, RolloutSection, RunConfig, RunSection, SlurmSection
 from rlslurm.settings.runfile import dump_run_config
-from tests.process_groups import argvs, pid_alive
+from tests.helpers.process_groups import argvs, pid_alive
 from tests.rollout.helpers import start_rollout_main
 
 
@@ -183,8 +183,8 @@ def test_engine_specs_spanning_nodes(tmp_path):
 
 
 def test_node_zero_merges_every_nodes_engines(tmp_path):
-    from rlslurm.rollout.node import RolloutNode
     from rlslurm.engines.supervisor import EngineInfo
+    from rlslurm.rollout.node import RolloutNode
 
     rd = _run_dir(tmp_path)
     cfg = RunConfig()

@@ -7,7 +7,7 @@ from pathlib import Path
 from rlslurm.resolve import resolve
 from rlslurm.rollout.driver import eval_due
 from rlslurm.settings.config import RolloutSection, RunConfig
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
 
 
 def due(n: int, **rollout) -> list[int]:

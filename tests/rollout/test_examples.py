@@ -213,7 +213,8 @@ def test_a_generate_functions_own_numpy_reward_is_stored_as_a_number():
         return gen
 
     def run(value, reward_key=None):
-        return asyncio.run(generate_group(Scripted(), prompt_for("add 3 4 ?"), n=2, sampling_params={"max_new_tokens": 4},
+        return asyncio.run(generate_group(Scripted(), prompt_for("add 3 4 ?"), n=2,
+                                          sampling_params={"max_new_tokens": 4},
                                           reward_fn=RewardFn(lambda item: 1.0), generate_fn=scored(value),
                                           reward_key=reward_key))
 

@@ -313,7 +313,8 @@ def test_rollout_main_stops_the_driver_at_a_preempt_request_and_keeps_its_groups
     assert resume.from_handback and resume.next_rollout_id == newest + 1
     assert newest < cfg.rollout.num_rollout - 1, "the driver ran to the end past the preempt request"
     pending = resume.data_cursor["pending"]
-    committed = {s.metadata["prompt_index"] for rid in writer.committed_ids() for s in RolloutReader(rd).read(rid).samples}
+    committed = {s.metadata["prompt_index"]
+                 for rid in writer.committed_ids() for s in RolloutReader(rd).read(rid).samples}
     if "stopped in rollout" in log.read_text():  # mid-rollout: the stopped rollout's 4 groups, partial
         assert len(pending) == 4 and not {p["index"] for p in pending} & committed
         assert all(p["partial"] is not None and len(p["partial"]) == 2 for p in pending)

@@ -9,7 +9,6 @@ import pytest
 
 from rlslurm.errors import ConfigError
 from rlslurm.rollout.rewards import RemoteRM, RewardError, RewardInput, build_reward_fn, score_group
-from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 from rlslurm.rollout.rule_rewards import (
     RULES,
     chosen_letter,
@@ -20,6 +19,7 @@ from rlslurm.rollout.rule_rewards import (
     minerva_normalize,
     random_reward,
 )
+from rlslurm.settings.rm_types import RM_REGISTRY, RM_TYPES
 
 
 def item(response: str, label, metadata: dict | None = None) -> RewardInput:

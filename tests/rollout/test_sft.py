@@ -176,7 +176,7 @@ def test_rollout_function_refuses_other_n_and_skips_bad_records_when_lenient(tmp
 def _hf(tmp_path: Path, template: str | None = None) -> Path:
     """An HF-shaped tiny-qwen3 directory with rlslurm/tiny.py's tokenizer and a chat template."""
     from rlslurm.tiny import tokenizer_json
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     hf = hf_shaped_dir(tmp_path / "hf", "tiny-qwen3")
     (hf / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
@@ -214,7 +214,8 @@ def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("extra,names", [
-    (["--n-samples-per-prompt", "2", "--global-batch-size", "8"], ["--debug-train-only", "--n-samples-per-prompt must be 1"]),
+    (["--n-samples-per-prompt", "2", "--global-batch-size", "8"],
+     ["--debug-train-only", "--n-samples-per-prompt must be 1"]),
     (["--loss-type", "policy_loss"], ["--debug-train-only", "--loss-type sft_loss"]),
     (["--eval-interval", "1", "--eval-prompt-data", "x", "DATA"], ["--debug-train-only", "eval"]),
     (["--verify-weight-sync"], ["--verify-weight-sync", "--debug-train-only"]),
@@ -222,14 +223,14 @@ def test_submit_resolves_sft_and_maps_slimes_rollout_function(tmp_path: Path) ->
     (["--custom-generate-function-path", "m:f"], ["--custom-generate-function-path", "--debug-train-only"]),
 ])
 def test_submit_refuses_what_needs_engines_in_one_line(tmp_path: Path, extra: list[str], names: list[str]) -> None:
-    from tests.config_errors import one_line_naming
+    from tests.helpers.config_errors import one_line_naming
 
     argv = _sft_argv(tmp_path)
     one_line_naming(argv + [str(tmp_path / "conversations.jsonl") if a == "DATA" else a for a in extra], *names)
 
 
 def test_submit_refuses_sft_without_engines_flag_hf_or_a_maskable_record(tmp_path: Path) -> None:
-    from tests.config_errors import one_line_naming
+    from tests.helpers.config_errors import one_line_naming
 
     argv = _sft_argv(tmp_path)
     one_line_naming([a for a in argv if a != "--debug-train-only"] +

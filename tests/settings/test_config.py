@@ -6,17 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError, DataError, UserError
 from rlslurm.resolve import resolve
-from tests.prompt_files import prompt_lines
-
-
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    p = tmp_path / "train.jsonl"
-    p.write_text(prompt_lines(*({"prompt": f"say {c}", "label": c} for c in "abcd")))
-    return p
+from tests.helpers.hf_shape import hf_shaped_dir
 
 
 def _argv(prompts: Path, *extra: str) -> list[str]:
@@ -49,7 +41,8 @@ def test_passthrough_families(prompts: Path) -> None:
     assert res.cfg.sglang_args == ["--mem-fraction-static", "0.7", "--enable-metrics"]
     # the model config's recompute_method joins the user's full recompute (megatron-core needs one with
     # full; resolve.py `_megatron_defaults`)
-    assert res.cfg.megatron == {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 2}
+    assert res.cfg.megatron == {"recompute_granularity": "full", "recompute_method": "uniform",
+                                "recompute_num_layers": 2}
     assert res.cfg.router_args == ["--policy", "cache_aware", "--cache-threshold", "0.3"]
 
 

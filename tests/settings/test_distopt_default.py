@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hf_shape import hf_shaped_dir
 from rlslurm.resolve import resolve
+from tests.helpers.hf_shape import hf_shaped_dir
 
 
 @pytest.mark.parametrize("extra, expected", [

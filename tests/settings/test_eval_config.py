@@ -10,8 +10,8 @@ from rlslurm.errors import DataError
 from rlslurm.resolve import resolve
 from rlslurm.rollout.driver import eval_sampling_params
 from rlslurm.settings.eval_config import eval_datasets
-from tests.config_errors import one_line_naming
-from tests.prompt_files import ENOUGH, prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.prompt_files import ENOUGH, prompt_lines
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 from rlslurm.errors import ConfigError
 from rlslurm.settings.flags import parse_flags
 from rlslurm.slime_import import import_script
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
 
 
 @pytest.mark.parametrize("flag", ["--fp8-format", "--fp8-recipe", "--fp4-format"])

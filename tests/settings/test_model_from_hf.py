@@ -14,7 +14,7 @@ from rlslurm.resolve import resolve
 from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slime_import import import_script
 from rlslurm.tiny import hf_config_dict
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.hf_shape import hf_shaped_dir
 
 
 @pytest.mark.parametrize("name", available_models())

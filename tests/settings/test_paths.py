@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.settings.runfile import dump_run_config
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 

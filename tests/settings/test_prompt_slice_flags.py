@@ -1,4 +1,5 @@
-"""--prompt-data / --eval-prompt-data PATH@[START:END] (slime's slice) at submit: refused in one line naming the flag."""
+"""--prompt-data / --eval-prompt-data PATH@[START:END] (slime's slice) at submit: refused in one line naming the
+flag."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 
 from rlslurm.errors import ConfigError, DataError
 from rlslurm.resolve import resolve
-from tests.config_errors import one_line_naming
-from tests.prompt_files import numbered_prompts
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.prompt_files import numbered_prompts
 
 
 @pytest.fixture
@@ -44,7 +45,8 @@ def test_prompts_that_run_out_before_num_rollout_are_refused(prompts: Path) -> N
     base = ["--model", "tiny-qwen3", "--prompt-data", f"{prompts}@[2:-2]", "--rollout-batch-size", "8",
             "--num-rollout", "2"]
     one_line_naming(base + ["--num-epoch", "2"], f"{prompts}@[2:-2] has 6 prompts x --num-epoch 2",
-                    "--num-rollout 2 x --rollout-batch-size 8 needs at least 16", "pass --num-epoch 3 or --num-rollout 1")
+                    "--num-rollout 2 x --rollout-batch-size 8 needs at least 16",
+                    "pass --num-epoch 3 or --num-rollout 1")
     assert resolve(base + ["--num-epoch", "3"]).cfg.data.num_epoch == 3
     # a replay generates nothing: its prompt file is not asked to last
     with pytest.raises(ConfigError, match="--load-debug-rollout-data"):

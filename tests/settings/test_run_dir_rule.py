@@ -58,7 +58,8 @@ def test_rlslurm_run_resumes_the_run_dir_of_the_rule(args, expected, tmp_path, m
     assert r.exception.args[0] == Path(expected)
 
 
-@pytest.mark.parametrize("run_dir", ["/dev/shm/rlslurm-test-run", "/tmp/rlslurm-test-run", "/rlslurm-test-no-such-dir/run"])
+@pytest.mark.parametrize("run_dir",
+                         ["/dev/shm/rlslurm-test-run", "/tmp/rlslurm-test-run", "/rlslurm-test-no-such-dir/run"])
 def test_submit_warns_of_a_run_dir_no_other_node_sees(monkeypatch, run_dir: str) -> None:
     """A job's nodes coordinate only through the run directory, which submit writes on this node: one
     in memory or under a node's own /tmp splits the run (filesystem_of names the mount). Not for
@@ -86,7 +87,7 @@ def test_an_unusable_run_dir_is_one_line(tmp_path: Path, argv: list[str]) -> Non
     anything is submitted where it can be told."""
     from rlslurm.errors import ConfigError
     from rlslurm.resolve import resolve
-    from tests.config_errors import one_line_naming
+    from tests.helpers.config_errors import one_line_naming
 
     afile = tmp_path / "afile"
     afile.write_text("x")
@@ -98,5 +99,6 @@ def test_an_unusable_run_dir_is_one_line(tmp_path: Path, argv: list[str]) -> Non
     runner = CliRunner()
     for cmd in ("status", "stop", "cancel", "logs", "resubmit"):
         r = runner.invoke(cli.app, [cmd, str(afile / "run")])
-        assert r.exit_code != 0 and isinstance(r.exception, (ConfigError, SystemExit, cli.UserError)), (cmd, r.exception)
+        assert r.exit_code != 0 and isinstance(r.exception,
+                                               (ConfigError, SystemExit, cli.UserError)), (cmd, r.exception)
         assert "not a run directory" in str(r.exception) or "not an rlslurm run directory" in str(r.exception), cmd

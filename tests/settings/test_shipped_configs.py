@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.settings.model_config import available_models, load_model_config
 from rlslurm.slurm.render import render
-from tests.config_errors import one_line_naming
-from tests.hf_shape import hf_shaped_dir
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.hf_shape import hf_shaped_dir
 
 SHIPPED = [(model, nodes) for model in available_models() for nodes in sorted(load_model_config(model).defaults)]
 
@@ -163,7 +162,8 @@ def test_gpu_runs_of_slime_sized_models_recompute_as_slime_does(tmp_path: Path, 
 
     slime = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
     assert megatron("qwen3-4B") == slime
-    assert megatron("qwen3-4B", "--megatron-recompute-granularity", "selective") == {"recompute_granularity": "selective"}
+    selective = megatron("qwen3-4B", "--megatron-recompute-granularity", "selective")
+    assert selective == {"recompute_granularity": "selective"}
     assert megatron("qwen3-4B", "--megatron-recompute-granularity", "full") == slime  # the README's line
     assert megatron("qwen3-4B", "--megatron-recompute-num-layers", "2") == {**slime, "recompute_num_layers": 2}
     assert megatron("qwen3-4B", "--megatron-fp16") == {**slime, "fp16": True}

@@ -12,7 +12,7 @@ from rlslurm.resolve import resolve
 from rlslurm.settings.flags import FIELDS, flag_name, parse_flags
 from rlslurm.settings.rm_types import RM_REGISTRY
 from rlslurm.settings.slime_flags import SLIME_ALIASES, SLIME_INSTEAD
-from tests.config_errors import one_line_naming
+from tests.helpers.config_errors import one_line_naming
 
 
 def test_slime_normalization_switches_set_the_fields(argv: list[str]) -> None:

@@ -12,8 +12,8 @@ from rlslurm.resolve import resolve
 from rlslurm.settings.flags import build_config, parse_flags
 from rlslurm.settings.transformer_impl import megatron_te_requirement
 from rlslurm.slime_import import import_script
-from tests.config_errors import one_line_naming
-from tests.transformer_engine_stub import fake_transformer_engine
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.transformer_engine_stub import fake_transformer_engine
 
 TE_FLAG = ["--transformer-impl", "transformer_engine"]
 CUDA = ["--device", "cuda", "--gpus-per-node", "4"]

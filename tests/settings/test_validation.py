@@ -11,7 +11,7 @@ import pytest
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import resolve
 from rlslurm.settings.timespec import time_limit_s
-from tests.config_errors import one_line_naming
+from tests.helpers.config_errors import one_line_naming
 
 
 @pytest.mark.parametrize("value,seconds", [
@@ -85,11 +85,12 @@ def test_top_k_is_minus_one_or_positive(argv: list[str], value: str, ok: bool) -
             resolve(argv + ["--rollout-top-k", value])
 
 
-# ------------------------------------------------------------------ rules across RL settings (rlslurm/settings/rl_settings.py)
+# ------------------------------------------------------- rules across RL settings (rlslurm/settings/rl_settings.py)
 # Each used to pass submit and stop the trainer at start-up, after the queue wait.
 
 @pytest.mark.parametrize("extra,flags", [
-    (["--advantage-estimator", "reinforce_plus_plus"], ["--advantage-estimator reinforce_plus_plus", "--normalize-advantages"]),
+    (["--advantage-estimator", "reinforce_plus_plus"],
+     ["--advantage-estimator reinforce_plus_plus", "--normalize-advantages"]),
     (["--advantage-estimator", "reinforce_plus_plus_baseline"], ["--advantage-estimator", "--normalize-advantages"]),
     (["--num-critic-only-steps", "2"], ["--num-critic-only-steps 2", "--advantage-estimator ppo", "grpo"]),
     (["--use-tis", "--use-rollout-logprobs"], ["--use-tis", "--use-rollout-logprobs", "exclusive"]),
@@ -125,7 +126,7 @@ def test_rl_rule_is_checked_at_submit(argv: list[str], extra: list[str], flags: 
     ["--advantage-estimator", "cispo", "--eps-clip", "1", "--eps-clip-high", "4"],
 ])
 def test_rl_rule_neighbours_pass(argv: list[str], tmp_path: Path, ok: list[str]) -> None:
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     hf = str(hf_shaped_dir(tmp_path / "hf", "tiny-qwen3"))
     resolve(argv + [hf if a == "HF" else a for a in ok])
@@ -149,7 +150,7 @@ def test_estimator_names_come_from_one_registry() -> None:
     assert rl_settings.names_where(critic=True) == ("ppo",)
 
 
-# ------------------------------------------------------------------ --loss-type (rlslurm/settings/rl_settings.LOSS_TYPES)
+# ------------------------------------------------------- --loss-type (rlslurm/settings/rl_settings.LOSS_TYPES)
 
 @pytest.mark.parametrize("extra,names", [
     (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),
@@ -166,7 +167,7 @@ def test_estimator_names_come_from_one_registry() -> None:
     (["--loss-type", "dpo"], ["--loss-type", "dpo", "sft_loss"]),
 ])
 def test_loss_type_rules(argv: list[str], tmp_path: Path, extra: list[str], names: list[str]) -> None:
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     plugin = tmp_path / "loss.py"
     plugin.write_text("def nll(inputs):\n    return -inputs.reduce(inputs.log_probs), {}\n")
@@ -199,7 +200,7 @@ def test_custom_tis_function_needs_use_tis_and_a_callable(argv: list[str], tmp_p
 
 
 def test_custom_advantage_function_rules(argv: list[str], tmp_path: Path) -> None:
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     plugin = tmp_path / "adv.py"
     plugin.write_text("def adv(inputs):\n    return inputs.loss_masks, inputs.loss_masks\n"
@@ -369,7 +370,7 @@ def test_context_parallel_is_accepted_at_submit(argv: list[str]) -> None:
 
 @pytest.mark.parametrize("content", ["empty", "readme", "config_only", "other_model"])
 def test_hf_checkpoint_must_be_an_hf_directory_of_the_model(argv: list[str], tmp_path: Path, content: str) -> None:
-    from tests.hf_shape import hf_shaped_dir
+    from tests.helpers.hf_shape import hf_shaped_dir
 
     d = tmp_path / "hf"
     d.mkdir()

@@ -11,17 +11,14 @@ import pytest
 
 from rlslurm.resolve import resolve
 from rlslurm.settings.runfile import dump_run_config
-from tests.config_errors import one_line_naming
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
 
 
 @pytest.fixture
-def argv(tmp_path: Path, monkeypatch) -> list[str]:
+def argv(tmp_path: Path, prompts: Path, monkeypatch) -> list[str]:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc: the key warning is this test's to see
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    p = tmp_path / "p.jsonl"
-    p.write_text(prompt_lines())
-    return ["--model", "tiny-qwen3", "--prompt-data", str(p), "--run-dir", str(tmp_path / "run")]
+    return ["--model", "tiny-qwen3", "--prompt-data", str(prompts), "--run-dir", str(tmp_path / "run")]
 
 
 @pytest.mark.parametrize("flag, value", [

@@ -64,7 +64,8 @@ def test_script_imports_to_flags_rlslurm_accepts(name: str) -> None:
     for flag in slime_flags:
         passed = flag in argv or "--megatron-" + flag[2:] in argv or flag in {
             "--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus"} \
-            or any(f"{path}:{_line_of(path, flag)}: note: {flag}: nothing to pass: " in ln for ln in imp.report_lines()) \
+            or any(f"{path}:{_line_of(path, flag)}: note: {flag}: nothing to pass: " in ln
+                   for ln in imp.report_lines()) \
             or any(f"{path}:{_line_of(path, flag)}: note: {flag}: SGLang " in ln for ln in imp.report_lines())
         assert passed or flag in reported, flag
         if flag in reported:
@@ -78,7 +79,8 @@ def test_checkpoints_layout_and_unknowns_of_the_qwen3_4b_script() -> None:
     imp = import_script(path, variables={"NUM_GPUS": "8"})
     cfg = build_config([parse_flags(imp.argv)])
     # slime's --colocate on one node is ours (docs/colocate.md)
-    assert (cfg.run.colocate, cfg.slurm.nodes, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes) == (True, 1, None, None)
+    assert (cfg.run.colocate, cfg.slurm.nodes, cfg.slurm.trainer_nodes,
+            cfg.slurm.rollout_nodes) == (True, 1, None, None)
     assert str(cfg.model.hf_checkpoint) == "/root/Qwen3-4B" and cfg.model.ref_load is None and cfg.model.load is None
     assert cfg.data.eval_prompt_data == ["aime", "/root/aime-2024/aime-2024.jsonl"]
     assert cfg.megatron["recompute_granularity"] == "full" and cfg.megatron["sequence_parallel"] is True
@@ -135,11 +137,13 @@ def test_dapo_recipe_maps_dynamic_sampling_and_reports_unknown_paths() -> None:
     # slime's uneven pipeline (61 layers: 16, 16, 16, 13 over PP 4) is rlslurm's flag (issue 32 item 3)
     assert (cfg.train.pipeline_model_parallel_size, cfg.train.decoder_last_pipeline_num_layers) == (4, 13)
     assert not any("pipeline" in k for k in cfg.megatron)
-    assert (cfg.run.colocate, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes, cfg.slurm.nodes) == (True, None, None, 16)
+    assert (cfg.run.colocate, cfg.slurm.trainer_nodes, cfg.slurm.rollout_nodes,
+            cfg.slurm.nodes) == (True, None, None, 16)
     report = "\n".join(imp.report_lines())
     assert f"{path}:{_line_of(path, '--hf-checkpoint')}: to fill: <unset:BASE_DIR> in --hf-checkpoint, --load, " \
            "--prompt-data, --eval-prompt-data: BASE_DIR is not set in the script" in report or \
-           f"{path}:{_line_of(path, '--hf-checkpoint')}: to fill: <unset:BASE_DIR> in --hf-checkpoint, --prompt-data, " \
+           f"{path}:{_line_of(path, '--hf-checkpoint')}: to fill: <unset:BASE_DIR> in --hf-checkpoint, " \
+           "--prompt-data, " \
            "--eval-prompt-data: BASE_DIR is not set in the script" in report
     assert "not mapped: --sglang-server-concurrency: slime's own" in report
     assert imp.argv[imp.argv.index("--hf-checkpoint") + 1].startswith("<unset:BASE_DIR>/")

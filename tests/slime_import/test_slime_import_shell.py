@@ -111,7 +111,8 @@ def test_missing_backslash_is_a_warning_naming_file_and_lines(tmp_path: Path) ->
 
 
 def test_continued_lines_are_no_warning(tmp_path: Path) -> None:
-    s = _script(tmp_path, "ARGS=(\n  --lr 1e-6\n  --colocate\n)\npython3 train.py \\\n  ${ARGS[@]} \\\n  --num-rollout 3\n")
+    s = _script(tmp_path,
+                "ARGS=(\n  --lr 1e-6\n  --colocate\n)\npython3 train.py \\\n  ${ARGS[@]} \\\n  --num-rollout 3\n")
     assert not [ln for ln in import_script(s, check=False).report_lines() if ": warning: " in ln]
 
 

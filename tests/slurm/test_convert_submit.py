@@ -64,8 +64,10 @@ def test_conversion_job_round_trips(slurm_cluster, tmp_path: Path) -> None:
         assert p.returncode == 0, f"{p.stdout}\n{p.stderr}\n{logs}"
         assert "submitted conversion job" in p.stdout
 
-    convert("hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(hf), "--out", str(mcore), "--tp", "2", "--dtype", "fp32")
-    convert("mcore-to-hf", "--model", "tiny-qwen3", "--load", str(mcore), "--out", str(back), "--hf-config-from", str(hf))
+    convert("hf-to-mcore", "--model", "tiny-qwen3", "--hf", str(hf), "--out", str(mcore), "--tp", "2",
+            "--dtype", "fp32")
+    convert("mcore-to-hf", "--model", "tiny-qwen3", "--load", str(mcore), "--out", str(back),
+            "--hf-config-from", str(hf))
     a, b = load_file(hf / "model.safetensors"), load_file(next(back.glob("*.safetensors")))
     assert a.keys() == b.keys()
     assert all((a[k] == b[k]).all() for k in a)

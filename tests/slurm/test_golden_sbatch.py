@@ -13,8 +13,8 @@ import pytest
 
 from rlslurm.resolve import resolve
 from rlslurm.slurm.render import render
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 RUN_DIR = Path("/gpfs/runs/golden")
@@ -22,7 +22,8 @@ RUN_DIR = Path("/gpfs/runs/golden")
 
 # the het job, and the one-node job (one group, both steps --overlap, docs/single-node.md)
 @pytest.mark.parametrize("golden,layout", [("hetjob-qwen3-4B-4nodes.sbatch", ["--nodes", "4"]),
-                                           ("onenode-qwen3-4B.sbatch", ["--nodes", "1", "--gpus-per-node", "4", "--trainer-gpus", "2"])])
+                                           ("onenode-qwen3-4B.sbatch",
+                                            ["--nodes", "1", "--gpus-per-node", "4", "--trainer-gpus", "2"])])
 def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypatch, golden: str,
                                                        layout: list[str]) -> None:
     GOLDEN = GOLDEN_DIR / golden
@@ -42,4 +43,5 @@ def test_rendered_batch_script_matches_the_recorded_one(tmp_path: Path, monkeypa
         GOLDEN.write_text(script)
     recorded = GOLDEN.read_text()
     diff = "".join(difflib.unified_diff(recorded.splitlines(True), script.splitlines(True), str(GOLDEN), "rendered"))
-    assert script == recorded, f"the batch script changed (regenerate only if deliberate, see this file's docstring):\n{diff}"
+    assert script == recorded, \
+        f"the batch script changed (regenerate only if deliberate, see this file's docstring):\n{diff}"

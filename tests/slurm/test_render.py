@@ -31,7 +31,8 @@ def test_every_model_renders_valid_bash(model: str) -> None:
 def test_groups_get_their_nodes_partitions_and_gpus() -> None:
     script = _render("--model", "glm4-9B", "--nodes", "6", "--trainer-nodes", "4", "--gpus-per-node", "4",
                      "--rollout-num-gpus-per-engine", "2", "--trainer-partition", "train", "--rollout-partition",
-                     "infer", "--account", "proj1", "--qos", "high", "--time", "2-00:00:00", "--tensor-model-parallel-size", "2")
+                     "infer", "--account", "proj1", "--qos", "high", "--time", "2-00:00:00",
+                     "--tensor-model-parallel-size", "2")
     g0, g1 = script.split("#SBATCH hetjob")
     assert "--nodes=4" in g0 and "--partition=train" in g0 and "--gpus-per-node=4" in g0
     assert "--nodes=2" in g1 and "--partition=infer" in g1 and "--gpus-per-node=4" in g1
@@ -64,7 +65,8 @@ def test_container_and_setup_are_quoted(tmp_path: Path) -> None:
 def test_hostile_run_name_and_dir_never_reach_the_shell_unquoted(tmp_path: Path) -> None:
     name = "x$(touch pwned)`touch pwned2`'\"\n y"
     rd = tmp_path / "dir with 'quotes' $(touch pwned3)"
-    script = _render("--model", "tiny-qwen3", "--run-name", name, "--run-dir", str(rd), "--env", "MY_VAR=$(touch pwned4)")
+    script = _render("--model", "tiny-qwen3", "--run-name", name, "--run-dir", str(rd),
+                     "--env", "MY_VAR=$(touch pwned4)")
     assert f"#SBATCH --job-name={job_name(name)}\n" in script
     assert re.fullmatch(r"[A-Za-z0-9_.-]+", job_name(name))
     r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
@@ -155,7 +157,8 @@ def test_dict_flags_add_up_across_repeats_and_the_config_file(tmp_path: Path) ->
         flag = flag_name(name)
         with pytest.raises(ConfigError) as e:
             resolve(["--model", "tiny-qwen3", flag, "K=1", flag, "K=2"], strict_inputs=False)
-        assert str(e.value) == f"{flag} K: given twice with different values, '1' ({flag}) and '2' ({flag}); give it once"
+        assert str(e.value) == \
+            f"{flag} K: given twice with different values, '1' ({flag}) and '2' ({flag}); give it once"
     with pytest.raises(ConfigError, match=r"--env NCCL_SOCKET_IFNAME: given twice with different values, 'ib0' "
                                           r"\(.*run.yaml:1\) and 'eth0' \(--env\)"):
         resolve(["--model", "tiny-qwen3", "--env", "NCCL_SOCKET_IFNAME=eth0"], conf, strict_inputs=False)

@@ -15,8 +15,8 @@ import pytest
 
 from rlslurm.settings.model_config import available_models
 from rlslurm.user_error import USER_ERROR_EXIT_CODE
-from tests.slurm_runs import env_reports, ledger, rlslurm, wait_reports
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
+from tests.helpers.slurm_runs import env_reports, ledger, rlslurm, wait_reports
 
 pytestmark = pytest.mark.slurm
 
@@ -218,7 +218,8 @@ def test_user_error_found_on_a_node_ends_the_job_without_requeue(slurm_cluster, 
     assert info["ExitCode"] == f"{USER_ERROR_EXIT_CODE}:0", (info["ExitCode"], batch_log, ledger(run_dir))
     [line] = ledger(run_dir)
     assert line["exit_code"] == USER_ERROR_EXIT_CODE, line
-    assert line["reason"].startswith("user error: --megatron-no-such-field: 'no_such_field' is not a megatron-core"), line
+    assert line["reason"].startswith(
+        "user error: --megatron-no-such-field: 'no_such_field' is not a megatron-core"), line
     human = rlslurm("status", str(run_dir)).stdout
     assert f"{line['reason']} (attempt 0, role trainer, host " in human, human
     assert "the job was not requeued" in human

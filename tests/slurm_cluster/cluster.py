@@ -115,10 +115,12 @@ class SlurmCluster:
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as e:
-            raise ClusterBootError(f"{HERE / name} did not finish within {timeout:.0f}s: {e.stdout!r} {e.stderr!r}") from e
+            raise ClusterBootError(f"{HERE / name} did not finish within {timeout:.0f}s: "
+                                   f"{e.stdout!r} {e.stderr!r}") from e
 
     # ---- raw commands -------------------------------------------------------------------
-    def run(self, *argv: str, cwd: str | os.PathLike[str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, cwd: str | os.PathLike[str] | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run one SLURM client command. check=True raises SlurmError naming the command."""
         try:
             proc = subprocess.run(
@@ -132,11 +134,13 @@ class SlurmCluster:
         except subprocess.TimeoutExpired as e:
             raise SlurmError(f"`{' '.join(argv)}` timed out after {self.cmd_timeout:.0f}s") from e
         if check and proc.returncode != 0:
-            raise SlurmError(f"`{' '.join(argv)}` failed (rc={proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+            raise SlurmError(f"`{' '.join(argv)}` failed (rc={proc.returncode}): "
+                             f"{proc.stderr.strip() or proc.stdout.strip()}")
         return proc
 
     # ---- jobs ---------------------------------------------------------------------------
-    def submit(self, script_path: str | os.PathLike[str], *sbatch_args: str, cwd: str | os.PathLike[str] | None = None) -> int:
+    def submit(self, script_path: str | os.PathLike[str], *sbatch_args: str,
+               cwd: str | os.PathLike[str] | None = None) -> int:
         """sbatch --parsable; returns the job id (the leader id for a het job)."""
         script = Path(script_path)
         proc = self.run("sbatch", "--parsable", *sbatch_args, str(script), cwd=cwd or script.parent)
@@ -187,7 +191,8 @@ class SlurmCluster:
             if last is not None:
                 st = _base_state(last.get("JobState", ""))
                 comps = last["het_components"]
-                if st in want and (st != "RUNNING" or all(_base_state(c.get("JobState", "")) == "RUNNING" for c in comps)):
+                if st in want and (st != "RUNNING"
+                                   or all(_base_state(c.get("JobState", "")) == "RUNNING" for c in comps)):
                     return last
             if time.monotonic() >= deadline:
                 summary = (

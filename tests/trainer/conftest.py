@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,9 +16,10 @@ import numpy as np
 import pytest
 
 from rlslurm.buffer import RolloutMeta, RolloutWriter, RunDir, Sample, SampleStatus
+from rlslurm.net import free_port
 from rlslurm.settings.config import RunConfig
 from rlslurm.settings.runfile import dump_run_config
-from tests.small_fs import small_fs  # noqa: F401  (registers the fixture here)
+from tests.helpers.small_fs import small_fs  # noqa: F401  (registers the fixture here)
 
 MODEL = "tiny-qwen3"
 VOCAB = 64
@@ -84,12 +84,6 @@ def make_run(path: Path, hf: Path | None, *, nproc: int = 1, train: dict | None 
     })
     (path / "run.yaml").write_text(dump_run_config(cfg))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(args: list[str], nproc: int, timeout: float = 180, **popen: Any) -> subprocess.CompletedProcess:
@@ -167,7 +161,8 @@ def step_results(request: pytest.FixtureRequest, tmp_path_factory) -> dict[str, 
 def run_trainer(run_dir: Path, nproc: int = 1, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess:
     p = torchrun(["-m", "rlslurm.trainer.main", "--run-dir", str(run_dir)], nproc, timeout)
     if check and p.returncode != 0:
-        raise AssertionError(f"trainer rc={p.returncode}\n--- stdout\n{p.stdout[-4000:]}\n--- stderr\n{p.stderr[-8000:]}")
+        raise AssertionError(f"trainer rc={p.returncode}\n--- stdout\n{p.stdout[-4000:]}"
+                             f"\n--- stderr\n{p.stderr[-8000:]}")
     return p
 
 

@@ -65,7 +65,8 @@ def main() -> None:
         mine = trainer_greedy(model, prompt, mc.arch.vocab_size)
         if rank == 0:
             urls = [e.url for e in control.engines() if e.healthy]
-            results.append({"version": v, "trainer": mine, "engines": engine_greedy(urls, rd.api_key(), prompt, PROBE_NEW_TOKENS),
+            results.append({"version": v, "trainer": mine,
+                            "engines": engine_greedy(urls, rd.api_key(), prompt, PROBE_NEW_TOKENS),
                             "history": pub.deliveries[-1].as_dict(), "recorded": control.weight_version().version,
                             "recorded_transport": control.weight_version().transport})
     pub.close()

@@ -53,13 +53,11 @@ def one_run(run_dir: Path, out_dir: Path, resume_check: bool = False, device: st
             resume_from: Path | None = None) -> None:
     from rlslurm.buffer import RolloutReader
     from rlslurm.settings.runfile import load_run_config
-
-    from rlslurm.trainer import logprobs as lp
-    from rlslurm.trainer import step as steps
-    from rlslurm.trainer.pipeline import logits_on_every_stage, segment_multiple, seq_multiple
-    from rlslurm.trainer.weights.disk import export_hf
+    from rlslurm.trainer import logprobs as lp, step as steps
     from rlslurm.trainer.batching import collate, collate_packed
+    from rlslurm.trainer.pipeline import logits_on_every_stage, segment_multiple, seq_multiple
     from rlslurm.trainer.setup import build_trainer, init_distributed
+    from rlslurm.trainer.weights.disk import export_hf
 
     cfg = load_run_config(run_dir)
     rank, world = init_distributed(device, 10)  # joined already: this rank and the world size
@@ -147,8 +145,7 @@ def _resume_check(st, rollout, prep, k: int, root: Path) -> dict:
     weights after the second must equal those after the first bit for bit (every rank's own shards:
     dist_checkpointing wrote and read them at this layout); both steps' metrics are returned."""
     from rlslurm.buffer.progress import TrainerProgress
-    from rlslurm.trainer import checkpoint
-    from rlslurm.trainer import step as steps
+    from rlslurm.trainer import checkpoint, step as steps
 
     d = checkpoint.save(st, TrainerProgress(), root, keep=1)
     first = steps.train_step(st, rollout, prep, k)

@@ -7,7 +7,6 @@ import dataclasses
 import math
 import os
 import re
-import socket
 
 import numpy as np
 import pytest
@@ -16,6 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlslurm.errors import ConfigError, DataError
+from rlslurm.net import free_port
+from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, estimator
 from rlslurm.trainer.advantages import (
     AdvantageConfig,
     actor_trains,
@@ -27,7 +28,6 @@ from rlslurm.trainer.advantages import (
     reward_from,
     rl_configs_from_train,
 )
-from rlslurm.settings.rl_settings import ESTIMATOR_NAMES, estimator
 from rlslurm.trainer.losses import PolicyLossConfig
 
 # Six samples in three prompt groups of unequal size, ids not contiguous and interleaved.
@@ -287,9 +287,7 @@ def _whiten_worker(rank: int, port: int, q) -> None:
 
 
 def test_whitening_statistics_are_global_across_data_parallel_ranks() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_whiten_worker, args=(r, port, q)) for r in range(2)]

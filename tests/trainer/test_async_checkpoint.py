@@ -13,9 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    commit_rollouts,
+    kill_tree,
+    make_run,
+    metrics,
+    run_trainer,
+    start_attempt_trainer as start,
+    wait_trained,
+)
 
-from conftest import commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_attempt_trainer as start
-from conftest import wait_trained
 from rlslurm.trainer.checkpoint import META, verify
 from rlslurm.trainer.checkpoint.writer import TEST_SAVE_DELAY_ENV
 

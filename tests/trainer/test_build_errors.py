@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+# at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
+from conftest import REPO, make_run, run_trainer
+
 from rlslurm.errors import ConfigError, UserError
 from rlslurm.trainer.build_errors import ModelBuildError, final_if_deterministic
 from rlslurm.user_error import USER_ERROR_EXIT_CODE, USER_ERROR_FILE
-
-# at import time: `conftest` in sys.modules is the last one pytest loaded (another directory's) by test time
-from conftest import REPO, make_run, run_trainer
 
 
 def _raised(exc: BaseException) -> BaseException:

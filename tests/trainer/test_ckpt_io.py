@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-
 from conftest import commit_rollouts  # noqa: F401  (at import time, like the other trainer test files)
+
 from rlslurm.buffer import atomic
 from rlslurm.buffer.progress import TrainerProgress
 from rlslurm.trainer import checkpoint as ck

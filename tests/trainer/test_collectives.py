@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.hf_shape import hf_shaped_dir
 from rlslurm.errors import ConfigError
 from rlslurm.resolve import min_distributed_timeout_s, resolve
 from rlslurm.trainer.collectives import collective_device, group_timeout
-from tests.prompt_files import prompt_lines
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.fixture
@@ -90,4 +90,5 @@ def test_an_error_rank0_meets_ends_every_rank_alike(tmp_path: Path) -> None:
     mp.start_processes(_rank0_fails, args=(str(tmp_path / "rdzv"), str(tmp_path / "out")), nprocs=2,
                        start_method="fork", join=True)
     for rank in (0, 1):
-        assert json.loads((tmp_path / f"out.{rank}").read_text()) == ["CorruptRecord", "RUN/control/stop.json: damaged on disk"]
+        assert json.loads((tmp_path / f"out.{rank}").read_text()) == ["CorruptRecord",
+                                                                      "RUN/control/stop.json: damaged on disk"]

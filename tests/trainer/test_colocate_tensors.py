@@ -102,10 +102,10 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
     """`--no-offload-train` (run.offload_train False) keeps every tensor where it is from the start of a
     colocated run; unset, the trainer's tensors leave for host memory before the first rollout, and the
     record that lets the engines start is written after that."""
-    from rlslurm.buffer.control import Control
-    from rlslurm.buffer.rundir import RunDir
     import torch.distributed as dist
 
+    from rlslurm.buffer.control import Control
+    from rlslurm.buffer.rundir import RunDir
     from rlslurm.trainer.turns import ColocatedTurn
 
     ours = not dist.is_initialized()

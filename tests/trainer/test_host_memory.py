@@ -29,7 +29,8 @@ def test_available_is_the_smaller_of_meminfo_and_the_cgroup(tmp_path: Path) -> N
     (root / "slurm" / "job_7" / "memory.current").write_text(f"{10 * GIB}\n")
     v2 = tmp_path / "cgroup-v2"
     v2.write_text("0::/slurm/job_7\n")
-    assert host_memory.available(_meminfo(tmp_path, 100), v2, root) == (30 * GIB, "the job's cgroup limit less its usage")
+    assert host_memory.available(_meminfo(tmp_path, 100), v2, root) == (30 * GIB,
+                                                                        "the job's cgroup limit less its usage")
     (root / "slurm" / "job_7" / "memory.max").write_text("max\n")
     assert host_memory.available(_meminfo(tmp_path, 100), v2, root) == (100 * GIB, "MemAvailable")
     (root / "memory" / "job_8").mkdir(parents=True)  # cgroup v1's memory controller

@@ -12,8 +12,8 @@ from rlslurm.buffer.writer import RolloutWriter
 from rlslurm.resolve import resolve
 from rlslurm.trainer.replay_subsample import kept_groups, subsample
 from tests.buffer.helpers import make_meta, make_samples
-from tests.config_errors import one_line_naming
-from tests.prompt_files import prompt_lines
+from tests.helpers.config_errors import one_line_naming
+from tests.helpers.prompt_files import prompt_lines
 
 
 @pytest.mark.parametrize("n,f,kept", [(8, 0.5, [0, 1, 6, 7]), (8, 1.0, list(range(8))), (8, 0.4, [0, 1, 7]),
@@ -40,10 +40,8 @@ def test_subsample_keeps_whole_groups(replay_run: Path) -> None:
 
 
 @pytest.fixture
-def argv(tmp_path: Path, replay_run: Path) -> list[str]:
-    p = tmp_path / "p.jsonl"
-    p.write_text(prompt_lines())
-    return ["--model", "tiny-qwen3", "--prompt-data", str(p), "--load-debug-rollout-data", str(replay_run)]
+def argv(prompts: Path, replay_run: Path) -> list[str]:
+    return ["--model", "tiny-qwen3", "--prompt-data", str(prompts), "--load-debug-rollout-data", str(replay_run)]
 
 
 def test_the_kept_groups_are_the_batch(argv: list[str]) -> None:

@@ -21,7 +21,7 @@ from rlslurm.net import free_port
 from rlslurm.resolve import resolve
 from rlslurm.settings.config import RolloutSection, RunConfig, TrainSection
 from tests.buffer.helpers import make_meta, make_samples
-from tests.prompt_files import prompt_lines
+from tests.helpers.prompt_files import prompt_lines
 
 NUM_ROLLOUT = 3
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

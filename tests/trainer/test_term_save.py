@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import GRACE_S, commit_rollouts, kill_tree, make_run, start_attempt_trainer as start, wait_trained
+
 from rlslurm.trainer.checkpoint.writer import TEST_SAVE_DELAY_ENV
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

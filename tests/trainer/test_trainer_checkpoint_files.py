@@ -9,6 +9,7 @@ import pytest
 
 # at import time: at test time `conftest` in sys.modules is whichever directory's pytest loaded last
 from conftest import commit_rollouts
+
 from rlslurm.trainer import checkpoint as ck
 
 

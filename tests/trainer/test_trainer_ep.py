@@ -43,7 +43,8 @@ def _samples() -> list:
         p = n // 3 + 1
         r = n - p
         out.append(Sample(prompt_tokens=rng.integers(4, 64, p), response_tokens=rng.integers(4, 64, r),
-                          reward=float(i % 3) + 0.25 * (i % 2), rollout_logprobs=(-rng.random(r) * 3).astype(np.float32),
+                          reward=float(i % 3) + 0.25 * (i % 2),
+                          rollout_logprobs=(-rng.random(r) * 3).astype(np.float32),
                           group_index=i // 5, index=i, weight_version=0))
     return out
 

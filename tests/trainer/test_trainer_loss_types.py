@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import commit_rollouts, make_run
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

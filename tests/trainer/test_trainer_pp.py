@@ -147,7 +147,8 @@ def step_runs(request: pytest.FixtureRequest, tmp: Path) -> list[tuple]:
         run = _prepare(g_tmp, hfs[model], name, n, 1, pp, model=model, extra=extra)
         if name == "pp2-recompute":
             cfg = yaml.safe_load((run / "run.yaml").read_text())
-            cfg["megatron"] = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+            cfg["megatron"] = {"recompute_granularity": "full", "recompute_method": "uniform",
+                               "recompute_num_layers": 1}
             (run / "run.yaml").write_text(yaml.safe_dump(cfg))
         runs.append((f"glm5/{name}", n, run, g_tmp / f"{name}-out", name == "cp2", None))
     return runs

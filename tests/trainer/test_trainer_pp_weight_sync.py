@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import HERE, torchrun
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
@@ -19,7 +18,7 @@ def test_pp2_broadcast_reaches_engines(tmp_path: Path, tiny_hf: Path) -> None:
     from rlslurm.buffer.rundir import RunDir
     from rlslurm.engines.supervisor import control_publisher
     from rlslurm.engines.update_watch import UpdateWatcher
-    from tests.sglang_deploy import deploy
+    from tests.helpers.sglang_deploy import deploy
 
     run = RunDir.create(tmp_path / "run")
     control = Control(run)

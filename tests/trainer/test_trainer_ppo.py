@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, commit_rollouts, free_port, make_run, metrics, run_trainer
+
 from rlslurm.attempt import clear_stale
 from rlslurm.buffer import Control, RunDir
 from rlslurm.buffer.atomic import write_json_atomic

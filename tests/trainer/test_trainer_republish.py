@@ -1,5 +1,5 @@
-"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/weights/delivery.py): the rollout node keeps
-such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
+"""The trainer's side of an engine restarted mid-run (trainer/main.py `_poll`, trainer/weights/delivery.py): the rollout
+node keeps such an engine out of the router (`awaiting_weights` in control/engines.json) until it serves the
 published version; the trainer, while it waits for a rollout, publishes that version again, once
 per restart, and only when its weights are that version. Real run directory and control files;
 no model is built (`_poll` is rank 0's decision, made before any collective)."""
@@ -11,8 +11,8 @@ import pytest
 from rlslurm.buffer.control import EngineRecord
 from rlslurm.trainer.commands import Next
 from rlslurm.trainer.weights.delivery import Publish
-
 from tests.trainer.poll_trainer import A, B, engines, trainer
+
 
 def test_restarted_engine_gets_the_published_version_again_once_per_restart(tmp_path):
     t = trainer(tmp_path)

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from conftest import REPO, _pythonpath, commit_rollouts, kill_tree, make_run, metrics, run_trainer, start_trainer
+from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
@@ -125,7 +124,8 @@ def test_a_runs_checkpoint_converts_to_the_published_weights(straight: Path, tmp
                         str(straight / "checkpoints" / "iter_0000004"), "--out", str(out)], capture_output=True,
                        text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": _pythonpath()})
     assert p.returncode == 0, p.stderr[-3000:]
-    got, v4 = load_file(str(out / "model.safetensors")), load_file(str(straight / "weights" / "v4" / "model.safetensors"))
+    got = load_file(str(out / "model.safetensors"))
+    v4 = load_file(str(straight / "weights" / "v4" / "model.safetensors"))
     assert got.keys() == v4.keys() and all(torch.equal(got[k].to(v4[k].dtype), v4[k]) for k in v4)
 
 

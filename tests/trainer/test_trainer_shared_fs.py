@@ -17,7 +17,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, commit_rollouts, free_port, make_run, metrics
 
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import commit_rollouts, make_run
 
 pytestmark = pytest.mark.megatron

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import commit_rollouts, kill_tree, make_run, metrics, start_trainer
+
 from rlslurm.buffer.control import Control, EngineRecord
 from rlslurm.buffer.rundir import RunDir
 

@@ -1,5 +1,5 @@
 """Two real CPU SGLang engines (fp32, one core each) behind the real sglang-router, under the
-real EngineSupervisor (tests/sglang_deploy.py), publishing themselves into a run directory's
+real EngineSupervisor (tests/helpers/sglang_deploy.py), publishing themselves into a run directory's
 control/engines.json the way the rollout node does, with the rollout node's `UpdateWatcher`
 holding the supervisor's health checks while control/weight_update.json is active.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
-from tests.sglang_deploy import deploy
+from tests.helpers.sglang_deploy import deploy
 
 WATCH_CAP_S = 60.0  # the rollout node's cap is --weight-sync-timeout-s + PAUSE_MARGIN_S
 

@@ -15,7 +15,8 @@ from rlslurm.trainer.weights.ipc import Found, Server, assign
 
 def _engine(url: str, node: str | tuple[str, ...], gpus: tuple[int, ...], ranks: int = 1) -> Found:
     nodes = (node,) if isinstance(node, str) else node
-    return Found(EngineTarget(url=url, ranks=max(ranks, len(gpus) * len(nodes), len(nodes)), pid=None, restarts=0), nodes, gpus)
+    return Found(EngineTarget(url=url, ranks=max(ranks, len(gpus) * len(nodes), len(nodes)), pid=None, restarts=0),
+                 nodes, gpus)
 
 
 def test_gpu_engines_are_served_by_the_rank_on_each_of_their_gpus() -> None:

@@ -1,5 +1,5 @@
-"""The broadcast publisher's failure path (trainer/weights/tries.py, broadcast.py) without a live engine (no SGLang needed): a sync that
-cannot reach its engines fails every try within its bound, cleans up after itself, and with no
+"""The broadcast publisher's failure path (trainer/weights/tries.py, broadcast.py) without a live engine (no SGLang
+needed): a sync that cannot reach its engines fails every try within its bound, cleans up after itself, and with no
 fallback raises `WeightSyncError`, a failure (the attempt is requeued), not a user error. What no
 retry heals is refused at once: a weight-sync group NCCL would refuse (two members on one GPU). A
 job that ends while a sync waits gives the sync up at once (`SyncInterrupted`)."""

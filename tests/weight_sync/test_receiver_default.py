@@ -12,8 +12,8 @@ from rlslurm.engines.receiver import LOADER
 from rlslurm.resolve import resolve
 from rlslurm.rollout.node import receiver_args
 from rlslurm.settings.weight_plan import weight_sync_plan
-from tests.hf_shape import hf_shaped_dir
-from tests.prompt_files import prompt_lines
+from tests.helpers.hf_shape import hf_shaped_dir
+from tests.helpers.prompt_files import prompt_lines
 
 
 def _resolved(tmp_path: Path, model: str, *extra: str):

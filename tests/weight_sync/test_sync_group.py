@@ -45,8 +45,10 @@ def test_a_flattened_bucket_is_what_the_engine_views_back():
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
     g = torch.Generator().manual_seed(0)
-    stream = [("a", torch.randn(3, 5, generator=g).to(torch.bfloat16)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
-              ("c", torch.randn(2, 3, generator=g)), ("d", torch.tensor(1.5)), ("e", torch.randn(4, 1, generator=g).half())]
+    stream = [("a", torch.randn(3, 5, generator=g).to(torch.bfloat16)),
+              ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+              ("c", torch.randn(2, 3, generator=g)), ("d", torch.tensor(1.5)),
+              ("e", torch.randn(4, 1, generator=g).half())]
     buckets = list(iter_buckets(stream, 1 << 20, torch.device("cpu"), one_dtype=True))
     assert [[n for n, _ in b] for b in buckets] == [["a", "b"], ["c", "d"], ["e"]]
     for bucket in buckets:

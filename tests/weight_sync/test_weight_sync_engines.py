@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from rlslurm.engines.sglang_client import SGLangClient
+from rlslurm.net import free_port
 
 pytestmark = [pytest.mark.sglang, pytest.mark.megatron, pytest.mark.slow]
 
@@ -73,12 +74,6 @@ def _continue(url: str, key: str) -> None:
     asyncio.run(go())
 
 
-def _free_port() -> int:
-    from rlslurm.net import free_port
-
-    return free_port()
-
-
 class Worker:
     def __init__(self, engines, out: Path):
         self.out = out
@@ -88,7 +83,7 @@ class Worker:
         self.log = open(out / "worker.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-             "--master_port", str(_free_port()), str(HERE / "trainer_worker.py"), "--hf", str(engines.model_path),
+             "--master_port", str(free_port()), str(HERE / "trainer_worker.py"), "--hf", str(engines.model_path),
              "--run-dir", str(engines.run_dir), "--out", str(out), "--prompt", json.dumps(PROMPT),
              "--new-tokens", str(NEW), "--timeout-s", str(TIMEOUT_S), "--attempts", str(ATTEMPTS)],
             cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)

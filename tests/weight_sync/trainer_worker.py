@@ -2,9 +2,9 @@
 a real megatron-core GPTModel (TP = world size) loaded from the tiny HF checkpoint publishes its
 weights through `broadcast_publisher` (trainer/weights/) to the real SGLang engines listed in RUN/control.
 
-The test drives it step by step: before version v it writes `<out>/go-<v>.json`; the worker "trains" (adds seeded noise to every parameter shard), publishes v,
-computes its own greedy continuation of the probe prompt with the new weights, and rank 0
-writes `<out>/done-<v>.json`. `{"stop": true}` ends it. `{"break_transfer": true}`: every try of
+The test drives it step by step: before version v it writes `<out>/go-<v>.json`; the worker "trains" (adds seeded noise
+to every parameter shard), publishes v, computes its own greedy continuation of the probe prompt with the new weights,
+and rank 0 writes `<out>/done-<v>.json`. `{"stop": true}` ends it. `{"break_transfer": true}`: every try of
 that version fails on rank 0 after its export and before it hands the engine anything, so the fallback
 delivers it.
 """

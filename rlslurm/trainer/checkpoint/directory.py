@@ -109,7 +109,8 @@ def write_meta(d: Path, iteration: int, world: int, extra: dict[str, Any]) -> No
         return files
 
     files = retry_transient(once, d, "syncing and summing the checkpoint's files")
-    write_json_atomic(d / META, {"format": FORMAT, "iteration": iteration, "world_size": world, "files": files, **extra})
+    write_json_atomic(d / META,
+                      {"format": FORMAT, "iteration": iteration, "world_size": world, "files": files, **extra})
 
 
 def verify(d: Path) -> str | None:

@@ -1,24 +1,23 @@
 """Where an asynchronous checkpoint's copy of the state lives between the trainer and its forked
 writer (writer.py; docs/checkpoints.md, "The staging area").
 
-The copy off the GPU is the whole training stall of an asynchronous save, so its speed is the
-host memory it lands in: into fresh pageable memory it ran at 1.4 GB/s on an H100 (16.5 s for the
-22.44 GiB of a qwen3-1.7B rank, bench/results/checkpoint-h100x4.md), into page-locked memory a
-device-to-host copy runs at PCIe speed. Page-locked memory from CUDA's allocator is not inherited
-by a forked process (the driver marks it so a child cannot disturb the DMA mapping), and the writer
-is a fork. So the area is a memfd (shared memory with a file descriptor), mapped here and
-registered with CUDA (`cudaHostRegister`): the trainer copies into it at page-locked speed, and the
-writer, which inherits the descriptor whether or not it inherits the mapping, maps it again and
-reads each tensor from its own offset (`torch.frombuffer`: a storage of exactly that tensor, so
-the writer's `torch.save` writes that tensor's bytes and nothing around them).
+The copy off the GPU is the whole training stall of an asynchronous save, so its speed is the host memory it
+lands in: into fresh pageable memory it runs far below PCIe speed, into page-locked memory a device-to-host
+copy runs at PCIe speed (bench/results/checkpoint-h100x4.md). Page-locked memory from CUDA's allocator is not
+inherited by a forked process (the driver marks it so a child cannot disturb the DMA mapping), and the writer
+is a fork. So the area is a memfd (shared memory with a file descriptor), mapped here and registered with CUDA
+(`cudaHostRegister`): the trainer copies into it at page-locked speed, and the writer, which inherits the
+descriptor whether or not it inherits the mapping, maps it again and reads each tensor from its own offset
+(`torch.frombuffer`: a storage of exactly that tensor, so the writer's `torch.save` writes that tensor's bytes
+and nothing around them).
 
 One area per trainer process, kept for the run and grown when a save needs more: the pages are
-touched and locked once, not at every save. Touching and locking them is slow (12-17 s for 22-27 GiB
-on an H100 host, bench/results/checkpoint-h100x4.md), so the trainer reserves the area in the
+touched and locked once, not at every save. Touching and locking them is slow (seconds per few GiB,
+bench/results/checkpoint-h100x4.md), so the trainer reserves the area in the
 background as soon as its model is built (`reserve`, sized by state.py `staging_estimate`),
-while it waits for the engines and the first rollout; a save that comes first waits for it. Its size is this rank's share of a checkpoint, held in
-host memory from the first save on (the log says how much). A save starts only after the previous
-one's writer is gone (checkpointer.py `Checkpointer.start` waits), so the area is never rewritten
+while it waits for the engines and the first rollout; a save that comes first waits for it. Its size is this rank's
+share of a checkpoint, held in host memory from the first save on (the log says how much). A save starts only after the
+previous one's writer is gone (checkpointer.py `Checkpointer.start` waits), so the area is never rewritten
 under a writer. Where registration fails the copy still lands in the area at pageable speed, and
 the save says so (`writer.RankWrite.staging`, the trainer's log at every save).
 """

@@ -86,7 +86,8 @@ def sharded_state(st, progress: TrainerProgress | None, *, loading: bool, with_r
         "progress": progress.state_dict() if progress is not None else TrainerProgress().state_dict(),
     }
     if "actor" in optimizers:
-        state["optimizer"] = st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIM_METADATA)
+        state["optimizer"] = st.actor.optimizer.sharded_state_dict(model_sd, is_loading=loading,
+                                                                   metadata=OPTIM_METADATA)
     if with_rng:
         state["rng"] = ShardedObject("rlslurm_rng_state", rng_state(), (world,), (rank,), replica_id=0)
     if st.critic is not None:

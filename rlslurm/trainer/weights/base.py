@@ -63,7 +63,7 @@ class SyncInterrupted(RuntimeError):
 
 
 # NCCL's words for a group it refuses to build (ncclInvalidUsage), e.g. "Duplicate GPU detected :
-# rank 0 and rank 1 both on CUDA device 60" (issue 30): tried again it fails the same way.
+# rank 0 and rank 1 both on CUDA device 60" (docs/gpu.md): tried again it fails the same way.
 SETUP_REFUSALS = ("Duplicate GPU detected", "ncclInvalidUsage", "invalid usage")
 
 

@@ -25,7 +25,7 @@ The tries around this (the bracket, retries without unanswered engines, the disk
 record) are tries.py's, shared with the IPC transport: this module supplies `Broadcast`, the
 transport's join and transfer, and `StageSender`, one stage leader's group and buckets. What no retry
 heals: NCCL refuses a group with two ranks on one GPU, which `StageSender` checks before the engines
-are asked to join (issue 30: `WeightSyncSetupError`).
+are asked to join (`WeightSyncSetupError`; docs/gpu.md, "Which GPU").
 
 The HTTP side (engine targets, one call to every engine at once, releasing them after a failure)
 is engines/fanout.py; this module is the torch.distributed side.
@@ -50,8 +50,7 @@ from rlslurm.engines.fanout import (
     engine_targets,
     refusing,
 )
-from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
-from rlslurm.engines.receiver import BucketPlan, plan_payload
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER, BucketPlan, plan_payload
 from rlslurm.gpus import torch_device_uuid
 from rlslurm.net import free_port, node_ip
 from rlslurm.settings.weight_plan import broadcast_backend, delivered_by
@@ -152,7 +151,7 @@ class StageSender:
 
     def _check_gpus(self, targets: list[EngineTarget]) -> None:
         """NCCL refuses a group with two ranks on one GPU, and a refused group can leave an engine's
-        TP ranks wedged in it (issue 30: a TP2 engine beside the trainer on GPU 0 hung for 300 s).
+        TP ranks wedged in it until the sync's timeout (docs/gpu.md, "Which GPU").
         Refuse it here, before any engine is asked to join."""
         if self.backend != "nccl" or self.device.type != "cuda":
             return

@@ -36,9 +36,9 @@ def bucket_plan(bucket: list[tuple[str, torch.Tensor]]) -> BucketPlan:
 
 
 class _EmptyTensor:
-    """Unpickles as `torch.Tensor()` (empty; one global, torch._tensor.Tensor). A pickled tensor names its storage loader, which megatron-core
-    0.19 replaces in the trainer process (megatron.core.safe_globals.safe_load_from_bytes), and
-    SGLang's SafeUnpickler refuses that module: on 2xH200 the engine's scheduler died on it."""
+    """Unpickles as `torch.Tensor()` (empty; one global, torch._tensor.Tensor). A pickled tensor names its storage
+    loader, which megatron-core 0.19 replaces in the trainer process (megatron.core.safe_globals.safe_load_from_bytes),
+    and SGLang's SafeUnpickler refuses that module: the engine's scheduler dies on it."""
 
     def __reduce__(self):
         return (torch.Tensor, ())

@@ -12,8 +12,8 @@ checkpoint's weights and is kept out of the router until it serves the published
 
 Every publish is recorded as a `Delivered` (record.py): the transport that delivered the version and
 whether the disk fallback did. They go into metrics.jsonl (`metrics`), and by the publishers into
-control/weight_version.json, which `rlslurm status` and `rlslurm run` show. A version that reached no engine (the fallback found
-none answering) is not delivered: it is pending again until the engines are up.
+control/weight_version.json, which `rlslurm status` and `rlslurm run` show. A version that reached no engine (the
+fallback found none answering) is not delivered: it is pending again until the engines are up.
 """
 
 from __future__ import annotations

@@ -236,10 +236,9 @@ class SyncGroup:
 # The longest sleep between two polls of a broadcast's works: the bound on how late a completed
 # bucket is noticed (bench/bench_engine_sync.py measures the sync with it and with 1 ms).
 POLL_MAX_S = 0.01
-# How much later than our own deadline NCCL's watchdog may act on a weight-update work: seen on
-# 2xH200 (bench/results/engine-sync-h200x2-receiver.md), equal timeouts let the watchdog SIGABRT
-# the trainer (a broadcast to an engine that had died) before `_wait_all` raised and `close()`
-# aborted the communicator.
+# How much later than our own deadline NCCL's watchdog may act on a weight-update work: with equal
+# timeouts the watchdog SIGABRTed the trainer (a broadcast to an engine that had died) before
+# `_wait_all` raised and `close()` aborted the communicator (bench/results/engine-sync-h200x2-receiver.md).
 NCCL_WATCHDOG_MARGIN = datetime.timedelta(seconds=120)
 
 

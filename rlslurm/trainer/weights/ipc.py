@@ -7,7 +7,7 @@ from there (a CUDA IPC handle; a memfd on CPU: engines/shared_buffer.py) with rl
 (engines/receiver.py) and copies it into its parameters. One /update_weights_from_tensor request per
 bucket and engine, sent by the trainer rank on the engine's first GPU, with one entry per TP rank of the
 engine (SGLang hands entry i to TP rank i). Nothing goes through host memory or a process group: NCCL
-refuses two ranks on one GPU, which is why the broadcast needed gloo here (3 GB/s on an H100).
+refuses two ranks on one GPU, which is why the broadcast needed gloo here (bench/results/colocate-h100.md).
 
 For bucket k, one request per engine in flight while the next bucket is exported and copied:
 
@@ -41,8 +41,7 @@ import torch.distributed as dist
 
 from rlslurm.buffer.control import Control
 from rlslurm.engines.fanout import REFUSED_TIMEOUT_S, Engines, EngineTarget, HttpLoop, engine_targets, refusing
-from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER
-from rlslurm.engines.receiver import mapped_payload
+from rlslurm.engines.receiver import LOADER as RECEIVER_LOADER, mapped_payload
 from rlslurm.engines.shared_buffer import MemfdBuffer, cuda_source
 from rlslurm.errors import ConfigError
 from rlslurm.settings.weight_plan import delivered_by
@@ -92,8 +91,8 @@ def assign(engines: list[Found], servers: list[Server]) -> list[list[int]]:
             if gpu is not None:
                 s = next((s for s in here if s.gpu == gpu), None)
                 if s is None:
-                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} is on GPU {gpu} of {node}, "
-                                      f"where no trainer rank runs (trainer GPUs there: "
+                    raise ConfigError(f"weights by IPC: TP rank {j} of engine {e.target.url} "
+                                      f"is on GPU {gpu} of {node}, where no trainer rank runs (trainer GPUs there: "
                                       f"{sorted(s.gpu for s in here if s.gpu is not None)})")
                 ranks.append(s.rank)
             else:

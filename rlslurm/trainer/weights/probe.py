@@ -36,7 +36,8 @@ def probe_prompt(vocab_size: int) -> list[int]:
 
 
 @torch.no_grad()
-def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int, n_new: int = PROBE_NEW_TOKENS) -> list[int]:
+def trainer_greedy(model: torch.nn.Module, prompt: list[int], vocab_size: int,
+                   n_new: int = PROBE_NEW_TOKENS) -> list[int]:
     """Greedy decode with the Megatron model (no KV cache: the prompt is short). Collective over TP
     and PP (every stage runs its layers and gets the last stage's logits)."""
     from megatron.core import parallel_state as ps

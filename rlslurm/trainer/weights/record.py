@@ -1,6 +1,6 @@
 """The transport record: one `Delivered` per publish, naming what delivered the version and whether
-the disk fallback did (issue 30: the fallback had delivered every version of the GPU tier while the
-tests believed NCCL did). The names are the plan's (rlslurm/settings/weight_plan.py TRANSPORTS,
+the disk fallback did: a fallback that delivers every version must not pass for the transport (tests
+assert the record, tests/helpers/deliveries.py). The names are the plan's (rlslurm/settings/weight_plan.py TRANSPORTS,
 `delivered_by`); delivery.py writes them into metrics.jsonl, the publishers into
 control/weight_version.json, which `rlslurm status` and `rlslurm run` show.
 """

@@ -84,7 +84,7 @@ class SyncPublisher:
         self._no_engines = False                 # this rank found no engine to send to
         # --colocate's turn (trainer/colocate.py): the engines' KV cache is still released during the
         # publish, so they must stay paused after it; the colocation continues them once it is back
-        # (a scheduler continued without it crashed at its next prefill, SGLang 0.5.14 on an H100)
+        # (a scheduler continued without it crashes at its next prefill: docs/colocate.md)
         self.leave_paused = False
 
     def transport(self, r: Roles) -> str:
@@ -162,7 +162,8 @@ class SyncPublisher:
                     self.control.set_weight_version(version, transport=transport, fallbacks=self.fallbacks)
                     self.control.clear_weight_update()
                     log.info("weights v%d %s to %d engine(s) over %s in %.2f s (%d bytes, %d buckets)", version,
-                             self.via.sent, len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
+                             self.via.sent,
+                             len(self.sender.engines.targets) if self.sender and self.sender.engines else 0,
                              transport, time.monotonic() - t0, self.sender.last.bytes if self.sender else 0,
                              self.sender.last.buckets if self.sender else 0)
                 return self._delivered(Delivered(version, transport, tries=i, seconds=time.monotonic() - t0))

@@ -31,7 +31,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NUM_ROLLOUT = 4
 KILL_IN = 1  # the rollout whose turn the kill lands in
 TERM_IN = 2  # the rollout whose turn the TERM lands in

@@ -31,7 +31,8 @@ def wait_reports(run_dir: Path, attempt: int, want: set[str], timeout: float = 9
             return reps
         time.sleep(0.5)
     logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(run_dir.glob("logs/**/*.*")) if p.is_file())
-    raise AssertionError(f"attempt {attempt}: reports {sorted(env_reports(run_dir, attempt))}, want {sorted(want)}\n{logs}")
+    raise AssertionError(f"attempt {attempt}: reports {sorted(env_reports(run_dir, attempt))}, "
+                         f"want {sorted(want)}\n{logs}")
 
 
 def ledger(run_dir: Path) -> list[dict]:

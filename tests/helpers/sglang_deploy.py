@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.process_groups import teardown_deployment
+from tests.helpers.process_groups import teardown_deployment
 
 
 @dataclass
@@ -43,10 +43,10 @@ def deploy(model_path: Path, log_dir: Path, *, api_key: str, extra_args: tuple[s
 
     if sglang_cpu.installed_sglang_version() is None:
         pytest.skip("sglang is not installed (tools/install.sh installs it)")
-    from rlslurm.net import engine_port_block, free_port
     from rlslurm.engines.engine import EngineSpec
     from rlslurm.engines.router import RouterProcess
     from rlslurm.engines.supervisor import EngineSupervisor
+    from rlslurm.net import engine_port_block, free_port
 
     log_dir.mkdir(parents=True, exist_ok=True)
     host = "127.0.0.1"

@@ -13,7 +13,8 @@ import pytest
 def small_fs(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True, text=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)], capture_output=True,
+                         text=True)
     if res.returncode != 0:
         msg = f"cannot mount a tmpfs for the ENOSPC test: {res.stderr.strip()}"
         if os.environ.get("CI"):

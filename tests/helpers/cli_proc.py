@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, env_extra: dict[str, str] | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
