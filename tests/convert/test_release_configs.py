@@ -112,9 +112,9 @@ def test_every_release_dry_runs(tmp_path: Path) -> None:
 
 
 def test_the_written_dicts_give_the_releases_model(tmp_path: Path) -> None:
-    """tests/released_configs.py's dicts (fields public fixtures pin, not release files) give the same
+    """tests/helpers/released_configs.py's dicts (fields public fixtures pin, not release files) give the same
     model config as the release files of the same architecture."""
-    from tests import released_configs as written
+    from tests.helpers import released_configs as written
 
     for name, cfg in (("Qwen3.5-27B", written.QWEN3_5_27B), ("Qwen3.5-35B-A3B", written.QWEN3_5_35B_A3B),
                       ("GLM-5", written.GLM5), ("MiMo-7B-Base", written.MIMO_7B),
