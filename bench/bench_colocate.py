@@ -12,9 +12,10 @@ engine on the same GPU, trainer/weights/ipc.py) or `broadcast` (gloo through hos
 
 Figures are medians over rollouts 1.. (rollout 0 is warm-up) from the run's metrics.jsonl: the
 overhead (release + onload + offload + resume, and the publish apart), each as a share of the
-iteration; the GPU memory in use after each phase. `--no-offload-train` keeps the trainer's state on
-the GPUs (docs/colocate.md); what the trainer did is read back from its own log line
-("move between phases" / "stay on the GPU"), not assumed from the flag.
+iteration; the GPU memory in use after each phase. `--offload-train` moves the trainer's state off the
+GPUs for the engines' turn, `--no-offload-train` keeps it there, and by default the trainer keeps what
+fits (docs/colocate.md); what it moved is read back from its record (control/colocate_memory.json,
+`trainer_moves`), not assumed from the flag.
 
 Reference, same call, same GPU: a device-to-device copy of the bytes the publish moves (the HF
 checkpoint's size). figure = publish GB/s, ratio = publish / D2D (issue 13's target for a same-GPU
@@ -124,10 +125,10 @@ def main() -> None:
            *([] if a.offload_train is None else ["--offload-train" if a.offload_train else "--no-offload-train"])]
     wall = run_logged(cmd, a.work / "run.log")
     gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)  # after the run: no CUDA context of ours in it
-    said = "\n".join(p.read_text(errors="replace") for p in sorted(run_dir.rglob("trainer-*.log")))
-    offloaded = ("move between phases" in said, "stay on the GPU beside the engines" in said)
-    if offloaded.count(True) != 1:
-        raise SystemExit(f"the trainer's logs under {run_dir} do not say whether its state moved")
+    try:  # what the trainer moved, as it recorded it (rlslurm/trainer/offload_choice.py)
+        moved = json.loads((run_dir / "control" / "colocate_memory.json").read_text())["offload"]["moves"]
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"{run_dir}/control/colocate_memory.json does not say what the trainer moved: {e}")
 
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     per_rollout = {m["rollout_id"]: m for m in lines}  # phases repeat on each step of a rollout
@@ -149,7 +150,7 @@ def main() -> None:
                     for k in sorted({k for m in steady for k in m if k.startswith("mem/")})},
         "publish_bytes": nbytes, "run_wall_s": round(wall, 1), "transport": a.transport,
         "bucket_bytes": a.bucket_bytes, "gpus": a.gpus, "trainer_tp": a.tp, "engine_tp": a.engine_tp,
-        "offload_train": offloaded[0],
+        "offload_train": bool(moved), "trainer_moves": moved,
     }
     if a.transport == "ipc":
         res["engine_in_place_copy"] = engine_copies(run_dir)

@@ -15,8 +15,9 @@ reader sees the old or the new version, never a mix. Records:
                                                   weights into the engines; engines/update_watch.py reads it)
     colocate_turn.json           trainer rank 0   TurnRecord (--colocate: while the trainer holds the GPUs;
                                                   engines/turn_watch.py holds engine restarts until it goes)
-    colocate_memory.json         trainer rank 0   ColocationMemory (--colocate: the trainer's state is off the
-                                                  GPUs; the rollout nodes start their engines only then)
+    colocate_memory.json         trainer rank 0   ColocationMemory (--colocate: the trainer moved off the GPUs
+                                                  what it moves, and says what and why; the rollout nodes start
+                                                  their engines only then)
     heartbeats/<role>-<rank>.json  that process   Heartbeat
     preempt.json                 batch script     {"reason", "requested_at", "job_id", "restart_count"}
     preempt_ack.json             trainer rank 0   PreemptAck (the batch trap waits for it, then requeues)
@@ -144,12 +145,26 @@ class WeightUpdateRecord(_Record):
     pid: int = Field(default_factory=os.getpid)
 
 
+class OffloadRecord(_Record):
+    """--colocate: which of the trainer's tensor sets leave the GPU while the engines generate, and why
+    (trainer/offload_choice.py). `setting`: auto, --offload-train or --no-offload-train; `auto_keeps`:
+    what auto keeps (None on CPU: no GPU memory to decide on); `terms_gib`: the rule's terms."""
+    setting: str
+    keeps: list[str]
+    moves: list[str]
+    line: str
+    terms_gib: dict[str, float] = Field(default_factory=dict)
+    auto_keeps: list[str] | None = None
+
+
 class ColocationMemory(_Record):
-    """--colocate: this attempt's trainer has built its model and moved its state off the GPUs, so the
-    engines may start and size themselves on what is free (engines/memory_share.py); `margins`: per
-    GPU (its UUID; "" on CPU), what the trainer may take beside engines that hold their whole share."""
+    """--colocate: this attempt's trainer has built its model and moved off the GPUs what it moves, so
+    the engines may start and size themselves on what is free (engines/memory_share.py); `margins`: per
+    GPU (its UUID; "" on CPU), what the trainer may take beside engines that hold their whole share;
+    `offload`: what the trainer moves (None: --shared-gpu, nothing moves)."""
     attempt: int
     margins: dict[str, int]
+    offload: OffloadRecord | None = None
     updated_at: float = Field(default_factory=time.time)
 
 

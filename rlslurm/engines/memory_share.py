@@ -278,6 +278,8 @@ def apply_from_env(args: list[str], *, cuda: bool) -> list[str]:
     print(f"rlslurm engine memory: waiting for the trainer to build its model and leave the GPUs ({plan.record})",
           file=sys.stderr, flush=True)
     rec = wait_for_trainer(plan)
+    if rec.offload is not None:
+        print(f"rlslurm engine memory: the trainer {rec.offload.line}", file=sys.stderr, flush=True)
     if not cuda:
         return args
     args, share = size_engine(args, margin_on(rec, engine_devices(args)), plan.weights_bytes,

@@ -80,9 +80,10 @@ class RunSection(Section):
     colocate: bool = Field(False, description="slime's --colocate: trainer and engines on the same GPUs of every "
                                               "node, taking turns (docs/colocate.md)")
     offload_train: bool | None = Field(
-        None, description="--colocate only: move the trainer's state to host memory while the engines generate "
-                          "(default: on, as slime's); --no-offload-train keeps it on the GPUs beside the engines "
-                          "and saves the moves, where both fit (docs/colocate.md)")
+        None, description="--colocate only: move the trainer's whole state to host memory while the engines "
+                          "generate (slime's default); --no-offload-train keeps it all on the GPUs beside the "
+                          "engines. Default: the trainer keeps what fits beside the engines' weights and a KV "
+                          "cache for a whole rollout, and moves the rest (docs/colocate.md)")
     # Read by rlslurm/metrics_sink.py only; the API key is never a field: WANDB_API_KEY goes
     # through --secret-env (docs/security.md).
     use_wandb: bool = Field(False, description="log metrics to Weights & Biases, one run per role in one group "

@@ -14,10 +14,11 @@ the engines are idle and the trainer owns the GPUs. Per rollout, in the trainer'
     trainer   offload the actor's params                                               (time/offload)
     engines   resume KV cache + CUDA graphs, continue generating                       time/engines_resume
 
-With --no-offload-train the trainer's tensors stay where they are: each "offload" only gives the blocks
-its cache holds (the activations') back to the driver, for the engines; the trainer's state and the
-engines' weights, KV cache and CUDA graphs must then fit on the GPU together. With --offload-train (the
-default) the second turn says, once, whether they would have (`_say_if_it_fits`).
+Which of the trainer's tensor sets move (params, grads, the rest: trainer/tensor_sets.py) is decided
+once, before the first offload: all with --offload-train, none with --no-offload-train, and by default
+the largest prefix of them that fits beside the engines (trainer/offload_choice.py). A set that stays
+is not moved by any phase: each "offload" then only gives the blocks the trainer's cache holds (the
+activations') back to the driver, for the engines.
 
 On CUDA each phase also records how much of the GPU is in use by every process on it (torch's
 mem_get_info: the engines' memory is another process's), `mem/gpu_used_gib/<after phase>`, and the
@@ -55,11 +56,12 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
+from rlslurm.trainer.offload_choice import LABELS, SETS, Choice
 from rlslurm.trainer.tensor_sets import TensorSet, grad_tensors, other_tensors, trainer_tensor_sets, warm_process_groups
 
 log = logging.getLogger(__name__)
@@ -76,20 +78,22 @@ GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as
 # --- the phases ---------------------------------------------------------------------------------
 
 def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_bytes: int,
-                      trains_beside: bool) -> None:
+                      trains_beside: bool, choice: Choice | None = None) -> None:
     """The trainer shares its GPUs with engines (--colocate, --shared-gpu) and has built its model (and,
-    colocated, moved its state off the GPUs): rank 0 records, per GPU, what the trainer may take beside
-    engines that hold their whole share (engines/memory_share.py `trainer_margin`; `trains_beside`: it
-    also trains while they generate, --shared-gpu). The rollout nodes start their engines only then, so
-    that each sizes its share on what the trainer leaves. Collective."""
-    from rlslurm.buffer.control import ColocationMemory
+    colocated, moved off the GPUs what `choice` moves): rank 0 records, per GPU, what the trainer may take
+    beside engines that hold their whole share (engines/memory_share.py `trainer_margin`: its params
+    unless they stay on the GPU anyway; `trains_beside`: it also trains while they generate,
+    --shared-gpu), and the choice. The rollout nodes start their engines only then, so that each sizes
+    its share on what the trainer leaves. Collective."""
+    from rlslurm.buffer.control import ColocationMemory, OffloadRecord
     from rlslurm.engines.memory_share import trainer_margin
     from rlslurm.gpus import torch_device_uuid
 
     mine = ("", 0)
     if st.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(st.device)
-        params = sum(p.numel() * p.element_size() for p in st.actor.model.parameters())
+        params = 0 if choice is not None and "params" in choice.keeps else sum(
+            p.numel() * p.element_size() for p in st.actor.model.parameters())
         mine = (torch_device_uuid(torch.cuda.current_device()) or "",
                 trainer_margin(params, bucket_bytes, total, trains_beside=trains_beside))
     every: list[Any] = [None] * dist.get_world_size()
@@ -98,7 +102,11 @@ def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_
         margins: dict[str, int] = {}
         for uuid, margin in every:
             margins[uuid] = max(margins.get(uuid, 0), margin)
-        control.write_colocation_memory(ColocationMemory(attempt=attempt, margins=margins))
+        offload = None if choice is None else OffloadRecord(
+            setting=choice.setting, keeps=list(choice.keeps), moves=list(choice.moves), line=choice.line,
+            terms_gib={k: round(v, 3) for k, v in choice.terms_gib.items()},
+            auto_keeps=None if choice.auto_keeps is None else list(choice.auto_keeps))
+        control.write_colocation_memory(ColocationMemory(attempt=attempt, margins=margins, offload=offload))
         log.info("the trainer shares its GPUs with the engines: they may start now (the trainer's margin beside "
                  "them: %s)", ", ".join(f"{m / 2**30:.2f} GiB" for m in margins.values()))
 
@@ -127,10 +135,11 @@ class Colocation:
     `ending` (rank 0's): is the job being ended (TERM, preempt or stop request)?"""
 
     def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float,
-                 ending=lambda: False, offload: bool = True, pin_host: bool = True):
-        """`pin_host` False: the host copies stay pageable (too little host memory, trainer/host_memory.py)."""
+                 ending=lambda: False, moves: Iterable[str] = SETS, pin_host: bool = True):
+        """`moves`: which of the trainer's tensor sets (offload_choice.SETS) leave the GPU while the engines
+        generate (settable until the first offload: trainer/turns.py decides after the sets are known);
+        `pin_host` False: the host copies stay pageable (too little host memory, trainer/host_memory.py)."""
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
-        self.offload = offload  # --offload-train: the trainer's tensors leave the GPU while the engines generate
         self.ending = ending
         self._released: set[tuple[str, int | None]] = set()  # (url, pid) of the engines this turn released
         self.st = st
@@ -141,13 +150,22 @@ class Colocation:
                                                        for p in st.actor.model.parameters()))
         self.params, self.grads, self.rest = trainer_tensor_sets(st, st.device)
         self.params.pin = self.rest.pin = pin_host
+        self.sets = {"params": self.params, "grads": self.grads, "rest": self.rest}
+        self.moves = tuple(moves)
         self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
         self._keeper: _BracketKeeper | None = None
-        self._turns = 0  # turns done: the hint below waits for the second
-        log.info("colocate: %.2f GiB of params, %.2f GiB of gradients (dropped, not copied) and %.2f GiB of "
-                 "other trainer state %s", self.params.nbytes / 2**30, self.grads.nbytes / 2**30,
-                 self.rest.nbytes / 2**30, "move between phases" if offload else
-                 "stay on the GPU beside the engines (--no-offload-train)")
+
+    @property
+    def moves(self) -> tuple[str, ...]:
+        return self._moves
+
+    @moves.setter
+    def moves(self, names: Iterable[str]) -> None:
+        names = set(names)
+        if names - set(SETS):
+            raise ValueError(f"no tensor set {sorted(names - set(SETS))} (the sets: {SETS})")
+        self._moves = tuple(s for s in SETS if s in names)
+        self._moving = tuple(self.sets[s] for s in self._moves)
 
     def _engines(self, method: str, *, released_only: bool = False, **kw: Any) -> list:
         """`method` on every healthy engine (or only on those this turn released); the engines called."""
@@ -227,6 +245,10 @@ class Colocation:
 
     def offload_all(self) -> None:
         """At start-up, before the engines start (`let_engines_start`)."""
+        log.info("colocate: %s", "; ".join(
+            f"{self.sets[s].nbytes / 2**30:.2f} GiB of {what} {'move' if s in self.moves else 'stay'}"
+            for s, what in (("params", "params"), ("grads", "gradients (dropped, not copied)"),
+                            ("rest", f"other trainer state ({LABELS['rest']}, ref, critic)"))))
         self._move(offload=(self.rest, self.grads, self.params))
 
     def to_trainer(self, version: int) -> None:
@@ -295,10 +317,10 @@ class Colocation:
             self.times["mem/trainer_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.params.device) / 2**30
         # Adam's moments are made at the optimizer's first step, after the sets were taken: left
         # behind, they would hold GPU memory through every generation (bench/results/colocate-h100.md).
-        # With --no-offload-train nothing moves, so there is nothing to add.
-        new = 0 if not self.offload else (
-            self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads))
-            + self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest)))
+        # Added to a set that stays too: its bytes are what it keeps on the GPU (mem/trainer_resident_gib).
+        added = {"rest": self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads)),
+                 "grads": self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest))}
+        new = sum(n for s, n in added.items() if s in self.moves)
         if new:
             log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
         self._move(offload=(self.rest, self.grads))
@@ -325,25 +347,9 @@ class Colocation:
         self.times["time/offload"] = self.times.get("time/offload", 0.0) + t1 - t0
         self.times["time/engines_resume"] = self.times.get("time/engines_resume", 0.0) + time.perf_counter() - t1
         self._gpu_used("engines_resumed")
-        self._say_if_it_fits()
-
-    def _say_if_it_fits(self) -> None:
-        """Once, on rank 0 with --offload-train, at the end of the second turn (the first offload also pins
-        the host buffers: 24 s of qwen3-4B's first turn, 0.7 s of each later one): whether the trainer's
-        tensors would have fitted on this GPU beside the engines as they are now (KV cache and CUDA
-        graphs resumed), with a margin for what the engines allocate while generating; then
-        --no-offload-train saves the moves."""
-        self._turns += 1
-        if not (self.cuda and self.offload and self.rank == 0) or self._turns != 2:
-            return
-        free, total = torch.cuda.mem_get_info(self.params.device)
-        state = self.params.nbytes + self.grads.nbytes + self.rest.nbytes
-        margin = max(2 * 2**30, total // 20)
-        if state + margin <= free:
-            moves = self.times.get("time/onload", 0.0) + self.times.get("time/offload", 0.0)
-            log.info("colocate: the trainer's %.1f GiB would fit on this GPU beside the engines (%.1f of %.1f GiB "
-                     "free while they generate): --no-offload-train saves the %.2f s of moves per rollout",
-                     state / 2**30, free / 2**30, total / 2**30, moves)
+        if self.cuda:  # what stayed beside the engines (trainer/offload_choice.py)
+            self.times["mem/trainer_resident_gib"] = sum(
+                self.sets[s].nbytes for s in SETS if s not in self.moves) / 2**30
 
     def release_for_save(self) -> None:
         """The job ends (a preempt, TERM or stop) and the trainer must onload everything to save: between
@@ -386,12 +392,14 @@ class Colocation:
             self._move(offload=moved)
 
     def _move(self, *, offload: tuple[TensorSet, ...] = (), onload: tuple[TensorSet, ...] = ()) -> None:
-        """The sets' moves (none with --no-offload-train); after an offload the cache goes back to the driver
-        either way: the activations' blocks the trainer freed are the engines' room."""
-        for s in onload if self.offload else ():
-            s.onload()
-        for s in offload if self.offload else ():
-            s.offload()
+        """The moves of those of the sets that move (`moves`); after an offload the cache goes back to the
+        driver either way: the activations' blocks the trainer freed are the engines' room."""
+        for s in onload:
+            if any(s is m for m in self._moving):
+                s.onload()
+        for s in offload:
+            if any(s is m for m in self._moving):
+                s.offload()
         if self.cuda:
             torch.cuda.synchronize(self.params.device)
             if offload:

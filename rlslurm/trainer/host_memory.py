@@ -2,8 +2,9 @@
 
 Two things page-lock host memory for the whole run, per trainer rank: the asynchronous checkpoint's
 staging area (trainer/checkpoint/staging.py: this rank's share of a checkpoint, weights + fp32 main params
-+ Adam's moments) and, under --colocate with --offload-train, the host copies of the trainer's state
-between turns (trainer/tensor_sets.py: about as much again). Page-locked memory cannot be swapped or
++ Adam's moments) and, under --colocate unless --no-offload-train, the host copies of the trainer's state
+between turns (trainer/tensor_sets.py: about as much again; counted whole, as the trainer decides what
+moves only after this check, trainer/offload_choice.py). Page-locked memory cannot be swapped or
 reclaimed: more of it than the node (or the job's cgroup) has left makes the kernel's OOM killer end a
 process of the job, or the registration fail, mid-run. So before reserving any, the trainer compares
 what its node's ranks would lock with what is available (MemAvailable, and the cgroup's limit less its

@@ -17,11 +17,15 @@ the publishes go to its `delivery` (trainer/weights/delivery.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import Any, ContextManager
 
 from rlslurm.buffer.progress import TrainerProgress
+from rlslurm.trainer import offload_choice
 from rlslurm.trainer.colocate import Colocation, EnginesGone, let_engines_start
+
+log = logging.getLogger(__name__)
 
 
 class PlainTurn:
@@ -50,8 +54,8 @@ class PlainTurn:
 
 
 class ColocatedTurn:
-    """--colocate. Built by `start` once the model is: the trainer's tensors leave the GPU, then the
-    engines start (from the HF weights; a resumed version reaches them once they are up) and generate
+    """--colocate. Built by `start` once the model is: the trainer's tensors that move leave the GPU, then
+    the engines start (from the HF weights; a resumed version reaches them once they are up) and generate
     until the first rollout is committed."""
 
     def __init__(self, trainer: Any, colo: Colocation):
@@ -59,17 +63,22 @@ class ColocatedTurn:
 
     @classmethod
     def start(cls, trainer: Any) -> "ColocatedTurn":
-        """The trainer's state leaves the GPUs, then the engines may start: they size themselves on the
-        memory free then (engines/memory_share.py), which leaves what the trainer keeps. A resumed
-        version goes to them once they are up, from the loop's poll (WeightDelivery.due), like a publish
-        again to a restarted engine."""
+        """The trainer decides which of its tensor sets move and moves them off the GPUs, then the
+        engines may start: they size themselves on the memory free then (engines/memory_share.py), which
+        leaves what the trainer keeps. A resumed version goes to them once they are up, from the loop's
+        poll (WeightDelivery.due), like a publish again to a restarted engine."""
         t = trainer
         key = t.rd.api_key() if t.rd.api_key_file.exists() else None
         colo = Colocation(t.st, t.control, key, rank=t.rank, timeout_s=t.plan.timeout_s, ending=t.attempt_ending,
-                          offload=t.cfg.run.offload_train is not False, pin_host=t.pin_host)
+                          pin_host=t.pin_host)
+        # what moves: the user's flag, else what fits beside the engines (trainer/offload_choice.py)
+        choice = offload_choice.for_run(t.cfg.run.offload_train, t.cfg, t.st, colo.sets, t.plan.bucket_bytes)
+        colo.moves = choice.moves
+        if t.rank == 0:
+            log.info("colocate: %s", choice.describe())
         colo.offload_all()
         let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
-                          trains_beside=False)
+                          trains_beside=False, choice=choice)
         return cls(t, colo)
 
     def begin(self, rollout_id: int) -> None:

@@ -86,7 +86,10 @@ def kill_then_term_inside_turns(tmp_path: Path, extra: list[str], *, steps: int,
            # a turn of many small steps: the supervisor notices the kill well inside it
            "--num-steps-per-rollout", str(steps), "--global-batch-size", "2", "--micro-batch-size", "1",
            "--rollout-batch-size", str(steps // 2), "--n-samples-per-prompt", "4",  # the batch identity
-           "--verify-weight-sync", *extra]
+           "--verify-weight-sync",
+           # the scenario is about the trainer's moves (a save inside the turn onloads nothing, one outside
+           # it onloads everything): ask for them, the default keeps what fits (nothing moves on CPU)
+           "--offload-train", *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -149,7 +149,7 @@ def test_colocate_puts_both_groups_on_every_node_and_refuses_what_cannot_take_tu
     one_line_naming(two + ["--weight-sync-backend", "nccl"], "--colocate", "--weight-sync-backend nccl")
     one_line_naming(two + ["--trainer-procs-per-node", "4"], "--trainer-procs-per-node 4", "--gpus-per-node 8")
     one_line_naming(two + ["--shared-gpu"], "--colocate", "--shared-gpu")
-    # slime's --offload-train: the trainer's state leaves the GPU in the engines' turn unless told not to
+    # --offload-train / --no-offload-train: unset (None), the trainer decides what fits (trainer/offload_choice.py)
     assert resolve(two).cfg.run.offload_train is None
     assert resolve(two + ["--no-offload-train"]).cfg.run.offload_train is False
     one_line_naming(split + ["--no-offload-train"], "--no-offload-train", "--colocate")

@@ -123,7 +123,7 @@ def test_no_offload_train_keeps_the_trainer_in_place_and_the_engines_still_take_
     control = Control(RunDir.create(tmp_path / "run"))
     control_publisher(control, "node0")(dep.supervisor.engines())
     st = _trainer_state()
-    colo = Colocation(st, control, dep.api_key, rank=0, timeout_s=20.0, offload=False)
+    colo = Colocation(st, control, dep.api_key, rank=0, timeout_s=20.0, moves=())
     flat, moment = st.actor.model.flat, st.actor.optimizer.state[st.actor.model.a]["exp_avg"]
     ptrs = (flat.data_ptr(), moment.data_ptr())
     colo.offload_all()

@@ -99,9 +99,10 @@ def test_gradients_are_dropped_not_copied_and_the_next_step_is_the_same() -> Non
 
 
 def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None:
-    """`--no-offload-train` (run.offload_train False) keeps every tensor where it is from the start of a
-    colocated run; unset, the trainer's tensors leave for host memory before the first rollout, and the
-    record that lets the engines start is written after that."""
+    """`--offload-train` (run.offload_train True) moves the trainer's tensors to host memory before the
+    first rollout, `--no-offload-train` (False) keeps every tensor where it is; unset, the trainer decides
+    (trainer/offload_choice.py), and on --device cpu, with no GPU memory to share, it keeps everything.
+    The record that lets the engines start is written after that, and says what moved and why."""
     import torch.distributed as dist
 
     from rlslurm.buffer.control import Control
@@ -111,7 +112,8 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
     ours = not dist.is_initialized()
     if ours:  # the record is gathered from every rank (here one)
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    for setting, moved in ((None, True), (True, True), (False, False)):
+    for setting, moved, said in ((None, False, "auto"), (True, True, "--offload-train"),
+                                 (False, False, "--no-offload-train")):
         st = _state()
         _step(st)
         st.device = torch.device("cpu")
@@ -123,9 +125,15 @@ def test_the_runs_offload_train_setting_reaches_the_colocation(tmp_path) -> None
         turn = ColocatedTurn.start(trainer)
         try:
             weight = st.actor.model[0].weight
-            assert turn.colo.offload is moved and (weight.untyped_storage().nbytes() == 0) is moved, setting
+            assert bool(turn.colo.moves) is moved and (weight.untyped_storage().nbytes() == 0) is moved, setting
             # only then may the engines start (engines/memory_share.py): the record of this attempt
-            assert Control(rd).colocation_memory(3) is not None and Control(rd).colocation_memory(2) is None
+            rec = Control(rd).colocation_memory(3)
+            assert rec is not None and Control(rd).colocation_memory(2) is None
+            assert rec.offload is not None and rec.offload.setting == said, rec
+            assert rec.offload.moves == (["params", "grads", "rest"] if moved else []), rec.offload
+            assert rec.offload.keeps == ([] if moved else ["params", "grads", "rest"]), rec.offload
+            if setting is None:
+                assert "moves nothing (--device cpu: no GPU memory" in rec.offload.line, rec.offload.line
         finally:
             turn.close()
     if ours:

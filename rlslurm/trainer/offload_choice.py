@@ -1,0 +1,222 @@
+"""--colocate: which of the trainer's tensor sets leave the GPU while the engines generate, decided per
+run when neither --offload-train nor --no-offload-train is given
+(docs/colocate.md, "What stays on the GPU").
+
+The sets (trainer/tensor_sets.py) are, in the order they stay: the actor's params, the gradients, and
+the rest (optimizer state: fp32 main params and Adam's moments; ref, critic). Every set that stays
+saves its PCIe copy both ways every rollout; what it keeps on the GPU comes out of the engines' KV
+cache, because each engine sizes its share on the memory free at its start, after the trainer's
+first offload (engines/memory_share.py). So the trainer keeps the largest prefix of SETS for which
+
+    resident + margin + engines' need <= usable
+
+and moves the others; where not even that with every set moved fits, every set moves (--offload-train).
+
+- resident: the kept sets' bytes on the GPU, the largest over the ranks. The rest counts Adam's
+  moments, which the optimizer makes only at its first step (`pending_optimizer_bytes`).
+- margin: engines/memory_share.py `trainer_margin`: one transfer bucket and room to grow, and the
+  params when they move (onloaded beside the engines to publish to a restarted engine). Kept, the params
+  are already off the engines' share, so keeping them costs the engines nothing more than moving them:
+  [params] fits whenever [] does.
+- engines' need, per GPU: their weights (the parameter count x the serving dtype's bytes / the engine's
+  TP), SGLang's reserve for activations and CUDA graphs (`SGLANG_RESERVE_*`, an estimate: SGLang's own
+  heuristic lives in its server_args and needs SGLang, which the trainer's environment need not have;
+  docs/sglang-behaviour.md, "How SGLang sizes its memory"), and a KV cache that holds every sample of
+  one rollout at its full length at once, the samples spread over the engines (`kv_bytes_per_token`).
+- usable: the GPU's size less what neither torch's allocator nor the engines hold (the CUDA context,
+  NCCL's buffers), the least over the ranks.
+
+Every input is reduced over the ranks (the largest needs, the least room), so every rank decides the
+same and their collectives stay aligned. An estimate that is off costs speed, not memory: the engines'
+share is still derived from what is free at their start, so a KV target that was not met gives them a
+smaller KV cache (fewer samples in flight), never an out-of-memory. On --device cpu there is no GPU
+memory to share: everything stays unless --offload-train asks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+GIB = 2**30
+SETS = ("params", "grads", "rest")  # the order they stay in (the rest moves first)
+LABELS = {"params": "params", "grads": "grads", "rest": "optimizer state"}
+# SGLang's default reserve (1 - its --mem-fraction-static) x the GPU: 512 MiB + 1.5 x its chunked prefill
+# size + 2 x its decode CUDA-graph batch size, about 13 GiB on an 80 GB H100 and a 141 GB H200 alike
+# (docs/sglang-behaviour.md); its chunked prefill doubles above 160 GB, which the share covers
+SGLANG_RESERVE_MIN_BYTES = 13 * GIB
+SGLANG_RESERVE_SHARE = 0.12
+# The prompt length assumed where neither --max-prompt-len nor --rollout-max-context-len bounds it
+ASSUMED_PROMPT_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class EnginesNeed:
+    """What the engines need on one GPU while they generate (bytes), and how the KV target was made."""
+
+    weights: int
+    reserve: int
+    kv: int
+    samples: int = 0          # per engine
+    tokens: int = 0           # per sample at full length
+    kv_per_token: int = 0     # bytes on one GPU
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.reserve + self.kv
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The sets that move (`moves`, in SETS order), what `setting` asked, and why, in one line."""
+
+    setting: str              # "auto", "--offload-train", "--no-offload-train"
+    moves: tuple[str, ...]
+    line: str
+    terms_gib: dict[str, float] = field(default_factory=dict)
+    auto_keeps: tuple[str, ...] | None = None  # what auto keeps (None: no GPU memory to decide on)
+
+    @property
+    def keeps(self) -> tuple[str, ...]:
+        return tuple(s for s in SETS if s not in self.moves)
+
+    def describe(self) -> str:
+        """The one line the trainer logs: `offload-train auto: keeps ... resident, moves ... (terms)`."""
+        how = {"--offload-train": "on (--offload-train)", "--no-offload-train": "off (--no-offload-train)"}
+        return f"offload-train {how.get(self.setting, self.setting)}: {self.line}"
+
+
+def sglang_reserve(total: int) -> int:
+    return max(SGLANG_RESERVE_MIN_BYTES, int(SGLANG_RESERVE_SHARE * total))
+
+
+def kv_bytes_per_token(arch: Any, tp: int, dtype_bytes: int) -> int:
+    """The KV cache of one token on one of an engine's `tp` GPUs. Grouped-query attention: K and V of
+    every KV head of every layer, the heads split over TP (a head per GPU at least: SGLang replicates
+    them when TP exceeds their number). MLA: the compressed latent and the rotary key of every layer,
+    whole on every GPU (not split by heads); GLM-5's indexer keys are not counted. Qwen3-Next's gated
+    delta net layers keep a state per request, not per token: only its full-attention layers count."""
+    if arch.mla is not None:
+        return (arch.mla.kv_lora_rank + arch.mla.qk_pos_emb_head_dim) * arch.num_layers * dtype_bytes
+    layers = arch.num_layers
+    if arch.gated_delta_net is not None:
+        layers = arch.num_layers // arch.gated_delta_net.full_attention_interval
+    heads = math.ceil(arch.num_query_groups / tp)
+    return 2 * layers * heads * arch.kv_channels * dtype_bytes
+
+
+def _sglang_flag(args: list[str], name: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def engines_need(cfg: Any, mc: Any, total: int) -> EnginesNeed:
+    """The engines' need on one GPU of `total` bytes, from the run's settings and model."""
+    r = cfg.rollout
+    tp = r.rollout_num_gpus_per_engine
+    dtype_bytes = 4 if (r.rollout_dtype or "auto") in ("float32", "float") else 2
+    kv_dtype = _sglang_flag(list(cfg.sglang_args), "--kv-cache-dtype") or "auto"
+    kv_bytes = 1 if kv_dtype.startswith("fp8") else dtype_bytes
+    prompt = cfg.data.max_prompt_len or ASSUMED_PROMPT_TOKENS
+    tokens = prompt + r.rollout_max_response_len
+    if r.rollout_max_context_len is not None:
+        tokens = r.rollout_max_context_len if cfg.data.max_prompt_len is None else min(tokens,
+                                                                                       r.rollout_max_context_len)
+    tokens = min(tokens, mc.arch.max_position_embeddings)
+    engines = max(1, cfg.rollout_gpus // tp)  # the router spreads a rollout's samples over all of them
+    in_flight = max(r.rollout_batch_size, r.over_sampling_batch_size or 0) * r.n_samples_per_prompt
+    samples = math.ceil(in_flight / engines)
+    per_token = kv_bytes_per_token(mc.arch, tp, kv_bytes)
+    return EnginesNeed(weights=mc.num_params * dtype_bytes // tp, reserve=sglang_reserve(total),
+                       kv=samples * tokens * per_token, samples=samples, tokens=tokens, kv_per_token=per_token)
+
+
+def _names(sets: Iterable[str]) -> str:
+    return ", ".join(LABELS[s] for s in sets) or "nothing"
+
+
+def decide(state: dict[str, int], *, usable: int, total: int, need: EnginesNeed, bucket: int) -> Choice:
+    """Auto: the largest prefix of SETS that fits beside the engines (the module's rule); pure."""
+    from rlslurm.engines.memory_share import trainer_margin
+
+    for k in range(len(SETS), -1, -1):
+        kept = SETS[:k]
+        resident = sum(state[s] for s in kept)
+        margin = trainer_margin(0 if "params" in kept else state["params"], bucket, total)
+        if resident + margin + need.total <= usable:
+            break
+    else:  # not even the engines with the trainer all moved: as --offload-train
+        kept, resident, margin = (), 0, trainer_margin(state["params"], bucket, total)
+    terms = {**{f"trainer_{s}": state[s] / GIB for s in SETS}, "engine_weights": need.weights / GIB,
+             "sglang_reserve": need.reserve / GIB, "kv_target": need.kv / GIB, "margin": margin / GIB,
+             "usable": usable / GIB, "total": total / GIB}
+    moves = tuple(s for s in SETS if s not in kept)
+    fits = "<=" if resident + margin + need.total <= usable else "> (does not fit even so)"
+    why = (f"trainer {' + '.join(f'{LABELS[s]} {state[s] / GIB:.2f}' for s in SETS)} GiB; engines "
+           f"{need.total / GIB:.2f} GiB = weights {need.weights / GIB:.2f} + SGLang's reserve {need.reserve / GIB:.2f} "
+           f"+ KV {need.kv / GIB:.2f} ({need.samples} samples x {need.tokens} tokens x "
+           f"{need.kv_per_token / 1024:.1f} KiB); margin {margin / GIB:.2f} GiB; kept {resident / GIB:.2f} + margin + "
+           f"engines = {(resident + margin + need.total) / GIB:.2f} {fits} {usable / GIB:.2f} GiB usable of "
+           f"{total / GIB:.2f}")
+    return Choice("auto", moves, f"keeps {_names(kept)} resident, moves {_names(moves)} ({why})", terms,
+                  auto_keeps=kept)
+
+
+def choose(setting: bool | None, state: dict[str, int], auto: Choice | None) -> Choice:
+    """The run's choice: the user's flag wins; else `auto` (`decide`), or on --device cpu (`auto` None)
+    everything stays."""
+    if setting is None and auto is not None:
+        return auto
+    if setting is None:
+        return Choice("auto", (), "keeps params, grads, optimizer state resident, moves nothing (--device cpu: "
+                      "no GPU memory to share with the engines)",
+                      {f"trainer_{s}": state[s] / GIB for s in SETS})
+    flag, moves = ("--offload-train", SETS) if setting else ("--no-offload-train", ())
+    line = f"keeps {_names(s for s in SETS if s not in moves)} resident, moves {_names(moves)} (as {flag} asks"
+    if auto is not None:
+        line += f"; auto would keep {_names(auto.auto_keeps or ())}: {auto.line.split(' (', 1)[1]}"
+    else:
+        line += ")"
+    return Choice(flag, moves, line, auto.terms_gib if auto is not None else {}, auto.auto_keeps if auto else None)
+
+
+def pending_optimizer_bytes(st: Any, device: Any) -> int:
+    """Adam's moments not made yet on `device`: two of each main param the optimizer has no state for
+    (torch's and megatron's Adam make them at the first step; a resumed optimizer has them already)."""
+    from rlslurm.trainer.tensor_sets import _torch_optimizers
+
+    out = 0
+    for opt in (st.actor.optimizer, st.critic.optimizer if st.critic is not None else None):
+        for o in _torch_optimizers(opt):
+            for group in o.param_groups:
+                out += sum(2 * p.numel() * p.element_size() for p in group["params"]
+                           if p.device == device and not o.state.get(p))
+    return out
+
+
+def for_run(setting: bool | None, cfg: Any, st: Any, sets: dict[str, Any], bucket: int) -> Choice:
+    """The choice of this run (`choose`) from every rank's sets (`sets`: SETS' TensorSets) and GPU;
+    collective: every rank gets the same."""
+    import torch
+    import torch.distributed as dist
+
+    state = {s: sets[s].nbytes for s in SETS}
+    state["rest"] += pending_optimizer_bytes(st, st.device)
+    room = None
+    if st.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(st.device)
+        room = (free + torch.cuda.memory_reserved(st.device), total)  # less the context and NCCL's buffers
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (state, room))
+    state = {s: max(e[0][s] for e in every) for s in SETS}
+    rooms = [e[1] for e in every if e[1] is not None]
+    auto = None
+    if rooms:
+        usable, total = min(u for u, _ in rooms), min(t for _, t in rooms)
+        auto = decide(state, usable=usable, total=total, need=engines_need(cfg, st.mc, total), bucket=bucket)
+    return choose(setting, state, auto)

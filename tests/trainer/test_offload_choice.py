@@ -1,0 +1,123 @@
+"""--colocate's choice of what the trainer moves off the GPU while the engines generate
+(rlslurm/trainer/offload_choice.py): by default the largest prefix of [params, grads, optimizer state]
+that fits beside the engines' weights, SGLang's reserve and a KV cache for a whole rollout; the user's
+--offload-train / --no-offload-train win; on CPU everything stays. The numbers are the shipped model
+configs' on an 80 GiB GPU."""
+
+from __future__ import annotations
+
+import torch
+
+from rlslurm.settings.config import RunConfig
+from rlslurm.settings.model_config import load_model_config
+from rlslurm.trainer.offload_choice import (
+    GIB,
+    SETS,
+    choose,
+    decide,
+    engines_need,
+    kv_bytes_per_token,
+    pending_optimizer_bytes,
+)
+
+BUCKET = 512 * 2**20  # --update-weight-buffer-size's default
+
+
+def _cfg(*, gpus: int, batch: int, samples: int, response: int, engine_tp: int = 1) -> RunConfig:
+    return RunConfig.model_validate({
+        "run": {"colocate": True}, "slurm": {"nodes": 1, "trainer_nodes": 1, "rollout_nodes": 1, "gpus_per_node": gpus},
+        "rollout": {"rollout_batch_size": batch, "n_samples_per_prompt": samples, "rollout_max_response_len": response,
+                    "rollout_num_gpus_per_engine": engine_tp}})
+
+
+def _state(model: str, *, tp: int, dp: int) -> dict[str, int]:
+    """One trainer rank's state: bf16 params, fp32 gradients (megatron's main grads), fp32 main params and
+    Adam's two moments sharded over DP by the distributed optimizer. For qwen3-1.7B on one GPU that is
+    3.20 + 6.41 + 19.2 GiB, as measured (bench/results/colocate-offload-h200x4.md)."""
+    n = load_model_config(model).num_params
+    return {"params": 2 * n // tp, "grads": 4 * n // tp, "rest": 12 * n // (tp * dp)}
+
+
+def _auto(model: str, state: dict[str, int], cfg: RunConfig, *, total: int = 80 * GIB):
+    mc = load_model_config(model)
+    usable = total - GIB  # the CUDA context and NCCL's buffers
+    return decide(state, usable=usable, total=total, need=engines_need(cfg, mc, total), bucket=BUCKET)
+
+
+def test_the_bench_figures_are_what_the_state_formula_gives() -> None:
+    s = _state("qwen3-1.7B", tp=1, dp=1)
+    assert [round(s[k] / GIB, 1) for k in SETS] == [3.2, 6.4, 19.2]
+
+
+def test_qwen3_1p7b_stays_resident_and_qwen3_4b_moves_its_optimizer_state_on_80_gib() -> None:
+    # the shipped one-node defaults (32 prompts x 8 samples, 8192-token responses), eight GPUs, each with
+    # a trainer rank (1.7B: TP 1, DP 8; 4B: TP 2, DP 4) and a TP 1 engine
+    shipped = _cfg(gpus=8, batch=32, samples=8, response=8192)
+    small = _auto("qwen3-1.7B", _state("qwen3-1.7B", tp=1, dp=8), shipped)
+    assert small.moves == () and small.keeps == SETS, small.line
+    big = _auto("qwen3-4B", _state("qwen3-4B", tp=2, dp=4), shipped)
+    assert "rest" in big.moves and big.keeps == ("params", "grads"), big.line
+    assert big.describe().startswith("offload-train auto: keeps params, grads resident, moves optimizer state (")
+    # the bench's shape (bench/results/colocate-offload-h200x4.md): 16 x 8 samples of 256 tokens, one GPU
+    bench = _cfg(gpus=1, batch=16, samples=8, response=256)
+    assert _auto("qwen3-1.7B", _state("qwen3-1.7B", tp=1, dp=1), bench).moves == ()
+    assert _auto("qwen3-4B", _state("qwen3-4B", tp=1, dp=1), bench).moves == ("rest",)
+    # every term is in the record, in GiB
+    assert big.terms_gib["kv_target"] == (32 * 9216 * kv_bytes_per_token(load_model_config("qwen3-4B").arch, 1, 2)
+                                          / GIB)
+
+
+def test_a_tiny_model_always_stays() -> None:
+    for total in (24 * GIB, 80 * GIB):
+        tiny = _auto("tiny-qwen3", _state("tiny-qwen3", tp=1, dp=1), _cfg(gpus=1, batch=32, samples=8,
+                                                                              response=8192), total=total)
+        assert tiny.moves == (), tiny.line
+
+
+def test_where_not_even_everything_moved_fits_everything_moves() -> None:
+    # qwen3-4B on one 40 GiB GPU with 256 samples of 9216 tokens: the KV target alone is larger
+    c = _auto("qwen3-4B", _state("qwen3-4B", tp=1, dp=1), _cfg(gpus=1, batch=32, samples=8, response=8192),
+              total=40 * GIB)
+    assert c.moves == SETS and "does not fit even so" in c.line
+
+
+def test_the_users_flag_wins_and_cpu_keeps_everything() -> None:
+    state = _state("qwen3-1.7B", tp=1, dp=8)
+    fits = _auto("qwen3-1.7B", state, _cfg(gpus=8, batch=32, samples=8, response=8192))
+    assert fits.moves == ()
+    on = choose(True, state, fits)
+    assert on.moves == SETS and on.setting == "--offload-train" and on.auto_keeps == SETS
+    assert "auto would keep params, grads, optimizer state" in on.line
+    off = choose(False, _state("qwen3-4B", tp=1, dp=1), _auto("qwen3-4B", _state("qwen3-4B", tp=1, dp=1),
+                                                             _cfg(gpus=1, batch=32, samples=8, response=8192),
+                                                             total=40 * GIB))
+    assert off.moves == () and off.setting == "--no-offload-train"
+    assert choose(None, state, fits) is fits
+    cpu = choose(None, state, None)
+    assert cpu.moves == () and cpu.setting == "auto" and "--device cpu" in cpu.line
+    assert choose(True, state, None).moves == SETS
+
+
+def test_kv_bytes_per_token_per_gpu_by_attention_kind() -> None:
+    qwen = load_model_config("qwen3-1.7B").arch  # 28 layers, 8 KV heads of 128
+    assert kv_bytes_per_token(qwen, 1, 2) == 2 * 28 * 8 * 128 * 2
+    assert kv_bytes_per_token(qwen, 2, 2) == 2 * 28 * 4 * 128 * 2
+    assert kv_bytes_per_token(qwen, 16, 2) == 2 * 28 * 1 * 128 * 2  # fewer heads than GPUs: replicated
+    mla = load_model_config("deepseek-v3").arch  # the latent and the rotary key, whole on every GPU
+    assert kv_bytes_per_token(mla, 8, 2) == (mla.mla.kv_lora_rank + mla.mla.qk_pos_emb_head_dim) * mla.num_layers * 2
+    nxt = load_model_config("tiny-qwen3-next").arch  # only the full-attention layers
+    full = nxt.num_layers // nxt.gated_delta_net.full_attention_interval
+    assert 0 < full < nxt.num_layers
+    assert kv_bytes_per_token(nxt, 1, 2) == 2 * full * nxt.num_query_groups * nxt.kv_channels * 2
+
+
+def test_adams_moments_are_counted_before_the_first_step_makes_them() -> None:
+    from types import SimpleNamespace
+
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    st = SimpleNamespace(actor=SimpleNamespace(model=model, optimizer=opt), critic=None)
+    assert pending_optimizer_bytes(st, torch.device("cpu")) == 2 * (12 + 3) * 4
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    assert pending_optimizer_bytes(st, torch.device("cpu")) == 0
