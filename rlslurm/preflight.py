@@ -199,6 +199,22 @@ def check_colocate(cfg: "RunConfig", warnings: list[str], *, strict: bool) -> No
         warnings.append(msg)
 
 
+def check_dsa_engine(cfg: "RunConfig", mc: "ModelConfig", warnings: list[str], *, strict: bool) -> None:
+    """A sparse-attention model's engines on CUDA need deep_gemm beside SGLang (engines/dsa_deps.py): an
+    error where the job runs this environment and its SGLang (a dry run: a warning); elsewhere the
+    rollout node checks its own."""
+    from rlslurm.engines.dsa_deps import dsa_engine_refusal
+    from rlslurm.engines.sglang_versions import installed_sglang_version
+
+    if cfg.starts_no_engines or not job_env_is_ours(cfg):
+        return
+    if (why := dsa_engine_refusal(mc, cfg.run.device, installed_sglang_version())) is None:
+        return
+    if strict:
+        raise ConfigError(why)
+    warnings.append(why)
+
+
 # ------------------------------------------------------------------------------------ sglang
 
 

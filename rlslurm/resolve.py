@@ -442,6 +442,7 @@ def _check_packages(res: Resolved, strict_inputs: bool) -> None:
         check_int4_engine_args(engine_argv, cfg.run.device)
     preflight.check_engine_dtype(cfg)
     preflight.check_colocate(cfg, res.warnings, strict=strict_inputs)
+    preflight.check_dsa_engine(cfg, mc, res.warnings, strict=strict_inputs)
     preflight.check_router_args(cfg, res.warnings)
     check_megatron_precision(cfg.megatron)  # FP8/FP4 training: refused with the reason (low_precision.py)
     preflight.check_megatron_fields(cfg, mc, res.warnings)

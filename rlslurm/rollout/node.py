@@ -172,6 +172,7 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
     spanning nodes: this node's rank of it, named after its first node (engines/span.py)."""
     if cfg.model.hf_checkpoint is None:
         raise ConfigError("--hf-checkpoint is required: the SGLang servers load it")
+    check_engine_modules(cfg)
     tp = cfg.rollout.rollout_num_gpus_per_engine
     ncpu = ncpu or os.cpu_count() or 1
     cuda = cfg.run.device == "cuda"
@@ -203,6 +204,26 @@ def engine_specs(cfg: RunConfig, *, node: int, host: str, api_key: str, log_dir:
         # (the test cluster) do not stack every node's engine 0 on core 0
         cpu_core=None if cuda else (node * n + i) % ncpu, **common,
     ) for i, p in enumerate(engine_port_block(host, n))]
+
+
+def check_engine_modules(cfg: RunConfig) -> None:
+    """A module this node's engines need for the run's model and that this environment lacks: one line,
+    before any engine starts (engines/dsa_deps.py: GLM-5's indexer on CUDA needs deep_gemm)."""
+    from rlslurm.engines.dsa_deps import applies, dsa_engine_refusal
+    from rlslurm.engines.sglang_versions import installed_sglang_version
+
+    version = installed_sglang_version()
+    if not applies(cfg.run.device, version):
+        return  # the model config is read (from config.json without --model) only where it can matter
+    from rlslurm.errors import UserError
+    from rlslurm.models.model_from_hf import run_model
+
+    try:
+        mc = run_model(cfg.model.model, cfg.model.hf_checkpoint)
+    except UserError:  # the trainer, building the same config from the same file, names that (trainer/setup.py)
+        return
+    if (why := dsa_engine_refusal(mc, "cuda", version)) is not None:
+        raise ConfigError(why)
 
 
 def weights_current(control: Control, api_key: str):

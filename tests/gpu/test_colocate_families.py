@@ -1,9 +1,11 @@
-"""Every model family rlslurm lists, colocated on one GPU with the defaults, on the GPU stack (SGLang
-0.5.14, megatron-core 0.19.2): one GRPO run of 4 rollouts each, from the family's tiny config as the demo
-builds it (random init, the demo's task). Each trains, and every version reaches its engine by CUDA IPC;
-no engine restarts. Before: of six families tried, only qwen3 trained (the trainer's model build failed on
-megatron-core 0.19.2 for qwen3-next and glm-moe-dsa; the engine died on tiny-qwen3-moe's head size and
-tiny-deepseek-v3's config; tiny-glm4-moe's first sync stalled)."""
+"""Every model family rlslurm lists, colocated on one GPU with the defaults, on the GPU stack (SGLang 0.5.14,
+megatron-core 0.19.2): one GRPO run of 4 rollouts each, from the family's tiny config as the demo builds it
+(random init, the demo's task). Each trains, and every version reaches its engine by CUDA IPC; no engine
+restarts; a family whose engines need a module the environment lacks (GLM-5's indexer: deep_gemm, which the
+trimmed bundle leaves out) is refused by `rlslurm run` in one line instead. Before: of six families tried,
+only qwen3 trained (the trainer's model build failed on megatron-core 0.19.2 for qwen3-next and glm-moe-dsa;
+the engine died on tiny-qwen3-moe's head size and tiny-deepseek-v3's config; tiny-glm4-moe's first sync
+stalled)."""
 
 from __future__ import annotations
 
@@ -30,20 +32,31 @@ def families() -> dict[str, str]:
     return out
 
 
-# What a family's engine needs beyond the trimmed GPU bundle (tools/gpu/build-bundle.sh): SGLang 0.5.14's
-# DSA indexer imports deep_gemm (sgl-deep-gemm, an SGLang requirement the bundle leaves out)
-NEEDS = {"tiny-glm-moe-dsa": "deep_gemm"}
+def refused_for_its_engine_modules(model: str) -> bool:
+    """A family whose engines need a module this environment lacks: SGLang's DSA indexer imports deep_gemm
+    (sgl-deep-gemm, an SGLang requirement the trimmed GPU bundle leaves out: tools/gpu/build-bundle.sh)."""
+    from rlslurm.engines.dsa_deps import dsa_engine_refusal
+    from rlslurm.engines.sglang_versions import installed_sglang_version
+
+    return dsa_engine_refusal(load_model_config(model), "cuda", installed_sglang_version()) is not None
 
 
 @pytest.mark.parametrize("model", sorted(families().values()))
 def test_family_trains_colocated_with_defaults(model: str, tmp_path: Path) -> None:
-    import importlib.util
-
-    if model in NEEDS and importlib.util.find_spec(NEEDS[model]) is None:
-        pytest.skip(f"{model}'s engine imports {NEEDS[model]}, which the trimmed GPU bundle leaves out")
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
     t0 = time.monotonic()
     proc = colocated(run_dir, log, "--demo", "--model", model, "--num-rollout", str(N))
+    if refused_for_its_engine_modules(model):
+        from rlslurm.engines.dsa_deps import MODULE, PACKAGE
+
+        # refused before any process starts: the CLI's exit for a UserError (rlslurm/cli.py main), one line
+        assert finish(proc, run_dir, log, 120) == 2, logs(run_dir, log)
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if f"module {MODULE}" in ln]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and model in lines[0] and PACKAGE in lines[0], \
+            logs(run_dir, log)
+        assert not (run_dir / "run.yaml").exists()
+        print(f"GPU colocated family {model} ({gpu_name()}): refused, {lines[0]}")
+        return
     assert finish(proc, run_dir, log, 300) == 0, logs(run_dir, log)
     assert final_lineage(run_dir) == list(range(N))
     assert_delivered_by(run_dir, "cuda-ipc")
