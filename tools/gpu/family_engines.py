@@ -207,7 +207,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("models", nargs="*", help="default: every tiny-* model config")
     ap.add_argument("--jobs", type=int, default=4, help="engines at once on the GPU")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()  # `OUT --jobs 2 MODEL ...` as the docstring writes it
     a.out.mkdir(parents=True, exist_ok=True)
     names = a.models or [n for n in available_models() if n.startswith("tiny-")]
     for n in names:
