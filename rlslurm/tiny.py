@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from rlslurm.settings.model_config import ModelConfig
 
@@ -61,76 +60,6 @@ def hf_config_dict(mc: ModelConfig) -> dict:
     return cfg
 
 
-# Qwen3-Next's MTP module as the release stores it (SGLang 0.5.23 qwen3_next.py load_weights reads
-# these names when is_mtp): a few of its tensors, so tests see what the trainer does with tensors
-# it has no rule for (transformers' Qwen3NextPreTrainedModel ignores `^mtp.*` on load).
-def _qwen3_next_mtp_shapes(h: int) -> dict[str, tuple[int, ...]]:
-    return {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
-            "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,),
-            "mtp.layers.0.input_layernorm.weight": (h,)}
-
-
-def _add_tensors(out: Path, shapes: dict[str, tuple[int, ...]], dtype: Any, seed: int) -> None:
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    g = torch.Generator().manual_seed(seed + 1)
-    path = out / "model.safetensors"
-    tensors = load_file(path)
-    for name, shape in shapes.items():
-        tensors[name] = (torch.randn(*shape, generator=g) * 0.02).to(dtype)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
-# Qwen3.5's image processor (Qwen3-VL's: patches of 16 over 2 frames, 2x2 merged), for the one-block
-# vision tower rlslurm.tiny writes; text-only prompts never reach it.
-QWEN3_5_PREPROCESSOR = {
-    "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor", "patch_size": 16,
-    "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
-}
-
-# MiMo's config class as the release's auto_map names it (configuration_mimo.MiMoConfig): Qwen2's
-# fields plus the MTP layer count. Written by rlslurm (the release's own file is not shipped here);
-# SGLang loads it with --trust-remote-code, which a mimo config.json needs (AutoConfig refuses
-# model_type mimo without it).
-MIMO_CONFIG_CODE = """\
-from transformers import Qwen2Config
-
-
-class MiMoConfig(Qwen2Config):
-    model_type = "mimo"
-
-    def __init__(self, num_nextn_predict_layers=0, **kwargs):
-        self.num_nextn_predict_layers = num_nextn_predict_layers
-        super().__init__(**kwargs)
-"""
-
-
-def _add_mimo_mtp_layer(out: Path, cfg: Any, dtype: Any, seed: int) -> None:
-    """Append MiMo's MTP layer 0 to the checkpoint, named and shaped as SGLang's mimo_mtp.py loads it
-    (`model.mtp_layers.0.`: token/hidden/final norms, input_proj [h, 2h], and one Qwen2 decoder
-    layer's 12 tensors), so tests see what the trainer does with tensors it has no rule for."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    h, f = cfg.hidden_size, cfg.intermediate_size
-    d = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    shapes = {"token_layernorm.weight": (h,), "hidden_layernorm.weight": (h,), "final_layernorm.weight": (h,),
-              "input_proj.weight": (h, 2 * h), "input_layernorm.weight": (h,),
-              "post_attention_layernorm.weight": (h,), "self_attn.q_proj.weight": (q, h), "self_attn.q_proj.bias": (q,),
-              "self_attn.k_proj.weight": (kv, h), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.weight": (kv, h),
-              "self_attn.v_proj.bias": (kv,), "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (f, h),
-              "mlp.up_proj.weight": (f, h), "mlp.down_proj.weight": (h, f)}
-    g = torch.Generator().manual_seed(seed + 1)
-    path = out / "model.safetensors"
-    tensors = load_file(path)
-    for name, shape in shapes.items():
-        tensors[f"model.mtp_layers.0.{name}"] = (torch.randn(*shape, generator=g) * 0.02).to(dtype)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
 def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0, dtype: str = "float32",
                          device: str = "cpu") -> Path:
     """Write a random-init HF checkpoint for `mc` into `out_dir` (created); returns the path.
@@ -138,7 +67,7 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from rlslurm.models.family import remote_base
+    from rlslurm.models.family import family_of, remote_base
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -169,17 +98,9 @@ def make_tiny_checkpoint(mc: ModelConfig, out_dir: str | Path, *, seed: int = 0,
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    if model_type == "qwen3_next":
-        _add_tensors(out, _qwen3_next_mtp_shapes(model.config.hidden_size), getattr(torch, dtype), seed)
-    if model_type == "mimo":
-        _add_mimo_mtp_layer(out, model.config, getattr(torch, dtype), seed)
-        (out / "config.json").write_text(json.dumps({**cfg_dict, "model_type": "mimo"}, indent=1))
-        # the config class its auto_map names: SGLang reads config.json through it (--trust-remote-code)
-        (out / "configuration_mimo.py").write_text(MIMO_CONFIG_CODE)
-    if model_type in ("qwen3_5", "qwen3_5_moe"):
-        # a vision-language model: SGLang loads its multimodal processor at start (AutoProcessor), which
-        # needs the image processor's config beside the weights, as the release ships it
-        (out / "preprocessor_config.json").write_text(json.dumps(QWEN3_5_PREPROCESSOR))
+    family = family_of(model_type)
+    if family is not None and family.checkpoint_extras is not None:
+        family.checkpoint_extras(out, {**cfg_dict, "model_type": model_type}, model.config, getattr(torch, dtype), seed)
     (out / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -117,7 +117,10 @@ class Family:
     `layer_spec(mc, block, tcfg, vp_stage, packed)`: changes to megatron's stock decoder block
     spec (models/build.py), or None.
     `text_config`: a vision-language model whose language model's fields are config.json's
-    `text_config` and whose tensors are under `hf_prefix`."""
+    `text_config` and whose tensors are under `hf_prefix`.
+    `checkpoint_extras(out, config_json, hf_config, dtype, seed)`: what a random-init checkpoint of the
+    family needs beside what transformers' save_pretrained wrote into `out` (rlslurm/tiny.py): the
+    release's extra tensors or files an engine reads at start."""
 
     name: str
     fixed: Mapping[str, Any]
@@ -131,6 +134,7 @@ class Family:
     layer_spec: Callable[..., None] | None = None
     text_config: bool = False
     hf_prefix: str = "model."
+    checkpoint_extras: Callable[[Any, dict[str, Any], Any, Any, int], None] | None = None
 
     @property
     def model_types(self) -> tuple[str, ...]:

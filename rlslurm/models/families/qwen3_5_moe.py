@@ -20,4 +20,5 @@ FAMILY = Family(
     hf_prefix=qwen3_5.LANGUAGE_MODEL,
     layer_rules=qwen3_next.layer_rules_for(split_in_proj=True),
     layer_spec=qwen3_next.layer_spec,
+    checkpoint_extras=qwen3_5.checkpoint_extras,
 )

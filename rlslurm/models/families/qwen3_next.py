@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from rlslurm.errors import ConfigError
 from rlslurm.models.family import HF, Block, Family, Field, fixed
+from rlslurm.models.random_tensors import add_random_tensors
 from rlslurm.models.rules import (
     PRE_MLP_NORM,
     P,
@@ -171,6 +172,21 @@ def _no_moe(mc: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+
+def mtp_shapes(h: int) -> dict[str, tuple[int, ...]]:
+    """A few tensors of Qwen3-Next's MTP module, named as the release stores them (SGLang 0.5.23
+    qwen3_next.py load_weights reads these names when is_mtp; transformers' Qwen3NextPreTrainedModel
+    ignores `^mtp.*` on load)."""
+    return {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,),
+            "mtp.layers.0.input_layernorm.weight": (h,)}
+
+
+def checkpoint_extras(out: Any, config_json: dict[str, Any], hf_config: Any, dtype: Any, seed: int) -> None:
+    """The release's MTP tensors, which no rule maps."""
+    add_random_tensors(out, mtp_shapes(hf_config.hidden_size), dtype, seed)
+
+
 FAMILY = Family(
     name="qwen3_next",
     fixed=FIXED,
@@ -184,4 +200,5 @@ FAMILY = Family(
     to_hf=_no_moe,
     layer_rules=layer_rules_for(split_in_proj=False),
     layer_spec=layer_spec,
+    checkpoint_extras=checkpoint_extras,
 )
