@@ -172,7 +172,6 @@ def _no_moe(mc: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-
 def mtp_shapes(h: int) -> dict[str, tuple[int, ...]]:
     """A few tensors of Qwen3-Next's MTP module, named as the release stores them (SGLang 0.5.23
     qwen3_next.py load_weights reads these names when is_mtp; transformers' Qwen3NextPreTrainedModel
