@@ -128,6 +128,22 @@ def bench_trainer(*, tiny: bool, cpu: bool, layers: int, train: dict, model: str
     return build_trainer(cfg, int(os.environ["WORLD_SIZE"])), vocab
 
 
+def model_flops_utilization(st, gpu: str, tokens: int, step_s: dict[str, float], seq: int) -> dict | None:
+    """Model FLOPs of each step (bench/flops.py: 3 x forward, dense shape) over the GPUs' bf16 peak; None
+    where the peak is not known (CPU) or the model is not dense."""
+    from flops import peak_bf16, qwen3_forward_flops_per_token
+
+    from rlslurm.settings.model_config import load_model_config
+
+    arch = load_model_config(st.cfg.model.model).arch
+    peak = peak_bf16(gpu)
+    if peak is None or getattr(arch, "moe", None) is not None or not st.cfg.train.bf16:
+        return None
+    flops = 3 * qwen3_forward_flops_per_token(arch, seq) * tokens
+    ranks = int(os.environ["WORLD_SIZE"])
+    return {k: round(flops / s / (peak * ranks), 4) for k, s in step_s.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=28)
@@ -191,6 +207,7 @@ def main() -> None:
         t_prep.append(recompute())
     mp, mr, mq = statistics.median(t_plain), statistics.median(t_rl), statistics.median(t_prep)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() and not a.cpu else "cpu"
+    mfu = model_flops_utilization(st, gpu, tokens, {"rl": mr, "plain": mp}, a.seq)
     import megatron.core
 
     res = {
@@ -204,6 +221,7 @@ def main() -> None:
         "rollout_with_recompute_tokens_per_s": round(tokens / (mr + mq), 1),
         "rollout_with_recompute_ratio": round(mp / (mr + mq), 4),
         "old_logprob_recompute_s": round(mq, 4),
+        "mfu": mfu,
         "step_s": {"rl": [round(x, 4) for x in t_rl], "plain": [round(x, 4) for x in t_plain]},
         "model": "tiny-qwen3" if a.tiny else (f"{a.model} config, random init" if a.model
                                                else f"qwen3-1.7B shape, {a.layers} layers, random init"),

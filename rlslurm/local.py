@@ -31,6 +31,7 @@ from rlslurm.buffer.control import Control
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.console import make_console
 from rlslurm.curve import plot_png, reward_curve, sparkline
+from rlslurm.engines import procfs
 from rlslurm.job.env import ATTEMPT_ENV
 from rlslurm.net import rendezvous_port
 from rlslurm.secret_env import read_secret_env
@@ -41,6 +42,7 @@ from rlslurm.user_error import USER_ERROR_EXIT_CODE, read_failure, read_user_err
 from rlslurm.watchdog import CHECK_EVERY_S, silent_roles
 
 FINISH_GRACE_S = 60
+HUNG_STOP_GRACE_S = 15.0  # a role the watchdog found silent: TERM, then KILL
 STOP_GRACE_S = 300.0  # the batch script gives the trainer --signal-grace-s (default 300) the same way
 
 
@@ -88,21 +90,42 @@ def role_commands(rd: RunDir, trainer_procs: int, port: int,
             "rollout": rollout_argv(rd.path, trainer_addr=LOCAL_ADDR)}
 
 
-def _stop(proc: subprocess.Popen, grace: float = 15.0) -> int:
-    """TERM the process group, KILL it after `grace` seconds; returns the exit code."""
+def _tree(proc: subprocess.Popen) -> set[int]:
+    """The role's live processes below its group leader, whatever session they are in: torchrun starts
+    each worker in a session of its own, out of reach of a signal to the role's process group."""
+    return {p for p in procfs.descendants(proc.pid) if procfs.pid_alive(p)}
+
+
+def _stop(proc: subprocess.Popen, grace: float = HUNG_STOP_GRACE_S) -> int:
+    """TERM the role's process group; after `grace` seconds, KILL it and every process of its tree that
+    is left. Returns its exit code once the whole tree is gone: a trainer worker that outlived a killed
+    torchrun kept 33.7 GiB of the GPU after `rlslurm run` had returned (bench/results/gpu-lease-2026-12-07.md)."""
+    tree = _tree(proc)
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or any(procfs.pid_alive(p) for p in tree)):
+        if proc.poll() is None:
+            tree |= _tree(proc)  # a process started since (the trainer's checkpoint writer)
+        time.sleep(0.2)
+    if proc.poll() is None:
+        tree |= _tree(proc)
         try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+    gone_by = time.monotonic() + 30.0
+    while any(procfs.pid_alive(p) for p in tree) and time.monotonic() < gone_by:
+        time.sleep(0.05)  # reaped by init: wait until their memory (the GPU's too) is given back
     return proc.returncode
 
 
@@ -245,9 +268,9 @@ def _watch(rd: RunDir, control: Control, procs: dict[str, subprocess.Popen], liv
     """Watch both roles until one ends, the run finishes, --timeout, the watchdog or an interrupt; then
     stop them. Returns (why the watch ended, if it says, the role that ended first, the interrupt's exit
     status or 0, each role's exit status)."""
-    reason, first, interrupted_rc = "", None, 0
+    reason, first, interrupted_rc, hung = "", None, 0, []
     try:
-        next_hang_check, hung = start + CHECK_EVERY_S, []
+        next_hang_check = start + CHECK_EVERY_S
         while all(p.poll() is None for p in procs.values()):
             notices.check()
             if timeout_s is not None and time.time() - start > timeout_s:
@@ -278,7 +301,9 @@ def _watch(rd: RunDir, control: Control, procs: dict[str, subprocess.Popen], liv
                       "interrupt again to stop them at once)")
         _wait_for_exit(procs, stop_grace_s)
     finally:
-        codes = {n: _stop(p) for n, p in procs.items()}
+        # a role left running gets the stop grace to checkpoint (the trainer saves on TERM), a hung one not
+        grace = HUNG_STOP_GRACE_S if hung else stop_grace_s
+        codes = {n: _stop(p, grace) for n, p in procs.items()}
     return reason, first, interrupted_rc, codes
 
 

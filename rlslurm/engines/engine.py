@@ -279,7 +279,8 @@ class EngineProcess:
         oom = next((line.strip() for line in reversed(lines) if _OOM.search(line)), None)
         if oom is None:
             return
-        share = next((line.split(": ", 1)[1] for line in lines if line.startswith("rlslurm engine memory")),
+        # the share's line ("rlslurm engine memory (info|warning): ..."), not the waiting or the trainer's
+        share = next((line.split(": ", 1)[1] for line in lines if line.startswith("rlslurm engine memory (")),
                      "SGLang's own default share")
         raise EngineOutOfMemory(
             f"{self.spec.name} ran out of GPU memory {when} ({oom[:300]}); its memory share: {share}. Give the "

@@ -86,16 +86,13 @@ def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_
     --shared-gpu), and the choice. The rollout nodes start their engines only then, so that each sizes
     its share on what the trainer leaves. Collective."""
     from rlslurm.buffer.control import ColocationMemory, OffloadRecord
-    from rlslurm.engines.memory_share import trainer_margin
     from rlslurm.gpus import torch_device_uuid
 
     mine = ("", 0)
     if st.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(st.device)
-        params = 0 if choice is not None and "params" in choice.keeps else sum(
-            p.numel() * p.element_size() for p in st.actor.model.parameters())
         mine = (torch_device_uuid(torch.cuda.current_device()) or "",
-                trainer_margin(params, bucket_bytes, total, trains_beside=trains_beside))
+                rank_margin(st, choice, bucket_bytes, total, trains_beside=trains_beside))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if rank == 0:
@@ -109,6 +106,24 @@ def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_
         control.write_colocation_memory(ColocationMemory(attempt=attempt, margins=margins, offload=offload))
         log.info("the trainer shares its GPUs with the engines: they may start now (the trainer's margin beside "
                  "them: %s)", ", ".join(f"{m / 2**30:.2f} GiB" for m in margins.values()))
+
+
+def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *, trains_beside: bool) -> int:
+    """What this rank may take on its GPU beside the engines after they have sized their share on what is
+    free now (engines/memory_share.py `trainer_margin`): its params unless they stay resident anyway, and
+    what its state on the GPU has yet to grow by while the engines hold their share: Adam's moments, made
+    at the first step, where the optimizer state stays (offload_choice.pending_optimizer_bytes; none
+    when it was loaded from a checkpoint; moved, the moments leave with it: `Colocation.to_engines_for_weights`).
+    Without them, a trainer that keeps its optimizer state took them out of the engines' share at its
+    first step, and the engines' resume after it ran out of memory (qwen3-1.7B on one H100: 12.8 GiB;
+    bench/results/gpu-lease-2026-12-07.md)."""
+    from rlslurm.engines.memory_share import trainer_margin
+    from rlslurm.trainer.offload_choice import pending_optimizer_bytes
+
+    keeps = SETS if choice is None else choice.keeps
+    params = 0 if "params" in keeps else sum(p.numel() * p.element_size() for p in st.actor.model.parameters())
+    pending = pending_optimizer_bytes(st, st.device) if "rest" in keeps else 0
+    return trainer_margin(params, bucket_bytes, total, trains_beside=trains_beside) + pending
 
 
 class EnginesGone(RuntimeError):

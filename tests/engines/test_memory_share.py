@@ -131,6 +131,8 @@ def _supervised_sleeper(tmp_path, log_text: str):
                       port=free_port("127.0.0.1"), nccl_port=free_port("127.0.0.1"), log_path=tmp_path / "e.log",
                       device="cpu", cpu_core=(os.cpu_count() or 1) + 4096)
     spec.log_path.write_text(f"==== rlslurm: start #1 of {spec.name} at {time.ctime()}: ...\n"
+                             "rlslurm engine memory: waiting for the trainer to build its model and leave the GPUs\n"
+                             "rlslurm engine memory: the trainer keeps params, grads, optimizer state resident\n"
                              "rlslurm engine memory (info): --mem-fraction-static 0.881 derived by rlslurm: ...\n"
                              + log_text)
     router = RemoteRouter.at(f"http://127.0.0.1:{free_port('127.0.0.1')}", api_key=None, log_path=tmp_path / "r.log")

@@ -121,3 +121,31 @@ def test_adams_moments_are_counted_before_the_first_step_makes_them() -> None:
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
     assert pending_optimizer_bytes(st, torch.device("cpu")) == 0
+
+
+def test_the_margin_the_engines_leave_holds_the_moments_a_resident_optimizer_will_make() -> None:
+    """The engines size their share on what is free when they start, before the trainer's first step makes
+    Adam's moments. Before: the margin left them out, and on one H100 the trainer that kept its optimizer
+    state (qwen3-1.7B, the default) took 12.8 GiB of the engines' share at its first step; the engine's
+    resume after that turn died of CUDA OOM (bench/results/gpu-lease-2026-12-07.md)."""
+    from types import SimpleNamespace
+
+    from rlslurm.engines.memory_share import trainer_margin
+    from rlslurm.trainer.colocate import rank_margin
+    from rlslurm.trainer.offload_choice import Choice
+
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    st = SimpleNamespace(actor=SimpleNamespace(model=model, optimizer=opt), critic=None, device=torch.device("cpu"))
+    params = (64 * 32 + 32) * 4
+    moments = 2 * params
+    total = 80 * GIB
+    keeps_all = Choice("auto", (), "keeps everything", auto_keeps=SETS)
+    moves_rest = Choice("auto", ("rest",), "moves optimizer state", auto_keeps=("params", "grads"))
+    moves_all = Choice("--offload-train", SETS, "moves everything")
+    assert rank_margin(st, keeps_all, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total) + moments
+    assert rank_margin(st, moves_rest, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total)
+    assert rank_margin(st, moves_all, BUCKET, total, trains_beside=False) == trainer_margin(params, BUCKET, total)
+    model(torch.ones(2, 64)).sum().backward()
+    opt.step()  # made: on the GPU already when the engines start (a resumed optimizer too)
+    assert rank_margin(st, keeps_all, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total)

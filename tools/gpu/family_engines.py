@@ -140,6 +140,11 @@ def _sync(url: str, bucket) -> float:
     return time.time() - t0
 
 
+def _stem(name: str) -> str:
+    """A shipped config's name, or a config file's (a variant under test) stem."""
+    return Path(name).stem if name.endswith((".yaml", ".yml")) else name
+
+
 def checkpoints(name: str, out: Path) -> tuple[Path, Path]:
     """The demo's checkpoint of `name` and another seed's (one at a time: the seed is global), in bf16:
     what the trainer sends, so that sending the checkpoint's own weights back restores it exactly (an
@@ -148,16 +153,16 @@ def checkpoints(name: str, out: Path) -> tuple[Path, Path]:
     from rlslurm.tiny import make_tiny_checkpoint
 
     mc = load_model_config(name)
-    return (make_tiny_checkpoint(mc, out / "ckpt" / name, dtype="bfloat16"),
-            make_tiny_checkpoint(mc, out / "ckpt" / f"{name}-1", seed=1, dtype="bfloat16"))
+    return (make_tiny_checkpoint(mc, out / "ckpt" / _stem(name), dtype="bfloat16"),
+            make_tiny_checkpoint(mc, out / "ckpt" / f"{_stem(name)}-1", seed=1, dtype="bfloat16"))
 
 
 def probe(name: str, out: Path) -> dict:
     from rlslurm.settings.model_config import load_model_config
 
-    res: dict = {"model": name}
+    res: dict = {"model": _stem(name)}
     mc = load_model_config(name)
-    ckpt, other = out / "ckpt" / name, out / "ckpt" / f"{name}-1"
+    ckpt, other = out / "ckpt" / _stem(name), out / "ckpt" / f"{_stem(name)}-1"
     port = _port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ckpt), "--host", "127.0.0.1",
@@ -168,7 +173,7 @@ def probe(name: str, out: Path) -> dict:
     if json.loads((ckpt / "config.json").read_text()).get("auto_map"):
         cmd.append("--trust-remote-code")  # its config class is remote code (MiMo)
     res["flags"] = cmd[cmd.index("--skip-server-warmup"):]
-    log = out / f"{name}.log"
+    log = out / f"{_stem(name)}.log"
     t0 = time.time()
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
@@ -205,7 +210,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("models", nargs="*", help="default: every tiny-* model config")
+    ap.add_argument("models", nargs="*", help="shipped model configs or model config files (default: every tiny-*)")
     ap.add_argument("--jobs", type=int, default=4, help="engines at once on the GPU")
     a = ap.parse_intermixed_args()  # `OUT --jobs 2 MODEL ...` as the docstring writes it
     a.out.mkdir(parents=True, exist_ok=True)
