@@ -61,6 +61,17 @@ def mla_triton_decode(mc: ModelConfig, cfg: dict) -> list[str]:
     return [f"kv_lora_rank {r} + rope {rope}: a K tile of {_next_pow2(r + rope)} against a V tile of {_next_pow2(r)}"]
 
 
+def mla_value_heads(mc: ModelConfig, cfg: dict) -> list[str]:
+    """Observed, not read off the code: on an H100 (bench/results/gpu-lease-2026-12-07.md) every MLA tiny
+    config with value heads of 16 died of an illegal memory access at its first prefill (the triton extend
+    attention of the MHA path, layers/attention/triton_ops/extend_attention.py, whose V tile is the next
+    power of 2 of v_head_dim), tiny-glm4-moe-lite with 16 as well, and each served with 24. Released MLA
+    models have 128 or more."""
+    if mc.hf_model_type not in MLA or _next_pow2(mc.arch.mla.v_head_dim) >= 32:
+        return []
+    return [f"v_head_dim {mc.arch.mla.v_head_dim}: a V tile of {_next_pow2(mc.arch.mla.v_head_dim)}, below 32"]
+
+
 def dsa_index_head(mc: ModelConfig, cfg: dict) -> list[str]:
     """mem_cache/memory_pool.py DSATokenToKVPool: `assert index_head_dim == 128`."""
     d = mc.arch.dsa
@@ -114,8 +125,8 @@ def dsa_shared_layers(mc: ModelConfig, cfg: dict) -> list[str]:
 
 
 CONSTRAINTS: list[Callable[[ModelConfig, dict], list[str]]] = [
-    rope_kv_store, mla_triton_decode, dsa_index_head, gdn_split_kernel, qwen3_next_all_moe, config_keys,
-    dsa_shared_layers]
+    rope_kv_store, mla_triton_decode, mla_value_heads, dsa_index_head, gdn_split_kernel, qwen3_next_all_moe,
+    config_keys, dsa_shared_layers]
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -142,6 +153,8 @@ def test_the_constraints_catch_what_the_gpu_refused() -> None:
     assert mla_triton_decode(ds, {}) == ["kv_lora_rank 32 + rope 8: a K tile of 64 against a V tile of 32"]
     deepseek_sizes = variant("tiny-deepseek-v3", mla={"kv_lora_rank": 512, "qk_pos_emb_head_dim": 64})
     assert mla_triton_decode(deepseek_sizes, {}) == []
+    for name in ("tiny-deepseek-v3", "tiny-moonlight", "tiny-glm4-moe-lite"):  # each died on the H100 with 16
+        assert mla_value_heads(variant(name, mla={"v_head_dim": 16}), {}) == ["v_head_dim 16: a V tile of 16, below 32"]
     nxt = variant("tiny-qwen3-next", gated_delta_net={"value_head_dim": 24})
     assert gdn_split_kernel(nxt, {}) == ["value dims per key head 48 is not a power of 2"]
     dense0 = variant("tiny-qwen3-next", moe={"first_k_dense": 1})
