@@ -22,16 +22,78 @@ for a in "$@"; do
   esac
 done
 
-if [ "$want_slurm" = 1 ] && ! { command -v slurmctld && command -v strace; } >/dev/null 2>&1; then
+# apt, the main environment and .venv-mcore019 are independent and mostly wait on the network: apt and
+# the second venv run in the background beside the main environment's pip, each into its own log,
+# printed at the end (a failure names its part and fails the install).
+bg_pids=() bg_parts=()
+background() {  # background PART FUNCTION
+  local logf; logf="$(mktemp -t "rlslurm-install-$1.XXXXXX")"
+  "$2" >"$logf" 2>&1 &
+  bg_pids+=($!) bg_parts+=("$1:$logf")
+}
+wait_background() {
+  local rc=0 i part logf
+  for i in "${!bg_pids[@]}"; do
+    part="${bg_parts[$i]%%:*}" logf="${bg_parts[$i]#*:}"
+    if wait "${bg_pids[$i]}"; then cat "$logf"; else rc=1; cat "$logf"; log "FAILED: $part (its output above)"; fi
+    rm -f "$logf"
+  done
+  return "$rc"
+}
+
+install_slurm() {
   # strace: tests/trainer/test_trainer_shared_fs.py and bench/bench_fs_ops.py count run-dir file operations
   log "apt: slurmctld slurmd slurm-client munge strace"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 procps strace >/dev/null
+  log "apt: done"
+}
+if [ "$want_slurm" = 1 ] && ! { command -v slurmctld && command -v strace; } >/dev/null 2>&1; then
+  background apt install_slurm
+fi
+
+# megatron-core 0.19.2 ships no wheel for Python 3.11 (pip there offers up to 0.16.1): the image's pyenv
+# Python 3.12.1 holds it. torch and megatron-core of the GPU stack (torch 2.11.0 from PyPI, a CUDA build
+# that runs on the CPU), transformers of the CPU stack: the HF reference of the parity tests, which
+# the GPU stack's transformers is not for GLM-5 (docs/megatron-versions.md, "Tested"). No SGLang.
+C="$here/constraints/cpu.txt"
+V="$here/.venv-mcore019"
+VC="$V/constraints.txt"
+mcore019_ok() {
+  "$V/bin/python" - "$VC" 2>/dev/null <<'PYEOF'
+import sys
+from importlib.metadata import version
+import megatron.core, pytest, rlslurm, torch, transformers  # noqa: F401  (they import)
+pins = dict(line.split("==") for line in open(sys.argv[1]).read().split() if "==" in line)
+# package metadata: megatron.core.__version__ gains the hash of a git repository it sits in (this one)
+sys.exit(0 if all(version(p).split("+")[0] == pins[p] for p in ("torch", "megatron-core", "transformers")) else 1)
+PYEOF
+}
+# Its dependencies only: the editable install of this checkout writes rlslurm.egg-info here, as the main
+# environment's does at the same time, so that one step waits for the end (below).
+install_mcore019_deps() {
+  local P312 reqs
+  P312="${PYTHON312:-$(PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)}"
+  # (again over a venv whose creation was cut short: it has a python and no pip)
+  "$V/bin/python" -m pip --version >/dev/null 2>&1 || "$P312" -m venv "$V"
+  log "venv: $V ($("$P312" -V)): $(grep -E '^(torch|megatron-core|transformers)==' "$VC" | tr '\n' ' ')"
+  reqs="$("$V/bin/python" -c 'import sys, tomllib
+p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["train"]))' "$here/pyproject.toml")"
+  mapfile -t reqs <<< "$reqs"
+  "$V/bin/python" -m pip install -q --disable-pip-version-check -c "$VC" "${reqs[@]}" pytest pytest-timeout
+  log "venv: dependencies done"
+}
+mcore019_pending=0
+if [ "$want_mcore019" = 1 ]; then
+  mkdir -p "$V"
+  { grep -vE '^(transformers|tokenizers)==' "$here/constraints/gpu-torch211.txt"
+    grep -E '^transformers==' "$C"; } > "$VC"
+  if ! mcore019_ok; then mcore019_pending=1; background mcore019 install_mcore019_deps; fi
 fi
 
 pipi() { "$PY" -m pip install -q --disable-pip-version-check "$@"; }
-C="$here/constraints/cpu.txt"
 
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
   log "pip: torch==2.13.0 (local CPU build)"
@@ -50,29 +112,9 @@ if [ "$want_sglang" = 1 ]; then
   fi
 fi
 
-if [ "$want_mcore019" = 1 ]; then
-  # megatron-core 0.19.2 ships no wheel for Python 3.11 (pip there offers up to 0.16.1): the image's pyenv
-  # Python 3.12.1 holds it. torch and megatron-core of the GPU stack (torch 2.11.0 from PyPI, a CUDA build
-  # that runs on the CPU), transformers of the CPU stack: the HF reference of the parity tests, which
-  # the GPU stack's transformers is not for GLM-5 (docs/megatron-versions.md, "Tested"). No SGLang.
-  V="$here/.venv-mcore019"
-  VC="$V/constraints.txt"
-  mkdir -p "$V"
-  { grep -vE '^(transformers|tokenizers)==' "$here/constraints/gpu-torch211.txt"
-    grep -E '^transformers==' "$C"; } > "$VC"
-  if ! "$V/bin/python" - "$VC" 2>/dev/null <<'PYEOF'
-import sys
-from importlib.metadata import version
-import megatron.core, pytest, rlslurm, torch, transformers  # noqa: F401  (they import)
-pins = dict(line.split("==") for line in open(sys.argv[1]).read().split() if "==" in line)
-# package metadata: megatron.core.__version__ gains the hash of a git repository it sits in (this one)
-sys.exit(0 if all(version(p).split("+")[0] == pins[p] for p in ("torch", "megatron-core", "transformers")) else 1)
-PYEOF
-  then
-    P312="${PYTHON312:-$(PYENV_VERSION=3.12.1 pyenv which python3.12 2>/dev/null || command -v python3.12)}"
-    [ -x "$V/bin/python" ] || "$P312" -m venv "$V"
-    log "venv: $V ($("$P312" -V)): $(grep -E '^(torch|megatron-core|transformers)==' "$VC" | tr '\n' ' ')"
-    "$V/bin/python" -m pip install -q --disable-pip-version-check -c "$VC" -e "$here[train]" pytest pytest-timeout
-  fi
+wait_background
+if [ "$mcore019_pending" = 1 ]; then
+  log "venv: rlslurm (editable) into $V"
+  "$V/bin/python" -m pip install -q --disable-pip-version-check -c "$VC" -e "$here[train]" pytest pytest-timeout
 fi
 log "done"
