@@ -83,6 +83,6 @@ log "straight rc=$rc_s; a again rc=$rc_a2; b again rc=$rc_b2"
 python3 "$here/tools/gpu/field_compare.py" runs/straight runs/a runs/b \
   --rc "straight=$rc_s" "a1=$rc_a1" "a2=$rc_a2" "b1=$rc_b1" "b2=$rc_b2" | tee "$out/field.json"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$out/field.log" 2>&1
-tar -czf "$out/field-runs.tgz" --exclude='*.safetensors' --exclude='*.distcp' --exclude=buffer --exclude=src \
+tar -czf "$out/field-runs.tgz" --exclude='*.safetensors' --exclude='api_key' --exclude='*.distcp' --exclude=buffer --exclude=src \
   ./*.out runs 2>/dev/null
 log "done"

@@ -81,7 +81,7 @@ print(json.dumps({
 }))
 EOF
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$out/field-colocate.log" 2>&1
-tar -czf "$out/field-colocate-runs.tgz" --exclude='*.safetensors' --exclude='*.distcp' --exclude=buffer \
+tar -czf "$out/field-colocate-runs.tgz" --exclude='*.safetensors' --exclude='api_key' --exclude='*.distcp' --exclude=buffer \
   --exclude=checkpoints --exclude=weights ./*.out runs 2>/dev/null
 log "done"
 exit "$rc"

@@ -14,6 +14,6 @@ RLSLURM_GPU_ENGINE_TP=2 timeout "${BUDGET_S:-540}" python3 -m pytest -v -s -p no
   "tests/gpu/test_gpu_grpo.py::test_colocate_takes_turns_frees_the_engines_memory_and_kill9_resumes" "$@" \
   2>&1 | tee "$out/matrix.log"
 rc=${PIPESTATUS[0]}
-tar -C "$base" -czf "$out/matrix-runs.tgz" --exclude='*.safetensors' --exclude='checkpoints' --exclude='buffer' \
+tar -C "$base" -czf "$out/matrix-runs.tgz" --exclude='*.safetensors' --exclude='api_key' --exclude='checkpoints' --exclude='buffer' \
   --exclude='weights' --exclude='hf_init' . 2>/dev/null
 exit "$rc"

@@ -17,7 +17,8 @@ while [ $# -ge 2 ]; do
     continue
   fi
   t0=$(date +%s)
-  timeout "$left" bash -c "$cmd" > "$out/$name.log" 2>&1
+  # STEP_LEFT_S: a step that packs records after its main command (tier.sh) stops that command in time
+  STEP_LEFT_S=$(( left - 15 )) timeout "$left" bash -c "$cmd" > "$out/$name.log" 2>&1
   r=$?
   echo "$name: rc=$r in $(( $(date +%s) - t0 )) s" | tee -a "$out/steps.txt"
   if [ "$rc" = 0 ] && [ "$r" != 0 ]; then rc=$r; fi

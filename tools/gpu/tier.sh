@@ -12,8 +12,9 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 python3 -c 'import torch, sglang, sglang_router, megatron.core as m; print("torch", torch.__version__, "sglang", sglang.__version__, "megatron-core", m.__version__, "gpus", torch.cuda.device_count())'
 base="/tmp/rlslurm-gpu-$name"; rm -rf "$base"
 [ $# -gt 0 ] || set -- tests/gpu
-python3 -m pytest -v -s -p no:cacheprovider --basetemp="$base" "$@" 2>&1 | tee "$out/$name.log"
+# within a steps.sh step, stop pytest before the step's own timeout so that the runs' records are packed
+timeout "${STEP_LEFT_S:-86400}" python3 -m pytest -v -s -p no:cacheprovider --basetemp="$base" "$@" 2>&1 | tee "$out/$name.log"
 rc=${PIPESTATUS[0]}
-tar -C "$base" -czf "$out/$name-runs.tgz" --exclude='*.safetensors' --exclude='*.distcp' --exclude='checkpoints' \
+tar -C "$base" -czf "$out/$name-runs.tgz" --exclude='*.safetensors' --exclude='api_key' --exclude='*.distcp' --exclude='checkpoints' \
   --exclude='buffer' --exclude='weights' --exclude='hf_init' . 2>/dev/null
 exit "$rc"
