@@ -90,24 +90,30 @@ def role_commands(rd: RunDir, trainer_procs: int, port: int,
             "rollout": rollout_argv(rd.path, trainer_addr=LOCAL_ADDR)}
 
 
-def _tree(proc: subprocess.Popen) -> set[int]:
-    """The role's live processes below its group leader, whatever session they are in: torchrun starts
-    each worker in a session of its own, out of reach of a signal to the role's process group."""
-    return {p for p in procfs.descendants(proc.pid) if procfs.pid_alive(p)}
+def _tree(proc: subprocess.Popen) -> dict[int, int | None]:
+    """The role's live processes below its group leader, whatever session they are in (torchrun starts
+    each worker in a session of its own, out of reach of a signal to the role's process group), each with
+    its start time: a pid names the same process only while that matches."""
+    return {p: procfs.start_time(p) for p in procfs.descendants(proc.pid) if procfs.pid_alive(p)}
+
+
+def _alive(tree: dict[int, int | None]) -> list[int]:
+    return [p for p, t in tree.items() if procfs.pid_alive(p) and procfs.start_time(p) == t]
 
 
 def _stop(proc: subprocess.Popen, grace: float = HUNG_STOP_GRACE_S) -> int:
     """TERM the role's process group; after `grace` seconds, KILL it and every process of its tree that
     is left. Returns its exit code once the whole tree is gone: a trainer worker that outlived a killed
     torchrun kept 33.7 GiB of the GPU after `rlslurm run` had returned (bench/results/gpu-lease-2026-12-07.md)."""
-    tree = _tree(proc)
+    # only while the leader lives: once reaped, its pid may be another process's
+    tree = _tree(proc) if proc.poll() is None else {}
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and (proc.poll() is None or any(procfs.pid_alive(p) for p in tree)):
+    while time.monotonic() < deadline and (proc.poll() is None or _alive(tree)):
         if proc.poll() is None:
             tree |= _tree(proc)  # a process started since (the trainer's checkpoint writer)
         time.sleep(0.2)
@@ -117,14 +123,14 @@ def _stop(proc: subprocess.Popen, grace: float = HUNG_STOP_GRACE_S) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for pid in tree:
+    for pid in _alive(tree):
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait()
     gone_by = time.monotonic() + 30.0
-    while any(procfs.pid_alive(p) for p in tree) and time.monotonic() < gone_by:
+    while _alive(tree) and time.monotonic() < gone_by:
         time.sleep(0.05)  # reaped by init: wait until their memory (the GPU's too) is given back
     return proc.returncode
 

@@ -31,6 +31,16 @@ def pid_alive(pid: int) -> bool:
     return state(pid) not in (None, "Z")
 
 
+def start_time(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, it names one process, not a pid
+    the kernel may give to another once this one is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
 def parent_of(pid: int) -> int | None:
     fields = _stat_fields(pid)
     try:
