@@ -1,7 +1,7 @@
 """List the CUDA kernels in a shared library's `.nv_fatbin` section, by GPU architecture, or keep only
 some architectures' kernels (the others zeroed in place, so the file keeps its size and its links, and
 compresses to a fraction): how transformer-engine's 343 MB core library fits a device call's carry
-(docs/transformer-engine.md, "Installing it on the GPU machines").
+(docs/gpu.md, "transformer-engine").
 
     python3 tools/gpu/fatbin_trim.py LIB            # list
     python3 tools/gpu/fatbin_trim.py LIB --keep 90  # keep sm_90 / sm_90a only (H100, H200)
