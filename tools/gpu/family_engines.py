@@ -152,17 +152,18 @@ def checkpoints(name: str, out: Path) -> tuple[Path, Path]:
     from rlslurm.settings.model_config import load_model_config
     from rlslurm.tiny import make_tiny_checkpoint
 
-    mc = load_model_config(name)
-    return (make_tiny_checkpoint(mc, out / "ckpt" / _stem(name), dtype="bfloat16"),
-            make_tiny_checkpoint(mc, out / "ckpt" / f"{_stem(name)}-1", seed=1, dtype="bfloat16"))
+    mc, stem = load_model_config(name), _stem(name)
+    return (make_tiny_checkpoint(mc, out / "ckpt" / stem, dtype="bfloat16"),
+            make_tiny_checkpoint(mc, out / "ckpt" / f"{stem}-1", seed=1, dtype="bfloat16"))
 
 
 def probe(name: str, out: Path) -> dict:
     from rlslurm.settings.model_config import load_model_config
 
-    res: dict = {"model": _stem(name)}
+    stem = _stem(name)
+    res: dict = {"model": stem}
     mc = load_model_config(name)
-    ckpt, other = out / "ckpt" / _stem(name), out / "ckpt" / f"{_stem(name)}-1"
+    ckpt, other = out / "ckpt" / stem, out / "ckpt" / f"{stem}-1"
     port = _port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ckpt), "--host", "127.0.0.1",
@@ -173,7 +174,7 @@ def probe(name: str, out: Path) -> dict:
     if json.loads((ckpt / "config.json").read_text()).get("auto_map"):
         cmd.append("--trust-remote-code")  # its config class is remote code (MiMo)
     res["flags"] = cmd[cmd.index("--skip-server-warmup"):]
-    log = out / f"{_stem(name)}.log"
+    log = out / f"{stem}.log"
     t0 = time.time()
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
