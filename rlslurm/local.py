@@ -90,15 +90,10 @@ def role_commands(rd: RunDir, trainer_procs: int, port: int,
             "rollout": rollout_argv(rd.path, trainer_addr=LOCAL_ADDR)}
 
 
-def _tree(proc: subprocess.Popen) -> dict[int, int | None]:
+def _tree(proc: subprocess.Popen) -> procfs.Pinned:
     """The role's live processes below its group leader, whatever session they are in (torchrun starts
-    each worker in a session of its own, out of reach of a signal to the role's process group), each with
-    its start time: a pid names the same process only while that matches."""
-    return {p: procfs.start_time(p) for p in procfs.descendants(proc.pid) if procfs.pid_alive(p)}
-
-
-def _alive(tree: dict[int, int | None]) -> list[int]:
-    return [p for p, t in tree.items() if procfs.pid_alive(p) and procfs.start_time(p) == t]
+    each worker in a session of its own, out of reach of a signal to the role's process group)."""
+    return procfs.pin(procfs.descendants(proc.pid))
 
 
 def _stop(proc: subprocess.Popen, grace: float = HUNG_STOP_GRACE_S) -> int:
@@ -113,7 +108,7 @@ def _stop(proc: subprocess.Popen, grace: float = HUNG_STOP_GRACE_S) -> int:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and (proc.poll() is None or _alive(tree)):
+    while time.monotonic() < deadline and (proc.poll() is None or procfs.alive(tree)):
         if proc.poll() is None:
             tree |= _tree(proc)  # a process started since (the trainer's checkpoint writer)
         time.sleep(0.2)
@@ -123,15 +118,9 @@ def _stop(proc: subprocess.Popen, grace: float = HUNG_STOP_GRACE_S) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for pid in _alive(tree):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    procfs.signal_each(tree, signal.SIGKILL)
     proc.wait()
-    gone_by = time.monotonic() + 30.0
-    while _alive(tree) and time.monotonic() < gone_by:
-        time.sleep(0.05)  # reaped by init: wait until their memory (the GPU's too) is given back
+    procfs.wait_gone(tree, 30.0)
     return proc.returncode
 
 

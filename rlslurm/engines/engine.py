@@ -315,24 +315,18 @@ class EngineProcess:
         """SIGKILL the whole tree, reap it, and remove its leftover files. Idempotent."""
         if self.proc is None:
             return
-        pids = self.tree_pids()
-        self._owned_files |= _files_held_by(pids)
+        pids = procfs.pin(self.tree_pids())
+        self._owned_files |= _files_held_by(list(pids))
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        for pid in pids:  # descendants that called setsid are not in the group
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        procfs.signal_each(pids, signal.SIGKILL)  # descendants that called setsid are not in the group
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{self.spec.name}: pid {self.proc.pid} survived SIGKILL for {timeout:g} s") from None
-        deadline = time.monotonic() + timeout
-        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)  # grandchildren are reaped by init; wait until they are really gone
+        procfs.wait_gone(pids, timeout)
         for path in self._owned_files:
             try:
                 os.unlink(path)

@@ -1,9 +1,17 @@
-"""Reading processes from /proc (Linux only, like SLURM): what ending a server's whole process tree
-(engines/engine.py) and the owner watch (engines/owner_watch.py) need to know."""
+"""Reading processes from /proc (Linux only, like SLURM): what ending a whole process tree needs to know,
+for a server (engines/engine.py), a role of `rlslurm run` (local.py) and the owner watch
+(engines/owner_watch.py)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
+from typing import Iterable
+
+# live pids, each with its start time: a pid names the same process only while that matches (the kernel
+# gives a freed pid to the next process that asks)
+Pinned = dict[int, "int | None"]
 
 
 def all_pids() -> list[int]:
@@ -75,3 +83,32 @@ def descendants(root: int) -> set[int]:
                 out.add(c)
                 stack.append(c)
     return out
+
+
+def pin(pids: Iterable[int]) -> Pinned:
+    return {p: start_time(p) for p in pids if pid_alive(p)}
+
+
+def alive(pinned: Pinned) -> list[int]:
+    return [p for p, t in pinned.items() if pid_alive(p) and start_time(p) == t]
+
+
+def signal_each(pinned: Pinned, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to each pinned process still alive: descendants that called setsid (torchrun's workers,
+    SGLang's schedulers) are out of reach of a signal to their ancestor's group."""
+    for pid in alive(pinned):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def wait_gone(pinned: Pinned, timeout: float) -> bool:
+    """Wait until none of the pinned processes is left: those reaped by init hold their memory (the
+    GPU's too) until then. Whether they went within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while alive(pinned):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True

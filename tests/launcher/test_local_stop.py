@@ -65,3 +65,21 @@ def test_a_worker_that_ignores_term_is_killed_before_stop_returns(tmp_path: Path
     _stop(proc, grace=1.0)
     assert not procfs.pid_alive(worker), "the worker outlived the role's stop"
     assert time.monotonic() - t0 < 30
+
+
+def test_a_pid_pinned_to_another_start_time_is_not_signalled() -> None:
+    """procfs.signal_each (`_stop` and an engine's kill_tree) signals a pid only while its start time is
+    the one pinned: the kernel gives a freed pid to the next process, which must survive."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pinned = procfs.pin([p.pid])
+        stale = {p.pid: pinned[p.pid] - 1}  # as if a process pinned earlier had gone and p got its pid
+        procfs.signal_each(stale)
+        time.sleep(0.3)
+        assert p.poll() is None, "a process that only reuses a pinned pid was killed"
+        procfs.signal_each(pinned)
+        assert p.wait(timeout=10) == -9
+        assert procfs.wait_gone(pinned, 5.0)
+    finally:
+        p.kill()
+        p.wait()
