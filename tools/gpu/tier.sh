@@ -13,7 +13,10 @@ python3 -c 'import torch, sglang, sglang_router, megatron.core as m; print("torc
 base="/tmp/rlslurm-gpu-$name"; rm -rf "$base"
 [ $# -gt 0 ] || set -- tests/gpu
 # within a steps.sh step, stop pytest before the step's own timeout so that the runs' records are packed
-timeout "${STEP_LEFT_S:-86400}" python3 -m pytest -v -s -p no:cacheprovider --basetemp="$base" "$@" 2>&1 | tee "$out/$name.log"
+log="$out/$name.log"
+# under steps.sh with the same NAME, stdout is that log already: a second writer would interleave it
+[ /dev/stdout -ef "$log" ] && log=/dev/null
+timeout "${STEP_LEFT_S:-86400}" python3 -m pytest -v -s -p no:cacheprovider --basetemp="$base" "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 tar -C "$base" -czf "$out/$name-runs.tgz" --exclude='*.safetensors' --exclude='api_key' --exclude='*.distcp' --exclude='checkpoints' \
   --exclude='buffer' --exclude='weights' --exclude='hf_init' . 2>/dev/null
