@@ -15,8 +15,9 @@ the engines are idle and the trainer owns the GPUs. Per rollout, in the trainer'
     engines   resume KV cache + CUDA graphs, continue generating                       time/engines_resume
 
 Which of the trainer's tensor sets move (params, grads, the rest: trainer/tensor_sets.py) is decided
-once, before the first offload: all with --offload-train, none with --no-offload-train, and by default
-the largest prefix of them that fits beside the engines (trainer/offload_choice.py). A set that stays
+before the first offload: all with --offload-train, none with --no-offload-train, and by default
+the largest prefix of them that fits beside the engines (trainer/offload_choice.py), re-checked at every
+turn's end against what the engines left the trainer (`_recheck`). A set that stays
 is not moved by any phase: each "offload" then only gives the blocks the trainer's cache holds (the
 activations') back to the driver, for the engines.
 
@@ -78,13 +79,13 @@ GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as
 # --- the phases ---------------------------------------------------------------------------------
 
 def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_bytes: int,
-                      trains_beside: bool, choice: Choice | None = None) -> None:
+                      trains_beside: bool, choice: Choice | None = None) -> int:
     """The trainer shares its GPUs with engines (--colocate, --shared-gpu) and has built its model (and,
     colocated, moved off the GPUs what `choice` moves): rank 0 records, per GPU, what the trainer may take
     beside engines that hold their whole share (engines/memory_share.py `trainer_margin`: its params
     unless they stay on the GPU anyway; `trains_beside`: it also trains while they generate,
     --shared-gpu), and the choice. The rollout nodes start their engines only then, so that each sizes
-    its share on what the trainer leaves. Collective."""
+    its share on what the trainer leaves. Collective; returns this rank's margin (0 on CPU)."""
     from rlslurm.buffer.control import ColocationMemory, OffloadRecord
     from rlslurm.gpus import torch_device_uuid
 
@@ -106,6 +107,7 @@ def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_
         control.write_colocation_memory(ColocationMemory(attempt=attempt, margins=margins, offload=offload))
         log.info("the trainer shares its GPUs with the engines: they may start now (the trainer's margin beside "
                  "them: %s)", ", ".join(f"{m / 2**30:.2f} GiB" for m in margins.values()))
+    return mine[1]
 
 
 def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *, trains_beside: bool) -> int:
@@ -169,6 +171,8 @@ class Colocation:
         self.moves = tuple(moves)
         self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
         self._keeper: _BracketKeeper | None = None
+        self._room: int | None = None  # auto: what this rank may hold beside the engines (`watch_growth`)
+        self._attempt = 0
 
     @property
     def moves(self) -> tuple[str, ...]:
@@ -258,6 +262,48 @@ class Colocation:
         if err[0] is not None:
             raise (EnginesGone if err[1] else RuntimeError)(f"colocate: {what} failed: {err[0]}")
 
+    def watch_growth(self, setting: str, margin: int, attempt: int) -> None:
+        """Under auto (`setting`), with the engines about to size their share on what the trainer holds now:
+        from now on each turn's end re-checks that it holds no more than that plus `margin` beside them
+        (offload_choice.recheck), and moves more where it does. The user's flag is left as it is."""
+        if self.cuda and setting == "auto":
+            self._room = torch.cuda.memory_reserved(self.params.device) + margin
+            self._attempt = attempt
+
+    def _recheck(self) -> None:
+        """Collective: at the turn's end, the moving sets off the GPU but the params (the publish reads
+        them), before the engines resume. The record and the log say what changed."""
+        from rlslurm.trainer import offload_choice
+
+        if self._room is None:
+            return
+        held = torch.cuda.memory_reserved(self.params.device)
+        if "params" in self.moves:
+            held -= self.params.nbytes  # they leave before the engines' cache is back (`to_engines`)
+        self.times["mem/trainer_held_gib"] = held / 2**30
+        self.times["mem/trainer_room_gib"] = self._room / 2**30
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (held, self._room, {s: self.sets[s].nbytes for s in SETS}))
+        moves, line = offload_choice.recheck(self.moves, every)
+        if line and self.rank == 0:
+            log.warning("colocate: offload-train auto, re-checked: %s", line)
+        if moves == self.moves:
+            return
+        newly = tuple(self.sets[s] for s in moves if s not in self.moves)
+        self.moves = moves
+        self._move(offload=tuple(s for s in newly if s is not self.params))
+        if self.rank == 0:
+            self._record_recheck(line)
+
+    def _record_recheck(self, line: str) -> None:
+        rec = self.control.colocation_memory(self._attempt)
+        if rec is None or rec.offload is None:
+            return
+        off = rec.offload.model_copy(update={
+            "moves": list(self.moves), "keeps": [s for s in SETS if s not in self.moves],
+            "rechecks": [*rec.offload.rechecks, line]})
+        self.control.write_colocation_memory(rec.model_copy(update={"offload": off, "updated_at": time.time()}))
+
     def offload_all(self) -> None:
         """At start-up, before the engines start (`let_engines_start`)."""
         log.info("colocate: %s", "; ".join(
@@ -339,6 +385,7 @@ class Colocation:
         if new:
             log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
         self._move(offload=(self.rest, self.grads))
+        self._recheck()
         t1 = time.perf_counter()
         self._rank0("resuming the engines' weights", lambda: self._resume(tags=[WEIGHTS]))
         self.times.update({"time/offload": t1 - t0, "time/engines_resume": time.perf_counter() - t1})

@@ -220,3 +220,34 @@ def for_run(setting: bool | None, cfg: Any, st: Any, sets: dict[str, Any], bucke
         usable, total = min(u for u, _ in rooms), min(t for _, t in rooms)
         auto = decide(state, usable=usable, total=total, need=engines_need(cfg, st.mc, total), bucket=bucket)
     return choose(setting, state, auto)
+
+
+def recheck(moves: tuple[str, ...], ranks: list[tuple[int, int, dict[str, int]]]) -> tuple[tuple[str, ...], str]:
+    """Auto, at the end of every turn, before the engines resume (trainer/colocate.py `Colocation.recheck`):
+    the engines sized their share on what the trainer held when they started, and left it a margin beside
+    that (`room`). What it keeps can grow past that since: state made after the decision that the pending
+    moments did not foresee (a ref or critic's, a second optimizer's), or blocks the allocator cannot give
+    back. Then the engines' resume runs out of memory. So per rank (`held`: the trainer's GPU memory with
+    the moving sets off it, `room`, and the kept sets' bytes), while one holds more than its room the
+    next kept set moves too, the rest first; every rank moves the union, so that all decide the same.
+    Returns the moves and a line saying what changed ("" when nothing did)."""
+    new = set(moves)
+    worst = None
+    for held, room, sizes in ranks:
+        kept = [s for s in SETS if s not in new]
+        over = held - room
+        if over > 0 and (worst is None or over > worst[0]):
+            worst = (over, held, room)
+        while held > room and kept:
+            s = kept.pop()
+            held -= sizes[s]
+            new.add(s)
+    out = tuple(s for s in SETS if s in new)
+    if out == tuple(moves):
+        return out, "" if worst is None else (
+            f"the trainer holds {worst[1] / GIB:.2f} GiB beside the engines, {worst[0] / GIB:.2f} GiB more than "
+            f"the {worst[2] / GIB:.2f} GiB they left it, and has nothing left to move")
+    assert worst is not None
+    return out, (f"the trainer holds {worst[1] / GIB:.2f} GiB beside the engines, {worst[0] / GIB:.2f} GiB more "
+                 f"than the {worst[2] / GIB:.2f} GiB they left it: now moves "
+                 f"{_names(s for s in out if s not in moves)} too (keeps {_names(s for s in SETS if s not in out)})")

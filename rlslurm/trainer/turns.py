@@ -77,8 +77,9 @@ class ColocatedTurn:
         if t.rank == 0:
             log.info("colocate: %s", choice.describe())
         colo.offload_all()
-        let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
-                          trains_beside=False, choice=choice)
+        margin = let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
+                                   trains_beside=False, choice=choice)
+        colo.watch_growth(choice.setting, margin, t.attempt)
         return cls(t, colo)
 
     def begin(self, rollout_id: int) -> None:

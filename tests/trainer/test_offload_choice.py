@@ -18,6 +18,7 @@ from rlslurm.trainer.offload_choice import (
     engines_need,
     kv_bytes_per_token,
     pending_optimizer_bytes,
+    recheck,
 )
 
 BUCKET = 512 * 2**20  # --update-weight-buffer-size's default
@@ -149,3 +150,27 @@ def test_the_margin_the_engines_leave_holds_the_moments_a_resident_optimizer_wil
     model(torch.ones(2, 64)).sum().backward()
     opt.step()  # made: on the GPU already when the engines start (a resumed optimizer too)
     assert rank_margin(st, keeps_all, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total)
+
+
+def test_a_trainer_that_grew_past_its_room_moves_the_next_kept_sets_on_every_rank() -> None:
+    """The re-check at each turn's end (trainer/colocate.py `Colocation._recheck`): the engines left each
+    rank its held bytes at their start plus a margin; a rank holding more moves the next kept set (the
+    rest first, then the grads), as many as it takes, and every rank moves the union. Sizes invented:
+    a qwen3-1.7B rank's sets (3.2 / 6.4 / 19.2 GiB) and a room of 30 GiB."""
+    sizes = {"params": int(3.2 * GIB), "grads": int(6.4 * GIB), "rest": int(19.2 * GIB)}
+    room = 30 * GIB
+    fits = (int(28.8 * GIB), room, sizes)
+    # within its room: nothing changes, nothing is said
+    assert recheck((), [fits, fits]) == ((), "")
+    # one rank grew by 2 GiB (a second optimizer's state, say): the rest moves, on both ranks
+    moves, line = recheck((), [fits, (int(31 * GIB), room, sizes)])
+    assert moves == ("rest",)
+    assert "holds 31.00 GiB beside the engines, 1.00 GiB more than the 30.00 GiB they left it" in line
+    assert "now moves optimizer state too (keeps params, grads)" in line
+    # grown by more than the rest: the grads go too; the params stay (kept, they cost the engines nothing)
+    assert recheck((), [(int(28.8 * GIB) + 25 * GIB, room, sizes)])[0] == ("grads", "rest")
+    # already moving the rest: the next is the grads
+    assert recheck(("rest",), [(int(12 * GIB), 10 * GIB, sizes)])[0] == ("grads", "rest")
+    # nothing left to move: unchanged, and said
+    moves, line = recheck(SETS, [(2 * GIB, GIB, sizes)])
+    assert moves == SETS and "has nothing left to move" in line
