@@ -157,3 +157,40 @@ def test_the_actors_buffers_stay_with_its_params_for_the_export() -> None:
     assert st.actor.model[1].expert_bias.untyped_storage().nbytes() == 0  # it moves with the params
     params.onload()
     assert torch.equal(st.actor.model[1].expert_bias, torch.arange(2.0))
+
+
+def test_a_turn_that_ends_holding_more_than_its_room_moves_the_rest_and_records_it(tmp_path, monkeypatch) -> None:
+    """offload-train auto's re-check at a turn's end (trainer/colocate.py `Colocation._recheck`), on CPU with
+    the GPU's reserved memory given: a trainer that kept everything and now holds 16 bytes more than the room
+    the engines left it moves its optimizer state before they resume, and control/colocate_memory.json
+    says what it moves now and why. Within its room, nothing moves."""
+    from rlslurm.buffer.control import ColocationMemory, Control, OffloadRecord
+    from rlslurm.trainer import colocate
+    from rlslurm.trainer.colocate import Colocation
+
+    st = _state()
+    _step(st)
+    control = Control(tmp_path / "run")
+    control.write_colocation_memory(ColocationMemory(attempt=2, margins={"": 0}, offload=OffloadRecord(
+        setting="auto", keeps=["params", "grads", "rest"], moves=[], line="keeps everything")))
+    colo = Colocation.__new__(Colocation)
+    colo.control, colo.rank, colo.st, colo.cuda, colo.times = control, 0, st, False, {}
+    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, torch.device("cpu"))
+    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
+    colo.moves = ()
+    colo._room, colo._attempt = 10 * 2**20, 2
+    held = [colo._room]
+    monkeypatch.setattr(colocate.torch.cuda, "memory_reserved", lambda device=None: held[0])
+    monkeypatch.setattr(colocate.dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(colocate.dist, "all_gather_object", lambda out, obj, group=None: out.__setitem__(0, obj))
+
+    colo._recheck()
+    assert colo.moves == () and not colo.rest.offloaded
+    held[0] += 16  # less than Adam's moments here (90 params x 2 x 4 bytes): the rest alone will do
+    colo._recheck()
+    assert colo.moves == ("rest",) and colo.rest.offloaded and not colo.params.offloaded
+    off = control.colocation_memory(2).offload
+    assert (off.keeps, off.moves, off.line) == (["params", "grads"], ["rest"], "keeps everything")
+    assert off.rechecks == ["the trainer holds 0.01 GiB beside the engines, 0.00 GiB more than the 0.01 GiB "
+                            "they left it: now moves optimizer state too (keeps params, grads)"]
+    assert colo.times["mem/trainer_held_gib"] > colo.times["mem/trainer_room_gib"]
