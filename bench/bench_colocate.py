@@ -126,7 +126,8 @@ def main() -> None:
     wall = run_logged(cmd, a.work / "run.log")
     gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)  # after the run: no CUDA context of ours in it
     try:  # what the trainer moved, as it recorded it (rlslurm/trainer/offload_choice.py)
-        moved = json.loads((run_dir / "control" / "colocate_memory.json").read_text())["offload"]["moves"]
+        offload = json.loads((run_dir / "control" / "colocate_memory.json").read_text())["offload"]
+        moved = offload["moves"]
     except (OSError, KeyError, TypeError, ValueError) as e:
         raise SystemExit(f"{run_dir}/control/colocate_memory.json does not say what the trainer moved: {e}")
 
@@ -150,7 +151,8 @@ def main() -> None:
                     for k in sorted({k for m in steady for k in m if k.startswith("mem/")})},
         "publish_bytes": nbytes, "run_wall_s": round(wall, 1), "transport": a.transport,
         "bucket_bytes": a.bucket_bytes, "gpus": a.gpus, "trainer_tp": a.tp, "engine_tp": a.engine_tp,
-        "offload_train": bool(moved), "trainer_moves": moved,
+        "offload_train": bool(moved), "trainer_moves": moved, "offload_setting": offload.get("setting"),
+        "offload_rechecks": offload.get("rechecks", []),
     }
     if a.transport == "ipc":
         res["engine_in_place_copy"] = engine_copies(run_dir)
