@@ -52,6 +52,14 @@ GROWTH_SHARE = 0.01
 # How long an engine that shares its GPUs waits for the trainer to build (and load) its model and leave
 # them: a large checkpoint's load included
 TRAINER_BUILD_WAIT_S = 3600.0
+# The most tokens an engine's KV pool is given (`--max-total-tokens`) where the user gives no bound and the
+# share would hold more: SGLang's token allocator keeps one int64 per token of its pool in a free list, and
+# each free concatenates that list, outside the static share and SGLang's reserve. A tiny MLA config
+# (119 bytes of KV a token) on an 80 GB H100 got a pool of 521 M tokens, and its engine died at its first
+# free ("Tried to allocate 3.88 GiB"; bench/results/gpu-lease-2026-12-07b.md). 2^24 tokens keep that list
+# at 128 MiB; the bound binds only below 8 KiB of KV a token on a 141 GB GPU, far under any real model's
+# per-GPU figure but for the smallest at a large TP.
+MAX_POOL_TOKENS = 2**24
 # The least KV cache worth starting an engine with: below it the share is refused in one line rather
 # than left to SGLang's "Loaded weights leave no GPU memory for the KV cache".
 MIN_KV_BYTES = 1 * GIB
@@ -97,6 +105,7 @@ class MemoryPlan:
     record: str            # RUN/control/colocate_memory.json
     attempt: int
     weights_bytes: int
+    kv_bytes_per_token: int = 0  # on one of the engine's GPUs (offload_choice.kv_bytes_per_token); 0: unknown
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -142,11 +151,16 @@ class Share:
     margin_gib: float
     sglang_default: float | None
     derived_fraction: float | None  # what rlslurm would give (None: nothing fits; `fraction` when derived)
+    max_total_tokens: int | None = None  # the KV pool's bound rlslurm gave (MAX_POOL_TOKENS), None: SGLang's
+    pool_tokens: int | None = None       # the tokens the share would hold unbounded (estimate), None: unknown
 
     def describe(self) -> str:
         terms = (f"{self.free_gib:.1f} GiB free of {self.total_gib:.1f} at the engine's start (the trainer's "
                  f"state off the GPU); SGLang's reserve for activations {self.sglang_reserve_gib:.1f} GiB "
                  f"(its default share {self.sglang_default}); the trainer's margin {self.margin_gib:.1f} GiB")
+        if self.max_total_tokens is not None:
+            terms += (f"; --max-total-tokens {self.max_total_tokens} given by rlslurm (the share holds about "
+                      f"{self.pool_tokens} tokens of KV, and SGLang's allocator keeps 8 bytes a token beside it)")
         if self.derived:
             return f"--mem-fraction-static {self.fraction:.3f} derived by rlslurm: {terms}"
         would = "nothing that fits" if self.derived_fraction is None else f"{self.derived_fraction:.3f}"
@@ -220,10 +234,12 @@ def sglang_default_share(args: list[str]) -> float:
     return float(prepare_server_args([a for a in args if not a.startswith("--api-key")]).mem_fraction_static)
 
 
-def size_engine(args: list[str], margin: int, weights: int, record: Path | None) -> tuple[list[str], Share]:
+def size_engine(args: list[str], margin: int, weights: int, record: Path | None,
+                kv_bytes_per_token: int = 0) -> tuple[list[str], Share]:
     """In the engine's wrapper process before SGLang starts, the trainer's state off the GPU: `args` with
-    the share appended (or the user's kept), and what it is. Appends it to `record` (a JSON line per
-    start of the engine)."""
+    the share appended (or the user's kept), and what it is; and where the share would hold more than
+    MAX_POOL_TOKENS tokens of KV (`kv_bytes_per_token` known, no --max-total-tokens given), that bound.
+    Appends it to `record` (a JSON line per start of the engine)."""
     given = _flag(args, "--mem-fraction-static")
     total, free = gpu_memory(engine_devices(args))
     default = sglang_default_share(_without(args, "--mem-fraction-static"))
@@ -234,14 +250,21 @@ def size_engine(args: list[str], margin: int, weights: int, record: Path | None)
         if given is None:
             raise
         derived = None  # the user's share stands; the warning says nothing else would fit
-    share = Share(fraction=derived if given is None else float(given), derived=given is None,
+    fraction = derived if given is None else float(given)
+    pool = int((fraction * free - weights) // kv_bytes_per_token) if kv_bytes_per_token > 0 else None
+    bound = MAX_POOL_TOKENS if (pool is not None and pool > MAX_POOL_TOKENS
+                                and _flag(args, "--max-total-tokens") is None) else None
+    share = Share(fraction=fraction, derived=given is None,
                   total_gib=total / GIB, free_gib=free / GIB, sglang_reserve_gib=(1 - default) * total / GIB,
-                  margin_gib=margin / GIB, sglang_default=default, derived_fraction=derived)
+                  margin_gib=margin / GIB, sglang_default=default, derived_fraction=derived,
+                  max_total_tokens=bound, pool_tokens=pool)
     if record is not None:
         with open(record, "a") as f:
             f.write(json.dumps(asdict(share)) + "\n")
     if given is None:
         args = [*args, "--mem-fraction-static", f"{share.fraction:.3f}"]
+    if bound is not None:
+        args = [*args, "--max-total-tokens", str(bound)]
     return args, share
 
 
@@ -283,7 +306,7 @@ def apply_from_env(args: list[str], *, cuda: bool) -> list[str]:
     if not cuda:
         return args
     args, share = size_engine(args, margin_on(rec, engine_devices(args)), plan.weights_bytes,
-                              Path(record) if record else None)
+                              Path(record) if record else None, plan.kv_bytes_per_token)
     level = "warning" if share.risky else "info"
     print(f"rlslurm engine memory ({level}): {share.describe()}", file=sys.stderr, flush=True)
     return args
@@ -298,3 +321,12 @@ def serving_weights_bytes(cfg) -> int:
     dtype = cfg.rollout.rollout_dtype or "auto"
     per_param = 4 if dtype in ("float32", "float") else 2
     return run_model(cfg.model.model, cfg.model.hf_checkpoint).num_params * per_param
+
+
+def serving_kv_bytes_per_token(cfg, tp: int) -> int:
+    """The KV cache of one token on one of an engine's `tp` GPUs as the engines serve the model
+    (trainer/offload_choice.py `kv_bytes_per_token`, with the run's serving and --kv-cache-dtype)."""
+    from rlslurm.models.model_from_hf import run_model
+    from rlslurm.trainer.offload_choice import kv_bytes_per_token, kv_dtype_bytes
+
+    return kv_bytes_per_token(run_model(cfg.model.model, cfg.model.hf_checkpoint).arch, tp, kv_dtype_bytes(cfg))

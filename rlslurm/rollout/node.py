@@ -37,7 +37,12 @@ from rlslurm.buffer.atomic import CorruptRecord, ensure_dir, listdir_fresh, writ
 from rlslurm.buffer.control import Control, EngineRecord, EnginesRecord, read_record
 from rlslurm.buffer.rundir import RunDir
 from rlslurm.engines.engine import EngineProcess, EngineSpec
-from rlslurm.engines.memory_share import TRAINER_BUILD_WAIT_S, MemoryPlan, serving_weights_bytes
+from rlslurm.engines.memory_share import (
+    TRAINER_BUILD_WAIT_S,
+    MemoryPlan,
+    serving_kv_bytes_per_token,
+    serving_weights_bytes,
+)
 from rlslurm.engines.router import RouterError, RouterProcess
 from rlslurm.engines.sglang_client import weight_version_sync
 from rlslurm.engines.span import SpanFollower, SpanLeader, check_on_node
@@ -329,10 +334,12 @@ class RolloutNode:
         attempt's trainer has built its model and moved its state off the GPUs (its ColocationMemory
         record), then sizes its share on what the trainer leaves (engines/memory_share.py). The import
         overlaps the trainer's build."""
-        weights = serving_weights_bytes(self.cfg) if self.cfg.run.device == "cuda" else 0
-        return [dataclasses.replace(spec, memory=MemoryPlan(record=str(self.control.colocation_memory_file),
-                                                            attempt=self.attempt,
-                                                            weights_bytes=weights // spec.tp_size))
+        cuda = self.cfg.run.device == "cuda"
+        weights = serving_weights_bytes(self.cfg) if cuda else 0
+        return [dataclasses.replace(spec, memory=MemoryPlan(
+            record=str(self.control.colocation_memory_file), attempt=self.attempt,
+            weights_bytes=weights // spec.tp_size,
+            kv_bytes_per_token=serving_kv_bytes_per_token(self.cfg, spec.tp_size) if cuda else 0))
                 for spec in specs]
 
     def _turn_hold(self) -> TurnHold | None:

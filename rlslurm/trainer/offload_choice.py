@@ -115,13 +115,20 @@ def _sglang_flag(args: list[str], name: str) -> str | None:
     return None
 
 
+def kv_dtype_bytes(cfg: Any) -> int:
+    """The bytes of one KV cache element as the engines serve: 1 with --sglang-kv-cache-dtype fp8*, else
+    the serving dtype's (4 for --rollout-dtype float32, else 2)."""
+    dtype_bytes = 4 if (cfg.rollout.rollout_dtype or "auto") in ("float32", "float") else 2
+    kv_dtype = _sglang_flag(list(cfg.sglang_args), "--kv-cache-dtype") or "auto"
+    return 1 if kv_dtype.startswith("fp8") else dtype_bytes
+
+
 def engines_need(cfg: Any, mc: Any, total: int) -> EnginesNeed:
     """The engines' need on one GPU of `total` bytes, from the run's settings and model."""
     r = cfg.rollout
     tp = r.rollout_num_gpus_per_engine
     dtype_bytes = 4 if (r.rollout_dtype or "auto") in ("float32", "float") else 2
-    kv_dtype = _sglang_flag(list(cfg.sglang_args), "--kv-cache-dtype") or "auto"
-    kv_bytes = 1 if kv_dtype.startswith("fp8") else dtype_bytes
+    kv_bytes = kv_dtype_bytes(cfg)
     prompt = cfg.data.max_prompt_len or ASSUMED_PROMPT_TOKENS
     tokens = prompt + r.rollout_max_response_len
     if r.rollout_max_context_len is not None:

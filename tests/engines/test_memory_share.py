@@ -186,3 +186,51 @@ def test_a_share_no_gpu_could_take_is_refused_at_submit(value: str, tmp_path) ->
     (tmp_path / "p.jsonl").write_text(prompt_lines())
     one_line_naming(["--model", "tiny-qwen3", "--prompt-data", str(tmp_path / "p.jsonl"), "--nodes", "1",
                      "--sglang-mem-fraction-static", value], f"--sglang-mem-fraction-static {value}", "between 0 and 1")
+
+
+def test_a_share_that_would_hold_too_many_tokens_gets_a_kv_pool_bound(monkeypatch, tmp_path) -> None:
+    """SGLang's token allocator keeps 8 bytes per token of the KV pool outside the share: tiny-deepseek-v3
+    (128 bytes of KV a token) colocated on one H100 got a pool of 521 M tokens, and its engine died at its
+    first free, allocating 3.88 GiB (bench/results/gpu-lease-2026-12-07b.md, the figures used here: 77.4 GiB
+    free of 79.6, SGLang's default 0.835, the trainer's margin 1.5 GiB). rlslurm bounds the pool where the
+    share would hold more than MAX_POOL_TOKENS; a real model's share, or the user's own bound, stays."""
+    from rlslurm.settings.model_config import load_model_config
+    from rlslurm.trainer.offload_choice import kv_bytes_per_token
+
+    monkeypatch.setattr(memory_share, "gpu_memory", lambda devices: (int(79.6 * GIB), int(77.4 * GIB)))
+    monkeypatch.setattr(memory_share, "sglang_default_share", lambda a: 0.835)
+
+    def sized(model: str, args: list[str]):
+        kv = kv_bytes_per_token(load_model_config(model).arch, 1, 2)
+        return memory_share.size_engine(["--model-path", "m", *args], int(1.5 * GIB), 2**20, None, kv)
+
+    args, share = sized("tiny-deepseek-v3", [])
+    assert args[-2:] == ["--max-total-tokens", str(memory_share.MAX_POOL_TOKENS)]
+    assert share.pool_tokens > 500_000_000 and share.max_total_tokens == memory_share.MAX_POOL_TOKENS
+    assert "--max-total-tokens 16777216 given by rlslurm" in share.describe()
+    args, share = sized("qwen3-1.7B", [])  # 112 KiB a token: about 0.5 M tokens, SGLang's own sizing
+    assert "--max-total-tokens" not in args and share.max_total_tokens is None and share.pool_tokens < 10**6
+    args, share = sized("tiny-deepseek-v3", ["--max-total-tokens", "4096"])
+    assert args.count("--max-total-tokens") == 1 and share.max_total_tokens is None
+    # unknown KV bytes (a plan from before the field): nothing added
+    assert "--max-total-tokens" not in memory_share.size_engine(["--model-path", "m"], GIB, 2**20, None)[0]
+
+
+def test_the_rollout_node_tells_each_engine_its_kv_bytes_per_token() -> None:
+    """The plan travels as JSON in the engine's environment; one written without the field still reads."""
+    plan = MemoryPlan(record="r", attempt=1, weights_bytes=2, kv_bytes_per_token=128)
+    assert MemoryPlan.from_env(plan.to_env()) == plan
+    assert MemoryPlan.from_env('{"record": "r", "attempt": 1, "weights_bytes": 2}').kv_bytes_per_token == 0
+
+
+def test_the_kv_bytes_per_token_follow_the_served_model_tp_and_kv_dtype() -> None:
+    from rlslurm.engines.memory_share import serving_kv_bytes_per_token
+    from rlslurm.settings.config import RunConfig
+
+    def cfg(model: str, *sglang: str) -> RunConfig:
+        return RunConfig.model_validate({"model": {"model": model}, "run": {"colocate": True},
+                                         "sglang_args": list(sglang)})
+
+    assert serving_kv_bytes_per_token(cfg("tiny-deepseek-v3"), 1) == 128  # MLA: (latent + rotary key) x layers x 2
+    # qwen3-4B: 36 layers x K and V x 8 KV heads over TP 2 x 128 x 1 byte (fp8)
+    assert serving_kv_bytes_per_token(cfg("qwen3-4B", "--kv-cache-dtype", "fp8_e5m2"), 2) == 36 * 2 * 4 * 128
