@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlslurm.errors import ConfigError
 
@@ -323,10 +323,31 @@ def serving_weights_bytes(cfg) -> int:
     return run_model(cfg.model.model, cfg.model.hf_checkpoint).num_params * per_param
 
 
+def kv_bytes_per_token(arch: Any, tp: int, dtype_bytes: int) -> int:
+    """The KV cache of one token on one of an engine's `tp` GPUs. Grouped-query attention: K and V of
+    every KV head of every layer, the heads split over TP (a head per GPU at least: SGLang replicates
+    them when TP exceeds their number). MLA: the compressed latent and the rotary key of every layer,
+    whole on every GPU (not split by heads); GLM-5's indexer keys are not counted. Qwen3-Next's gated
+    delta net layers keep a state per request, not per token: only its full-attention layers count."""
+    if arch.mla is not None:
+        return (arch.mla.kv_lora_rank + arch.mla.qk_pos_emb_head_dim) * arch.num_layers * dtype_bytes
+    layers = arch.num_layers
+    if arch.gated_delta_net is not None:
+        layers = arch.num_layers // arch.gated_delta_net.full_attention_interval
+    heads = math.ceil(arch.num_query_groups / tp)
+    return 2 * layers * heads * arch.kv_channels * dtype_bytes
+
+
+def kv_dtype_bytes(cfg: Any) -> int:
+    """The bytes of one KV cache element as the engines serve: 1 with --sglang-kv-cache-dtype fp8*, else
+    the serving dtype's (4 for --rollout-dtype float32, else 2)."""
+    dtype_bytes = 4 if (cfg.rollout.rollout_dtype or "auto") in ("float32", "float") else 2
+    kv_dtype = _flag(list(cfg.sglang_args), "--kv-cache-dtype") or "auto"
+    return 1 if kv_dtype.startswith("fp8") else dtype_bytes
+
+
 def serving_kv_bytes_per_token(cfg, tp: int) -> int:
-    """The KV cache of one token on one of an engine's `tp` GPUs as the engines serve the model
-    (trainer/offload_choice.py `kv_bytes_per_token`, with the run's serving and --kv-cache-dtype)."""
+    """The KV cache of one token on one of an engine's `tp` GPUs as the engines serve the run's model."""
     from rlslurm.models.model_from_hf import run_model
-    from rlslurm.trainer.offload_choice import kv_bytes_per_token, kv_dtype_bytes
 
     return kv_bytes_per_token(run_model(cfg.model.model, cfg.model.hf_checkpoint).arch, tp, kv_dtype_bytes(cfg))

@@ -39,6 +39,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from rlslurm.engines.memory_share import kv_bytes_per_token, kv_dtype_bytes
+
 GIB = 2**30
 SETS = ("params", "grads", "rest")  # the order they stay in (the rest moves first)
 LABELS = {"params": "params", "grads": "grads", "rest": "optimizer state"}
@@ -89,38 +91,6 @@ class Choice:
 
 def sglang_reserve(total: int) -> int:
     return max(SGLANG_RESERVE_MIN_BYTES, int(SGLANG_RESERVE_SHARE * total))
-
-
-def kv_bytes_per_token(arch: Any, tp: int, dtype_bytes: int) -> int:
-    """The KV cache of one token on one of an engine's `tp` GPUs. Grouped-query attention: K and V of
-    every KV head of every layer, the heads split over TP (a head per GPU at least: SGLang replicates
-    them when TP exceeds their number). MLA: the compressed latent and the rotary key of every layer,
-    whole on every GPU (not split by heads); GLM-5's indexer keys are not counted. Qwen3-Next's gated
-    delta net layers keep a state per request, not per token: only its full-attention layers count."""
-    if arch.mla is not None:
-        return (arch.mla.kv_lora_rank + arch.mla.qk_pos_emb_head_dim) * arch.num_layers * dtype_bytes
-    layers = arch.num_layers
-    if arch.gated_delta_net is not None:
-        layers = arch.num_layers // arch.gated_delta_net.full_attention_interval
-    heads = math.ceil(arch.num_query_groups / tp)
-    return 2 * layers * heads * arch.kv_channels * dtype_bytes
-
-
-def _sglang_flag(args: list[str], name: str) -> str | None:
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def kv_dtype_bytes(cfg: Any) -> int:
-    """The bytes of one KV cache element as the engines serve: 1 with --sglang-kv-cache-dtype fp8*, else
-    the serving dtype's (4 for --rollout-dtype float32, else 2)."""
-    dtype_bytes = 4 if (cfg.rollout.rollout_dtype or "auto") in ("float32", "float") else 2
-    kv_dtype = _sglang_flag(list(cfg.sglang_args), "--kv-cache-dtype") or "auto"
-    return 1 if kv_dtype.startswith("fp8") else dtype_bytes
 
 
 def engines_need(cfg: Any, mc: Any, total: int) -> EnginesNeed:
