@@ -149,7 +149,7 @@ class OffloadRecord(_Record):
     """--colocate: which of the trainer's tensor sets leave the GPU while the engines generate, and why
     (trainer/offload_choice.py). `setting`: auto, --offload-train or --no-offload-train; `auto_keeps`:
     what auto keeps (None on CPU: no GPU memory to decide on); `terms_gib`: the rule's terms; `rechecks`:
-    what auto moved since, and why (offload_choice.recheck); `keeps`/`moves` are the current ones."""
+    what auto moved since, and why (trainer/offload_choice.py `recheck`); `keeps`/`moves` are the current ones."""
     setting: str
     keeps: list[str]
     moves: list[str]

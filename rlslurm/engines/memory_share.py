@@ -55,7 +55,7 @@ TRAINER_BUILD_WAIT_S = 3600.0
 # The most tokens an engine's KV pool is given (`--max-total-tokens`) where the user gives no bound and the
 # share would hold more: SGLang's token allocator keeps one int64 per token of its pool in a free list, and
 # each free concatenates that list, outside the static share and SGLang's reserve. A tiny MLA config
-# (119 bytes of KV a token) on an 80 GB H100 got a pool of 521 M tokens, and its engine died at its first
+# (128 bytes of KV a token) on an 80 GB H100 got a pool of 521 M tokens, and its engine died at its first
 # free ("Tried to allocate 3.88 GiB"; bench/results/gpu-lease-2026-12-07b.md). 2^24 tokens keep that list
 # at 128 MiB; the bound binds only below 8 KiB of KV a token on a 141 GB GPU, far under any real model's
 # per-GPU figure but for the smallest at a large TP.
@@ -105,7 +105,7 @@ class MemoryPlan:
     record: str            # RUN/control/colocate_memory.json
     attempt: int
     weights_bytes: int
-    kv_bytes_per_token: int = 0  # on one of the engine's GPUs (offload_choice.kv_bytes_per_token); 0: unknown
+    kv_bytes_per_token: int = 0  # on one of the engine's GPUs (`kv_bytes_per_token`); 0: unknown
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -312,15 +312,16 @@ def apply_from_env(args: list[str], *, cuda: bool) -> list[str]:
     return args
 
 
-def serving_weights_bytes(cfg) -> int:
-    """The model's weights as the engines serve them, over all of an engine's GPUs: its parameter count
-    (settings/model_config.py's estimate) x the serving dtype's bytes (`auto`: 16-bit, as GPU engines
-    serve an fp32 checkpoint: docs/sglang-behaviour.md)."""
-    from rlslurm.models.model_from_hf import run_model
+def serving_dtype_bytes(cfg: Any) -> int:
+    """The bytes of one weight as the engines serve: 4 for --rollout-dtype float32, else 2 (`auto`:
+    16-bit, as GPU engines serve an fp32 checkpoint: docs/sglang-behaviour.md)."""
+    return 4 if (cfg.rollout.rollout_dtype or "auto") in ("float32", "float") else 2
 
-    dtype = cfg.rollout.rollout_dtype or "auto"
-    per_param = 4 if dtype in ("float32", "float") else 2
-    return run_model(cfg.model.model, cfg.model.hf_checkpoint).num_params * per_param
+
+def serving_weights_bytes(cfg: Any, mc: Any) -> int:
+    """The model's weights as the engines serve them, over all of an engine's GPUs: the parameter count of
+    `mc` (the run's model config; settings/model_config.py's estimate) x the serving dtype's bytes."""
+    return mc.num_params * serving_dtype_bytes(cfg)
 
 
 def kv_bytes_per_token(arch: Any, tp: int, dtype_bytes: int) -> int:
@@ -341,13 +342,10 @@ def kv_bytes_per_token(arch: Any, tp: int, dtype_bytes: int) -> int:
 def kv_dtype_bytes(cfg: Any) -> int:
     """The bytes of one KV cache element as the engines serve: 1 with --sglang-kv-cache-dtype fp8*, else
     the serving dtype's (4 for --rollout-dtype float32, else 2)."""
-    dtype_bytes = 4 if (cfg.rollout.rollout_dtype or "auto") in ("float32", "float") else 2
     kv_dtype = _flag(list(cfg.sglang_args), "--kv-cache-dtype") or "auto"
-    return 1 if kv_dtype.startswith("fp8") else dtype_bytes
+    return 1 if kv_dtype.startswith("fp8") else serving_dtype_bytes(cfg)
 
 
-def serving_kv_bytes_per_token(cfg, tp: int) -> int:
-    """The KV cache of one token on one of an engine's `tp` GPUs as the engines serve the run's model."""
-    from rlslurm.models.model_from_hf import run_model
-
-    return kv_bytes_per_token(run_model(cfg.model.model, cfg.model.hf_checkpoint).arch, tp, kv_dtype_bytes(cfg))
+def serving_kv_bytes_per_token(cfg: Any, mc: Any, tp: int) -> int:
+    """The KV cache of one token on one of an engine's `tp` GPUs as the engines serve `mc`, the run's model."""
+    return kv_bytes_per_token(mc.arch, tp, kv_dtype_bytes(cfg))

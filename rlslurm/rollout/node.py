@@ -334,12 +334,13 @@ class RolloutNode:
         attempt's trainer has built its model and moved its state off the GPUs (its ColocationMemory
         record), then sizes its share on what the trainer leaves (engines/memory_share.py). The import
         overlaps the trainer's build."""
-        cuda = self.cfg.run.device == "cuda"
-        weights = serving_weights_bytes(self.cfg) if cuda else 0
+        from rlslurm.models.model_from_hf import run_model
+
+        mc = run_model(self.cfg.model.model, self.cfg.model.hf_checkpoint) if self.cfg.run.device == "cuda" else None
         return [dataclasses.replace(spec, memory=MemoryPlan(
             record=str(self.control.colocation_memory_file), attempt=self.attempt,
-            weights_bytes=weights // spec.tp_size,
-            kv_bytes_per_token=serving_kv_bytes_per_token(self.cfg, spec.tp_size) if cuda else 0))
+            weights_bytes=serving_weights_bytes(self.cfg, mc) // spec.tp_size if mc else 0,
+            kv_bytes_per_token=serving_kv_bytes_per_token(self.cfg, mc, spec.tp_size) if mc else 0))
                 for spec in specs]
 
     def _turn_hold(self) -> TurnHold | None:

@@ -62,7 +62,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from rlslurm.trainer.offload_choice import LABELS, SETS, Choice
+from rlslurm.trainer.offload_choice import LABELS, SETS, Choice, recheck
 from rlslurm.trainer.tensor_sets import TensorSet, grad_tensors, other_tensors, trainer_tensor_sets, warm_process_groups
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class Colocation:
     def watch_growth(self, setting: str, margin: int, attempt: int) -> None:
         """Under auto (`setting`), with the engines about to size their share on what the trainer holds now:
         from now on each turn's end re-checks that it holds no more than that plus `margin` beside them
-        (offload_choice.recheck), and moves more where it does. The user's flag is left as it is."""
+        (offload_choice.py `recheck`), and moves more where it does. The user's flag is left as it is."""
         if self.cuda and setting == "auto":
             self._room = torch.cuda.memory_reserved(self.params.device) + margin
             self._attempt = attempt
@@ -273,8 +273,6 @@ class Colocation:
     def _recheck(self) -> None:
         """Collective: at the turn's end, the moving sets off the GPU but the params (the publish reads
         them), before the engines resume. The record and the log say what changed."""
-        from rlslurm.trainer import offload_choice
-
         if self._room is None:
             return
         held = torch.cuda.memory_reserved(self.params.device)
@@ -284,7 +282,7 @@ class Colocation:
         self.times["mem/trainer_room_gib"] = self._room / 2**30
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, (held, self._room, {s: self.sets[s].nbytes for s in SETS}))
-        moves, line = offload_choice.recheck(self.moves, every)
+        moves, line = recheck(self.moves, every)
         if line and self.rank == 0:
             log.warning("colocate: offload-train auto, re-checked: %s", line)
         if moves == self.moves:

@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from rlslurm.engines.memory_share import kv_bytes_per_token, kv_dtype_bytes
+from rlslurm.engines.memory_share import kv_bytes_per_token, kv_dtype_bytes, serving_dtype_bytes
 
 GIB = 2**30
 SETS = ("params", "grads", "rest")  # the order they stay in (the rest moves first)
@@ -97,7 +97,7 @@ def engines_need(cfg: Any, mc: Any, total: int) -> EnginesNeed:
     """The engines' need on one GPU of `total` bytes, from the run's settings and model."""
     r = cfg.rollout
     tp = r.rollout_num_gpus_per_engine
-    dtype_bytes = 4 if (r.rollout_dtype or "auto") in ("float32", "float") else 2
+    dtype_bytes = serving_dtype_bytes(cfg)
     kv_bytes = kv_dtype_bytes(cfg)
     prompt = cfg.data.max_prompt_len or ASSUMED_PROMPT_TOKENS
     tokens = prompt + r.rollout_max_response_len
@@ -200,7 +200,7 @@ def for_run(setting: bool | None, cfg: Any, st: Any, sets: dict[str, Any], bucke
 
 
 def recheck(moves: tuple[str, ...], ranks: list[tuple[int, int, dict[str, int]]]) -> tuple[tuple[str, ...], str]:
-    """Auto, at the end of every turn, before the engines resume (trainer/colocate.py `Colocation.recheck`):
+    """Auto, at the end of every turn, before the engines resume (trainer/colocate.py `Colocation._recheck`):
     the engines sized their share on what the trainer held when they started, and left it a margin beside
     that (`room`). What it keeps can grow past that since: state made after the decision that the pending
     moments did not foresee (a ref or critic's, a second optimizer's), or blocks the allocator cannot give

@@ -226,11 +226,15 @@ def test_the_rollout_node_tells_each_engine_its_kv_bytes_per_token() -> None:
 def test_the_kv_bytes_per_token_follow_the_served_model_tp_and_kv_dtype() -> None:
     from rlslurm.engines.memory_share import serving_kv_bytes_per_token
     from rlslurm.settings.config import RunConfig
+    from rlslurm.settings.model_config import load_model_config
 
     def cfg(model: str, *sglang: str) -> RunConfig:
         return RunConfig.model_validate({"model": {"model": model}, "run": {"colocate": True},
                                          "sglang_args": list(sglang)})
 
-    assert serving_kv_bytes_per_token(cfg("tiny-deepseek-v3"), 1) == 128  # MLA: (latent + rotary key) x layers x 2
+    def kv(model: str, tp: int, *sglang: str) -> int:
+        return serving_kv_bytes_per_token(cfg(model, *sglang), load_model_config(model), tp)
+
+    assert kv("tiny-deepseek-v3", 1) == 128  # MLA: (latent + rotary key) x layers x 2
     # qwen3-4B: 36 layers x K and V x 8 KV heads over TP 2 x 128 x 1 byte (fp8)
-    assert serving_kv_bytes_per_token(cfg("qwen3-4B", "--kv-cache-dtype", "fp8_e5m2"), 2) == 36 * 2 * 4 * 128
+    assert kv("qwen3-4B", 2, "--kv-cache-dtype", "fp8_e5m2") == 36 * 2 * 4 * 128
