@@ -16,7 +16,7 @@ the engines are idle and the trainer owns the GPUs. Per rollout, in the trainer'
 
 Which of the trainer's tensor sets move (params, grads, the rest: trainer/tensor_sets.py) is decided
 before the first offload: all with --offload-train, none with --no-offload-train, and by default
-the largest prefix of them that fits beside the engines (trainer/offload_choice.py), re-checked at every
+the cheapest moves that fit beside the engines (trainer/offload_choice.py), re-checked at every
 turn's end against what the engines left the trainer (`_recheck`). A set that stays
 is not moved by any phase: each "offload" then only gives the blocks the trainer's cache holds (the
 activations') back to the driver, for the engines.

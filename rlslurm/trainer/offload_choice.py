@@ -2,15 +2,16 @@
 run when neither --offload-train nor --no-offload-train is given
 (docs/colocate.md, "What stays on the GPU").
 
-The sets (trainer/tensor_sets.py) are, in the order they stay: the actor's params, the gradients, and
-the rest (optimizer state: fp32 main params and Adam's moments; ref, critic). Every set that stays
-saves its PCIe copy both ways every rollout; what it keeps on the GPU comes out of the engines' KV
-cache, because each engine sizes its share on the memory free at its start, after the trainer's
-first offload (engines/memory_share.py). So the trainer keeps the largest prefix of SETS for which
+The sets (trainer/tensor_sets.py) are the actor's params, the gradients, and the rest (optimizer state:
+fp32 main params and Adam's moments; ref, critic). A set that moves costs its PCIe copy both ways every
+rollout, but the gradients are scratch (dropped and zeroed, never copied), so moving them costs only a
+memset; what a set keeps on the GPU comes out of the engines' KV cache, because each engine sizes its
+share on the memory free at its start, after the trainer's first offload (engines/memory_share.py). So
+the trainer takes the first of CANDIDATES, the cheapest in copies first, for which
 
     resident + margin + engines' need <= usable
 
-and moves the others; where not even that with every set moved fits, every set moves (--offload-train).
+and where not even the last fits, every set moves (--offload-train).
 
 - resident: the kept sets' bytes on the GPU, the largest over the ranks. The rest counts Adam's
   moments, which the optimizer makes only at its first step (`pending_optimizer_bytes`).
@@ -42,7 +43,13 @@ from typing import Any, Iterable
 from rlslurm.engines.memory_share import kv_bytes_per_token, kv_dtype_bytes, serving_dtype_bytes
 
 GIB = 2**30
-SETS = ("params", "grads", "rest")  # the order they stay in (the rest moves first)
+SETS = ("params", "grads", "rest")
+# What auto may move, cheapest first: by the bytes a turn copies over PCIe, then by what leaves the GPU.
+# The gradients cost no copy (scratch: a qwen3-1.7B run moved 19.2 GiB of optimizer state, 0.9 s a turn,
+# to make 0.39 GiB of room its 6.4 GiB of gradients would have made for free; bench/results/
+# gpu-lease-2026-12-07c.md). The params never move alone: kept, they are off the engines' share already,
+# and moved, the margin holds them for a publish to a restarted engine (`trainer_margin`): no room is made.
+CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("grads",), ("rest",), ("grads", "rest"))
 LABELS = {"params": "params", "grads": "grads", "rest": "optimizer state"}
 # SGLang's default reserve (1 - its --mem-fraction-static) x the GPU: 512 MiB + 1.5 x its chunked prefill
 # size + 2 x its decode CUDA-graph batch size, about 13 GiB on an 80 GB H100 and a 141 GB H200 alike
@@ -118,17 +125,16 @@ def _names(sets: Iterable[str]) -> str:
 
 
 def decide(state: dict[str, int], *, usable: int, total: int, need: EnginesNeed, bucket: int) -> Choice:
-    """Auto: the largest prefix of SETS that fits beside the engines (the module's rule); pure."""
+    """Auto: the first of CANDIDATES that fits beside the engines, else every set (the module's rule); pure."""
     from rlslurm.engines.memory_share import trainer_margin
 
-    for k in range(len(SETS), -1, -1):
-        kept = SETS[:k]
+    for moved in (*CANDIDATES, SETS):
+        kept = tuple(s for s in SETS if s not in moved)
         resident = sum(state[s] for s in kept)
         margin = trainer_margin(0 if "params" in kept else state["params"], bucket, total)
         if resident + margin + need.total <= usable:
             break
-    else:  # not even the engines with the trainer all moved: as --offload-train
-        kept, resident, margin = (), 0, trainer_margin(state["params"], bucket, total)
+    # where not even every set moved fits, every set moves all the same (as --offload-train); the line says so
     terms = {**{f"trainer_{s}": state[s] / GIB for s in SETS}, "engine_weights": need.weights / GIB,
              "sglang_reserve": need.reserve / GIB, "kv_target": need.kv / GIB, "margin": margin / GIB,
              "usable": usable / GIB, "total": total / GIB}
@@ -205,20 +211,19 @@ def recheck(moves: tuple[str, ...], ranks: list[tuple[int, int, dict[str, int]]]
     that (`room`). What it keeps can grow past that since: state made after the decision that the pending
     moments did not foresee (a ref or critic's, a second optimizer's), or blocks the allocator cannot give
     back. Then the engines' resume runs out of memory. So per rank (`held`: the trainer's GPU memory with
-    the moving sets off it, `room`, and the kept sets' bytes), while one holds more than its room the
-    next kept set moves too, the rest first; every rank moves the union, so that all decide the same.
-    Returns the moves and a line saying what changed ("" when nothing did)."""
-    new = set(moves)
+    the moving sets off it, `room`, and the kept sets' bytes), where one holds more than its room the
+    trainer moves more: the first of CANDIDATES that includes what it moves and brings every rank within
+    its room, else every set. Every rank gets the same. Returns the moves and a line saying what changed
+    ("" when nothing did)."""
     worst = None
-    for held, room, sizes in ranks:
-        kept = [s for s in SETS if s not in new]
-        over = held - room
-        if over > 0 and (worst is None or over > worst[0]):
-            worst = (over, held, room)
-        while held > room and kept:
-            s = kept.pop()
-            held -= sizes[s]
-            new.add(s)
+    for held, room, _ in ranks:
+        if held > room and (worst is None or held - room > worst[0]):
+            worst = (held - room, held, room)
+    new = set(moves)
+    if worst is not None:
+        def fits(more: set[str]) -> bool:
+            return all(held - sum(sizes[s] for s in more - set(moves)) <= room for held, room, sizes in ranks)
+        new = next((set(c) for c in CANDIDATES if set(c) >= set(moves) and fits(set(c))), set(SETS))
     out = tuple(s for s in SETS if s in new)
     if out == tuple(moves):
         return out, "" if worst is None else (

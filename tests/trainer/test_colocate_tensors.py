@@ -159,11 +159,12 @@ def test_the_actors_buffers_stay_with_its_params_for_the_export() -> None:
     assert torch.equal(st.actor.model[1].expert_bias, torch.arange(2.0))
 
 
-def test_a_turn_that_ends_holding_more_than_its_room_moves_the_rest_and_records_it(tmp_path, monkeypatch) -> None:
+def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(tmp_path, monkeypatch) -> None:
     """offload-train auto's re-check at a turn's end (trainer/colocate.py `Colocation._recheck`), on CPU with
     the GPU's reserved memory given: a trainer that kept everything and now holds 16 bytes more than the room
-    the engines left it moves its optimizer state before they resume, and control/colocate_memory.json
-    says what it moves now and why. Within its room, nothing moves."""
+    the engines left it drops its gradients (no copy) before they resume; still over at the next turn's end,
+    it moves its optimizer state too; control/colocate_memory.json says what it moves and why each time.
+    Within its room, nothing moves."""
     from rlslurm.buffer.control import ColocationMemory, Control, OffloadRecord
     from rlslurm.trainer import colocate
     from rlslurm.trainer.colocate import Colocation
@@ -186,11 +187,16 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_the_rest_and_records_
 
     colo._recheck()
     assert colo.moves == () and not colo.rest.offloaded
-    held[0] += 16  # less than Adam's moments here (90 params x 2 x 4 bytes): the rest alone will do
+    held[0] += 16  # less than the gradients here: they alone will do
     colo._recheck()
-    assert colo.moves == ("rest",) and colo.rest.offloaded and not colo.params.offloaded
+    assert colo.moves == ("grads",) and colo.grads.offloaded and not colo.rest.offloaded and not colo.params.offloaded
     off = control.colocation_memory(2).offload
-    assert (off.keeps, off.moves, off.line) == (["params", "grads"], ["rest"], "keeps everything")
-    assert off.rechecks == ["the trainer holds 0.01 GiB beside the engines, 0.00 GiB more than the 0.01 GiB "
-                            "they left it: now moves optimizer state too (keeps params, grads)"]
+    assert (off.keeps, off.moves, off.line) == (["params", "rest"], ["grads"], "keeps everything")
+    line = "the trainer holds 0.01 GiB beside the engines, 0.00 GiB more than the 0.01 GiB they left it: now moves"
+    assert off.rechecks == [f"{line} grads too (keeps params, optimizer state)"]
+    colo._recheck()  # (the reserved memory given stays over): the optimizer state goes as well
+    assert colo.moves == ("grads", "rest") and colo.rest.offloaded and not colo.params.offloaded
+    off = control.colocation_memory(2).offload
+    assert (off.keeps, off.moves) == (["params"], ["grads", "rest"])
+    assert off.rechecks[1:] == [f"{line} optimizer state too (keeps params)"]
     assert colo.times["mem/trainer_held_gib"] > colo.times["mem/trainer_room_gib"]

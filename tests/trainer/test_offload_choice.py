@@ -1,6 +1,6 @@
 """--colocate's choice of what the trainer moves off the GPU while the engines generate
-(rlslurm/trainer/offload_choice.py): by default the largest prefix of [params, grads, optimizer state]
-that fits beside the engines' weights, SGLang's reserve and a KV cache for a whole rollout; the user's
+(rlslurm/trainer/offload_choice.py): by default the cheapest moves (in PCIe copies) that fit beside the
+engines' weights, SGLang's reserve and a KV cache for a whole rollout; the user's
 --offload-train / --no-offload-train win; on CPU everything stays. The numbers are the shipped model
 configs' on an 80 GiB GPU."""
 
@@ -13,6 +13,7 @@ from rlslurm.settings.model_config import load_model_config
 from rlslurm.trainer.offload_choice import (
     GIB,
     SETS,
+    EnginesNeed,
     choose,
     decide,
     engines_need,
@@ -50,15 +51,16 @@ def test_the_bench_figures_are_what_the_state_formula_gives() -> None:
     assert [round(s[k] / GIB, 1) for k in SETS] == [3.2, 6.4, 19.2]
 
 
-def test_qwen3_1p7b_stays_resident_and_qwen3_4b_moves_its_optimizer_state_on_80_gib() -> None:
+def test_qwen3_1p7b_stays_resident_and_qwen3_4b_moves_what_it_must_on_80_gib() -> None:
     # the shipped one-node defaults (32 prompts x 8 samples, 8192-token responses), eight GPUs, each with
     # a trainer rank (1.7B: TP 1, DP 8; 4B: TP 2, DP 4) and a TP 1 engine
     shipped = _cfg(gpus=8, batch=32, samples=8, response=8192)
     small = _auto("qwen3-1.7B", _state("qwen3-1.7B", tp=1, dp=8), shipped)
     assert small.moves == () and small.keeps == SETS, small.line
     big = _auto("qwen3-4B", _state("qwen3-4B", tp=2, dp=4), shipped)
-    assert "rest" in big.moves and big.keeps == ("params", "grads"), big.line
-    assert big.describe().startswith("offload-train auto: keeps params, grads resident, moves optimizer state (")
+    # its 7.5 GiB of gradients make room enough, at no copy: its sharded optimizer state (5.6 GiB) stays
+    assert big.moves == ("grads",) and big.keeps == ("params", "rest"), big.line
+    assert big.describe().startswith("offload-train auto: keeps params, optimizer state resident, moves grads (")
     # the bench's shape (bench/results/colocate-offload-h200x4.md): 16 x 8 samples of 256 tokens, one GPU
     bench = _cfg(gpus=1, batch=16, samples=8, response=256)
     assert _auto("qwen3-1.7B", _state("qwen3-1.7B", tp=1, dp=1), bench).moves == ()
@@ -73,6 +75,26 @@ def test_a_tiny_model_always_stays() -> None:
         tiny = _auto("tiny-qwen3", _state("tiny-qwen3", tp=1, dp=1), _cfg(gpus=1, batch=32, samples=8,
                                                                               response=8192), total=total)
         assert tiny.moves == (), tiny.line
+
+
+def test_the_gradients_move_before_the_optimizer_state_where_they_make_room_enough() -> None:
+    """The gradients are scratch (dropped, zeroed, never copied): where moving them fits, the optimizer
+    state stays and no turn copies it. Engines' need invented, sized between what keeping everything
+    and keeping all but the gradients leave."""
+    s = _state("qwen3-1.7B", tp=1, dp=1)  # 3.2 / 6.4 / 19.2 GiB
+    usable, total = 79 * GIB, 80 * GIB
+    kept_all = sum(s.values())
+
+    def with_engines(need: int):
+        return decide(s, usable=usable, total=total, bucket=BUCKET, need=EnginesNeed(weights=0, reserve=need, kv=0))
+
+    roomy = with_engines(usable - kept_all - 3 * GIB)
+    assert roomy.moves == (), roomy.line
+    tight = with_engines(usable - kept_all - 3 * GIB + 4 * GIB)  # 1 GiB over with everything kept
+    assert tight.moves == ("grads",) and tight.keeps == ("params", "rest"), tight.line
+    assert tight.describe().startswith("offload-train auto: keeps params, optimizer state resident, moves grads (")
+    tighter = with_engines(usable - kept_all - 3 * GIB + 10 * GIB)  # the gradients' 6.4 GiB are not enough
+    assert tighter.moves == ("rest",), tighter.line
 
 
 def test_where_not_even_everything_moved_fits_everything_moves() -> None:
@@ -152,25 +174,39 @@ def test_the_margin_the_engines_leave_holds_the_moments_a_resident_optimizer_wil
     assert rank_margin(st, keeps_all, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total)
 
 
-def test_a_trainer_that_grew_past_its_room_moves_the_next_kept_sets_on_every_rank() -> None:
+def test_a_trainer_that_grew_past_its_room_moves_the_cheapest_sets_that_bring_every_rank_back() -> None:
     """The re-check at each turn's end (trainer/colocate.py `Colocation._recheck`): the engines left each
-    rank its held bytes at their start plus a margin; a rank holding more moves the next kept set (the
-    rest first, then the grads), as many as it takes, and every rank moves the union. Sizes invented:
-    a qwen3-1.7B rank's sets (3.2 / 6.4 / 19.2 GiB) and a room of 30 GiB."""
+    rank its held bytes at their start plus a margin; where a rank holds more, the cheapest moves that
+    bring every rank within its room (the gradients, no copy, before the optimizer state), the same on
+    every rank. Sizes: a qwen3-1.7B rank's sets (3.2 / 6.4 / 19.2 GiB) and a room of 30 GiB (invented)."""
     sizes = {"params": int(3.2 * GIB), "grads": int(6.4 * GIB), "rest": int(19.2 * GIB)}
     room = 30 * GIB
     fits = (int(28.8 * GIB), room, sizes)
     # within its room: nothing changes, nothing is said
     assert recheck((), [fits, fits]) == ((), "")
-    # one rank grew by 2 GiB (a second optimizer's state, say): the rest moves, on both ranks
+    # one rank grew by 1 GiB: the gradients make the room, on both ranks, and the optimizer state stays
     moves, line = recheck((), [fits, (int(31 * GIB), room, sizes)])
-    assert moves == ("rest",)
+    assert moves == ("grads",)
     assert "holds 31.00 GiB beside the engines, 1.00 GiB more than the 30.00 GiB they left it" in line
-    assert "now moves optimizer state too (keeps params, grads)" in line
-    # grown by more than the rest: the grads go too; the params stay (kept, they cost the engines nothing)
+    assert "now moves grads too (keeps params, optimizer state)" in line
+    # grown by more than the gradients: the optimizer state moves instead, and the gradients stay
+    assert recheck((), [(int(38 * GIB), room, sizes)])[0] == ("rest",)
+    # by more than either: both; the params stay (kept, they cost the engines nothing)
     assert recheck((), [(int(28.8 * GIB) + 25 * GIB, room, sizes)])[0] == ("grads", "rest")
     # already moving the rest: the next is the grads
     assert recheck(("rest",), [(int(12 * GIB), 10 * GIB, sizes)])[0] == ("grads", "rest")
     # nothing left to move: unchanged, and said
     moves, line = recheck(SETS, [(2 * GIB, GIB, sizes)])
     assert moves == SETS and "has nothing left to move" in line
+    # past every candidate: the params go too
+    assert recheck(("grads", "rest"), [(int(30 * GIB) + GIB, room, sizes)])[0] == SETS
+
+
+def test_the_recheck_of_the_lease_run_moves_the_gradients_not_the_optimizer_state() -> None:
+    """qwen3-1.7B colocated with every default on one H100 (bench/results/gpu-lease-2026-12-07c.md,
+    control/colocate_memory.json): after its first step the trainer held 30.83 GiB beside the engines,
+    0.39 GiB over the 30.43 GiB they left it. The optimizer state moved (0.48 + 0.43 s a turn, 11.7 % of
+    the iteration); the gradients, kept and scratch, make that room with no copy."""
+    sizes = {"params": int(3.205 * GIB), "grads": int(6.41 * GIB), "rest": int(19.229 * GIB)}
+    moves, line = recheck((), [(int(30.83 * GIB), int(30.43 * GIB), sizes)])
+    assert moves == ("grads",), line
