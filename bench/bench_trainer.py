@@ -160,6 +160,10 @@ def main() -> None:
                     "(slime's --recompute-granularity full --recompute-method uniform --recompute-num-layers 1)")
     ap.add_argument("--transformer-impl", choices=("local", "transformer_engine"), default="local",
                     help="the layers the trainer builds (docs/transformer-engine.md)")
+    ap.add_argument("--qkv-format", choices=("bshd", "thd"), default="bshd",
+                    help="thd: each micro-batch's samples packed (rlslurm's SDPA/flash-varlen core attention, "
+                         "without TE); bshd, the default: padded, megatron's own core attention. The plain "
+                         "reference runs the same model on the padded batch either way")
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
@@ -171,7 +175,8 @@ def main() -> None:
     st, vocab = bench_trainer(tiny=a.tiny, cpu=a.cpu, layers=a.layers, model=a.model,
                               megatron=RECOMPUTE if a.recompute else None,
                               train={"micro_batch_size": a.mbs, "global_batch_size": a.samples,
-                                     "tensor_model_parallel_size": a.tp, "transformer_impl": a.transformer_impl})
+                                     "tensor_model_parallel_size": a.tp, "transformer_impl": a.transformer_impl,
+                                     "qkv_format": a.qkv_format})
     build_s = time.perf_counter() - t0
     bf16 = st.cfg.train.bf16
     rollout = make_rollout(a.samples, a.seq, a.prompt, vocab)
@@ -228,7 +233,7 @@ def main() -> None:
         "model": "tiny-qwen3" if a.tiny else (f"{a.model} config, random init" if a.model
                                                else f"qwen3-1.7B shape, {a.layers} layers, random init"),
         "tp": a.tp, "ranks": int(os.environ["WORLD_SIZE"]), "recompute": a.recompute,
-        "transformer_impl": a.transformer_impl,
+        "transformer_impl": a.transformer_impl, "qkv_format": a.qkv_format,
         "params": sum(p.numel() for p in st.actor.model.parameters()),
         "batch": {"samples": a.samples, "seq": a.seq, "prompt": a.prompt, "micro_batch_size": a.mbs, "tokens": tokens},
         "dtype": "bf16" if bf16 else "fp32", "gpu": gpu, "torch": torch.__version__,
