@@ -152,7 +152,7 @@ def main() -> None:
         "publish_bytes": nbytes, "run_wall_s": round(wall, 1), "transport": a.transport,
         "bucket_bytes": a.bucket_bytes, "gpus": a.gpus, "trainer_tp": a.tp, "engine_tp": a.engine_tp,
         "offload_train": bool(moved), "trainer_moves": moved, "offload_setting": offload.get("setting"),
-        "offload_rechecks": offload.get("rechecks", []),
+        "offload_rechecks": offload.get("rechecks", []), "rest_kept_gib": offload.get("rest_kept_gib", 0.0),
     }
     if a.transport == "ipc":
         res["engine_in_place_copy"] = engine_copies(run_dir)

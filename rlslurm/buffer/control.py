@@ -149,7 +149,8 @@ class OffloadRecord(_Record):
     """--colocate: which of the trainer's tensor sets leave the GPU while the engines generate, and why
     (trainer/offload_choice.py). `setting`: auto, --offload-train or --no-offload-train; `auto_keeps`:
     what auto keeps (None on CPU: no GPU memory to decide on); `terms_gib`: the rule's terms; `rechecks`:
-    what auto moved since, and why (trainer/offload_choice.py `recheck`); `keeps`/`moves` are the current ones."""
+    what auto moved since, and why (trainer/offload_choice.py `recheck`); `keeps`/`moves` and `rest_kept_gib` are
+    the current ones."""
     setting: str
     keeps: list[str]
     moves: list[str]
@@ -157,6 +158,7 @@ class OffloadRecord(_Record):
     terms_gib: dict[str, float] = Field(default_factory=dict)
     auto_keeps: list[str] | None = None
     rechecks: list[str] = Field(default_factory=list)
+    rest_kept_gib: float = 0.0  # of the rest, which moves: what stays on the GPU (auto: what fits)
 
 
 class ColocationMemory(_Record):

@@ -79,13 +79,14 @@ GONE_WAIT_S = 30.0  # how long a failed engine has to stop listening to count as
 # --- the phases ---------------------------------------------------------------------------------
 
 def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_bytes: int,
-                      trains_beside: bool, choice: Choice | None = None) -> int:
+                      trains_beside: bool, choice: Choice | None = None, rest_on_gpu: int = 0) -> int:
     """The trainer shares its GPUs with engines (--colocate, --shared-gpu) and has built its model (and,
     colocated, moved off the GPUs what `choice` moves): rank 0 records, per GPU, what the trainer may take
     beside engines that hold their whole share (engines/memory_share.py `trainer_margin`: its params
     unless they stay on the GPU anyway; `trains_beside`: it also trains while they generate,
     --shared-gpu), and the choice. The rollout nodes start their engines only then, so that each sizes
-    its share on what the trainer leaves. Collective; returns this rank's margin (0 on CPU)."""
+    its share on what the trainer leaves. `rest_on_gpu`: the bytes of the rest (trainer/tensor_sets.py) on
+    this rank's GPU now. Collective; returns this rank's margin (0 on CPU)."""
     from rlslurm.buffer.control import ColocationMemory, OffloadRecord
     from rlslurm.gpus import torch_device_uuid
 
@@ -93,7 +94,7 @@ def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_
     if st.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(st.device)
         mine = (torch_device_uuid(torch.cuda.current_device()) or "",
-                rank_margin(st, choice, bucket_bytes, total, trains_beside=trains_beside))
+                rank_margin(st, choice, bucket_bytes, total, trains_beside=trains_beside, rest_on_gpu=rest_on_gpu))
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if rank == 0:
@@ -103,19 +104,22 @@ def let_engines_start(st: Any, control: Any, *, attempt: int, rank: int, bucket_
         offload = None if choice is None else OffloadRecord(
             setting=choice.setting, keeps=list(choice.keeps), moves=list(choice.moves), line=choice.line,
             terms_gib={k: round(v, 3) for k, v in choice.terms_gib.items()},
-            auto_keeps=None if choice.auto_keeps is None else list(choice.auto_keeps))
+            auto_keeps=None if choice.auto_keeps is None else list(choice.auto_keeps),
+            rest_kept_gib=round(choice.keep_rest / 2**30, 3))
         control.write_colocation_memory(ColocationMemory(attempt=attempt, margins=margins, offload=offload))
         log.info("the trainer shares its GPUs with the engines: they may start now (the trainer's margin beside "
                  "them: %s)", ", ".join(f"{m / 2**30:.2f} GiB" for m in margins.values()))
     return mine[1]
 
 
-def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *, trains_beside: bool) -> int:
+def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *, trains_beside: bool,
+                rest_on_gpu: int = 0) -> int:
     """What this rank may take on its GPU beside the engines after they have sized their share on what is
     free now (engines/memory_share.py `trainer_margin`): its params unless they stay resident anyway, and
     what its state on the GPU has yet to grow by while the engines hold their share: Adam's moments, made
     at the first step, where the optimizer state stays (offload_choice.pending_optimizer_bytes; none
-    when it was loaded from a checkpoint; moved, the moments leave with it: `Colocation.to_engines_for_weights`).
+    when it was loaded from a checkpoint; moved, the moments leave with it: `Colocation.to_engines_for_weights`;
+    moved but for `choice.keep_rest`, those of them that fit in what of it is not on the GPU yet, `rest_on_gpu`).
     Without them, a trainer that keeps its optimizer state took them out of the engines' share at its
     first step, and the engines' resume after it ran out of memory (qwen3-1.7B on one H100: 12.8 GiB;
     bench/results/gpu-lease-2026-12-07.md)."""
@@ -124,7 +128,9 @@ def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *
 
     keeps = SETS if choice is None else choice.keeps
     params = 0 if "params" in keeps else sum(p.numel() * p.element_size() for p in st.actor.model.parameters())
-    pending = pending_optimizer_bytes(st, st.device) if "rest" in keeps else 0
+    pending = pending_optimizer_bytes(st, st.device)
+    if "rest" not in keeps:
+        pending = min(pending, max(0, (choice.keep_rest if choice is not None else 0) - rest_on_gpu))
     return trainer_margin(params, bucket_bytes, total, trains_beside=trains_beside) + pending
 
 
@@ -281,15 +287,15 @@ class Colocation:
         self.times["mem/trainer_held_gib"] = held / 2**30
         self.times["mem/trainer_room_gib"] = self._room / 2**30
         every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, (held, self._room, {s: self.sets[s].nbytes for s in SETS}))
-        moves, line = recheck(self.moves, every)
+        dist.all_gather_object(every, (held, self._room, {s: self.sets[s].device_nbytes for s in SETS}))
+        moves, keep, line = recheck(self.moves, self.rest.keep, every)
         if line and self.rank == 0:
             log.warning("colocate: offload-train auto, re-checked: %s", line)
-        if moves == self.moves:
+        if moves == self.moves and keep == self.rest.keep:
             return
-        newly = tuple(self.sets[s] for s in moves if s not in self.moves)
-        self.moves = moves
-        self._move(offload=tuple(s for s in newly if s is not self.params))
+        self.moves, self.rest.keep = moves, keep
+        # the params leave after the publish (`to_engines`); a rest that moved already sheds what no longer stays
+        self._move(offload=tuple(self.sets[s] for s in moves if s != "params"))
         if self.rank == 0:
             self._record_recheck(line)
 
@@ -299,16 +305,24 @@ class Colocation:
             return
         off = rec.offload.model_copy(update={
             "moves": list(self.moves), "keeps": [s for s in SETS if s not in self.moves],
-            "rechecks": [*rec.offload.rechecks, line]})
+            "rest_kept_gib": round(self.rest.keep / 2**30, 3), "rechecks": [*rec.offload.rechecks, line]})
         self.control.write_colocation_memory(rec.model_copy(update={"offload": off, "updated_at": time.time()}))
 
     def offload_all(self) -> None:
         """At start-up, before the engines start (`let_engines_start`)."""
+        self._move(offload=(self.rest, self.grads, self.params))
+
+        def fate(s: str) -> str:
+            if s not in self.moves:
+                return "stay"
+            if s == "rest" and self.rest.keep:  # partly: what fits beside the engines stays
+                return (f"move but {self.rest.device_nbytes / 2**30:.2f} GiB (up to {self.rest.keep / 2**30:.2f} "
+                        "GiB with the moments the first step makes)")
+            return "move"
         log.info("colocate: %s", "; ".join(
-            f"{self.sets[s].nbytes / 2**30:.2f} GiB of {what} {'move' if s in self.moves else 'stay'}"
+            f"{self.sets[s].nbytes / 2**30:.2f} GiB of {what} {fate(s)}"
             for s, what in (("params", "params"), ("grads", "gradients (dropped, not copied)"),
                             ("rest", f"other trainer state ({LABELS['rest']}, ref, critic)"))))
-        self._move(offload=(self.rest, self.grads, self.params))
 
     def to_trainer(self, version: int) -> None:
         """Rollout `version - 1` is committed: the engines give their memory up, the trainer takes it."""
@@ -381,7 +395,9 @@ class Colocation:
                  "grads": self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest))}
         new = sum(n for s, n in added.items() if s in self.moves)
         if new:
-            log.info("colocate: %.2f GiB of trainer state made since the last move now moves too", new / 2**30)
+            log.info("colocate: %.2f GiB of trainer state made since the last move now moves too%s", new / 2**30,
+                     f" (but what fits in the {self.rest.keep / 2**30:.2f} GiB of the rest that stay)"
+                     if "rest" in self.moves and self.rest.keep else "")
         self._move(offload=(self.rest, self.grads))
         self._recheck()
         t1 = time.perf_counter()
@@ -408,8 +424,7 @@ class Colocation:
         self.times["time/engines_resume"] = self.times.get("time/engines_resume", 0.0) + time.perf_counter() - t1
         self._gpu_used("engines_resumed")
         if self.cuda:  # what stayed beside the engines (trainer/offload_choice.py)
-            self.times["mem/trainer_resident_gib"] = sum(
-                self.sets[s].nbytes for s in SETS if s not in self.moves) / 2**30
+            self.times["mem/trainer_resident_gib"] = sum(self.sets[s].device_nbytes for s in SETS) / 2**30
 
     def release_for_save(self) -> None:
         """The job ends (a preempt, TERM or stop) and the trainer must onload everything to save: between

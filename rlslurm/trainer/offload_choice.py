@@ -11,7 +11,8 @@ the trainer takes the first of CANDIDATES, the cheapest in copies first, for whi
 
     resident + margin + engines' need <= usable
 
-and where not even the last fits, every set moves (--offload-train).
+and where not even the last fits, every set moves (--offload-train). Where the rest moves, what of it fits
+stays (`Choice.keep_rest`): only the remainder is copied each turn.
 
 - resident: the kept sets' bytes on the GPU, the largest over the ranks. The rest counts Adam's
   moments, which the optimizer makes only at its first step (`pending_optimizer_bytes`).
@@ -47,9 +48,11 @@ SETS = ("params", "grads", "rest")
 # What auto may move, cheapest first: by the bytes a turn copies over PCIe, then by what leaves the GPU.
 # The gradients cost no copy (scratch: a qwen3-1.7B run moved 19.2 GiB of optimizer state, 0.9 s a turn,
 # to make 0.39 GiB of room its 6.4 GiB of gradients would have made for free; bench/results/
-# gpu-lease-2026-12-07c.md). The params never move alone: kept, they are off the engines' share already,
-# and moved, the margin holds them for a publish to a restarted engine (`trainer_margin`): no room is made.
-CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("grads",), ("rest",), ("grads", "rest"))
+# gpu-lease-2026-12-07c.md). The rest moves with them, and only as much of it as does not fit
+# (`Choice.keep_rest`): it is copied both ways. The params never move alone: kept, they are off the
+# engines' share already, and moved, the margin holds them for a publish to a restarted engine
+# (`trainer_margin`): no room is made.
+CANDIDATES: tuple[tuple[str, ...], ...] = ((), ("grads",), ("grads", "rest"))
 LABELS = {"params": "params", "grads": "grads", "rest": "optimizer state"}
 # SGLang's default reserve (1 - its --mem-fraction-static) x the GPU: 512 MiB + 1.5 x its chunked prefill
 # size + 2 x its decode CUDA-graph batch size, about 13 GiB on an 80 GB H100 and a 141 GB H200 alike
@@ -85,6 +88,7 @@ class Choice:
     line: str
     terms_gib: dict[str, float] = field(default_factory=dict)
     auto_keeps: tuple[str, ...] | None = None  # what auto keeps (None: no GPU memory to decide on)
+    keep_rest: int = 0  # bytes of the rest that stay on the GPU though it moves (auto: what fits; 0: none)
 
     @property
     def keeps(self) -> tuple[str, ...]:
@@ -135,9 +139,13 @@ def decide(state: dict[str, int], *, usable: int, total: int, need: EnginesNeed,
         if resident + margin + need.total <= usable:
             break
     # where not even every set moved fits, every set moves all the same (as --offload-train); the line says so
+    keep_rest = 0
+    if moved == ("grads", "rest"):  # what of the rest fits stays: only the remainder is copied
+        keep_rest = max(0, min(state["rest"], usable - resident - margin - need.total))
+        resident += keep_rest
     terms = {**{f"trainer_{s}": state[s] / GIB for s in SETS}, "engine_weights": need.weights / GIB,
              "sglang_reserve": need.reserve / GIB, "kv_target": need.kv / GIB, "margin": margin / GIB,
-             "usable": usable / GIB, "total": total / GIB}
+             "usable": usable / GIB, "total": total / GIB, "rest_kept": keep_rest / GIB}
     moves = tuple(s for s in SETS if s not in kept)
     fits = "<=" if resident + margin + need.total <= usable else "> (does not fit even so)"
     why = (f"trainer {' + '.join(f'{LABELS[s]} {state[s] / GIB:.2f}' for s in SETS)} GiB; engines "
@@ -146,8 +154,12 @@ def decide(state: dict[str, int], *, usable: int, total: int, need: EnginesNeed,
            f"{need.kv_per_token / 1024:.1f} KiB); margin {margin / GIB:.2f} GiB; kept {resident / GIB:.2f} + margin + "
            f"engines = {(resident + margin + need.total) / GIB:.2f} {fits} {usable / GIB:.2f} GiB usable of "
            f"{total / GIB:.2f}")
-    return Choice("auto", moves, f"keeps {_names(kept)} resident, moves {_names(moves)} ({why})", terms,
-                  auto_keeps=kept)
+    if keep_rest:
+        what = (f"keeps {_names(kept)} and {keep_rest / GIB:.2f} GiB of the optimizer state resident, moves "
+                f"{_names(s for s in moves if s != 'rest')} and its other {(state['rest'] - keep_rest) / GIB:.2f} GiB")
+    else:
+        what = f"keeps {_names(kept)} resident, moves {_names(moves)}"
+    return Choice("auto", moves, f"{what} ({why})", terms, auto_keeps=kept, keep_rest=keep_rest)
 
 
 def choose(setting: bool | None, state: dict[str, int], auto: Choice | None) -> Choice:
@@ -205,31 +217,41 @@ def for_run(setting: bool | None, cfg: Any, st: Any, sets: dict[str, Any], bucke
     return choose(setting, state, auto)
 
 
-def recheck(moves: tuple[str, ...], ranks: list[tuple[int, int, dict[str, int]]]) -> tuple[tuple[str, ...], str]:
+def recheck(moves: tuple[str, ...], keep_rest: int,
+            ranks: list[tuple[int, int, dict[str, int]]]) -> tuple[tuple[str, ...], int, str]:
     """Auto, at the end of every turn, before the engines resume (trainer/colocate.py `Colocation._recheck`):
     the engines sized their share on what the trainer held when they started, and left it a margin beside
     that (`room`). What it keeps can grow past that since: state made after the decision that the pending
     moments did not foresee (a ref or critic's, a second optimizer's), or blocks the allocator cannot give
     back. Then the engines' resume runs out of memory. So per rank (`held`: the trainer's GPU memory with
-    the moving sets off it, `room`, and the kept sets' bytes), where one holds more than its room the
-    trainer moves more: the first of CANDIDATES that includes what it moves and brings every rank within
-    its room, else every set. Every rank gets the same. Returns the moves and a line saying what changed
-    ("" when nothing did)."""
+    the moving sets off it, `room`, and each set's bytes on the GPU now), where one holds more than its room
+    the trainer moves more, the cheapest first as in CANDIDATES: the gradients where they make the room on
+    every rank; else them and as much more of the rest as the rank short of the most needs (`keep_rest`
+    shrinks); else every set. Every rank gets the same. Returns the moves, the rest's bytes that stay, and a
+    line saying what changed ("" when nothing did)."""
     worst = None
     for held, room, _ in ranks:
         if held > room and (worst is None or held - room > worst[0]):
             worst = (held - room, held, room)
-    new = set(moves)
-    if worst is not None:
-        def fits(more: set[str]) -> bool:
-            return all(held - sum(sizes[s] for s in more - set(moves)) <= room for held, room, sizes in ranks)
-        new = next((set(c) for c in CANDIDATES if set(c) >= set(moves) and fits(set(c))), set(SETS))
+    if worst is None:
+        return moves, keep_rest, ""
+    new, keep = set(moves), keep_rest
+    if "grads" not in new and all(held - sizes["grads"] <= room for held, room, sizes in ranks):
+        new.add("grads")
+    elif "params" not in new:
+        short = [max(0, held - room - (0 if "grads" in new else sizes["grads"])) for held, room, sizes in ranks]
+        keep = min([sizes["rest"] - n for (_, _, sizes), n in zip(ranks, short)]
+                   + ([keep_rest] if "rest" in new else []))
+        new |= {"grads", "rest"}
+        if keep < 0:  # a rank short of more than all its rest: the params go too
+            new, keep = set(SETS), 0
     out = tuple(s for s in SETS if s in new)
-    if out == tuple(moves):
-        return out, "" if worst is None else (
-            f"the trainer holds {worst[1] / GIB:.2f} GiB beside the engines, {worst[0] / GIB:.2f} GiB more than "
-            f"the {worst[2] / GIB:.2f} GiB they left it, and has nothing left to move")
-    assert worst is not None
-    return out, (f"the trainer holds {worst[1] / GIB:.2f} GiB beside the engines, {worst[0] / GIB:.2f} GiB more "
-                 f"than the {worst[2] / GIB:.2f} GiB they left it: now moves "
-                 f"{_names(s for s in out if s not in moves)} too (keeps {_names(s for s in SETS if s not in out)})")
+    said = (f"the trainer holds {worst[1] / GIB:.2f} GiB beside the engines, {worst[0] / GIB:.2f} GiB more than "
+            f"the {worst[2] / GIB:.2f} GiB they left it")
+    if out == tuple(moves) and keep == keep_rest:
+        return out, keep, f"{said}, and has nothing left to move"
+    rest = LABELS["rest"] + (f" beyond {keep / GIB:.2f} GiB" if keep else "")
+    more = [rest if s == "rest" else LABELS[s] for s in out
+            if s not in moves or (s == "rest" and keep != keep_rest)]
+    kept = [LABELS[s] for s in SETS if s not in out] + ([f"{keep / GIB:.2f} GiB of {LABELS['rest']}"] if keep else [])
+    return out, keep, f"{said}: now moves {', '.join(more)} too (keeps {', '.join(kept) or 'nothing'})"

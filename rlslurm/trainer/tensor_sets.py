@@ -69,6 +69,7 @@ class _Stored:
     nbytes: int
     host: torch.Tensor | None = None  # kept across rollouts: pinning gigabytes anew each time is slow
     on_host: bool = False  # off the device (for a scratch set: dropped)
+    stays: bool = False  # on the device though its set moves: within the set's `keep`
 
 
 @dataclass
@@ -82,6 +83,9 @@ class TensorSet:
     stored: list[_Stored] = field(default_factory=list)
     scratch: bool = False
     pin: bool = True  # page-lock the host copies on a GPU (False: too little host memory, trainer/host_memory.py)
+    # bytes of the set that stay on the device though it moves (offload_choice: what of the optimizer state
+    # fits beside the engines): storages in order while they fit; the last to stay leave first when it shrinks
+    keep: int = 0
 
     @classmethod
     def of(cls, tensors: Iterable[torch.Tensor], device: torch.device, *, exclude: tuple["TensorSet", ...] = (),
@@ -109,13 +113,32 @@ class TensorSet:
         return sum(s.nbytes for s in self.stored)
 
     @property
+    def device_nbytes(self) -> int:
+        """The bytes of the set on the device now."""
+        return sum(s.nbytes for s in self.stored if not s.on_host)
+
+    @property
     def offloaded(self) -> bool:
         return any(s.on_host for s in self.stored)
 
+    def _mark_stays(self) -> None:
+        """Which storages stay within `keep`: those that stayed, in order, while they fit; then, in order,
+        others on the device (new ones: Adam's moments, made at the first step) in what is left. A storage on
+        the host does not become one that stays: it comes back at the next onload."""
+        kept = 0
+        for s in self.stored:
+            if s.stays:
+                s.stays = kept + s.nbytes <= self.keep
+                kept += s.nbytes if s.stays else 0
+        for s in self.stored:
+            if not s.stays and not s.on_host and kept + s.nbytes <= self.keep:
+                s.stays, kept = True, kept + s.nbytes
+
     def offload(self) -> int:
         pin = self.pin and self.device.type == "cuda"
+        self._mark_stays()
         for s in self.stored:
-            if s.on_host:
+            if s.on_host or s.stays:
                 continue
             if not self.scratch:
                 if s.host is None:

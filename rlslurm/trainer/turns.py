@@ -73,12 +73,12 @@ class ColocatedTurn:
                           pin_host=t.pin_host)
         # what moves: the user's flag, else what fits beside the engines (trainer/offload_choice.py)
         choice = offload_choice.for_run(t.cfg.run.offload_train, t.cfg, t.st, colo.sets, t.plan.bucket_bytes)
-        colo.moves = choice.moves
+        colo.moves, colo.rest.keep = choice.moves, choice.keep_rest
         if t.rank == 0:
             log.info("colocate: %s", choice.describe())
         colo.offload_all()
         margin = let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
-                                   trains_beside=False, choice=choice)
+                                   trains_beside=False, choice=choice, rest_on_gpu=colo.rest.device_nbytes)
         colo.watch_growth(choice.setting, margin, t.attempt)
         return cls(t, colo)
 

@@ -76,6 +76,34 @@ def test_state_made_after_the_sets_moves_once_added() -> None:
         assert torch.equal(p, q)  # the moments came back exact: the next step is the same
 
 
+def test_a_rest_that_moves_in_part_keeps_what_fits_in_order_and_the_step_is_the_same() -> None:
+    """offload-train auto moves of the rest (optimizer state) only what does not fit beside the engines
+    (`TensorSet.keep`): its storages stay in order while they fit, Adam's moments made after the decision
+    included; a smaller keep (the re-check) moves the last that stayed; onloaded, the next step is the same."""
+    st = _state()
+    dev = torch.device("cpu")
+    params, grads, rest = trainer_tensor_sets(st, dev)
+    _step(st)  # the moments appear after the decision, as at the first step
+    rest.add(other_tensors(st), exclude=(params, grads))
+    twin = _copy(st)
+    sizes = [s.nbytes for s in rest.stored]
+    assert len(sizes) >= 4
+    rest.keep = sizes[0] + sizes[1] + sizes[2] - 1  # the first two fit, the third does not
+    rest.offload()
+    on = [s.storage.nbytes() > 0 for s in rest.stored]
+    assert on[:3] == [True, True, False] and rest.device_nbytes == sum(n for n, o in zip(sizes, on) if o)
+    assert rest.device_nbytes <= rest.keep
+    rest.keep = sizes[0] + sizes[1] - 1  # shrunk: the second goes too, the first stays
+    rest.offload()
+    assert [s.storage.nbytes() > 0 for s in rest.stored][:2] == [True, False]
+    rest.onload()
+    assert rest.device_nbytes == rest.nbytes
+    _step(st)
+    _step(twin)
+    for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
+        assert torch.equal(p, q)
+
+
 def test_gradients_are_dropped_not_copied_and_the_next_step_is_the_same() -> None:
     st = _state()
     params, grads, rest = trainer_tensor_sets(st, torch.device("cpu"))
@@ -163,7 +191,8 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(t
     """offload-train auto's re-check at a turn's end (trainer/colocate.py `Colocation._recheck`), on CPU with
     the GPU's reserved memory given: a trainer that kept everything and now holds 16 bytes more than the room
     the engines left it drops its gradients (no copy) before they resume; still over at the next turn's end,
-    it moves its optimizer state too; control/colocate_memory.json says what it moves and why each time.
+    it moves as much of its optimizer state as it is over; control/colocate_memory.json says what it moves
+    and why each time.
     Within its room, nothing moves."""
     from rlslurm.buffer.control import ColocationMemory, Control, OffloadRecord
     from rlslurm.trainer import colocate
@@ -194,9 +223,12 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(t
     assert (off.keeps, off.moves, off.line) == (["params", "rest"], ["grads"], "keeps everything")
     line = "the trainer holds 0.01 GiB beside the engines, 0.00 GiB more than the 0.01 GiB they left it: now moves"
     assert off.rechecks == [f"{line} grads too (keeps params, optimizer state)"]
-    colo._recheck()  # (the reserved memory given stays over): the optimizer state goes as well
-    assert colo.moves == ("grads", "rest") and colo.rest.offloaded and not colo.params.offloaded
+    rest = colo.rest.nbytes
+    colo._recheck()  # (the reserved memory given stays 16 bytes over): that much of the optimizer state goes too
+    assert colo.moves == ("grads", "rest") and colo.rest.keep == rest - 16 and not colo.params.offloaded
+    assert colo.rest.offloaded and 0 < colo.rest.device_nbytes <= rest - 16  # the last storages, not all
     off = control.colocation_memory(2).offload
-    assert (off.keeps, off.moves) == (["params"], ["grads", "rest"])
-    assert off.rechecks[1:] == [f"{line} optimizer state too (keeps params)"]
+    assert (off.keeps, off.moves, off.rest_kept_gib) == (["params"], ["grads", "rest"], round((rest - 16) / 2**30, 3))
+    assert off.rechecks[1:] == [f"{line} optimizer state beyond 0.00 GiB too (keeps params, 0.00 GiB of "
+                                "optimizer state)"]
     assert colo.times["mem/trainer_held_gib"] > colo.times["mem/trainer_room_gib"]

@@ -6,6 +6,7 @@ configs' on an 80 GiB GPU."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlslurm.settings.config import RunConfig
@@ -64,7 +65,13 @@ def test_qwen3_1p7b_stays_resident_and_qwen3_4b_moves_what_it_must_on_80_gib() -
     # the bench's shape (bench/results/colocate-offload-h200x4.md): 16 x 8 samples of 256 tokens, one GPU
     bench = _cfg(gpus=1, batch=16, samples=8, response=256)
     assert _auto("qwen3-1.7B", _state("qwen3-1.7B", tp=1, dp=1), bench).moves == ()
-    assert _auto("qwen3-4B", _state("qwen3-4B", tp=1, dp=1), bench).moves == ("rest",)
+    one = _auto("qwen3-4B", _state("qwen3-4B", tp=1, dp=1), bench)
+    # its gradients and as much of its 45 GiB of optimizer state as does not fit beside the engines
+    t = one.terms_gib
+    assert one.moves == ("grads", "rest") and 0 < one.keep_rest < _state("qwen3-4B", tp=1, dp=1)["rest"], one.line
+    assert one.keep_rest / GIB == pytest.approx(t["usable"] - t["trainer_params"] - t["margin"] - t["engine_weights"]
+                                                - t["sglang_reserve"] - t["kv_target"]) == pytest.approx(t["rest_kept"])
+    assert f"and {one.keep_rest / GIB:.2f} GiB of the optimizer state resident, moves grads and its other" in one.line
     # every term is in the record, in GiB
     assert big.terms_gib["kv_target"] == (32 * 9216 * kv_bytes_per_token(load_model_config("qwen3-4B").arch, 1, 2)
                                           / GIB)
@@ -93,8 +100,13 @@ def test_the_gradients_move_before_the_optimizer_state_where_they_make_room_enou
     tight = with_engines(usable - kept_all - 3 * GIB + 4 * GIB)  # 1 GiB over with everything kept
     assert tight.moves == ("grads",) and tight.keeps == ("params", "rest"), tight.line
     assert tight.describe().startswith("offload-train auto: keeps params, optimizer state resident, moves grads (")
-    tighter = with_engines(usable - kept_all - 3 * GIB + 10 * GIB)  # the gradients' 6.4 GiB are not enough
-    assert tighter.moves == ("rest",), tighter.line
+    # the gradients' 6.4 GiB are not enough (8.5 GiB short, the margin's 1.5 included): they go, and of the
+    # optimizer state only the 2.1 GiB still short
+    tighter = with_engines(usable - kept_all - 3 * GIB + 10 * GIB)
+    assert tighter.moves == ("grads", "rest") and tighter.keeps == ("params",), tighter.line
+    short = kept_all + tighter.terms_gib["margin"] * GIB + tighter.terms_gib["sglang_reserve"] * GIB - usable
+    assert short / GIB == pytest.approx(8.5, abs=0.01)
+    assert tighter.keep_rest == pytest.approx(s["rest"] - (short - s["grads"]), abs=1)
 
 
 def test_where_not_even_everything_moved_fits_everything_moves() -> None:
@@ -169,6 +181,14 @@ def test_the_margin_the_engines_leave_holds_the_moments_a_resident_optimizer_wil
     assert rank_margin(st, keeps_all, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total) + moments
     assert rank_margin(st, moves_rest, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total)
     assert rank_margin(st, moves_all, BUCKET, total, trains_beside=False) == trainer_margin(params, BUCKET, total)
+    # the rest moves but for what fits (`keep_rest`), 100 bytes of it on the GPU already: of the moments to
+    # come, those that fit in what is left of it stay, and only those
+    part = Choice("auto", ("grads", "rest"), "moves part of the optimizer state", auto_keeps=("params",),
+                  keep_rest=100 + moments // 4)
+    assert rank_margin(st, part, BUCKET, total, trains_beside=False, rest_on_gpu=100) == (
+        trainer_margin(0, BUCKET, total) + moments // 4)
+    full = rank_margin(st, part, BUCKET, total, trains_beside=False, rest_on_gpu=10**9)
+    assert full == trainer_margin(0, BUCKET, total)
     model(torch.ones(2, 64)).sum().backward()
     opt.step()  # made: on the GPU already when the engines start (a resumed optimizer too)
     assert rank_margin(st, keeps_all, BUCKET, total, trains_beside=False) == trainer_margin(0, BUCKET, total)
@@ -177,29 +197,32 @@ def test_the_margin_the_engines_leave_holds_the_moments_a_resident_optimizer_wil
 def test_a_trainer_that_grew_past_its_room_moves_the_cheapest_sets_that_bring_every_rank_back() -> None:
     """The re-check at each turn's end (trainer/colocate.py `Colocation._recheck`): the engines left each
     rank its held bytes at their start plus a margin; where a rank holds more, the cheapest moves that
-    bring every rank within its room (the gradients, no copy, before the optimizer state), the same on
-    every rank. Sizes: a qwen3-1.7B rank's sets (3.2 / 6.4 / 19.2 GiB) and a room of 30 GiB (invented)."""
+    bring every rank within its room (the gradients, no copy; then as much of the optimizer state as the
+    rank short of the most needs), the same on every rank. Sizes: a qwen3-1.7B rank's sets on the GPU
+    (3.2 / 6.4 / 19.2 GiB) and a room of 30 GiB (invented)."""
     sizes = {"params": int(3.2 * GIB), "grads": int(6.4 * GIB), "rest": int(19.2 * GIB)}
     room = 30 * GIB
     fits = (int(28.8 * GIB), room, sizes)
     # within its room: nothing changes, nothing is said
-    assert recheck((), [fits, fits]) == ((), "")
+    assert recheck((), 0, [fits, fits]) == ((), 0, "")
     # one rank grew by 1 GiB: the gradients make the room, on both ranks, and the optimizer state stays
-    moves, line = recheck((), [fits, (int(31 * GIB), room, sizes)])
-    assert moves == ("grads",)
+    moves, keep, line = recheck((), 0, [fits, (int(31 * GIB), room, sizes)])
+    assert (moves, keep) == (("grads",), 0)
     assert "holds 31.00 GiB beside the engines, 1.00 GiB more than the 30.00 GiB they left it" in line
     assert "now moves grads too (keeps params, optimizer state)" in line
-    # grown by more than the gradients: the optimizer state moves instead, and the gradients stay
-    assert recheck((), [(int(38 * GIB), room, sizes)])[0] == ("rest",)
-    # by more than either: both; the params stay (kept, they cost the engines nothing)
-    assert recheck((), [(int(28.8 * GIB) + 25 * GIB, room, sizes)])[0] == ("grads", "rest")
-    # already moving the rest: the next is the grads
-    assert recheck(("rest",), [(int(12 * GIB), 10 * GIB, sizes)])[0] == ("grads", "rest")
+    # by 8 GiB: the gradients and the 1.6 GiB of optimizer state they leave short; the rest of it stays
+    moves, keep, line = recheck((), 0, [fits, (int(38 * GIB), room, sizes)])
+    assert moves == ("grads", "rest") and keep == sizes["rest"] - (8 * GIB - sizes["grads"])
+    assert line.endswith(f"now moves grads, optimizer state beyond {keep / GIB:.2f} GiB too "
+                         f"(keeps params, {keep / GIB:.2f} GiB of optimizer state)")
+    # moving part of it already (17.6 GiB stay, all on the GPU) and 1 GiB over again: 1 GiB less stays
+    part = {**sizes, "grads": 0, "rest": keep}
+    assert recheck(moves, keep, [(31 * GIB, room, part)])[:2] == (moves, keep - GIB)
+    # by more than the gradients and all the rest: the params go too
+    assert recheck((), 0, [(int(28.8 * GIB) + 27 * GIB, room, sizes)])[:2] == (SETS, 0)
     # nothing left to move: unchanged, and said
-    moves, line = recheck(SETS, [(2 * GIB, GIB, sizes)])
+    moves, keep, line = recheck(SETS, 0, [(2 * GIB, GIB, sizes)])
     assert moves == SETS and "has nothing left to move" in line
-    # past every candidate: the params go too
-    assert recheck(("grads", "rest"), [(int(30 * GIB) + GIB, room, sizes)])[0] == SETS
 
 
 def test_the_recheck_of_the_lease_run_moves_the_gradients_not_the_optimizer_state() -> None:
@@ -208,5 +231,7 @@ def test_the_recheck_of_the_lease_run_moves_the_gradients_not_the_optimizer_stat
     0.39 GiB over the 30.43 GiB they left it. The optimizer state moved (0.48 + 0.43 s a turn, 11.7 % of
     the iteration); the gradients, kept and scratch, make that room with no copy."""
     sizes = {"params": int(3.205 * GIB), "grads": int(6.41 * GIB), "rest": int(19.229 * GIB)}
-    moves, line = recheck((), [(int(30.83 * GIB), int(30.43 * GIB), sizes)])
-    assert moves == ("grads",), line
+    moves, keep, line = recheck((), 0, [(int(30.83 * GIB), int(30.43 * GIB), sizes)])
+    assert (moves, keep) == (("grads",), 0), line
+
+
