@@ -129,8 +129,8 @@ def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *
     keeps = SETS if choice is None else choice.keeps
     params = 0 if "params" in keeps else sum(p.numel() * p.element_size() for p in st.actor.model.parameters())
     pending = pending_optimizer_bytes(st, st.device)
-    if "rest" not in keeps:
-        pending = min(pending, max(0, (choice.keep_rest if choice is not None else 0) - rest_on_gpu))
+    if choice is not None and "rest" in choice.moves:  # of those, only what fits in what of the rest stays
+        pending = min(pending, max(0, choice.keep_rest - rest_on_gpu))
     return trainer_margin(params, bucket_bytes, total, trains_beside=trains_beside) + pending
 
 
