@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--engine-tp", type=int, default=1, help="--rollout-num-gpus-per-engine")
     ap.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=None,
                     help="--offload-train / --no-offload-train (default: rlslurm's)")
+    ap.add_argument("--transformer-impl", choices=("local", "transformer_engine"), default=None,
+                    help="the trainer's --transformer-impl (default: rlslurm's, local)")
     ap.add_argument("--bucket-bytes", type=int, default=None, help="--update-weight-buffer-size (default: rlslurm's)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/rlslurm-colocate-bench"))
     ap.add_argument("--out", type=Path, default=None)
@@ -122,6 +124,7 @@ def main() -> None:
              ["--device", "cuda", "--gpus-per-node", str(a.gpus), *run_flags(),
               *mem_flags(a.mem_fraction, "--sglang-")]),
            "--tensor-model-parallel-size", str(a.tp), "--rollout-num-gpus-per-engine", str(a.engine_tp),
+           *([] if a.transformer_impl is None else ["--transformer-impl", a.transformer_impl]),
            *([] if a.offload_train is None else ["--offload-train" if a.offload_train else "--no-offload-train"])]
     wall = run_logged(cmd, a.work / "run.log")
     gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)  # after the run: no CUDA context of ours in it
@@ -150,7 +153,8 @@ def main() -> None:
         "mem_gib": {k.split("/", 1)[1]: round(med([m[k] for m in steady if k in m]), 2)
                     for k in sorted({k for m in steady for k in m if k.startswith("mem/")})},
         "publish_bytes": nbytes, "run_wall_s": round(wall, 1), "transport": a.transport,
-        "bucket_bytes": a.bucket_bytes, "gpus": a.gpus, "trainer_tp": a.tp, "engine_tp": a.engine_tp,
+        "bucket_bytes": a.bucket_bytes,
+        "transformer_impl": a.transformer_impl or "local", "gpus": a.gpus, "trainer_tp": a.tp, "engine_tp": a.engine_tp,
         "offload_train": bool(moved), "trainer_moves": moved, "offload_setting": offload.get("setting"),
         "offload_rechecks": offload.get("rechecks", []), "rest_kept_gib": offload.get("rest_kept_gib", 0.0),
     }

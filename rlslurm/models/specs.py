@@ -32,6 +32,17 @@ def uses_te(tcfg) -> bool:
     return getattr(tcfg, "transformer_impl", LOCAL) == TE
 
 
+def built_layers(model: torch.nn.Module) -> str:
+    """The classes the first attention layer was built of, as `name=Class` pairs (the trainer's log: which
+    --transformer-impl actually ran, e.g. linear_qkv=TELayerNormColumnParallelLinear under transformer-engine)."""
+    for m in model.modules():
+        attn = getattr(m, "self_attention", None)
+        if isinstance(attn, torch.nn.Module):
+            parts = [f"{n}={type(c).__name__}" for n, c in attn.named_children()
+                     if n.startswith("linear_") or n == "core_attention"]
+            return ", ".join(parts) or type(attn).__name__
+    return "no attention layer"
+
 
 class TorchNorm:
     """megatron's local norm (torch RMSNorm/LayerNorm) without its sequence-parallel refusal.

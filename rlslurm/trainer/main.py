@@ -160,7 +160,10 @@ class Trainer:
         # a deterministic failure here ends the job once, as a user error (trainer/build_errors.py)
         with final_if_deterministic(f"building {cfg.model.model} and loading its weights"):
             self.st = st = build_trainer(cfg, self.world)
-        log.info("models built; resuming from the latest checkpoint if any")
+        from rlslurm.models.specs import built_layers
+
+        log.info("models built, --transformer-impl %s (%s); resuming from the latest checkpoint if any",
+                 cfg.train.transformer_impl, built_layers(st.actor.model))
         with final_if_deterministic(f"loading the checkpoint of {rd.checkpoints_dir}"):
             progress, ckpt = checkpoint.resume(st, rd.checkpoints_dir)
         self.progress = progress  # the same object the loop advances

@@ -144,6 +144,18 @@ def test_the_trainer_logs_one_line_per_step_from_its_metrics_record(straight: Pa
     assert all(" | tok/s train " in l and ", iteration " in l for l in lines)
 
 
+def test_the_trainer_names_the_layers_it_built(straight: Path) -> None:
+    """Which --transformer-impl ran is read from the model, not the flag: the first attention layer's
+    classes (megatron-core's local ones here; transformer-engine's are named TE*: tests/gpu/test_colocate_te.py)."""
+    import re
+
+    log = (straight.parent / "trainer.log").read_text()
+    [built] = re.findall(r"\[trainer 0\] .* models built, --transformer-impl local \(([^)]*)\)", log)
+    pairs = dict(p.split("=") for p in built.split(", "))
+    assert {"linear_qkv", "linear_proj", "core_attention"} <= pairs.keys(), built
+    assert not any(c.startswith("TE") for c in pairs.values()), built
+
+
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_kill_and_resume_is_bit_exact(optimizer: str, request: pytest.FixtureRequest, tmp_path: Path,
                                       tiny_hf: Path) -> None:
