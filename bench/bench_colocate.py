@@ -5,7 +5,8 @@ The trainer (megatron-core, bf16, one rank per GPU, --tp) and real SGLang engine
 config (qwen3-1.7B by default), the demo prompts and reward (token ids only, as in bench_grpo_iteration.py). Per rollout
 the colocation adds
 
-    engines release -> trainer onload -> [train] -> offload -> engines resume -> publish -> resume
+    engines release -> trainer onload (the optimizer state beside the first fwd/bwd) -> [train] -> offload
+    -> engines resume -> publish -> resume
 
 The publish goes by --transport: `ipc` (the default with --colocate: each bucket read in place by the
 engine on the same GPU, trainer/weights/ipc.py) or `broadcast` (gloo through host memory).
@@ -40,7 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.gpu.bundle_flags import mem_flags, run_flags  # noqa: E402
 
-PHASES = ("time/engines_release", "time/onload", "time/offload", "time/engines_resume")
+# time/onload_wait: what the first optimizer step waited for the optimizer state's copy back, which runs
+# beside the turn's first forward/backward (trainer/colocate.py to_trainer)
+PHASES = ("time/engines_release", "time/onload", "time/onload_wait", "time/offload", "time/engines_resume")
 
 
 def med(xs: list[float]) -> float:
@@ -140,7 +143,8 @@ def main() -> None:
     last_line = {m["rollout_id"]: m["time"] for m in lines}
     iters = [last_line[r] - last_line[r - 1] for r in sorted(last_line) if r >= 1 and r - 1 in last_line]
     iteration = med(iters)
-    phases = {k.split("/")[1]: med([m[k] for m in steady]) for k in (*PHASES, "time/publish", "time/actor_step")}
+    phases = {k.split("/")[1]: med([m.get(k, 0.0) for m in steady])
+              for k in (*PHASES, "time/publish", "time/actor_step")}
     overhead = round(sum(phases[k.split("/")[1]] for k in PHASES), 4)
     res: dict = {
         "bench": "colocate_rlslurm_run",

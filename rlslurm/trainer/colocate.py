@@ -63,7 +63,15 @@ import torch
 import torch.distributed as dist
 
 from rlslurm.trainer.offload_choice import LABELS, SETS, Choice, recheck
-from rlslurm.trainer.tensor_sets import TensorSet, grad_tensors, other_tensors, trainer_tensor_sets, warm_process_groups
+from rlslurm.trainer.tensor_sets import (
+    LateCopy,
+    TensorSet,
+    grad_tensors,
+    optimizer_state,
+    other_tensors,
+    trainer_tensor_sets,
+    warm_process_groups,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +186,10 @@ class Colocation:
         self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
         self._keeper: _BracketKeeper | None = None
         self._room: int | None = None  # auto: what this rank may hold beside the engines (`watch_growth`)
+        self._late: LateCopy | None = None  # the optimizer state's copy back under way (`to_trainer`)
+        for tr in (st.actor, st.critic):
+            if tr is not None:
+                tr.before_step = self.finish_onload
         self._attempt = 0
 
     @property
@@ -349,8 +361,11 @@ class Colocation:
         t1 = time.perf_counter()
         self.times = {"time/engines_release": t1 - t0}
         self._gpu_used("released")
-        self._move(onload=(self.params, self.grads, self.rest))
+        # the optimizer state comes back beside the first forward/backward: the first optimizer step waits
+        # for it (`finish_onload`, trainer/step.py), and time/onload_wait is what that did not hide
+        self._move(onload=(self.params, self.grads, self.rest), defer_late=True)
         self.times["time/onload"] = time.perf_counter() - t1
+        self.times["time/onload_wait"] = 0.0
         self._gpu_used("onloaded")
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.params.device)
@@ -391,7 +406,8 @@ class Colocation:
         # Adam's moments are made at the optimizer's first step, after the sets were taken: left
         # behind, they would hold GPU memory through every generation (bench/results/colocate-h100.md).
         # Added to a set that stays too: its bytes are what it keeps on the GPU (mem/trainer_resident_gib).
-        added = {"rest": self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads)),
+        added = {"rest": self.rest.add(other_tensors(self.st), exclude=(self.params, self.grads),
+                                       late=optimizer_state(self.st)),
                  "grads": self.grads.add(grad_tensors(self.st), exclude=(self.params, self.rest))}
         new = sum(n for s, n in added.items() if s in self.moves)
         if new:
@@ -466,17 +482,33 @@ class Colocation:
         finally:
             self._move(offload=moved)
 
-    def _move(self, *, offload: tuple[TensorSet, ...] = (), onload: tuple[TensorSet, ...] = ()) -> None:
+    def finish_onload(self) -> None:
+        """Until the optimizer state's copy back (`to_trainer`) is done; what the host waited is added to
+        time/onload_wait. Before an optimizer step, a save, and any other move."""
+        if self._late is None:
+            return
+        t0 = time.perf_counter()
+        self._late.wait()
+        self._late = None
+        self.times["time/onload_wait"] = self.times.get("time/onload_wait", 0.0) + time.perf_counter() - t0
+
+    def _move(self, *, offload: tuple[TensorSet, ...] = (), onload: tuple[TensorSet, ...] = (),
+              defer_late: bool = False) -> None:
         """The moves of those of the sets that move (`moves`); after an offload the cache goes back to the
-        driver either way: the activations' blocks the trainer freed are the engines' room."""
+        driver either way: the activations' blocks the trainer freed are the engines' room. `defer_late`:
+        the storages marked late are copied back beside what follows (`finish_onload`)."""
+        self.finish_onload()
         for s in onload:
             if any(s is m for m in self._moving):
-                s.onload()
+                late = s.onload(defer_late=defer_late)
+                if late is not None:
+                    self._late = late
         for s in offload:
             if any(s is m for m in self._moving):
                 s.offload()
         if self.cuda:
-            torch.cuda.synchronize(self.params.device)
+            # this stream only: a LateCopy's own stream goes on beside what follows
+            torch.cuda.current_stream(self.params.device).synchronize()
             if offload:
                 torch.cuda.empty_cache()  # back to the driver: the engines are another process
 

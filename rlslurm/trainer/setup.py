@@ -15,7 +15,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -215,6 +215,9 @@ class Trained:
     model: Any            # megatron DistributedDataParallel
     optimizer: Any        # MegatronOptimizer
     scheduler: Any        # OptimizerParamScheduler
+    # what must finish before the optimizer steps: under --colocate, its state's copy back to the GPU
+    # (trainer/colocate.py finish_onload)
+    before_step: Callable[[], None] = lambda: None
 
     @property
     def inner(self) -> torch.nn.Module:

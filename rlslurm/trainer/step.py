@@ -276,6 +276,7 @@ def _optimizer_step(tr: Trained) -> tuple[float, bool]:
     from megatron.core.distributed import finalize_model_grads
 
     finalize_model_grads([tr.model])
+    tr.before_step()
     ok, grad_norm, _ = tr.optimizer.step()
     tr.scheduler.step(increment=1)
     return float(grad_norm) if grad_norm is not None else float("nan"), bool(ok)

@@ -70,6 +70,7 @@ class _Stored:
     host: torch.Tensor | None = None  # kept across rollouts: pinning gigabytes anew each time is slow
     on_host: bool = False  # off the device (for a scratch set: dropped)
     stays: bool = False  # on the device though its set moves: within the set's `keep`
+    late: bool = False  # needed only at an optimizer step: its copy back may run beside the forward/backward
 
 
 @dataclass
@@ -94,17 +95,20 @@ class TensorSet:
         out.add(tensors, exclude=exclude)
         return out
 
-    def add(self, tensors: Iterable[torch.Tensor], *, exclude: tuple["TensorSet", ...] = ()) -> int:
+    def add(self, tensors: Iterable[torch.Tensor], *, exclude: tuple["TensorSet", ...] = (),
+            late: Iterable[torch.Tensor] = ()) -> int:
         """The storages of `tensors` on the device not in this set (nor in `exclude`) yet; their bytes.
-        Identity is the storage itself (`_cdata`), which a move keeps, not its address, which it changes."""
+        Identity is the storage itself (`_cdata`), which a move keeps, not its address, which it changes.
+        Those also among `late` (optimizer state) are marked so: `onload(defer_late=True)` defers them."""
         seen = {s.storage._cdata for s in (*self.stored, *(x for e in exclude for x in e.stored))}
+        late_ids = {t.untyped_storage()._cdata for t in late}
         added = 0
         for t in tensors:
             st = t.untyped_storage()
             if t.device != self.device or st.nbytes() == 0 or st._cdata in seen:
                 continue
             seen.add(st._cdata)
-            self.stored.append(_Stored(st, st.nbytes()))
+            self.stored.append(_Stored(st, st.nbytes(), late=st._cdata in late_ids))
             added += st.nbytes()
         return added
 
@@ -148,15 +152,58 @@ class TensorSet:
             s.on_host = True
         return self.nbytes
 
-    def onload(self) -> int:
+    def onload(self, *, defer_late: bool = False) -> "LateCopy | None":
+        """Everything back on the device. With `defer_late`, the storages marked late are allocated now but
+        filled by the LateCopy returned (None when there are none): on a GPU on a side stream from now, on
+        a CPU at its `wait`. Their contents are valid only after `wait`."""
+        late: list[tuple[torch.Tensor, torch.Tensor]] = []
         for s in self.stored:
             if not s.on_host:
                 continue
             s.storage.resize_(s.nbytes)
             view = torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage)
-            view.zero_() if self.scratch else view.copy_(s.host)
+            if self.scratch:
+                view.zero_()
+            elif defer_late and s.late:
+                late.append((view, s.host))
+            else:
+                view.copy_(s.host)
             s.on_host = False
-        return self.nbytes
+        return LateCopy(self.device, late) if late else None
+
+
+class LateCopy:
+    """Host-to-device copies of storages already allocated, started beside whatever the caller does next
+    (the first forward/backward of a turn: the optimizer state is read only at the optimizer step).
+
+    On a GPU they run on a stream of their own; the storages were allocated on the current stream and
+    are freed only after `wait` (every move waits first: trainer/colocate.py), so no other work can reuse
+    their blocks meanwhile. From pinned host memory the copies overlap the compute; from pageable memory
+    torch copies synchronously, which is correct and only slower. On a CPU nothing overlaps: the copies
+    run at `wait`."""
+
+    def __init__(self, device: torch.device, copies: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.nbytes = sum(dst.numel() for dst, _ in copies)
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] | None = copies
+        self._done: torch.cuda.Event | None = None
+        if device.type == "cuda":
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))  # after the allocations
+            with torch.cuda.stream(stream):
+                for dst, src in copies:
+                    dst.copy_(src, non_blocking=True)
+                self._done = stream.record_event()
+            self._copies = None
+
+    def wait(self) -> None:
+        """Until every copy is done (the host waits: the caller measures what the overlap did not hide)."""
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+        if self._copies is not None:
+            for dst, src in self._copies:
+                dst.copy_(src)
+            self._copies = None
 
 
 def other_tensors(st: Any) -> list[torch.Tensor]:
@@ -173,16 +220,25 @@ def grad_tensors(st: Any) -> list[torch.Tensor]:
     return [*module_grads(st.actor.model), *module_grads(st.critic.model if st.critic is not None else None)]
 
 
+def optimizer_state(st: Any) -> list[torch.Tensor]:
+    """The optimizers' tensors (actor and critic): read and written only by an optimizer step (its copy back
+    to the GPU may run beside the turn's first forward/backward: `LateCopy`)."""
+    return [*optimizer_tensors(st.actor.optimizer),
+            *(optimizer_tensors(st.critic.optimizer) if st.critic is not None else ())]
+
+
 def trainer_tensor_sets(st: Any, device: torch.device) -> tuple[TensorSet, TensorSet, TensorSet]:
-    """(the actor's params and buffers, the gradients (scratch), everything else on `device`). The
-    buffers go with the params: the weight export reads them while the rest is off the GPU (an MoE
-    router's expert bias: left behind, the first publish of tiny-glm4-moe read a freed storage and the
-    trainer died of an illegal memory access, docs/colocate.md)."""
+    """(the actor's params and buffers, the gradients (scratch), everything else on `device`, its optimizer
+    state marked late). The buffers go with the params: the weight export reads them while the rest is off
+    the GPU (an MoE router's expert bias: left behind, the first publish of tiny-glm4-moe read a freed
+    storage and the trainer died of an illegal memory access, docs/colocate.md)."""
     model = st.actor.model
     # nn.Module's buffers: megatron's DDP wrapper has a `buffers` attribute of its own (its grad buffers)
     params = TensorSet.of((*(p.data for p in model.parameters()), *torch.nn.Module.buffers(model)), device)
     grads = TensorSet.of(grad_tensors(st), device, exclude=(params,), scratch=True)
-    return params, grads, TensorSet.of(other_tensors(st), device, exclude=(params, grads))
+    rest = TensorSet(device)
+    rest.add(other_tensors(st), exclude=(params, grads), late=optimizer_state(st))
+    return params, grads, rest
 
 
 def warm_process_groups(device: torch.device, *, experts: bool) -> None:

@@ -92,6 +92,7 @@ class ColocatedTurn:
     def after_training(self, progress: TrainerProgress) -> dict[str, float]:
         """Save while everything is on the GPU; the engines then take it back, the weights first."""
         t, t1 = self.t, time.perf_counter()
+        self.colo.finish_onload()  # a save reads the optimizer state (no step may have waited for it)
         if t.ending_collective():
             # the job ends inside the turn: its checkpoint is written now, while the trainer holds the
             # GPU and the engines are released; later (the engines resumed) it would onload the trainer

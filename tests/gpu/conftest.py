@@ -14,7 +14,7 @@ from rlslurm.engines.sglang_versions import SUPPORTED, installed_sglang_version
 # the files that start real SGLang engines; the others need a GPU and megatron-core only (the
 # bundle's part 2 alone: tools/gpu/stage.sh .gpu-bundle/p2)
 NEEDS_SGLANG = ("test_gpu_grpo.py", "test_colocate_faults.py", "test_colocate_defaults.py", "test_colocate_families.py",
-                "test_engine_span.py", "test_layouts.py", "test_submit_slurm.py",
+                "test_engine_span.py", "test_layouts.py", "test_submit_slurm.py", "test_colocate_te.py",
                 "test_fp8_checkpoint.py", "test_int4_checkpoint.py")
 
 

@@ -66,6 +66,7 @@ def _trainer_state() -> SimpleNamespace:
 def _step(st) -> None:
     st.actor.optimizer.zero_grad()
     (st.actor.model.a.sum() * 3 + st.actor.model.b.sum()).backward()
+    getattr(st.actor, "before_step", lambda: None)()  # as trainer/step.py: the optimizer state is back first
     st.actor.optimizer.step()
 
 
@@ -100,11 +101,13 @@ def test_phases_move_the_engines_and_the_trainer_and_keep_both_exact(private_dep
     assert torch.equal(st.actor.model.a, twin.actor.model.a) and torch.equal(st.ref.weight, twin.ref.weight)
     _step(st)
     _step(twin)
+    assert torch.equal(st.actor.model.a, twin.actor.model.a)  # the step read the moments that came back
     colo.to_engines_for_weights()
     assert not colo.params.offloaded and colo.rest.offloaded and control.weight_update() is not None
     colo.to_engines()
     assert control.weight_update() is None  # the health checks may go on
-    assert set(colo.times) == {"time/engines_release", "time/onload", "time/offload", "time/engines_resume"}
+    assert set(colo.times) == {"time/engines_release", "time/onload", "time/onload_wait", "time/offload",
+                               "time/engines_resume"}
     assert all(v >= 0 for v in colo.times.values())
     assert asyncio.run(_greedy(dep)) == before  # released, resumed: the same weights serve
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rlslurm.trainer.tensor_sets import grad_tensors, other_tensors, trainer_tensor_sets
+from rlslurm.trainer.tensor_sets import grad_tensors, optimizer_state, other_tensors, trainer_tensor_sets
 
 
 def _state() -> SimpleNamespace:
@@ -207,7 +207,7 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(t
     colo.control, colo.rank, colo.st, colo.cuda, colo.times = control, 0, st, False, {}
     colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, torch.device("cpu"))
     colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
-    colo.moves = ()
+    colo.moves, colo._late = (), None
     colo._room, colo._attempt = 10 * 2**20, 2
     held = [colo._room]
     monkeypatch.setattr(colocate.torch.cuda, "memory_reserved", lambda device=None: held[0])
@@ -232,3 +232,59 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(t
     assert off.rechecks[1:] == [f"{line} optimizer state beyond 0.00 GiB too (keeps params, 0.00 GiB of "
                                 "optimizer state)"]
     assert colo.times["mem/trainer_held_gib"] > colo.times["mem/trainer_room_gib"]
+
+
+def _cpu_colocation(st, moves: tuple[str, ...]):
+    """trainer/colocate.py's Colocation over `st` on CPU, without engines (only its moves are used)."""
+    from rlslurm.trainer.colocate import Colocation
+
+    colo = Colocation.__new__(Colocation)
+    colo.st, colo.cuda, colo.times, colo._late = st, False, {}, None
+    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, torch.device("cpu"))
+    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
+    colo.moves = moves
+    return colo
+
+
+def test_the_optimizer_state_comes_back_late_and_the_step_waits_for_it() -> None:
+    """A turn's onload (`Colocation.to_trainer`) copies the optimizer state back beside the first
+    forward/backward (on a GPU on a stream of its own; on a CPU the copies wait for `finish_onload`): every
+    optimizer tensor, and only those, is marked late, the storages are allocated at once, and what the
+    step then reads is exact."""
+    st = _state()
+    _step(st)  # Adam's moments exist
+    colo = _cpu_colocation(st, ("grads", "rest"))
+    colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
+    twin = _copy(st)
+    late = {s.storage._cdata for s in colo.rest.stored if s.late}
+    assert late and late == {t.untyped_storage()._cdata for t in optimizer_state(st)
+                             if t.untyped_storage()._cdata in {s.storage._cdata for s in colo.rest.stored}}
+    colo._move(offload=(colo.rest, colo.grads))
+    colo._move(onload=(colo.params, colo.grads, colo.rest), defer_late=True)
+    assert colo._late is not None and colo._late.nbytes == sum(s.nbytes for s in colo.rest.stored if s.late)
+    assert colo.rest.device_nbytes == colo.rest.nbytes  # allocated now, filled by finish_onload
+    colo.finish_onload()  # as the optimizer step does first (Trained.before_step, trainer/step.py)
+    assert colo._late is None and colo.times["time/onload_wait"] >= 0
+    _step(st)
+    _step(twin)
+    for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_move_while_the_late_copy_is_under_way_waits_for_it_first() -> None:
+    """An offload right after a deferred onload (a save's or a job end's move before any step) copies the
+    optimizer state, not the storages' contents before their copy back landed."""
+    st = _state()
+    _step(st)
+    colo = _cpu_colocation(st, ("rest",))
+    colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
+    twin = _copy(st)
+    colo._move(offload=(colo.rest,))
+    colo._move(onload=(colo.rest,), defer_late=True)
+    colo._move(offload=(colo.rest,))  # no step between: nothing waited for the late copy yet
+    assert colo._late is None
+    colo._move(onload=(colo.rest,))
+    _step(st)
+    _step(twin)
+    for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
+        assert torch.equal(p, q)
