@@ -29,7 +29,7 @@ def _backward(st, x: torch.Tensor) -> None:
 
 
 def test_the_optimizer_state_copied_beside_the_backward_steps_exactly() -> None:
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())  # the sets compare devices with the index
     st = _trainer(dev)
     x = torch.randn(4096, 4096, device=dev)
     _backward(st, x)
