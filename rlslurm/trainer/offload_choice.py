@@ -183,11 +183,11 @@ def choose(setting: bool | None, state: dict[str, int], auto: Choice | None) -> 
 def pending_optimizer_bytes(st: Any, device: Any) -> int:
     """Adam's moments not made yet on `device`: two of each main param the optimizer has no state for
     (torch's and megatron's Adam make them at the first step; a resumed optimizer has them already)."""
-    from rlslurm.trainer.tensor_sets import _torch_optimizers
+    from rlslurm.trainer.tensor_sets import torch_optimizers
 
     out = 0
     for opt in (st.actor.optimizer, st.critic.optimizer if st.critic is not None else None):
-        for o in _torch_optimizers(opt):
+        for o in torch_optimizers(opt):
             for group in o.param_groups:
                 out += sum(2 * p.numel() * p.element_size() for p in group["params"]
                            if p.device == device and not o.state.get(p))

@@ -290,6 +290,8 @@ def _optimizer(model, tcfg, cfg: RunConfig, lr: float, overrides: dict[str, Any]
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    from rlslurm.trainer.adam_kernel import use_fused_adam
+
     t = cfg.train
     kw: dict[str, Any] = dict(
         optimizer="adam", lr=lr, min_lr=t.min_lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1,
@@ -302,6 +304,10 @@ def _optimizer(model, tcfg, cfg: RunConfig, lr: float, overrides: dict[str, Any]
     except (TypeError, ValueError, AssertionError) as e:
         raise ConfigError(f"--megatron-*: megatron-core rejected the OptimizerConfig: {e}") from None
     opt = get_megatron_optimizer(ocfg, [model])
+    if use_fused_adam(opt) and (not dist.is_initialized() or dist.get_rank() == 0):
+        log.info("optimizer: torch's fused AdamW kernel (megatron-core found neither transformer-engine's nor "
+                 "Apex's FusedAdam; torch's default step needs a scratch copy of the fp32 main params: "
+                 "rlslurm/trainer/adam_kernel.py)")
     if ocfg.optimizer_cpu_offload:
         from rlslurm.trainer.hybrid_offload import make_loadable
 

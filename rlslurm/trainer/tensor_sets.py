@@ -18,17 +18,17 @@ import torch
 import torch.distributed as dist
 
 
-def _torch_optimizers(opt: Any) -> Iterator[torch.optim.Optimizer]:
+def torch_optimizers(opt: Any) -> Iterator[torch.optim.Optimizer]:
     """The torch optimizers inside megatron's wrappers (chained, mixed precision, distributed)."""
     if opt is None:
         return
     if hasattr(opt, "chained_optimizers"):
         for o in opt.chained_optimizers:
-            yield from _torch_optimizers(o)
+            yield from torch_optimizers(o)
     elif isinstance(opt, torch.optim.Optimizer):
         yield opt
     elif hasattr(opt, "optimizer"):
-        yield from _torch_optimizers(opt.optimizer)
+        yield from torch_optimizers(opt.optimizer)
 
 
 def module_tensors(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
@@ -56,7 +56,7 @@ def module_grads(module: torch.nn.Module | None) -> Iterator[torch.Tensor]:
 
 def optimizer_tensors(opt: Any) -> Iterator[torch.Tensor]:
     """Every tensor an optimizer holds: its (fp32 main) params and its state (Adam's moments)."""
-    for o in _torch_optimizers(opt):
+    for o in torch_optimizers(opt):
         for group in o.param_groups:
             yield from (p.data for p in group["params"])
         for state in o.state.values():

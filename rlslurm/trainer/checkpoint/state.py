@@ -160,9 +160,12 @@ def _is_distributed(part) -> bool:
 
 
 def _load_optimizer(opt, state: dict[str, Any]) -> None:
+    from rlslurm.trainer.adam_kernel import use_fused_adam
+
     with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's leaves
         opt.load_state_dict(state)
     _restore_steps(opt)
+    use_fused_adam(opt)  # the loaded param groups carry the saving run's kernel flags
 
 
 def load(st, d: Path) -> TrainerProgress:
