@@ -232,9 +232,7 @@ def _mlp_with_post_norm(base: type) -> type:
 class SDPACoreAttention(torch.nn.Module):
     """Causal core attention by torch's scaled_dot_product_attention, without transformer-engine.
 
-    Used for MLA (megatron's local `DotProductAttention` takes no `k_channels`/`v_channels`: the
-    query/key head dim differs from the value's) and for every layer under `--qkv-format thd`
-    (packed sequences: the local `DotProductAttention` refuses `packed_seq_params`). Packed, q/k/v
+    Every layer's without transformer-engine (`core_attention` below says why). Packed, q/k/v
     come as [t, heads, dim] over the concatenated sequences of a micro-batch, and each sequence
     attends causally within itself (`cu_seqlens`): on CUDA one flash varlen call, elsewhere one SDPA
     call per sequence; no [t, t] mask is built (docs/sequence-packing.md).
@@ -390,18 +388,23 @@ def unique_specs(block) -> Iterator[Any]:
 
 
 def core_attention(mc: ModelConfig, block, tcfg, *, packed: bool) -> None:
-    """Without transformer-engine: SDPACoreAttention where megatron's local DotProductAttention cannot
-    run: packed input or context parallelism (docs/context-parallel.md), or MLA's query/key head dim
-    that differs from the value's."""
+    """Without transformer-engine, every layer's core attention is SDPACoreAttention: torch's fused
+    scaled_dot_product_attention (flash on a GPU) instead of megatron's local DotProductAttention, which
+    builds each head's [s, s] scores and softmaxes them unfused (`masked_softmax_fusion` is off:
+    models/build.py). On one H100, megatron's own step on 16 x 2048 padded tokens ran at 25.2 % MFU with it
+    and 17.0 % with the local one (bench/results/gpu-lease-2026-12-07d.md section 4, -07c.md section 4).
+    Both are causal without a padding mask (the trainer passes none: trainer/logprobs.py), which is exact
+    for rlslurm's right-padded batches: no real token attends to a pad. SDPACoreAttention also takes what the
+    local one cannot: packed input, context parallelism (docs/context-parallel.md), MLA's query/key head
+    dim that differs from the value's. The local one stays only where a user asks for attention dropout
+    (--megatron-attention-dropout), which SDPACoreAttention does not apply, and it can run."""
     for spec in unique_specs(block):
         sub = spec.submodules
-        if packed or tcfg.context_parallel_size > 1:
-            sub.self_attention.submodules.core_attention = SDPACoreAttention
-        elif mc.arch.mla:
+        if tcfg.attention_dropout and not packed and tcfg.context_parallel_size == 1:
             core = sub.self_attention.submodules.core_attention
-            takes_k = "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters
-            if not takes_k:
-                sub.self_attention.submodules.core_attention = SDPACoreAttention
+            if not mc.arch.mla or "k_channels" in inspect.signature(getattr(core, "module", core).__init__).parameters:
+                continue
+        sub.self_attention.submodules.core_attention = SDPACoreAttention
 
 
 def post_norms(mc: ModelConfig, block) -> None:

@@ -327,3 +327,43 @@ def test_transformer_engine_is_used_only_when_asked_for(tmp_path):
     # megatron-core 0.16.1 declares transformer-engine <2.12.0; 0.19.2 declares no range, and the
     # stand-in does not import
     assert "is outside what megatron-core" in gpu or "does not import: ModuleNotFoundError: an invented" in gpu, gpu
+
+
+_CORES = """
+import json, sys
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from rlslurm.models.build import layer_specs, transformer_config
+from rlslurm.models.specs import unique_specs
+from rlslurm.settings.model_config import load_model_config
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(sys.argv[1]), rank=0, world_size=1)
+ps.initialize_model_parallel(1)
+out = {}
+for model, over in (("tiny-qwen3", {}), ("tiny-deepseek-v3", {}), ("tiny-qwen3", {"attention_dropout": 0.1})):
+    mc = load_model_config(model)
+    block = layer_specs(mc, transformer_config(mc, overrides=over))
+    cores = {s.submodules.self_attention.submodules.core_attention for s in unique_specs(block)}
+    out[model + (" dropout" if over else "")] = sorted(getattr(c, "__name__", type(c).__name__) for c in cores)
+print(json.dumps(out))
+"""
+
+
+def test_core_attention_is_torchs_fused_one_unless_attention_dropout_is_asked_for():
+    """Without transformer-engine every layer's core attention is rlslurm's SDPACoreAttention (torch's fused
+    attention, flash on a GPU; models/specs.py core_attention), for the MLA families too; megatron's local
+    DotProductAttention only where --megatron-attention-dropout asks for what SDPACoreAttention does not do.
+    (In a child process: megatron's layer specs need its parallel state.)"""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlslurm.net import free_port
+
+    repo = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", _CORES, str(free_port())], capture_output=True, text=True,
+                       timeout=300, cwd=repo)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["tiny-qwen3"] == ["SDPACoreAttention"] and got["tiny-deepseek-v3"] == ["SDPACoreAttention"], got
+    assert got["tiny-qwen3 dropout"] == ["DotProductAttention"], got

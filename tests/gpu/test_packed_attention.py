@@ -41,3 +41,38 @@ def test_varlen_packed_attention_equals_per_sequence_fp32() -> None:
     for name, x, y in zip(("out", "dq", "dk", "dv"), got, want):
         err = float((x - y).abs().max() / y.abs().max())
         assert err < 2e-2, (name, err)  # bf16 inputs against fp32; a wrong mask is O(1)
+
+
+def test_padded_attention_on_real_tokens_equals_each_sample_alone_in_fp32() -> None:
+    """The default core attention without transformer-engine (models/specs.py `core_attention`) on a
+    right-padded [s, b] batch, as the trainer passes it (no padding mask, causal): on every real token the
+    output and the gradients of q, k and v equal causal attention over that sample alone in fp32 (a pad
+    never precedes a real token, so none is attended to)."""
+    from rlslurm.models.specs import SDPACoreAttention
+
+    torch.manual_seed(0)
+    lens, s, h, g, d = [2048, 700, 33, 1], 2048, 16, 8, 128
+    b = len(lens)
+    q, k, v = (torch.randn(s, b, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for n in (h, g, g))
+    attn = SDPACoreAttention(SimpleNamespace(attention_softmax_in_fp32=True, context_parallel_size=1), 1, None, "self")
+    out = attn(q, k, v)  # [s, b, h * d]
+    real = torch.zeros(s, b, 1, device="cuda")
+    for i, n in enumerate(lens):
+        real[:n, i] = 1.0
+    grad = torch.randn_like(out) * real  # the loss reads real tokens only
+    out.backward(grad)
+
+    qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
+    refs = []
+    for i, n in enumerate(lens):
+        qs = qf[:n, i].permute(1, 0, 2)[None]
+        ks, vs = (x[:n, i].permute(1, 0, 2)[None].repeat_interleave(h // g, dim=1) for x in (kf, vf))
+        refs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)[0].permute(1, 0, 2).reshape(n, -1))
+    sum((r * grad[:n, i].float()).sum() for r, (i, n) in zip(refs, enumerate(lens))).backward()
+    for i, n in enumerate(lens):
+        pairs = (("out", out[:n, i], refs[i]), ("dq", q.grad[:n, i], qf.grad[:n, i]),
+                 ("dk", k.grad[:n, i], kf.grad[:n, i]), ("dv", v.grad[:n, i], vf.grad[:n, i]))
+        for name, x, y in pairs:
+            # a one-token sample's dq is 0 (a softmax over one key): its error is absolute
+            err = float((x.float() - y).abs().max() / y.abs().max().clamp_min(1.0))
+            assert err < 2e-2, (name, i, err)  # bf16 inputs against fp32; a pad attended to is O(1)

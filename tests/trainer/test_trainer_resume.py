@@ -146,7 +146,9 @@ def test_the_trainer_logs_one_line_per_step_from_its_metrics_record(straight: Pa
 
 def test_the_trainer_names_the_layers_it_built(straight: Path) -> None:
     """Which --transformer-impl ran is read from the model, not the flag: the first attention layer's
-    classes (megatron-core's local ones here; transformer-engine's are named TE*: tests/gpu/test_colocate_te.py)."""
+    classes (megatron-core's local linears and rlslurm's SDPA core attention here, the default without
+    transformer-engine: models/specs.py core_attention; transformer-engine's are named TE*:
+    tests/gpu/test_colocate_te.py)."""
     import re
 
     log = (straight.parent / "trainer.log").read_text()
@@ -154,6 +156,7 @@ def test_the_trainer_names_the_layers_it_built(straight: Path) -> None:
     pairs = dict(p.split("=") for p in built.split(", "))
     assert {"linear_qkv", "linear_proj", "core_attention"} <= pairs.keys(), built
     assert not any(c.startswith("TE") for c in pairs.values()), built
+    assert pairs["core_attention"] == "SDPACoreAttention" and pairs["linear_qkv"] == "ColumnParallelLinear", built
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
