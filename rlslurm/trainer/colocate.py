@@ -62,9 +62,10 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from rlslurm.trainer.offload_choice import LABELS, SETS, Choice, recheck
+from rlslurm.trainer.offload_choice import LABELS, SETS, Choice, pending_optimizer_bytes, recheck
 from rlslurm.trainer.tensor_sets import (
     LateCopy,
+    PinBudget,
     TensorSet,
     grad_tensors,
     optimizer_state,
@@ -166,10 +167,10 @@ class Colocation:
     `ending` (rank 0's): is the job being ended (TERM, preempt or stop request)?"""
 
     def __init__(self, st: Any, control: Any, api_key: str | None, *, rank: int, timeout_s: float,
-                 ending=lambda: False, moves: Iterable[str] = SETS, pin_host: bool = True):
+                 ending=lambda: False, moves: Iterable[str] = SETS):
         """`moves`: which of the trainer's tensor sets (offload_choice.SETS) leave the GPU while the engines
-        generate (settable until the first offload: trainer/turns.py decides after the sets are known);
-        `pin_host` False: the host copies stay pageable (too little host memory, trainer/host_memory.py)."""
+        generate (settable until the first offload: trainer/turns.py decides after the sets are known, and
+        how much of their host copies may be page-locked: `pin_within`)."""
         self.control, self.api_key, self.rank, self.timeout_s = control, api_key, rank, timeout_s
         self.ending = ending
         self._released: set[tuple[str, int | None]] = set()  # (url, pid) of the engines this turn released
@@ -180,7 +181,6 @@ class Colocation:
             warm_process_groups(st.device, experts=any(not getattr(p, "allreduce", True)
                                                        for p in st.actor.model.parameters()))
         self.params, self.grads, self.rest = trainer_tensor_sets(st, st.device)
-        self.params.pin = self.rest.pin = pin_host
         self.sets = {"params": self.params, "grads": self.grads, "rest": self.rest}
         self.moves = tuple(moves)
         self.times: dict[str, float] = {}  # and mem/*: the metrics of the last rollout's phases
@@ -203,6 +203,19 @@ class Colocation:
             raise ValueError(f"no tensor set {sorted(names - set(SETS))} (the sets: {SETS})")
         self._moves = tuple(s for s in SETS if s in names)
         self._moving = tuple(self.sets[s] for s in self._moves)
+
+    def copy_bytes(self) -> int:
+        """This rank's bytes that move with a host copy (the gradients are dropped, not copied), the moments
+        its optimizer makes at the first step included, less what of the rest stays (`keep`)."""
+        out = self.params.nbytes if "params" in self.moves else 0
+        if "rest" in self.moves:
+            out += max(0, self.rest.nbytes + pending_optimizer_bytes(self.st, self.st.device) - self.rest.keep)
+        return out
+
+    def pin_within(self, budget: int | None) -> None:
+        """Page-lock the host copies up to `budget` bytes (None: all), the rest pageable: set before the
+        first offload, which makes them."""
+        self.params.budget = self.rest.budget = PinBudget(budget)
 
     def _engines(self, method: str, *, released_only: bool = False, **kw: Any) -> list:
         """`method` on every healthy engine (or only on those this turn released); the engines called."""

@@ -2,14 +2,15 @@
 
 Two things page-lock host memory for the whole run, per trainer rank: the asynchronous checkpoint's
 staging area (trainer/checkpoint/staging.py: this rank's share of a checkpoint, weights + fp32 main params
-+ Adam's moments) and, under --colocate unless --no-offload-train, the host copies of the trainer's state
-between turns (trainer/tensor_sets.py: about as much again; counted whole, as the trainer decides what
-moves only after this check, trainer/offload_choice.py). Page-locked memory cannot be swapped or
-reclaimed: more of it than the node (or the job's cgroup) has left makes the kernel's OOM killer end a
-process of the job, or the registration fail, mid-run. So before reserving any, the trainer compares
-what its node's ranks would lock with what is available (MemAvailable, and the cgroup's limit less its
-usage); past HEADROOM of it, every rank keeps that memory pageable (the same copies, at pageable speed)
-and says so in one line. `rlslurm submit` makes the same estimate against --mem where it is given.
++ Adam's moments) and, under --colocate, the host copies of what of the trainer's state moves between turns
+(trainer/tensor_sets.py). Page-locked memory cannot be swapped or reclaimed: more of it than the node (or
+the job's cgroup) has left makes the kernel's OOM killer end a process of the job, or the registration
+fail, mid-run. So before reserving any, the trainer compares what its node's ranks would lock with what is
+available (MemAvailable, and the cgroup's limit less its usage): first the staging area (`may_page_lock`),
+then, once it knows what moves (trainer/offload_choice.py), the copies beside it (`copies_pin_budget`: as
+many of them as fit are page-locked). Past HEADROOM of it, that memory stays pageable (the same copies, at
+pageable speed), said in one line. `rlslurm submit` makes the same estimate against --mem where it is
+given, counting the copies whole (what moves is not known there).
 """
 
 from __future__ import annotations
@@ -98,6 +99,26 @@ def may_page_lock(per_rank: int, local_ranks: int, colocate_offload: bool,
         line += ("; even so it does not fit, and the first save may be killed for memory: give the job "
                  "more memory (--mem) or more trainer nodes")
     return False, line
+
+
+def copies_pin_budget(copies: int, locked: int, local_ranks: int, room: tuple[int | None, str] | None = None
+                      ) -> tuple[int | None, str | None]:
+    """--colocate's host copies, once the trainer knows what moves (trainer/turns.py): the bytes of them each
+    rank may page-lock beside the `locked` bytes it page-locks already (its checkpoint staging area), within
+    HEADROOM of `room` (measured before the staging area was reserved: trainer/main.py), and the one line
+    that says what stays pageable; None: every copy (room unknown, or everything fits). `copies`: this
+    rank's bytes that move at the decision; more that a re-check moves later is pinned while the budget
+    lasts (tensor_sets.PinBudget), then pageable."""
+    room = available() if room is None else room
+    have, source = room
+    if have is None or (locked + copies) * local_ranks <= HEADROOM * have:
+        return None, None
+    budget = max(0, int(HEADROOM * have / local_ranks) - locked)
+    return budget, (f"HOST MEMORY: this node's {local_ranks} trainer rank(s) would page-lock "
+                    f"{gib((locked + copies) * local_ranks)} (checkpoint staging and --colocate's offload copies), "
+                    f"more than {HEADROOM:.0%} of the {gib(have)} available ({source}): {gib(budget)} of each "
+                    f"rank's {gib(copies)} of offload copies are page-locked, the rest stays pageable (slower "
+                    f"copies, not overlapped)")
 
 
 def parse_mem(text: str) -> int | None:

@@ -140,7 +140,9 @@ class Trainer:
             "trainer", self.rank, phase=self._phase_text, phase_since=self._phase_since), on=keeps_heartbeat(rank))
         self._phase_text: str | None = None   # rank 0: what it does now, in its heartbeat
         self._phase_since = time.time()
-        self.pin_host = True  # page-lock host memory for staging and offload (`_may_page_lock`)
+        self.pin_host = True  # page-lock the checkpoint staging area (`_may_page_lock`)
+        self.host_room: tuple[int | None, str] | None = None  # host memory available at the start, and whence
+        self.host_locked = 0  # bytes this rank page-locks for its staging area
         self.plan = weight_sync_plan(cfg)  # every weight-sync setting, resolved once (rlslurm/settings/weight_plan.py)
         self.delivery = WeightDelivery(self.control, self.plan, rank=rank, no_engines=self.no_engines,
                                        note=self._phase, ending=self.attempt_ending)
@@ -205,16 +207,20 @@ class Trainer:
             self.delivery.close()
 
     def _may_page_lock(self) -> bool:
-        """Whether this node's host memory holds what its ranks would page-lock for the run: the
-        checkpoint staging area and --colocate's offload copies (trainer/host_memory.py); else they stay
-        pageable, said in one line."""
+        """Whether this node's host memory holds the checkpoint staging areas its ranks would page-lock
+        (trainer/host_memory.py; --colocate's copies are checked once what moves is known, trainer/turns.py);
+        else they stay pageable, said in one line."""
         from rlslurm.trainer import host_memory
         from rlslurm.trainer.checkpoint import staging_estimate
 
         if self.cfg.run.device != "cuda":
             return True  # nothing is page-locked on CPU
-        ok, line = host_memory.may_page_lock(staging_estimate(self.st), host_memory.local_ranks(),
-                                             self.cfg.run.colocate and self.cfg.run.offload_train is not False)
+        # measured once, before the staging area is reserved: --colocate's copies are checked against the
+        # same figure once the trainer knows what moves (trainer/turns.py)
+        self.host_room = host_memory.available()
+        staging = staging_estimate(self.st)
+        ok, line = host_memory.may_page_lock(staging, host_memory.local_ranks(), False, self.host_room)
+        self.host_locked = staging if ok else 0
         if line is not None:
             log.warning("%s", line)
         return ok

@@ -63,6 +63,22 @@ def optimizer_tensors(opt: Any) -> Iterator[torch.Tensor]:
             yield from (v for v in state.values() if isinstance(v, torch.Tensor))
 
 
+class PinBudget:
+    """Bytes of host copies the trainer may still page-lock (trainer/host_memory.py copies_pin_budget);
+    None: no limit. Shared by the sets that move; a copy past it stays pageable."""
+
+    def __init__(self, remaining: int | None = None):
+        self.remaining = remaining
+
+    def take(self, nbytes: int) -> bool:
+        if self.remaining is None:
+            return True
+        if nbytes > self.remaining:
+            return False
+        self.remaining -= nbytes
+        return True
+
+
 @dataclass
 class _Stored:
     storage: torch.UntypedStorage
@@ -83,7 +99,8 @@ class TensorSet:
     device: torch.device
     stored: list[_Stored] = field(default_factory=list)
     scratch: bool = False
-    pin: bool = True  # page-lock the host copies on a GPU (False: too little host memory, trainer/host_memory.py)
+    pin: bool = True  # page-lock the host copies on a GPU, within `budget` (trainer/host_memory.py)
+    budget: PinBudget = field(default_factory=PinBudget)
     # bytes of the set that stay on the device though it moves (offload_choice: what of the optimizer state
     # fits beside the engines): storages in order while they fit; the last to stay leave first when it shrinks
     keep: int = 0
@@ -146,7 +163,7 @@ class TensorSet:
                 continue
             if not self.scratch:
                 if s.host is None:
-                    s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin)
+                    s.host = torch.empty(s.nbytes, dtype=torch.uint8, pin_memory=pin and self.budget.take(s.nbytes))
                 s.host.copy_(torch.empty(0, dtype=torch.uint8, device=self.device).set_(s.storage))
             s.storage.resize_(0)
             s.on_host = True

@@ -22,7 +22,7 @@ import time
 from typing import Any, ContextManager
 
 from rlslurm.buffer.progress import TrainerProgress
-from rlslurm.trainer import offload_choice
+from rlslurm.trainer import host_memory, offload_choice
 from rlslurm.trainer.colocate import Colocation, EnginesGone, let_engines_start
 
 log = logging.getLogger(__name__)
@@ -69,13 +69,18 @@ class ColocatedTurn:
         poll (WeightDelivery.due), like a publish again to a restarted engine."""
         t = trainer
         key = t.rd.api_key() if t.rd.api_key_file.exists() else None
-        colo = Colocation(t.st, t.control, key, rank=t.rank, timeout_s=t.plan.timeout_s, ending=t.attempt_ending,
-                          pin_host=t.pin_host)
+        colo = Colocation(t.st, t.control, key, rank=t.rank, timeout_s=t.plan.timeout_s, ending=t.attempt_ending)
         # what moves: the user's flag, else what fits beside the engines (trainer/offload_choice.py)
         choice = offload_choice.for_run(t.cfg.run.offload_train, t.cfg, t.st, colo.sets, t.plan.bucket_bytes)
         colo.moves, colo.rest.keep = choice.moves, choice.keep_rest
         if t.rank == 0:
             log.info("colocate: %s", choice.describe())
+        if colo.cuda:  # page-lock the host copies of what moves where the node has the memory (host_memory.py)
+            budget, line = host_memory.copies_pin_budget(colo.copy_bytes(), t.host_locked, host_memory.local_ranks(),
+                                                         t.host_room)
+            colo.pin_within(budget)
+            if line and t.rank == 0:
+                log.warning("%s", line)
         colo.offload_all()
         margin = let_engines_start(t.st, t.control, attempt=t.attempt, rank=t.rank, bucket_bytes=t.plan.bucket_bytes,
                                    trains_beside=False, choice=choice, rest_on_gpu=colo.rest.device_nbytes)

@@ -56,3 +56,33 @@ def test_the_optimizer_state_copied_beside_the_backward_steps_exactly() -> None:
         assert torch.equal(p, q)
     print(f"late copy of {colo.rest.nbytes / 2**30:.2f} GiB beside a backward: the step waited "
           f"{colo.times['time/onload_wait']:.3f} s for it; weights equal to the resident optimizer's")
+
+
+def test_copies_past_the_pin_budget_stay_pageable_and_the_step_is_exact() -> None:
+    """Where the host has room for only part of the copies (trainer/host_memory.py copies_pin_budget), the
+    storages past the budget get pageable host copies; their late copy is synchronous, and exact."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    st = _trainer(dev)
+    x = torch.randn(4096, 4096, device=dev)
+    _backward(st, x)
+    st.actor.optimizer.step()
+    twin = copy.deepcopy(st)
+    colo = Colocation.__new__(Colocation)
+    colo.st, colo.cuda, colo.times, colo._late = st, True, {}, None
+    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, dev)
+    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
+    colo.moves = ("rest",)
+    colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
+    colo.pin_within(colo.rest.nbytes // 2)
+    colo._move(offload=(colo.rest,))
+    pinned = [s.host.is_pinned() for s in colo.rest.stored]
+    assert any(pinned) and not all(pinned)
+    assert sum(s.nbytes for s, p in zip(colo.rest.stored, pinned) if p) <= colo.rest.nbytes // 2
+    colo._move(onload=(colo.rest,), defer_late=True)
+    _backward(st, x)
+    colo.finish_onload()
+    st.actor.optimizer.step()
+    _backward(twin, x)
+    twin.actor.optimizer.step()
+    for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
+        assert torch.equal(p, q)

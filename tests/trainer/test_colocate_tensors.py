@@ -238,6 +238,7 @@ def _cpu_colocation(st, moves: tuple[str, ...]):
     """trainer/colocate.py's Colocation over `st` on CPU, without engines (only its moves are used)."""
     from rlslurm.trainer.colocate import Colocation
 
+    st.device = torch.device("cpu")
     colo = Colocation.__new__(Colocation)
     colo.st, colo.cuda, colo.times, colo._late = st, False, {}, None
     colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, torch.device("cpu"))
@@ -288,3 +289,20 @@ def test_a_move_while_the_late_copy_is_under_way_waits_for_it_first() -> None:
     _step(twin)
     for p, q in zip(st.actor.model.parameters(), twin.actor.model.parameters()):
         assert torch.equal(p, q)
+
+
+def test_the_bytes_to_page_lock_are_what_moves_with_a_copy() -> None:
+    """What trainer/turns.py checks against the host memory (host_memory.copies_pin_budget): the params if
+    they move, the optimizer state that moves (Adam's moments the first step will make included) less what
+    of it stays; never the gradients, which are dropped, not copied."""
+    from rlslurm.trainer.offload_choice import pending_optimizer_bytes
+
+    st = _state()
+    colo = _cpu_colocation(st, ("grads",))
+    pending = pending_optimizer_bytes(st, torch.device("cpu"))
+    assert pending > 0 and colo.copy_bytes() == 0
+    colo.moves = ("grads", "rest")
+    colo.rest.keep = 16
+    assert colo.copy_bytes() == colo.rest.nbytes + pending - 16
+    colo.moves = ("params", "grads", "rest")
+    assert colo.copy_bytes() == colo.params.nbytes + colo.rest.nbytes + pending - 16

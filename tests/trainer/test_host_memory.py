@@ -75,3 +75,31 @@ def test_submit_says_it_where_mem_tells_the_nodes_memory(tmp_path: Path, mem: st
     if warned:
         assert lines[0].startswith(f"--mem {mem}: this node's 8 trainer rank(s) would page-lock about ")
     assert host_memory.parse_mem("500G") == 500 * GIB and host_memory.parse_mem("64000") == 64000 * 2**20
+
+
+def test_the_colocated_copies_page_lock_what_fits_beside_the_staging_area() -> None:
+    """Once the trainer knows what moves (trainer/turns.py), its host copies are checked beside the staging
+    area it page-locked, against the room measured at the start: all of them where they fit; else as many
+    bytes as fit, the rest pageable, said in one line. The GPU machine's case (bench/results/
+    gpu-lease-2026-12-07d.md): qwen3-4B, 121.6 GiB available, a 53 GiB staging area and 19.5 GiB of
+    optimizer state that moves fit (72.5 <= 97.3 GiB); counted whole (every set, 105 GiB) they did not,
+    and both stayed pageable."""
+    room = (int(121.6 * GIB), "MemAvailable")
+    assert host_memory.copies_pin_budget(int(19.5 * GIB), 53 * GIB, 1, room) == (None, None)
+    assert not host_memory.may_page_lock(53 * GIB, 1, True, room)[0]  # the old count: staging x 2
+    budget, line = host_memory.copies_pin_budget(60 * GIB, 53 * GIB, 1, room)
+    assert budget == int(0.8 * room[0]) - 53 * GIB and "\n" not in line
+    assert line.startswith("HOST MEMORY: this node's 1 trainer rank(s) would page-lock 113.0 GiB (checkpoint "
+                           "staging and --colocate's offload copies), more than 80% of the 121.6 GiB available")
+    assert f"{budget / GIB:.1f} GiB of each rank's 60.0 GiB of offload copies are page-locked" in line
+    assert host_memory.copies_pin_budget(10**15, 0, 8, (None, "MemAvailable")) == (None, None)  # unknown
+    assert host_memory.copies_pin_budget(60 * GIB, 100 * GIB, 1, room)[0] == 0  # the staging area took it all
+
+
+def test_a_pin_budget_is_shared_and_a_copy_past_it_stays_pageable() -> None:
+    from rlslurm.trainer.tensor_sets import PinBudget
+
+    unlimited = PinBudget()
+    assert unlimited.take(10**15) and unlimited.remaining is None
+    b = PinBudget(100)
+    assert b.take(60) and not b.take(50) and b.take(40) and b.remaining == 0 and not b.take(1)
