@@ -99,7 +99,7 @@ class TensorSet:
     device: torch.device
     stored: list[_Stored] = field(default_factory=list)
     scratch: bool = False
-    pin: bool = True  # page-lock the host copies on a GPU, within `budget` (trainer/host_memory.py)
+    # page-lock the host copies on a GPU while this lasts (trainer/host_memory.py; 0: every copy pageable)
     budget: PinBudget = field(default_factory=PinBudget)
     # bytes of the set that stay on the device though it moves (offload_choice: what of the optimizer state
     # fits beside the engines): storages in order while they fit; the last to stay leave first when it shrinks
@@ -156,7 +156,7 @@ class TensorSet:
                 s.stays, kept = True, kept + s.nbytes
 
     def offload(self) -> int:
-        pin = self.pin and self.device.type == "cuda"
+        pin = self.device.type == "cuda"
         self._mark_stays()
         for s in self.stored:
             if s.on_host or s.stays:
