@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from rlslurm.trainer.colocate import Colocation
-from rlslurm.trainer.tensor_sets import optimizer_state, other_tensors, trainer_tensor_sets
+from rlslurm.trainer.tensor_sets import optimizer_state, other_tensors
+from tests.helpers.colocation import bare_colocation
 
 
 def _trainer(dev: torch.device) -> SimpleNamespace:
@@ -35,11 +35,7 @@ def test_the_optimizer_state_copied_beside_the_backward_steps_exactly() -> None:
     _backward(st, x)
     st.actor.optimizer.step()  # Adam's moments exist: 2 x 512 MiB beside the params
     twin = copy.deepcopy(st)
-    colo = Colocation.__new__(Colocation)
-    colo.st, colo.cuda, colo.times, colo._late = st, True, {}, None
-    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, dev)
-    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
-    colo.moves = ("rest",)
+    colo = bare_colocation(st, dev, ("rest",))
     colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
     assert colo.rest.nbytes >= 2**30 and all(s.late for s in colo.rest.stored)
 
@@ -67,11 +63,7 @@ def test_copies_past_the_pin_budget_stay_pageable_and_the_step_is_exact() -> Non
     _backward(st, x)
     st.actor.optimizer.step()
     twin = copy.deepcopy(st)
-    colo = Colocation.__new__(Colocation)
-    colo.st, colo.cuda, colo.times, colo._late = st, True, {}, None
-    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, dev)
-    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
-    colo.moves = ("rest",)
+    colo = bare_colocation(st, dev, ("rest",))
     colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
     colo.pin_within(colo.rest.nbytes // 2)
     colo._move(offload=(colo.rest,))

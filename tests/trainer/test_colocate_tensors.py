@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from rlslurm.trainer.tensor_sets import grad_tensors, optimizer_state, other_tensors, trainer_tensor_sets
+from tests.helpers.colocation import bare_colocation
 
 
 def _state() -> SimpleNamespace:
@@ -196,18 +197,14 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(t
     Within its room, nothing moves."""
     from rlslurm.buffer.control import ColocationMemory, Control, OffloadRecord
     from rlslurm.trainer import colocate
-    from rlslurm.trainer.colocate import Colocation
 
     st = _state()
     _step(st)
     control = Control(tmp_path / "run")
     control.write_colocation_memory(ColocationMemory(attempt=2, margins={"": 0}, offload=OffloadRecord(
         setting="auto", keeps=["params", "grads", "rest"], moves=[], line="keeps everything")))
-    colo = Colocation.__new__(Colocation)
-    colo.control, colo.rank, colo.st, colo.cuda, colo.times = control, 0, st, False, {}
-    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, torch.device("cpu"))
-    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
-    colo.moves, colo._late = (), None
+    colo = bare_colocation(st, torch.device("cpu"), ())
+    colo.control, colo.rank = control, 0
     colo._room, colo._attempt = 10 * 2**20, 2
     held = [colo._room]
     monkeypatch.setattr(colocate.torch.cuda, "memory_reserved", lambda device=None: held[0])
@@ -234,19 +231,6 @@ def test_a_turn_that_ends_holding_more_than_its_room_moves_more_and_records_it(t
     assert colo.times["mem/trainer_held_gib"] > colo.times["mem/trainer_room_gib"]
 
 
-def _cpu_colocation(st, moves: tuple[str, ...]):
-    """trainer/colocate.py's Colocation over `st` on CPU, without engines (only its moves are used)."""
-    from rlslurm.trainer.colocate import Colocation
-
-    st.device = torch.device("cpu")
-    colo = Colocation.__new__(Colocation)
-    colo.st, colo.cuda, colo.times, colo._late = st, False, {}, None
-    colo.params, colo.grads, colo.rest = trainer_tensor_sets(st, torch.device("cpu"))
-    colo.sets = {"params": colo.params, "grads": colo.grads, "rest": colo.rest}
-    colo.moves = moves
-    return colo
-
-
 def test_the_optimizer_state_comes_back_late_and_the_step_waits_for_it() -> None:
     """A turn's onload (`Colocation.to_trainer`) copies the optimizer state back beside the first
     forward/backward (on a GPU on a stream of its own; on a CPU the copies wait for `finish_onload`): every
@@ -254,7 +238,7 @@ def test_the_optimizer_state_comes_back_late_and_the_step_waits_for_it() -> None
     step then reads is exact."""
     st = _state()
     _step(st)  # Adam's moments exist
-    colo = _cpu_colocation(st, ("grads", "rest"))
+    colo = bare_colocation(st, torch.device("cpu"), ("grads", "rest"))
     colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
     twin = _copy(st)
     late = {s.storage._cdata for s in colo.rest.stored if s.late}
@@ -277,7 +261,7 @@ def test_a_move_while_the_late_copy_is_under_way_waits_for_it_first() -> None:
     optimizer state, not the storages' contents before their copy back landed."""
     st = _state()
     _step(st)
-    colo = _cpu_colocation(st, ("rest",))
+    colo = bare_colocation(st, torch.device("cpu"), ("rest",))
     colo.rest.add(other_tensors(st), exclude=(colo.params, colo.grads), late=optimizer_state(st))
     twin = _copy(st)
     colo._move(offload=(colo.rest,))
@@ -298,7 +282,7 @@ def test_the_bytes_to_page_lock_are_what_moves_with_a_copy() -> None:
     from rlslurm.trainer.offload_choice import pending_optimizer_bytes
 
     st = _state()
-    colo = _cpu_colocation(st, ("grads",))
+    colo = bare_colocation(st, torch.device("cpu"), ("grads",))
     pending = pending_optimizer_bytes(st, torch.device("cpu"))
     assert pending > 0 and colo.copy_bytes() == 0
     colo.moves = ("grads", "rest")
