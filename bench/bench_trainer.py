@@ -162,8 +162,8 @@ def main() -> None:
                     help="the layers the trainer builds (docs/transformer-engine.md)")
     ap.add_argument("--qkv-format", choices=("bshd", "thd"), default="bshd",
                     help="thd: each micro-batch's samples packed (rlslurm's SDPA/flash-varlen core attention, "
-                         "without TE); bshd, the default: padded, megatron's own core attention. The plain "
-                         "reference runs the same model on the padded batch either way")
+                         "without TE); bshd, the default: padded, the core attention of the spec (SDPA without "
+                         "TE). The plain reference runs the same model on the padded batch either way")
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
