@@ -72,18 +72,25 @@ def plain_step(st, rollout, plan_step) -> None:
     """The reference: megatron's own LM loss, nothing RL."""
     from megatron.core.distributed import finalize_model_grads
 
-    from rlslurm.trainer.batching import collate
+    from rlslurm.trainer.batching import collate, collate_packed
+    from rlslurm.trainer.logprobs import packed_positions, packed_seq_params
 
     tr = st.actor
     tr.model.zero_grad_buffer()
     tr.optimizer.zero_grad()
     n_tok = sum(len(rollout.samples[i].tokens) for mb in plan_step for i in mb)
+    packed = st.cfg.train.qkv_format == "thd"
     for idx in plan_step:
-        mb = collate(rollout.samples, idx, st.device)
+        # packed as the RL step packs (thd), so both sides run the same attention on the same rows
+        mb = (collate_packed if packed else collate)(rollout.samples, idx, st.device)
         tokens = mb.tokens
-        pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
         labels = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
-        loss = tr.model(tokens, pos, None, labels=labels)
+        if packed:
+            loss = tr.model(tokens, packed_positions(mb.cu_seqlens, tokens), None, labels=labels,
+                            packed_seq_params=packed_seq_params(mb.cu_seqlens))
+        else:
+            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+            loss = tr.model(tokens, pos, None, labels=labels)
         (loss.sum() / n_tok).backward()
     finalize_model_grads([tr.model])
     tr.optimizer.step()
@@ -162,8 +169,8 @@ def main() -> None:
                     help="the layers the trainer builds (docs/transformer-engine.md)")
     ap.add_argument("--qkv-format", choices=("bshd", "thd"), default="bshd",
                     help="thd: each micro-batch's samples packed (rlslurm's SDPA/flash-varlen core attention, "
-                         "without TE); bshd, the default: padded, the core attention of the spec (SDPA without "
-                         "TE). The plain reference runs the same model on the padded batch either way")
+                         "without TE), and the plain reference packs the same rows; bshd, the default: padded, the "
+                         "core attention of the spec (SDPA without TE)")
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--out", type=Path, default=None)

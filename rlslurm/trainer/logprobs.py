@@ -32,7 +32,7 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
     cu = getattr(mb, "cu_seqlens", None)
     cp = cp_slice(mb)
     if cu is not None:
-        pos = _packed_positions(cu, tokens)
+        pos = packed_positions(cu, tokens)
         if cp is not None:
             tokens, pos = cp.local(tokens), cp.local(pos)
         # at CP > 1 megatron's thd rotary path and our attention cut the global cu_seqlens themselves
@@ -60,7 +60,7 @@ def packed_seq_params(cu_seqlens: Tensor):
                            max_seqlen_q=longest, max_seqlen_kv=longest)
 
 
-def _packed_positions(cu_seqlens: Tensor, tokens: Tensor) -> Tensor:
+def packed_positions(cu_seqlens: Tensor, tokens: Tensor) -> Tensor:
     """Positions restarting at 0 in every segment (read only by learned position embeddings;
     the rotary path takes its positions from `cu_seqlens`)."""
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.long)

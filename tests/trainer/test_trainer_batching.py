@@ -83,13 +83,13 @@ def test_collate_packed_concatenates_and_pads_the_tail_as_a_segment() -> None:
     import torch
 
     from rlslurm.buffer import Sample
-    from rlslurm.trainer.logprobs import _packed_positions, response_slices
+    from rlslurm.trainer.logprobs import packed_positions, response_slices
 
     s = [Sample(prompt_tokens=[5, 6], response_tokens=[7]), Sample(prompt_tokens=[8], response_tokens=[9, 10, 11])]
     mb = collate_packed(s, [1, 0], torch.device("cpu"), pad_multiple=4)
     assert mb.tokens.tolist() == [[8, 9, 10, 11, 5, 6, 7, 0]]
     assert mb.starts == [0, 4] and mb.cu_seqlens.tolist() == [0, 4, 7, 8] and mb.packed
-    assert _packed_positions(mb.cu_seqlens, mb.tokens).tolist() == [[0, 1, 2, 3, 0, 1, 2, 0]]
+    assert packed_positions(mb.cu_seqlens, mb.tokens).tolist() == [[0, 1, 2, 3, 0, 1, 2, 0]]
     # position t predicts token t+1: each sample's response positions, none crossing into the next
     per_pos = torch.arange(7.0).unsqueeze(0)
     assert [t.tolist() for t in response_slices(per_pos, mb)] == [[0.0, 1.0, 2.0], [5.0]]
