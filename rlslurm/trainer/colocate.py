@@ -133,7 +133,6 @@ def rank_margin(st: Any, choice: Choice | None, bucket_bytes: int, total: int, *
     first step, and the engines' resume after it ran out of memory (qwen3-1.7B on one H100: 12.8 GiB;
     bench/results/gpu-lease-2026-12-07.md)."""
     from rlslurm.engines.memory_share import trainer_margin
-    from rlslurm.trainer.offload_choice import pending_optimizer_bytes
 
     keeps = SETS if choice is None else choice.keeps
     params = 0 if "params" in keeps else sum(p.numel() * p.element_size() for p in st.actor.model.parameters())
