@@ -111,12 +111,20 @@ def token_logprobs(logits: Tensor, tokens: Tensor, cp: "CPSlice | None" = None) 
     return cp.gather(-vocab_parallel_cross_entropy(logits, cp.local(target)))[:, :-1]
 
 
-def vocab_parallel_entropy(logits: Tensor, cp: "CPSlice | None" = None) -> Tensor:
+ENTROPY_CHUNK_ELEMS = 1 << 26  # 256 MiB of fp32 per temporary of the entropy metric
+
+
+def vocab_parallel_entropy(logits: Tensor, cp: "CPSlice | None" = None, *,
+                           chunk_elems: int = ENTROPY_CHUNK_ELEMS) -> Tensor:
     """Entropy of softmax over the full (TP-sharded) vocabulary: [n, L, V/tp] -> [n, L-1]
     (with context parallelism `cp`: this rank's columns in, full rows out, as token_logprobs).
 
     H = log Z - sum_i p_i z_i with z shifted by the global max. The all-reduces are megatron's
-    autograd-aware ones, so the entropy bonus gets correct gradients under TP.
+    autograd-aware ones, so the entropy bonus gets correct gradients under TP. As a metric (no
+    gradient: the default entropy coefficient 0) it runs over a few positions at a time, each
+    temporary at most `chunk_elems`: whole, its three vocabulary-sized fp32 temporaries were what
+    the RL step needed beyond plain megatron's, and qwen3-4B on one H100 died there at two samples
+    per micro-batch (bench/results/gpu-lease-2026-12-07e.md).
     """
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
@@ -125,15 +133,33 @@ def vocab_parallel_entropy(logits: Tensor, cp: "CPSlice | None" = None) -> Tenso
     m = z.detach().max(dim=-1, keepdim=True).values
     if tp > 1:
         torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=group)
-    z = z - m
-    e = z.exp()
-    sum_exp = e.sum(dim=-1)
-    sum_ez = (e * z).sum(dim=-1)
+    if torch.is_grad_enabled() and z.requires_grad:
+        z = z - m
+        e = z.exp()
+        sum_exp = e.sum(dim=-1)
+        sum_ez = (e * z).sum(dim=-1)
+    else:
+        sum_exp, sum_ez = _entropy_sums(z, m, chunk_elems)
     if tp > 1:
         sum_exp = reduce_from_tensor_model_parallel_region(sum_exp)
         sum_ez = reduce_from_tensor_model_parallel_region(sum_ez)
     h = sum_exp.log() - sum_ez / sum_exp
     return (h if cp is None else cp.gather(h))[:, :-1]
+
+
+def _entropy_sums(z: Tensor, m: Tensor, chunk_elems: int) -> tuple[Tensor, Tensor]:
+    """(sum_i e^(z_i - m), sum_i e^(z_i - m) (z_i - m)) over the last dimension, a slice of positions at a
+    time; `z` is left as it is (the cross entropy reads it after)."""
+    n, length, v = z.shape
+    step = max(1, chunk_elems // max(1, n * v))
+    sum_exp = z.new_empty(n, length)
+    sum_ez = z.new_empty(n, length)
+    for a in range(0, length, step):
+        zc = z[:, a:a + step] - m[:, a:a + step]
+        e = zc.exp()
+        sum_exp[:, a:a + step] = e.sum(dim=-1)
+        sum_ez[:, a:a + step] = e.mul_(zc).sum(dim=-1)
+    return sum_exp, sum_ez
 
 
 def response_slices(per_position: Tensor, mb: MicroBatch) -> list[Tensor]:
