@@ -73,7 +73,7 @@ def plain_step(st, rollout, plan_step) -> None:
     from megatron.core.distributed import finalize_model_grads
 
     from rlslurm.trainer.batching import collate, collate_packed
-    from rlslurm.trainer.logprobs import packed_positions, packed_seq_params
+    from rlslurm.trainer.logprobs import model_inputs
 
     tr = st.actor
     tr.model.zero_grad_buffer()
@@ -83,14 +83,9 @@ def plain_step(st, rollout, plan_step) -> None:
     for idx in plan_step:
         # packed as the RL step packs (thd), so both sides run the same attention on the same rows
         mb = (collate_packed if packed else collate)(rollout.samples, idx, st.device)
-        tokens = mb.tokens
+        tokens, pos, packed_kw = model_inputs(mb)
         labels = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
-        if packed:
-            loss = tr.model(tokens, packed_positions(mb.cu_seqlens, tokens), None, labels=labels,
-                            packed_seq_params=packed_seq_params(mb.cu_seqlens))
-        else:
-            pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-            loss = tr.model(tokens, pos, None, labels=labels)
+        loss = tr.model(tokens, pos, None, labels=labels, **packed_kw)
         (loss.sum() / n_tok).backward()
     finalize_model_grads([tr.model])
     tr.optimizer.step()

@@ -9,7 +9,7 @@ HF has no such tokens, so they must not take probability mass.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -28,19 +28,22 @@ def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> Tensor:
     stage ignores the tokens and reads the activation megatron's schedule set as its input).
     With context parallelism the model sees this CP rank's columns only and L is their number
     (`cp_slice(mb)`; the token functions below take that slice and return full rows)."""
+    tokens, pos, packed = model_inputs(mb)
+    cp = cp_slice(mb)
+    if cp is not None:
+        # packed, at CP > 1 megatron's thd rotary path and our attention cut the global cu_seqlens themselves
+        tokens, pos = cp.local(tokens), cp.local(pos)
+    return model(tokens, pos, None, **packed)
+
+
+def model_inputs(mb: MicroBatch) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    """(tokens, positions, the packed-sequence keyword) of the whole micro-batch for megatron's model:
+    padded, positions from 0 in every row; packed (thd), restarting in every segment."""
     tokens = mb.tokens
     cu = getattr(mb, "cu_seqlens", None)
-    cp = cp_slice(mb)
     if cu is not None:
-        pos = packed_positions(cu, tokens)
-        if cp is not None:
-            tokens, pos = cp.local(tokens), cp.local(pos)
-        # at CP > 1 megatron's thd rotary path and our attention cut the global cu_seqlens themselves
-        return model(tokens, pos, None, packed_seq_params=packed_seq_params(cu))
-    pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-    if cp is not None:
-        tokens, pos = cp.local(tokens), cp.local(pos)
-    return model(tokens, pos, None)
+        return tokens, packed_positions(cu, tokens), {"packed_seq_params": packed_seq_params(cu)}
+    return tokens, torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens), {}
 
 
 def cp_slice(mb) -> "CPSlice | None":
