@@ -146,6 +146,22 @@ def model_flops_utilization(st, gpu: str, tokens: int, step_s: dict[str, float],
     return {k: round(flops / s / (peak * ranks), 4) for k, s in step_s.items()}
 
 
+def write_profile(path: Path, steps: dict, cuda: bool, rows: int = 30) -> None:
+    """Each step once under torch.profiler: its top operators by self device time (CPU time on CPU), so
+    that a gap between the two steps can be named by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    parts = []
+    for name, fn in steps.items():
+        with profile(activities=acts) as prof:
+            wall = fn()
+        parts.append(f"== {name}: {wall:.4f} s wall\n" + prof.key_averages().table(sort_by=key, row_limit=rows))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(parts) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=28)
@@ -169,6 +185,9 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny-qwen3 in fp32 (script smoke test)")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="after the timed steps, profile one RL and one plain step (torch.profiler) and write "
+                         "each one's top operators by device time to this text file")
     a = ap.parse_args()
 
     from rlslurm.trainer import step as steps
@@ -243,6 +262,8 @@ def main() -> None:
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if gpu != "cpu" else None,
     }
     line = json.dumps(res)
+    if a.profile is not None and int(os.environ["RANK"]) == 0:
+        write_profile(a.profile, {"RL step": rl, "plain megatron step": plain}, cuda=gpu != "cpu")
     if int(os.environ["RANK"]) != 0:  # every rank measured the same steps; rank 0 reports
         torch.distributed.destroy_process_group()
         return
