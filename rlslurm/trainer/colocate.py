@@ -455,13 +455,15 @@ class Colocation:
             self.times["mem/trainer_resident_gib"] = sum(self.sets[s].device_nbytes for s in SETS) / 2**30
 
     def release_for_save(self) -> None:
-        """The job ends (a preempt, TERM or stop) and the trainer must onload everything to save: between
-        rollouts, or after an engine phase of the turn failed as the engines went down. Every engine still
-        answering gives its memory up first, and a turn record is kept until the trainer exits (no
-        restart takes memory during the save; engines/turn_watch.py). Best effort, bounded by
+        """The job or the run ends (a preempt, TERM or stop; the last rollout trained) and the trainer must
+        onload everything to save: between rollouts, or after an engine phase of the turn failed as the
+        engines went down. Every engine still answering gives its memory up first, and a turn record is
+        kept until the trainer exits (no restart takes memory during the save; engines/turn_watch.py).
+        Best effort, bounded by
         SAVE_RELEASE_S per call: an engine that does not answer is going or gone with the job; one
         already released may refuse a second release (logged). Collective; never raises."""
         if self.rank == 0:
+            log.info("colocate: the engines give their memory up for a save outside the turn")
             if self._keeper is None:
                 self._keeper = _BracketKeeper(self.control, -1, self.timeout_s)
             timeout_s, self.timeout_s = self.timeout_s, min(self.timeout_s, SAVE_RELEASE_S)

@@ -270,7 +270,11 @@ class Trainer:
         if self.delivery.pending is not None:  # the engines never came up while we trained
             self.delivery.wait_for_engines()
             self.delivery.publish(self.delivery.pending)
+        self._saved(self._checkpointer().wait())  # a save in flight may be of this very progress
         if self.last_saved != progress.trained_rollouts:
+            # outside the turn the save onloads the whole trainer: beside the engines' weights and cache it
+            # did not fit (qwen3-4B on one H100, bench/results/gpu-lease-2026-12-07f.md); they are done
+            self.turn.release_for_save()
             self.save(progress)
             self._save_hf(progress)
         return None

@@ -4,7 +4,7 @@ whether or not the engines share the trainer's GPUs, so that the loop does not f
     turn.begin(rollout_id)       before training: the GPUs to the trainer
     turn.after_training(prog)    publish (if due) and checkpoint (if due); the phases' times
     turn.holding(params_only)    the trainer's tensors on the GPU for a while (a save, a publish)
-    turn.release_for_save()      room for a full save outside the turn (a stop, a preempt)
+    turn.release_for_save()      room for a full save outside the turn (a stop, a preempt, the run's end)
     turn.close()
 
 `PlainTurn`: the trainer keeps its GPUs and the engines theirs. `ColocatedTurn` (--colocate): the two

@@ -8,7 +8,8 @@ examples/tool_calling/sft_then_rl.py (one slow scenario, not two):
 - `--colocate` (issue 13, docs/colocate.md): that GRPO runs with the trainer and two real engines
   taking turns, and every publish reaches the engines in place (--weight-sync-transport ipc, the
   default with --colocate: each engine maps its trainer rank's memfd). After every sync both engines
-  serve the trainer's version and its greedy tokens; every rollout records the turn's phases.
+  serve the trainer's version and its greedy tokens; every rollout records the turn's phases; the
+  engines give their memory up before the run's last checkpoint.
 
 That the example's reward rises under RL takes 20 rollouts of 128 samples (about 6 minutes): measured
 in bench/results/tool-calling-cpu.md, not here. The GPU tier runs --colocate with CUDA IPC, a kill -9
@@ -63,3 +64,11 @@ def test_tool_calling_example_trains_colocated_and_every_sync_is_read_in_place(t
     assert trainer.count("copied in place to 2 engine(s)") >= NUM_ROLLOUT and " broadcast to " not in trainer
     engines = [p.read_text() for p in sorted(logs.glob("engine-*.log"))]
     assert len(engines) == 2 and all(e.count("read in place") >= NUM_ROLLOUT for e in engines)
+    # the run's last checkpoint (no --save-interval reached it) is written outside the turn, where it onloads
+    # the whole trainer: the engines gave their memory up first (on one H100 qwen3-4B died of an OOM in
+    # that save beside the engines' weights and cache, bench/results/gpu-lease-2026-12-07f.md)
+    rank0 = (logs / "trainer-0.log").read_text().splitlines()
+    released = [i for i, l in enumerate(rank0) if "the engines give their memory up for a save outside the turn" in l]
+    saved = [i for i, l in enumerate(rank0) if "saved checkpoint" in l]
+    assert len(released) == 1 and saved and released[0] < saved[-1], [rank0[i] for i in released + saved]
+    assert not [l for l in rank0 if "before the job's last save" in l]  # both engines answered the release
