@@ -128,6 +128,8 @@ def main() -> None:
               *mem_flags(a.mem_fraction, "--sglang-")]),
            "--tensor-model-parallel-size", str(a.tp), "--rollout-num-gpus-per-engine", str(a.engine_tp),
            *([] if a.transformer_impl is None else ["--transformer-impl", a.transformer_impl]),
+           # transformer-engine is in no supported stack yet (rlslurm/stacks.py): tried as a user would try it
+           *(["--allow-untested-stack"] if a.transformer_impl == "transformer_engine" else []),
            *([] if a.offload_train is None else ["--offload-train" if a.offload_train else "--no-offload-train"])]
     wall = run_logged(cmd, a.work / "run.log")
     gpu = "cpu" if a.cpu_smoke else torch.cuda.get_device_name(0)  # after the run: no CUDA context of ours in it
