@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from rlslurm.errors import ConfigError
+from rlslurm.models import packed_rope
 from rlslurm.models.family import family_of
 from rlslurm.models.specs import core_attention, local_spec_fixes, uses_te
 from rlslurm.settings.model_config import ModelConfig
@@ -407,6 +408,7 @@ def layer_specs(mc: ModelConfig, tcfg, *, vp_stage: int | None = None, packed: b
 
     if packed:
         check_gated_delta_net(mc.arch, mc.name, tp=1, qkv_format="thd")
+        packed_rope.install()  # megatron's unfused thd rotary reads the lengths back per layer (models/packed_rope.py)
     te = uses_te(tcfg)
     kw: dict[str, Any] = {"use_transformer_engine": te}
     params = inspect.signature(get_gpt_decoder_block_spec).parameters
