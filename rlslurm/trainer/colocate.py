@@ -459,9 +459,8 @@ class Colocation:
         onload everything to save: between rollouts, or after an engine phase of the turn failed as the
         engines went down. Every engine still answering gives its memory up first, and a turn record is
         kept until the trainer exits (no restart takes memory during the save; engines/turn_watch.py).
-        Best effort, bounded by
-        SAVE_RELEASE_S per call: an engine that does not answer is going or gone with the job; one
-        already released may refuse a second release (logged). Collective; never raises."""
+        Best effort, bounded by SAVE_RELEASE_S per call: an engine that does not answer is going or gone
+        with the job; one already released may refuse a second release (logged). Collective; never raises."""
         if self.rank == 0:
             log.info("colocate: the engines give their memory up for a save outside the turn")
             if self._keeper is None:

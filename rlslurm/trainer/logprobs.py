@@ -64,11 +64,11 @@ def packed_seq_params(cu_seqlens: Tensor):
 
 
 def packed_positions(cu_seqlens: Tensor, tokens: Tensor) -> Tensor:
-    """Positions restarting at 0 in every segment (read only by learned position embeddings;
-    the rotary path takes its positions from `cu_seqlens`)."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.long)
-    starts = torch.repeat_interleave(cu_seqlens[:-1].to(torch.long), lens)
-    return (torch.arange(tokens.shape[1], device=tokens.device) - starts.to(tokens.device)).unsqueeze(0)
+    """Positions restarting at 0 in every segment, [1, T] (read only by learned position embeddings;
+    the rotary path takes its positions from `cu_seqlens`: models/packed_rope.py)."""
+    from rlslurm.models.packed_rope import token_positions
+
+    return token_positions(cu_seqlens, tokens.shape[1]).to(tokens.device).unsqueeze(0)
 
 
 def _vocab_range() -> tuple[int, int, object]:
